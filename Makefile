@@ -1,0 +1,45 @@
+# One runner for people and CI: every target sets itself up from nothing (a virtualenv in .venv).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# torch is pinned: 2.13.0 resolves to the CPU wheel here, an unpinned torch pulls a multi-GB CUDA build.
+TORCH  := torch==2.13.0
+DEMO   := $(CURDIR)/out/demo
+
+.PHONY: setup demo test test-all lint bench samples clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev]' mindstudio-probe $(TORCH)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	$(BIN)/dumpstore ingest sample_dumps/ref_tensor --run ref --store $(DEMO)/store
+	$(BIN)/dumpstore ingest sample_dumps/weight_1pct_tensor --run target --store $(DEMO)/store
+	$(BIN)/dumpstore runs --store $(DEMO)/store
+	$(BIN)/dumpstore divergence --target target --ref ref --store $(DEMO)/store
+	$(BIN)/dumpstore report --target target --ref ref --store $(DEMO)/store --html $(DEMO)/report.html --csv $(DEMO)/report.csv
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m ''
+
+lint: $(STAMP)
+	$(BIN)/python -m ruff check dumpstore analysis cli tests
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py
+
+samples: $(STAMP)
+	$(BIN)/python sample_dumps/generate.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

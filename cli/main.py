@@ -1,0 +1,128 @@
+"""The `dumpstore` command: parse options, call one library function, render. The only place that prints."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from dumpstore.errors import DumpstoreError
+
+from .output import output_options, render, to_json
+
+STORE_HELP = "Store folder (default: $DUMPSTORE_STORE or ./dumpstore_store)."
+
+
+class _Group(click.Group):
+    """Turns DumpstoreError into `Error: ...` and exit 1; bugs keep their traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except DumpstoreError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="dumpstore")
+def main() -> None:
+    """Ingest msprobe dumps into a Parquet store and hunt numerical divergence with SQL."""
+
+
+def store_option(fn):
+    return click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        envvar="DUMPSTORE_STORE", help=STORE_HELP)(fn)
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--run", "run", required=True, help="Name of the run in the store (re-ingest replaces it).")
+@store_option
+@click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: CPU count).")
+@click.option("--sample-k", type=int, default=None, help="Sample size per tensor (default 64).")
+@click.option("--sketch-m", type=int, default=None, help="Sketch buckets per tensor, power of two (default 512).")
+@click.option("--no-tensors", is_flag=True, help="Do not read tensor files; keep the dumper's statistics only.")
+@click.option("--json", "as_json", is_flag=True, help="Print the ingest summary as JSON.")
+def ingest(path: Path, run: str, store: Path | None, jobs: int | None, sample_k: int | None,
+           sketch_m: int | None, no_tensors: bool, as_json: bool) -> None:
+    """Ingest an msprobe dump (root, step or rank folder, dump.json) or a folder of .npy/.pt files."""
+    from dumpstore.ingest import IngestOptions, ingest as do_ingest
+    from dumpstore.summary import DEFAULT_SAMPLE_K, DEFAULT_SKETCH_M
+
+    opts = IngestOptions(sample_k=sample_k or DEFAULT_SAMPLE_K, sketch_m=sketch_m or DEFAULT_SKETCH_M,
+                         load_tensors=not no_tensors)
+    with _Progress(f"ingest {run}") as bar:
+        res = do_ingest(path, run, store=store, options=opts, jobs=jobs, progress=bar.update)
+    if as_json:
+        click.echo(to_json(res.__dict__))
+        return
+    click.echo(f"run {res.run}: {res.records} records, {res.rows} rows ({res.tensors} tensors, "
+               f"{res.tensor_files} tensor files) from {res.units} dump files; steps {_span(res.steps)}, "
+               f"ranks {_span(res.ranks)}")
+    if res.errors:
+        click.echo(f"warning: {res.errors} leaves could not be read fully (stored with an error); "
+                   f"first: {res.first_error}; list them: dumpstore query \"select name, error from tensors "
+                   f"where run='{res.run}' and error is not null\"", err=True)
+
+
+def _span(values: list[int]) -> str:
+    if not values:
+        return "-"
+    if values == list(range(values[0], values[-1] + 1)) and len(values) > 2:
+        return f"{values[0]}..{values[-1]}"
+    return ",".join(str(v) for v in values)
+
+
+class _Progress:
+    """A progress bar on stderr, shown only on a terminal and only for more than one file."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.bar = None
+
+    def __enter__(self):
+        return self
+
+    def update(self, done: int, total: int) -> None:
+        if total < 2 or not sys.stderr.isatty():
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
+            self.bar.__enter__()
+        self.bar.update(done - self.bar.pos)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+@main.command()
+@store_option
+@output_options
+def runs(store: Path | None, fmt: str) -> None:
+    """List the runs in the store."""
+    from dumpstore.store import open_store
+
+    table = open_store(store).runs()
+    if fmt == "table":
+        table = table.select(["run", "framework", "task", "level", "steps", "ranks", "n_records", "n_rows",
+                              "n_tensor_files", "n_errors", "created_at"])
+    click.echo(render(table, fmt))
+
+
+@main.command()
+@click.argument("sql")
+@store_option
+@output_options
+def query(sql: str, store: Path | None, fmt: str) -> None:
+    """Run one read-only SQL statement (DuckDB) over the views tensors, runs, stacks."""
+    from dumpstore.query import run_query
+    from dumpstore.store import open_store
+
+    click.echo(render(run_query(open_store(store), sql), fmt))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

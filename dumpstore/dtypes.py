@@ -1,0 +1,87 @@
+"""One dtype vocabulary for torch, numpy, MindSpore and Arrow names.
+
+Canonical names are numpy-style lower-case strings: ``float32``, ``bfloat16``, ``int64``, ``bool`` …
+Unknown names are kept verbatim (so nothing is lost), and :func:`is_float` etc. answer False for them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+COMPLEX_DTYPES = ("complex32", "complex64", "complex128")
+
+_ALIASES = {
+    # torch
+    "half": "float16", "float": "float32", "double": "float64", "long": "int64", "int": "int32",
+    "short": "int16", "bfloat16": "bfloat16", "bool": "bool", "cfloat": "complex64", "cdouble": "complex128",
+    # MindSpore
+    "float16": "float16", "float32": "float32", "float64": "float64", "bfloat16_": "bfloat16",
+    "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
+    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
+    "complex64": "complex64", "complex128": "complex128",
+}
+
+# eps (2**-mantissa bits), finfo.max for the float dtypes we judge.
+EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52,
+       "float8_e4m3fn": 2.0**-3, "float8_e5m2": 2.0**-2}
+FINFO_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
+             "float64": 1.7976931348623157e308, "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+
+
+def canonical(name: object) -> str:
+    """Map ``torch.float32``, ``Float32``, ``BFloat16``, ``<class 'numpy.float32'>``, ``float32`` … to one name."""
+    if name is None:
+        return ""
+    raw = str(name).strip()
+    s = raw
+    for prefix in ("torch_npu.", "torch.", "mindspore.", "ms.", "numpy.", "np."):
+        if s.startswith(prefix):
+            s = s[len(prefix):]
+            break
+    low = s.lower()
+    if low in _ALIASES:
+        return _ALIASES[low]
+    if low in FLOAT8_DTYPES or low in COMPLEX_DTYPES:
+        return low
+    return raw
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES or dtype in FLOAT8_DTYPES
+
+
+def is_numeric(dtype: str) -> bool:
+    return is_float(dtype) or dtype in INT_DTYPES or dtype == "bool"
+
+
+def eps(dtype: str) -> float:
+    """Machine epsilon of a float dtype; 0 for exact types; fp32's for unknown names."""
+    if dtype in EPS:
+        return EPS[dtype]
+    if dtype in INT_DTYPES or dtype == "bool":
+        return 0.0
+    return EPS["float32"]
+
+
+def finfo_max(dtype: str) -> float | None:
+    return FINFO_MAX.get(dtype)
+
+
+def lower_precision(a: str, b: str) -> str:
+    """The less precise of two dtypes (the one that sets the noise floor of a comparison)."""
+    return a if eps(a) >= eps(b) else b
+
+
+def numpy_dtype(dtype: str) -> np.dtype | None:
+    """numpy dtype used to hold values of `dtype` losslessly (bf16 and fp8 widen to float32)."""
+    if dtype in ("bfloat16",) or dtype in FLOAT8_DTYPES:
+        return np.dtype("float32")
+    if dtype == "complex32":
+        return np.dtype("complex64")
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return None

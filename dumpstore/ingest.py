@@ -1,0 +1,333 @@
+"""Ingest a dump tree into the store: one Parquet file per step and rank, published atomically per run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import summary
+from .errors import DumpFormatError, StoreError
+from .layout import Unit, find_units
+from .names import parse_record
+from .records import iter_leaves, leaf_row
+from .schema import STACK_SCHEMA, TENSOR_SCHEMA
+from .store import Store, open_store
+from .tensorfile import load, resolve
+
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_BATCH_ROWS = 4096
+MAX_DUMP_JSON_BYTES = 4 << 30
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    sample_k: int = summary.DEFAULT_SAMPLE_K
+    sketch_m: int = summary.DEFAULT_SKETCH_M
+    load_tensors: bool = True
+
+
+@dataclass
+class UnitResult:
+    step: int
+    rank: int
+    files: int = 0
+    records: int = 0
+    rows: int = 0
+    tensors: int = 0
+    tensor_files: int = 0
+    errors: int = 0
+    first_error: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class IngestResult:
+    run: str
+    ingest_id: str
+    units: int
+    records: int
+    rows: int
+    tensors: int
+    tensor_files: int
+    errors: int
+    first_error: str | None
+    steps: list[int]
+    ranks: list[int]
+
+
+def ingest(path: str | os.PathLike, run: str, *, store: str | os.PathLike | None = None,
+           options: IngestOptions | None = None, jobs: int | None = None,
+           progress: Callable[[int, int], None] | None = None) -> IngestResult:
+    """Ingest every dump under `path` as run `run`; replaces an earlier run of that name atomically."""
+    opts = options or IngestOptions()
+    summary.check_sketch_m(opts.sketch_m)
+    if not _RUN_NAME.match(run):
+        raise StoreError(f"run name {run!r} is not allowed; use letters, digits, '.', '_' or '-' (max 128)")
+    st = open_store(store, create=True)
+    units = find_units(path)
+    ingest_id = uuid.uuid4().hex[:12]
+    with st.run_lock(run):
+        results = _run_units(st, run, ingest_id, units, opts, jobs, progress)
+        total = _combine(run, ingest_id, results)
+        st.publish_run(_catalog_row(run, ingest_id, path, units, results, total, opts))
+    return total
+
+
+def _run_units(st: Store, run: str, ingest_id: str, units: list[Unit], opts: IngestOptions,
+               jobs: int | None, progress: Callable[[int, int], None] | None) -> list[UnitResult]:
+    tasks = [(u, str(st.root), run, ingest_id, opts) for u in units]
+    n_jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks)))
+    results: list[UnitResult] = []
+    if progress:
+        progress(0, len(tasks))
+    if n_jobs == 1:
+        for t in tasks:
+            results.append(_ingest_unit(*t))
+            if progress:
+                progress(len(results), len(tasks))
+        return results
+    with ProcessPoolExecutor(max_workers=n_jobs) as pool:
+        for res in pool.map(_ingest_unit_star, tasks):
+            results.append(res)
+            if progress:
+                progress(len(results), len(tasks))
+    return results
+
+
+def _ingest_unit_star(args: tuple) -> UnitResult:
+    return _ingest_unit(*args)
+
+
+def _ingest_unit(unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOptions) -> UnitResult:
+    res = UnitResult(unit.step, unit.rank)
+    part = Path(root) / "tensors" / f"run={run}" / f"step={unit.step}" / f"rank={unit.rank}"
+    part.mkdir(parents=True, exist_ok=True)
+    suffix = f"-{unit.source}" if unit.source else ""
+    out = part / f"part-{ingest_id}{suffix}.parquet"
+    if unit.kind == "dump":
+        rows, stacks = _dump_rows(unit, opts, res)
+    else:
+        rows, stacks = _file_rows(unit, opts, res), []
+    base = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
+    with pq.ParquetWriter(out, TENSOR_SCHEMA, compression="zstd") as writer:
+        batch: list[dict[str, Any]] = []
+        for row in rows:
+            row.update(base)
+            batch.append(row)
+            if len(batch) >= _BATCH_ROWS:
+                writer.write_table(pa.Table.from_pylist(batch, TENSOR_SCHEMA))
+                batch = []
+        writer.write_table(pa.Table.from_pylist(batch, TENSOR_SCHEMA))
+    if stacks:
+        _write_stacks(Path(root), run, ingest_id, unit, stacks)
+    return res
+
+
+def _write_stacks(root: Path, run: str, ingest_id: str, unit: Unit, stacks: list[list[str]]) -> None:
+    d = root / "stacks" / f"run={run}"
+    d.mkdir(parents=True, exist_ok=True)
+    name = f"part-{ingest_id}-{unit.step}-{unit.rank}{'-' + unit.source if unit.source else ''}.parquet"
+    table = pa.table({"ingest_id": [ingest_id] * len(stacks), "step": [unit.step] * len(stacks),
+                      "rank": [unit.rank] * len(stacks), "stack_id": list(range(len(stacks))),
+                      "frames": stacks}, schema=STACK_SCHEMA)
+    pq.write_table(table, d / name, compression="zstd")
+
+
+def read_json(path: Path) -> Any:
+    """Parse a dump JSON file (bare NaN/Infinity allowed), or raise a one-line DumpFormatError."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_DUMP_JSON_BYTES:
+            raise DumpFormatError(f"{path}: {size} bytes is larger than the {MAX_DUMP_JSON_BYTES} byte limit")
+        with open(path, "rb") as fh:
+            return json.loads(fh.read())
+    except json.JSONDecodeError as exc:
+        raise DumpFormatError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno} ({exc.msg}); "
+                              "the file may be truncated: copy it again or re-run the dump") from None
+    except UnicodeDecodeError:
+        raise DumpFormatError(f"{path}: not UTF-8 text; expected msprobe's JSON") from None
+    except RecursionError:
+        raise DumpFormatError(f"{path}: JSON nested too deeply") from None
+    except OSError as exc:
+        raise DumpFormatError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _aux_json(path: Path, res: UnitResult) -> Any:
+    if not path.is_file():
+        return None
+    try:
+        return read_json(path)
+    except DumpFormatError as exc:
+        res.meta.setdefault("warnings", []).append(str(exc))
+        return None
+
+
+def _dump_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
+    doc = read_json(unit.path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("data", {}), dict):
+        raise DumpFormatError(f"{unit.path}: expected an object with a 'data' object of records "
+                              "(msprobe dump.json); is this the right file?")
+    if unit.path.name == "debug.json" and "data" not in doc:
+        doc = {"data": doc, "level": "debug"}
+    res.files = 1
+    res.meta = {k: doc.get(k) for k in ("task", "level", "framework") if isinstance(doc.get(k), str)}
+    construct = _aux_json(unit.path.parent / "construct.json", res)
+    stack_ids, stacks = _stack_index(_aux_json(unit.path.parent / "stack.json", res))
+    return _record_rows(unit, doc, construct if isinstance(construct, dict) else {}, stack_ids, opts, res), stacks
+
+
+def _stack_index(doc: Any) -> tuple[dict[str, int], list[list[str]]]:
+    ids: dict[str, int] = {}
+    stacks: list[list[str]] = []
+    if not isinstance(doc, dict):
+        return ids, stacks
+    for key, value in doc.items():
+        if isinstance(value, list) and len(value) == 2 and isinstance(value[0], list) and isinstance(value[1], list):
+            names, frames = value  # 8.3.3 / 26.x: {"0": [[record keys], [frames]]}
+        else:
+            names, frames = [key], value if isinstance(value, list) else []  # 1.x: {record: [frames]}
+        stacks.append([str(f) for f in frames])
+        for n in names:
+            ids[str(n)] = len(stacks) - 1
+    return ids, stacks
+
+
+def _parent(construct: dict, key: str) -> str | None:
+    parent = construct.get(key)
+    if isinstance(parent, list):
+        parent = parent[0] if parent else None
+    return parent if isinstance(parent, str) else None
+
+
+def _record_rows(unit: Unit, doc: dict, construct: dict, stack_ids: dict[str, int],
+                 opts: IngestOptions, res: UnitResult):
+    leaf_no = 0
+    for seq, (key, record) in enumerate(doc.get("data", {}).items()):
+        res.records += 1
+        rn = parse_record(str(key))
+        ident = {"seq": seq, "record": str(key), "prefix": rn.prefix, "api": rn.api, "op_type": rn.op_type,
+                 "call": rn.call, "direction": rn.direction, "module": _parent(construct, str(key)),
+                 "stack_id": stack_ids.get(str(key)),
+                 "is_recompute": record.get("is_recompute") if isinstance(record, dict)
+                 and isinstance(record.get("is_recompute"), bool) else None}
+        for io, index, name, leaf in iter_leaves(str(key), record):
+            row = leaf_row(leaf)
+            row.update(ident, io=io, index_path=index, name=name, leaf=leaf_no)
+            leaf_no += 1
+            if row["kind"] == "tensor" and row.get("data_name") and opts.load_tensors:
+                _attach_tensor(row, unit.path.parent, opts, res)
+            _count(row, res)
+            yield row
+
+
+def _count(row: dict[str, Any], res: UnitResult) -> None:
+    res.rows += 1
+    res.tensors += row["kind"] == "tensor"
+    if row.get("error"):
+        res.errors += 1
+        if res.first_error is None:
+            res.first_error = f"{row.get('name')}: {row['error']}"
+
+
+def _attach_tensor(row: dict[str, Any], dump_dir: Path, opts: IngestOptions, res: UnitResult) -> None:
+    try:
+        path = resolve(dump_dir, row["data_name"])
+        if not path.exists():
+            row.update(file_status="missing", error=f"tensor file {path} is missing")
+            return
+        arr, stored = load(path)
+    except DumpFormatError as exc:
+        row.update(file_status="error", error=str(exc))
+        return
+    res.tensor_files += 1
+    problem = _mismatch(row, arr, stored)
+    if problem:
+        row.update(file_status="error", error=f"{path}: {problem}")
+        return
+    row["file_status"] = "loaded"
+    fill_from_array(row, arr, row.get("dtype") or stored, opts)
+
+
+def _mismatch(row: dict[str, Any], arr, stored: str) -> str | None:
+    shape = row.get("shape")
+    if shape is not None and list(arr.shape) != list(shape):
+        return f"tensor file has shape {list(arr.shape)} but dump.json says {shape}"
+    dtype = row.get("dtype")
+    # MindSpore saves bf16 as float32 .npy while dump.json says BFloat16
+    if dtype and stored != dtype and not (dtype == "bfloat16" and stored == "float32"):
+        if dtype in ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
+                     "uint8", "bool"):
+            return f"tensor file has dtype {stored} but dump.json says {dtype}"
+    return None
+
+
+def fill_from_array(row: dict[str, Any], arr, dtype: str, opts: IngestOptions) -> None:
+    """Exact statistics, sample and sketch of a full tensor (stats_source='tensor')."""
+    s = summary.tensor_stats(arr, dtype)
+    row.update(min=s.min, max=s.max, mean=s.mean, norm=s.norm, nan_count=s.nan_count,
+               posinf_count=s.posinf_count, neginf_count=s.neginf_count, zero_count=s.zero_count,
+               sat_count=s.sat_count, has_nan=s.nan_count > 0, has_posinf=s.posinf_count > 0,
+               has_neginf=s.neginf_count > 0, has_sat=s.sat_count > 0, stats_source="tensor",
+               sample=summary.sample(arr, opts.sample_k).tolist(), sketch=summary.sketch(arr, opts.sketch_m).tolist())
+
+
+def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
+    files = sorted(p for p in unit.path.iterdir() if p.suffix.lower() in (".pt", ".npy") and p.is_file()
+                   and not p.is_symlink())
+    for seq, path in enumerate(files):
+        res.files += 1
+        res.records += 1
+        row: dict[str, Any] = {"seq": seq, "leaf": seq, "record": path.stem, "prefix": "file", "api": path.stem,
+                               "op_type": path.stem, "direction": "tensor", "io": "tensor", "index_path": "",
+                               "name": path.stem, "kind": "tensor", "data_name": path.name,
+                               "value_type": path.suffix.lstrip(".")}
+        try:
+            arr, stored = load(path)
+            res.tensor_files += 1
+            row.update(dtype=stored, dtype_raw=stored, shape=list(arr.shape), numel=int(arr.size),
+                       file_status="loaded")
+            fill_from_array(row, arr, stored, opts)
+        except DumpFormatError as exc:
+            row.update(file_status="error", error=str(exc), stats_source="none")
+        _count(row, res)
+        yield row
+
+
+def _combine(run: str, ingest_id: str, results: list[UnitResult]) -> IngestResult:
+    first = next((r.first_error for r in results if r.first_error), None)
+    return IngestResult(run, ingest_id, len(results), sum(r.records for r in results), sum(r.rows for r in results),
+                        sum(r.tensors for r in results), sum(r.tensor_files for r in results),
+                        sum(r.errors for r in results), first, sorted({r.step for r in results}),
+                        sorted({r.rank for r in results}))
+
+
+def _catalog_row(run: str, ingest_id: str, path, units: list[Unit], results: list[UnitResult],
+                 total: IngestResult, opts: IngestOptions) -> dict[str, Any]:
+    from datetime import datetime, timezone
+
+    from . import __version__
+    from .schema import SCHEMA_VERSION
+
+    metas = [r.meta for r in results if r.meta]
+    def joined(key: str, default: str) -> str:
+        vals = sorted({str(m[key]) for m in metas if m.get(key)})
+        return ",".join(vals) if vals else default
+    task = joined("task", "files" if all(u.kind == "files" for u in units) else "")
+    return {"run": run, "ingest_id": ingest_id, "schema_version": SCHEMA_VERSION,
+            "source_path": str(Path(path).resolve()), "framework": joined("framework", "files"), "task": task,
+            "level": joined("level", ""), "dump_mode": "", "generation": "", "steps": total.steps,
+            "ranks": total.ranks, "n_files": sum(r.files for r in results) + total.tensor_files,
+            "n_records": total.records, "n_rows": total.rows, "n_tensors": total.tensors,
+            "n_tensor_files": total.tensor_files, "n_errors": total.errors, "sample_k": opts.sample_k,
+            "sketch_m": opts.sketch_m, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "dumpstore_version": __version__}

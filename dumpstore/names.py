@@ -1,0 +1,56 @@
+"""Parse msprobe record keys: Functional.linear.0.forward, Module.fc1.Linear.forward.0, ...parameters_grad.0."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MODULE_PREFIXES = ("Module", "Cell")
+_API = re.compile(r"^(?P<prefix>[A-Za-z_][\w]*)\.(?P<api>.+)\.(?P<call>\d+)\.(?P<dir>forward|backward)$")
+_MODULE = re.compile(r"^(?P<prefix>Module|Cell)\.(?P<api>.+)\.(?P<dir>forward|backward)\.(?P<call>\d+)$")
+_PGRAD = re.compile(r"^(?P<prefix>Module|Cell)\.(?P<api>.+)\.parameters_grad(?:\.(?P<call>\d+))?$")
+_DEBUG = re.compile(r"^(?P<api>.+)\.(?P<call>\d+)\.debug$")
+
+
+@dataclass(frozen=True)
+class RecordName:
+    prefix: str
+    api: str
+    op_type: str
+    call: int | None
+    direction: str
+
+
+def parse_record(key: str) -> RecordName:
+    """Split a record key into prefix, api, op type, call counter and direction (never fails)."""
+    m = _MODULE.match(key)
+    if m:
+        return _named(m, m["dir"], module=True)
+    m = _PGRAD.match(key)
+    if m:
+        return _named(m, "parameters_grad", module=True)
+    m = _DEBUG.match(key)
+    if m:
+        return RecordName("debug", m["api"], m["api"], int(m["call"]), "debug")
+    m = _API.match(key)
+    if m:
+        return _named(m, m["dir"], module=False)
+    head = key.split(".", 1)[0]
+    return RecordName(head, key, key, None, "unknown")
+
+
+def _named(m: re.Match, direction: str, *, module: bool) -> RecordName:
+    api = m["api"]
+    op_type = api.rsplit(".", 1)[-1] if module else api
+    call = int(m["call"]) if m["call"] is not None else None
+    return RecordName(m["prefix"], api, op_type, call, direction)
+
+
+def strip_call(key: str) -> str:
+    """Record key without its call counter (used to align calls of the same API)."""
+    r = parse_record(key)
+    if r.direction in ("forward", "backward") and r.prefix not in MODULE_PREFIXES:
+        return f"{r.prefix}.{r.api}.{r.direction}"
+    if r.direction in ("forward", "backward"):
+        return f"{r.prefix}.{r.api}.{r.direction}"
+    return key

@@ -1,0 +1,51 @@
+"""Test helpers shared by several test files (paths, independent leaf counting)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+MSPROBE = DATA / "msprobe"
+SAMPLES = ROOT / "sample_dumps"
+
+
+def count_leaves(doc: dict) -> int:
+    """Leaves of a dump.json counted independently of dumpstore: null, or an object with a 'type'."""
+    def walk(v) -> int:
+        if v is None:
+            return 1
+        if isinstance(v, dict):
+            if "type" in v:
+                return 1
+            return sum(walk(x) for x in v.values())
+        if isinstance(v, list):
+            return sum(walk(x) for x in v)
+        return 1
+    total = 0
+    for key, rec in doc["data"].items():
+        if key.endswith(".debug"):
+            total += walk(rec)
+            continue
+        for sec, val in rec.items():
+            if sec == "is_recompute":
+                continue
+            total += walk(val)
+    return total
+
+
+def dump_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.json") if p.name in ("dump.json", "debug.json"))
+
+
+def msprobe_datasets() -> list[Path]:
+    return sorted(p for p in MSPROBE.iterdir() if p.is_dir())
+
+
+def sample_cases() -> list[dict]:
+    cat = SAMPLES / "catalog.json"
+    if not cat.exists():
+        return []
+    return json.loads(cat.read_text())["cases"] if isinstance(json.loads(cat.read_text()), dict) else json.loads(cat.read_text())
+

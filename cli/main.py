@@ -124,5 +124,11 @@ def query(sql: str, store: Path | None, fmt: str) -> None:
     click.echo(render(run_query(open_store(store), sql), fmt))
 
 
+from .compare_cmds import compare, divergence, overflow  # noqa: E402
+
+main.add_command(compare)
+main.add_command(divergence)
+main.add_command(overflow)
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -149,19 +149,23 @@ def _shape(value: Any) -> tuple[list[int] | None, str | None]:
 
 
 def stats_from_dump(row: dict[str, Any]) -> None:
-    """Fill min/max/mean/norm and the has_* flags from the dumper's statistics."""
+    """Fill min/max/mean/norm and the has_* flags from the dumper's statistics.
+
+    Flags come from Max and Min only: the dumper's Mean and Norm overflow (to inf or NaN) on large finite
+    values, while Max/Min are NaN exactly when a NaN is present (torch semantics) and +-inf when an Inf is.
+    """
     mx, mn, mean, norm = row.get("dump_max"), row.get("dump_min"), row.get("dump_mean"), row.get("dump_norm")
     row.update(min=mn, max=mx, mean=mean, norm=norm)
     known = [v for v in (mx, mn, mean, norm) if v is not None]
     row["stats_source"] = "dump" if known else "none"
-    if not known:
+    if mx is None or mn is None:
         return
-    row["has_nan"] = any(math.isnan(v) for v in known)
-    row["has_posinf"] = mx is not None and mx == math.inf
-    row["has_neginf"] = mn is not None and mn == -math.inf
-    fmax = finfo_max(row.get("dtype") or "") if is_float(row.get("dtype") or "") else None
-    row["has_sat"] = fmax is not None and any(abs(v) >= fmax * (1 - 1e-7) and not math.isinf(v)
-                                              for v in (mx, mn) if v is not None)
+    row["has_nan"] = math.isnan(mx) or math.isnan(mn)
+    row["has_posinf"] = mx == math.inf
+    row["has_neginf"] = mn == -math.inf
+    dtype = row.get("dtype") or ""
+    fmax = finfo_max(dtype) if is_float(dtype) else None
+    row["has_sat"] = fmax is not None and any(math.isfinite(v) and abs(v) >= fmax * (1 - 1e-7) for v in (mx, mn))
 
 
 def walk_dump(doc: dict, on_record: Callable[[int, str, Any], None] | None = None) -> Iterator[tuple[int, str, Leaf]]:

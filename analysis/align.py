@@ -1,0 +1,96 @@
+"""Align a target run with a reference run: records by name, or by counter-free sequence when counts shift.
+
+Per step, rank and source: when both runs have the same record names, records pair by name.  Otherwise the
+two record sequences are aligned on counter-free keys (`Functional.gelu.forward`), preferring equal output
+shapes, so that one extra or missing API call does not shift every later call of that API; records left over
+pair by exact name.  Leaves then pair by io and index path.  What stays unmatched is reported, not dropped.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import polars as pl
+
+from dumpstore.names import parse_record
+
+GROUP = ["step", "rank", "source"]
+
+
+def counter_free(key: str) -> str:
+    r = parse_record(key)
+    if r.direction in ("forward", "backward", "parameters_grad"):
+        return f"{r.prefix}.{r.api}.{r.direction}"
+    return key
+
+
+def _records(rows: pl.DataFrame) -> pl.DataFrame:
+    out_shape = (pl.when(pl.col("io") == "output").then(pl.col("shape").cast(pl.List(pl.String)).list.join("x"))
+                 .otherwise(None))
+    return (rows.group_by(GROUP + ["seq", "record"], maintain_order=True)
+            .agg(out_shape.drop_nulls().str.join(",").alias("sig")))
+
+
+def align_records(target: pl.DataFrame, ref: pl.DataFrame) -> pl.DataFrame:
+    """Pairs (step, rank, source, t_record, r_record, how); a null side means unmatched."""
+    t_rec, r_rec = _records(target), _records(ref)
+    both = t_rec.join(r_rec, on=GROUP + ["record"], how="full", coalesce=True, suffix="_r")
+    bad = both.filter(pl.col("seq").is_null() | pl.col("seq_r").is_null()).select(GROUP).unique()
+    exact = both.join(bad, on=GROUP, how="anti").select(
+        GROUP + [pl.col("record").alias("t_record"), pl.col("record").alias("r_record"), pl.lit("exact").alias("how")])
+    parts = [exact]
+    for key in bad.iter_rows(named=True):
+        t = t_rec.filter(*[pl.col(c) == key[c] for c in GROUP])
+        r = r_rec.filter(*[pl.col(c) == key[c] for c in GROUP])
+        parts.append(_sequence_pairs(key, t, r))
+    schema = {**{c: exact.schema[c] for c in GROUP}, "t_record": pl.String, "r_record": pl.String, "how": pl.String}
+    return pl.concat([p.cast(schema) for p in parts], how="vertical") if parts else pl.DataFrame(schema=schema)
+
+
+def _sequence_pairs(key: dict, t: pl.DataFrame, r: pl.DataFrame) -> pl.DataFrame:
+    tk, rk = t["record"].to_list(), r["record"].to_list()
+    ts = [f"{counter_free(k)}|{s}" for k, s in zip(tk, t["sig"].to_list())]
+    rs = [f"{counter_free(k)}|{s}" for k, s in zip(rk, r["sig"].to_list())]
+    pairs: list[tuple[str | None, str | None, str]] = []
+    used_t, used_r = set(), set()
+    for a, b, size in difflib.SequenceMatcher(None, ts, rs, autojunk=False).get_matching_blocks():
+        for i in range(size):
+            pairs.append((tk[a + i], rk[b + i], "exact" if tk[a + i] == rk[b + i] else "sequence"))
+            used_t.add(a + i)
+            used_r.add(b + i)
+    left_t = {counter_free(tk[i]): [] for i in range(len(tk)) if i not in used_t}
+    for i in range(len(tk)):
+        if i not in used_t:
+            left_t[counter_free(tk[i])].append(i)
+    # same API, different shapes (a real shape change): pair leftovers in order of appearance
+    for j in range(len(rk)):
+        if j in used_r:
+            continue
+        cand = left_t.get(counter_free(rk[j]))
+        if cand:
+            i = cand.pop(0)
+            pairs.append((tk[i], rk[j], "sequence"))
+            used_t.add(i)
+            used_r.add(j)
+    pairs += [(tk[i], None, "target_only") for i in range(len(tk)) if i not in used_t]
+    pairs += [(None, rk[j], "ref_only") for j in range(len(rk)) if j not in used_r]
+    return pl.DataFrame({**{c: [key[c]] * len(pairs) for c in GROUP},
+                         "t_record": [p[0] for p in pairs], "r_record": [p[1] for p in pairs],
+                         "how": [p[2] for p in pairs]})
+
+
+def align_leaves(target: pl.DataFrame, ref: pl.DataFrame, records: pl.DataFrame) -> pl.DataFrame:
+    """Leaf pairs: target columns as-is, reference columns prefixed `ref_`; unmatched leaves keep one side null."""
+    matched = records.filter(pl.col("t_record").is_not_null() & pl.col("r_record").is_not_null())
+    t = target.join(matched.select(GROUP + ["t_record", "r_record", "how"]),
+                    left_on=GROUP + ["record"], right_on=GROUP + ["t_record"], how="left")
+    r = ref.rename({c: f"ref_{c}" for c in ref.columns if c not in GROUP})
+    keys_t = GROUP + ["r_record", "io", "index_path"]
+    keys_r = GROUP + ["ref_record", "ref_io", "ref_index_path"]
+    pairs = t.join(r, left_on=keys_t, right_on=keys_r, how="full", coalesce=False, suffix="_x")
+    for c in GROUP:
+        pairs = pairs.with_columns(pl.coalesce(pl.col(c), pl.col(f"{c}_x")).alias(c)).drop(f"{c}_x")
+    return pairs.with_columns(
+        pl.when(pl.col("name").is_null()).then(pl.lit("ref_only"))
+        .when(pl.col("ref_name").is_null()).then(pl.lit("target_only"))
+        .otherwise(pl.col("how")).alias("match"))

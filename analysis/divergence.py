@@ -1,0 +1,252 @@
+"""First divergence and culprit, per step and rank and across steps, from a Comparison.
+
+First divergence: the first record in execution order (steps in order; forward records before backward
+ones within a step; then dump order) with a diverged output.  Culprit: walking diverged records in that
+order, the first that *introduces* error:
+  scalar     a non-tensor argument differs (eps, alpha, p, ...);
+  op         its outputs diverge while its tensor inputs agree, or its error amplification
+             (output err / max(input err, dtype eps)) is at least `Tolerances.amplification`;
+  parameter  a diverged input that no earlier op of either run produced and that requires grad (a weight);
+  input      the same for data (requires_grad false: token ids, images, masks);
+  missing_op / extra_op
+             a diverged input produced by a record that exists in one run only.
+When no value diverges but records exist in one run only, the first of them is both the first divergence
+and the culprit (the runs part in structure).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import polars as pl
+
+from dumpstore.dtypes import eps
+
+from .compare import Comparison
+
+QUIET = 0.1  # inputs "agree" when their error is below this share of the tolerance
+OUTPUT_IO = ("output", "parameters_grad", "debug", "tensor")
+INPUT_IO = ("input", "parameters")
+
+
+@dataclass
+class Finding:
+    step: int
+    rank: int
+    op: str
+    name: str | None
+    kind: str
+    metric: str | None = None
+    value: float | None = None
+    threshold: float | None = None
+    source: str | None = None
+    dtype: str | None = None
+    severity: float | None = None
+    detail: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Verdict:
+    target: str
+    ref: str
+    first_divergence: Finding | None
+    culprit: Finding | None
+    steps: list[dict[str, Any]]
+    ranks: list[dict[str, Any]]
+    unmatched: list[dict[str, Any]]
+    precision: dict[str, str]
+    counts: dict[str, int]
+    coverage: dict[str, list[int]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ordered(rows: pl.DataFrame) -> pl.DataFrame:
+    seq = pl.coalesce(pl.col("seq"), pl.col("ref_seq"))
+    direction = pl.coalesce(pl.col("direction"), pl.col("ref_direction"))
+    return rows.with_columns(
+        seq.alias("_seq"), pl.when(direction == "forward").then(0).otherwise(1).alias("_phase"),
+        pl.coalesce(pl.col("record"), pl.col("ref_record")).alias("_record"),
+        pl.coalesce(pl.col("io"), pl.col("ref_io")).alias("_io"),
+    ).sort(["step", "_phase", "rank", "source", "_seq", "leaf"], nulls_last=True)
+
+
+def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
+    """One row per record pair with its worst output and input error."""
+    is_out = pl.col("_io").is_in(OUTPUT_IO)
+    is_in = pl.col("_io").is_in(INPUT_IO)
+    div = pl.col("status") == "diverged"
+    keys = ["step", "rank", "source", "_record"]
+    return (rows.group_by(keys, maintain_order=True).agg(
+        pl.col("_phase").first(), pl.col("_seq").first(),
+        (div & is_out).any().alias("out_div"), (div & is_in).any().alias("in_div"),
+        pl.col("err").filter(is_out & (pl.col("kind") == "tensor")).max().alias("out_err"),
+        pl.col("err").filter(is_in & (pl.col("kind") == "tensor")).max().alias("in_err"),
+        pl.col("match").first(),
+    ).sort(["step", "_phase", "rank", "source", "_seq"]))
+
+
+def divergence(cmp: Comparison) -> Verdict:
+    rows = _ordered(cmp.rows)
+    recs = _record_table(rows)
+    unmatched = _unmatched(cmp.records)
+    first = _first_divergence(rows)
+    culprit = _culprit(rows, recs, cmp) if first else None
+    if first is None and unmatched:
+        u = unmatched[0]
+        first = Finding(u["step"], u["rank"], u["op"], None, u["kind"], detail=f"record only in the {u['side']}")
+        culprit = Finding(u["step"], u["rank"], u["op"], None, u["kind"], detail=f"record only in the {u['side']}")
+    counts = {s: int(n) for s, n in rows.group_by("status").len().iter_rows() if s is not None}
+    return Verdict(cmp.target, cmp.ref, first, culprit, _timeline(rows), _rank_view(rows), unmatched,
+                   cmp.precision, counts, cmp.coverage)
+
+
+def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
+    return Finding(step=row["step"], rank=row["rank"], op=row["_record"], name=row.get("name") or row.get("ref_name"),
+                   kind=kind or _row_kind(row), metric="rel_l2", value=row["err"], threshold=row["tol"],
+                   source=row["err_source"], dtype=row["tol_dtype"], severity=row["severity"], detail=row["detail"])
+
+
+def _row_kind(row: dict[str, Any]) -> str:
+    if row.get("nonfinite_mismatch"):
+        return "nonfinite"
+    if row["err_source"] == "checksum":
+        return "checksum"
+    if row["kind"] == "scalar":
+        return "scalar"
+    if row.get("detail", "") and str(row.get("detail")).startswith("shape"):
+        return "shape"
+    return "value"
+
+
+def _first_divergence(rows: pl.DataFrame) -> Finding | None:
+    hit = rows.filter((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO)).head(1)
+    return _finding(hit.row(0, named=True)) if hit.height else None
+
+
+class _Producers:
+    """Which record of one run produced a tensor, by fingerprint (dtype, shape, statistics)."""
+
+    def __init__(self, rows: pl.DataFrame, prefix: str):
+        self.prefix = prefix
+        self.first: dict[tuple, tuple[int, str]] = {}
+        outs = rows.filter(pl.col(f"{prefix}io").is_in(OUTPUT_IO) & (pl.col(f"{prefix}kind") == "tensor"))
+        for r in outs.iter_rows(named=True):
+            fp = self.fingerprint(r)
+            if fp is not None:
+                self.first.setdefault(fp, (r[f"{prefix}seq"], r[f"{prefix}record"]))
+
+    def fingerprint(self, r: dict[str, Any]) -> tuple | None:
+        p = self.prefix
+        stats = tuple(r.get(f"{p}{s}") for s in ("min", "max", "mean", "norm"))
+        if all(v is None for v in stats):
+            return None
+        return (r[f"{p}dtype"], tuple(r[f"{p}shape"] or ()), r["step"], r["rank"], r["source"]) + tuple(
+            "nan" if isinstance(v, float) and math.isnan(v) else v for v in stats)
+
+    def producer(self, r: dict[str, Any]) -> str | None:
+        fp = self.fingerprint(r)
+        hit = self.first.get(fp) if fp else None
+        seq = r.get(f"{self.prefix}seq")
+        if hit is None or seq is None or hit[0] >= seq:
+            return None
+        return hit[1]
+
+
+def _culprit(rows: pl.DataFrame, recs: pl.DataFrame, cmp: Comparison) -> Finding | None:
+    first_step = recs.filter(pl.col("out_div"))["step"].min()
+    step_rows = rows.filter(pl.col("step") == first_step)
+    t_prod, r_prod = _Producers(step_rows, ""), _Producers(step_rows, "ref_")
+    only = {(r["step"], r["rank"], r["source"], r["t_record"] or r["r_record"]): r["how"]
+            for r in cmp.records.filter(pl.col("how").is_in(["target_only", "ref_only"])).iter_rows(named=True)}
+    by_rec = step_rows.partition_by(["rank", "source", "_record"], as_dict=True, maintain_order=True)
+    for rec in recs.filter(pl.col("out_div") & (pl.col("step") == first_step)).iter_rows(named=True):
+        leaves = by_rec[(rec["rank"], rec["source"], rec["_record"])]
+        found = _judge(rec, leaves, t_prod, r_prod, only, cmp)
+        if found is not None:
+            return found
+    return None
+
+
+def _judge(rec: dict, leaves: pl.DataFrame, t_prod: _Producers, r_prod: _Producers, only: dict,
+           cmp: Comparison) -> Finding | None:
+    out = leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged")).row(0, named=True)
+    bad_in = leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("status") == "diverged"))
+    scalars = bad_in.filter(pl.col("kind") == "scalar")
+    if scalars.height:
+        s = scalars.row(0, named=True)
+        return _with_evidence(_finding(out, "scalar"), scalar=s["name"], detail=s["detail"])
+    tensors = bad_in.filter(pl.col("kind") == "tensor")
+    if tensors.height == 0 and (rec["in_err"] or 0.0) <= QUIET * out["tol"]:
+        return _with_evidence(_finding(out, "op"), input_err=rec["in_err"], reason="inputs agree, output diverges")
+    for leaf in tensors.iter_rows(named=True):
+        tp, rp = t_prod.producer(leaf), r_prod.producer(leaf)
+        key = (leaf["step"], leaf["rank"], leaf["source"])
+        if rp and only.get(key + (rp,)) == "ref_only":
+            return Finding(leaf["step"], leaf["rank"], rp, None, "missing_op",
+                           detail=f"only in the reference; its output feeds {leaf['name']}")
+        if tp and only.get(key + (tp,)) == "target_only":
+            return Finding(leaf["step"], leaf["rank"], tp, None, "extra_op",
+                           detail=f"only in the target; its output feeds {leaf['name']}")
+        if tp is None and rp is None:
+            kind = "parameter" if leaf.get("requires_grad") or leaf["_io"] == "parameters" else "input"
+            return _with_evidence(_finding(out, kind), differing=leaf["name"], input_err=leaf["err"],
+                                  detail=f"{leaf['name']} differs and no earlier op produced it")
+    floor = eps(out["tol_dtype"] or "float32")
+    amp = (rec["out_err"] or 0.0) / max(rec["in_err"] or 0.0, floor)
+    if amp >= cmp.tolerances.amplification:
+        return _with_evidence(_finding(out, "op"), input_err=rec["in_err"], amplification=amp,
+                              reason="error amplification stands out")
+    return None
+
+
+def _with_evidence(f: Finding, detail: str | None = None, **evidence: Any) -> Finding:
+    f.evidence.update({k: v for k, v in evidence.items() if v is not None})
+    if detail:
+        f.detail = detail
+    return f
+
+
+def _unmatched(records: pl.DataFrame) -> list[dict[str, Any]]:
+    un = records.filter(pl.col("how").is_in(["target_only", "ref_only"])).sort(["step", "rank", "source"],
+                                                                              maintain_order=True)
+    out = []
+    for r in un.iter_rows(named=True):
+        side = "target" if r["how"] == "target_only" else "reference"
+        out.append({"step": r["step"], "rank": r["rank"], "source": r["source"], "op": r["t_record"] or r["r_record"],
+                    "side": side, "kind": "extra_op" if side == "target" else "missing_op"})
+    return out
+
+
+def _timeline(rows: pl.DataFrame) -> list[dict[str, Any]]:
+    out = []
+    for (step,), g in rows.group_by(["step"], maintain_order=True):
+        fd = _first_divergence(g)
+        out.append({"step": step, "compared": int((g["status"].is_in(["pass", "diverged"])).sum()),
+                    "diverged": int((g["status"] == "diverged").sum()),
+                    "unmatched": int((g["status"] == "unmatched").sum()),
+                    "max_err": _finite_max(g), "first_divergence": fd.op if fd else None})
+    return sorted(out, key=lambda s: s["step"])
+
+
+def _finite_max(g: pl.DataFrame) -> float | None:
+    v = g.filter(pl.col("err").is_not_null())["err"].max()
+    return float(v) if v is not None else None
+
+
+def _rank_view(rows: pl.DataFrame) -> list[dict[str, Any]]:
+    out = []
+    for (rank,), g in rows.group_by(["rank"], maintain_order=True):
+        fd = _first_divergence(g)
+        out.append({"rank": rank, "diverged": int((g["status"] == "diverged").sum()),
+                    "max_err": _finite_max(g), "first_divergence": fd.op if fd else None,
+                    "first_step": fd.step if fd else None})
+    out.sort(key=lambda r: r["rank"])
+    clean = [r for r in out if r["diverged"] == 0]
+    for r in out:
+        r["disagrees_with_peers"] = bool(r["diverged"]) and len(clean) * 2 >= len(out) and len(out) > 1
+    return out

@@ -1,0 +1,88 @@
+"""Overflow: NaN, +-Inf and saturated (+-finfo.max, Ascend saturation mode) values, and who produced them first.
+
+A tensor is dirty when it holds NaN, +Inf, -Inf or +-finfo(dtype).max.  With a reference run, only what the
+reference does not also have at the aligned tensor counts (so the -Inf of attention masking is not overflow).
+Without one, a -Inf-only output of a masking op (masked_fill, where, fill, full) is reported but not taken as
+the first overflow.  A producer is a record whose inputs and parameters are clean and whose output is dirty;
+the first overflow is the first producer in execution order (steps in order, then dump order) per step and rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from .load import load_run
+
+_FLAGS = ("has_nan", "has_posinf", "has_neginf", "has_sat")
+_MASK_OPS = ("masked_fill", "masked_fill_", "where", "fill", "fill_", "full", "full_like", "triu", "tril")
+OUTPUT_IO = ("output", "parameters_grad", "debug", "tensor")
+
+
+@dataclass
+class OverflowReport:
+    run: str
+    ref: str | None
+    first_overflow: dict[str, Any] | None
+    producers: list[dict[str, Any]]
+    tensors: pl.DataFrame
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"run": self.run, "ref": self.ref, "first_overflow": self.first_overflow, "producers": self.producers}
+        d["tensors"] = self.tensors.to_dicts()
+        return d
+
+
+def _kind(row: dict[str, Any]) -> str:
+    if row["new_nan"]:
+        return "nan"
+    if row["new_posinf"] or row["new_neginf"]:
+        return "inf"
+    return "saturated"
+
+
+def overflow(store, run: str, *, ref: str | None = None, steps: list[int] | None = None,
+             ranks: list[int] | None = None) -> OverflowReport:
+    """Dirty tensors of `run` (beyond what `ref` has) and their first producers."""
+    if ref is None:
+        rows = load_run(store, run, steps=steps, ranks=ranks, sketches=False)
+        rows = rows.with_columns([pl.col(f).fill_null(False).alias(f"new_{f[4:]}") for f in _FLAGS])
+    else:
+        from .compare import compare_runs
+        cmp = compare_runs(store, run, ref, steps=steps, ranks=ranks)
+        rows = cmp.rows.filter(pl.col("name").is_not_null())
+        rows = rows.with_columns([(pl.col(f).fill_null(False) & ~pl.col(f"ref_{f}").fill_null(False))
+                                  .alias(f"new_{f[4:]}") for f in _FLAGS])
+    new = pl.any_horizontal([pl.col(f"new_{f[4:]}") for f in _FLAGS])
+    only_neginf = pl.col("new_neginf") & ~pl.col("new_nan") & ~pl.col("new_posinf") & ~pl.col("new_sat")
+    rows = rows.filter(pl.col("kind") == "tensor").with_columns(
+        new.alias("dirty"),
+        (only_neginf & pl.col("op_type").is_in(list(_MASK_OPS)) & pl.lit(ref is None)).alias("likely_mask"))
+    dirty = rows.filter(pl.col("dirty"))
+    producers = _producers(rows)
+    first = next((p for p in producers if not p["likely_mask"]), None)
+    cols = ["step", "rank", "seq", "record", "name", "io", "dtype", "nan_count", "posinf_count", "neginf_count",
+            "sat_count", "new_nan", "new_posinf", "new_neginf", "new_sat", "likely_mask"]
+    return OverflowReport(run, ref, first, producers, dirty.select(cols).sort(["step", "rank", "seq"]))
+
+
+def _producers(rows: pl.DataFrame) -> list[dict[str, Any]]:
+    is_out = pl.col("io").is_in(OUTPUT_IO)
+    phase = pl.when(pl.col("direction") == "forward").then(0).otherwise(1)
+    per = (rows.group_by(["step", "rank", "source", "seq", "record"], maintain_order=True)
+           .agg((pl.col("dirty") & ~is_out).any().alias("dirty_in"),
+                (pl.col("dirty") & is_out).any().alias("dirty_out"), phase.first().alias("phase"))
+           .filter(~pl.col("dirty_in") & pl.col("dirty_out"))
+           .sort(["step", "phase", "rank", "source", "seq"]))
+    out = []
+    for p in per.iter_rows(named=True):
+        leaf = rows.filter((pl.col("step") == p["step"]) & (pl.col("rank") == p["rank"])
+                           & (pl.col("source") == p["source"]) & (pl.col("seq") == p["seq"])
+                           & pl.col("dirty") & is_out).row(0, named=True)
+        out.append({"step": p["step"], "rank": p["rank"], "op": p["record"], "name": leaf["name"],
+                    "kind": _kind(leaf), "likely_mask": bool(leaf["likely_mask"]),
+                    "nan_count": leaf["nan_count"], "posinf_count": leaf["posinf_count"],
+                    "neginf_count": leaf["neginf_count"], "sat_count": leaf["sat_count"]})
+    return out

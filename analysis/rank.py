@@ -1,0 +1,41 @@
+"""Top-N mismatching leaves of a comparison by any metric, filterable by step, rank, direction, module, op type."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from .compare import Comparison
+
+METRICS = ("severity", "err", "max_abs_err", "max_rel_err", "cosine")
+COLUMNS = ["step", "rank", "seq", "name", "dtype", "ref_dtype", "err", "err_source", "err_bound", "cosine",
+           "max_abs_err", "tol", "tol_dtype", "severity", "status", "detail"]
+
+
+def rank_rows(cmp: Comparison, *, by: str = "severity", top: int | None = 20, direction: str | None = None,
+              module: str | None = None, op_type: str | None = None, io: str | None = None,
+              status: str | None = None, include_pass: bool = True) -> pl.DataFrame:
+    """Rows sorted worst first by `by` (cosine: lowest first); filters match substrings of module / op type."""
+    if by not in METRICS:
+        from dumpstore.errors import DumpstoreError
+        raise DumpstoreError(f"unknown metric {by!r}; choose one of {', '.join(METRICS)}")
+    df = cmp.rows.with_columns(pl.coalesce(pl.col("name"), pl.col("ref_name")).alias("name"))
+    filters = []
+    if direction:
+        filters.append(pl.col("direction") == direction)
+    if module:
+        filters.append(pl.col("module").str.contains(module, literal=True)
+                       | pl.col("record").str.contains(module, literal=True))
+    if op_type:
+        filters.append(pl.col("op_type").str.contains(op_type, literal=True))
+    if io:
+        filters.append(pl.col("io") == io)
+    if status:
+        filters.append(pl.col("status") == status)
+    if not include_pass:
+        filters.append(pl.col("status") != "pass")
+    if filters:
+        df = df.filter(*filters)
+    df = df.filter(pl.col(by).is_not_null()) if by != "severity" else df
+    df = df.sort(by, descending=by != "cosine", nulls_last=True)
+    cols = [c for c in COLUMNS if c in df.columns]
+    return df.select(cols).head(top) if top else df.select(cols)

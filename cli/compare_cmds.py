@@ -1,0 +1,142 @@
+"""`dumpstore compare | divergence | overflow`: render the analysis library's answers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import click
+
+from .output import output_options, render, to_json
+
+
+def _common(fn):
+    fn = click.option("--tol", "tol", multiple=True, metavar="[DTYPE=]VALUE",
+                      help="Relative-L2 tolerance, for all dtypes or one (repeatable), e.g. --tol bfloat16=2e-2.")(fn)
+    fn = click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank (repeatable).")(fn)
+    fn = click.option("--step", "steps", type=int, multiple=True, help="Only this step (repeatable).")(fn)
+    fn = click.option("--exact", is_flag=True, help="Read both runs' tensor files for exact (msprobe) metrics.")(fn)
+    fn = click.option("--ref", required=True, help="Reference run name.")(fn)
+    fn = click.option("--target", required=True, help="Target run name.")(fn)
+    fn = click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=None,
+                      envvar="DUMPSTORE_STORE", help="Store folder (default: $DUMPSTORE_STORE or ./dumpstore_store).")(fn)
+    return fn
+
+
+def run_compare(store, target, ref, steps, ranks, tol, exact):
+    from dumpstore.analysis.compare import compare_runs
+    from dumpstore.analysis.tolerance import Tolerances
+    from dumpstore.store import open_store
+
+    return compare_runs(open_store(store), target, ref, steps=list(steps) or None, ranks=list(ranks) or None,
+                        tolerances=Tolerances.parse(tol), exact=exact)
+
+
+@click.command()
+@_common
+@click.option("--top", type=int, default=20, show_default=True, help="Rows to show (0: all).")
+@click.option("--by", default="severity", show_default=True,
+              type=click.Choice(["severity", "err", "max_abs_err", "max_rel_err", "cosine"]), help="Sort metric.")
+@click.option("--direction", type=click.Choice(["forward", "backward", "parameters_grad"]), default=None)
+@click.option("--module", default=None, help="Only records in modules whose name contains this.")
+@click.option("--op-type", default=None, help="Only ops whose type contains this (linear, softmax, ...).")
+@click.option("--io", default=None, type=click.Choice(["input", "output", "parameters", "parameters_grad"]))
+@output_options
+def compare(store, target, ref, exact, steps, ranks, tol, top, by, direction, module, op_type, io, fmt):
+    """Rank aligned tensors by mismatch (worst first), with the threshold each verdict used."""
+    from dumpstore.analysis.rank import rank_rows
+
+    cmp = run_compare(store, target, ref, steps, ranks, tol, exact)
+    table = rank_rows(cmp, by=by, top=top or None, direction=direction, module=module, op_type=op_type, io=io)
+    click.echo(render(table.to_arrow(), fmt))
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else f"{v:.3g}"
+    return str(v)
+
+
+def finding_line(label: str, f) -> str:
+    if f is None:
+        return f"{label}: none"
+    where = f"step {f.step} rank {f.rank}  {f.op}"
+    leaf = f"  {f.name.removeprefix(f.op + '.')}" if f.name and f.op and f.name.startswith(f.op) else ""
+    cmp = ""
+    if f.value is not None and f.threshold is not None:
+        rel = ">" if (f.value > f.threshold) else "<="
+        cmp = f"  {f.metric}={_fmt(f.value)} {rel} tol={_fmt(f.threshold)} ({f.dtype}, {f.source})"
+    detail = f"  [{f.detail}]" if f.detail else ""
+    return f"{label} ({f.kind}): {where}{leaf}{cmp}{detail}"
+
+
+@click.command()
+@_common
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--check", is_flag=True, help="Exit 3 when the runs diverge.")
+def divergence(store, target, ref, exact, steps, ranks, tol, as_json, check):
+    """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops."""
+    from dumpstore.analysis.divergence import divergence as find
+
+    v = find(run_compare(store, target, ref, steps, ranks, tol, exact))
+    if as_json:
+        click.echo(to_json(v.to_dict()))
+    else:
+        click.echo(verdict_text(v))
+    if check and (v.first_divergence is not None):
+        raise SystemExit(3)
+
+
+def verdict_text(v) -> str:
+    p, c = v.precision, v.coverage
+    lines = [f"target {v.target} vs reference {v.ref}: steps {c['common_steps']}, ranks {c['common_ranks']}; "
+             f"compute precision {p['target']} vs {p['ref']} (judged at {p['floor']})"]
+    if p["target"] != p["ref"]:
+        lines.append(f"mixed precision: the runs compute in {p['target']} and {p['ref']}; every tensor is judged "
+                     f"at the {p['floor']} tolerance")
+    for side in ("target", "ref"):
+        extra = sorted(set(c[f"{side}_steps"]) - set(c["common_steps"]))
+        if extra:
+            lines.append(f"steps only in the {side}: {extra} (not compared)")
+    lines.append(finding_line("FIRST DIVERGENCE", v.first_divergence))
+    lines.append(finding_line("CULPRIT", v.culprit))
+    for s in v.steps:
+        lines.append(f"  step {s['step']}: {s['compared']} compared, {s['diverged']} diverged, "
+                     f"{s['unmatched']} unmatched, max rel_l2 {_fmt(s['max_err'])}, "
+                     f"first {s['first_divergence'] or '-'}")
+    if len(v.ranks) > 1:
+        for r in v.ranks:
+            flag = "  <- disagrees with its peers" if r["disagrees_with_peers"] else ""
+            lines.append(f"  rank {r['rank']}: {r['diverged']} diverged, first {r['first_divergence'] or '-'}{flag}")
+    if v.unmatched:
+        first = v.unmatched[0]
+        lines.append(f"unmatched: {len(v.unmatched)} records in one run only (first: step {first['step']} "
+                     f"rank {first['rank']} {first['op']}, only in the {first['side']})")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--run", "run", required=True, help="Run to scan.")
+@click.option("--ref", default=None, help="Reference run: what it also has is not overflow.")
+@click.option("--step", "steps", type=int, multiple=True)
+@click.option("--rank", "ranks", type=int, multiple=True)
+@click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=None, envvar="DUMPSTORE_STORE")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def overflow(run, ref, steps, ranks, store, as_json):
+    """NaN, +-Inf and saturated (+-finfo.max) values and the op that produced them first."""
+    from dumpstore.analysis.overflow import overflow as scan
+    from dumpstore.store import open_store
+
+    rep = scan(open_store(store), run, ref=ref, steps=list(steps) or None, ranks=list(ranks) or None)
+    if as_json:
+        click.echo(to_json(rep.to_dict()))
+        return
+    f = rep.first_overflow
+    head = (f"FIRST OVERFLOW ({f['kind']}): step {f['step']} rank {f['rank']}  {f['op']}  {f['name']}"
+            if f else "FIRST OVERFLOW: none")
+    click.echo(head + (f"  (beyond reference {ref})" if ref else ""))
+    click.echo(f"{len(rep.producers)} producers (clean inputs, dirty output); {rep.tensors.height} dirty tensors")
+    if rep.tensors.height:
+        click.echo(render(rep.tensors.head(20).to_arrow(), "table"))

@@ -1,0 +1,608 @@
+"""Safe reader for PyTorch ``.pt`` tensor files: torch.save's zip + pickle, read without torch or pickle code.
+
+``torch.save(tensor)`` writes a zip holding ``<archive>/data.pkl`` (a pickle that rebuilds the tensor from a
+storage), ``<archive>/data/<key>`` (the raw storage bytes) and ``<archive>/byteorder``. :func:`read_pt`
+unpickles ``data.pkl`` with an allow-list that maps the few globals a plain tensor needs onto inert stand-ins,
+so nothing the file names is ever imported or called; it then checks shape, strides and offset against the
+storage and reads the bytes with numpy. A numpy array pickled by ``torch.save(ndarray)`` is read the same way
+(numeric dtypes only). Anything else is refused with :class:`~dumpstore.errors.DumpFormatError` naming the
+path and the problem.
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import functools
+import io
+import math
+import os
+import pickle
+import re
+import stat
+import struct
+import zipfile
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dumpstore.errors import DumpFormatError
+
+__all__ = ["DEFAULT_MAX_BYTES", "read_pt"]
+
+DEFAULT_MAX_BYTES = 8 << 30  # cap on the claimed size of a tensor or storage, checked before reading
+_MAX_NDIM = 64
+_WHOLE_FILE = 1 << 22  # files up to this size are read in one call and parsed in memory
+_CHUNK = 1 << 24  # compressed members are inflated in chunks of this size (bounds transient memory)
+_KEY_RE = re.compile(r"[A-Za-z0-9_]{1,64}")
+
+# canonical dtype -> numpy code of one stored element (byte order added at read time)
+_STORED_CODE = {
+    "float16": "f2", "bfloat16": "u2", "float32": "f4", "float64": "f8",
+    "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
+    "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8", "bool": "u1",
+    "complex32": "f2", "complex64": "c8", "complex128": "c16",
+    "float8_e4m3fn": "u1", "float8_e5m2": "u1", "float8_e4m3fnuz": "u1", "float8_e5m2fnuz": "u1",
+}
+_ITEMSIZE = {name: (4 if name == "complex32" else int(code[1:])) for name, code in _STORED_CODE.items()}
+_LEGACY_STORAGES = {
+    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
+    "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
+    "ComplexDoubleStorage": "complex128", "ComplexFloatStorage": "complex64",
+}
+_NUMPY_CODES = frozenset({"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8",
+                          "c16"})
+# float8 formats: (exponent bits, mantissa bits, exponent bias, NaN/Inf convention)
+_FP8 = {"float8_e4m3fn": (4, 3, 7, "fn"), "float8_e5m2": (5, 2, 15, "ieee"),
+        "float8_e4m3fnuz": (4, 3, 8, "fnuz"), "float8_e5m2fnuz": (5, 2, 16, "fnuz")}
+
+
+class _Bad(Exception):
+    """Internal: what is wrong with the file; read_pt prefixes the path and raises DumpFormatError."""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Inert stand-ins handed to the unpickler. Each refuses BUILD (``__setstate__``) unless it expects one state.
+
+
+class _Inert:
+    __slots__ = ()
+
+    def __setstate__(self, state: object) -> None:
+        raise _Bad(f"refused to load: pickle sets state on {type(self).__name__.lstrip('_')}; "
+                   "only plain tensors are accepted")
+
+
+class _StorageType(_Inert):
+    """Stands for ``torch.FloatStorage`` etc.; ``UntypedStorage`` counts bytes (uint8)."""
+
+    __slots__ = ("dtype",)
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+
+
+class _TorchDType(_Inert):
+    """Stands for ``torch.float8_e4m3fn`` etc. (the dtype argument of ``_rebuild_tensor_v3``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Marker(_Inert):
+    """Stands for a class only used as a tag (``numpy.ndarray``)."""
+
+    __slots__ = ("label",)
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+
+class _Func(_Inert):
+    """A callable stand-in for an allowed global function."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+class _Storage(_Inert):
+    """A storage reference from a persistent id: zip member key, element dtype, size in bytes."""
+
+    __slots__ = ("dtype", "key", "nbytes")
+
+    def __init__(self, key: str, dtype: str, nbytes: int) -> None:
+        self.key, self.dtype, self.nbytes = key, dtype, nbytes
+
+
+class _Tensor(_Inert):
+    """What a rebuild call produced: a storage view, validated later by :func:`_tensor_array`."""
+
+    __slots__ = ("conj", "dtype", "neg", "offset", "size", "storage", "stride")
+
+    def __init__(self, storage: _Storage, offset: int, size: tuple[int, ...], stride: tuple[int, ...],
+                 dtype: str, conj: bool, neg: bool) -> None:
+        self.storage, self.offset, self.size, self.stride = storage, offset, size, stride
+        self.dtype, self.conj, self.neg = dtype, conj, neg
+
+
+class _NpDType(_Inert):
+    """Stands for ``numpy.dtype(code)``; takes its one pickled state (byte order) and keeps a real dtype."""
+
+    __slots__ = ("code", "dtype")
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+        self.dtype: np.dtype | None = None
+
+    def __setstate__(self, state: object) -> None:
+        if self.dtype is not None or type(state) is not tuple or len(state) < 5:
+            raise _Bad("corrupt numpy dtype in pickle")
+        endian, subarray, names, fields = state[1:5]
+        if subarray is not None or names is not None or fields is not None:
+            raise _Bad("refused to load: structured numpy dtype; only plain numeric arrays are accepted")
+        if endian not in ("<", ">", "|", "="):
+            raise _Bad(f"corrupt numpy dtype byte order {endian!r:.20}")
+        self.dtype = np.dtype(self.code).newbyteorder("=" if endian in "|=" else endian)
+
+
+class _NdArray(_Inert):
+    """Stands for ``numpy.ndarray`` from ``_reconstruct``; takes its one state (shape, dtype, bytes)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self) -> None:
+        self.array: np.ndarray | None = None
+
+    def __setstate__(self, state: object) -> None:
+        if self.array is not None or type(state) is not tuple or len(state) != 5:
+            raise _Bad("corrupt numpy array in pickle")
+        _version, shape, dtype, fortran, raw = state
+        self.array = _np_from_bytes(raw, _np_dtype(dtype), _shape(shape, "numpy shape"), fortran is True)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Argument checks for the stand-ins (the pickle chooses every argument).
+
+
+def _shape(value: object, what: str) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or len(value) > _MAX_NDIM:
+        raise _Bad(f"corrupt pickle: {what} is not a sequence of at most {_MAX_NDIM} ints")
+    dims = tuple(value)
+    if any(type(d) is not int or d < 0 for d in dims):
+        raise _Bad(f"corrupt pickle: {what} {list(dims)!r:.80} holds a negative or non-int entry")
+    return dims
+
+
+def _offset(value: object) -> int:
+    if type(value) is not int or value < 0:
+        raise _Bad(f"corrupt pickle: storage offset {value!r:.40} is not a non-negative int")
+    return value
+
+
+def _np_dtype(value: object) -> np.dtype:
+    if not isinstance(value, _NpDType) or value.dtype is None:
+        raise _Bad("corrupt pickle: numpy array without a plain numpy dtype")
+    return value.dtype
+
+
+def _np_from_bytes(raw: object, dtype: np.dtype, shape: tuple[int, ...], fortran: bool) -> np.ndarray:
+    if not isinstance(raw, (bytes, bytearray)):
+        raise _Bad("refused to load: numpy array payload is not raw bytes (object array?)")
+    need = math.prod(shape) * dtype.itemsize
+    if len(raw) != need:
+        raise _Bad(f"numpy array of shape {list(shape)} needs {need} bytes, pickle holds {len(raw)}")
+    flat = np.frombuffer(raw, dtype=dtype)
+    return flat.reshape(shape, order="F" if fortran else "C")
+
+
+def _metadata(value: object) -> tuple[bool, bool]:
+    if value is None:
+        return False, False
+    if type(value) is not dict or not set(value) <= {"conj", "neg"}:
+        raise _Bad(f"unsupported tensor metadata {value!r:.60}")
+    return value.get("conj") is True, value.get("neg") is True
+
+
+def _make_tensor(storage: object, offset: object, size: object, stride: object, dtype: str | None,
+                 metadata: object = None) -> _Tensor:
+    if not isinstance(storage, _Storage):
+        raise _Bad("corrupt pickle: tensor rebuilt from something other than a storage")
+    dims, strides = _shape(size, "size"), _shape(stride, "stride")
+    if len(dims) != len(strides):
+        raise _Bad(f"corrupt pickle: size {list(dims)} and stride {list(strides)} differ in length")
+    conj, neg = _metadata(metadata)
+    return _Tensor(storage, _offset(offset), dims, strides, dtype or storage.dtype, conj, neg)
+
+
+def _rebuild_tensor(storage: object, offset: object, size: object, stride: object) -> _Tensor:
+    return _make_tensor(storage, offset, size, stride, None)
+
+
+def _rebuild_tensor_v2(storage: object, offset: object, size: object, stride: object,
+                       _requires_grad: object = None, _hooks: object = None,
+                       metadata: object = None) -> _Tensor:
+    return _make_tensor(storage, offset, size, stride, None, metadata)
+
+
+def _rebuild_tensor_v3(storage: object, offset: object, size: object, stride: object, _requires_grad: object,
+                       _hooks: object, dtype: object, metadata: object = None) -> _Tensor:
+    if not isinstance(dtype, _TorchDType):
+        raise _Bad("corrupt pickle: _rebuild_tensor_v3 without a torch dtype")
+    return _make_tensor(storage, offset, size, stride, dtype.name, metadata)
+
+
+def _rebuild_parameter(data: object, *_rest: object) -> _Tensor:
+    if not isinstance(data, _Tensor):
+        raise _Bad("corrupt pickle: Parameter wraps something other than a tensor")
+    return data
+
+
+def _reconstruct(cls: object, _shape_arg: object, _typecode: object) -> _NdArray:
+    if not (isinstance(cls, _Marker) and cls.label == "ndarray"):
+        raise _Bad("refused to load: numpy _reconstruct of something other than numpy.ndarray")
+    return _NdArray()
+
+
+def _numpy_dtype(code: object, _align: object = False, _copy: object = True) -> _NpDType:
+    if type(code) is not str or code not in _NUMPY_CODES:
+        raise _Bad(f"refused to load: numpy dtype {code!r:.40}; only numeric dtypes are accepted")
+    return _NpDType(code)
+
+
+def _numpy_scalar(dtype: object, raw: object = None) -> _NdArray:
+    out = _NdArray()
+    out.array = _np_from_bytes(raw, _np_dtype(dtype), (), False)
+    return out
+
+
+def _codecs_encode(text: object, encoding: object = "utf-8") -> bytes:
+    if type(text) is not str or encoding not in ("latin1", "latin-1"):
+        raise _Bad("refused to load: _codecs.encode is allowed only as protocol 2's latin1 bytes")
+    return text.encode("latin1")
+
+
+def _hooks(*_args: object) -> dict[Any, Any]:
+    return {}  # backward hooks (an empty OrderedDict in every torch.save) are ignored
+
+
+def _allowed_globals() -> dict[tuple[str, str], object]:
+    allowed: dict[tuple[str, str], object] = {
+        ("torch._utils", "_rebuild_tensor"): _Func(_rebuild_tensor),
+        ("torch._utils", "_rebuild_tensor_v2"): _Func(_rebuild_tensor_v2),
+        ("torch._utils", "_rebuild_tensor_v3"): _Func(_rebuild_tensor_v3),
+        ("torch._utils", "_rebuild_parameter"): _Func(_rebuild_parameter),
+        ("torch._utils", "_rebuild_parameter_with_state"): _Func(_rebuild_parameter),
+        ("collections", "OrderedDict"): _Func(_hooks),
+        ("torch", "UntypedStorage"): _StorageType("uint8"),
+        ("torch.storage", "UntypedStorage"): _StorageType("uint8"),
+        ("numpy", "ndarray"): _Marker("ndarray"),
+        ("numpy", "dtype"): _Func(_numpy_dtype),
+        ("_codecs", "encode"): _Func(_codecs_encode),
+    }
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        allowed[(module, "_reconstruct")] = _Func(_reconstruct)
+        allowed[(module, "scalar")] = _Func(_numpy_scalar)
+    for name, dtype in _LEGACY_STORAGES.items():
+        allowed[("torch", name)] = _StorageType(dtype)
+        allowed[("torch.cuda", name)] = _StorageType(dtype)
+    for name in _STORED_CODE:
+        allowed[("torch", name)] = _TorchDType(name)
+    return allowed
+
+
+_ALLOWED = _allowed_globals()
+
+
+def _py3_name(module: str, name: str) -> tuple[str, str]:
+    """Python 3 spelling of a global that protocol 2 wrote with its Python 2 name (``__builtin__.eval``)."""
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        return _compat_pickle.NAME_MAPPING[(module, name)]
+    return _compat_pickle.IMPORT_MAPPING.get(module, module), name
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Resolves globals only through ``_ALLOWED`` and storages only to :class:`_Storage` references."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        module, name = _py3_name(module, name)
+        found = _ALLOWED.get((module, name))
+        if found is None:
+            raise _Bad(f"refused to load: pickle references {module}.{name}; only plain tensors are accepted")
+        return found
+
+    def persistent_load(self, pid: Any) -> _Storage:
+        if type(pid) is not tuple or len(pid) != 5 or pid[0] not in ("storage", b"storage"):
+            raise _Bad(f"corrupt pickle: unknown persistent id {pid!r:.60}")
+        _kind, stype, key, _location, numel = pid
+        if not isinstance(stype, _StorageType):
+            raise _Bad("corrupt pickle: storage reference without a storage type")
+        if type(key) is not str or not _KEY_RE.fullmatch(key):
+            raise _Bad(f"corrupt pickle: bad storage key {key!r:.40}")
+        if type(numel) is not int or numel < 0:
+            raise _Bad(f"corrupt pickle: storage size {numel!r:.40} is not a non-negative int")
+        return _Storage(key, stype.dtype, numel * _ITEMSIZE[stype.dtype])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The zip container.
+
+
+class _Archive:
+    """An open torch.save zip: the ``<archive>/`` prefix, its byte order, members read by name only."""
+
+    def __init__(self, file: io.BufferedReader) -> None:
+        self.src: io.BufferedIOBase = file
+        self.zip = self._open_zip()
+        names = self.zip.namelist()
+        self.prefix = self._prefix(names)
+        self.order = self._byteorder(self.prefix + "byteorder" in names)
+
+    def _open_zip(self) -> zipfile.ZipFile:
+        """Small files are read whole and parsed in memory (one read call); large ones from the file."""
+        size = os.fstat(self.src.fileno()).st_size
+        if size <= _WHOLE_FILE:
+            self.src = io.BytesIO(self.src.read(size))
+        head = self.src.read(2)
+        try:
+            return zipfile.ZipFile(self.src)
+        except zipfile.BadZipFile as exc:
+            if head == b"\x80\x02":
+                raise _Bad("legacy (non-zip) torch.save format is not supported; "
+                           "re-save with torch >= 1.6") from None
+            raise _Bad(f"not a zip file, or truncated ({_one_line(exc)})") from None
+
+    @staticmethod
+    def _prefix(names: Sequence[str]) -> str:
+        prefixes = {n[:-8] for n in names if n.endswith("/data.pkl") and n.count("/") == 1}
+        if len(prefixes) != 1:
+            what = "no <archive>/data.pkl" if not prefixes else "several <archive>/data.pkl members"
+            raise _Bad(f"zip holds {what}; not a torch.save file")
+        return prefixes.pop()
+
+    def _byteorder(self, recorded: bool) -> str:
+        if not recorded:
+            return "<"  # files without the record predate big-endian support and are little-endian
+        mark = self.read(self.prefix + "byteorder", 16).tobytes()
+        if mark not in (b"little", b"big"):
+            raise _Bad(f"unknown byteorder record {mark!r:.30}")
+        return "<" if mark == b"little" else ">"
+
+    def read(self, name: str, limit: int, want: int | None = None) -> np.ndarray:
+        """Read member `name` (first `want` bytes, default all) into a new uint8 array; refuse above `limit`."""
+        try:
+            info = self.zip.getinfo(name)
+        except KeyError:
+            raise _Bad(f"zip member {name} is missing") from None
+        want = info.file_size if want is None else want
+        if want > info.file_size:
+            raise _Bad(f"zip member {name} holds {info.file_size} bytes, pickle claims {want}")
+        if want > limit:
+            raise _Bad(f"zip member {name} claims {want} bytes, more than max_bytes={limit}")
+        if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1:
+            return self._stored(info, want)
+        return self._inflate(info, want)
+
+    def _stored(self, info: zipfile.ZipInfo, want: int) -> np.ndarray:
+        """Fast path for an uncompressed member (what torch.save writes): one seek, one read, CRC check."""
+        self.src.seek(info.header_offset)
+        header = self.src.read(30)
+        if len(header) < 30 or header[:4] != b"PK\x03\x04":
+            raise _Bad(f"zip member {info.filename} has a bad local header")
+        name_len, extra_len = struct.unpack("<HH", header[26:30])
+        self.src.seek(info.header_offset + 30 + name_len + extra_len)
+        buf = np.empty(want, np.uint8)
+        got = self.src.readinto(memoryview(buf))
+        if got != want:
+            raise _Bad(f"zip member {info.filename} is truncated ({got} of {want} bytes)")
+        if want == info.file_size and zlib.crc32(buf) != info.CRC:
+            raise _Bad(f"zip member {info.filename} fails its CRC check (corrupt file)")
+        return buf
+
+    def _inflate(self, info: zipfile.ZipInfo, want: int) -> np.ndarray:
+        """Compressed members (not written by torch.save), through zipfile, in bounded chunks."""
+        buf = np.empty(want, np.uint8)
+        view = memoryview(buf)
+        with self.zip.open(info) as f:
+            done = 0
+            while done < want:
+                chunk = f.read(min(_CHUNK, want - done))
+                if not chunk:
+                    raise _Bad(f"zip member {info.filename} is truncated ({done} of {want} bytes)")
+                view[done:done + len(chunk)] = chunk
+                done += len(chunk)
+        return buf
+
+    def close(self) -> None:
+        self.zip.close()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# From a validated tensor description to a numpy array.
+
+
+@functools.cache
+def _fp8_table(dtype: str) -> np.ndarray:
+    """float32 value of each of the 256 codes of a float8 format (exact: every fp8 value is an fp32 value)."""
+    ebits, mbits, bias, style = _FP8[dtype]
+    codes = np.arange(256)
+    exp, man = (codes >> mbits) & ((1 << ebits) - 1), (codes & ((1 << mbits) - 1)).astype(np.float64)
+    value = np.where(exp == 0, man * 2.0 ** (1 - bias - mbits), (1 + man / 2**mbits) * 2.0 ** (exp - bias))
+    value = np.where(codes >= 128, -value, value)  # NaN and Inf below keep the code's sign, as torch does
+    if style == "fn":
+        nan = (codes & 0x7F) == 0x7F
+        value[nan] = np.copysign(np.nan, value[nan])
+    elif style == "ieee":
+        top = exp == (1 << ebits) - 1
+        value[top] = np.copysign(np.where(man[top] == 0, np.inf, np.nan), value[top])
+    else:
+        value[0x80] = np.nan
+    table = value.astype(np.float32)
+    table.flags.writeable = False
+    return table
+
+
+def _out_dtype(dtype: str) -> np.dtype:
+    if dtype == "bfloat16" or dtype in _FP8:
+        return np.dtype(np.float32)
+    if dtype == "complex32":
+        return np.dtype(np.complex64)
+    if dtype == "bool":
+        return np.dtype(np.bool_)
+    return np.dtype(_STORED_CODE[dtype])
+
+
+def _is_contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    expected = 1
+    for n, s in zip(reversed(size), reversed(stride)):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _check_view(t: _Tensor, max_bytes: int) -> int:
+    """Number of elements of `t`; raises unless shape, strides and offset fit the storage and the cap."""
+    if t.dtype not in _STORED_CODE:
+        raise _Bad(f"unsupported tensor dtype {t.dtype}")
+    numel = math.prod(t.size)
+    out_bytes = numel * _out_dtype(t.dtype).itemsize
+    if out_bytes > max_bytes:
+        raise _Bad(f"tensor of shape {list(t.size)} ({out_bytes} bytes as {_out_dtype(t.dtype)}) "
+                   f"exceeds max_bytes={max_bytes}")
+    if numel == 0:
+        return 0
+    extent = t.offset + sum((n - 1) * s for n, s in zip(t.size, t.stride)) + 1
+    held = t.storage.nbytes // _ITEMSIZE[t.dtype]
+    if extent > held:
+        raise _Bad(f"storage too small: {t.dtype} shape {list(t.size)} stride {list(t.stride)} "
+                   f"offset {t.offset} needs {extent} elements, storage {t.storage.key} holds {held}")
+    return numel
+
+
+def _storage_dtype(dtype: str, order: str) -> np.dtype:
+    code = order + _STORED_CODE[dtype]
+    if dtype == "complex32":
+        return np.dtype([("re", code), ("im", code)])
+    return np.dtype(code)
+
+
+def _gather(raw: np.ndarray, t: _Tensor, order: str, numel: int) -> np.ndarray:
+    """The tensor's elements in their stored encoding, C-contiguous, shape applied."""
+    sdtype = _storage_dtype(t.dtype, order)
+    flat = np.frombuffer(raw, dtype=sdtype, count=len(raw) // sdtype.itemsize)
+    if _is_contiguous(t.size, t.stride):
+        return flat[t.offset:t.offset + numel].reshape(t.size)
+    strides = tuple(s * sdtype.itemsize for s in t.stride)
+    view = np.lib.stride_tricks.as_strided(flat[t.offset:], shape=t.size, strides=strides, writeable=False)
+    return np.ascontiguousarray(view)
+
+
+def _decode(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """Widen the stored encoding to the numpy dtype that holds `dtype` exactly (native byte order)."""
+    if dtype == "bfloat16":
+        return (stored.astype(np.uint32) << 16).view(np.float32)
+    if dtype in _FP8:
+        widened: np.ndarray = _fp8_table(dtype)[stored]
+        return widened
+    if dtype == "complex32":
+        out = np.empty(stored.shape, np.complex64)
+        out.real, out.imag = stored["re"], stored["im"]
+        return out
+    if dtype == "bool":
+        return stored.astype(np.bool_)  # any non-zero byte is True, as in torch
+    if not stored.dtype.isnative:
+        return stored.astype(stored.dtype.newbyteorder("="))
+    return stored
+
+
+def _tensor_array(archive: _Archive, t: _Tensor, max_bytes: int) -> np.ndarray:
+    numel = _check_view(t, max_bytes)
+    if numel == 0:
+        return np.empty(t.size, _out_dtype(t.dtype))
+    if t.storage.nbytes > max_bytes:
+        raise _Bad(f"storage {t.storage.key} claims {t.storage.nbytes} bytes, "
+                   f"more than max_bytes={max_bytes}")
+    raw = archive.read(f"{archive.prefix}data/{t.storage.key}", max_bytes, t.storage.nbytes)
+    out = _decode(_gather(raw, t, archive.order, numel), t.dtype)
+    if t.conj:
+        out = np.conjugate(out)
+    if t.neg:
+        out = np.negative(out)
+    return out if type(out) is np.ndarray else np.array(out)  # numpy ops on 0-d arrays return scalars
+
+
+def _numpy_array(arr: np.ndarray, max_bytes: int) -> np.ndarray:
+    if arr.nbytes > max_bytes:
+        raise _Bad(f"numpy array of {arr.nbytes} bytes exceeds max_bytes={max_bytes}")
+    if arr.dtype.kind == "b":
+        return arr.view(np.uint8).astype(np.bool_)  # any non-zero byte is True, as in torch
+    return np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C")
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+_CORRUPT = (zipfile.BadZipFile, zipfile.LargeZipFile, pickle.UnpicklingError, EOFError, ValueError, TypeError,
+            KeyError, IndexError, AttributeError, OverflowError, UnicodeError, struct.error, zlib.error,
+            NotImplementedError, RuntimeError)  # what corrupt bytes make zipfile, pickle and numpy raise
+
+
+def _load(archive: _Archive, max_bytes: int) -> tuple[np.ndarray, str]:
+    pkl = archive.read(archive.prefix + "data.pkl", 2 * max_bytes + (1 << 20))
+    obj = _SafeUnpickler(io.BytesIO(pkl)).load()
+    if isinstance(obj, _Tensor):
+        return _tensor_array(archive, obj, max_bytes), obj.dtype
+    if isinstance(obj, _NdArray) and obj.array is not None:
+        return _numpy_array(obj.array, max_bytes), obj.array.dtype.name
+    raise _Bad(f"object is not a tensor (the pickle holds a {type(obj).__name__.lstrip('_')})")
+
+
+def _read(path: str, max_bytes: int) -> tuple[np.ndarray, str]:
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, /dev/zero never end
+        raise _Bad("not a regular file")
+    with open(path, "rb") as file:
+        archive = _Archive(file)
+        try:
+            return _load(archive, max_bytes)
+        finally:
+            archive.close()
+
+
+def read_pt(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> tuple[np.ndarray, str]:
+    """Read one tensor saved by torch.save without importing torch or running pickle code.
+
+    Returns (array, dtype) where dtype is the canonical name of the *stored* dtype and array holds
+    the values losslessly in a numpy dtype: bfloat16 and float8 widen to float32 (exact), complex32 to
+    complex64, everything else its own numpy dtype; shape and strides applied (non-contiguous/offset views
+    handled); 0-d and empty tensors supported. The array is C-contiguous, native byte order and writable.
+
+    `max_bytes` (default :data:`DEFAULT_MAX_BYTES`, 8 GiB) caps the claimed size of the tensor and of its
+    storage before anything is read. Raises :class:`DumpFormatError` naming `path` for a file that is not
+    a plain tensor (or numeric numpy array) saved by torch.save, is corrupt or unreadable, or exceeds
+    `max_bytes`.
+    """
+    where = os.fspath(path)
+    limit = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
+    if limit < 0:
+        raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+    try:
+        return _read(where, limit)
+    except _Bad as exc:
+        raise DumpFormatError(f"{where}: {exc}") from None
+    except OSError as exc:
+        raise DumpFormatError(f"{where}: cannot read tensor file: {exc.strerror or exc}") from exc
+    except _CORRUPT as exc:
+        what = f"{type(exc).__name__}: {_one_line(exc)}"
+        raise DumpFormatError(f"{where}: corrupt tensor file: {what}") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__

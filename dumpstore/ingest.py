@@ -231,6 +231,10 @@ def _record_rows(unit: Unit, doc: dict, construct: dict, stack_ids: dict[str, in
 
 
 def _count(row: dict[str, Any], res: UnitResult) -> None:
+    if row.get("checksum_kind"):
+        res.meta["checksum"] = row["checksum_kind"]
+    if row.get("is_recompute") is not None or (row.get("direction") == "parameters_grad" and row.get("call") is None):
+        res.meta["generation"] = "8.x"
     res.rows += 1
     res.tensors += row["kind"] == "tensor"
     if row.get("error"):
@@ -325,9 +329,26 @@ def _catalog_row(run: str, ingest_id: str, path, units: list[Unit], results: lis
     task = joined("task", "files" if all(u.kind == "files" for u in units) else "")
     return {"run": run, "ingest_id": ingest_id, "schema_version": SCHEMA_VERSION,
             "source_path": str(Path(path).resolve()), "framework": joined("framework", "files"), "task": task,
-            "level": joined("level", ""), "dump_mode": "", "generation": "", "steps": total.steps,
+            "level": joined("level", ""), "dump_mode": _dump_mode(task, metas), "generation": _generation(metas),
+            "steps": total.steps,
             "ranks": total.ranks, "n_files": sum(r.files for r in results) + total.tensor_files,
             "n_records": total.records, "n_rows": total.rows, "n_tensors": total.tensors,
             "n_tensor_files": total.tensor_files, "n_errors": total.errors, "sample_k": opts.sample_k,
             "sketch_m": opts.sketch_m, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "dumpstore_version": __version__}
+
+
+def _dump_mode(task: str, metas: list[dict[str, Any]]) -> str:
+    """msprobe's compare mode: tensor, md5 (CRC-32), xor, statistics; 'files' for plain tensor folders."""
+    if task in ("files", "tensor"):
+        return task
+    kinds = {m["checksum"] for m in metas if m.get("checksum")}
+    if kinds:
+        return "md5" if kinds == {"crc32"} else ",".join(sorted(kinds))
+    return "statistics" if task else ""
+
+
+def _generation(metas: list[dict[str, Any]]) -> str:
+    if not any(m.get("task") for m in metas):
+        return ""
+    return "8.x" if any(m.get("generation") == "8.x" for m in metas) else "26.x"

@@ -377,7 +377,7 @@ class _Archive:
         return "<" if mark == b"little" else ">"
 
     def read(self, name: str, limit: int, want: int | None = None) -> np.ndarray:
-        """Read member `name` (first `want` bytes, default all) into a new uint8 array; refuse above `limit`."""
+        """Read member `name` (first `want` bytes, default all) into a new uint8 array; cap at `limit`."""
         try:
             info = self.zip.getinfo(name)
         except KeyError:
@@ -400,17 +400,17 @@ class _Archive:
         name_len, extra_len = struct.unpack("<HH", header[26:30])
         self.src.seek(info.header_offset + 30 + name_len + extra_len)
         buf = np.empty(want, np.uint8)
-        got = self.src.readinto(memoryview(buf))
+        got = self.src.readinto(buf.data)
         if got != want:
             raise _Bad(f"zip member {info.filename} is truncated ({got} of {want} bytes)")
-        if want == info.file_size and zlib.crc32(buf) != info.CRC:
+        if want == info.file_size and zlib.crc32(buf.data) != info.CRC:
             raise _Bad(f"zip member {info.filename} fails its CRC check (corrupt file)")
         return buf
 
     def _inflate(self, info: zipfile.ZipInfo, want: int) -> np.ndarray:
         """Compressed members (not written by torch.save), through zipfile, in bounded chunks."""
         buf = np.empty(want, np.uint8)
-        view = memoryview(buf)
+        view = buf.data
         with self.zip.open(info) as f:
             done = 0
             while done < want:
@@ -557,7 +557,7 @@ _CORRUPT = (zipfile.BadZipFile, zipfile.LargeZipFile, pickle.UnpicklingError, EO
 
 def _load(archive: _Archive, max_bytes: int) -> tuple[np.ndarray, str]:
     pkl = archive.read(archive.prefix + "data.pkl", 2 * max_bytes + (1 << 20))
-    obj = _SafeUnpickler(io.BytesIO(pkl)).load()
+    obj = _SafeUnpickler(io.BytesIO(pkl.data)).load()
     if isinstance(obj, _Tensor):
         return _tensor_array(archive, obj, max_bytes), obj.dtype
     if isinstance(obj, _NdArray) and obj.array is not None:

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimen
 DATA_PT = Path(__file__).resolve().parent / "data" / "pt"
 SHARED_PT = Path("/work/shared/msprobe_examples/v26.2.0/ref_tensor/step0/rank0/dump_tensor_data")
 
-# dtypes msprobe can dump (first line) and the others torch.save writes for plain tensors
+# what msprobe can dump (float16 … float8_e5m2), then the other dtypes torch.save writes for plain tensors
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
           torch.int64, torch.uint8, torch.bool, torch.complex64, torch.float8_e4m3fn, torch.float8_e5m2,
           torch.complex128, torch.complex32, torch.uint16, torch.uint32, torch.uint64,

@@ -1,0 +1,71 @@
+"""CLI: exact output of ingest/runs/query, one switch for every format, lazy heavy imports, docs coverage."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from dumpstore.cli.main import main
+
+from helpers import MSPROBE, ROOT
+
+
+def test_ingest_runs_query_roundtrip(store_dir):
+    r = CliRunner()
+    res = r.invoke(main, ["ingest", str(MSPROBE / "v26_L0"), "--run", "l0", "--store", str(store_dir)])
+    assert res.exit_code == 0, res.output
+    assert res.output == ("run l0: 43 records, 110 rows (110 tensors, 0 tensor files) from 1 dump files; "
+                          "steps 0, ranks 0\n")
+    out = json.loads(r.invoke(main, ["runs", "--json", "--store", str(store_dir)]).output)
+    assert [(o["run"], o["n_rows"], o["level"], o["dump_mode"]) for o in out] == [("l0", 110, "L0", "statistics")]
+    res = r.invoke(main, ["query", "select count(*) as n from tensors where run='l0'", "--csv",
+                          "--store", str(store_dir)])
+    assert res.output == "n\n110\n"
+
+
+def test_store_from_environment(store_dir, monkeypatch):
+    monkeypatch.setenv("DUMPSTORE_STORE", str(store_dir))
+    r = CliRunner()
+    assert r.invoke(main, ["ingest", str(MSPROBE / "v26_L0"), "--run", "x"]).exit_code == 0
+    assert r.invoke(main, ["query", "select run from runs", "--csv"]).output == "run\nx\n"
+
+
+def test_query_refuses_writes_and_outside_files(store_dir):
+    r = CliRunner()
+    r.invoke(main, ["ingest", str(MSPROBE / "v26_L0"), "--run", "x", "--store", str(store_dir)])
+    for sql, msg in [("copy (select 1) to '/tmp/x.csv'", "Error: COPY is not allowed"),
+                     ("attach '/tmp/x.db'", "Error: ATTACH is not allowed"),
+                     ("install httpfs", "Error: INSTALL is not allowed"),
+                     ("select * from read_csv('/etc/passwd')", "Error: Permission Error"),
+                     ("select 1; select 2", "Error: give exactly one SQL statement")]:
+        res = r.invoke(main, ["query", sql, "--store", str(store_dir)])
+        assert res.exit_code == 1 and res.output.startswith(msg), (sql, res.output)
+
+
+def test_missing_store_is_one_line_error(tmp_path):
+    res = CliRunner().invoke(main, ["runs", "--store", str(tmp_path / "nope")])
+    assert res.exit_code == 1
+    assert res.output == (f"Error: {tmp_path / 'nope'}: no store here; ingest a dump first (dumpstore ingest PATH "
+                          "--run NAME), or point --store / $DUMPSTORE_STORE at an existing store\n")
+
+
+def test_help_and_queries_do_not_import_torch(store_dir):
+    CliRunner().invoke(main, ["ingest", str(MSPROBE / "v26_L0"), "--run", "x", "--store", str(store_dir)])
+    code = ("import sys; from dumpstore.cli.main import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    for args in (["--help"], ["query", "select count(*) from tensors", "--store", str(store_dir)],
+                 ["ingest", str(MSPROBE / "ms_tensor"), "--run", "t", "--store", str(store_dir)]):
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_every_command_documented_in_readme():
+    readme = (ROOT / "README.md").read_text()
+    for name in main.commands:
+        assert re.search(rf"dumpstore {name}\b", readme), name
+        assert CliRunner().invoke(main, [name, "--help"]).exit_code == 0

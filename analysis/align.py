@@ -94,3 +94,25 @@ def align_leaves(target: pl.DataFrame, ref: pl.DataFrame, records: pl.DataFrame)
         pl.when(pl.col("name").is_null()).then(pl.lit("ref_only"))
         .when(pl.col("ref_name").is_null()).then(pl.lit("target_only"))
         .otherwise(pl.col("how")).alias("match"))
+
+
+def apply_data_mapping(pairs: pl.DataFrame, data: dict[str, str]) -> pl.DataFrame:
+    """Pair leaves left unmatched by name through a row-name mapping (target row -> reference row)."""
+    if not data:
+        return pairs
+    t_only = pairs.filter((pl.col("match") == "target_only") & pl.col("name").is_in(list(data)))
+    r_only = pairs.filter((pl.col("match") == "ref_only") & pl.col("ref_name").is_in(list(data.values())))
+    if t_only.height == 0 or r_only.height == 0:
+        return pairs
+    t_cols = [c for c in pairs.columns if not c.startswith("ref_") and c not in GROUP + ["match", "how", "r_record"]]
+    r_cols = [c for c in pairs.columns if c.startswith("ref_")]
+    left = t_only.select(GROUP + t_cols).with_columns(pl.col("name").replace_strict(data, default=None).alias("_to"))
+    right = r_only.select(GROUP + r_cols)
+    joined = left.join(right, left_on=GROUP + ["_to"], right_on=GROUP + ["ref_name"], how="inner")
+    joined = joined.with_columns(pl.col("_to").alias("ref_name"), pl.lit("mapped").alias("match"),
+                                 pl.lit("mapped").alias("how"), pl.col("ref_record").alias("r_record")).drop("_to")
+    done_t = joined.select(GROUP + ["name"])
+    done_r = joined.select(GROUP + ["ref_name"])
+    rest = (pairs.join(done_t, on=GROUP + ["name"], how="anti", nulls_equal=False)
+            .join(done_r, on=GROUP + ["ref_name"], how="anti", nulls_equal=False))
+    return pl.concat([rest, joined.select(pairs.columns)], how="vertical_relaxed")

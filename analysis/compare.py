@@ -17,7 +17,8 @@ import polars as pl
 
 from dumpstore.dtypes import FLOAT_DTYPES, eps, is_float
 
-from .align import align_leaves, align_records
+from .align import align_leaves, align_records, apply_data_mapping
+from .mapping import Mapping
 from .load import load_run
 from .tolerance import Tolerances
 
@@ -38,16 +39,33 @@ class Comparison:
 
 
 def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None, ranks: list[int] | None = None,
-                 tolerances: Tolerances | None = None, exact: bool = False) -> Comparison:
-    """Align `target` with `ref` and compute per-leaf metrics and verdicts."""
+                 tolerances: Tolerances | None = None, exact: bool = False,
+                 mapping: Mapping | None = None) -> Comparison:
+    """Align `target` with `ref` and compute per-leaf metrics and verdicts.
+
+    `mapping` renames target records into the reference's namespace; a MindSpore target against a PyTorch
+    reference gets the built-in MindSpore -> PyTorch names in any case.
+    """
     tol = tolerances or Tolerances()
-    coverage = _coverage(store.run_info(target), store.run_info(ref))
+    t_info, r_info = store.run_info(target), store.run_info(ref)
+    coverage = _coverage(t_info, r_info)
+    mapping = mapping or Mapping()
+    if "mindspore" in t_info["framework"] and "pytorch" in r_info["framework"]:
+        mapping.mindspore_to_pytorch = True
     steps = [s for s in coverage["common_steps"] if steps is None or s in steps]
     ranks = [k for k in coverage["common_ranks"] if ranks is None or k in ranks]
     t = load_run(store, target, steps=steps, ranks=ranks)
     r = load_run(store, ref, steps=steps, ranks=ranks)
+    renamed = {k: mapping.record(k) for k in t["record"].unique().to_list()} if mapping else {}
+    if renamed:
+        t = t.with_columns(pl.col("record").replace_strict(renamed).alias("record"),
+                           pl.col("record").alias("_orig_record"))
     records = align_records(t, r)
-    pairs = align_leaves(t, r, records)
+    pairs = apply_data_mapping(align_leaves(t, r, records), mapping.data)
+    if renamed:
+        back = {v: k for k, v in renamed.items()}
+        pairs = pairs.with_columns(pl.col("_orig_record").alias("record")).drop("_orig_record")
+        records = records.with_columns(pl.col("t_record").replace(back))
     precision = _precision(t, r)
     rows = _metrics(pairs, tol, precision["floor"])
     if exact:

@@ -11,6 +11,8 @@ from .output import output_options, render, to_json
 
 
 def _common(fn):
+    fn = click.option("--map", "maps", multiple=True, type=click.Path(exists=True, dir_okay=False),
+                      help="msprobe-style mapping YAML (data rows, module or API renames), repeatable.")(fn)
     fn = click.option("--tol", "tol", multiple=True, metavar="[DTYPE=]VALUE",
                       help="Relative-L2 tolerance, for all dtypes or one (repeatable), e.g. --tol bfloat16=2e-2.")(fn)
     fn = click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank (repeatable).")(fn)
@@ -23,13 +25,14 @@ def _common(fn):
     return fn
 
 
-def run_compare(store, target, ref, steps, ranks, tol, exact):
+def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
     from dumpstore.analysis.compare import compare_runs
+    from dumpstore.analysis.mapping import load_mapping
     from dumpstore.analysis.tolerance import Tolerances
     from dumpstore.store import open_store
 
     return compare_runs(open_store(store), target, ref, steps=list(steps) or None, ranks=list(ranks) or None,
-                        tolerances=Tolerances.parse(tol), exact=exact)
+                        tolerances=Tolerances.parse(tol), exact=exact, mapping=load_mapping(maps))
 
 
 @click.command()
@@ -42,11 +45,11 @@ def run_compare(store, target, ref, steps, ranks, tol, exact):
 @click.option("--op-type", default=None, help="Only ops whose type contains this (linear, softmax, ...).")
 @click.option("--io", default=None, type=click.Choice(["input", "output", "parameters", "parameters_grad"]))
 @output_options
-def compare(store, target, ref, exact, steps, ranks, tol, top, by, direction, module, op_type, io, fmt):
+def compare(store, target, ref, exact, steps, ranks, tol, maps, top, by, direction, module, op_type, io, fmt):
     """Rank aligned tensors by mismatch (worst first), with the threshold each verdict used."""
     from dumpstore.analysis.rank import rank_rows
 
-    cmp = run_compare(store, target, ref, steps, ranks, tol, exact)
+    cmp = run_compare(store, target, ref, steps, ranks, tol, exact, maps)
     table = rank_rows(cmp, by=by, top=top or None, direction=direction, module=module, op_type=op_type, io=io)
     click.echo(render(table.to_arrow(), fmt))
 
@@ -76,11 +79,11 @@ def finding_line(label: str, f) -> str:
 @_common
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--check", is_flag=True, help="Exit 3 when the runs diverge.")
-def divergence(store, target, ref, exact, steps, ranks, tol, as_json, check):
+def divergence(store, target, ref, exact, steps, ranks, tol, maps, as_json, check):
     """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops."""
     from dumpstore.analysis.divergence import divergence as find
 
-    v = find(run_compare(store, target, ref, steps, ranks, tol, exact))
+    v = find(run_compare(store, target, ref, steps, ranks, tol, exact, maps))
     if as_json:
         click.echo(to_json(v.to_dict()))
     else:

@@ -124,11 +124,27 @@ def query(sql: str, store: Path | None, fmt: str) -> None:
     click.echo(render(run_query(open_store(store), sql), fmt))
 
 
+@main.command()
+@store_option
+@click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: CPU count).")
+def upgrade(store: Path | None, jobs: int | None) -> None:
+    """Re-ingest the runs of a store written by an older dumpstore from their dump folders."""
+    from dumpstore.ingest import upgrade as do_upgrade
+
+    with _Progress("upgrade") as bar:
+        done = do_upgrade(store, jobs=jobs, progress=bar.update)
+    click.echo(f"upgraded {len(done)} runs" + (": " + ", ".join(r.run for r in done) if done else ""))
+
+
 from .compare_cmds import compare, divergence, overflow  # noqa: E402
 
 main.add_command(compare)
 main.add_command(divergence)
 main.add_command(overflow)
+
+from .report_cmd import report as _report  # noqa: E402
+
+main.add_command(_report)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

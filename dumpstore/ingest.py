@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -26,6 +27,7 @@ from .tensorfile import load, resolve
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _BATCH_ROWS = 4096
+_INT32_MAX = (1 << 31) - 1
 MAX_DUMP_JSON_BYTES = 4 << 30
 
 
@@ -146,7 +148,10 @@ def _write_stacks(root: Path, run: str, ingest_id: str, unit: Unit, stacks: list
 def read_json(path: Path) -> Any:
     """Parse a dump JSON file (bare NaN/Infinity allowed), or raise a one-line DumpFormatError."""
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise DumpFormatError(f"{path}: not a regular file; expected msprobe's JSON")
+        size = info.st_size
         if size > MAX_DUMP_JSON_BYTES:
             raise DumpFormatError(f"{path}: {size} bytes is larger than the {MAX_DUMP_JSON_BYTES} byte limit")
         with open(path, "rb") as fh:
@@ -156,6 +161,8 @@ def read_json(path: Path) -> Any:
                               "the file may be truncated: copy it again or re-run the dump") from None
     except UnicodeDecodeError:
         raise DumpFormatError(f"{path}: not UTF-8 text; expected msprobe's JSON") from None
+    except ValueError as exc:  # e.g. an integer literal longer than Python's digit limit
+        raise DumpFormatError(f"{path}: invalid JSON ({' '.join(str(exc).split())[:200]})") from None
     except RecursionError:
         raise DumpFormatError(f"{path}: JSON nested too deeply") from None
     except OSError as exc:
@@ -174,11 +181,11 @@ def _aux_json(path: Path, res: UnitResult) -> Any:
 
 def _dump_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
     doc = read_json(unit.path)
-    if not isinstance(doc, dict) or not isinstance(doc.get("data", {}), dict):
+    if unit.path.name == "debug.json" and isinstance(doc, dict) and "data" not in doc:
+        doc = {"data": doc, "level": "debug"}
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
         raise DumpFormatError(f"{unit.path}: expected an object with a 'data' object of records "
                               "(msprobe dump.json); is this the right file?")
-    if unit.path.name == "debug.json" and "data" not in doc:
-        doc = {"data": doc, "level": "debug"}
     res.files = 1
     res.meta = {k: doc.get(k) for k in ("task", "level", "framework") if isinstance(doc.get(k), str)}
     construct = _aux_json(unit.path.parent / "construct.json", res)
@@ -216,7 +223,7 @@ def _record_rows(unit: Unit, doc: dict, construct: dict, stack_ids: dict[str, in
         res.records += 1
         rn = parse_record(str(key))
         ident = {"seq": seq, "record": str(key), "prefix": rn.prefix, "api": rn.api, "op_type": rn.op_type,
-                 "call": rn.call, "direction": rn.direction, "module": _parent(construct, str(key)),
+                 "call": _int32(rn.call), "direction": rn.direction, "module": _parent(construct, str(key)),
                  "stack_id": stack_ids.get(str(key)),
                  "is_recompute": record.get("is_recompute") if isinstance(record, dict)
                  and isinstance(record.get("is_recompute"), bool) else None}
@@ -228,6 +235,11 @@ def _record_rows(unit: Unit, doc: dict, construct: dict, stack_ids: dict[str, in
                 _attach_tensor(row, unit.path.parent, opts, res)
             _count(row, res)
             yield row
+
+
+def _int32(value: int | None) -> int | None:
+    """A call counter for the int32 column; None when it does not fit (the record key keeps the digits)."""
+    return value if value is not None and value <= _INT32_MAX else None
 
 
 def _count(row: dict[str, Any], res: UnitResult) -> None:
@@ -286,8 +298,9 @@ def fill_from_array(row: dict[str, Any], arr, dtype: str, opts: IngestOptions) -
 
 
 def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
-    files = sorted(p for p in unit.path.iterdir() if p.suffix.lower() in (".pt", ".npy") and p.is_file()
-                   and not p.is_symlink())
+    # links and other non-folders with a tensor suffix become error rows, not silent gaps
+    files = sorted(p for p in unit.path.iterdir() if p.suffix.lower() in (".pt", ".npy")
+                   and (p.is_symlink() or not p.is_dir()))
     for seq, path in enumerate(files):
         res.files += 1
         res.records += 1
@@ -296,6 +309,8 @@ def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
                                "name": path.stem, "kind": "tensor", "data_name": path.name,
                                "value_type": path.suffix.lstrip(".")}
         try:
+            if path.is_symlink():
+                raise DumpFormatError(f"{path}: tensor file is a link; refusing to read it (copy the file instead)")
             arr, stored = load(path)
             res.tensor_files += 1
             row.update(dtype=stored, dtype_raw=stored, shape=list(arr.shape), numel=int(arr.size),
@@ -352,3 +367,22 @@ def _generation(metas: list[dict[str, Any]]) -> str:
     if not any(m.get("task") for m in metas):
         return ""
     return "8.x" if any(m.get("generation") == "8.x" for m in metas) else "26.x"
+
+
+def upgrade(store: str | os.PathLike | None = None, *, jobs: int | None = None,
+            progress: Callable[[int, int], None] | None = None) -> list[IngestResult]:
+    """Re-ingest every run of a store written by an older schema from the dump folder it came from."""
+    from .schema import SCHEMA_VERSION
+
+    st = open_store(store)
+    old = [r for r in st.raw_runs() if r.get("schema_version") != SCHEMA_VERSION]
+    missing = [r["run"] for r in old if not Path(str(r.get("source_path"))).exists()]
+    if missing:
+        raise StoreError(f"{st.root}: cannot upgrade runs {', '.join(missing)}: their dump folders are gone; "
+                         "ingest them again from a copy into a new store")
+    keep = [r for r in st.raw_runs() if r.get("schema_version") == SCHEMA_VERSION]
+    st.rewrite_catalog(keep)
+    return [ingest(r["source_path"], r["run"], store=st.root, jobs=jobs, progress=progress,
+                   options=IngestOptions(sample_k=r.get("sample_k") or summary.DEFAULT_SAMPLE_K,
+                                         sketch_m=r.get("sketch_m") or summary.DEFAULT_SKETCH_M))
+            for r in old]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +19,7 @@ from .schema import RUN_SCHEMA, SCHEMA_VERSION, TENSOR_SCHEMA
 ENV_STORE = "DUMPSTORE_STORE"
 DEFAULT_STORE = "dumpstore_store"
 CATALOG = "runs.parquet"
+GC_GRACE_SECONDS = 120.0
 _HIVE_TYPES = "{'run': 'VARCHAR', 'step': 'BIGINT', 'rank': 'BIGINT'}"
 
 
@@ -42,9 +43,14 @@ class Store:
         old = sorted(v for v in versions if v != SCHEMA_VERSION)
         if old:
             raise StoreError(f"{self.root}: store written with schema version {old[0]}, this dumpstore reads "
-                             f"version {SCHEMA_VERSION}; re-ingest the runs into a new store "
-                             f"(dumpstore ingest PATH --run NAME --store NEW) or run `dumpstore upgrade`")
+                             f"version {SCHEMA_VERSION}; run `dumpstore upgrade --store {self.root}` to re-ingest "
+                             "its runs from their dump folders, or ingest them into a new store")
         return table
+
+    def raw_runs(self) -> list[dict[str, Any]]:
+        """Catalog rows whatever their schema version (for upgrades)."""
+        path = self.root / CATALOG
+        return pq.read_table(path).to_pylist() if path.exists() else []
 
     def run_names(self) -> list[str]:
         return [str(r) for r in self.runs().column("run").to_pylist()]
@@ -84,29 +90,31 @@ class Store:
             rows = [r for r in self.runs().to_pylist() if r["run"] != row["run"]]
             rows.append(row)
             rows.sort(key=lambda r: r["run"])
-            tmp = self.root / f".{CATALOG}.{os.getpid()}.tmp"
-            pq.write_table(pa.Table.from_pylist(rows, RUN_SCHEMA), tmp)
-            os.replace(tmp, self.root / CATALOG)
+            self._write_catalog(rows)
         self.collect_garbage(row["run"], keep=row["ingest_id"])
 
-    def drop_run(self, run: str) -> None:
-        self.run_info(run)
+    def rewrite_catalog(self, rows: list[dict[str, Any]]) -> None:
+        """Replace the catalog with `rows` (current schema) in one atomic rename."""
         with self._lock("catalog"):
-            rows = [r for r in self.runs().to_pylist() if r["run"] != run]
-            tmp = self.root / f".{CATALOG}.{os.getpid()}.tmp"
-            pq.write_table(pa.Table.from_pylist(rows, RUN_SCHEMA), tmp)
-            os.replace(tmp, self.root / CATALOG)
-        for sub in ("tensors", "stacks"):
-            shutil.rmtree(self.root / sub / f"run={run}", ignore_errors=True)
+            self._write_catalog(rows)
 
-    def collect_garbage(self, run: str, keep: str) -> None:
-        """Delete files of `run` written by other (replaced or killed) ingests."""
+    def _write_catalog(self, rows: list[dict[str, Any]]) -> None:
+        tmp = self.root / f".{CATALOG}.{os.getpid()}.tmp"
+        pq.write_table(pa.Table.from_pylist(rows, RUN_SCHEMA), tmp)
+        os.replace(tmp, self.root / CATALOG)
+
+    def collect_garbage(self, run: str, keep: str, *, grace: float = GC_GRACE_SECONDS) -> None:
+        """Delete files of `run` written by other (replaced or killed) ingests, once older than `grace` seconds.
+
+        The grace period lets a query that resolved its file list before the catalog changed finish reading.
+        """
+        now = time.time()
         for sub in ("tensors", "stacks"):
             base = self.root / sub / f"run={run}"
             if not base.exists():
                 continue
             for path in base.rglob("part-*.parquet"):
-                if not path.name.startswith(f"part-{keep}"):
+                if not path.name.startswith(f"part-{keep}") and _age(path, now) >= grace:
                     _unlink_quietly(path)
 
     # -- reading -------------------------------------------------------------------------------------
@@ -125,6 +133,13 @@ class Store:
             if any(d.glob(f"part-{row['ingest_id']}*.parquet")):
                 out.append(str(d / f"part-{row['ingest_id']}*.parquet"))
         return out
+
+
+def _age(path: Path, now: float) -> float:
+    try:
+        return now - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _unlink_quietly(path: Path) -> None:

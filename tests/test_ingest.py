@@ -130,8 +130,12 @@ def test_reingest_replaces_run(store_dir):
     first = _q(store_dir, "select count(*) n from tensors")[0]["n"]
     ingest(ds, "x", store=store_dir, jobs=1)
     assert _q(store_dir, "select count(*) n from tensors")[0]["n"] == first
+    live = open_store(store_dir).run_info("x")["ingest_id"]
     files = list((store_dir / "tensors" / "run=x").rglob("*.parquet"))
-    assert len(files) == 1
+    assert len(files) == 2  # the replaced ingest's file stays for the grace period
+    open_store(store_dir).collect_garbage("x", keep=live, grace=0)
+    files = list((store_dir / "tensors" / "run=x").rglob("*.parquet"))
+    assert [f.name.startswith(f"part-{live}") for f in files] == [True]
 
 
 def test_debug_json(store_dir):

@@ -136,6 +136,11 @@ def sketch(arr: np.ndarray, m: int = DEFAULT_SKETCH_M) -> np.ndarray:
     check_sketch_m(m)
     flat = _real_view(arr)
     n = flat.size
+    with np.errstate(all="ignore"):  # +inf and -inf in one bucket give NaN; compare skips non-finite tensors
+        return _fold(flat, n, m)
+
+
+def _fold(flat: np.ndarray, n: int, m: int) -> np.ndarray:
     out = np.zeros(PERIOD, dtype=np.float64)
     full = n // PERIOD
     rows_per_block = max(1, _BLOCK // PERIOD)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import click
 
+from .options import store_option
 from .output import output_options, render, to_json
 
 
@@ -20,9 +20,7 @@ def _common(fn):
     fn = click.option("--exact", is_flag=True, help="Read both runs' tensor files for exact (msprobe) metrics.")(fn)
     fn = click.option("--ref", required=True, help="Reference run name.")(fn)
     fn = click.option("--target", required=True, help="Target run name.")(fn)
-    fn = click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=None,
-                      envvar="DUMPSTORE_STORE", help="Store folder (default: $DUMPSTORE_STORE or ./dumpstore_store).")(fn)
-    return fn
+    return store_option(fn)
 
 
 def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
@@ -125,7 +123,7 @@ def verdict_text(v) -> str:
 @click.option("--ref", default=None, help="Reference run: what it also has is not overflow.")
 @click.option("--step", "steps", type=int, multiple=True)
 @click.option("--rank", "ranks", type=int, multiple=True)
-@click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=None, envvar="DUMPSTORE_STORE")
+@store_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def overflow(run, ref, steps, ranks, store, as_json):
     """NaN, +-Inf and saturated (+-finfo.max) values and the op that produced them first."""

@@ -9,9 +9,9 @@ import click
 
 from dumpstore.errors import DumpstoreError
 
+from .options import store_option
 from .output import output_options, render, to_json
 
-STORE_HELP = "Store folder (default: $DUMPSTORE_STORE or ./dumpstore_store)."
 
 
 class _Group(click.Group):
@@ -29,11 +29,6 @@ class _Group(click.Group):
 @click.version_option(package_name="dumpstore")
 def main() -> None:
     """Ingest msprobe dumps into a Parquet store and hunt numerical divergence with SQL."""
-
-
-def store_option(fn):
-    return click.option("--store", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        envvar="DUMPSTORE_STORE", help=STORE_HELP)(fn)
 
 
 @main.command()

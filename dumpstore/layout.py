@@ -58,7 +58,7 @@ def _walk(root: Path) -> list[tuple[Path, str]]:
         if dump is not None:
             found.append((d / dump, "dump"))
             dirnames[:] = []  # dump_tensor_data belongs to this dump.json
-        elif d.name != "dump_tensor_data" and any(f.endswith(TENSOR_SUFFIXES) for f in filenames):
+        elif d.name != "dump_tensor_data" and any(f.lower().endswith(TENSOR_SUFFIXES) for f in filenames):
             found.append((d, "files"))
     return found
 

@@ -17,6 +17,7 @@ _SECTIONS_BACKWARD = (("input", "input"), ("output", "output"))
 _TENSOR_MARKERS = ("dtype", "shape")
 
 Leaf = tuple[str, str, str, Any]  # io, index_path, name, leaf value
+_INT64_LIMIT = 1 << 63  # shape and numel are int64 columns
 
 
 def iter_leaves(key: str, record: Any) -> Iterator[Leaf]:
@@ -116,7 +117,10 @@ def _num(v: Any) -> float | None:
     if isinstance(v, bool):
         return float(v)
     if isinstance(v, (int, float)):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # a JSON int past float64's range
+            return math.inf if v > 0 else -math.inf
     return None
 
 
@@ -144,8 +148,10 @@ def _tensor_leaf(leaf: dict) -> dict[str, Any]:
 
 def _shape(value: Any) -> tuple[list[int] | None, str | None]:
     if isinstance(value, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+        if math.prod(value) >= _INT64_LIMIT or any(d >= _INT64_LIMIT for d in value):
+            return None, f"invalid shape {value!r:.200}: a dimension or the element count does not fit in int64"
         return list(value), None
-    return None, f"invalid shape {value!r}: expected a list of non-negative integers"
+    return None, f"invalid shape {value!r:.200}: expected a list of non-negative integers"
 
 
 def stats_from_dump(row: dict[str, Any]) -> None:

@@ -83,11 +83,11 @@ def tensor_stats(arr: np.ndarray, dtype: str) -> Stats:
     nan = posinf = neginf = sat = 0
     if not np.isfinite(total) or np.isnan(lo) or np.isnan(hi):
         nan, posinf, neginf = _nonfinite_counts(flat)
-        if nan:
-            lo = hi = float("nan")
     fmax = finfo_max(dtype)
-    if fmax is not None and (abs(lo) >= fmax or abs(hi) >= fmax):
+    if fmax is not None and (nan or abs(lo) >= fmax or abs(hi) >= fmax):
         sat = sum(int(np.count_nonzero(np.abs(b.astype(np.float64)) == fmax)) for b in _blocks(flat))
+    if nan:
+        lo = hi = float("nan")
     return Stats(lo, hi, total / n, float(np.sqrt(sumsq)), nan, posinf, neginf, n - nonzero, sat)
 
 

@@ -20,7 +20,8 @@ def resolve(dump_dir: Path, data_name: str) -> Path:
         raise DumpFormatError(f"data_name {data_name!r} is not a plain file name inside {TENSOR_DIR}/")
     base = dump_dir / TENSOR_DIR
     path = base / data_name
-    if path.is_symlink() or not _inside(path, base):
+    # a linked dump_tensor_data/ that leads out of the dump folder counts as outside too
+    if path.is_symlink() or not _inside(path, base) or not _inside(base, dump_dir):
         raise DumpFormatError(f"{path}: tensor file is a link or lies outside {base}; refusing to read it")
     return path
 
@@ -45,6 +46,8 @@ def load(path: Path, *, max_bytes: int | None = None) -> tuple[np.ndarray, str]:
 
 
 def _load_npy(path: Path) -> tuple[np.ndarray, str]:
+    if not path.is_file():  # a FIFO or device would block or stream forever
+        raise DumpFormatError(f"{path}: not a regular file")
     try:
         arr = np.load(path, allow_pickle=False, mmap_mode=None)
     except (ValueError, OSError, EOFError) as exc:

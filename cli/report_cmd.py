@@ -1,0 +1,43 @@
+"""`dumpstore report`: write the comparison as CSV (msprobe's columns plus dumpstore's) and/or one HTML page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .compare_cmds import _common
+
+
+def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple[int, ...], ranks: tuple[int, ...],
+            tol: tuple[str, ...], maps: tuple[str, ...], html_path: Path | None, csv_path: Path | None) -> None:
+    """Write a shareable report of TARGET against REF: --html (one self-contained page) and/or --csv."""
+    if html_path is None and csv_path is None:
+        raise click.UsageError("nothing to write: give --html PATH, --csv PATH or both "
+                               "(e.g. --html report.html --csv report.csv)")
+    from dumpstore.analysis.mapping import load_mapping
+    from dumpstore.analysis.report import analyze, plotly_js, summary_line, write_csv, write_html
+    from dumpstore.analysis.tolerance import Tolerances
+
+    from dumpstore.store import open_store
+
+    if html_path is not None:
+        plotly_js()  # fail before the comparison when plotly is missing
+    st = open_store(store)
+    data = analyze(st, target, ref, steps=list(steps) or None, ranks=list(ranks) or None,
+                   tolerances=Tolerances.parse(tol), exact=exact, mapping=load_mapping(maps) if maps else None)
+    click.echo(summary_line(data.verdict))
+    if csv_path is not None:
+        n = write_csv(data.cmp, csv_path, store=st)
+        click.echo(f"wrote {csv_path} ({n} rows)")
+    if html_path is not None:
+        size = write_html(data.cmp, data.verdict, data.overflow, st, html_path)
+        click.echo(f"wrote {html_path} ({size / 1e6:.1f} MB, self-contained)")
+
+
+_html = click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Write one self-contained HTML page (verdict, charts, top mismatches, stack, runs).")
+_csv = click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                    help="Write one CSV row per aligned leaf: msprobe's column names plus dumpstore's.")
+
+report = click.command(name="report")(_common(_csv(_html(_report))))

@@ -1,0 +1,482 @@
+"""Tests for dumpstore.analysis.report and `dumpstore report`: the CSV against msprobe, the HTML page in Chromium.
+
+- CSV: msprobe's column names, numbers as numbers, shapes as msprobe writes them; the columns shared with
+  msprobe equal `msprobe compare`'s on weight_1pct_tensor vs ref_tensor step 0, against the real msprobe
+  (skipped without mindstudio-probe) and against tests/data/report_expected_weight_1pct_tensor.json
+  (written by `DUMPSTORE_REGEN=1 pytest tests/test_report.py -k regenerate`, checked anywhere).
+- HTML: loaded in headless Chromium (tests/browser.py): no script error, the verdict names the catalog's op,
+  plotly drew its charts, a screenshot is written; a record name `<script>alert(1)</script>` runs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import browser
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from dumpstore.analysis import report
+from dumpstore.analysis.divergence import divergence
+
+from dumpstore.ingest import ingest
+from dumpstore.store import open_store
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_dumps"
+EXPECTED = Path(__file__).resolve().parent / "data" / "report_expected_weight_1pct_tensor.json"
+CATALOG = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text())["cases"]}
+RUNS = ("ref_stats", "weight_1pct_stats", "ref_tensor", "weight_1pct_tensor", "ref_2rank_stats", "rank1_fault_stats")
+TENSOR_PAIR = ("weight_1pct_tensor", "ref_tensor")
+
+TEXT_SHARED = ("NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
+               "NPU Requires_grad", "Bench Requires_grad", "Requires_grad Consistent", "Data_name")
+STAT_SHARED = ("NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean",
+               "Bench l2norm")
+METRICS = ("Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
+           "Five Thousandths Err Ratio")
+# records whose rows go into the checked-in expected file: int/bool/0-d tensors, null, int/float/bool/-inf
+# arguments, the faulty linear (forward, backward, its module and its weight's gradient) and the optimizer
+EXPECTED_OPS = ("Functional.embedding.0.forward", "Functional.layer_norm.0.forward", "Tensor.masked_fill.0.forward",
+                "Functional.softmax.0.forward", "Functional.linear.6.forward", "Module.layers.1.fc1.Linear.forward.0",
+                "Functional.gelu.1.forward", "Tensor.mean.0.forward", "Functional.cross_entropy.0.forward",
+                "Functional.linear.6.backward", "Module.layers.1.fc1.Linear.parameters_grad",
+                "Tensor.add_.0.forward")
+REL_TOL, ABS_TOL = 1e-6, 1e-9
+HAS_EXACT = importlib.util.find_spec("dumpstore.analysis.exact") is not None
+
+
+# ---------------------------------------------------------------- msprobe in the background, stores, reports
+
+
+def _msprobe_cli() -> str | None:
+    if importlib.util.find_spec("msprobe") is None:
+        return None
+    beside = Path(sys.executable).parent / "msprobe"
+    return str(beside) if beside.is_file() else shutil.which("msprobe")
+
+
+class Msprobe:
+    """`msprobe compare -tp <target>/step0 -gp <ref>/step0` started at once, collected on first use."""
+
+    def __init__(self, out: Path, wanted: bool):
+        self.cli, self.out, self.proc = _msprobe_cli(), out, None
+        if self.cli and wanted:
+            self.start()
+
+    def start(self) -> None:
+        target, ref = TENSOR_PAIR
+        cmd = [self.cli, "compare", "-tp", str(SAMPLES / target / "step0"), "-gp", str(SAMPLES / ref / "step0"),
+               "-o", str(self.out / "result")]
+        with open(self.out / "msprobe.log", "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.out)
+
+    def rows(self) -> dict[str, dict[str, str]]:
+        if self.cli is None:
+            pytest.skip("mindstudio-probe (msprobe) is not installed")
+        if self.proc is None:
+            self.start()
+        rc = self.proc.wait(timeout=300)
+        found = sorted((self.out / "result").glob("compare_result_rank0_*.csv"))
+        log = (self.out / "msprobe.log").read_text(errors="replace")
+        assert rc == 0 and len(found) == 1, f"msprobe compare failed (rc {rc}):\n{log[-3000:]}"
+        return _read_csv_cells(found[0])
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def msprobe(request, tmp_path_factory):
+    wanted = any(it.get_closest_marker("msprobe") for it in request.session.items if it.module is request.module)
+    m = Msprobe(tmp_path_factory.mktemp("msprobe"), wanted)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def store(msprobe, tmp_path_factory):
+    path = tmp_path_factory.mktemp("store")
+    for run in RUNS:
+        ingest(SAMPLES / run, run, store=path, jobs=1)
+    return open_store(path)
+
+
+@pytest.fixture(scope="module")
+def reports(store):
+    cache: dict[tuple[str, str, bool], report.ReportData] = {}
+
+    def get(target: str, ref: str, exact: bool = False) -> report.ReportData:
+        if (target, ref, exact) not in cache:
+            cache[(target, ref, exact)] = report.analyze(store, target, ref, exact=exact)
+        return cache[(target, ref, exact)]
+    return get
+
+
+def _read_csv_cells(path: Path) -> dict[str, dict[str, str]]:
+    """{NPU Name: {column: cell as written}} (pandas, no NA conversion)."""
+    import pandas as pd
+
+    df = pd.read_csv(path, keep_default_na=False, dtype=str)
+    rows = {r["NPU Name"]: r for r in df.to_dict("records")}
+    assert len(rows) == len(df), f"{path}: NPU Name is not unique"
+    return rows
+
+
+# ---------------------------------------------------------------- CSV
+
+
+def test_csv_columns_numbers_and_shapes(reports, store, tmp_path) -> None:
+    import pandas as pd
+
+    data = reports("weight_1pct_stats", "ref_stats")
+    path = tmp_path / "report.csv"
+    n = report.write_csv(data.cmp, path, store=store)
+    df = pd.read_csv(path)
+    assert n == len(df) == data.cmp.rows.height
+    assert list(df.columns) == list(report.CSV_COLUMNS)
+    for col in STAT_SHARED + METRICS + ("Max diff", "Min diff", "Mean diff", "L2norm diff", "rel_l2", "tol",
+                                        "severity", "err_bound"):
+        assert df[col].dtype.kind == "f", f"{col} is {df[col].dtype}, not numbers"
+    for col in ("step", "rank", "seq"):
+        assert df[col].dtype.kind == "i", col
+    text = path.read_text()
+    assert "%" not in text
+    shapes = set(df["NPU Tensor Shape"].dropna())
+    assert "[2, 8, 32]" in shapes and "[]" in shapes
+    assert all(re.fullmatch(r"\[(\d+(, \d+)*)?\]", s) for s in shapes), shapes
+    assert set(df["Result"]) <= {"pass", "warning", "error"}
+    assert set(df["status"]) <= {"pass", "diverged", "unknown", "unmatched", "error"}
+    assert ((df["status"] == "diverged") == (df["Result"] == "error")).all()
+    first = df[(df["status"] == "diverged") & df["io"].isin(["output"])].iloc[0]
+    assert first["op"] == CATALOG["weight_1pct_stats"]["expected"]["first_divergence"]["op"]
+    assert first["rel_l2"] > first["tol"] and first["tol_dtype"] == "float32"
+    assert json.loads(first["Err_message"])[0].startswith("error: rel_l2 ")
+    assert df["NPU Dtype"].str.startswith("torch.").any() and (df["NPU Dtype"] == "<class 'int'>").any()
+    has_stack = df["NPU_Stack_Info"].fillna("").str.startswith("['File ")
+    first_of_op = ~df.duplicated(["step", "rank", "op"])
+    forward = ~df["op"].str.contains(r"\.(?:backward|parameters_grad)", regex=True)  # msprobe: no backward stacks
+    assert (has_stack == (first_of_op & forward)).all(), "the stack goes on the first row of each forward op"
+    assert (pd.read_csv(path, keep_default_na=False)["Bench Name"] != "N/A").all()  # nothing unmatched here
+
+
+def _num(cell: str) -> float | None:
+    """A summary cell as a number: msprobe writes 'None', 'True'/'False', ' inf'; we write '' for unknown."""
+    c = cell.strip()
+    if c in ("", "None", "N/A", "unsupported", "shape unmatched"):
+        return None
+    if c in ("True", "False"):
+        return float(c == "True")
+    return float(c)  # 'nan', 'Nan', 'inf', '-inf' and numbers
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b or math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+
+
+def _check_shared(ours: dict[str, dict[str, str]], expected: dict[str, dict[str, str]], label: str,
+                  metrics: bool, min_rows: int) -> None:
+    problems, compared = [], 0
+    for name, exp in expected.items():
+        got = ours.get(name)
+        if got is None:
+            continue
+        compared += 1
+        for col in TEXT_SHARED:
+            if got[col] != exp[col]:
+                problems.append(f"{name} {col}: dumpstore {got[col]!r} vs msprobe {exp[col]!r}")
+        for col in STAT_SHARED + (METRICS if metrics else ()):
+            if not _same(_num(got[col]), _num(exp[col])):
+                problems.append(f"{name} {col}: dumpstore {got[col]!r} vs msprobe {exp[col]!r}")
+    assert not problems, f"{label}: {len(problems)} differences:\n" + "\n".join(problems[:30])
+    assert compared >= min_rows, f"{label}: only {compared} rows in both"
+
+
+def _our_tensor_csv(reports, store, tmp_path, exact: bool) -> dict[str, dict[str, str]]:
+    data = reports(*TENSOR_PAIR, exact=exact)
+    cmp = dataclasses.replace(data.cmp, rows=data.cmp.rows.filter((pl.col("step") == 0) & (pl.col("rank") == 0)))
+    path = tmp_path / f"ours_{'exact' if exact else 'plain'}.csv"
+    report.write_csv(cmp, path, store=store)
+    return _read_csv_cells(path)
+
+
+def _fingerprint() -> dict[str, str]:
+    return {side: hashlib.sha256((SAMPLES / run / "step0" / "rank0" / "dump.json").read_bytes()).hexdigest()
+            for side, run in zip(("target", "golden"), TENSOR_PAIR)}
+
+
+def test_csv_shared_columns_match_checked_in_expected(reports, store, tmp_path) -> None:
+    data = json.loads(EXPECTED.read_text())
+    assert (data["target"], data["golden"]) == TENSOR_PAIR
+    if data["dump_json_sha256"] != _fingerprint():
+        pytest.fail(f"sample_dumps changed since {EXPECTED.name} was written; regenerate it: "
+                    "DUMPSTORE_REGEN=1 pytest tests/test_report.py -k regenerate")
+    expected = {r["NPU Name"]: r for r in (dict(zip(data["columns"], cells)) for cells in data["rows"])}
+    assert len(expected) == len(data["rows"]) >= 40
+    _check_shared(_our_tensor_csv(reports, store, tmp_path, False), expected, EXPECTED.name, False, len(expected))
+    if HAS_EXACT:
+        _check_shared(_our_tensor_csv(reports, store, tmp_path, True), expected, EXPECTED.name + " (exact)",
+                      True, len(expected))
+
+
+@pytest.mark.msprobe
+def test_csv_shared_columns_match_msprobe(reports, store, msprobe, tmp_path) -> None:
+    expected = msprobe.rows()
+    ours = _our_tensor_csv(reports, store, tmp_path, False)
+    _check_shared(ours, expected, "msprobe compare", False, 400)
+    assert set(ours) == set(expected)
+    stacks = [n for n in expected if ours[n]["NPU_Stack_Info"] != expected[n]["NPU_Stack_Info"]]
+    assert not stacks, f"NPU_Stack_Info differs on {len(stacks)} rows, first {stacks[0]}"
+    if not HAS_EXACT:
+        pytest.skip("analysis/exact.py not available: the six tensor-mode metrics were not compared")
+    _check_shared(_our_tensor_csv(reports, store, tmp_path, True), expected, "msprobe compare (exact)", True, 400)
+
+
+@pytest.mark.msprobe
+@pytest.mark.skipif(os.environ.get("DUMPSTORE_REGEN") != "1", reason="set DUMPSTORE_REGEN=1 to regenerate")
+def test_regenerate_expected(msprobe) -> None:
+    rows = msprobe.rows()
+    cols = list(TEXT_SHARED + STAT_SHARED + METRICS)
+    keep = [r for n, r in rows.items() if any(n.startswith(op + ".") for op in EXPECTED_OPS)]
+    target, ref = TENSOR_PAIR
+    head = {"generator": "DUMPSTORE_REGEN=1 pytest tests/test_report.py -k regenerate",
+            "msprobe": metadata.version("mindstudio-probe"),
+            "command": f"msprobe compare -tp sample_dumps/{target}/step0 -gp sample_dumps/{ref}/step0",
+            "target": target, "golden": ref, "dump_json_sha256": _fingerprint(), "columns": cols}
+    body = ",\n".join("  " + json.dumps([r[c] for c in cols]) for r in keep)
+    EXPECTED.write_text(json.dumps(head, indent=1)[:-2] + ',\n "rows": [\n' + body + "\n ]\n}\n")
+
+
+# ---------------------------------------------------------------- HTML in Chromium
+
+
+def _need_chromium() -> None:
+    if browser.chromium() is None:
+        pytest.skip(browser.why_no_chromium())
+
+
+def _js_errors(dom: str) -> str:
+    m = re.search(r'<pre id="js-errors"[^>]*>(.*?)</pre>', dom, re.DOTALL)
+    assert m, "the page lost its #js-errors element"
+    return m.group(1)
+
+
+def _check_page(page: browser.Page, charts: int) -> None:
+    assert _js_errors(page.dom) == "", f"script errors in the page: {_js_errors(page.dom)}"
+    assert not page.console_errors, "console errors:\n" + "\n".join(page.console_errors[:10])
+    assert f'data-charts="{charts}"' in page.dom, "plotly did not finish drawing every chart"
+    assert page.dom.count('class="main-svg"') >= charts, "no plotly SVG in the DOM"
+
+
+def _verdict_block(dom: str) -> str:
+    m = re.search(r'<section id="verdict".*?</section>', dom, re.DOTALL)
+    assert m, "no verdict section"
+    return m.group(0)
+
+
+def test_html_sample_pair_in_chromium(reports, store, tmp_path) -> None:
+    _need_chromium()
+    data = reports("weight_1pct_stats", "ref_stats")
+    path = tmp_path / "report.html"
+    report.write_html(data.cmp, data.verdict, data.overflow, store, path)
+    markup = re.sub(r"(<script[^>]*>).*?</script>", r"\1", path.read_text(), flags=re.DOTALL)
+    assert not re.search(r"<[^>]+\b(src|href)=", markup), "the page would fetch something"
+    assert "default-src 'none'" in markup and "connect-src 'none'" in markup
+    shot = tmp_path / "report.png"
+    page = browser.load(path, screenshot=shot)
+    _check_page(page, charts=2)  # error along execution order + steps x ops heat map
+    exp = CATALOG["weight_1pct_stats"]["expected"]
+    verdict = _verdict_block(page.dom)
+    assert exp["first_divergence"]["op"] in verdict and "Culprit" in verdict and "parameter" in verdict
+    assert "tol=" in verdict and "rel_l2=" in verdict and "First overflow" in verdict and "Unmatched ops" in verdict
+    assert page.dom.index('id="verdict"') < page.dom.index('id="charts"')  # the verdict comes first
+    assert re.search(r'id="stack".*?File .*?linear\.py', page.dom, re.DOTALL), "no call stack for the culprit"
+    assert re.search(r'id="meta".*?sample_dumps/weight_1pct_stats', page.dom, re.DOTALL), "no run metadata"
+    assert page.screenshot is not None and page.screenshot.stat().st_size > 20_000
+    ms = re.search(r'id="render-ms">(\d+)<', page.dom)
+    assert ms and int(ms.group(1)) < 5000
+
+
+# clicks the rel_l2 header twice (ascending, then descending), then filters; allowed by adding its hash to the CSP
+_TABLE_DRIVER = """
+window.addEventListener('load', function () {
+  var th = document.querySelectorAll('#top-table thead th');
+  var cell = function () { return document.querySelector('#top-table tbody tr').cells[6].getAttribute('data-v'); };
+  th[6].click(); var asc = cell(); th[6].click(); var desc = cell();
+  var f = document.getElementById('filter'); f.value = 'linear.6'; f.dispatchEvent(new Event('input'));
+  var s = document.getElementById('status-filter'); s.value = 'diverged'; s.dispatchEvent(new Event('change'));
+  var shown = Array.prototype.filter.call(document.querySelectorAll('#top-table tbody tr'),
+                                          function (tr) { return tr.style.display !== 'none'; }).length;
+  document.body.setAttribute('data-table-test', [asc, desc, shown, document.getElementById('shown-count').textContent].join('|'));
+});
+"""
+
+
+def _with_driver(path: Path) -> None:
+    import base64
+
+    text = path.read_text()
+    digest = base64.b64encode(hashlib.sha256(_TABLE_DRIVER.encode()).digest()).decode()
+    text = text.replace("script-src ", f"script-src 'sha256-{digest}' ", 1)
+    path.write_text(text.replace("</body>", f"<script>{_TABLE_DRIVER}</script>\n</body>", 1))
+
+
+def test_html_ranks_view_and_table_in_chromium(reports, store, tmp_path) -> None:
+    _need_chromium()
+    data = reports("rank1_fault_stats", "ref_2rank_stats")
+    path = tmp_path / "ranks.html"
+    report.write_html(data.cmp, data.verdict, data.overflow, store, path)
+    _with_driver(path)
+    page = browser.load(path)
+    _check_page(page, charts=3)  # line + steps heat map + ranks heat map
+    exp = CATALOG["rank1_fault_stats"]["expected"]["culprit"]
+    assert exp["op"] in _verdict_block(page.dom) and "step 0, rank 1" in _verdict_block(page.dom)
+    table = re.search(r'<table class="grid" id="ranks-table">.*?</table>', page.dom, re.DOTALL).group(0)
+    assert re.search(r"<td>1</td><td>[1-9]\d*</td>.*?<td>yes</td>", table, re.DOTALL), table
+    asc, desc, shown, label = re.search(r'data-table-test="([^"]*)"', page.dom).group(1).split("|")
+    assert float(asc) < float(desc)  # sorting by rel_l2 works both ways
+    assert 0 < int(shown) < report.MAX_TABLE_ROWS and label == f"{shown} of {report.MAX_TABLE_ROWS} rows"
+
+
+EVIL_OP = "Functional.<script>alert(1)</script>.0.forward"
+EVIL_FRAME = "File /x/<img src=x onerror=alert(3)>.py, line 1, in f, \n </script><script>alert(4)</script>"
+
+
+def _evil_dump(root: Path, *, target: bool) -> None:
+    """ref_stats step 0 with Functional.gelu.0.forward renamed to EVIL_OP (the target's output scaled)."""
+    old = "Functional.gelu.0.forward"
+    dst = root / "step0" / "rank0"
+    shutil.copytree(SAMPLES / "ref_stats" / "step0" / "rank0", dst)
+    doc = json.loads((dst / "dump.json").read_text())
+    data = {}
+    for key, rec in doc["data"].items():
+        if key == old:
+            key = EVIL_OP
+            for leaf in rec["output"] if target else ():
+                leaf.update(Max=leaf["Max"] * 1.5, Mean=leaf["Mean"] * 1.5, Norm=leaf["Norm"] * 1.5)
+        data[key] = rec
+    doc["data"] = data
+    (dst / "dump.json").write_text(json.dumps(doc))
+    stacks = json.loads((dst / "stack.json").read_text())
+    for keys, frames in stacks.values():
+        if old in keys:
+            keys[keys.index(old)] = EVIL_OP
+            if target:
+                frames.insert(0, EVIL_FRAME)
+    (dst / "stack.json").write_text(json.dumps(stacks))
+    construct = json.loads((dst / "construct.json").read_text())
+    (dst / "construct.json").write_text(json.dumps({(EVIL_OP if k == old else k): v for k, v in construct.items()}))
+
+
+def test_html_no_script_injection(tmp_path) -> None:
+    evil_dir = tmp_path / "tgt<img src=x onerror=alert(2)>"
+    _evil_dump(evil_dir, target=True)
+    _evil_dump(tmp_path / "ref", target=False)
+    st = tmp_path / "store"
+    ingest(evil_dir, "evil", store=st, jobs=1)
+    ingest(tmp_path / "ref", "ref", store=st, jobs=1)
+    store = open_store(st)
+    data = report.analyze(store, "evil", "ref")
+    assert data.verdict.first_divergence.op == EVIL_OP
+    path = tmp_path / "evil.html"
+    report.write_html(data.cmp, data.verdict, data.overflow, store, path)
+    text = path.read_text()
+    for raw in ("<script>alert", "<img src=x", "</script><script>"):
+        assert raw not in text, f"unescaped {raw!r} in the page"
+    assert "Functional.&lt;script&gt;alert(1)&lt;/script&gt;.0.forward" in text  # shown, as text
+    assert len(re.findall(r"<script\b", text)) == 4  # guard, data (JSON), plotly, main: nothing else
+    assert "\\u0026lt;script\\u0026gt;alert(1)" in text  # the chart labels: escaped, then JSON-escaped
+    _need_chromium()
+    page = browser.load(path)
+    _check_page(page, charts=1)
+    assert len(re.findall(r"<script\b", page.dom)) == 4
+    assert "&lt;img src=x onerror=alert(3)&gt;" in page.dom  # the stack line, as text
+    assert "tgt&lt;img src=x onerror=alert(2)&gt;" in page.dom  # the path, as text
+
+
+def test_json_in_script_is_escaped() -> None:
+    s = report._json_for_script({"a": "</script><!-- x & y", "b": float("inf"), "c": [float("nan"), 1.5]})
+    assert "<" not in s and ">" not in s and "&" not in s
+    assert json.loads(s) == {"a": "</script><!-- x & y", "b": None, "c": [None, 1.5]}
+
+
+# ---------------------------------------------------------------- scale: thousands of ops
+
+
+def _big_report(reports, store, tmp_path) -> tuple[Path, pl.DataFrame, float]:
+    """weight_1pct_stats vs ref_stats repeated over 30 steps: ~4,300 ops, 13,590 rows."""
+    base = reports("weight_1pct_stats", "ref_stats")
+    rows = pl.concat([base.cmp.rows.with_columns(pl.col("step") + 3 * i) for i in range(10)])
+    cmp = dataclasses.replace(base.cmp, rows=rows)
+    verdict = divergence(cmp)
+    t0 = time.perf_counter()
+    path = tmp_path / "big.html"
+    report.write_html(cmp, verdict, base.overflow, store, path)
+    return path, rows, time.perf_counter() - t0
+
+
+def test_html_thousands_of_ops(reports, store, tmp_path) -> None:
+    path, rows, took = _big_report(reports, store, tmp_path)
+    text = path.read_text()
+    n_ops = rows.filter(pl.col("io") == "output").select("step", "record").unique().height
+    assert n_ops > 3500
+    assert took < 5, f"render_html took {took:.1f} s for {rows.height} rows"
+    assert text.count("<tr class=\"st-") == report.MAX_TABLE_ROWS
+    figs = json.loads(re.search(r'id="report-data">(.*?)</script>', text, re.DOTALL).group(1))["figures"]
+    points = [len(t["x"]) for t in figs["line"]["data"] if t["name"] in ("forward", "backward")]
+    assert max(points) <= report.MAX_POINTS + 2 and sum(points) > 1000
+    assert len(figs["steps"]["data"][0]["y"]) == 30
+
+
+@pytest.mark.slow
+def test_html_thousands_of_ops_in_chromium(reports, store, tmp_path) -> None:
+    _need_chromium()
+    path = _big_report(reports, store, tmp_path)[0]
+    page = browser.load(path)
+    _check_page(page, charts=2)
+    ms = int(re.search(r'id="render-ms">(\d+)<', page.dom).group(1))
+    paint = re.search(r'data-first-paint-ms="(\d*)"', page.dom).group(1)
+    assert ms < 4000, f"charts drawn after {ms} ms"  # ~1.6 s on 2 slow vCPUs, most of it parsing plotly.js
+    assert not paint or int(paint) < 2000, f"first paint after {paint} ms"
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_report(store, tmp_path) -> None:
+    from dumpstore.cli.main import main
+
+    runner = CliRunner()
+    base = ["report", "--store", str(store.root), "--target", "weight_1pct_stats", "--ref", "ref_stats"]
+    res = runner.invoke(main, base)
+    assert res.exit_code == 2 and "give --html PATH, --csv PATH or both" in res.output
+    html_path, csv_path = tmp_path / "r.html", tmp_path / "r.csv"
+    res = runner.invoke(main, base + ["--html", str(html_path), "--csv", str(csv_path), "--step", "1",
+                                      "--tol", "float32=1e-4"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0].startswith("DIVERGED | step 1 rank 0 ") and "tol=1.00e-04 (float32)" in lines[0]
+    assert lines[0].endswith(" | culprit parameter: Functional.linear.6.forward")
+    assert lines[1] == f"wrote {csv_path} (453 rows)"
+    assert lines[2].startswith(f"wrote {html_path} (") and html_path.stat().st_size > 1_000_000
+    res = runner.invoke(main, ["report", "--store", str(store.root), "--target", "nope", "--ref", "ref_stats",
+                               "--csv", str(csv_path)])
+    assert res.exit_code == 1 and "Error: run 'nope' is not in store" in res.output

@@ -1,7 +1,7 @@
 """First divergence and culprit, per step and rank and across steps, from a Comparison.
 
-First divergence: the first record in execution order (steps in order; forward records before backward
-ones within a step; then dump order) with a diverged output.  Culprit: walking diverged records in that
+First divergence: the first record in execution order (steps in order, then dump order; see
+analysis/order.py) with a diverged output.  Culprit: walking diverged records in that
 order, the first that *introduces* error:
   scalar     a non-tensor argument differs (eps, alpha, p, ...);
   op         its outputs diverge while its tensor inputs agree, or its error amplification
@@ -10,14 +10,15 @@ order, the first that *introduces* error:
   input      the same for data (requires_grad false: token ids, images, masks);
   missing_op / extra_op
              a diverged input produced by a record that exists in one run only.
-When no value diverges but records exist in one run only, the first of them is both the first divergence
-and the culprit (the runs part in structure).
+The first divergence is the first *target* record that differs: a diverged output, or an op the reference
+does not have (extra_op); an op missing from the target has no place in its order and is named as culprit.
+When no value diverges but records exist in one run only, the first of them is the culprit.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import polars as pl
@@ -25,6 +26,7 @@ import polars as pl
 from dumpstore.dtypes import eps
 
 from .compare import Comparison
+from .order import ORDER, with_phase
 
 QUIET = 0.1  # inputs "agree" when their error is below this share of the tolerance
 OUTPUT_IO = ("output", "parameters_grad", "debug", "tensor")
@@ -66,13 +68,12 @@ class Verdict:
 
 
 def _ordered(rows: pl.DataFrame) -> pl.DataFrame:
-    seq = pl.coalesce(pl.col("seq"), pl.col("ref_seq"))
-    direction = pl.coalesce(pl.col("direction"), pl.col("ref_direction"))
-    return rows.with_columns(
-        seq.alias("_seq"), pl.when(direction == "forward").then(0).otherwise(1).alias("_phase"),
+    rows = rows.with_columns(
+        pl.coalesce(pl.col("seq"), pl.col("ref_seq")).alias("_seq"),
+        pl.coalesce(pl.col("direction"), pl.col("ref_direction")).alias("_direction"),
         pl.coalesce(pl.col("record"), pl.col("ref_record")).alias("_record"),
-        pl.coalesce(pl.col("io"), pl.col("ref_io")).alias("_io"),
-    ).sort(["step", "_phase", "rank", "source", "_seq", "leaf"], nulls_last=True)
+        pl.coalesce(pl.col("io"), pl.col("ref_io")).alias("_io"))
+    return with_phase(rows, "_seq", "_direction").sort(ORDER + ["_seq", "leaf"], nulls_last=True)
 
 
 def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
@@ -95,11 +96,13 @@ def divergence(cmp: Comparison) -> Verdict:
     recs = _record_table(rows)
     unmatched = _unmatched(cmp.records)
     first = _first_divergence(rows)
-    culprit = _culprit(rows, recs, cmp) if first else None
+    culprit = _culprit(rows, recs, cmp) if recs["out_div"].any() else None
+    if culprit is None and first is not None and first.kind == "extra_op":
+        culprit = replace(first, evidence={})
     if first is None and unmatched:
         u = unmatched[0]
         first = Finding(u["step"], u["rank"], u["op"], None, u["kind"], detail=f"record only in the {u['side']}")
-        culprit = Finding(u["step"], u["rank"], u["op"], None, u["kind"], detail=f"record only in the {u['side']}")
+        culprit = replace(first)
     counts = {s: int(n) for s, n in rows.group_by("status").len().iter_rows() if s is not None}
     return Verdict(cmp.target, cmp.ref, first, culprit, _timeline(rows), _rank_view(rows), unmatched,
                    cmp.precision, counts, cmp.coverage)
@@ -124,8 +127,16 @@ def _row_kind(row: dict[str, Any]) -> str:
 
 
 def _first_divergence(rows: pl.DataFrame) -> Finding | None:
-    hit = rows.filter((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO)).head(1)
-    return _finding(hit.row(0, named=True)) if hit.height else None
+    """The first target record that differs: a diverged output, or a record the reference does not have."""
+    hit = rows.filter(((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO))
+                      | ((pl.col("match") == "target_only") & pl.col("how").is_null())).head(1)
+    if not hit.height:
+        return None
+    row = hit.row(0, named=True)
+    if row["match"] == "target_only":
+        return Finding(row["step"], row["rank"], row["_record"], None, "extra_op",
+                       detail="record only in the target")
+    return _finding(row)
 
 
 class _Producers:
@@ -182,15 +193,20 @@ def _judge(rec: dict, leaves: pl.DataFrame, t_prod: _Producers, r_prod: _Produce
         return _with_evidence(_finding(out, "scalar"), scalar=s["name"], detail=s["detail"])
     tensors = bad_in.filter(pl.col("kind") == "tensor")
     if tensors.height == 0 and (rec["in_err"] or 0.0) <= QUIET * out["tol"]:
-        return _with_evidence(_finding(out, "op"), input_err=rec["in_err"], reason="inputs agree, output diverges")
+        one_sided = leaves.filter(pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(["target_only", "ref_only"]))
+        args = [f"{r['name'] or r['ref_name']} ({'target' if r['match'] == 'target_only' else 'reference'} only"
+                f": {r['value'] if r['match'] == 'target_only' else r['ref_value']})"
+                for r in one_sided.iter_rows(named=True)]
+        return _with_evidence(_finding(out, "op"), input_err=rec["in_err"], reason="inputs agree, output diverges",
+                              arguments_in_one_run=args or None)
     for leaf in tensors.iter_rows(named=True):
         tp, rp = t_prod.producer(leaf), r_prod.producer(leaf)
         key = (leaf["step"], leaf["rank"], leaf["source"])
         if rp and only.get(key + (rp,)) == "ref_only":
-            return Finding(leaf["step"], leaf["rank"], rp, None, "missing_op",
+            return Finding(leaf["step"], leaf["rank"], _forward_of(rp, key, only, "ref_only"), None, "missing_op",
                            detail=f"only in the reference; its output feeds {leaf['name']}")
         if tp and only.get(key + (tp,)) == "target_only":
-            return Finding(leaf["step"], leaf["rank"], tp, None, "extra_op",
+            return Finding(leaf["step"], leaf["rank"], _forward_of(tp, key, only, "target_only"), None, "extra_op",
                            detail=f"only in the target; its output feeds {leaf['name']}")
         if tp is None and rp is None:
             kind = "parameter" if leaf.get("requires_grad") or leaf["_io"] == "parameters" else "input"
@@ -202,6 +218,15 @@ def _judge(rec: dict, leaves: pl.DataFrame, t_prod: _Producers, r_prod: _Produce
         return _with_evidence(_finding(out, "op"), input_err=rec["in_err"], amplification=amp,
                               reason="error amplification stands out")
     return None
+
+
+def _forward_of(record: str, key: tuple, only: dict, side: str) -> str:
+    """An unmatched backward record is blamed on its forward record when that is unmatched too."""
+    if record.endswith(".backward"):
+        fwd = record[: -len(".backward")] + ".forward"
+        if only.get(key + (fwd,)) == side:
+            return fwd
+    return record
 
 
 def _with_evidence(f: Finding, detail: str | None = None, **evidence: Any) -> Finding:

@@ -15,6 +15,7 @@ from typing import Any
 import polars as pl
 
 from .load import load_run
+from .order import ORDER, with_phase
 
 _FLAGS = ("has_nan", "has_posinf", "has_neginf", "has_sat")
 _MASK_OPS = ("masked_fill", "masked_fill_", "where", "fill", "fill_", "full", "full_like", "triu", "tril")
@@ -70,12 +71,11 @@ def overflow(store, run: str, *, ref: str | None = None, steps: list[int] | None
 
 def _producers(rows: pl.DataFrame) -> list[dict[str, Any]]:
     is_out = pl.col("io").is_in(OUTPUT_IO)
-    phase = pl.when(pl.col("direction") == "forward").then(0).otherwise(1)
-    per = (rows.group_by(["step", "rank", "source", "seq", "record"], maintain_order=True)
+    per = (with_phase(rows).group_by(["step", "rank", "source", "seq", "record"], maintain_order=True)
            .agg((pl.col("dirty") & ~is_out).any().alias("dirty_in"),
-                (pl.col("dirty") & is_out).any().alias("dirty_out"), phase.first().alias("phase"))
+                (pl.col("dirty") & is_out).any().alias("dirty_out"), pl.col("_phase").first())
            .filter(~pl.col("dirty_in") & pl.col("dirty_out"))
-           .sort(["step", "phase", "rank", "source", "seq"]))
+           .sort(ORDER + ["seq"]))
     out = []
     for p in per.iter_rows(named=True):
         leaf = rows.filter((pl.col("step") == p["step"]) & (pl.col("rank") == p["rank"])

@@ -141,5 +141,10 @@ from .report_cmd import report as _report  # noqa: E402
 
 main.add_command(_report)
 
+from .health_cmds import checklist, health  # noqa: E402
+
+main.add_command(checklist)
+main.add_command(health)
+
 if __name__ == "__main__":  # pragma: no cover
     main()

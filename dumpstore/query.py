@@ -45,6 +45,8 @@ def connect(store: Store, *, runs: list[str] | None = None, locked: bool = True)
                     "hive_partitioning=true, hive_types={'run': 'VARCHAR'})")
     else:
         _empty_view(con, "stacks", STACK_SCHEMA, ["run:VARCHAR"])
+    from dumpstore.analysis.views import create_views
+    create_views(con)
     if locked:
         lock_down(con, str(store.root.resolve()))
     return con

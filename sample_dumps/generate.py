@@ -13,8 +13,9 @@ data batches.  The dumps are msprobe's own files; the only post-processing is
 replacing machine paths in ``stack.json`` frames (and in ``dump_data_dir``,
 should it ever be absolute) by neutral prefixes.  Afterwards the script reads
 the dumps back, computes the expected answers (first divergence, culprit,
-first overflow) by comparing each case with its reference, checks them against
-what is known by construction, and writes ``catalog.json``.
+first overflow; for some cases the checklist and single-run health answers) by
+comparing each case with its reference, checks them against what is known by
+construction, and writes ``catalog.json``.
 """
 
 import argparse
@@ -59,6 +60,9 @@ NEUTRAL_PYTHON = "/usr/local"
 #   lr: float
 #   extra_gelu: [layer]                       (discarded extra F.gelu call)
 #   rank_weight_scale: {rank: {param: factor}}
+#   data_step0_seed: int                      (step 0's token ids drawn with another seed; labels kept)
+#   reinit: {module_name: seed}               (module.reset_parameters() under another seed, before step 0)
+#   loss_scale: [from_step, scale]            ((loss * scale).backward() from that step on, never unscaled)
 CASES = [
     # name, task, ref, steps, world_size, faults, description
     ("ref_stats", "statistics", None, 3, 1, {}, "fp32 reference run, no fault."),
@@ -99,6 +103,13 @@ CASES = [
     ("rank1_fault_stats", "statistics", "ref_2rank_stats", 2, 2,
      {"rank_weight_scale": {1: {"layers.1.fc1.weight": 1.01}}},
      "2-process run; only rank 1 multiplies layers.1.fc1.weight by 1.01 before step 0."),
+    ("data_batch_stats", "statistics", "ref_stats", 3, 1, {"data_step0_seed": DATA_SEED + 1},
+     "Step 0's token ids come from another data batch (labels and steps 1-2 unchanged)."),
+    ("init_weight_stats", "statistics", "ref_stats", 3, 1, {"reinit": {"layers.0.qkv": SEED + 1}},
+     "layers.0.qkv re-initialised (reset_parameters) with another seed before step 0."),
+    ("grad_explode_stats", "statistics", "ref_stats", 3, 1, {"loss_scale": [1, 1e4]},
+     "From step 1 the loss is scaled by 1e4 before backward and the gradients are never unscaled: "
+     "gradients explode at step 1, the step-1 update is 1e4 times too large."),
 ]
 CASE_BY_NAME = {c[0]: c for c in CASES}
 
@@ -172,6 +183,10 @@ def build_model(faults, rank=0):
             # largest |w| becomes finfo.max / 2: still finite, but the dot products
             # with gelu outputs of order 1..3 overflow fp32
             w.div_(w.abs().max()).mul_(fmax / 2)
+        for mod_name, seed in faults.get("reinit", {}).items():
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                model.get_submodule(mod_name).reset_parameters()
         if "saturate_fc2" in faults:
             blk = model.layers[faults["saturate_fc2"]]
             blk.fc1.weight[0].zero_()
@@ -183,7 +198,7 @@ def build_model(faults, rank=0):
     return model
 
 
-def make_batches(steps, rank):
+def make_batches(steps, rank, faults=None):
     import torch
     g = torch.Generator().manual_seed(DATA_SEED + rank)
     out = []
@@ -191,6 +206,10 @@ def make_batches(steps, rank):
         tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
         labels = torch.randint(0, VOCAB, (BATCH,), generator=g)
         out.append((tokens, labels))
+    if (faults or {}).get("data_step0_seed") is not None:
+        other = torch.Generator().manual_seed(faults["data_step0_seed"])
+        out[0] = (torch.randint(0, VOCAB, (BATCH, SEQ), generator=other), out[0][1])
+        assert not torch.equal(out[0][0], make_batches(1, rank)[0][0])
     return out
 
 
@@ -223,15 +242,18 @@ def run_training(name, rank, world_size, init_file):
 
     model = build_model(faults, rank)
     optimizer = torch.optim.SGD(model.parameters(), lr=faults.get("lr", LR))
-    batches = make_batches(steps, rank)
+    batches = make_batches(steps, rank, faults)
+    scale_from, scale = faults.get("loss_scale", [steps, 1.0])
     debugger = PrecisionDebugger(config_path=config_path)
-    for tokens, labels in batches:
+    for step, (tokens, labels) in enumerate(batches):
         debugger.start(model)
         if faults.get("bf16"):
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = F.cross_entropy(model(tokens), labels)
         else:
             loss = F.cross_entropy(model(tokens), labels)
+        if step >= scale_from:
+            loss = loss * scale
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -606,6 +628,26 @@ def construction_truth(tgt, ref):
         e["culprit"] = {"step": 0, "rank": 0, "op": gel, "kind": "missing_or_extra", "side": "target"}
         extra["renumbered"] = {"Functional.gelu.%d" % (i + 1): "Functional.gelu.%d" % i for i in range(n_r)}
         extra["values_changed"] = False
+    elif name == "data_batch_stats":
+        # the token ids differ at step 0 only; the model differs from the embedding on. The culprit is the
+        # data input itself: the op that consumes it, kind "input".
+        emb = tgt.find(0, 0, "Functional.embedding", "Module.emb.Embedding.forward.0")
+        e["first_divergence"] = {"step": 0, "rank": 0, "op": emb}
+        e["culprit"] = {"step": 0, "rank": 0, "op": emb, "kind": "input"}
+        extra["data_input"] = {"step": 0, "rank": 0, "op": emb, "name": emb + ".input.0"}
+    elif name == "init_weight_stats":
+        op = tgt.find(0, 0, "Functional.linear", L(0, "qkv.Linear"))
+        e["first_divergence"] = {"step": 0, "rank": 0, "op": op}
+        e["culprit"] = {"step": 0, "rank": 0, "op": op, "kind": "parameter"}
+        extra["parameter"] = ["layers.0.qkv.weight", "layers.0.qkv.bias"]
+    elif name == "grad_explode_stats":
+        # step 0 identical; at step 1 the loss is multiplied by the scale (a Tensor.__mul__ the ref lacks):
+        # that extra op is where the target first differs, and what makes every gradient after it differ.
+        mul = next(k for k in tgt.data(1, 0) if k not in ref.data(1, 0))
+        assert mul.startswith("Tensor.__mul__."), mul
+        e["first_divergence"] = {"step": 1, "rank": 0, "op": mul}
+        e["culprit"] = {"step": 1, "rank": 0, "op": mul, "kind": "missing_or_extra", "side": "target"}
+        extra["loss_scale"] = {"step": 1, "rank": 0, "op": mul, "scale": 1e4}
     return e, extra
 
 
@@ -628,12 +670,426 @@ def build_catalog(out_dir):
                                          % (name, k, truth[k], found[k]))
             entry["expected"] = dict(truth)
             entry["expected"].update(extra)
+            if name in CHECKLIST_CASES:
+                checklist, health = checklist_answers(tgt, ref), health_answers(tgt)
+                checklist_construction(name, checklist, health)
+                entry["expected"].update(checklist=checklist, health=health)
         cat.append(entry)
     # refs against themselves: nothing
     for name in ("ref_stats", "ref_tensor", "ref_2rank_stats"):
         d = dumps[name]
         assert first_divergence(d, d) is None and first_overflow(d, d) is None
     return cat
+
+
+# ============================================================================
+# part 4: checklist and single-run health answers, computed independently from dump.json
+# (the rules of dumpstore.analysis.checklist / health, restated here with the stdlib only)
+# ============================================================================
+CHECKLIST_CASES = ("data_batch_stats", "init_weight_stats", "lr_stats", "grad_explode_stats")
+STATS = ("Max", "Min", "Mean", "Norm")
+LOSS_OPS = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
+            "binary_cross_entropy_with_logits", "kl_div"}
+INT_DTYPES = {"torch.int8", "torch.int16", "torch.int32", "torch.int64", "torch.uint8"}
+EXPLODE, VANISH, UPDATE, GROWTH, GROWTH_STEPS, NEAR_MAX = 10.0, 1e-7, 0.1, 0.2, 3, 0.5
+MASK_OPS = ("masked_fill", "where", "fill", "full", "triu", "tril")
+
+
+def is_tensor(leaf):
+    return isinstance(leaf, dict) and leaf.get("type") == "torch.Tensor"
+
+
+def nan_key(v):
+    return "nan" if isinstance(v, float) and math.isnan(v) else v
+
+
+def fingerprint(leaf):
+    return (leaf.get("dtype"), tuple(leaf.get("shape") or ())) + tuple(nan_key(leaf.get(s)) for s in STATS)
+
+
+def stats_equal(a, b):
+    return all(_same(a.get(s), b.get(s)) for s in STATS)
+
+
+def direction(key):
+    if ".parameters_grad" in key:
+        return "parameters_grad"
+    return "backward" if ".backward" in key else "forward"
+
+
+def module_path(key):
+    """Module.layers.0.qkv.Linear.forward.0 -> layers.0.qkv"""
+    body = key.split(".", 1)[1]
+    for d in (".forward.", ".backward.", ".parameters_grad"):
+        if d in body:
+            body = body[: body.index(d)]
+    return body.rsplit(".", 1)[0]
+
+
+def counter_free(key):
+    parts = key.split(".")
+    if parts[0] == "Module":
+        return key
+    return ".".join(parts[:-2] + parts[-1:])  # Functional.gelu.1.forward -> Functional.gelu.forward
+
+
+def input_leaves(key, rec):
+    """(row name, leaf) of the inputs of a forward record, as dumpstore names them."""
+    out = []
+    for path, leaf in iter_leaves(rec.get("input_args", [])):
+        out.append((key + ".input." + ".".join(str(p) for p in path), leaf))
+    for path, leaf in iter_leaves(rec.get("input_kwargs", {})):
+        out.append((key + ".input." + ".".join(str(p) for p in path), leaf))
+    return out
+
+
+def output_leaves(key, rec):
+    if direction(key) == "parameters_grad":
+        return [(key + "." + p[0], leaf) for p, leaf in iter_leaves(rec)]
+    return [(key + ".output." + ".".join(str(p) for p in path), leaf)
+            for path, leaf in iter_leaves(rec.get("output"))]
+
+
+def forward_keys(d, step, rank):
+    return [k for k in d.data(step, rank)
+            if direction(k) == "forward" and d.parent(step, rank, k) != "optimizer"]
+
+
+# -- checklist ---------------------------------------------------------------------------------------------
+def data_leaves(d, step, rank):
+    """Non-grad tensor inputs no earlier record output: the first record's, and integer ones anywhere."""
+    data = d.data(step, rank)
+    produced, cands, seen = set(), [], set()
+    for key, rec in data.items():
+        if key in forward_keys(d, step, rank):
+            for name, leaf in input_leaves(key, rec):
+                fp = fingerprint(leaf) if is_tensor(leaf) else None
+                new = fp not in produced and fp not in seen
+                if is_tensor(leaf) and not leaf.get("requires_grad") and new:
+                    seen.add(fp)
+                    cands.append((key, name, leaf))
+        for _, leaf in output_leaves(key, rec):
+            if is_tensor(leaf):
+                produced.add(fingerprint(leaf))
+    if not cands:
+        return []
+    first = cands[0][0]
+    return [(n, l) for k, n, l in cands if k == first or l.get("dtype") in INT_DTYPES]
+
+
+def leaf_named(d, step, rank, name):
+    for key, rec in d.data(step, rank).items():
+        if name.startswith(key + "."):
+            for n, leaf in input_leaves(key, rec) + output_leaves(key, rec):
+                if n == name:
+                    return leaf
+    return None
+
+
+def check_data(tgt, ref):
+    for step in range(tgt.nsteps):
+        for rank in range(tgt.world):
+            for name, leaf in data_leaves(tgt, step, rank):
+                other = leaf_named(ref, step, rank, name)
+                if other is None or not stats_equal(leaf, other):
+                    return {"status": "differs", "step": step, "rank": rank, "name": name}
+    return {"status": "pass"}
+
+
+def module_params(d, step, rank):
+    """{parameter name: leaf} from the first call of each module forward record."""
+    out = {}
+    for key, rec in d.data(step, rank).items():
+        if key.startswith("Module.") and direction(key) == "forward":
+            for pname, leaf in (rec.get("parameters") or {}).items():
+                out.setdefault(module_path(key) + "." + pname, leaf)
+    return out
+
+
+def check_weights(tgt, ref):
+    differ = []
+    for rank in range(tgt.world):
+        t, r = module_params(tgt, 0, rank), module_params(ref, 0, rank)
+        differ += [p for p in t if p not in r or not stats_equal(t[p], r[p])]
+    return {"status": "differs" if differ else "pass", "params": differ}
+
+
+def check_structure(tgt, ref):
+    t_only, r_only, shapes, dtypes, first = 0, 0, 0, 0, None
+    for step in range(tgt.nsteps):
+        for rank in range(tgt.world):
+            t, r = tgt.data(step, rank), ref.data(step, rank)
+            extra_t, extra_r = [k for k in t if k not in r], [k for k in r if k not in t]
+            # this restatement holds without renumbering: the extra records' counter-free keys are new
+            assert not ({counter_free(k) for k in extra_t} & {counter_free(k) for k in extra_r})
+            t_only, r_only = t_only + len(extra_t), r_only + len(extra_r)
+            if first is None and (extra_t or extra_r):
+                first = {"step": step, "rank": rank, "op": (extra_t or extra_r)[0]}
+            for key in (k for k in t if k in r):
+                a = [l for _, l in input_leaves(key, t[key]) + output_leaves(key, t[key]) if is_tensor(l)]
+                b = [l for _, l in input_leaves(key, r[key]) + output_leaves(key, r[key]) if is_tensor(l)]
+                shapes += sum(1 for x, y in zip(a, b) if x.get("shape") != y.get("shape"))
+                dtypes += sum(1 for x, y in zip(a, b) if x.get("dtype") != y.get("dtype"))
+    differs = t_only or r_only or shapes or dtypes
+    return {"status": "differs" if differs else "pass", "target_only_records": t_only,
+            "ref_only_records": r_only,
+            "shape_differences": shapes, "dtype_differences": dtypes, "first": first}
+
+
+def scalar_text(leaf):
+    if leaf is None:
+        return "None"
+    return json.dumps(leaf.get("value"))
+
+
+def check_scalars(tgt, ref):
+    groups = []
+    for step in range(tgt.nsteps):
+        for rank in range(tgt.world):
+            t, r = tgt.data(step, rank), ref.data(step, rank)
+            for key in (k for k in t if k in r and direction(k) == "forward"):
+                a = {n: l for n, l in input_leaves(key, t[key]) if not is_tensor(l)}
+                b = {n: l for n, l in input_leaves(key, r[key]) if not is_tensor(l)}
+                for n in list(a) + [n for n in b if n not in a]:
+                    va = scalar_text(a[n]) if n in a else "(absent)"
+                    vb = scalar_text(b[n]) if n in b else "(absent)"
+                    if va == vb or (a.get(n) is None and b.get(n) is None):
+                        continue
+                    g = (counter_free(key), n[len(key) + 1:], va, vb)
+                    hit = next((x for x in groups if x["key"] == g), None)
+                    if hit is None:
+                        groups.append({"key": g, "count": 0, "first": {"step": step, "rank": rank, "op": key,
+                                                                       "name": n}})
+                        hit = groups[-1]
+                    hit["count"] += 1
+    if not groups:
+        return {"status": "pass"}
+    g = groups[0]
+    return {"status": "differs", "first": g["first"], "arg": g["key"][1], "value": g["key"][2],
+            "ref_value": g["key"][3], "count": g["count"], "distinct": len(groups)}
+
+
+FLOAT_EPS = {"torch.float16": 2.0 ** -10, "torch.bfloat16": 2.0 ** -7, "torch.float32": 2.0 ** -23,
+             "torch.float64": 2.0 ** -52}
+
+
+def compute_dtype(d):
+    counts, total = {}, 0
+    for step in range(d.nsteps):
+        for rank in range(d.world):
+            for key in forward_keys(d, step, rank):
+                for _, leaf in output_leaves(key, d.data(step, rank)[key]):
+                    if is_tensor(leaf) and leaf.get("dtype") in FLOAT_EPS:
+                        counts[leaf["dtype"]] = counts.get(leaf["dtype"], 0) + 1
+                        total += 1
+    common = [dt for dt, n in counts.items() if n >= 0.1 * total]
+    return max(common, key=FLOAT_EPS.get).replace("torch.", "") if common else "float32"
+
+
+def checklist_answers(tgt, ref):
+    pt, pr = compute_dtype(tgt), compute_dtype(ref)
+    same_cov = tgt.nsteps == ref.nsteps and tgt.world == ref.world
+    return {"data": check_data(tgt, ref), "weights": check_weights(tgt, ref),
+            "structure": check_structure(tgt, ref), "scalars": check_scalars(tgt, ref),
+            "precision": {"status": "pass" if pt == pr else "differs", "target": pt, "ref": pr},
+            "coverage": {"status": "pass" if same_cov else "differs"}}
+
+
+# -- health ------------------------------------------------------------------------------------------------
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return None if not n else (xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2)
+
+
+def finite(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def ordered_leaves(d, kinds):
+    """(step, rank, order, key, name, leaf, kind) in execution order for the wanted leaf kinds."""
+    out = []
+    for step in range(d.nsteps):
+        for rank in range(d.world):
+            fwd = set(forward_keys(d, step, rank))
+            for i, (key, rec) in enumerate(d.data(step, rank).items()):
+                dirn = direction(key)
+                if "grad" in kinds and dirn == "parameters_grad":
+                    out += [(step, rank, i, key, n, l, "parameter") for n, l in output_leaves(key, rec)]
+                if "grad" in kinds and dirn == "backward":
+                    out += [(step, rank, i, key, n, l, "backward") for n, l in output_leaves(key, rec)]
+                if "act" in kinds and key in fwd:
+                    out += [(step, rank, i, key, n, l, "act") for n, l in output_leaves(key, rec)]
+    return [x for x in out if is_tensor(x[5])]
+
+
+def first_and_count(found):
+    found.sort(key=lambda f: f[0])
+    first = None
+    if found:
+        (step, rank, _, _), key, name = found[0][0], found[0][1], found[0][2]
+        first = {"step": step, "rank": rank, "op": key, "name": name}
+    return {"count": len(found), "first": first}
+
+
+def grad_findings(d):
+    explode, vanish, history = [], [], {}
+    for step, rank, i, key, name, leaf, kind in ordered_leaves(d, ("grad",)):
+        n = leaf.get("Norm")
+        param = module_path(key) + "." + name.rsplit(".", 1)[1]
+        tensor = (rank, param) if kind == "parameter" else (rank, name)
+        past = history.setdefault(tensor, [])
+        m = median([x for x in past if finite(x)])
+        if finite(n) and m and n > EXPLODE * m:
+            explode.append(((step, rank, i, 0), key, name))
+        if finite(n) and n < VANISH:
+            vanish.append(((step, rank, i, 0), key, name))
+        past.append(n)
+    return {"grad_explosion": first_and_count(explode), "grad_vanishing": first_and_count(vanish)}
+
+
+def weight_findings(d):
+    change, frozen, prev = [], [], {}
+    for step in range(d.nsteps):
+        for rank in range(d.world):
+            seen = set()
+            for i, (key, rec) in enumerate(d.data(step, rank).items()):
+                if not (key.startswith("Module.") and direction(key) == "forward"):
+                    continue
+                for pname, w in (rec.get("parameters") or {}).items():
+                    param = (rank, module_path(key) + "." + pname)
+                    if param in seen:
+                        continue
+                    seen.add(param)
+                    p = prev.get(param)
+                    prev[param] = w
+                    if p is None:
+                        continue
+                    name = key + ".parameters." + pname
+                    diffs = [abs(w["Norm"] - p["Norm"]), abs(w["Mean"] - p["Mean"]) * math.sqrt(numel(w)),
+                             abs(w["Max"] - p["Max"]), abs(w["Min"] - p["Min"])]
+                    if all(finite(x) for x in (w["Norm"], w["Max"], w["Min"])) and stats_equal(w, p):
+                        frozen.append(((step, rank, i, 0), key, name))
+                    elif len(w["shape"]) >= 2 and p["Norm"] and max(diffs) / p["Norm"] > UPDATE:
+                        change.append(((step, rank, i, 0), key, name))
+    return {"weight_change": first_and_count(change), "weight_frozen": first_and_count(frozen)}
+
+
+def numel(leaf):
+    n = 1
+    for s in leaf.get("shape") or ():
+        n *= s
+    return n
+
+
+def activation_findings(d):
+    growth, zero, series = [], [], {}
+    for step, rank, i, key, name, leaf, _ in ordered_leaves(d, ("act",)):
+        n = leaf.get("Norm")
+        s = series.setdefault((rank, name), {"prev": None, "run": 0, "done": False})
+        grew = finite(n) and s["prev"] is not None and s["prev"] > 0 and n > (1 + GROWTH) * s["prev"]
+        s["run"] = s["run"] + 1 if grew else 0
+        if s["run"] >= GROWTH_STEPS and not s["done"]:
+            s["done"] = True
+            growth.append(((step, rank, i, 0), key, name))
+        s["prev"] = n
+        if leaf.get("dtype") in FLOAT_EPS and leaf.get("Max") == 0 and leaf.get("Min") == 0 and numel(leaf):
+            zero.append(((step, rank, i, 0), key, name))
+    return {"activation_growth": first_and_count(growth), "all_zero": first_and_count(zero)}
+
+
+def near_max_findings(d):
+    found = []
+    for step in range(d.nsteps):
+        for rank in range(d.world):
+            for i, (key, rec) in enumerate(d.data(step, rank).items()):
+                leaves = output_leaves(key, rec)
+                leaves += [(key + ".parameters." + p, l) for p, l in (rec.get("parameters") or {}).items()]
+                for name, leaf in leaves:
+                    fmax = FMAX.get(leaf.get("dtype")) if is_tensor(leaf) else None
+                    vals = [abs(v) for v in (leaf.get("Max"), leaf.get("Min")) if finite(v)] if fmax else []
+                    if vals and NEAR_MAX * fmax <= max(vals) < fmax:
+                        found.append(((step, rank, i, 0), key, name))
+    return {"near_dtype_max": first_and_count(found)}
+
+
+def loss_series(d):
+    out = []
+    for step in range(d.nsteps):
+        for rank in range(d.world):
+            for key in forward_keys(d, step, rank):
+                api = key.split(".")[1] if not key.startswith("Module.") else ""
+                for name, leaf in output_leaves(key, d.data(step, rank)[key]):
+                    if api in LOSS_OPS and is_tensor(leaf) and leaf.get("shape") == []:
+                        out.append((step, rank, key, name, leaf.get("Mean")))
+    return out
+
+
+def loss_findings(d, series):
+    bad, spike, past = [], [], {}
+    for step, rank, key, name, v in series:
+        h = past.setdefault((rank, key), [])
+        m = median([x for x in h if finite(x)])
+        order = ((step, rank, list(d.data(step, rank)).index(key), 0), key, name)
+        if not finite(v):
+            bad.append(order)
+        elif m and v > EXPLODE * m:
+            spike.append(order)
+        h.append(v)
+    return {"loss_nonfinite": first_and_count(bad), "loss_spike": first_and_count(spike)}
+
+
+def overflow_findings(d):
+    """Producers: clean tensor inputs, an output with NaN/inf/+-max (masking -inf, gradient records aside)."""
+    found = []
+    for step in range(d.nsteps):
+        for rank in range(d.world):
+            for i, (key, rec) in enumerate(d.data(step, rank).items()):
+                if direction(key) == "parameters_grad":
+                    continue
+                ins = [l for _, l in iter_leaves(in_part(rec)) if is_tensor(l)]
+                if any(leaf_flags(l) for l in ins):
+                    continue
+                for name, leaf in output_leaves(key, rec):
+                    flags = leaf_flags(leaf)
+                    neg_only = flags == {"inf"} and leaf.get("Max") != math.inf  # -inf only
+                    mask_only = neg_only and key.split(".")[1] in MASK_OPS
+                    if flags and not mask_only:
+                        found.append(((step, rank, i, 0), key, name))
+                        break
+    return {"overflow": first_and_count(found)}
+
+
+def health_answers(d):
+    series = loss_series(d)
+    out = {"loss": [v for _, _, _, _, v in series]}
+    found = {}
+    for part in (overflow_findings(d), grad_findings(d), weight_findings(d), activation_findings(d),
+                 near_max_findings(d), loss_findings(d, series)):
+        found.update(part)
+    out["findings"] = found
+    return out
+
+
+def checklist_construction(name, checklist, health):
+    """What the faults make true, checked against the answers computed above."""
+    others = lambda keep: all(v["status"] == "pass" for k, v in checklist.items() if k not in keep)
+    if name == "data_batch_stats":
+        assert checklist["data"]["status"] == "differs" and checklist["data"]["step"] == 0, checklist["data"]
+        assert checklist["data"]["name"] == "Functional.embedding.0.forward.input.0"
+        assert others({"data"})
+    elif name == "init_weight_stats":
+        assert checklist["weights"]["params"] == ["layers.0.qkv.weight", "layers.0.qkv.bias"]
+        assert others({"weights"})
+    elif name == "lr_stats":
+        assert checklist["scalars"]["arg"] == "input.alpha" and checklist["scalars"]["value"] == "-1.0"
+        assert others({"scalars"})
+    elif name == "grad_explode_stats":
+        s = checklist["structure"]
+        assert s["first"]["step"] == 1 and s["first"]["op"].startswith("Tensor.__mul__.")
+        assert s["ref_only_records"] == 0
+        assert others({"structure"})
+        assert health["findings"]["grad_explosion"]["first"]["step"] == 1
 
 
 def main():

@@ -13,7 +13,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "samp
 CATALOG_PATH = os.path.join(ROOT, "catalog.json")
 
 MODES = {"statistics", "tensor"}
-CULPRIT_KINDS = {"op", "parameter", "scalar", "missing_or_extra"}
+CULPRIT_KINDS = {"op", "parameter", "input", "scalar", "missing_or_extra"}
 OVERFLOW_KINDS = {"nan", "inf", "saturated"}
 
 

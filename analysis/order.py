@@ -1,0 +1,24 @@
+"""Execution order of records within a step: dump order, with msprobe 8.x's parameters_grad placeholders moved.
+
+msprobe writes records as ops complete, so dump.json order is execution order (forward, backward, then
+optimizer updates), except in 8.x where a module's `parameters_grad` key sits right after its *forward*
+record although it is filled during backward: such records (before the step's first backward record) go
+after everything else of the step.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+GROUP = ["step", "rank", "source"]
+
+
+def with_phase(df: pl.DataFrame, seq: str = "seq", direction: str = "direction") -> pl.DataFrame:
+    """Add `_phase` (0 normal, 1 deferred 8.x parameters_grad); sort by step, _phase, rank, source, seq."""
+    first_bwd = (pl.when(pl.col(direction) == "backward").then(pl.col(seq)).otherwise(None)
+                 .min().over(GROUP))
+    early_grad = (pl.col(direction) == "parameters_grad") & (pl.col(seq) < first_bwd.fill_null(-1))
+    return df.with_columns(pl.when(early_grad).then(1).otherwise(0).alias("_phase"))
+
+
+ORDER = ["step", "_phase", "rank", "source"]

@@ -1,0 +1,122 @@
+"""Derived SQL views over `tensors` for watchpoints: parameters, weight change, gradients, loss, activations.
+
+Created in every DuckDB connection of the store (`dumpstore.query.connect`), `dumpstore query` included:
+
+  param_stats       one row per parameter per step, rank and source (the first call's `parameters` leaf of its
+                    module record); `param` is the module path plus the parameter name (`layers.0.qkv.weight`)
+  weight_change     param_stats between consecutive dumped steps: differences of the statistics and
+                    `ratio_est`, an estimate (a lower bound) of ||w_t - w_prev|| / ||w_prev||:
+                    max(|d norm|, |d mean|*sqrt(n), |d max|, |d min|) / ||w_prev||; `ratio_sketch` the same
+                    ratio from the linear sketches when both steps have tensor files (exact when numel <= M,
+                    else within sqrt(2/M)); `unchanged` when all four statistics are equal and finite
+  grad_norms        parameter gradients (`kind` 'parameter', from parameters_grad records) and backward
+                    outputs (`kind` 'backward') with their norms, per step, rank and `layer` (module path)
+  layer_grad_norms  per step, rank and layer: sqrt(sum of squared parameter-gradient norms)
+  loss              0-d forward outputs of loss ops (cross_entropy, nll_loss, mse_loss, CrossEntropyLoss, ...)
+  activations       forward outputs (the optimizer's calls excluded) with their statistics
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+LOSS_OPS = (
+    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "ctc_loss", "poisson_nll_loss",
+    "gaussian_nll_loss", "margin_ranking_loss", "soft_margin_loss", "multilabel_soft_margin_loss",
+    "cosine_embedding_loss", "crossentropyloss", "nllloss", "mseloss", "l1loss", "smoothl1loss", "huberloss",
+    "bceloss", "bcewithlogitsloss", "kldivloss", "ctcloss", "softmax_cross_entropy_with_logits",
+    "softmaxcrossentropywithlogits", "sparse_softmax_cross_entropy_with_logits",
+    "sparsesoftmaxcrossentropywithlogits",
+)
+
+# module path of a Module/Cell record: api minus its class name (layers.0.qkv.Linear -> layers.0.qkv)
+MODULE_PATH = ("CASE WHEN op_type IS NOT NULL AND api LIKE '%.' || op_type "
+                "THEN left(api, length(api) - length(op_type) - 1) ELSE api END")
+# module path of the parent module record (Module.layers.0.fc1.Linear.forward.0 -> layers.0.fc1)
+_PARENT_PATH = (r"nullif(regexp_extract(module, "
+                r"'^(?:Module|Cell)\.(.+)\.[^.]+\.(?:forward|backward)\.\d+$', 1), '')")
+
+PARAM_STATS = f"""
+CREATE OR REPLACE VIEW param_stats AS
+SELECT run, step, rank, source, seq, leaf, record, module_path, module_path || '.' || index_path AS param,
+       name, dtype, shape, numel, min, max, mean, norm, has_nan, has_posinf, has_neginf, has_sat, checksum,
+       sketch
+FROM (
+    SELECT *, {MODULE_PATH} AS module_path,
+           row_number() OVER (PARTITION BY run, step, rank, source, {MODULE_PATH}, index_path
+                              ORDER BY seq, leaf) AS call_rank
+    FROM tensors
+    WHERE io = 'parameters' AND kind = 'tensor'
+)
+WHERE call_rank = 1
+"""
+
+WEIGHT_CHANGE = """
+CREATE OR REPLACE VIEW weight_change AS
+WITH p AS (
+    SELECT *, lag(step) OVER w AS prev_step, lag(norm) OVER w AS prev_norm, lag(mean) OVER w AS prev_mean,
+           lag(max) OVER w AS prev_max, lag(min) OVER w AS prev_min, lag(sketch) OVER w AS prev_sketch
+    FROM param_stats
+    WINDOW w AS (PARTITION BY run, rank, source, param ORDER BY step)
+)
+SELECT run, step, prev_step, rank, source, seq, leaf, param, record, name, dtype, shape, numel, norm,
+       prev_norm, norm - prev_norm AS d_norm, mean - prev_mean AS d_mean, max - prev_max AS d_max,
+       min - prev_min AS d_min,
+       greatest(abs(norm - prev_norm), abs(mean - prev_mean) * sqrt(numel), abs(max - prev_max),
+                abs(min - prev_min)) / nullif(prev_norm, 0) AS ratio_est,
+       CASE WHEN len(sketch) > 0 AND len(sketch) = len(prev_sketch)
+            THEN list_distance(sketch, prev_sketch) / nullif(prev_norm, 0) END AS ratio_sketch,
+       coalesce(isfinite(norm) AND isfinite(max) AND isfinite(min) AND norm = prev_norm AND max = prev_max
+                AND min = prev_min AND mean IS NOT DISTINCT FROM prev_mean, false) AS unchanged
+FROM p
+WHERE prev_step IS NOT NULL
+"""
+
+GRAD_NORMS = f"""
+CREATE OR REPLACE VIEW grad_norms AS
+SELECT run, step, rank, source, seq, leaf, 'parameter' AS kind, {MODULE_PATH} AS layer,
+       {MODULE_PATH} || '.' || index_path AS tensor, record, name, dtype, shape, numel, norm, max, min, mean
+FROM tensors
+WHERE io = 'parameters_grad' AND kind = 'tensor'
+UNION ALL
+SELECT run, step, rank, source, seq, leaf, 'backward' AS kind,
+       CASE WHEN prefix IN ('Module', 'Cell') THEN {MODULE_PATH} ELSE {_PARENT_PATH} END AS layer,
+       name AS tensor, record, name, dtype, shape, numel, norm, max, min, mean
+FROM tensors
+WHERE direction = 'backward' AND io = 'output' AND kind = 'tensor'
+"""
+
+LAYER_GRAD_NORMS = """
+CREATE OR REPLACE VIEW layer_grad_norms AS
+SELECT run, step, rank, source, layer, count(*) AS n_params, sqrt(sum(norm * norm)) AS norm
+FROM grad_norms
+WHERE kind = 'parameter'
+GROUP BY ALL
+"""
+
+LOSS = f"""
+CREATE OR REPLACE VIEW loss AS
+SELECT run, step, rank, source, seq, record, op_type, name, dtype, coalesce(mean, max) AS value,
+       has_nan, has_posinf, has_neginf
+FROM tensors
+WHERE direction = 'forward' AND io = 'output' AND kind = 'tensor' AND len(shape) = 0
+  AND lower(op_type) IN ({", ".join("'" + op + "'" for op in LOSS_OPS)})
+"""
+
+ACTIVATIONS = """
+CREATE OR REPLACE VIEW activations AS
+SELECT run, step, rank, source, seq, leaf, record, module, name, dtype, shape, numel, min, max, mean, norm,
+       zero_count, has_nan, has_posinf, has_neginf, has_sat
+FROM tensors
+WHERE direction = 'forward' AND io = 'output' AND kind = 'tensor' AND coalesce(module, '') <> 'optimizer'
+"""
+
+VIEWS = (PARAM_STATS, WEIGHT_CHANGE, GRAD_NORMS, LAYER_GRAD_NORMS, LOSS, ACTIVATIONS)
+VIEW_NAMES = ("param_stats", "weight_change", "grad_norms", "layer_grad_norms", "loss", "activations")
+
+
+def create_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Create the derived views in `con` (which must already have the `tensors` view)."""
+    for sql in VIEWS:
+        con.execute(sql)

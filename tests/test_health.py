@@ -1,0 +1,174 @@
+"""Single-run watchpoints find what the sample catalog declares (expected.health); each rule fires alone."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dumpstore.analysis.health import WATCHPOINTS, Thresholds, health
+from dumpstore.cli.main import main
+from dumpstore.ingest import ingest
+from dumpstore.query import run_query
+from dumpstore.store import open_store
+
+from helpers import SAMPLES
+
+CATALOG = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text())["cases"]}
+DECLARED = [c for c in CATALOG.values() if c["expected"] and "health" in c["expected"]]
+RUNS = sorted({c["name"] for c in DECLARED} | {"ref_stats", "overflow_stats"})
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    for name in RUNS:
+        ingest(SAMPLES / CATALOG[name]["path"], name, store=root, jobs=1)
+    return open_store(root)
+
+
+@pytest.mark.parametrize("case", DECLARED, ids=lambda c: c["name"])
+def test_findings_match_catalog(store, case):
+    rep = health(store, case["name"])
+    exp = case["expected"]["health"]
+    assert set(exp["findings"]) == set(WATCHPOINTS)
+    for w, e in exp["findings"].items():
+        assert rep.counts[w] == e["count"], w
+        f = rep.first(w)
+        got = None if f is None else {"step": f.step, "rank": f.rank, "op": f.op, "name": f.name}
+        assert got == e["first"], w
+    assert [s["value"] for s in rep.loss] == pytest.approx(exp["loss"])
+
+
+def test_gradient_explosion_named(store):
+    rep = health(store, "grad_explode_stats")
+    scale = CATALOG["grad_explode_stats"]["expected"]["loss_scale"]
+    params = [f for f in rep.findings if f.watchpoint == "grad_explosion" and f.param]
+    assert params[0].step == scale["step"] and params[0].param == "head.bias"
+    assert all(f.value > f.threshold for f in params)
+    assert rep.first("weight_change").step == scale["step"] + 1  # the oversized update shows at the next step
+    assert "estimated" in rep.first("weight_change").detail
+
+
+def test_healthy_reference_has_no_findings(store):
+    rep = health(store, "ref_stats")
+    assert rep.findings == [] and len(rep.loss) == 3
+
+
+def test_overflow_and_values_near_dtype_max(store):
+    case = CATALOG["overflow_stats"]["expected"]
+    rep = health(store, "overflow_stats")
+    f = rep.first("overflow")
+    assert (f.step, f.op, f.value) == (case["first_overflow"]["step"], case["first_overflow"]["op"],
+                                       case["first_overflow"]["kind"])
+    near = rep.first("near_dtype_max")
+    assert near.param == case["parameter"] and near.value >= near.threshold
+    assert rep.counts["loss_nonfinite"] == 3 and all(math.isnan(s["value"]) for s in rep.loss)
+
+
+def test_views_expose_the_same_numbers(store):
+    loss = run_query(store, "select step, value from loss where run = 'grad_explode_stats' order by step")
+    assert loss.column("value").to_pylist() == [s["value"] for s in health(store, "grad_explode_stats").loss]
+    wc = run_query(store, "select ratio_est from weight_change where run = 'lr_stats' and step = 1 "
+                          "and param = 'head.weight'").column("ratio_est").to_pylist()
+    assert len(wc) == 1 and wc[0] > 0.1
+    g = run_query(store, "select count(*) as n from grad_norms where run = 'ref_stats' "
+                         "and kind = 'parameter'")
+    assert g.column("n").to_pylist() == [29 * 3]
+    layers = run_query(store, "select distinct layer from layer_grad_norms where run = 'ref_stats'")
+    assert "layers.0.qkv" in layers.column("layer").to_pylist()
+    p = run_query(store, "select param from param_stats where run = 'ref_stats' and step = 0 "
+                         "order by seq, leaf")
+    assert p.column("param").to_pylist()[0] == "emb.weight"
+
+
+def test_cli_json_and_text(store):
+    runner = CliRunner()
+    res = runner.invoke(main, ["health", "--run", "grad_explode_stats", "--store", str(store.root), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["counts"]["grad_explosion"] > 0 and out["thresholds"]["explode_factor"] == 10.0
+    assert all({"step", "rank", "op", "value", "threshold"} <= set(f) for f in out["findings"])
+    res = runner.invoke(main, ["health", "--run", "grad_explode_stats", "--store", str(store.root),
+                               "--top", "2"])
+    assert res.exit_code == 0 and "grad_explosion" in res.output and "loss (rank 0" in res.output
+
+
+# -- each rule on a synthetic run -----------------------------------------------------------------------
+
+def _leaf(arr: np.ndarray, requires_grad: bool = False) -> dict:
+    a = arr.astype(np.float64)
+    return {"type": "torch.Tensor", "dtype": f"torch.{arr.dtype.name}", "shape": list(arr.shape),
+            "Max": float(a.max()), "Min": float(a.min()), "Mean": float(a.mean()),
+            "Norm": float(np.linalg.norm(a)), "requires_grad": requires_grad}
+
+
+def _write_run(root, steps: list[dict[str, np.ndarray]]) -> None:
+    """One rank; per step: act (a forward output), weight (module parameter), grad (its gradient), zero."""
+    for s, t in enumerate(steps):
+        d = root / f"step{s}" / "rank0"
+        d.mkdir(parents=True)
+        data = {
+            "Functional.linear.0.forward": {"input_args": [_leaf(t["x"]), _leaf(t["weight"], True)],
+                                            "input_kwargs": {}, "output": [_leaf(t["act"], True)]},
+            "Module.fc.Linear.forward.0": {"input_args": [_leaf(t["x"])], "input_kwargs": {},
+                                           "output": [_leaf(t["act"], True)],
+                                           "parameters": {"weight": _leaf(t["weight"], True)}},
+            "Functional.relu.0.forward": {"input_args": [_leaf(t["act"], True)], "input_kwargs": {},
+                                          "output": [_leaf(t["zero"], True)]},
+            "Module.fc.Linear.parameters_grad.0": {"weight": [_leaf(t["grad"])]},
+        }
+        doc = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None,
+               "data": data}
+        (d / "dump.json").write_text(json.dumps(doc))
+        parents = {"Functional.linear.0.forward": "Module.fc.Linear.forward.0"}
+        (d / "construct.json").write_text(json.dumps(parents))
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    steps = []
+    for s in range(5):
+        act = (x @ w.T * 1.3**s).astype(np.float32)          # grows 30 % per step
+        grad = (w * 1e-3).astype(np.float32)
+        if s == 3:
+            grad = grad * 1e3                                  # explodes at step 3
+        if s == 4:
+            grad = grad * 1e-6                                 # vanishes at step 4
+        act16 = act.astype(np.float16) if s < 4 else np.full((2, 4), 40000, np.float16)  # near fp16 max at 4
+        steps.append({"x": x, "weight": w, "act": act16, "grad": grad, "zero": np.zeros((2, 4), np.float32)})
+    _write_run(tmp_path / "run", steps)
+    ingest(tmp_path / "run", "syn", store=tmp_path / "s", jobs=1)
+    return open_store(tmp_path / "s")
+
+
+def test_each_rule_fires_on_its_own(synthetic):
+    rep = health(synthetic, "syn")
+    growth = rep.first("activation_growth")
+    assert growth.step == 3 and growth.name == "Functional.linear.0.forward.output.0"
+    assert growth.value == pytest.approx(1.3**3, rel=1e-2) and growth.threshold == pytest.approx(1.2**3)
+    assert rep.first("all_zero").step == 0 and rep.first("all_zero").op == "Functional.relu.0.forward"
+    assert rep.counts["all_zero"] == 5
+    explode = rep.first("grad_explosion")
+    w_norm = run_query(synthetic, "select norm from param_stats where step = 0").column("norm").to_pylist()[0]
+    assert (explode.step, explode.param) == (3, "fc.weight")
+    assert explode.threshold == pytest.approx(10 * 1e-3 * w_norm, rel=1e-3)  # 10 x median of steps 0-2
+    vanish = rep.first("grad_vanishing")
+    assert (vanish.step, vanish.param) == (4, "fc.weight") and vanish.value < 1e-7
+    near = rep.first("near_dtype_max")
+    assert near.step == 4 and near.value == 40000 and near.threshold == pytest.approx(0.5 * 65504)
+    frozen = [f for f in rep.findings if f.watchpoint == "weight_frozen"]
+    assert [f.step for f in frozen] == [1, 2, 3, 4] and frozen[0].param == "fc.weight"
+    assert rep.counts["weight_change"] == 0 and rep.counts["overflow"] == 0 and rep.loss == []
+
+
+def test_thresholds_are_parameters(synthetic):
+    rep = health(synthetic, "syn", thresholds=Thresholds(growth=0.5, explode_factor=1e4, vanish_norm=0.0))
+    assert rep.counts["activation_growth"] == 0 and rep.counts["grad_explosion"] == 0
+    assert rep.counts["grad_vanishing"] == 0

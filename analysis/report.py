@@ -27,6 +27,7 @@ import base64
 import csv
 import hashlib
 import html
+import io
 import importlib.util
 import json
 import math
@@ -40,8 +41,10 @@ import polars as pl
 
 from dumpstore.errors import DumpstoreError
 
+from .checklist import Checklist, checklist
 from .compare import Comparison, compare_runs
 from .divergence import Finding, Verdict, divergence
+from .health import HealthReport, health
 from .overflow import OverflowReport, overflow
 from .tolerance import Tolerances
 
@@ -74,6 +77,8 @@ class ReportData:
     cmp: Comparison
     verdict: Verdict
     overflow: OverflowReport | None
+    checklist: Checklist | None = None
+    health: HealthReport | None = None
 
 
 def analyze(store, target: str, ref: str, *, steps: list[int] | None = None, ranks: list[int] | None = None,
@@ -86,7 +91,8 @@ def analyze(store, target: str, ref: str, *, steps: list[int] | None = None, ran
     cmp = compare_runs(store, target, ref, steps=steps, ranks=ranks, tolerances=tolerances, exact=exact, **kw)
     verdict = divergence(cmp)
     ovf = overflow(store, target, ref=ref, steps=steps, ranks=ranks)
-    return ReportData(cmp, verdict, ovf)
+    return ReportData(cmp, verdict, ovf, checklist(store, target, ref, tolerances=tolerances, cmp=cmp),
+                      health(store, target))
 
 
 def summary_line(verdict: Verdict) -> str:
@@ -156,14 +162,14 @@ STACK_SQL = "SELECT frames FROM stacks WHERE run = $run AND step = $step AND ran
 
 def write_csv(cmp: Comparison, path: str | Path, *, store=None) -> int:
     """Write the comparison as CSV (see the module docstring); returns the number of data rows."""
-    n = 0
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(CSV_COLUMNS)
-        for row in csv_rows(cmp, store=store):
-            w.writerow([_csv_cell(row[c]) for c in CSV_COLUMNS])
-            n += 1
-    return n
+    rows = csv_rows(cmp, store=store)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for row in rows:
+        w.writerow([_csv_cell(row[c]) for c in CSV_COLUMNS])
+    _write(buf.getvalue(), path)
+    return len(rows)
 
 
 def csv_rows(cmp: Comparison, *, store=None) -> list[dict[str, Any]]:
@@ -376,16 +382,32 @@ def plotly_js() -> str:
 
 def write_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowReport | None, store,
                path: str | Path, **options: Any) -> int:
-    """Write render_html(...) to `path`; returns the file size in bytes."""
-    text = render_html(cmp, verdict, overflow_report, store, **options)
+    """Write render_html(...) to `path`; returns the file size in bytes (options: see render_html)."""
+    return _write(render_html(cmp, verdict, overflow_report, store, **options), path)
+
+
+def write_report_html(data: ReportData, store, path: str | Path, **options: Any) -> int:
+    """The HTML page of `analyze(...)`, with the checklist and health sections."""
+    return _write(render_html(data.cmp, data.verdict, data.overflow, store, checklist_report=data.checklist,
+                              health_report=data.health, **options), path)
+
+
+def _write(text: str, path: str | Path) -> int:
+    """Write a report file (making its folder), or a one-line error naming it."""
     data = text.encode("utf-8")
-    Path(path).write_bytes(data)
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    except OSError as exc:
+        raise DumpstoreError(f"{p}: cannot write the report ({exc.strerror or exc}); pick another path") from None
     return len(data)
 
 
 def render_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowReport | None = None, store=None,
                 *, max_table_rows: int = MAX_TABLE_ROWS, max_points: int = MAX_POINTS,
-                generated_at: str | None = None) -> str:
+                generated_at: str | None = None, checklist_report: Checklist | None = None,
+                health_report: HealthReport | None = None) -> str:
     """One self-contained HTML page: verdict, charts, top mismatches, culprit's stack, run metadata."""
     rows = _prepared(cmp.rows)
     per_op = _per_op(rows)
@@ -401,7 +423,9 @@ def render_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowRepo
                                      f"rel_l2 by rank and {{cols}} (step {focus_step}, max over output leaves)")
     sections = [
         _verdict_section(cmp, verdict, overflow_report),
+        _checklist_section(checklist_report),
         _chart_section(figs, focus_rank, len(steps), len(ranks), verdict),
+        _health_section(health_report),
         _table_section(rows, max_table_rows),
         _stack_section(cmp, verdict, store),
         _meta_section(cmp, verdict, store, bool(len(ranks) > 1)),
@@ -835,6 +859,38 @@ def _frames_html(frames: list[str]) -> str:
         out.append(f'<li><span class="loc">{_e(loc)}</span>' + (f"<br><code>{_e(code.strip())}</code>" if code else "")
                    + "</li>")
     return "<ol class=\"stack\">" + "".join(out) + "</ol>"
+
+
+def _checklist_section(cl: Checklist | None) -> str:
+    if cl is None:
+        return ""
+    rows = "".join(f'<tr class="st-{_e(c.status)}"><th>{_e(c.title)}</th><td>{_e(c.status)}</td>'
+                   f"<td>{_e(c.evidence)}</td></tr>" for c in cl.checks)
+    return ('<section id="checklist"><h2>Checklist</h2><p>Are the two runs fed the same thing?</p>'
+            f"<table><thead><tr><th>check</th><th>status</th><th>evidence</th></tr></thead><tbody>{rows}"
+            "</tbody></table></section>")
+
+
+def _health_section(hr: HealthReport | None, limit: int = 50) -> str:
+    if hr is None:
+        return ""
+    counts = ", ".join(f"{_e(k)} ×{_e(v)}" for k, v in hr.counts.items() if v) or "no findings"
+    loss = "".join(f"<tr><td>{_e(x.get('step'))}</td><td>{_e(x.get('rank'))}</td><td>{_e(_fmt(x.get('value')))}"
+                   "</td></tr>" for x in hr.loss)
+    found = "".join(f"<tr><td>{_e(f.watchpoint)}</td><td>{_e(f.step)}</td><td>{_e(f.rank)}</td>"
+                    f"<td><code>{_e(f.op)}</code></td><td>{_e(f.name or '')}</td><td>{_e(_fmt(f.value))}</td>"
+                    f"<td>{_e(_fmt(f.threshold))}</td><td>{_e(f.detail or '')}</td></tr>"
+                    for f in hr.findings[:limit])
+    more = f"<p>… and {len(hr.findings) - limit} more (dumpstore health --run …).</p>" if len(hr.findings) > limit else ""
+    parts = [f'<section id="health"><h2>Health of {_e(hr.run)}</h2><p>Single-run watchpoints: {counts}.</p>']
+    if loss:
+        parts.append("<h3>Loss per step</h3><table><thead><tr><th>step</th><th>rank</th><th>loss</th></tr></thead>"
+                     f"<tbody>{loss}</tbody></table>")
+    if found:
+        parts.append("<table><thead><tr><th>watchpoint</th><th>step</th><th>rank</th><th>op</th><th>tensor</th>"
+                     f"<th>value</th><th>threshold</th><th>detail</th></tr></thead><tbody>{found}</tbody></table>{more}")
+    parts.append("</section>")
+    return "".join(parts)
 
 
 def _stack_section(cmp: Comparison, verdict: Verdict, store) -> str:

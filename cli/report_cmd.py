@@ -16,7 +16,7 @@ def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple
         raise click.UsageError("nothing to write: give --html PATH, --csv PATH or both "
                                "(e.g. --html report.html --csv report.csv)")
     from dumpstore.analysis.mapping import load_mapping
-    from dumpstore.analysis.report import analyze, plotly_js, summary_line, write_csv, write_html
+    from dumpstore.analysis.report import analyze, plotly_js, summary_line, write_csv, write_report_html
     from dumpstore.analysis.tolerance import Tolerances
 
     from dumpstore.store import open_store
@@ -31,7 +31,7 @@ def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple
         n = write_csv(data.cmp, csv_path, store=st)
         click.echo(f"wrote {csv_path} ({n} rows)")
     if html_path is not None:
-        size = write_html(data.cmp, data.verdict, data.overflow, st, html_path)
+        size = write_report_html(data, st, html_path)
         click.echo(f"wrote {html_path} ({size / 1e6:.1f} MB, self-contained)")
 
 

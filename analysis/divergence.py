@@ -139,47 +139,54 @@ def _first_divergence(rows: pl.DataFrame) -> Finding | None:
     return _finding(row)
 
 
+_FP_STATS = ("min", "max", "mean", "norm")
+
+
+def _fingerprint(prefix: str) -> pl.Expr:
+    """Hash of (dtype, shape, step, rank, source, statistics) of one side's tensor; null without statistics."""
+    cols = [pl.col(f"{prefix}dtype"), pl.col(f"{prefix}shape"), pl.col("step"), pl.col("rank"), pl.col("source")]
+    cols += [pl.col(f"{prefix}{s}") for s in _FP_STATS]
+    known = pl.any_horizontal([pl.col(f"{prefix}{s}").is_not_null() for s in _FP_STATS])
+    return pl.when(known).then(pl.struct(cols).hash()).alias(f"_fp_{prefix or 't'}")
+
+
 class _Producers:
-    """Which record of one run produced a tensor, by fingerprint (dtype, shape, statistics)."""
+    """Which record of one run first produced a tensor, by fingerprint (dtype, shape, statistics)."""
 
     def __init__(self, rows: pl.DataFrame, prefix: str):
         self.prefix = prefix
-        self.first: dict[tuple, tuple[int, str]] = {}
-        outs = rows.filter(pl.col(f"{prefix}io").is_in(OUTPUT_IO) & (pl.col(f"{prefix}kind") == "tensor"))
-        for r in outs.iter_rows(named=True):
-            fp = self.fingerprint(r)
-            if fp is not None:
-                self.first.setdefault(fp, (r[f"{prefix}seq"], r[f"{prefix}record"]))
-
-    def fingerprint(self, r: dict[str, Any]) -> tuple | None:
-        p = self.prefix
-        stats = tuple(r.get(f"{p}{s}") for s in ("min", "max", "mean", "norm"))
-        if all(v is None for v in stats):
-            return None
-        return (r[f"{p}dtype"], tuple(r[f"{p}shape"] or ()), r["step"], r["rank"], r["source"]) + tuple(
-            "nan" if isinstance(v, float) and math.isnan(v) else v for v in stats)
+        col = f"_fp_{prefix or 't'}"
+        outs = (rows.filter(pl.col(f"{prefix}io").is_in(OUTPUT_IO) & (pl.col(f"{prefix}kind") == "tensor")
+                            & pl.col(col).is_not_null())
+                .sort(f"{prefix}seq").group_by(col, maintain_order=True)
+                .agg(pl.col(f"{prefix}seq").first(), pl.col(f"{prefix}record").first()))
+        self.first = dict(zip(outs[col].to_list(), zip(outs[f"{prefix}seq"].to_list(),
+                                                      outs[f"{prefix}record"].to_list())))
 
     def producer(self, r: dict[str, Any]) -> str | None:
-        fp = self.fingerprint(r)
-        hit = self.first.get(fp) if fp else None
+        hit = self.first.get(r.get(f"_fp_{self.prefix or 't'}"))
         seq = r.get(f"{self.prefix}seq")
         if hit is None or seq is None or hit[0] >= seq:
             return None
         return hit[1]
 
 
-def _culprit(rows: pl.DataFrame, recs: pl.DataFrame, cmp: Comparison) -> Finding | None:
+def _culprit(rows: pl.DataFrame, recs: pl.DataFrame, cmp: Comparison, batch: int = 64) -> Finding | None:
     first_step = recs.filter(pl.col("out_div"))["step"].min()
-    step_rows = rows.filter(pl.col("step") == first_step)
+    step_rows = rows.filter(pl.col("step") == first_step).with_columns(_fingerprint(""), _fingerprint("ref_"))
     t_prod, r_prod = _Producers(step_rows, ""), _Producers(step_rows, "ref_")
     only = {(r["step"], r["rank"], r["source"], r["t_record"] or r["r_record"]): r["how"]
             for r in cmp.records.filter(pl.col("how").is_in(["target_only", "ref_only"])).iter_rows(named=True)}
-    by_rec = step_rows.partition_by(["rank", "source", "_record"], as_dict=True, maintain_order=True)
-    for rec in recs.filter(pl.col("out_div") & (pl.col("step") == first_step)).iter_rows(named=True):
-        leaves = by_rec[(rec["rank"], rec["source"], rec["_record"])]
-        found = _judge(rec, leaves, t_prod, r_prod, only, cmp)
-        if found is not None:
-            return found
+    keys = ["rank", "source", "_record"]
+    candidates = recs.filter(pl.col("out_div") & (pl.col("step") == first_step))
+    for start in range(0, candidates.height, batch):
+        chunk = candidates.slice(start, batch)
+        leaves = step_rows.join(chunk.select(keys), on=keys, how="semi")
+        by_rec = leaves.partition_by(keys, as_dict=True, maintain_order=True)
+        for rec in chunk.iter_rows(named=True):
+            found = _judge(rec, by_rec[(rec["rank"], rec["source"], rec["_record"])], t_prod, r_prod, only, cmp)
+            if found is not None:
+                return found
     return None
 
 

@@ -38,7 +38,7 @@ class Store:
         path = self.root / CATALOG
         if not path.exists():
             return RUN_SCHEMA.empty_table()
-        table = pq.read_table(path)
+        table = pq.ParquetFile(path).read()
         versions = set(table.column("schema_version").to_pylist()) if "schema_version" in table.schema.names else {0}
         old = sorted(v for v in versions if v != SCHEMA_VERSION)
         if old:
@@ -50,7 +50,7 @@ class Store:
     def raw_runs(self) -> list[dict[str, Any]]:
         """Catalog rows whatever their schema version (for upgrades)."""
         path = self.root / CATALOG
-        return pq.read_table(path).to_pylist() if path.exists() else []
+        return pq.ParquetFile(path).read().to_pylist() if path.exists() else []
 
     def run_names(self) -> list[str]:
         return [str(r) for r in self.runs().column("run").to_pylist()]

@@ -25,6 +25,11 @@ def counter_free(key: str) -> str:
 
 
 def _records(rows: pl.DataFrame) -> pl.DataFrame:
+    return rows.select(GROUP + ["seq", "record"]).unique(GROUP + ["seq"], keep="first", maintain_order=True)
+
+
+def _signatures(rows: pl.DataFrame) -> pl.DataFrame:
+    """Records of one group with the shapes of their outputs (to prefer equal shapes when aligning)."""
     out_shape = (pl.when(pl.col("io") == "output").then(pl.col("shape").cast(pl.List(pl.String)).list.join("x"))
                  .otherwise(None))
     return (rows.group_by(GROUP + ["seq", "record"], maintain_order=True)
@@ -39,9 +44,12 @@ def align_records(target: pl.DataFrame, ref: pl.DataFrame) -> pl.DataFrame:
     exact = both.join(bad, on=GROUP, how="anti").select(
         GROUP + [pl.col("record").alias("t_record"), pl.col("record").alias("r_record"), pl.lit("exact").alias("how")])
     parts = [exact]
+    if bad.height:
+        t_bad = _signatures(target.join(bad, on=GROUP, how="semi"))
+        r_bad = _signatures(ref.join(bad, on=GROUP, how="semi"))
     for key in bad.iter_rows(named=True):
-        t = t_rec.filter(*[pl.col(c) == key[c] for c in GROUP])
-        r = r_rec.filter(*[pl.col(c) == key[c] for c in GROUP])
+        t = t_bad.filter(*[pl.col(c) == key[c] for c in GROUP])
+        r = r_bad.filter(*[pl.col(c) == key[c] for c in GROUP])
         parts.append(_sequence_pairs(key, t, r))
     schema = {**{c: exact.schema[c] for c in GROUP}, "t_record": pl.String, "r_record": pl.String, "how": pl.String}
     return pl.concat([p.cast(schema) for p in parts], how="vertical") if parts else pl.DataFrame(schema=schema)

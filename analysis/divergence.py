@@ -277,8 +277,62 @@ def _rank_view(rows: pl.DataFrame) -> list[dict[str, Any]]:
         out.append({"rank": rank, "diverged": int((g["status"] == "diverged").sum()),
                     "max_err": _finite_max(g), "first_divergence": fd.op if fd else None,
                     "first_step": fd.step if fd else None})
+    return _peers(out)
+
+
+def _peers(out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A rank disagrees with its peers when it diverges while most ranks do not."""
     out.sort(key=lambda r: r["rank"])
     clean = [r for r in out if r["diverged"] == 0]
     for r in out:
         r["disagrees_with_peers"] = bool(r["diverged"]) and len(clean) * 2 >= len(out) and len(out) > 1
     return out
+
+
+MAX_ROWS_IN_MEMORY = 250_000  # leaf rows per run compared at once by divergence_by_steps (~1 GB)
+
+
+def divergence_by_steps(store, target: str, ref: str, *, steps: list[int] | None = None,
+                        max_rows: int = MAX_ROWS_IN_MEMORY, **compare_options: Any) -> Verdict:
+    """`divergence(compare_runs(...))` over batches of steps, so memory is bounded by a batch, not the runs.
+
+    The verdict is the same: steps are compared in order, the first divergence and culprit come from the first
+    batch that has one, and the timeline, rank view, unmatched ops and counts are merged.
+    """
+    from .compare import compare_runs
+
+    t_info, r_info = store.run_info(target), store.run_info(ref)
+    common = sorted(set(t_info["steps"]) & set(r_info["steps"]) & (set(steps) if steps is not None else set(
+        t_info["steps"])))
+    per_step = max(t_info["n_rows"], r_info["n_rows"]) / max(len(t_info["steps"]), 1)
+    size = max(1, int(max_rows // max(per_step, 1)))
+    parts = [divergence(compare_runs(store, target, ref, steps=common[i:i + size], **compare_options))
+             for i in range(0, len(common), size)] or [divergence(compare_runs(store, target, ref, steps=[],
+                                                                               **compare_options))]
+    return _merge(parts)
+
+
+def _merge(parts: list[Verdict]) -> Verdict:
+    if len(parts) == 1:
+        return parts[0]
+    first = next((p for p in parts if p.first_divergence is not None), None)
+    counts: dict[str, int] = {}
+    for p in parts:
+        for k, n in p.counts.items():
+            counts[k] = counts.get(k, 0) + n
+    ranks: dict[int, dict[str, Any]] = {}
+    for p in parts:
+        for r in p.ranks:
+            cur = ranks.setdefault(r["rank"], {"rank": r["rank"], "diverged": 0, "max_err": None,
+                                               "first_divergence": None, "first_step": None})
+            cur["diverged"] += r["diverged"]
+            if r["max_err"] is not None and (cur["max_err"] is None or r["max_err"] > cur["max_err"]):
+                cur["max_err"] = r["max_err"]
+            if cur["first_divergence"] is None and r["first_divergence"] is not None:
+                cur["first_divergence"], cur["first_step"] = r["first_divergence"], r["first_step"]
+    floors = [p.precision for p in parts]
+    precision = max(floors, key=lambda f: eps(f["floor"]))
+    base = first or parts[0]
+    return Verdict(base.target, base.ref, base.first_divergence, base.culprit,
+                   [s for p in parts for s in p.steps], _peers(list(ranks.values())),
+                   [u for p in parts for u in p.unmatched], precision, counts, base.coverage)

@@ -13,13 +13,14 @@ COLUMNS = ("step, rank, source, rank_dir, seq, leaf, record, prefix, api, op_typ
            "has_posinf, has_neginf, has_sat, checksum, checksum_kind, data_name, file_status, sample, sketch, "
            "stack_id, error")
 
-LOAD_SQL = f"SELECT {COLUMNS} FROM tensors WHERE run = $run {{where}} ORDER BY step, rank, source, leaf"
+LOAD_SQL = f"SELECT {COLUMNS} FROM tensors WHERE run = $run {{where}}"
 
 
 def load_run(store: Store, run: str, *, steps: list[int] | None = None, ranks: list[int] | None = None,
              sketches: bool = True) -> pl.DataFrame:
     """All leaf rows of `run` (optionally only some steps/ranks), in execution order."""
-    store.run_info(run)
+    info = store.run_info(run)
+    sketches = sketches and bool(info.get("n_tensor_files"))
     con = connect(store, runs=[run])
     where, params = [], {"run": run}
     if steps is not None:
@@ -32,6 +33,10 @@ def load_run(store: Store, run: str, *, steps: list[int] | None = None, ranks: l
     if not sketches:
         sql = sql.replace(", sample, sketch,", ",")
     try:
-        return pl.from_arrow(fetch_arrow(con, sql, params))  # type: ignore[return-value]
+        df = pl.from_arrow(fetch_arrow(con, sql, params))
     finally:
         con.close()
+    if not sketches:  # same columns either way, so callers need not care
+        df = df.with_columns(pl.lit(None, pl.List(pl.Float64)).alias("sample"),
+                             pl.lit(None, pl.List(pl.Float64)).alias("sketch"))
+    return df.sort(["step", "rank", "source", "leaf"])  # type: ignore[union-attr]

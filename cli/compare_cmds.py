@@ -79,9 +79,14 @@ def finding_line(label: str, f) -> str:
 @click.option("--check", is_flag=True, help="Exit 3 when the runs diverge.")
 def divergence(store, target, ref, exact, steps, ranks, tol, maps, as_json, check):
     """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops."""
-    from dumpstore.analysis.divergence import divergence as find
+    from dumpstore.analysis.divergence import divergence_by_steps
 
-    v = find(run_compare(store, target, ref, steps, ranks, tol, exact, maps))
+    from dumpstore.analysis.mapping import load_mapping
+    from dumpstore.analysis.tolerance import Tolerances
+    from dumpstore.store import open_store
+
+    v = divergence_by_steps(open_store(store), target, ref, steps=list(steps) or None, ranks=list(ranks) or None,
+                            tolerances=Tolerances.parse(tol), exact=exact, mapping=load_mapping(maps))
     if as_json:
         click.echo(to_json(v.to_dict()))
     else:

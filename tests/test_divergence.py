@@ -117,3 +117,13 @@ def test_overflow_cli_json(store):
                                     str(store.root), "--json"])
     out = json.loads(res.output)
     assert out["first_overflow"]["op"] == "Functional.linear.7.forward" and out["first_overflow"]["kind"] == "inf"
+
+
+@pytest.mark.parametrize("name", ["lr_stats", "grad_explode_stats", "rank1_fault_stats", "weight_1pct_stats"])
+def test_divergence_in_step_batches_equals_all_at_once(store, name):
+    from dumpstore.analysis.divergence import divergence_by_steps
+
+    case = next(c for c in PAIRS if c["name"] == name)
+    whole = _verdict(store, case).to_dict()
+    batched = divergence_by_steps(store, case["name"], case["ref"], max_rows=1).to_dict()
+    assert batched == whole

@@ -33,7 +33,7 @@ test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m ''
 
 lint: $(STAMP)
-	$(BIN)/python -m ruff check dumpstore analysis cli tests
+	$(BIN)/python -m ruff check dumpstore analysis cli tests bench sample_dumps
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

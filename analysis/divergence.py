@@ -17,7 +17,6 @@ When no value diverges but records exist in one run only, the first of them is t
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 

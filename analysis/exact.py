@@ -216,8 +216,8 @@ def add_exact_metrics(store, target: str, ref: str, rows: pl.DataFrame, tol, flo
     for i, row in zip(picked["_exact_i"].to_list(), picked.select(have).iter_rows(named=True)):
         row = {c: row.get(c) for c in _NEEDED}
         out.append({"_exact_i": i, **_exact_row(row, t_files, r_files)})
-    upd_schema: dict[str, pl.DataType] = {"_exact_i": pl.UInt32(), **{c: rows.schema[c] for c in _UPDATED if c in rows.columns},
-                  **NEW_SCHEMA}
+    kept = {c: rows.schema[c] for c in _UPDATED if c in rows.columns}
+    upd_schema: dict[str, pl.DataType] = {"_exact_i": pl.UInt32(), **kept, **NEW_SCHEMA}
     upd = pl.DataFrame([{c: r.get(c) for c in upd_schema} for r in out], schema=upd_schema, orient="row")
     upd = upd.rename({c: f"_exact_{c}" for c in _UPDATED if c in rows.columns}).with_columns(
         pl.lit(True).alias("_exact_hit"))

@@ -81,7 +81,7 @@ class _Metric:
 
 def format_value(value: object) -> float:
     """msprobe `format_value`: round through '{:.12f}'."""
-    return float("{:.12f}".format(value))
+    return float(f"{value:.12f}")
 
 
 # ---------------------------------------------------------------- dumpstore's own metrics

@@ -27,8 +27,8 @@ import base64
 import csv
 import hashlib
 import html
-import io
 import importlib.util
+import io
 import json
 import math
 import re
@@ -881,7 +881,8 @@ def _health_section(hr: HealthReport | None, limit: int = 50) -> str:
                     f"<td><code>{_e(f.op)}</code></td><td>{_e(f.name or '')}</td><td>{_e(_fmt(f.value))}</td>"
                     f"<td>{_e(_fmt(f.threshold))}</td><td>{_e(f.detail or '')}</td></tr>"
                     for f in hr.findings[:limit])
-    more = f"<p>… and {len(hr.findings) - limit} more (dumpstore health --run …).</p>" if len(hr.findings) > limit else ""
+    extra = len(hr.findings) - limit
+    more = f"<p>… and {extra} more (dumpstore health --run …).</p>" if extra > 0 else ""
     parts = [f'<section id="health"><h2>Health of {_e(hr.run)}</h2><p>Single-run watchpoints: {counts}.</p>']
     if loss:
         parts.append("<h3>Loss per step</h3><table><thead><tr><th>step</th><th>rank</th><th>loss</th></tr></thead>"

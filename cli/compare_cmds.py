@@ -80,7 +80,6 @@ def finding_line(label: str, f) -> str:
 def divergence(store, target, ref, exact, steps, ranks, tol, maps, as_json, check):
     """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops."""
     from dumpstore.analysis.divergence import divergence_by_steps
-
     from dumpstore.analysis.mapping import load_mapping
     from dumpstore.analysis.tolerance import Tolerances
     from dumpstore.store import open_store

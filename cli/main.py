@@ -13,7 +13,6 @@ from .options import store_option
 from .output import output_options, render, to_json
 
 
-
 class _Group(click.Group):
     """Turns DumpstoreError into `Error: ...` and exit 1; bugs keep their traceback."""
 
@@ -43,7 +42,8 @@ def main() -> None:
 def ingest(path: Path, run: str, store: Path | None, jobs: int | None, sample_k: int | None,
            sketch_m: int | None, no_tensors: bool, as_json: bool) -> None:
     """Ingest an msprobe dump (root, step or rank folder, dump.json) or a folder of .npy/.pt files."""
-    from dumpstore.ingest import IngestOptions, ingest as do_ingest
+    from dumpstore.ingest import IngestOptions
+    from dumpstore.ingest import ingest as do_ingest
     from dumpstore.summary import DEFAULT_SAMPLE_K, DEFAULT_SKETCH_M
 
     opts = IngestOptions(sample_k=sample_k or DEFAULT_SAMPLE_K, sketch_m=sketch_m or DEFAULT_SKETCH_M,

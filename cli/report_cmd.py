@@ -18,7 +18,6 @@ def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple
     from dumpstore.analysis.mapping import load_mapping
     from dumpstore.analysis.report import analyze, plotly_js, summary_line, write_csv, write_report_html
     from dumpstore.analysis.tolerance import Tolerances
-
     from dumpstore.store import open_store
 
     if html_path is not None:

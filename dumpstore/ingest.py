@@ -20,6 +20,7 @@ from . import summary
 from .errors import DumpFormatError, StoreError
 from .layout import Unit, find_units
 from .names import parse_record
+from .ptfile import DEFAULT_MAX_BYTES
 from .records import iter_leaves, leaf_row
 from .schema import STACK_SCHEMA, TENSOR_SCHEMA
 from .store import Store, open_store
@@ -29,6 +30,7 @@ _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _BATCH_ROWS = 4096
 _INT32_MAX = (1 << 31) - 1
 MAX_DUMP_JSON_BYTES = 4 << 30
+_MIN_FILE_CAP = 1 << 20  # tensor files may always expand to this much (a small view of a larger storage)
 
 
 @dataclass(frozen=True)
@@ -76,13 +78,23 @@ def ingest(path: str | os.PathLike, run: str, *, store: str | os.PathLike | None
     if not _RUN_NAME.match(run):
         raise StoreError(f"run name {run!r} is not allowed; use letters, digits, '.', '_' or '-' (max 128)")
     st = open_store(store, create=True)
-    units = find_units(path)
-    ingest_id = uuid.uuid4().hex[:12]
-    with st.run_lock(run):
-        results = _run_units(st, run, ingest_id, units, opts, jobs, progress)
-        total = _combine(run, ingest_id, results)
-        st.publish_run(_catalog_row(run, ingest_id, path, units, results, total, opts))
+    try:
+        units = find_units(path)
+        ingest_id = uuid.uuid4().hex[:12]
+        with st.run_lock(run):
+            results = _run_units(st, run, ingest_id, units, opts, jobs, progress)
+            total = _combine(run, ingest_id, results)
+            st.publish_run(_catalog_row(run, ingest_id, path, units, results, total, opts))
+    except DumpFormatError as exc:
+        if one_line(str(exc)) == str(exc):
+            raise
+        raise DumpFormatError(one_line(str(exc))) from None  # a folder or file name with a line break
     return total
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks escaped: errors are one line even when a file name holds a newline."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _run_units(st: Store, run: str, ingest_id: str, units: list[Unit], opts: IngestOptions,
@@ -127,9 +139,9 @@ def _ingest_unit(unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOp
             row.update(base)
             batch.append(row)
             if len(batch) >= _BATCH_ROWS:
-                writer.write_table(pa.Table.from_pylist(batch, TENSOR_SCHEMA))
+                writer.write_table(_table(batch, TENSOR_SCHEMA))
                 batch = []
-        writer.write_table(pa.Table.from_pylist(batch, TENSOR_SCHEMA))
+        writer.write_table(_table(batch, TENSOR_SCHEMA))
     if stacks:
         _write_stacks(Path(root), run, ingest_id, unit, stacks)
     return res
@@ -139,10 +151,29 @@ def _write_stacks(root: Path, run: str, ingest_id: str, unit: Unit, stacks: list
     d = root / "stacks" / f"run={run}"
     d.mkdir(parents=True, exist_ok=True)
     name = f"part-{ingest_id}-{unit.step}-{unit.rank}{'-' + unit.source if unit.source else ''}.parquet"
-    table = pa.table({"ingest_id": [ingest_id] * len(stacks), "step": [unit.step] * len(stacks),
-                      "rank": [unit.rank] * len(stacks), "stack_id": list(range(len(stacks))),
-                      "frames": stacks}, schema=STACK_SCHEMA)
-    pq.write_table(table, d / name, compression="zstd")
+    rows = [{"ingest_id": ingest_id, "step": unit.step, "rank": unit.rank, "stack_id": i, "frames": frames}
+            for i, frames in enumerate(stacks)]
+    pq.write_table(_table(rows, STACK_SCHEMA), d / name, compression="zstd")
+
+
+def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    try:
+        return pa.Table.from_pylist(rows, schema)
+    except UnicodeEncodeError:  # lone surrogates: JSON \udcxx escapes, file names that are not UTF-8
+        return pa.Table.from_pylist([{k: utf8(v) for k, v in row.items()} for row in rows], schema)
+
+
+def utf8(value: Any) -> Any:
+    """`value` with its strings storable as UTF-8: bytes of a non-UTF-8 file name become \\xNN, other lone
+    surrogates \\uXXXX (lists are converted element-wise; other values are returned as they are)."""
+    if isinstance(value, list):
+        return [utf8(v) for v in value]
+    if not isinstance(value, str):
+        return value
+    try:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def read_json(path: Path) -> Any:
@@ -170,6 +201,9 @@ def read_json(path: Path) -> Any:
 
 
 def _aux_json(path: Path, res: UnitResult) -> Any:
+    if path.is_symlink():
+        res.meta.setdefault("warnings", []).append(f"{path}: a link; not read (copy the file instead)")
+        return None
     if not path.is_file():
         return None
     try:
@@ -250,6 +284,7 @@ def _count(row: dict[str, Any], res: UnitResult) -> None:
     res.rows += 1
     res.tensors += row["kind"] == "tensor"
     if row.get("error"):
+        row["error"] = one_line(row["error"])
         res.errors += 1
         if res.first_error is None:
             res.first_error = f"{row.get('name')}: {row['error']}"
@@ -261,7 +296,7 @@ def _attach_tensor(row: dict[str, Any], dump_dir: Path, opts: IngestOptions, res
         if not path.exists():
             row.update(file_status="missing", error=f"tensor file {path} is missing")
             return
-        arr, stored = load(path)
+        arr, stored = load(path, max_bytes=_max_bytes(row))
     except DumpFormatError as exc:
         row.update(file_status="error", error=str(exc))
         return
@@ -272,6 +307,13 @@ def _attach_tensor(row: dict[str, Any], dump_dir: Path, opts: IngestOptions, res
         return
     row["file_status"] = "loaded"
     fill_from_array(row, arr, row.get("dtype") or stored, opts)
+
+
+def _max_bytes(row: dict[str, Any]) -> int | None:
+    """Cap on what a .pt file may expand to: a file that matches dump.json's shape needs at most 16 bytes an
+    element (complex128); the cap keeps a tiny file that claims gigabytes (stride 0) from being expanded."""
+    numel = row.get("numel")
+    return None if numel is None else max(min(16 * numel, DEFAULT_MAX_BYTES), _MIN_FILE_CAP)
 
 
 def _mismatch(row: dict[str, Any], arr, stored: str) -> str | None:
@@ -339,11 +381,11 @@ def _catalog_row(run: str, ingest_id: str, path, units: list[Unit], results: lis
 
     metas = [r.meta for r in results if r.meta]
     def joined(key: str, default: str) -> str:
-        vals = sorted({str(m[key]) for m in metas if m.get(key)})
+        vals = sorted({utf8(str(m[key])) for m in metas if m.get(key)})
         return ",".join(vals) if vals else default
     task = joined("task", "files" if all(u.kind == "files" for u in units) else "")
     return {"run": run, "ingest_id": ingest_id, "schema_version": SCHEMA_VERSION,
-            "source_path": str(Path(path).resolve()), "framework": joined("framework", "files"), "task": task,
+            "source_path": utf8(str(Path(path).resolve())), "framework": joined("framework", "files"), "task": task,
             "level": joined("level", ""), "dump_mode": _dump_mode(task, metas), "generation": _generation(metas),
             "steps": total.steps,
             "ranks": total.ranks, "n_files": sum(r.files for r in results) + total.tensor_files,

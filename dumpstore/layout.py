@@ -15,6 +15,7 @@ _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^rank(\d+)$")
 _PROC = re.compile(r"^proc(\d+)$")
 _SPLITS = ("graph", "pynative")
+_INT64_MAX = (1 << 63) - 1  # step and rank are int64 partition columns
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ def _walk(root: Path) -> list[tuple[Path, str]]:
         d = Path(dirpath)
         dump = next((f for f in DUMP_FILES if f in filenames), None)
         if dump is not None:
+            if (d / dump).is_symlink():  # it could lead anywhere; tensor files that are links are refused too
+                raise DumpFormatError(f"{d / dump}: is a link; refusing to read it (copy the file instead)")
             found.append((d / dump, "dump"))
             dirnames[:] = []  # dump_tensor_data belongs to this dump.json
         elif d.name != "dump_tensor_data" and any(f.lower().endswith(TENSOR_SUFFIXES) for f in filenames):
@@ -70,13 +73,20 @@ def _unit(path: Path, kind: str, folder: Path) -> Unit:
         if part in _SPLITS:
             source = part
         elif (m := _STEP.match(part)):
-            step = int(m[1])
+            step = _number(m[1], folder)
     name = folder.name
     if (m := _RANK.match(name)):
-        rank, rank_dir = int(m[1]), name
+        rank, rank_dir = _number(m[1], folder), name
     elif _PROC.match(name):
         rank, rank_dir = -1, name
     return Unit(path, kind, step, rank, rank_dir, source)
+
+
+def _number(digits: str, folder: Path) -> int:
+    n = int(digits)
+    if n > _INT64_MAX:
+        raise DumpFormatError(f"{folder}: step or rank number {digits} does not fit in int64; rename the folder")
+    return n
 
 
 def _drop_proc_beside_rank(units: list[Unit]) -> list[Unit]:

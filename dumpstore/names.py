@@ -9,6 +9,7 @@ MODULE_PREFIXES = ("Module", "Cell")
 _API = re.compile(r"^(?P<prefix>[A-Za-z_][\w]*)\.(?P<api>.+)\.(?P<call>\d+)\.(?P<dir>forward|backward)$")
 _MODULE = re.compile(r"^(?P<prefix>Module|Cell)\.(?P<api>.+)\.(?P<dir>forward|backward)\.(?P<call>\d+)$")
 _PGRAD = re.compile(r"^(?P<prefix>Module|Cell)\.(?P<api>.+)\.parameters_grad(?:\.(?P<call>\d+))?$")
+_MAX_CALL_DIGITS = 4000  # int() refuses strings past 4300 digits
 _DEBUG = re.compile(r"^(?P<api>.+)\.(?P<call>\d+)\.debug$")
 
 
@@ -31,7 +32,7 @@ def parse_record(key: str) -> RecordName:
         return _named(m, "parameters_grad", module=True)
     m = _DEBUG.match(key)
     if m:
-        return RecordName("debug", m["api"], m["api"], int(m["call"]), "debug")
+        return RecordName("debug", m["api"], m["api"], _call(m["call"]), "debug")
     m = _API.match(key)
     if m:
         return _named(m, m["dir"], module=False)
@@ -42,8 +43,12 @@ def parse_record(key: str) -> RecordName:
 def _named(m: re.Match, direction: str, *, module: bool) -> RecordName:
     api = m["api"]
     op_type = api.rsplit(".", 1)[-1] if module else api
-    call = int(m["call"]) if m["call"] is not None else None
-    return RecordName(m["prefix"], api, op_type, call, direction)
+    return RecordName(m["prefix"], api, op_type, _call(m["call"]), direction)
+
+
+def _call(digits: str | None) -> int | None:
+    """The call counter; None when absent or longer than Python converts (the key keeps the digits)."""
+    return int(digits) if digits is not None and len(digits) <= _MAX_CALL_DIGITS else None
 
 
 def strip_call(key: str) -> str:

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import StoreError
-from .schema import RUN_SCHEMA, SCHEMA_VERSION, TENSOR_SCHEMA
+from .schema import RUN_SCHEMA, SCHEMA_VERSION
 
 ENV_STORE = "DUMPSTORE_STORE"
 DEFAULT_STORE = "dumpstore_store"
@@ -123,7 +123,8 @@ class Store:
         out = []
         for row in self.runs().to_pylist():
             if runs is None or row["run"] in runs:
-                out.append(str(self.root / "tensors" / f"run={row['run']}" / "*" / "*" / f"part-{row['ingest_id']}*.parquet"))
+                part = f"part-{row['ingest_id']}*.parquet"
+                out.append(str(self.root / "tensors" / f"run={row['run']}" / "*" / "*" / part))
         return out
 
     def stack_files(self) -> list[str]:
@@ -158,5 +159,5 @@ def open_store(path: str | os.PathLike | None = None, *, create: bool = False) -
         if not create:
             raise StoreError(f"{root}: no store here; ingest a dump first (dumpstore ingest PATH --run NAME), "
                              f"or point --store / ${ENV_STORE} at an existing store")
-        root.mkdir(parents=True)
+        root.mkdir(parents=True, exist_ok=True)
     return Store(root)

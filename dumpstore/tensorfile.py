@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -20,8 +22,12 @@ def resolve(dump_dir: Path, data_name: str) -> Path:
         raise DumpFormatError(f"data_name {data_name!r} is not a plain file name inside {TENSOR_DIR}/")
     base = dump_dir / TENSOR_DIR
     path = base / data_name
-    # a linked dump_tensor_data/ that leads out of the dump folder counts as outside too
-    if path.is_symlink() or not _inside(path, base) or not _inside(base, dump_dir):
+    try:
+        # a linked dump_tensor_data/ that leads out of the dump folder counts as outside too
+        outside = path.is_symlink() or not _inside(path, base) or not _inside(base, dump_dir)
+    except OSError as exc:  # e.g. a data_name longer than the file system allows
+        raise DumpFormatError(f"{path}: cannot look up the tensor file ({exc.strerror})") from None
+    if outside:
         raise DumpFormatError(f"{path}: tensor file is a link or lies outside {base}; refusing to read it")
     return path
 
@@ -49,12 +55,29 @@ def _load_npy(path: Path) -> tuple[np.ndarray, str]:
     if not path.is_file():  # a FIFO or device would block or stream forever
         raise DumpFormatError(f"{path}: not a regular file")
     try:
-        arr = np.load(path, allow_pickle=False, mmap_mode=None)
+        with open(path, "rb") as fh:
+            _check_npy_size(path, fh)
+            arr = np.load(fh, allow_pickle=False, mmap_mode=None)
     except (ValueError, OSError, EOFError) as exc:
         raise DumpFormatError(f"{path}: unreadable .npy file ({_first_line(exc)})") from None
     if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biufc":
         raise DumpFormatError(f"{path}: .npy holds {getattr(arr, 'dtype', type(arr))}, not a numeric array")
     return arr, canonical(arr.dtype.name)
+
+
+def _check_npy_size(path: Path, fh: BinaryIO) -> None:
+    """Refuse a header that claims more data than the file holds (numpy would allocate it all first)."""
+    major, _minor = np.lib.format.read_magic(fh)
+    if major not in (1, 2, 3):
+        raise DumpFormatError(f"{path}: .npy format version {major} is not supported")
+    # 3.0 differs from 2.0 only in the header's text encoding (UTF-8), ASCII for every numeric dtype
+    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    shape, _fortran, dtype = read(fh)
+    need, have = math.prod(shape) * dtype.itemsize, os.fstat(fh.fileno()).st_size - fh.tell()
+    if need > have:
+        raise DumpFormatError(f"{path}: truncated .npy file: its header claims shape {list(shape)} of {dtype} "
+                              f"({need} bytes), the file holds {have}")
+    fh.seek(0)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -654,7 +654,7 @@ def construction_truth(tgt, ref):
 def build_catalog(out_dir):
     dumps = {name: Dump(out_dir, name) for name in CASE_BY_NAME}
     cat = []
-    for name, task, refname, steps, world, faults, desc in CASES:
+    for name, task, refname, steps, world, _faults, desc in CASES:
         entry = {"name": name, "path": name, "mode": task, "ref": refname,
                  "steps": list(range(steps)), "ranks": list(range(world)), "fault": desc}
         if refname is None:

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 
-
 def _leaf(arr: np.ndarray, data_name: str | None, dtype: str | None = None) -> dict[str, Any]:
     a64 = arr.astype(np.float64)
     leaf: dict[str, Any] = {"type": "torch.Tensor", "dtype": dtype or f"torch.{arr.dtype.name}",

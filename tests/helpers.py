@@ -47,5 +47,6 @@ def sample_cases() -> list[dict]:
     cat = SAMPLES / "catalog.json"
     if not cat.exists():
         return []
-    return json.loads(cat.read_text())["cases"] if isinstance(json.loads(cat.read_text()), dict) else json.loads(cat.read_text())
+    doc = json.loads(cat.read_text())
+    return doc["cases"] if isinstance(doc, dict) else doc
 

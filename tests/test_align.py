@@ -13,7 +13,6 @@ from dumpstore.cli.main import main
 from dumpstore.errors import DumpstoreError
 from dumpstore.ingest import ingest
 from dumpstore.store import open_store
-
 from helpers import MSPROBE, SAMPLES
 
 

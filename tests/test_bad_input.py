@@ -19,7 +19,6 @@ from click.testing import CliRunner, Result
 from dumpstore.cli.main import main
 from dumpstore.errors import StoreError
 from dumpstore.ingest import ingest
-
 from helpers import count_leaves
 
 LINEAR = "Functional.linear.0.forward"
@@ -384,3 +383,139 @@ def test_plain_folder_bad_files_become_rows(tmp_path, store_dir):
     for name, row in by_name.items():
         assert row["file_status"] == "error" and str(folder / row["data_name"]) in row["error"], name
     assert by_name["link"]["sample"] in (None, [])  # the linked file was not read
+
+
+# ----------------------------------------------------------- found by the fuzzer (tests/fuzz.py, test_fuzz.py)
+
+
+def test_lone_surrogates_in_json_strings_are_stored_escaped(dump_writer, store_dir):
+    """JSON escapes of lone surrogates (\\udcff) in keys, values, stacks, parents and task are stored as text."""
+    dump_json = good_dump(dump_writer)
+    key = "Functional.x\ud800.0.forward"
+
+    def edit(d: dict) -> None:
+        d["task"] = "tensor\udcff"
+        d["data"][key] = {"input_args": [{"type": "str", "value": "\udcff"}], "input_kwargs": {"k\udcfe": None}}
+
+    doc = mutate(dump_json, edit)
+    (dump_json.parent / "stack.json").write_text(json.dumps({"0": [[RELU], ["File \udcff, line 1"]]}))
+    (dump_json.parent / "construct.json").write_text(json.dumps({RELU: "Module.\udcff.forward.0"}))
+    res = cli("ingest", dump_json, "--run", "r", "--store", store_dir, "-j", "1")
+    assert res.exit_code == 0 and "warning" not in res.output, res.output
+    assert q(store_dir, "select count(*) n from tensors") == [{"n": count_leaves(doc)}]
+    rows = q(store_dir, "select name from tensors where record like 'Functional.x%' order by leaf")
+    # bytes of a non-UTF-8 file name (\udc80-\udcff alone) read \xNN, any other lone surrogate \uXXXX
+    assert [r["name"] for r in rows] == ["Functional.x\\ud800.0.forward.input.0",
+                                         "Functional.x\\ud800.0.forward.input.k\\udcfe"]
+    assert {r["module"] for r in q(store_dir, f"select module from tensors where record = '{RELU}'")} == {
+        "Module.\\xff.forward.0"}
+    assert q(store_dir, "select frames from stacks") == [{"frames": ["File \\xff, line 1"]}]
+
+
+def test_file_names_that_are_not_utf8(dump_writer, tmp_path, store_dir):
+    """A plain folder with non-UTF-8 file names, and a data_name naming such a file: rows, not a crash."""
+    folder = tmp_path / "tensors"
+    folder.mkdir()
+    np.save(folder / "ok.npy", np.arange(3.0))
+    np.save(os.fsdecode(os.fsencode(folder) + b"/\xff\xfe.npy"), np.arange(4.0))
+    res = cli("ingest", folder, "--run", "plain", "--store", store_dir, "-j", "1")
+    assert res.exit_code == 0, res.output
+    assert q(store_dir, "select name, numel from tensors order by name") == [
+        {"name": "\\xff\\xfe", "numel": 4}, {"name": "ok", "numel": 3}]
+    dump_json = good_dump(dump_writer)
+    os.rename(tensor_dir(dump_json) / f"{RELU}.input.0.npy", tensor_dir(dump_json) / "\udce9.npy")
+    doc = mutate(dump_json, lambda d: relu_in(d).__setitem__("data_name", "\udce9.npy"))
+    res = cli("ingest", dump_json, "--run", "r", "--store", store_dir, "-j", "1")
+    assert res.exit_code == 0 and "warning" not in res.output, res.output
+    assert q(store_dir, f"select data_name, file_status from tensors where name = '{RELU}.input.0'") == [
+        {"data_name": "\\xe9.npy", "file_status": "loaded"}]
+    assert q(store_dir, "select count(*) n from tensors where run = 'r'") == [{"n": count_leaves(doc)}]
+
+
+@pytest.mark.parametrize("folder", ["step" + "9" * 20, "rank9223372036854775808"])
+def test_step_or_rank_number_beyond_int64(dump_writer, store_dir, folder):
+    dump_json = good_dump(dump_writer)
+    level = dump_json.parent if folder.startswith("rank") else dump_json.parent.parent
+    moved = level.rename(level.parent / folder)
+    assert_error(cli("ingest", dump_json.parent.parent.parent if folder.startswith("rank") else moved.parent,
+                     "--run", "r", "--store", store_dir), folder, "int64")
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "outside"])
+def test_linked_dump_json_is_not_read(dump_writer, store_dir, tmp_path, target):
+    dump_json = good_dump(dump_writer)
+    outside = tmp_path / "outside.json"
+    outside.write_text(dump_json.read_text().replace('"Max": 2.0', '"Max": 12345.0'))  # a valid dump elsewhere
+    dump_json.unlink()
+    dump_json.symlink_to(target if target.startswith("/") else outside)
+    assert_error(cli("ingest", dump_json.parent.parent.parent, "--run", "r", "--store", store_dir), dump_json,
+                 "is a link")
+
+
+def test_linked_stack_and_construct_json_are_not_read(dump_writer, store_dir, tmp_path):
+    dump_json = good_dump(dump_writer)
+    for name, content in (("stack.json", {"0": [[RELU], ["outside"]]}), ("construct.json", {RELU: "Module.x"})):
+        (tmp_path / name).write_text(json.dumps(content))
+        (dump_json.parent / name).unlink(missing_ok=True)
+        (dump_json.parent / name).symlink_to(tmp_path / name)
+    res = cli("ingest", dump_json, "--run", "r", "--store", store_dir, "-j", "1")
+    assert res.exit_code == 0, res.output
+    assert q(store_dir, "select count(*) n from stacks") == [{"n": 0}]
+    assert q(store_dir, "select count(module) m, count(stack_id) s from tensors") == [{"m": 0, "s": 0}]
+
+
+def test_data_name_too_long_for_the_file_system(dump_writer, store_dir):
+    dump_json = good_dump(dump_writer)
+    doc = mutate(dump_json, lambda d: relu_in(d).__setitem__("data_name", "x" * 300 + ".npy"))
+    [bad] = ingest_with_errors(dump_json, store_dir, count_leaves(doc), 1)
+    assert bad["file_status"] == "error" and "File name too long" in bad["error"]
+
+
+def test_npy_header_claiming_more_than_the_file_holds(dump_writer, store_dir):
+    """numpy would allocate the claimed 4 TB before noticing the file is short (MemoryError)."""
+    dump_json = good_dump(dump_writer)
+    npy = tensor_dir(dump_json) / f"{RELU}.output.0.npy"
+    with open(npy, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": (10 ** 12,)})
+        fh.write(bytes(16))
+    [bad] = ingest_with_errors(dump_json, store_dir, count_leaves(json.loads(dump_json.read_text())), 1)
+    assert bad["file_status"] == "error" and "claims shape [1000000000000]" in bad["error"]
+
+
+def test_tiny_pt_that_expands_to_gigabytes_is_refused(dump_writer, store_dir):
+    """4 bytes on disk with stride 0 claim 4 GiB: refused before reading, as more than dump.json's shape needs."""
+    from fuzz import tensor_pickle, write_pt_zip
+
+    dump_json = good_dump(dump_writer)
+    pt = tensor_dir(dump_json) / f"{RELU}.input.0.pt"
+    write_pt_zip(pt, tensor_pickle("FloatStorage", 1, [1 << 30], [0]), bytes(4))
+    doc = mutate(dump_json, lambda d: relu_in(d).__setitem__("data_name", pt.name))
+    old = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("expanded the tensor")))
+    signal.alarm(5)
+    try:
+        [bad] = ingest_with_errors(dump_json, store_dir, count_leaves(doc), 1)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert bad["file_status"] == "error" and str(pt) in bad["error"] and "[1073741824]" in bad["error"]
+
+
+def test_line_breaks_in_names_keep_errors_on_one_line(dump_writer, store_dir):
+    w = dump_writer("new\nline")
+    dump_json = w.write({RELU: {"input_args": [np.array([-1.0, 2.0], np.float32)]}})
+    doc = mutate(dump_json, lambda d: relu_in(d).__setitem__("data_name", "gone\n.npy"))
+    [bad] = ingest_with_errors(dump_json, store_dir, count_leaves(doc), 1)  # no line break in the row's error
+    assert bad["file_status"] == "missing" and "gone\\n.npy" in bad["error"]
+    dump_json.write_text("{")
+    assert_error(cli("ingest", w.root, "--run", "r", "--store", store_dir), "new\\nline", "invalid JSON")
+
+
+def test_call_counter_too_long_for_python(dump_writer, store_dir):
+    """A 5000-digit call counter (int() refuses more than 4300 digits): stored with call null."""
+    dump_json = good_dump(dump_writer)
+    key = "Functional.linear." + "9" * 5000 + ".forward"
+    doc = mutate(dump_json, lambda d: d["data"].__setitem__(key, d["data"].pop(LINEAR)))
+    res = cli("ingest", dump_json, "--run", "r", "--store", store_dir, "-j", "1")
+    assert res.exit_code == 0 and "warning" not in res.output, res.output
+    assert q(store_dir, "select count(*) n, count(call) c from tensors where length(record) > 5000") == [
+        {"n": count_leaves({"data": {key: doc["data"][key]}}), "c": 0}]

@@ -12,7 +12,6 @@ from dumpstore.analysis.checklist import CHECKS, checklist
 from dumpstore.cli.main import main
 from dumpstore.ingest import ingest
 from dumpstore.store import open_store
-
 from helpers import SAMPLES
 
 CATALOG = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text())["cases"]}

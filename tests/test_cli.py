@@ -10,7 +10,6 @@ import sys
 from click.testing import CliRunner
 
 from dumpstore.cli.main import main
-
 from helpers import MSPROBE, ROOT
 
 

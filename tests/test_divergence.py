@@ -13,7 +13,6 @@ from dumpstore.analysis.overflow import overflow
 from dumpstore.cli.main import main
 from dumpstore.ingest import ingest
 from dumpstore.store import open_store
-
 from helpers import SAMPLES
 
 CATALOG = json.loads((SAMPLES / "catalog.json").read_text())["cases"]

@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
+
 from dumpstore.analysis import metrics
 from dumpstore.analysis.compare import compare_runs
 from dumpstore.analysis.exact import MSPROBE_COLUMNS, NEW_SCHEMA
-from polars.testing import assert_frame_equal
-
 from dumpstore.ingest import IngestOptions, ingest
 from dumpstore.store import open_store
 

@@ -14,7 +14,6 @@ from dumpstore.cli.main import main
 from dumpstore.ingest import ingest
 from dumpstore.query import run_query
 from dumpstore.store import open_store
-
 from helpers import SAMPLES
 
 CATALOG = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text())["cases"]}

@@ -13,7 +13,6 @@ from dumpstore.ingest import ingest
 from dumpstore.query import run_query
 from dumpstore.store import open_store
 from dumpstore.summary import sample_positions
-
 from helpers import MSPROBE, count_leaves, dump_files, msprobe_datasets
 
 
@@ -52,7 +51,8 @@ def test_parameters_grad_names_both_generations(store_dir):
     ingest(MSPROBE / "v8_statistics", "v8", store=store_dir, jobs=1)
     ingest(MSPROBE / "v26_md5", "v26", store=store_dir, jobs=1)
     names = {r["run"]: r["name"] for r in _q(
-        store_dir, "select run, name from tensors where direction='parameters_grad' and name like '%head.Linear%weight'")}
+        store_dir,
+        "select run, name from tensors where direction='parameters_grad' and name like '%head.Linear%weight'")}
     assert names == {"v8": "Module.head.Linear.parameters_grad.weight",
                      "v26": "Module.head.Linear.parameters_grad.0.weight"}
 

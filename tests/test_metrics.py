@@ -505,8 +505,9 @@ def _regenerate() -> dict:
             }
         )
     stats = [{"npu": n, "bench": b, "cells": _msprobe_stats(n, b)} for n, b in _stat_rows()]
-    import msprobe  # noqa: F401  (version recorded below)
     from importlib.metadata import version
+
+    import msprobe  # noqa: F401  (version recorded below)
 
     return {"generator": f"mindstudio-probe {version('mindstudio-probe')}", "tensor": tensors, "stats": stats}
 

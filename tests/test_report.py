@@ -24,13 +24,13 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-import browser
 import polars as pl
 import pytest
 from click.testing import CliRunner
+
+import browser
 from dumpstore.analysis import report
 from dumpstore.analysis.divergence import divergence
-
 from dumpstore.ingest import ingest
 from dumpstore.store import open_store
 

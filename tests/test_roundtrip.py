@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import DumpWriter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -22,8 +23,6 @@ from dumpstore.dtypes import finfo_max
 from dumpstore.ingest import IngestOptions, ingest
 from dumpstore.query import run_query
 from dumpstore.store import open_store
-
-from conftest import DumpWriter
 
 SETTINGS = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 NUMPY_DTYPES = ("float16", "float32", "float64", "int8", "int32", "int64", "bool")

@@ -19,7 +19,6 @@ from dumpstore.errors import StoreError
 from dumpstore.ingest import ingest
 from dumpstore.query import run_query
 from dumpstore.store import open_store
-
 from helpers import MSPROBE, SAMPLES
 
 DATASET = SAMPLES / "ref_stats"          # 3 dump files
@@ -37,7 +36,7 @@ def test_sigkill_at_random_points_leaves_run_absent_or_complete(store_dir, tmp_p
     expected = _rows(store_dir, "good")
     rng = random.Random(1234)
     outcomes = set()
-    for i in range(8):
+    for _ in range(8):
         proc = subprocess.Popen(INGEST + [str(DATASET), "--run", "victim", "--store", str(store_dir), "-j", "2"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         time.sleep(rng.uniform(0.2, 1.6))

@@ -36,7 +36,7 @@ import polars as pl
 
 from dumpstore.errors import DumpFormatError, DumpstoreError
 from dumpstore.layout import find_units
-from dumpstore.tensorfile import load, resolve
+from dumpstore.tensorfile import forget_folders, load, resolve
 
 from . import metrics
 
@@ -197,6 +197,7 @@ def add_exact_metrics(store, target: str, ref: str, rows: pl.DataFrame, tol, flo
     `tol` (Tolerances) and `floor` (compute precision) are accepted for symmetry with the sketch path; each
     row keeps the tolerance it was given.
     """
+    forget_folders()
     del tol, floor  # each row already carries its tolerance
     rows = rows.drop([c for c in NEW_SCHEMA if c in rows.columns])
     needed = ("data_name", "ref_data_name", "file_status", "ref_file_status")

@@ -6,6 +6,8 @@ Unknown names are kept verbatim (so nothing is lost), and :func:`is_float` etc. 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -35,7 +37,18 @@ def canonical(name: object) -> str:
     """Map ``torch.float32``, ``Float32``, ``BFloat16``, ``<class 'numpy.float32'>``, ``float32`` … to one name."""
     if name is None:
         return ""
-    raw = str(name).strip()
+    if isinstance(name, str) and len(name) < 64:
+        return _canonical_str(name)
+    return _canonical(str(name))
+
+
+@functools.lru_cache(maxsize=1024)
+def _canonical_str(name: str) -> str:
+    return _canonical(name)
+
+
+def _canonical(name: str) -> str:
+    raw = name.strip()
     s = raw
     for prefix in ("torch_npu.", "torch.", "mindspore.", "ms.", "numpy.", "np."):
         if s.startswith(prefix):

@@ -24,7 +24,7 @@ from .ptfile import DEFAULT_MAX_BYTES
 from .records import iter_leaves, leaf_row
 from .schema import STACK_SCHEMA, TENSOR_SCHEMA
 from .store import Store, open_store
-from .tensorfile import load, resolve
+from .tensorfile import forget_folders, load, resolve
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _BATCH_ROWS = 4096
@@ -123,6 +123,7 @@ def _ingest_unit_star(args: tuple) -> UnitResult:
 
 
 def _ingest_unit(unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOptions) -> UnitResult:
+    forget_folders()
     res = UnitResult(unit.step, unit.rank)
     part = Path(root) / "tensors" / f"run={run}" / f"step={unit.step}" / f"rank={unit.rank}"
     part.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .dtypes import canonical, finfo_max, is_float
+from .dtypes import FINFO_MAX, canonical, is_float
 from .names import parse_record
 
 MAX_DEPTH = 400
@@ -18,6 +18,8 @@ _TENSOR_MARKERS = ("dtype", "shape")
 
 Leaf = tuple[str, str, str, Any]  # io, index_path, name, leaf value
 _INT64_LIMIT = 1 << 63  # shape and numel are int64 columns
+# |Max| or |Min| at finfo(dtype).max (to the dumper's print precision) means saturated values
+_SAT_LIMIT = {d: v * (1 - 1e-7) for d, v in FINFO_MAX.items() if is_float(d)}
 
 
 def iter_leaves(key: str, record: Any) -> Iterator[Leaf]:
@@ -125,29 +127,33 @@ def _num(v: Any) -> float | None:
 
 
 def _tensor_leaf(leaf: dict) -> dict[str, Any]:
-    dtype_raw = leaf.get("dtype")
+    get = leaf.get
+    dtype_raw = get("dtype")
     dtype = canonical(dtype_raw)
-    shape, err = _shape(leaf.get("shape"))
+    shape, err = _shape(get("shape"))
+    rg, dn = get("requires_grad"), get("data_name")
+    mx, mn, mean, norm = _num(get("Max")), _num(get("Min")), _num(get("Mean")), _num(get("Norm"))
     row: dict[str, Any] = {
-        "kind": "tensor", "value_type": str(leaf.get("type", "")), "dtype": dtype,
+        "kind": "tensor", "value_type": str(get("type", "")), "dtype": dtype,
         "dtype_raw": None if dtype_raw is None else str(dtype_raw), "shape": shape,
         "numel": math.prod(shape) if shape is not None else None,
-        "requires_grad": leaf.get("requires_grad") if isinstance(leaf.get("requires_grad"), bool) else None,
-        "dump_max": _num(leaf.get("Max")), "dump_min": _num(leaf.get("Min")),
-        "dump_mean": _num(leaf.get("Mean")), "dump_norm": _num(leaf.get("Norm")),
-        "data_name": leaf.get("data_name") if isinstance(leaf.get("data_name"), str) else None,
-        "file_status": "none", "error": err,
+        "requires_grad": rg if rg is True or rg is False else None,
+        "dump_max": mx, "dump_min": mn, "dump_mean": mean, "dump_norm": norm,
+        "min": mn, "max": mx, "mean": mean, "norm": norm,
+        "stats_source": "none" if mx is None and mn is None and mean is None and norm is None else "dump",
+        "data_name": dn if isinstance(dn, str) else None, "file_status": "none", "error": err,
     }
-    md5 = leaf.get("md5")
+    md5 = get("md5")
     if isinstance(md5, str):
         row["checksum"] = md5
         row["checksum_kind"] = "xor" if md5.startswith("0x") else "crc32"
-    stats_from_dump(row)
+    if mx is not None and mn is not None:
+        _flags(row, mx, mn, dtype)
     return row
 
 
 def _shape(value: Any) -> tuple[list[int] | None, str | None]:
-    if isinstance(value, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+    if type(value) is list and all(type(d) is int and d >= 0 for d in value):
         if math.prod(value) >= _INT64_LIMIT or any(d >= _INT64_LIMIT for d in value):
             return None, f"invalid shape {value!r:.200}: a dimension or the element count does not fit in int64"
         return list(value), None
@@ -155,23 +161,23 @@ def _shape(value: Any) -> tuple[list[int] | None, str | None]:
 
 
 def stats_from_dump(row: dict[str, Any]) -> None:
-    """Fill min/max/mean/norm and the has_* flags from the dumper's statistics.
-
-    Flags come from Max and Min only: the dumper's Mean and Norm overflow (to inf or NaN) on large finite
-    values, while Max/Min are NaN exactly when a NaN is present (torch semantics) and +-inf when an Inf is.
-    """
+    """Fill min/max/mean/norm and the has_* flags from the dumper's statistics (dump_* columns)."""
     mx, mn, mean, norm = row.get("dump_max"), row.get("dump_min"), row.get("dump_mean"), row.get("dump_norm")
     row.update(min=mn, max=mx, mean=mean, norm=norm)
-    known = [v for v in (mx, mn, mean, norm) if v is not None]
-    row["stats_source"] = "dump" if known else "none"
-    if mx is None or mn is None:
-        return
-    row["has_nan"] = math.isnan(mx) or math.isnan(mn)
+    row["stats_source"] = "none" if mx is None and mn is None and mean is None and norm is None else "dump"
+    if mx is not None and mn is not None:
+        _flags(row, mx, mn, row.get("dtype") or "")
+
+
+def _flags(row: dict[str, Any], mx: float, mn: float, dtype: str) -> None:
+    """has_* flags from Max and Min only: the dumper's Mean and Norm overflow (to inf or NaN) on large finite
+    values, while Max/Min are NaN exactly when a NaN is present (torch semantics) and +-inf when an Inf is."""
+    row["has_nan"] = mx != mx or mn != mn
     row["has_posinf"] = mx == math.inf
     row["has_neginf"] = mn == -math.inf
-    dtype = row.get("dtype") or ""
-    fmax = finfo_max(dtype) if is_float(dtype) else None
-    row["has_sat"] = fmax is not None and any(math.isfinite(v) and abs(v) >= fmax * (1 - 1e-7) for v in (mx, mn))
+    fmax = _SAT_LIMIT.get(dtype)
+    row["has_sat"] = fmax is not None and ((abs(mx) >= fmax and mx != math.inf and mx != -math.inf)
+                                           or (abs(mn) >= fmax and mn != math.inf and mn != -math.inf))
 
 
 def walk_dump(doc: dict, on_record: Callable[[int, str, Any], None] | None = None) -> Iterator[tuple[int, str, Leaf]]:

@@ -41,6 +41,7 @@ def _signs(index: np.ndarray, salt: int) -> np.ndarray:
 
 
 _H = _signs(np.arange(PERIOD, dtype=np.uint64), 1)
+_H0 = _signs(np.zeros(1, dtype=np.uint64), 2)[0] * _H  # signs of the first PERIOD elements
 
 
 def check_sketch_m(m: int) -> int:
@@ -141,6 +142,12 @@ def sketch(arr: np.ndarray, m: int = DEFAULT_SKETCH_M) -> np.ndarray:
 
 
 def _fold(flat: np.ndarray, n: int, m: int) -> np.ndarray:
+    if n < PERIOD:  # one partial row: sign A[0] * H[i], buckets i mod m
+        signed = flat.astype(np.float64) * _H0[:n]
+        if n <= m:
+            return signed
+        pad = (-n) % m
+        return np.concatenate([signed, np.zeros(pad)]).reshape(-1, m).sum(axis=0)
     out = np.zeros(PERIOD, dtype=np.float64)
     full = n // PERIOD
     rows_per_block = max(1, _BLOCK // PERIOD)

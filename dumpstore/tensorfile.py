@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -15,16 +16,25 @@ from .errors import DumpFormatError
 TENSOR_DIR = "dump_tensor_data"
 
 
+def forget_folders() -> None:
+    """Drop the cached folder checks of `resolve` (call when starting on a dump that may have changed)."""
+    _base_inside.cache_clear()
+
+
 def resolve(dump_dir: Path, data_name: str) -> Path:
-    """`<dump_dir>/dump_tensor_data/<data_name>`, refusing names that leave that folder."""
+    """`<dump_dir>/dump_tensor_data/<data_name>`, refusing names that leave that folder.
+
+    Whether dump_tensor_data/ stays inside the dump folder is checked once per folder (cached until
+    `forget_folders()`); each file costs one lstat.
+    """
     if (not data_name or "/" in data_name or "\\" in data_name or data_name in (".", "..")
             or "\x00" in data_name or os.path.isabs(data_name)):
         raise DumpFormatError(f"data_name {data_name!r} is not a plain file name inside {TENSOR_DIR}/")
     base = dump_dir / TENSOR_DIR
     path = base / data_name
     try:
-        # a linked dump_tensor_data/ that leads out of the dump folder counts as outside too
-        outside = path.is_symlink() or not _inside(path, base) or not _inside(base, dump_dir)
+        # a plain name inside a folder that is itself inside the dump: only a link can lead elsewhere
+        outside = not _base_inside(str(dump_dir)) or path.is_symlink()
     except OSError as exc:  # e.g. a data_name longer than the file system allows
         raise DumpFormatError(f"{path}: cannot look up the tensor file ({exc.strerror})") from None
     if outside:
@@ -32,9 +42,13 @@ def resolve(dump_dir: Path, data_name: str) -> Path:
     return path
 
 
-def _inside(path: Path, base: Path) -> bool:
+@functools.lru_cache(maxsize=256)
+def _base_inside(dump_dir: str) -> bool:
+    """Whether <dump_dir>/dump_tensor_data resolves inside <dump_dir> (a linked folder may lead out of it)."""
+    base = os.path.realpath(os.path.join(dump_dir, TENSOR_DIR))
+    root = os.path.realpath(dump_dir)
     try:
-        return os.path.commonpath([os.path.realpath(path), os.path.realpath(base)]) == os.path.realpath(base)
+        return os.path.commonpath([base, root]) == root
     except ValueError:
         return False
 

@@ -519,3 +519,26 @@ def test_call_counter_too_long_for_python(dump_writer, store_dir):
     assert res.exit_code == 0 and "warning" not in res.output, res.output
     assert q(store_dir, "select count(*) n, count(call) c from tensors where length(record) > 5000") == [
         {"n": count_leaves({"data": {key: doc["data"][key]}}), "c": 0}]
+
+
+def test_tensor_folder_swapped_for_a_link_between_ingests(dump_writer, tmp_path, store_dir):
+    """The folder check of resolve() is cached per ingest, never across ingests."""
+    import shutil
+
+    from dumpstore.ingest import ingest
+    from dumpstore.query import run_query
+    from dumpstore.store import open_store
+
+    w = dump_writer("swap")
+    arr = np.arange(6, dtype=np.float32)
+    dump = w.write({"Functional.relu.0.forward": {"input_args": [arr], "output": [arr]}})
+    ingest(dump.parent, "a", store=store_dir, jobs=1)
+    outside = tmp_path / "outside"
+    shutil.copytree(dump.parent / "dump_tensor_data", outside)
+    for f in outside.iterdir():
+        np.save(f, np.full(6, 12345.0, dtype=np.float32))
+    shutil.rmtree(dump.parent / "dump_tensor_data")
+    (dump.parent / "dump_tensor_data").symlink_to(outside)
+    ingest(dump.parent, "b", store=store_dir, jobs=1)
+    rows = run_query(open_store(store_dir), "select max, error from tensors where run='b' and kind='tensor'").to_pylist()
+    assert rows and all(r["max"] != 12345.0 and "refusing to read it" in r["error"] for r in rows)

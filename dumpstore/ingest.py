@@ -137,12 +137,11 @@ def _ingest_unit(unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOp
     with pq.ParquetWriter(out, TENSOR_SCHEMA, compression="zstd") as writer:
         batch: list[dict[str, Any]] = []
         for row in rows:
-            row.update(base)
             batch.append(row)
             if len(batch) >= _BATCH_ROWS:
-                writer.write_table(_table(batch, TENSOR_SCHEMA))
+                writer.write_table(_with_constants(_table(batch, _ROW_SCHEMA), base))
                 batch = []
-        writer.write_table(_table(batch, TENSOR_SCHEMA))
+        writer.write_table(_with_constants(_table(batch, _ROW_SCHEMA), base))
     if stacks:
         _write_stacks(Path(root), run, ingest_id, unit, stacks)
     return res
@@ -157,9 +156,21 @@ def _write_stacks(root: Path, run: str, ingest_id: str, unit: Unit, stacks: list
     pq.write_table(_table(rows, STACK_SCHEMA), d / name, compression="zstd")
 
 
+_CONSTANT = ("ingest_id", "rank_dir", "source")
+_ROW_SCHEMA = pa.schema([f for f in TENSOR_SCHEMA if f.name not in _CONSTANT])
+
+
+def _with_constants(table: pa.Table, base: dict[str, str]) -> pa.Table:
+    """Add the unit's constant columns (same value on every row) and order columns as TENSOR_SCHEMA."""
+    cols = {n: pa.array([utf8(base[n])] * table.num_rows, pa.string()) if n in base else table.column(n)
+            for n in TENSOR_SCHEMA.names}
+    return pa.Table.from_pydict(cols, TENSOR_SCHEMA)
+
+
 def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Rows (dicts, missing keys = null) as a table: built column by column, twice as fast as from_pylist."""
     try:
-        return pa.Table.from_pylist(rows, schema)
+        return pa.Table.from_pydict({n: [r.get(n) for r in rows] for n in schema.names}, schema)
     except UnicodeEncodeError:  # lone surrogates: JSON \udcxx escapes, file names that are not UTF-8
         return pa.Table.from_pylist([{k: utf8(v) for k, v in row.items()} for row in rows], schema)
 

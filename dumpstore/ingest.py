@@ -7,8 +7,9 @@ import os
 import re
 import stat
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,10 +106,12 @@ def _run_units(st: Store, run: str, ingest_id: str, units: list[Unit], opts: Ing
     if progress:
         progress(0, len(tasks))
     if n_jobs == 1:
-        for t in tasks:
-            results.append(_ingest_unit(*t))
-            if progress:
-                progress(len(results), len(tasks))
+        spare = (jobs or os.cpu_count() or 1) if len(tasks) == 1 and opts.load_tensors else 1
+        with _maybe_pool(spare) as files_pool:  # one dump file: its tensor files are read in parallel
+            for t in tasks:
+                results.append(_ingest_unit(*t, files_pool=files_pool))
+                if progress:
+                    progress(len(results), len(tasks))
         return results
     with ProcessPoolExecutor(max_workers=n_jobs) as pool:
         for res in pool.map(_ingest_unit_star, tasks):
@@ -122,7 +125,17 @@ def _ingest_unit_star(args: tuple) -> UnitResult:
     return _ingest_unit(*args)
 
 
-def _ingest_unit(unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOptions) -> UnitResult:
+@contextmanager
+def _maybe_pool(workers: int) -> Iterator[ProcessPoolExecutor | None]:
+    if workers < 2:
+        yield None
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        yield pool
+
+
+def _ingest_unit(unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOptions,
+                 files_pool: ProcessPoolExecutor | None = None) -> UnitResult:
     forget_folders()
     res = UnitResult(unit.step, unit.rank)
     part = Path(root) / "tensors" / f"run={run}" / f"step={unit.step}" / f"rank={unit.rank}"
@@ -130,7 +143,7 @@ def _ingest_unit(unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOp
     suffix = f"-{unit.source}" if unit.source else ""
     out = part / f"part-{ingest_id}{suffix}.parquet"
     if unit.kind == "dump":
-        rows, stacks = _dump_rows(unit, opts, res)
+        rows, stacks = _dump_rows(unit, opts, res, defer=files_pool is not None)
     else:
         rows, stacks = _file_rows(unit, opts, res), []
     base = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
@@ -139,8 +152,10 @@ def _ingest_unit(unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOp
         for row in rows:
             batch.append(row)
             if len(batch) >= _BATCH_ROWS:
+                _attach_deferred(batch, unit, opts, res, files_pool)
                 writer.write_table(_with_constants(_table(batch, _ROW_SCHEMA), base))
                 batch = []
+        _attach_deferred(batch, unit, opts, res, files_pool)
         writer.write_table(_with_constants(_table(batch, _ROW_SCHEMA), base))
     if stacks:
         _write_stacks(Path(root), run, ingest_id, unit, stacks)
@@ -225,7 +240,32 @@ def _aux_json(path: Path, res: UnitResult) -> Any:
         return None
 
 
-def _dump_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
+_DEFER = "_defer"
+_FILE_FIELDS = ("data_name", "dtype", "shape", "numel")
+
+
+def _attach_deferred(batch: list[dict[str, Any]], unit: Unit, opts: IngestOptions, res: UnitResult,
+                     pool: ProcessPoolExecutor | None) -> None:
+    """Read the batch's deferred tensor files in the pool, in order, then count those rows."""
+    todo = [r for r in batch if r.pop(_DEFER, False)]
+    if not todo or pool is None:
+        return
+    jobs = [(str(unit.path.parent), {k: r.get(k) for k in _FILE_FIELDS}, opts) for r in todo]
+    for row, (updates, n_files) in zip(todo, pool.map(_summarize_file, jobs, chunksize=32)):
+        row.update(updates)
+        res.tensor_files += n_files
+        _count(row, res)
+
+
+def _summarize_file(job: tuple[str, dict[str, Any], IngestOptions]) -> tuple[dict[str, Any], int]:
+    """Worker: load one tensor file and compute its summary (the columns _attach_tensor sets)."""
+    dump_dir, fields, opts = job
+    row, res = dict(fields), UnitResult(0, 0)
+    _attach_tensor(row, Path(dump_dir), opts, res)
+    return {k: v for k, v in row.items() if k not in _FILE_FIELDS}, res.tensor_files
+
+
+def _dump_rows(unit: Unit, opts: IngestOptions, res: UnitResult, *, defer: bool = False):
     doc = read_json(unit.path)
     if unit.path.name == "debug.json" and isinstance(doc, dict) and "data" not in doc:
         doc = {"data": doc, "level": "debug"}
@@ -236,7 +276,8 @@ def _dump_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
     res.meta = {k: doc.get(k) for k in ("task", "level", "framework") if isinstance(doc.get(k), str)}
     construct = _aux_json(unit.path.parent / "construct.json", res)
     stack_ids, stacks = _stack_index(_aux_json(unit.path.parent / "stack.json", res))
-    return _record_rows(unit, doc, construct if isinstance(construct, dict) else {}, stack_ids, opts, res), stacks
+    return _record_rows(unit, doc, construct if isinstance(construct, dict) else {}, stack_ids, opts, res,
+                        defer), stacks
 
 
 def _stack_index(doc: Any) -> tuple[dict[str, int], list[list[str]]]:
@@ -263,7 +304,7 @@ def _parent(construct: dict, key: str) -> str | None:
 
 
 def _record_rows(unit: Unit, doc: dict, construct: dict, stack_ids: dict[str, int],
-                 opts: IngestOptions, res: UnitResult):
+                 opts: IngestOptions, res: UnitResult, defer: bool = False):
     leaf_no = 0
     for seq, (key, record) in enumerate(doc.get("data", {}).items()):
         res.records += 1
@@ -278,6 +319,10 @@ def _record_rows(unit: Unit, doc: dict, construct: dict, stack_ids: dict[str, in
             row.update(ident, io=io, index_path=index, name=name, leaf=leaf_no)
             leaf_no += 1
             if row["kind"] == "tensor" and row.get("data_name") and opts.load_tensors:
+                if defer:  # read later, in parallel, by _attach_deferred (which also counts the row)
+                    row[_DEFER] = True
+                    yield row
+                    continue
                 _attach_tensor(row, unit.path.parent, opts, res)
             _count(row, res)
             yield row

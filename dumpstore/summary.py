@@ -94,7 +94,7 @@ def tensor_stats(arr: np.ndarray, dtype: str) -> Stats:
 
 def _fold_block(blk: np.ndarray, total: float, sumsq: float, lo: float, hi: float, nonzero: int):
     b64 = blk.astype(np.float64, copy=False)
-    return (total + float(b64.sum()), sumsq + float(np.dot(b64, b64)), min(lo, float(b64.min())),
+    return (total + float(b64.sum()), sumsq + float(np.einsum("i,i->", b64, b64)), min(lo, float(b64.min())),
             max(hi, float(b64.max())), nonzero + int(np.count_nonzero(blk)))
 
 
@@ -154,7 +154,9 @@ def _fold(flat: np.ndarray, n: int, m: int) -> np.ndarray:
     for r0 in range(0, full, rows_per_block):
         r1 = min(full, r0 + rows_per_block)
         block = flat[r0 * PERIOD:r1 * PERIOD].astype(np.float64).reshape(r1 - r0, PERIOD)
-        out += _signs(np.arange(r0, r1, dtype=np.uint64), 2) @ block
+        # einsum, not BLAS: single-threaded and the same sum order whatever the thread settings (a BLAS gemv
+        # spawns threads that oversubscribe the cores when ingest workers run side by side)
+        out += np.einsum("r,rp->p", _signs(np.arange(r0, r1, dtype=np.uint64), 2), block)
     tail = flat[full * PERIOD:]
     if tail.size:
         out[:tail.size] += _signs(np.array([full], dtype=np.uint64), 2)[0] * tail.astype(np.float64)

@@ -149,3 +149,19 @@ def test_unknown_layout_is_one_line_error(tmp_path, store_dir):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DumpFormatError, match="no dump.json, debug.json or .pt/.npy tensor files found"):
         ingest(tmp_path / "empty", "e", store=store_dir)
+
+
+def test_tensor_files_read_in_parallel_give_same_rows(store_dir, tmp_path):
+    import shutil
+
+    ds = tmp_path / "ms_tensor"
+    shutil.copytree(MSPROBE / "ms_tensor", ds)
+    files = sorted((dump_files(ds)[0].parent / "dump_tensor_data").iterdir())
+    files[3].write_bytes(files[3].read_bytes()[:40])  # one truncated .npy: an error row, counted
+    a = ingest(ds, "serial", store=store_dir, jobs=1)
+    b = ingest(ds, "parallel", store=store_dir, jobs=2)  # one dump file: its tensor files go to a pool
+    assert (a.rows, a.tensor_files, a.errors, a.first_error) == (b.rows, b.tensor_files, b.errors, b.first_error)
+    assert a.errors == 1
+    cols = "leaf, name, kind, dtype, min, max, mean, norm, nan_count, zero_count, sample, sketch, file_status, error"
+    assert (_q(store_dir, f"select {cols} from tensors where run='serial' order by leaf")
+            == _q(store_dir, f"select {cols} from tensors where run='parallel' order by leaf"))

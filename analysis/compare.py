@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from dumpstore.dtypes import FLOAT_DTYPES, eps
+from dumpstore.summary import fold_sketch
 
 from .align import align_leaves, align_records, apply_data_mapping
 from .load import load_run
@@ -53,6 +55,7 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
     ranks = [k for k in coverage["common_ranks"] if ranks is None or k in ranks]
     t = load_run(store, target, steps=steps, ranks=ranks)
     r = load_run(store, ref, steps=steps, ranks=ranks)
+    t, r = _common_summaries(t, r, t_info, r_info)
     renamed = {k: mapping.record(k) for k in t["record"].unique().to_list()} if mapping else {}
     if renamed:
         t = t.with_columns(pl.col("record").replace_strict(renamed).alias("record"),
@@ -69,6 +72,22 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
         from .exact import add_exact_metrics
         rows = add_exact_metrics(store, target, ref, rows, tol, precision["floor"])
     return Comparison(rows, records, precision, tol, target, ref, coverage)
+
+
+def _common_summaries(t: pl.DataFrame, r: pl.DataFrame, t_info: dict, r_info: dict
+                      ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Runs ingested with different sketch sizes compare on the smaller one (sketches fold exactly); samples
+    of different sizes sit at different positions and are dropped."""
+    tm, rm = t_info.get("sketch_m"), r_info.get("sketch_m")
+    if tm and rm and tm != rm:
+        m = min(tm, rm)
+        fold = pl.col("sketch").map_elements(lambda sk: fold_sketch(np.asarray(sk), m).tolist(),
+                                             return_dtype=pl.List(pl.Float64))
+        t, r = (t.with_columns(fold), r) if tm > rm else (t, r.with_columns(fold))
+    if t_info.get("sample_k") != r_info.get("sample_k"):
+        none = pl.lit(None, pl.List(pl.Float64)).alias("sample")
+        t, r = t.with_columns(none), r.with_columns(none)
+    return t, r
 
 
 def _coverage(t: dict, r: dict) -> dict[str, list[int]]:

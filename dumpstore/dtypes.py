@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
@@ -66,10 +64,6 @@ def is_float(dtype: str) -> bool:
     return dtype in FLOAT_DTYPES or dtype in FLOAT8_DTYPES
 
 
-def is_numeric(dtype: str) -> bool:
-    return is_float(dtype) or dtype in INT_DTYPES or dtype == "bool"
-
-
 def eps(dtype: str) -> float:
     """Machine epsilon of a float dtype; 0 for exact types; fp32's for unknown names."""
     if dtype in EPS:
@@ -81,20 +75,3 @@ def eps(dtype: str) -> float:
 
 def finfo_max(dtype: str) -> float | None:
     return FINFO_MAX.get(dtype)
-
-
-def lower_precision(a: str, b: str) -> str:
-    """The less precise of two dtypes (the one that sets the noise floor of a comparison)."""
-    return a if eps(a) >= eps(b) else b
-
-
-def numpy_dtype(dtype: str) -> np.dtype | None:
-    """numpy dtype used to hold values of `dtype` losslessly (bf16 and fp8 widen to float32)."""
-    if dtype in ("bfloat16",) or dtype in FLOAT8_DTYPES:
-        return np.dtype("float32")
-    if dtype == "complex32":
-        return np.dtype("complex64")
-    try:
-        return np.dtype(dtype)
-    except TypeError:
-        return None

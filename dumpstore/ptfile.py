@@ -552,7 +552,7 @@ def _numpy_array(arr: np.ndarray, max_bytes: int) -> np.ndarray:
 
 _CORRUPT = (zipfile.BadZipFile, zipfile.LargeZipFile, pickle.UnpicklingError, EOFError, ValueError, TypeError,
             KeyError, IndexError, AttributeError, OverflowError, UnicodeError, struct.error, zlib.error,
-            NotImplementedError, RuntimeError)  # what corrupt bytes make zipfile, pickle and numpy raise
+            NotImplementedError, RuntimeError, MemoryError)  # what corrupt bytes make zipfile, pickle, numpy raise
 
 
 def _load(archive: _Archive, max_bytes: int) -> tuple[np.ndarray, str]:

@@ -14,10 +14,6 @@ from .store import Store
 _HIVE = "hive_partitioning=true, hive_types={'run': 'VARCHAR', 'step': 'BIGINT', 'rank': 'BIGINT'}"
 
 
-def quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _literal_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 

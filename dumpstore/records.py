@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from .dtypes import FINFO_MAX, canonical, is_float
@@ -178,15 +178,3 @@ def _flags(row: dict[str, Any], mx: float, mn: float, dtype: str) -> None:
     fmax = _SAT_LIMIT.get(dtype)
     row["has_sat"] = fmax is not None and ((abs(mx) >= fmax and mx != math.inf and mx != -math.inf)
                                            or (abs(mn) >= fmax and mn != math.inf and mn != -math.inf))
-
-
-def walk_dump(doc: dict, on_record: Callable[[int, str, Any], None] | None = None) -> Iterator[tuple[int, str, Leaf]]:
-    """Yield (seq, record_key, leaf) for every leaf of every record in file order."""
-    data = doc.get("data")
-    if not isinstance(data, dict):
-        return
-    for seq, (key, record) in enumerate(data.items()):
-        if on_record is not None:
-            on_record(seq, key, record)
-        for leaf in iter_leaves(str(key), record):
-            yield seq, str(key), leaf

@@ -171,4 +171,5 @@ def fold_sketch(sk: np.ndarray, m: int) -> np.ndarray:
     if sk.size <= m:
         return sk
     pad = (-sk.size) % m
-    return np.concatenate([sk, np.zeros(pad)]).reshape(-1, m).sum(axis=0)
+    with np.errstate(all="ignore"):  # +inf and -inf in one bucket give NaN, as in sketch()
+        return np.concatenate([sk, np.zeros(pad)]).reshape(-1, m).sum(axis=0)

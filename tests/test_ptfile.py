@@ -499,3 +499,12 @@ def test_fuzzed_pickle_only_raises_dump_format_error(tmp_path: Path, edits: list
         assert str(exc).startswith(f"{path}: ") and "\n" not in str(exc)
     else:
         assert isinstance(got, np.ndarray)
+
+
+def test_pickle_claiming_huge_bytes_object_is_refused(tmp_path: Path) -> None:
+    """BINBYTES8 with an 8-byte length makes pickle allocate before reading: a one-line error, not MemoryError."""
+    members = _members(_save(tmp_path / "f.pt", torch.arange(6.0)))
+    members["archive/data.pkl"] = b"\x8e" + members["archive/data.pkl"][1:]
+    path = _rezip(tmp_path / "f.pt", members)
+    with pytest.raises(DumpFormatError, match=str(path)):
+        read_pt(path)

@@ -540,5 +540,6 @@ def test_tensor_folder_swapped_for_a_link_between_ingests(dump_writer, tmp_path,
     shutil.rmtree(dump.parent / "dump_tensor_data")
     (dump.parent / "dump_tensor_data").symlink_to(outside)
     ingest(dump.parent, "b", store=store_dir, jobs=1)
-    rows = run_query(open_store(store_dir), "select max, error from tensors where run='b' and kind='tensor'").to_pylist()
+    sql = "select max, error from tensors where run='b' and kind='tensor'"
+    rows = run_query(open_store(store_dir), sql).to_pylist()
     assert rows and all(r["max"] != 12345.0 and "refusing to read it" in r["error"] for r in rows)

@@ -39,9 +39,9 @@ from dumpstore.names import strip_call
 from dumpstore.store import Store
 
 from .compare import Comparison, compare_runs
+from .order import OUTPUT_IO
 from .tolerance import Tolerances
 
-OUTPUT_IO = ("output", "parameters_grad", "debug", "tensor")
 STATS = ("min", "max", "mean", "norm")
 KEYS = ("step", "rank", "source")
 CHECKS = ("data", "weights", "structure", "scalars", "precision", "coverage")

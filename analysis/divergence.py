@@ -25,11 +25,9 @@ import polars as pl
 from dumpstore.dtypes import eps
 
 from .compare import Comparison
-from .order import ORDER, with_phase
+from .order import INPUT_IO, ORDER, OUTPUT_IO, with_phase
 
 QUIET = 0.1  # inputs "agree" when their error is below this share of the tolerance
-OUTPUT_IO = ("output", "parameters_grad", "debug", "tensor")
-INPUT_IO = ("input", "parameters")
 
 
 @dataclass

@@ -11,6 +11,8 @@ from __future__ import annotations
 import polars as pl
 
 GROUP = ["step", "rank", "source"]
+OUTPUT_IO = ("output", "parameters_grad", "debug", "tensor")  # leaves an op produces
+INPUT_IO = ("input", "parameters")                             # leaves an op consumes
 
 
 def with_phase(df: pl.DataFrame, seq: str = "seq", direction: str = "direction") -> pl.DataFrame:

@@ -15,11 +15,10 @@ from typing import Any
 import polars as pl
 
 from .load import load_run
-from .order import ORDER, with_phase
+from .order import ORDER, OUTPUT_IO, with_phase
 
 _FLAGS = ("has_nan", "has_posinf", "has_neginf", "has_sat")
 _MASK_OPS = ("masked_fill", "masked_fill_", "where", "fill", "fill_", "full", "full_like", "triu", "tril")
-OUTPUT_IO = ("output", "parameters_grad", "debug", "tensor")
 
 
 @dataclass
@@ -71,18 +70,14 @@ def overflow(store, run: str, *, ref: str | None = None, steps: list[int] | None
 
 def _producers(rows: pl.DataFrame) -> list[dict[str, Any]]:
     is_out = pl.col("io").is_in(OUTPUT_IO)
+    dirty_out = pl.col("dirty") & is_out
+    leaf_cols = ["name", "likely_mask", "new_nan", "new_posinf", "new_neginf", "nan_count", "posinf_count",
+                 "neginf_count", "sat_count"]
     per = (with_phase(rows).group_by(["step", "rank", "source", "seq", "record"], maintain_order=True)
-           .agg((pl.col("dirty") & ~is_out).any().alias("dirty_in"),
-                (pl.col("dirty") & is_out).any().alias("dirty_out"), pl.col("_phase").first())
+           .agg((pl.col("dirty") & ~is_out).any().alias("dirty_in"), dirty_out.any().alias("dirty_out"),
+                pl.col("_phase").first(), *[pl.col(c).filter(dirty_out).first() for c in leaf_cols])
            .filter(~pl.col("dirty_in") & pl.col("dirty_out"))
            .sort(ORDER + ["seq"]))
-    out = []
-    for p in per.iter_rows(named=True):
-        leaf = rows.filter((pl.col("step") == p["step"]) & (pl.col("rank") == p["rank"])
-                           & (pl.col("source") == p["source"]) & (pl.col("seq") == p["seq"])
-                           & pl.col("dirty") & is_out).row(0, named=True)
-        out.append({"step": p["step"], "rank": p["rank"], "op": p["record"], "name": leaf["name"],
-                    "kind": _kind(leaf), "likely_mask": bool(leaf["likely_mask"]),
-                    "nan_count": leaf["nan_count"], "posinf_count": leaf["posinf_count"],
-                    "neginf_count": leaf["neginf_count"], "sat_count": leaf["sat_count"]})
-    return out
+    return [{"step": p["step"], "rank": p["rank"], "op": p["record"], "name": p["name"], "kind": _kind(p),
+             "likely_mask": bool(p["likely_mask"]), "nan_count": p["nan_count"], "posinf_count": p["posinf_count"],
+             "neginf_count": p["neginf_count"], "sat_count": p["sat_count"]} for p in per.iter_rows(named=True)]

@@ -45,6 +45,7 @@ from .checklist import Checklist, checklist
 from .compare import Comparison, compare_runs
 from .divergence import Finding, Verdict, divergence
 from .health import HealthReport, health
+from .order import OUTPUT_IO
 from .overflow import OverflowReport, overflow
 from .tolerance import Tolerances
 
@@ -60,7 +61,6 @@ __all__ = [
     "write_html",
 ]
 
-OUTPUT_IO = ("output", "parameters_grad", "debug", "tensor")
 BACKWARD = ("backward", "parameters_grad")
 MAX_TABLE_ROWS = 500      # rows of the top-mismatch table
 MAX_POINTS = 2000         # points per chart trace before downsampling (max per bucket)

@@ -14,6 +14,7 @@ from typing import Any
 
 import polars as pl
 
+from .compare import Comparison, compare_runs
 from .load import load_run
 from .order import ORDER, OUTPUT_IO, with_phase
 
@@ -44,14 +45,16 @@ def _kind(row: dict[str, Any]) -> str:
 
 
 def overflow(store, run: str, *, ref: str | None = None, steps: list[int] | None = None,
-             ranks: list[int] | None = None) -> OverflowReport:
-    """Dirty tensors of `run` (beyond what `ref` has) and their first producers."""
+             ranks: list[int] | None = None, cmp: Comparison | None = None) -> OverflowReport:
+    """Dirty tensors of `run` (beyond what `ref` has) and their first producers.
+
+    `cmp`: the comparison of `run` with `ref` when the caller already has it (it is not computed again).
+    """
     if ref is None:
         rows = load_run(store, run, steps=steps, ranks=ranks, sketches=False)
         rows = rows.with_columns([pl.col(f).fill_null(False).alias(f"new_{f[4:]}") for f in _FLAGS])
     else:
-        from .compare import compare_runs
-        cmp = compare_runs(store, run, ref, steps=steps, ranks=ranks)
+        cmp = cmp or compare_runs(store, run, ref, steps=steps, ranks=ranks)
         rows = cmp.rows.filter(pl.col("name").is_not_null())
         rows = rows.with_columns([(pl.col(f).fill_null(False) & ~pl.col(f"ref_{f}").fill_null(False))
                                   .alias(f"new_{f[4:]}") for f in _FLAGS])

@@ -87,10 +87,10 @@ def analyze(store, target: str, ref: str, *, steps: list[int] | None = None, ran
 
     Arguments as for `compare_runs` (`mapping`: an `analysis.mapping.Mapping`, None for names as dumped).
     """
-    kw = {"mapping": mapping} if mapping is not None else {}
-    cmp = compare_runs(store, target, ref, steps=steps, ranks=ranks, tolerances=tolerances, exact=exact, **kw)
+    cmp = compare_runs(store, target, ref, steps=steps, ranks=ranks, tolerances=tolerances, exact=exact,
+                       mapping=mapping)
     verdict = divergence(cmp)
-    ovf = overflow(store, target, ref=ref, steps=steps, ranks=ranks)
+    ovf = overflow(store, target, ref=ref, steps=steps, ranks=ranks, cmp=cmp)
     return ReportData(cmp, verdict, ovf, checklist(store, target, ref, tolerances=tolerances, cmp=cmp),
                       health(store, target))
 

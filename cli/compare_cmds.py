@@ -23,14 +23,20 @@ def _common(fn):
     return store_option(fn)
 
 
-def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
-    from dumpstore.analysis.compare import compare_runs
+def compare_options(steps, ranks, tol, exact, maps) -> dict:
+    """The options shared by compare, divergence and report, as keyword arguments of the library."""
     from dumpstore.analysis.mapping import load_mapping
     from dumpstore.analysis.tolerance import Tolerances
+
+    return {"steps": list(steps) or None, "ranks": list(ranks) or None, "tolerances": Tolerances.parse(tol),
+            "exact": exact, "mapping": load_mapping(maps)}
+
+
+def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
+    from dumpstore.analysis.compare import compare_runs
     from dumpstore.store import open_store
 
-    return compare_runs(open_store(store), target, ref, steps=list(steps) or None, ranks=list(ranks) or None,
-                        tolerances=Tolerances.parse(tol), exact=exact, mapping=load_mapping(maps))
+    return compare_runs(open_store(store), target, ref, **compare_options(steps, ranks, tol, exact, maps))
 
 
 @click.command()
@@ -80,12 +86,9 @@ def finding_line(label: str, f) -> str:
 def divergence(store, target, ref, exact, steps, ranks, tol, maps, as_json, check):
     """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops."""
     from dumpstore.analysis.divergence import divergence_by_steps
-    from dumpstore.analysis.mapping import load_mapping
-    from dumpstore.analysis.tolerance import Tolerances
     from dumpstore.store import open_store
 
-    v = divergence_by_steps(open_store(store), target, ref, steps=list(steps) or None, ranks=list(ranks) or None,
-                            tolerances=Tolerances.parse(tol), exact=exact, mapping=load_mapping(maps))
+    v = divergence_by_steps(open_store(store), target, ref, **compare_options(steps, ranks, tol, exact, maps))
     if as_json:
         click.echo(to_json(v.to_dict()))
     else:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .compare_cmds import _common
+from .compare_cmds import _common, compare_options
 
 
 def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple[int, ...], ranks: tuple[int, ...],
@@ -15,16 +15,13 @@ def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple
     if html_path is None and csv_path is None:
         raise click.UsageError("nothing to write: give --html PATH, --csv PATH or both "
                                "(e.g. --html report.html --csv report.csv)")
-    from dumpstore.analysis.mapping import load_mapping
     from dumpstore.analysis.report import analyze, plotly_js, summary_line, write_csv, write_report_html
-    from dumpstore.analysis.tolerance import Tolerances
     from dumpstore.store import open_store
 
     if html_path is not None:
         plotly_js()  # fail before the comparison when plotly is missing
     st = open_store(store)
-    data = analyze(st, target, ref, steps=list(steps) or None, ranks=list(ranks) or None,
-                   tolerances=Tolerances.parse(tol), exact=exact, mapping=load_mapping(maps) if maps else None)
+    data = analyze(st, target, ref, **compare_options(steps, ranks, tol, exact, maps))
     click.echo(summary_line(data.verdict))
     if csv_path is not None:
         n = write_csv(data.cmp, csv_path, store=st)

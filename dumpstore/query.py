@@ -30,12 +30,12 @@ def connect(store: Store, *, runs: list[str] | None = None, locked: bool = True)
     catalog = store.runs()
     con.register("__runs", catalog)
     con.execute("CREATE VIEW runs AS SELECT * FROM __runs")
-    files = store.tensor_files(runs)
+    files = store.tensor_files(runs, catalog)
     if files:
         con.execute(f"CREATE VIEW tensors AS SELECT * FROM read_parquet({_literal_list(files)}, {_HIVE})")
     else:
         _empty_view(con, "tensors", TENSOR_SCHEMA, ["run:VARCHAR", "step:BIGINT", "rank:BIGINT"])
-    stacks = store.stack_files()
+    stacks = store.stack_files(catalog)
     if stacks:
         con.execute(f"CREATE VIEW stacks AS SELECT * FROM read_parquet({_literal_list(stacks)}, "
                     "hive_partitioning=true, hive_types={'run': 'VARCHAR'})")

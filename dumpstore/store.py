@@ -118,18 +118,18 @@ class Store:
                     _unlink_quietly(path)
 
     # -- reading -------------------------------------------------------------------------------------
-    def tensor_files(self, runs: list[str] | None = None) -> list[str]:
-        """Parquet files of the live ingests (globs), optionally only of `runs`."""
+    def tensor_files(self, runs: list[str] | None = None, catalog: pa.Table | None = None) -> list[str]:
+        """Parquet files of the live ingests (globs), optionally only of `runs`; `catalog`: runs() if read."""
         out = []
-        for row in self.runs().to_pylist():
+        for row in (catalog if catalog is not None else self.runs()).to_pylist():
             if runs is None or row["run"] in runs:
                 part = f"part-{row['ingest_id']}*.parquet"
                 out.append(str(self.root / "tensors" / f"run={row['run']}" / "*" / "*" / part))
         return out
 
-    def stack_files(self) -> list[str]:
+    def stack_files(self, catalog: pa.Table | None = None) -> list[str]:
         out = []
-        for row in self.runs().to_pylist():
+        for row in (catalog if catalog is not None else self.runs()).to_pylist():
             d = self.root / "stacks" / f"run={row['run']}"
             if any(d.glob(f"part-{row['ingest_id']}*.parquet")):
                 out.append(str(d / f"part-{row['ingest_id']}*.parquet"))

@@ -72,3 +72,16 @@ def store_dir(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def _no_env_store(monkeypatch):
     monkeypatch.delenv("DUMPSTORE_STORE", raising=False)
+
+
+@pytest.fixture(scope="session")
+def sample_store(tmp_path_factory):
+    """Every case of sample_dumps/catalog.json ingested once, as run <case name>; tests only read it."""
+    from dumpstore.ingest import ingest
+    from dumpstore.store import open_store
+    from helpers import SAMPLES, sample_cases
+
+    root = tmp_path_factory.mktemp("sample_store")
+    for case in sample_cases():
+        ingest(SAMPLES / case["path"], case["name"], store=root, jobs=1)
+    return open_store(root)

@@ -18,16 +18,11 @@ CATALOG = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text
 DECLARED = [c for c in CATALOG.values() if c["expected"] and "checklist" in c["expected"]]
 SCALAR_CASES = [c for c in CATALOG.values() if c["expected"] and "scalar_argument" in c["expected"]
                 and c["mode"] == "statistics"]
-RUNS = sorted({c["name"] for c in DECLARED + SCALAR_CASES} | {c["ref"] for c in DECLARED}
-              | {"ref_stats", "bf16_stats", "no_mask_stats", "ref_2rank_stats"})
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("store")
-    for name in RUNS:
-        ingest(SAMPLES / CATALOG[name]["path"], name, store=root, jobs=1)
-    return open_store(root)
+@pytest.fixture
+def store(sample_store):
+    return sample_store
 
 
 def test_declared_cases_exist():

@@ -11,8 +11,6 @@ from dumpstore.analysis.compare import compare_runs
 from dumpstore.analysis.divergence import divergence
 from dumpstore.analysis.overflow import overflow
 from dumpstore.cli.main import main
-from dumpstore.ingest import ingest
-from dumpstore.store import open_store
 from helpers import SAMPLES
 
 CATALOG = json.loads((SAMPLES / "catalog.json").read_text())["cases"]
@@ -20,12 +18,9 @@ PAIRS = [c for c in CATALOG if c.get("ref")]
 KIND = {"missing_or_extra": {"ref": "missing_op", "target": "extra_op"}}
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("store")
-    for case in CATALOG:
-        ingest(SAMPLES / case["path"], case["name"], store=root, jobs=1)
-    return open_store(root)
+@pytest.fixture
+def store(sample_store):
+    return sample_store
 
 
 def _verdict(store, case):

@@ -18,15 +18,11 @@ from helpers import SAMPLES
 
 CATALOG = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text())["cases"]}
 DECLARED = [c for c in CATALOG.values() if c["expected"] and "health" in c["expected"]]
-RUNS = sorted({c["name"] for c in DECLARED} | {"ref_stats", "overflow_stats"})
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("store")
-    for name in RUNS:
-        ingest(SAMPLES / CATALOG[name]["path"], name, store=root, jobs=1)
-    return open_store(root)
+@pytest.fixture
+def store(sample_store):
+    return sample_store
 
 
 @pytest.mark.parametrize("case", DECLARED, ids=lambda c: c["name"])

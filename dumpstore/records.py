@@ -99,7 +99,7 @@ def leaf_row(leaf: Any) -> dict[str, Any]:
 
 def _scalar_leaf(leaf: dict) -> dict[str, Any]:
     vtype = str(leaf.get("type", leaf.get("class_type", "")))
-    value = leaf.get("value", {k: v for k, v in leaf.items() if k != "type"})
+    value = leaf["value"] if "value" in leaf else {k: v for k, v in leaf.items() if k != "type"}
     row: dict[str, Any] = {"kind": "scalar", "value_type": vtype, "value": _json(value),
                            "stats_source": "none", "file_status": "none"}
     number = _num(value)

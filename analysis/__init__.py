@@ -1,13 +1,17 @@
-"""dumpstore.analysis: questions answered from the store (alignment, metrics, verdicts, reports)."""
+"""dumpstore.analysis: questions answered from the store (alignment, metrics, verdicts, reports).
 
-from .checklist import Checklist, checklist
-from .compare import Comparison, compare_runs
-from .divergence import Finding, Verdict, divergence, divergence_by_steps
-from .health import HealthReport, Thresholds, health
-from .mapping import Mapping, load_mapping
-from .overflow import OverflowReport, overflow
-from .rank import rank_rows
-from .tolerance import Tolerances
+Exports are imported on first use (dumpstore/_lazy.py), so `import dumpstore.analysis.tolerance` does not
+load Polars.
+"""
+
+from dumpstore._lazy import lazy_exports
+
+lazy_exports(__name__, {
+    "Checklist": "checklist", "checklist": "checklist", "Comparison": "compare", "compare_runs": "compare",
+    "Finding": "divergence", "Verdict": "divergence", "divergence": "divergence",
+    "divergence_by_steps": "divergence", "HealthReport": "health", "Thresholds": "health", "health": "health",
+    "Mapping": "mapping", "load_mapping": "mapping", "OverflowReport": "overflow", "overflow": "overflow",
+    "rank_rows": "rank", "Tolerances": "tolerance"})
 
 __all__ = ["Checklist", "Comparison", "Finding", "HealthReport", "Mapping", "OverflowReport", "Thresholds",
            "Tolerances", "Verdict", "checklist", "compare_runs", "divergence", "divergence_by_steps", "health",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import click
 
@@ -66,40 +67,71 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def finding_line(label: str, f) -> str:
+def finding_line(label: str, f: dict | None) -> str:
     if f is None:
         return f"{label}: none"
-    where = f"step {f.step} rank {f.rank}  {f.op}"
-    leaf = f"  {f.name.removeprefix(f.op + '.')}" if f.name and f.op and f.name.startswith(f.op) else ""
+    op, name = f["op"], f["name"]
+    where = f"step {f['step']} rank {f['rank']}  {op}"
+    leaf = f"  {name.removeprefix(op + '.')}" if name and op and name.startswith(op) else ""
     cmp = ""
-    if f.value is not None and f.threshold is not None:
-        rel = ">" if (f.value > f.threshold) else "<="
-        cmp = f"  {f.metric}={_fmt(f.value)} {rel} tol={_fmt(f.threshold)} ({f.dtype}, {f.source})"
-    detail = f"  [{f.detail}]" if f.detail else ""
-    return f"{label} ({f.kind}): {where}{leaf}{cmp}{detail}"
+    if f["value"] is not None and f["threshold"] is not None:
+        rel = ">" if (f["value"] > f["threshold"]) else "<="
+        cmp = f"  {f['metric']}={_fmt(f['value'])} {rel} tol={_fmt(f['threshold'])} ({f['dtype']}, {f['source']})"
+    detail = f"  [{f['detail']}]" if f["detail"] else ""
+    return f"{label} ({f['kind']}): {where}{leaf}{cmp}{detail}"
 
 
 @click.command()
 @_common
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--check", is_flag=True, help="Exit 3 when the runs diverge.")
-def divergence(store, target, ref, exact, steps, ranks, tol, maps, as_json, check):
+@click.option("--no-cache", is_flag=True,
+              help="Recompute even when the store holds this verdict for the same ingests (see README, memo).")
+def divergence(store, target, ref, exact, steps, ranks, tol, maps, as_json, check, no_cache):
     """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops."""
-    from dumpstore.analysis.divergence import divergence_by_steps
-    from dumpstore.store import open_store
-
-    v = divergence_by_steps(open_store(store), target, ref, **compare_options(steps, ranks, tol, exact, maps))
-    if as_json:
-        click.echo(to_json(v.to_dict()))
-    else:
-        click.echo(verdict_text(v))
-    if check and (v.first_divergence is not None):
+    v = verdict(store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache)
+    click.echo(to_json(v) if as_json else verdict_text(v))
+    if check and v["first_divergence"] is not None:
         raise SystemExit(3)
 
 
-def verdict_text(v) -> str:
-    p, c = v.precision, v.coverage
-    lines = [f"target {v.target} vs reference {v.ref}: steps {c['common_steps']}, ranks {c['common_ranks']}; "
+def verdict(store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: bool = True) -> dict:
+    """The divergence verdict as a dict: from the store's memo when it holds this question for the live ingests
+    of both runs (no heavy import at all), else computed and memoized."""
+    from dumpstore.analysis import memo
+    from dumpstore.analysis.tolerance import Tolerances
+    from dumpstore.store import default_store_path
+
+    tols = Tolerances.parse(tol)
+    question = {"command": "divergence", "target": target, "ref": ref, "steps": sorted(set(steps)) or None,
+                "ranks": sorted(set(ranks)) or None, "exact": exact, "maps": [memo.file_digest(m) for m in maps],
+                "tol": [tols.rel_l2, tols.all_dtypes, tols.amplification]}
+    key = memo.key(question)
+    root = Path(store) if store is not None else default_store_path()
+    if use_memo:
+        hit = memo.lookup(root, key, lambda: _live_ids(root, target, ref))
+        if hit is not None:
+            return hit
+    from dumpstore.analysis.divergence import divergence_by_steps
+    from dumpstore.store import open_store
+
+    st = open_store(store)
+    before = memo.catalog_signature(st.root)
+    v = divergence_by_steps(st, target, ref, **compare_options(steps, ranks, tol, exact, maps)).to_dict()
+    memo.save(st.root, key, _live_ids(st.root, target, ref), before, v)
+    return v
+
+
+def _live_ids(root: Path, target: str, ref: str) -> dict[str, str]:
+    from dumpstore.store import open_store
+
+    st = open_store(root)
+    return {run: st.run_info(run)["ingest_id"] for run in (target, ref)}
+
+
+def verdict_text(v: dict) -> str:
+    p, c = v["precision"], v["coverage"]
+    lines = [f"target {v['target']} vs reference {v['ref']}: steps {c['common_steps']}, ranks {c['common_ranks']}; "
              f"compute precision {p['target']} vs {p['ref']} (judged at {p['floor']})"]
     if p["target"] != p["ref"]:
         lines.append(f"mixed precision: the runs compute in {p['target']} and {p['ref']}; every tensor is judged "
@@ -108,19 +140,19 @@ def verdict_text(v) -> str:
         extra = sorted(set(c[f"{side}_steps"]) - set(c["common_steps"]))
         if extra:
             lines.append(f"steps only in the {side}: {extra} (not compared)")
-    lines.append(finding_line("FIRST DIVERGENCE", v.first_divergence))
-    lines.append(finding_line("CULPRIT", v.culprit))
-    for s in v.steps:
+    lines.append(finding_line("FIRST DIVERGENCE", v["first_divergence"]))
+    lines.append(finding_line("CULPRIT", v["culprit"]))
+    for s in v["steps"]:
         lines.append(f"  step {s['step']}: {s['compared']} compared, {s['diverged']} diverged, "
                      f"{s['unmatched']} unmatched, max rel_l2 {_fmt(s['max_err'])}, "
                      f"first {s['first_divergence'] or '-'}")
-    if len(v.ranks) > 1:
-        for r in v.ranks:
+    if len(v["ranks"]) > 1:
+        for r in v["ranks"]:
             flag = "  <- disagrees with its peers" if r["disagrees_with_peers"] else ""
             lines.append(f"  rank {r['rank']}: {r['diverged']} diverged, first {r['first_divergence'] or '-'}{flag}")
-    if v.unmatched:
-        first = v.unmatched[0]
-        lines.append(f"unmatched: {len(v.unmatched)} records in one run only (first: step {first['step']} "
+    if v["unmatched"]:
+        first = v["unmatched"][0]
+        lines.append(f"unmatched: {len(v['unmatched'])} records in one run only (first: step {first['step']} "
                      f"rank {first['rank']} {first['op']}, only in the {first['side']})")
     return "\n".join(lines)
 

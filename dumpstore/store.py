@@ -8,13 +8,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from .errors import StoreError
-from .schema import RUN_SCHEMA, SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 ENV_STORE = "DUMPSTORE_STORE"
 DEFAULT_STORE = "dumpstore_store"
@@ -35,6 +34,10 @@ class Store:
 
     # -- catalog -------------------------------------------------------------------------------------
     def runs(self) -> pa.Table:
+        import pyarrow.parquet as pq
+
+        from .schema import RUN_SCHEMA, SCHEMA_VERSION
+
         path = self.root / CATALOG
         if not path.exists():
             return RUN_SCHEMA.empty_table()
@@ -49,6 +52,8 @@ class Store:
 
     def raw_runs(self) -> list[dict[str, Any]]:
         """Catalog rows whatever their schema version (for upgrades)."""
+        import pyarrow.parquet as pq
+
         path = self.root / CATALOG
         return pq.ParquetFile(path).read().to_pylist() if path.exists() else []
 
@@ -99,6 +104,11 @@ class Store:
             self._write_catalog(rows)
 
     def _write_catalog(self, rows: list[dict[str, Any]]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from .schema import RUN_SCHEMA
+
         tmp = self.root / f".{CATALOG}.{os.getpid()}.tmp"
         pq.write_table(pa.Table.from_pylist(rows, RUN_SCHEMA), tmp)
         os.replace(tmp, self.root / CATALOG)

@@ -1,0 +1,110 @@
+"""The divergence verdict is memoized in the store: reused only for the same question on the same ingests."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dumpstore.cli.main import main
+from dumpstore.ingest import ingest
+from helpers import SAMPLES
+
+div_module = importlib.import_module("dumpstore.analysis.divergence")  # the module, not the function
+
+# `dumpstore divergence ARGS` in a fresh interpreter, then which heavy libraries it imported.
+_PROBE = """
+import sys
+from dumpstore.cli.main import main
+main(sys.argv[1:], standalone_mode=False)
+print("IMPORTED", ",".join(m for m in ("polars", "duckdb", "pyarrow", "numpy") if m in sys.modules))
+"""
+
+
+@pytest.fixture
+def computed(monkeypatch) -> list[str]:
+    """Records each verdict actually computed (the real function runs)."""
+    calls: list[str] = []
+    real = div_module.divergence_by_steps
+
+    def spy(store, target, ref, **kw):
+        calls.append(f"{target}/{ref}")
+        return real(store, target, ref, **kw)
+
+    monkeypatch.setattr(div_module, "divergence_by_steps", spy)
+    return calls
+
+
+def _divergence(store: Path, *args: str) -> dict:
+    res = CliRunner().invoke(main, ["divergence", "--target", "target", "--ref", "ref", "--store", str(store),
+                                    "--json", *args])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Path:
+    store = tmp_path / "store"
+    ingest(SAMPLES / "ref_stats", "ref", store=store, jobs=1)
+    ingest(SAMPLES / "weight_1pct_stats", "target", store=store, jobs=1)
+    return store
+
+
+def test_second_ask_is_answered_from_the_memo_without_heavy_imports(pair, computed):
+    first = _divergence(pair)
+    assert first["first_divergence"]["op"] == "Functional.linear.6.forward"
+    assert _divergence(pair) == first
+    assert computed == ["target/ref"]
+    assert _divergence(pair, "--no-cache") == first
+    assert len(computed) == 2
+    proc = subprocess.run([sys.executable, "-c", _PROBE, "divergence", "--target", "target", "--ref", "ref",
+                           "--store", str(pair), "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out, _, imported = proc.stdout.rpartition("IMPORTED ")
+    assert json.loads(out) == first
+    assert imported.strip() == ""
+
+
+def test_reingest_of_a_run_invalidates_its_verdicts(pair, computed):
+    before = _divergence(pair)
+    ingest(SAMPLES / "ln_eps_stats", "target", store=pair, jobs=1)  # same run name, other dump
+    after = _divergence(pair)
+    assert len(computed) == 2
+    assert after["first_divergence"]["op"] != before["first_divergence"]["op"]
+    assert after["first_divergence"]["op"].startswith("Functional.layer_norm")
+
+
+def test_ingest_of_another_run_keeps_the_memo(pair, computed):
+    first = _divergence(pair)
+    ingest(SAMPLES / "lr_stats", "other", store=pair, jobs=1)  # the catalog file changes, these runs do not
+    assert _divergence(pair) == first
+    assert len(computed) == 1
+
+
+def test_another_question_is_another_memo(pair, tmp_path, computed):
+    strict = _divergence(pair)
+    loose = _divergence(pair, "--tol", "1")
+    assert strict["first_divergence"] is not None and loose["first_divergence"] is None
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("Functional.linear.6.forward: Functional.linear.6.forward\n")
+    _divergence(pair, "--map", str(mapping))
+    mapping.write_text("Functional.linear.5.forward: Functional.linear.5.forward\n")  # same path, new content
+    _divergence(pair, "--map", str(mapping))
+    _divergence(pair, "--step", "1", "--step", "0")
+    _divergence(pair, "--step", "0", "--step", "1")  # the same steps: the same question
+    assert len(computed) == 5
+    assert len(list((pair / "memo").glob("*.json"))) == 5
+
+
+def test_a_corrupt_memo_is_recomputed(pair, computed):
+    first = _divergence(pair)
+    (memo,) = (pair / "memo").glob("*.json")
+    memo.write_text("{not json")
+    assert _divergence(pair) == first
+    assert len(computed) == 2
+    json.loads(memo.read_text())  # rewritten

@@ -196,6 +196,7 @@ class Row:
     met: str | None = None                # yes / no / n/a
     verdict: str | None = None            # OK / WRONG / - (dumpstore's verdict vs the injected fault)
     note: str | None = None
+    store_b_per_row: float | None = None  # bytes of Parquet (tensors/) per leaf row of the store
     load: str | None = None               # 1-minute load average when the row was measured
     runs: list[dict] = field(default_factory=list)
 
@@ -210,6 +211,7 @@ class Bench:
         self.ds = self._dumpstore_cli()
         self.ms = self._msprobe_cli()
         self.built: dict[str, Path] = {}  # pair name -> store (for requery)
+        self.ms_runs: dict[str, Run] = {}  # msprobe measured once per input and tag
         self.log = print
         DATA.mkdir(parents=True, exist_ok=True)
 
@@ -303,7 +305,8 @@ class Bench:
         ds_wall = sum(r.wall_s for r in runs)
         ds_rss = max(r.peak_rss_mb for r in runs)
         row = Row(scenario, f"ingest ×2 + divergence{' --exact' if exact else ''}", round(ds_wall, 2), ds_rss,
-                  target=TARGETS[scenario], verdict=verdict, note=got, runs=[r.brief() for r in runs])
+                  target=TARGETS[scenario], verdict=verdict, note=got, runs=[r.brief() for r in runs],
+                  store_b_per_row=bytes_per_row(store, 2 * man["rows_per_side"]))
         if not all(r.ok for r in runs):
             row.note = "dumpstore failed: " + "; ".join(r.killed or r.stderr.strip()[-200:] for r in runs if not r.ok)
         self._msprobe_side(row, cdir, scenario, threshold=10.0 if scenario == "stats_pair" else 5.0)
@@ -315,8 +318,10 @@ class Bench:
             row.met = "n/a"
             row.note = (row.note or "") + "; msprobe not installed (pip install mindstudio-probe): column skipped"
             return
-        ms = self.best(lambda: self.msprobe_compare(cdir / "target" / "step0", cdir / "ref" / "step0",
-                                                    DATA / "msprobe_out" / tag))
+        if tag not in self.ms_runs:
+            self.ms_runs[tag] = self.best(lambda: self.msprobe_compare(cdir / "target" / "step0", cdir / "ref" / "step0",
+                                                                       DATA / "msprobe_out" / tag))
+        ms = self.ms_runs[tag]
         row.runs.append(ms.brief())
         if not ms.ok:
             row.note = (row.note or "") + f"; msprobe failed: {ms.killed or ms.stderr.strip()[-200:]}"
@@ -353,14 +358,15 @@ class Bench:
                              metric="-", target="(context)", met="n/a", verdict="-",
                              note="any dumpstore command costs at least this; requery ≥50× needs the total "
                                   "under msprobe's time / 50", runs=[r.brief()]))
-            for exact in variants:
-                self.log(f"== requery {case}{' --exact' if exact else ''}")
-                div = self.best(lambda store=store, exact=exact: self.dumpstore(
-                    "divergence", "--target", "target", "--ref", "ref", "--store", store, "--json",
-                    *(["--exact"] if exact else [])))
+            for exact, fresh in ((e, f) for e in variants for f in (True, False)):
+                flags = (["--exact"] if exact else []) + (["--no-cache"] if fresh else [])
+                how = "recomputed (--no-cache)" if fresh else "memoized verdict"
+                self.log(f"== requery {case}{' --exact' if exact else ''}: {how}")
+                div = self.best(lambda store=store, flags=flags: self.dumpstore(
+                    "divergence", "--target", "target", "--ref", "ref", "--store", store, "--json", *flags))
                 verdict, got = self.check(div, man["expected"])
-                row = Row("requery", f"{case}: divergence{' --exact' if exact else ''}", div.wall_s, div.peak_rss_mb,
-                          target=TARGETS["requery"], verdict=verdict, note=got, runs=[div.brief()])
+                row = Row("requery", f"{case}: divergence{' --exact' if exact else ''}, {how}", div.wall_s,
+                          div.peak_rss_mb, target=TARGETS["requery"], verdict=verdict, note=got, runs=[div.brief()])
                 if not div.ok:
                     row.note = f"dumpstore failed: {div.killed or div.stderr.strip()[-200:]}"
                 self._msprobe_side(row, cdir, f"requery_{case}{'_exact' if exact else ''}", threshold=50.0)
@@ -421,7 +427,7 @@ class Bench:
             return
         prewarm(store)
         div = self.best(lambda: self.dumpstore("divergence", "--target", "target", "--ref", "ref", "--store", store,
-                                               "--json"))
+                                               "--json", "--no-cache"))  # the work, not the memo
         verdict, got = self.check(div, man["expected"])
         if stamp.is_file():
             info = json.loads(stamp.read_text())
@@ -432,7 +438,8 @@ class Bench:
                   div.wall_s, div.peak_rss_mb, metric=f"{2 * man['rows_per_side'] / div.wall_s:,.0f} rows/s"
                   if div.ok else None, target=TARGETS["scale"], met=met, verdict=verdict,
                   note=(got if div.ok else f"divergence {div.killed or 'failed: ' + div.stderr.strip()[-200:]}")
-                  + "; " + ingest_note + "; msprobe: n/a", runs=[r.brief() for r in ingest_runs + [div]])
+                  + "; " + ingest_note + "; msprobe: n/a", runs=[r.brief() for r in ingest_runs + [div]],
+                  store_b_per_row=bytes_per_row(store, 2 * man["rows_per_side"]))
         self.add(row)
 
     # ---- ingest rates
@@ -454,6 +461,7 @@ class Bench:
             r = self.best(lambda store=store, jobs=jobs: self._fresh_ingest(src / "ref", "ref", store, jobs))
             rate = rows / r.wall_s / jobs
             self.add(Row("ingest_rate", f"stats ingest --jobs {jobs} ({rows:,} rows)", r.wall_s, r.peak_rss_mb,
+                         store_b_per_row=bytes_per_row(store, rows),
                                  metric=f"{rate:,.0f} rows/s per core", target=TARGETS["stats_ingest"],
                                  met=("yes" if rate >= 100_000 else "no") if r.ok else "no", verdict="-",
                                  note=f"tree RSS {r.tree_rss_mb:.0f} MB" + ("" if r.ok else f"; failed: {r.killed or r.stderr[-200:]}"),
@@ -471,7 +479,7 @@ class Bench:
                              f"({rman['pt_files_per_side'] / r.wall_s:,.0f} files/s)", target=TARGETS["tensor_ingest"],
                              met="yes" if gbs >= 1 and r.ok else "no", verdict="-",
                              note=f"{cores} cores (one unit: step0/rank0 -> one process); tree RSS {r.tree_rss_mb:.0f} MB",
-                             runs=[r.brief()]))
+                             runs=[r.brief()], store_b_per_row=bytes_per_row(store, rman["rows_per_side"])))
         tspec = "2x4x16" if self.quick else "4x16x16"
         units, files, mb = (int(v) for v in tspec.split("x"))
         tdir = DATA / "synth" / f"tensors_{tspec}"
@@ -490,6 +498,7 @@ class Bench:
                                  r.wall_s, r.peak_rss_mb, metric=f"{gbs:.3f} GB/s",
                                  target=TARGETS["tensor_ingest"] if jobs == cores else "(1 core)",
                                  met=("yes" if gbs >= 1 and r.ok else "no") if jobs == cores else "n/a", verdict="-",
+                                 store_b_per_row=bytes_per_row(store, units * files),
                                  note=f"tree RSS {r.tree_rss_mb:.0f} MB" + ("" if r.ok else f"; failed: {r.killed or r.stderr[-200:]}"),
                                  runs=[r.brief()]))
         # memory bounded by a batch? peak RSS per process against the size of one unit
@@ -505,12 +514,12 @@ class Bench:
     # ---- output
     def table(self) -> str:
         head = ["scenario", "what", "dumpstore s", "dumpstore MB", "msprobe s", "msprobe MB", "speedup",
-                "metric", "target", "met", "verdict", "load"]
+                "metric", "store B/row", "target", "met", "verdict", "load"]
         lines = []
         for r in self.rows:
             lines.append([r.scenario, r.item, _f(r.ds_wall_s), _f(r.ds_rss_mb, 0), _f(r.ms_wall_s),
                           _f(r.ms_rss_mb, 0), (f"{r.speedup:.2f}×" if r.speedup is not None else "-"),
-                          r.metric or "-", r.target or "-", r.met or "-", r.verdict or "-",
+                          r.metric or "-", _f(r.store_b_per_row, 0), r.target or "-", r.met or "-", r.verdict or "-",
                           (r.load or "-").split()[0]])
         widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(head)]
         out = [" | ".join(h.ljust(w) for h, w in zip(head, widths)),
@@ -526,6 +535,12 @@ class Bench:
                "msprobe": self.ms is not None, "dumpstore_cli": self.ds, "rows": [asdict(r) for r in self.rows]}
         path.write_text(json.dumps(doc, indent=1))
         return path
+
+
+def bytes_per_row(store: Path, rows: int) -> float | None:
+    """Parquet bytes under the store's tensors/ folder per leaf row (live and replaced files alike)."""
+    files = list((store / "tensors").rglob("*.parquet"))
+    return round(sum(f.stat().st_size for f in files) / rows, 1) if files and rows else None
 
 
 def _load() -> str | None:

@@ -187,15 +187,39 @@ def _exact_row(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> d
     return m
 
 
+_PARALLEL_MIN = 512  # pairs: below this, starting workers costs more than it saves
+
+
+def _exact_rows(rows: list[dict[str, Any]], t_files: _RunFiles, r_files: _RunFiles,
+                jobs: int | None) -> list[dict[str, Any]]:
+    """_exact_row for every row, in order; in worker processes (contiguous chunks) when there are many."""
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(rows) // (_PARALLEL_MIN // 2) or 1))
+    if jobs < 2 or len(rows) < _PARALLEL_MIN:
+        return [_exact_row(r, t_files, r_files) for r in rows]
+    from concurrent.futures import ProcessPoolExecutor
+
+    size = -(-len(rows) // (jobs * 4))  # a few chunks per worker evens out slow files
+    chunks = [(rows[i:i + size], t_files, r_files) for i in range(0, len(rows), size)]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return [m for part in pool.map(_exact_chunk, chunks) for m in part]
+
+
+def _exact_chunk(job: tuple[list[dict[str, Any]], _RunFiles, _RunFiles]) -> list[dict[str, Any]]:
+    rows, t_files, r_files = job
+    return [_exact_row(r, t_files, r_files) for r in rows]
+
+
 def _with_null_columns(rows: pl.DataFrame) -> pl.DataFrame:
     return rows.with_columns([pl.lit(None, dtype=t).alias(c) for c, t in NEW_SCHEMA.items()])
 
 
-def add_exact_metrics(store, target: str, ref: str, rows: pl.DataFrame, tol, floor: str) -> pl.DataFrame:
+def add_exact_metrics(store, target: str, ref: str, rows: pl.DataFrame, tol, floor: str,
+                      jobs: int | None = None) -> pl.DataFrame:
     """`rows` with exact metrics from the full tensor files wherever both sides have one (see module doc).
 
     `tol` (Tolerances) and `floor` (compute precision) are accepted for symmetry with the sketch path; each
-    row keeps the tolerance it was given.
+    row keeps the tolerance it was given.  The file pairs are read and compared by `jobs` worker processes
+    (default: the CPU count) when there are many.
     """
     forget_folders()
     del tol, floor  # each row already carries its tolerance
@@ -213,10 +237,9 @@ def add_exact_metrics(store, target: str, ref: str, rows: pl.DataFrame, tol, flo
         return _with_null_columns(rows)
     t_files, r_files = _RunFiles(store, target), _RunFiles(store, ref)
     have = [c for c in _NEEDED if c in picked.columns]
-    out: list[dict[str, Any]] = []
-    for i, row in zip(picked["_exact_i"].to_list(), picked.select(have).iter_rows(named=True)):
-        row = {c: row.get(c) for c in _NEEDED}
-        out.append({"_exact_i": i, **_exact_row(row, t_files, r_files)})
+    todo = [{c: row.get(c) for c in _NEEDED} for row in picked.select(have).iter_rows(named=True)]
+    out = [{"_exact_i": i, **m} for i, m in zip(picked["_exact_i"].to_list(),
+                                                _exact_rows(todo, t_files, r_files, jobs))]
     kept = {c: rows.schema[c] for c in _UPDATED if c in rows.columns}
     upd_schema: dict[str, pl.DataType] = {"_exact_i": pl.UInt32(), **kept, **NEW_SCHEMA}
     upd = pl.DataFrame([{c: r.get(c) for c in upd_schema} for r in out], schema=upd_schema, orient="row")

@@ -370,3 +370,17 @@ def test_plain_tensor_folders(tmp_path) -> None:
         assert [r[c] for c in MSPROBE_COLUMNS.values()] == [str(tm.msprobe[c]) for c in MSPROBE_COLUMNS]
     z = rows.filter(pl.col("name") == "z").row(0, named=True)
     assert z["msprobe_cosine"] == "unsupported" and z["cosine"] == 1.0  # one element: dumpstore's own cosine
+
+
+def test_worker_processes_give_the_same_rows(store, exact_cmp, monkeypatch) -> None:
+    """The pairs are compared in worker processes when there are many: same rows, same order."""
+    import importlib
+
+    exact = importlib.import_module("dumpstore.analysis.exact")
+    target = next(iter(exact_cmp))
+    sketch = compare_runs(store, target, REF)
+    serial = exact.add_exact_metrics(store, target, REF, sketch.rows, None, "float32", jobs=1)
+    monkeypatch.setattr(exact, "_PARALLEL_MIN", 16)
+    parallel = exact.add_exact_metrics(store, target, REF, sketch.rows, None, "float32", jobs=2)
+    assert_frame_equal(parallel, serial)
+    assert_frame_equal(serial, exact_cmp[target])

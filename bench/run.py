@@ -48,6 +48,8 @@ SCENARIOS = ("stats_pair", "tensor_pair", "requery", "scale", "ingest_rate")
 PROFILES = ("stats_ingest", "tensor_ingest", "divergence")
 FULL_SCALE = "1000x50x8"
 QUICK_SCALE = "200x5x4"
+TINY_SCALE = "10x3x2"
+SAMPLES = HERE.parent / "sample_dumps"
 
 TARGETS = {  # from issue 7
     "stats_pair": "≥10× faster than msprobe",
@@ -204,12 +206,14 @@ class Row:
 class Bench:
     def __init__(self, args):
         self.args = args
-        self.quick = args.quick
+        self.quick = args.quick or args.tiny
+        self.tiny = args.tiny
+        self.size = "_tiny" if args.tiny else "_quick" if args.quick else ""
         self.rows: list[Row] = []
         self.mem_cap = args.mem_cap_gb
         self.timeout = args.timeout
         self.ds = self._dumpstore_cli()
-        self.ms = self._msprobe_cli()
+        self.ms = None if args.no_msprobe else self._msprobe_cli()
         self.built: dict[str, Path] = {}  # pair name -> store (for requery)
         self.ms_runs: dict[str, Run] = {}  # msprobe measured once per input and tag
         self.log = print
@@ -280,7 +284,32 @@ class Bench:
 
     # ---- pairs of real dumps
     def _real_case(self, name: str) -> tuple[Path, dict]:
+        if self.tiny:
+            return self._sample_case(name)
         cdir = real_dumps.generate_case(name, DATA / "real", quick=self.quick, log=self.log)
+        return cdir, json.loads((cdir / "manifest.json").read_text())
+
+    def _sample_case(self, name: str) -> tuple[Path, dict]:
+        """--tiny: the bundled sample pair weight_1pct_<name> / its reference, copied, instead of a deep model."""
+        cdir = DATA / "real" / f"{name}_tiny"
+        if not (cdir / "manifest.json").is_file():
+            cases = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text())["cases"]}
+            case = cases[f"weight_1pct_{name}"]
+            if cdir.exists():
+                shutil.rmtree(cdir)
+            shutil.copytree(SAMPLES / cases[case["ref"]]["path"], cdir / "ref")
+            shutil.copytree(SAMPLES / case["path"], cdir / "target")
+            docs = [json.loads(p.read_text()) for p in sorted((cdir / "ref").rglob("dump.json"))]
+            exp = case["expected"]
+            man = {"case": case["name"], "rows_per_side": sum(real_dumps._count_rows(d) for d in docs),
+                   "records_per_side": sum(len(d["data"]) for d in docs),
+                   "dump_json_bytes_per_side": sum(p.stat().st_size for p in (cdir / "ref").rglob("dump.json")),
+                   "pt_bytes_per_side": sum(p.stat().st_size for p in (cdir / "ref").rglob("*.pt")),
+                   "pt_files_per_side": sum(1 for _ in (cdir / "ref").rglob("*.pt")),
+                   "expected": {"step": exp["first_divergence"]["step"], "rank": exp["first_divergence"]["rank"],
+                                "first_divergence_op": exp["first_divergence"]["op"],
+                                "culprit_kind": exp["culprit"]["kind"]}}
+            (cdir / "manifest.json").write_text(json.dumps(man, indent=1))
         return cdir, json.loads((cdir / "manifest.json").read_text())
 
     def pair(self, scenario: str, case: str, exact: bool) -> None:
@@ -289,7 +318,7 @@ class Bench:
                  f"{man['dump_json_bytes_per_side'] / 1e6:.1f} MB dump.json + {man['pt_bytes_per_side'] / 1e6:.1f} "
                  f"MB .pt per side")
         prewarm(cdir)
-        store = DATA / "stores" / (scenario + ("_quick" if self.quick else ""))
+        store = DATA / "stores" / (scenario + self.size)
 
         def once() -> list[Run]:
             if store.exists():
@@ -316,7 +345,8 @@ class Bench:
     def _msprobe_side(self, row: Row, cdir: Path, tag: str, threshold: float) -> None:
         if self.ms is None:
             row.met = "n/a"
-            row.note = (row.note or "") + "; msprobe not installed (pip install mindstudio-probe): column skipped"
+            row.note = (row.note or "") + ("; msprobe column skipped (--no-msprobe / --tiny)" if self.args.no_msprobe
+                                           else "; msprobe not installed (pip install mindstudio-probe): column skipped")
             return
         if tag not in self.ms_runs:
             self.ms_runs[tag] = self.best(lambda: self.msprobe_compare(cdir / "target" / "step0", cdir / "ref" / "step0",
@@ -343,7 +373,7 @@ class Bench:
             cdir, man = self._real_case(case)
             store = self.built.get(case)
             if store is None or not (store / "runs.parquet").exists():
-                store = DATA / "stores" / (f"requery_{case}" + ("_quick" if self.quick else ""))
+                store = DATA / "stores" / (f"requery_{case}" + self.size)
                 self.log(f"== requery: building the {case} store first (not timed)")
                 if store.exists():
                     shutil.rmtree(store)
@@ -388,7 +418,7 @@ class Bench:
         return out, man
 
     def scale(self) -> None:
-        specs = self.args.scale or (QUICK_SCALE if self.quick else FULL_SCALE)
+        specs = self.args.scale or (TINY_SCALE if self.tiny else QUICK_SCALE if self.quick else FULL_SCALE)
         for spec in specs.split(","):
             self._scale_one(spec.strip())
 
@@ -451,7 +481,7 @@ class Bench:
 
     def ingest_rate(self) -> None:
         cores = os.cpu_count() or 1
-        spec = "200x2x2" if self.quick else "1000x2x4"
+        spec = "10x2x2" if self.tiny else "200x2x2" if self.quick else "1000x2x4"
         src, man = self._synth(spec)
         prewarm(src)
         rows = man["rows_per_side"]
@@ -480,7 +510,7 @@ class Bench:
                              met="yes" if gbs >= 1 and r.ok else "no", verdict="-",
                              note=f"{cores} cores (one unit: step0/rank0 -> one process); tree RSS {r.tree_rss_mb:.0f} MB",
                              runs=[r.brief()], store_b_per_row=bytes_per_row(store, rman["rows_per_side"])))
-        tspec = "2x4x16" if self.quick else "4x16x16"
+        tspec = "1x2x1" if self.tiny else "2x4x16" if self.quick else "4x16x16"
         units, files, mb = (int(v) for v in tspec.split("x"))
         tdir = DATA / "synth" / f"tensors_{tspec}"
         if (tdir / "manifest.json").is_file():
@@ -667,6 +697,10 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated: {', '.join(SCENARIOS)}")
     ap.add_argument("--quick", action="store_true", help="small version of every scenario")
+    ap.add_argument("--tiny", action="store_true",
+                    help="smallest version (the bundled sample pairs, no msprobe): the test suite's smoke run")
+    ap.add_argument("--no-msprobe", action="store_true", help="skip the msprobe columns")
+    ap.add_argument("--data", default=None, help="data folder (default bench/.data)")
     ap.add_argument("--scale", default=None,
                     help=f"scale sizes LAYERSxSTEPSxRANKS, comma-separated (default {FULL_SCALE}; quick {QUICK_SCALE})")
     ap.add_argument("--reuse-store", action="store_true",
@@ -681,6 +715,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"instead of timing: cProfile hot spots of {', '.join(PROFILES)}")
     ap.add_argument("--top", type=int, default=15, help="profile rows to print")
     args = ap.parse_args(argv)
+    args.no_msprobe = args.no_msprobe or args.tiny
+    if args.data:
+        global DATA
+        DATA = Path(args.data).resolve()
     if args.mem_cap_gb is None:
         args.mem_cap_gb = min(16.0, 0.7 * _host().get("mem_gb", 8))
     bench = Bench(args)
@@ -693,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown scenario(s) {bad}; choose from {', '.join(SCENARIOS)}")
     t0 = time.perf_counter()
     print(f"dumpstore bench{' (quick)' if args.quick else ''}: {', '.join(chosen)}; dumpstore = {' '.join(bench.ds)}; "
-          f"msprobe = {' '.join(bench.ms) if bench.ms else 'NOT INSTALLED (msprobe columns skipped)'}; "
+          f"msprobe = {' '.join(bench.ms) if bench.ms else 'skipped' if args.no_msprobe else 'NOT INSTALLED (skipped)'}; "
           f"memory cap {args.mem_cap_gb:.1f} GB per command")
     for s in SCENARIOS:  # fixed order: requery uses the stores built by the pairs
         if s in chosen:
@@ -701,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - t0
     print()
     print(bench.table())
-    if bench.ms is None:
+    if bench.ms is None and not args.no_msprobe:
         print("note: msprobe (mindstudio-probe, a development-only dependency) is not installed; msprobe columns "
               "and speedups are skipped.")
     path = bench.save(elapsed)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
 import stat
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +24,21 @@ from .errors import DumpFormatError, StoreError
 from .layout import Unit, find_units
 from .names import parse_record
 from .ptfile import DEFAULT_MAX_BYTES
-from .records import iter_leaves, leaf_row
+from .records import LEAF_COLUMNS, leaf_columns, record_leaves
 from .schema import STACK_SCHEMA, TENSOR_SCHEMA
 from .store import Store, open_store
 from .tensorfile import forget_folders, load, resolve
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_BATCH_ROWS = 4096
+_BATCH_ROWS = 4096  # rows turned into Arrow at a time
+_GROUP_ROWS = 1 << 16  # a Parquet row group holds up to this many rows ...
+_GROUP_BYTES = 32 << 20  # ... and about this much Arrow data (tensor rows carry a sample and a sketch)
+_ZSTD_LEVEL = 3
+# Dictionary-encode only the columns that repeat a few values (names, numbers and statistics rarely repeat:
+# their dictionaries cost time and make the file larger)
+_DICTIONARY_COLUMNS = ["ingest_id", "rank_dir", "source", "prefix", "api", "op_type", "direction", "module", "io",
+                       "index_path", "kind", "value_type", "dtype", "dtype_raw", "stats_source", "checksum_kind",
+                       "file_status"]
 _INT32_MAX = (1 << 31) - 1
 MAX_DUMP_JSON_BYTES = 4 << 30
 _MIN_FILE_CAP = 1 << 20  # tensor files may always expand to this much (a small view of a larger storage)
@@ -142,52 +152,109 @@ def _ingest_unit(unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOp
     part.mkdir(parents=True, exist_ok=True)
     suffix = f"-{unit.source}" if unit.source else ""
     out = part / f"part-{ingest_id}{suffix}.parquet"
+    with _gc_paused():
+        _write_unit(unit, out, root, run, ingest_id, opts, res, files_pool)
+    return res
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: a parsed dump.json is millions of objects that a collection would scan
+    again and again while the rows are built (they form no cycles, so nothing waits to be collected)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _write_unit(unit: Unit, out: Path, root: str, run: str, ingest_id: str, opts: IngestOptions, res: UnitResult,
+                files_pool: ProcessPoolExecutor | None) -> None:
     if unit.kind == "dump":
         rows, stacks = _dump_rows(unit, opts, res, defer=files_pool is not None)
     else:
         rows, stacks = _file_rows(unit, opts, res), []
-    base = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
-    with pq.ParquetWriter(out, TENSOR_SCHEMA, compression="zstd") as writer:
-        batch: list[dict[str, Any]] = []
-        for row in rows:
-            batch.append(row)
-            if len(batch) >= _BATCH_ROWS:
-                _attach_deferred(batch, unit, opts, res, files_pool)
-                writer.write_table(_with_constants(_table(batch, _ROW_SCHEMA), base))
-                batch = []
-        _attach_deferred(batch, unit, opts, res, files_pool)
-        writer.write_table(_with_constants(_table(batch, _ROW_SCHEMA), base))
+    constants = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
+    with pq.ParquetWriter(out, TENSOR_SCHEMA, compression="zstd", compression_level=_ZSTD_LEVEL,
+                          use_dictionary=_DICTIONARY_COLUMNS) as writer:
+        groups = _RowGroups(writer)
+        while batch := list(islice(rows, _BATCH_ROWS)):
+            _attach_deferred(batch, unit, opts, res, files_pool)
+            groups.add(_batch_table(batch, constants, res))
+        groups.close()
     if stacks:
         _write_stacks(Path(root), run, ingest_id, unit, stacks)
-    return res
 
 
 def _write_stacks(root: Path, run: str, ingest_id: str, unit: Unit, stacks: list[list[str]]) -> None:
     d = root / "stacks" / f"run={run}"
     d.mkdir(parents=True, exist_ok=True)
     name = f"part-{ingest_id}-{unit.step}-{unit.rank}{'-' + unit.source if unit.source else ''}.parquet"
-    rows = [{"ingest_id": ingest_id, "step": unit.step, "rank": unit.rank, "stack_id": i, "frames": frames}
-            for i, frames in enumerate(stacks)]
-    pq.write_table(_table(rows, STACK_SCHEMA), d / name, compression="zstd")
+    n = len(stacks)
+    columns = {"ingest_id": [ingest_id] * n, "step": [unit.step] * n, "rank": [unit.rank] * n,
+               "stack_id": range(n), "frames": stacks}
+    pq.write_table(pa.Table.from_arrays(_arrays(columns, STACK_SCHEMA), schema=STACK_SCHEMA), d / name,
+                   compression="zstd")
 
 
-_CONSTANT = ("ingest_id", "rank_dir", "source")
-_ROW_SCHEMA = pa.schema([f for f in TENSOR_SCHEMA if f.name not in _CONSTANT])
+# A row is a tuple of these columns: the record's, the leaf's place in it, then what describes the leaf.
+_RECORD_COLUMNS = ("seq", "record", "prefix", "api", "op_type", "call", "direction", "module", "is_recompute",
+                   "stack_id")
+ROW_COLUMNS = _RECORD_COLUMNS + ("io", "index_path", "name", "leaf") + LEAF_COLUMNS
+_DATA_NAME = ROW_COLUMNS.index("data_name")
 
 
-def _with_constants(table: pa.Table, base: dict[str, str]) -> pa.Table:
-    """Add the unit's constant columns (same value on every row) and order columns as TENSOR_SCHEMA."""
-    cols = {n: pa.array([utf8(base[n])] * table.num_rows, pa.string()) if n in base else table.column(n)
-            for n in TENSOR_SCHEMA.names}
-    return pa.Table.from_pydict(cols, TENSOR_SCHEMA)
+def _batch_table(batch: list[tuple | dict[str, Any]], constants: dict[str, str], res: UnitResult) -> pa.Table:
+    """Rows (tuples in ROW_COLUMNS order, or dicts of rows that read a tensor file) as a table of TENSOR_SCHEMA,
+    counted into `res`."""
+    rows = [r if type(r) is tuple else tuple(r.get(c) for c in ROW_COLUMNS) for r in batch]
+    columns = dict(zip(ROW_COLUMNS, zip(*rows))) if rows else {c: () for c in ROW_COLUMNS}
+    _count(columns, res)
+    n = len(rows)
+    columns.update({c: [v] * n for c, v in constants.items()})
+    return pa.Table.from_arrays(_arrays(columns, TENSOR_SCHEMA), schema=TENSOR_SCHEMA)
 
 
-def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Rows (dicts, missing keys = null) as a table: built column by column, twice as fast as from_pylist."""
-    try:
-        return pa.Table.from_pydict({n: [r.get(n) for r in rows] for n in schema.names}, schema)
-    except UnicodeEncodeError:  # lone surrogates: JSON \udcxx escapes, file names that are not UTF-8
-        return pa.Table.from_pylist([{k: utf8(v) for k, v in row.items()} for row in rows], schema)
+def _arrays(columns: dict[str, Sequence[Any]], schema: pa.Schema) -> list[pa.Array]:
+    """The columns (Python values, None = null) as Arrow arrays in the schema's order."""
+    out = []
+    for f in schema:
+        try:
+            out.append(pa.array(columns[f.name], f.type))
+        except UnicodeEncodeError:  # lone surrogates: JSON \udcxx escapes, file names that are not UTF-8
+            out.append(pa.array([utf8(v) for v in columns[f.name]], f.type))
+    return out
+
+
+class _RowGroups:
+    """Collects batches into row groups of up to _GROUP_ROWS rows or _GROUP_BYTES bytes: fewer, larger groups
+    compress better and read faster, while memory stays bounded by one group."""
+
+    def __init__(self, writer: pq.ParquetWriter):
+        self.writer = writer
+        self.pending: list[pa.Table] = []
+        self.rows = self.bytes = self.written = 0
+
+    def add(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.rows += table.num_rows
+        self.bytes += table.nbytes
+        if self.rows >= _GROUP_ROWS or self.bytes >= _GROUP_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            table = pa.concat_tables(self.pending)
+            self.writer.write_table(table, row_group_size=max(1, table.num_rows))
+            self.written += table.num_rows
+        self.pending, self.rows, self.bytes = [], 0, 0
+
+    def close(self) -> None:
+        if not self.written and not self.rows:  # a unit without rows still gets its (empty) file
+            self.pending.append(TENSOR_SCHEMA.empty_table())
+        self.flush()
 
 
 def utf8(value: Any) -> Any:
@@ -244,17 +311,16 @@ _DEFER = "_defer"
 _FILE_FIELDS = ("data_name", "dtype", "shape", "numel")
 
 
-def _attach_deferred(batch: list[dict[str, Any]], unit: Unit, opts: IngestOptions, res: UnitResult,
+def _attach_deferred(batch: list[tuple | dict[str, Any]], unit: Unit, opts: IngestOptions, res: UnitResult,
                      pool: ProcessPoolExecutor | None) -> None:
-    """Read the batch's deferred tensor files in the pool, in order, then count those rows."""
-    todo = [r for r in batch if r.pop(_DEFER, False)]
+    """Read the batch's deferred tensor files in the pool, in order."""
+    todo = [r for r in batch if type(r) is dict and r.pop(_DEFER, False)]
     if not todo or pool is None:
         return
     jobs = [(str(unit.path.parent), {k: r.get(k) for k in _FILE_FIELDS}, opts) for r in todo]
     for row, (updates, n_files) in zip(todo, pool.map(_summarize_file, jobs, chunksize=32)):
         row.update(updates)
         res.tensor_files += n_files
-        _count(row, res)
 
 
 def _summarize_file(job: tuple[str, dict[str, Any], IngestOptions]) -> tuple[dict[str, Any], int]:
@@ -304,28 +370,32 @@ def _parent(construct: dict, key: str) -> str | None:
 
 
 def _record_rows(unit: Unit, doc: dict, construct: dict, stack_ids: dict[str, int],
-                 opts: IngestOptions, res: UnitResult, defer: bool = False):
+                 opts: IngestOptions, res: UnitResult, defer: bool = False) -> Iterator[tuple | dict[str, Any]]:
+    """The unit's rows: tuples in ROW_COLUMNS order; a dict where the row reads a tensor file."""
     leaf_no = 0
     for seq, (key, record) in enumerate(doc.get("data", {}).items()):
         res.records += 1
-        rn = parse_record(str(key))
-        ident = {"seq": seq, "record": str(key), "prefix": rn.prefix, "api": rn.api, "op_type": rn.op_type,
-                 "call": _int32(rn.call), "direction": rn.direction, "module": _parent(construct, str(key)),
-                 "stack_id": stack_ids.get(str(key)),
-                 "is_recompute": record.get("is_recompute") if isinstance(record, dict)
-                 and isinstance(record.get("is_recompute"), bool) else None}
-        for io, index, name, leaf in iter_leaves(str(key), record):
-            row = leaf_row(leaf)
-            row.update(ident, io=io, index_path=index, name=name, leaf=leaf_no)
+        key = str(key)
+        rn = parse_record(key)
+        recompute = record.get("is_recompute") if isinstance(record, dict) else None
+        ident = (seq, key, rn.prefix, rn.api, rn.op_type, _int32(rn.call), rn.direction, _parent(construct, key),
+                 recompute if isinstance(recompute, bool) else None, stack_ids.get(key))
+        for io, index, name, leaf in record_leaves(key, record, rn.direction):
+            row = (*ident, io, index, name, leaf_no, *leaf_columns(leaf))
             leaf_no += 1
-            if row["kind"] == "tensor" and row.get("data_name") and opts.load_tensors:
-                if defer:  # read later, in parallel, by _attach_deferred (which also counts the row)
-                    row[_DEFER] = True
-                    yield row
-                    continue
-                _attach_tensor(row, unit.path.parent, opts, res)
-            _count(row, res)
-            yield row
+            if row[_DATA_NAME] and opts.load_tensors:  # only tensor leaves have a data_name
+                yield _tensor_file_row(dict(zip(ROW_COLUMNS, row)), unit, opts, res, defer)
+            else:
+                yield row
+
+
+def _tensor_file_row(row: dict[str, Any], unit: Unit, opts: IngestOptions, res: UnitResult,
+                     defer: bool) -> dict[str, Any]:
+    if defer:  # read later, in parallel, by _attach_deferred
+        row[_DEFER] = True
+    else:
+        _attach_tensor(row, unit.path.parent, opts, res)
+    return row
 
 
 def _int32(value: int | None) -> int | None:
@@ -333,18 +403,22 @@ def _int32(value: int | None) -> int | None:
     return value if value is not None and value <= _INT32_MAX else None
 
 
-def _count(row: dict[str, Any], res: UnitResult) -> None:
-    if row.get("checksum_kind"):
-        res.meta["checksum"] = row["checksum_kind"]
-    if row.get("is_recompute") is not None or (row.get("direction") == "parameters_grad" and row.get("call") is None):
+def _count(columns: dict[str, Sequence[Any]], res: UnitResult) -> None:
+    """Count a batch's rows, tensors and errors into `res` (and make its errors one line)."""
+    kinds, errors = columns["kind"], columns["error"]
+    res.rows += len(kinds)
+    res.tensors += kinds.count("tensor")
+    if any(columns["checksum_kind"]):
+        res.meta["checksum"] = next(k for k in reversed(columns["checksum_kind"]) if k)
+    if columns["is_recompute"].count(None) < len(kinds) or ("parameters_grad" in columns["direction"] and any(
+            d == "parameters_grad" and c is None for d, c in zip(columns["direction"], columns["call"]))):
         res.meta["generation"] = "8.x"
-    res.rows += 1
-    res.tensors += row["kind"] == "tensor"
-    if row.get("error"):
-        row["error"] = one_line(row["error"])
-        res.errors += 1
+    if any(errors):
+        errors = columns["error"] = [one_line(e) if e else e for e in errors]
+        res.errors += sum(1 for e in errors if e)
         if res.first_error is None:
-            res.first_error = f"{row.get('name')}: {row['error']}"
+            first = next(i for i, e in enumerate(errors) if e)
+            res.first_error = f"{columns['name'][first]}: {errors[first]}"
 
 
 def _attach_tensor(row: dict[str, Any], dump_dir: Path, opts: IngestOptions, res: UnitResult) -> None:
@@ -417,7 +491,6 @@ def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
             fill_from_array(row, arr, stored, opts)
         except DumpFormatError as exc:
             row.update(file_status="error", error=str(exc), stats_source="none")
-        _count(row, res)
         yield row
 
 

@@ -1,0 +1,77 @@
+"""How the ingest lays rows out: leaf columns by name, row groups bounded by rows, the collector left as found."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import math
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from dumpstore.ingest import ingest
+from dumpstore.records import LEAF_COLUMNS, leaf_columns
+from helpers import MSPROBE
+
+ingest_module = importlib.import_module("dumpstore.ingest")  # the module (dumpstore.ingest is also the function)
+
+
+def _described(leaf) -> dict:
+    values = leaf_columns(leaf)
+    assert len(values) == len(LEAF_COLUMNS)
+    return {k: v for k, v in zip(LEAF_COLUMNS, values) if v is not None}
+
+
+def test_tensor_leaf_columns_by_name():
+    leaf = {"type": "torch.Tensor", "dtype": "torch.bfloat16", "shape": [2, 3], "Max": 3.5e38, "Min": -math.inf,
+            "Mean": 1, "Norm": None, "requires_grad": True, "data_name": "x.pt", "md5": "0x1f"}
+    assert _described(leaf) == {
+        "kind": "tensor", "value_type": "torch.Tensor", "dtype": "bfloat16", "dtype_raw": "torch.bfloat16",
+        "shape": [2, 3], "numel": 6, "requires_grad": True, "min": -math.inf, "max": 3.5e38, "mean": 1.0,
+        "stats_source": "dump", "has_nan": False, "has_posinf": False, "has_neginf": True, "has_sat": True,
+        "dump_max": 3.5e38, "dump_min": -math.inf, "dump_mean": 1.0, "checksum": "0x1f", "checksum_kind": "xor",
+        "data_name": "x.pt", "file_status": "none"}
+
+
+def test_scalar_null_and_bad_shape_leaf_columns_by_name():
+    assert _described({"type": "float", "value": -math.inf}) == {
+        "kind": "scalar", "value_type": "float", "value": "-Infinity", "scalar_value": -math.inf,
+        "stats_source": "none", "file_status": "none"}
+    assert _described({"type": "slice", "value": [1, None]})["value"] == "[1, null]"
+    assert _described(None) == {"kind": "null", "stats_source": "none", "file_status": "none"}
+    bad = _described({"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2, 1 << 62]})
+    assert bad["error"].endswith("a dimension or the element count does not fit in int64")
+    assert "shape" not in bad and "numel" not in bad
+    assert _described({"type": "torch.Tensor", "dtype": "x", "shape": [0, 1 << 63]})["error"].startswith(
+        "invalid shape")
+    assert _described({"type": "torch.Tensor", "dtype": "x", "shape": []})["numel"] == 1
+
+
+def _part_files(store: Path) -> list[Path]:
+    return sorted((store / "tensors").rglob("*.parquet"))
+
+
+def test_row_groups_are_bounded_and_rows_unchanged(tmp_path, monkeypatch):
+    ingest(MSPROBE / "v8_statistics", "r", store=tmp_path / "one", jobs=1)
+    monkeypatch.setattr(ingest_module, "_BATCH_ROWS", 7)
+    monkeypatch.setattr(ingest_module, "_GROUP_ROWS", 20)
+    ingest(MSPROBE / "v8_statistics", "r", store=tmp_path / "many", jobs=1)
+    [one], [many] = _part_files(tmp_path / "one"), _part_files(tmp_path / "many")
+    meta = pq.ParquetFile(many).metadata
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert len(sizes) > 1 and all(s <= 20 + 7 for s in sizes) and sum(sizes) == meta.num_rows
+    assert pq.ParquetFile(one).metadata.num_row_groups == 1
+    a, b = pq.read_table(one).drop(["ingest_id"]), pq.read_table(many).drop(["ingest_id"])
+    assert a.to_pylist() == b.to_pylist()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_garbage_collector_left_as_found(tmp_path, enabled):
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        ingest(MSPROBE / "v8_statistics", "r", store=tmp_path, jobs=1)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

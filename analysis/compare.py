@@ -39,11 +39,14 @@ class Comparison:
 
 def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None, ranks: list[int] | None = None,
                  tolerances: Tolerances | None = None, exact: bool = False,
-                 mapping: Mapping | None = None) -> Comparison:
+                 mapping: Mapping | None = None, units: list[tuple[int, int]] | None = None,
+                 precision: dict[str, str] | None = None) -> Comparison:
     """Align `target` with `ref` and compute per-leaf metrics and verdicts.
 
     `mapping` renames target records into the reference's namespace; a MindSpore target against a PyTorch
-    reference gets the built-in MindSpore -> PyTorch names in any case.
+    reference gets the built-in MindSpore -> PyTorch names in any case.  `units` limits the comparison to some
+    (step, rank) pairs besides `steps` and `ranks`; `precision` (the runs' compute precision, as in
+    `Comparison.precision`) replaces the one found in the rows loaded, for a part of a larger comparison.
     """
     tol = tolerances or Tolerances()
     t_info, r_info = store.run_info(target), store.run_info(ref)
@@ -53,8 +56,8 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
         mapping.mindspore_to_pytorch = True
     steps = [s for s in coverage["common_steps"] if steps is None or s in steps]
     ranks = [k for k in coverage["common_ranks"] if ranks is None or k in ranks]
-    t = load_run(store, target, steps=steps, ranks=ranks)
-    r = load_run(store, ref, steps=steps, ranks=ranks)
+    t = load_run(store, target, steps=steps, ranks=ranks, units=units)
+    r = load_run(store, ref, steps=steps, ranks=ranks, units=units)
     t, r = _common_summaries(t, r, t_info, r_info)
     renamed = {k: mapping.record(k) for k in t["record"].unique().to_list()} if mapping else {}
     if renamed:
@@ -66,7 +69,7 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
         back = {v: k for k, v in renamed.items()}
         pairs = pairs.with_columns(pl.col("_orig_record").alias("record")).drop("_orig_record")
         records = records.with_columns(pl.col("t_record").replace(back))
-    precision = _precision(t, r)
+    precision = dict(precision) if precision else _precision(t, r)
     rows = pair_metrics(pairs, tol, precision["floor"])
     if exact:
         from .exact import add_exact_metrics
@@ -101,13 +104,23 @@ def _compute_dtype(df: pl.DataFrame) -> str:
     """Lowest-precision float dtype holding >= 10% of the run's forward float outputs."""
     outs = df.filter((pl.col("io") == "output") & (pl.col("direction") == "forward")
                      & pl.col("dtype").is_in(list(FLOAT_DTYPES)))
-    if outs.height == 0:
+    return compute_dtype_from_counts(dict(outs.group_by("dtype").len().iter_rows()))
+
+
+def compute_dtype_from_counts(counts: dict[str, int]) -> str:
+    """The compute precision from a run's forward float outputs counted by dtype (see _compute_dtype)."""
+    total = sum(counts.values())
+    if total == 0:
         return "float32"
-    counts = outs.group_by("dtype").len()
-    common = [d for d, n in counts.iter_rows() if n >= 0.1 * outs.height]
+    common = [d for d, n in counts.items() if n >= 0.1 * total]
     return max(common, key=eps) if common else "float32"
+
+
+def floor_of(a: str, b: str) -> str:
+    """The less precise of two compute precisions (ties: the target's)."""
+    return a if eps(a) >= eps(b) else b
 
 
 def _precision(t: pl.DataFrame, r: pl.DataFrame) -> dict[str, str]:
     a, b = _compute_dtype(t), _compute_dtype(r)
-    return {"target": a, "ref": b, "floor": a if eps(a) >= eps(b) else b}
+    return {"target": a, "ref": b, "floor": floor_of(a, b)}

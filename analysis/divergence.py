@@ -26,6 +26,7 @@ from dumpstore.dtypes import eps
 
 from .compare import Comparison
 from .order import INPUT_IO, ORDER, OUTPUT_IO, with_phase
+from .tolerance import Tolerances
 
 QUIET = 0.1  # inputs "agree" when their error is below this share of the tolerance
 
@@ -94,15 +95,23 @@ def divergence(cmp: Comparison) -> Verdict:
     unmatched = _unmatched(cmp.records)
     first = _first_divergence(rows)
     culprit = _culprit(rows, recs, cmp) if recs["out_div"].any() else None
+    first, culprit = _settle(first, culprit, unmatched)
+    counts = {s: int(n) for s, n in rows.group_by("status").len().iter_rows() if s is not None}
+    return Verdict(cmp.target, cmp.ref, first, culprit, _timeline(rows), _rank_view(rows), unmatched,
+                   cmp.precision, counts, cmp.coverage)
+
+
+def _settle(first: Finding | None, culprit: Finding | None, unmatched: list[dict[str, Any]]
+            ) -> tuple[Finding | None, Finding | None]:
+    """An extra op that is the first divergence is its own culprit when no diverged op is; without any
+    divergence, the first record in one run only is both."""
     if culprit is None and first is not None and first.kind == "extra_op":
         culprit = replace(first, evidence={})
     if first is None and unmatched:
         u = unmatched[0]
         first = Finding(u["step"], u["rank"], u["op"], None, u["kind"], detail=f"record only in the {u['side']}")
         culprit = replace(first)
-    counts = {s: int(n) for s, n in rows.group_by("status").len().iter_rows() if s is not None}
-    return Verdict(cmp.target, cmp.ref, first, culprit, _timeline(rows), _rank_view(rows), unmatched,
-                   cmp.precision, counts, cmp.coverage)
+    return first, culprit
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -291,7 +300,25 @@ MAX_ROWS_IN_MEMORY = 250_000  # leaf rows per run compared at once by divergence
 
 def divergence_by_steps(store, target: str, ref: str, *, steps: list[int] | None = None,
                         max_rows: int = MAX_ROWS_IN_MEMORY, **compare_options: Any) -> Verdict:
-    """`divergence(compare_runs(...))` over batches of steps, so memory is bounded by a batch, not the runs.
+    """`divergence(compare_runs(...))` for runs of any size: memory is bounded by a batch, not by the runs.
+
+    The screen (analysis/screen.py) judges every unit whose records pair by position in one fast pass; what it
+    cannot pair (units needing alignment) and the units where the first diverged output lies are compared
+    exactly, in batches of whole steps of at most `max_rows` rows per run, and give the first divergence, the
+    culprit and the unmatched records.  The timeline, rank view and counts merge both.  Options the screen does
+    not serve (`exact`, name mappings, runs with different sketch sizes) compare every step exactly, in batches.
+    """
+    from .screen import Unsupported
+
+    try:
+        return _screened(store, target, ref, steps=steps, max_rows=max_rows, **compare_options)
+    except Unsupported:
+        return divergence_in_batches(store, target, ref, steps=steps, max_rows=max_rows, **compare_options)
+
+
+def divergence_in_batches(store, target: str, ref: str, *, steps: list[int] | None = None,
+                          max_rows: int = MAX_ROWS_IN_MEMORY, **compare_options: Any) -> Verdict:
+    """`divergence(compare_runs(...))` over batches of steps, every step compared exactly (the slow way).
 
     The verdict is the same: steps are compared in order, the first divergence and culprit come from the first
     batch that has one, and the timeline, rank view, unmatched ops and counts are merged.
@@ -307,6 +334,108 @@ def divergence_by_steps(store, target: str, ref: str, *, steps: list[int] | None
              for i in range(0, len(common), size)] or [divergence(compare_runs(store, target, ref, steps=[],
                                                                                **compare_options))]
     return _merge(parts)
+
+
+def _screened(store, target: str, ref: str, *, steps: list[int] | None, max_rows: int,
+              ranks: list[int] | None = None, tolerances: Tolerances | None = None, exact: bool = False,
+              mapping: Any = None) -> Verdict:
+    from .compare import _coverage, compare_runs
+    from .screen import Unsupported, screen
+
+    t_info, r_info = store.run_info(target), store.run_info(ref)
+    if exact or mapping or ("mindspore" in t_info["framework"] and "pytorch" in r_info["framework"]):
+        raise Unsupported("exact metrics or name mappings")
+    tol = tolerances or Tolerances()
+    coverage = _coverage(t_info, r_info)
+    steps_c = [s for s in coverage["common_steps"] if steps is None or s in steps]
+    ranks_c = [k for k in coverage["common_ranks"] if ranks is None or k in ranks]
+    scr = screen(store, target, ref, steps_c, ranks_c, tol)
+    units = scr.units
+    # exactly: units needing alignment, and the units of the first step with a diverged output of the screen
+    hit = units.filter(pl.col("first_seq").is_not_null())
+    exact_units = set(scr.complex_units)
+    if hit.height:
+        first_step = hit["step"].min()
+        exact_units |= set(hit.filter(pl.col("step") == first_step).select("step", "rank").iter_rows())
+    per_unit = max(t_info["n_rows"], r_info["n_rows"]) / max(len(t_info["steps"]) * len(t_info["ranks"]), 1)
+    batches: list[list[tuple[int, int]]] = []
+    for step in sorted({s for s, _ in exact_units}):
+        these = sorted(u for u in exact_units if u[0] == step)
+        if batches and (len(batches[-1]) + len(these)) * per_unit <= max_rows:
+            batches[-1] += these
+        else:
+            batches.append(these)
+    first: Finding | None = None
+    culprit: Finding | None = None
+    culprit_done = False
+    unmatched: list[dict[str, Any]] = []
+    summaries = []
+    for batch in batches:
+        cmp = compare_runs(store, target, ref, steps=steps_c, ranks=ranks_c, tolerances=tol, units=batch,
+                           precision=scr.precision)
+        rows = _ordered(cmp.rows)
+        recs = _record_table(rows)
+        if first is None:
+            first = _first_divergence(rows)
+        if not culprit_done and recs["out_div"].any():  # the first step with a diverged output is in this batch
+            culprit, culprit_done = _culprit(rows, recs, cmp), True
+        unmatched += _unmatched(cmp.records)
+        summaries.append(_unit_summaries(rows))
+    first, culprit = _settle(first, culprit, unmatched)
+    if exact_units:
+        done = pl.DataFrame(sorted(exact_units), schema={"step": pl.Int64, "rank": pl.Int64}, orient="row")
+        units = units.join(done, on=["step", "rank"], how="anti")
+    allu = pl.concat([units] + [u.cast(units.schema) for u in summaries], how="vertical")  # type: ignore[arg-type]
+    allu = allu.filter(pl.col("rows") > 0)
+    counts = {s: int(allu[s].sum()) for s in STATUSES if allu[s].sum()}
+    return Verdict(target, ref, first, culprit, _timeline_of_units(allu), _rank_view_of_units(allu), unmatched,
+                   scr.precision, counts, coverage)
+
+
+STATUSES = ("pass", "diverged", "unmatched", "error", "unknown")
+
+
+def _unit_summaries(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per (step, rank, source) of ordered rows: rows, counts by status, largest err, first differing record
+    (as `_first_divergence` picks it) with its phase, seq and leaf; the screen's `units` columns."""
+    cand = (((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO))
+            | ((pl.col("match") == "target_only") & pl.col("how").is_null()))
+    return rows.group_by(["step", "rank", "source"], maintain_order=True).agg(
+        pl.len().alias("rows"), *[(pl.col("status") == s).sum().alias(s) for s in STATUSES],
+        pl.col("err").max().alias("max_err"),
+        pl.col("_phase").filter(cand).first().alias("first_phase"),
+        pl.col("_seq").filter(cand).first().alias("first_seq"),
+        pl.col("leaf").filter(cand).first().alias("first_leaf"),
+        pl.col("_record").filter(cand).first().alias("first_record"))
+
+
+def _timeline_of_units(units: pl.DataFrame) -> list[dict[str, Any]]:
+    """`_timeline` from unit summaries."""
+    first = (units.filter(pl.col("first_seq").is_not_null())
+             .sort(["step", "first_phase", "rank", "source", "first_seq", "first_leaf"])
+             .group_by("step", maintain_order=True).agg(pl.col("first_record").first()))
+    ops = dict(first.iter_rows())
+    agg = units.group_by("step").agg(pl.col("pass").sum(), pl.col("diverged").sum(), pl.col("unmatched").sum(),
+                                     pl.col("max_err").max()).sort("step")
+    return [{"step": r["step"], "compared": int(r["pass"] + r["diverged"]), "diverged": int(r["diverged"]),
+             "unmatched": int(r["unmatched"]), "max_err": None if r["max_err"] is None else float(r["max_err"]),
+             "first_divergence": ops.get(r["step"])} for r in agg.iter_rows(named=True)]
+
+
+def _rank_view_of_units(units: pl.DataFrame) -> list[dict[str, Any]]:
+    """`_rank_view` from unit summaries."""
+    first = (units.filter(pl.col("first_seq").is_not_null())
+             .sort(["rank", "step", "first_phase", "source", "first_seq", "first_leaf"])
+             .group_by("rank", maintain_order=True).agg(pl.col("first_record").first(), pl.col("step").first()))
+    firsts = {r: (op, step) for r, op, step in first.iter_rows()}
+    agg = units.group_by("rank").agg(pl.col("diverged").sum(), pl.col("max_err").max())
+    out = []
+    for r in agg.iter_rows(named=True):
+        op, step = firsts.get(r["rank"], (None, None))
+        out.append({"rank": r["rank"], "diverged": int(r["diverged"]),
+                    "max_err": None if r["max_err"] is None else float(r["max_err"]),
+                    "first_divergence": op, "first_step": step})
+    return _peers(out)
 
 
 def _merge(parts: list[Verdict]) -> Verdict:

@@ -150,36 +150,62 @@ def _scalar_err() -> pl.Expr:
     return when(numeric).then(num_err).otherwise(when(same_text).then(0.0).otherwise(INF))
 
 
+def tensor_err(shape: pl.Expr) -> pl.Expr:
+    """err of a tensor pair: inf on a shape or non-finite mismatch, else sketch, statistics, checksum (best first)."""
+    ck = when(c("checksum_equal")).then(0.0).when(~c("checksum_equal")).then(INF)
+    return (when(shape).then(INF).when(c("nonfinite_mismatch")).then(INF)
+            .otherwise(pl.coalesce(c("_sk_err"), c("_st_err"), ck)))
+
+
+def pair_err(unmatched: pl.Expr, kinds_differ: pl.Expr, is_tensors: pl.Expr, is_scalars: pl.Expr,
+             nulls: pl.Expr, tensor: pl.Expr) -> pl.Expr:
+    """err of any pair from its parts (shared with analysis/screen.py, which precomputes the parts)."""
+    return (when(unmatched).then(None).when(kinds_differ).then(INF).when(is_tensors).then(tensor)
+            .when(is_scalars).then(c("_sc_err")).when(nulls).then(0.0))
+
+
+def pair_tol(is_scalars: pl.Expr, numeric_scalars: pl.Expr) -> pl.Expr:
+    """Threshold of a pair: the dtype's (column `tol`), relative 1e-6 for numbers, equality for other values."""
+    return when(numeric_scalars).then(VALUE_RTOL).when(is_scalars).then(0.0).otherwise(c("tol"))
+
+
+def kinds_differ() -> pl.Expr:
+    return (c("kind") != c("ref_kind")) & ~c("kind").is_in(["error"]) & ~c("ref_kind").is_in(["error"])
+
+
+def null_pair() -> pl.Expr:
+    return (c("kind") == "null") & (c("ref_kind") == "null")
+
+
+def numeric_scalars(is_scalars: pl.Expr) -> pl.Expr:
+    return is_scalars & c("scalar_value").is_not_null() & c("ref_scalar_value").is_not_null()
+
+
 def _choose(is_tensors: pl.Expr, is_scalars: pl.Expr) -> list[pl.Expr]:
     unmatched = c("match").is_in(["target_only", "ref_only"])
-    kinds_differ = (c("kind") != c("ref_kind")) & ~c("kind").is_in(["error"]) & ~c("ref_kind").is_in(["error"])
+    differ = kinds_differ()
     shape = is_tensors & c("_shape_differs")
-    ck = when(c("checksum_equal")).then(0.0).when(~c("checksum_equal")).then(INF)
-    tensor_err = (when(shape).then(INF).when(c("nonfinite_mismatch")).then(INF)
-                  .otherwise(pl.coalesce(c("_sk_err"), c("_st_err"), ck)))
+    err = pair_err(unmatched, differ, is_tensors, is_scalars, null_pair(), tensor_err(shape))
     tensor_src = (when(shape).then(lit("value")).when(c("_sk_err").is_not_null()).then(lit("sketch"))
                   .when(c("_st_err").is_not_null() | c("nonfinite_mismatch")).then(lit("stats"))
                   .when(c("checksum_equal").is_not_null()).then(lit("checksum")))
-    err = (when(unmatched).then(None).when(kinds_differ).then(INF).when(is_tensors).then(tensor_err)
-           .when(is_scalars).then(c("_sc_err"))
-           .when((c("kind") == "null") & (c("ref_kind") == "null")).then(0.0))
-    src = (when(unmatched).then(lit("none")).when(kinds_differ).then(lit("value")).when(is_tensors).then(tensor_src)
-           .when(is_scalars | ((c("kind") == "null") & (c("ref_kind") == "null"))).then(lit("value"))
+    src = (when(unmatched).then(lit("none")).when(differ).then(lit("value")).when(is_tensors).then(tensor_src)
+           .when(is_scalars | null_pair()).then(lit("value"))
            .otherwise(lit("none")))
-    numeric_scalars = is_scalars & c("scalar_value").is_not_null() & c("ref_scalar_value").is_not_null()
-    tol = when(numeric_scalars).then(VALUE_RTOL).when(is_scalars).then(0.0).otherwise(c("tol"))
+    numeric = numeric_scalars(is_scalars)
+    tol = pair_tol(is_scalars, numeric)
     max_abs = (when(is_tensors & c("_sk_err").is_not_null()).then(c("_sample_abs"))
                .when(is_tensors & c("_st_err").is_not_null() & c("norm").is_not_null() & c("ref_norm").is_not_null())
                .then(pl.max_horizontal(c("max_diff").abs().fill_null(0.0), c("min_diff").abs().fill_null(0.0)))
                .when(is_tensors & c("_st_err").is_not_null())
                .then(pl.max_horizontal(c("max_diff").abs(), c("min_diff").abs()))
-               .when(numeric_scalars & (c("_sc_err") > 0)).then((c("scalar_value") - c("ref_scalar_value")).abs()))
+               .when(numeric & (c("_sc_err") > 0)).then((c("scalar_value") - c("ref_scalar_value")).abs()))
     return [err.alias("err"), src.alias("err_source"), when(c("_sk_err").is_not_null()).then(c("_sk_bound"))
             .alias("err_bound"), when(c("_sk_err").is_not_null()).then(c("_sk_cos")).alias("cosine"),
             max_abs.alias("max_abs_err"), lit(None, pl.Float64).alias("max_rel_err"),
             when(unmatched).then(None).otherwise(tol).alias("tol"),
             when(unmatched).then(None).otherwise(c("tol_dtype")).alias("tol_dtype"),
-            _detail(unmatched, kinds_differ, shape, is_scalars).alias("detail")]
+            _detail(unmatched, differ, shape, is_scalars).alias("detail")]
 
 
 def _detail(unmatched: pl.Expr, kinds_differ: pl.Expr, shape: pl.Expr, is_scalars: pl.Expr) -> pl.Expr:
@@ -197,12 +223,24 @@ def _shape_text(col: str) -> pl.Expr:
     return pl.concat_str([lit("["), c(col).cast(pl.List(pl.String)).list.join(", "), lit("]")])
 
 
+def unreadable_kind() -> pl.Expr:
+    return (c("kind") == "error") | (c("ref_kind") == "error")
+
+
+def has_error_text() -> pl.Expr:
+    return c("error").is_not_null() | c("ref_error").is_not_null()
+
+
+def pair_status(unmatched: pl.Expr, bad_kind: pl.Expr, error_text: pl.Expr) -> pl.Expr:
+    """unmatched / error / unknown / diverged / pass from `err`, `tol`, `nonfinite_mismatch` and the parts."""
+    unreadable = bad_kind | (error_text & c("err").is_null())
+    return (when(unmatched).then(lit("unmatched")).when(unreadable).then(lit("error"))
+            .when(c("err").is_null()).then(lit("unknown"))
+            .when((c("err") > c("tol")) | c("nonfinite_mismatch")).then(lit("diverged")).otherwise(lit("pass")))
+
+
 def _verdict() -> list[pl.Expr]:
     unmatched = c("match").is_in(["target_only", "ref_only"])
-    unreadable = (c("kind") == "error") | (c("ref_kind") == "error") | (
-        (c("error").is_not_null() | c("ref_error").is_not_null()) & c("err").is_null())
     sev = when(c("tol") > 0).then(c("err") / c("tol")).when(c("err") == 0).then(0.0).otherwise(INF)
-    status = (when(unmatched).then(lit("unmatched")).when(unreadable).then(lit("error"))
-              .when(c("err").is_null()).then(lit("unknown"))
-              .when((c("err") > c("tol")) | c("nonfinite_mismatch")).then(lit("diverged")).otherwise(lit("pass")))
+    status = pair_status(unmatched, unreadable_kind(), has_error_text())
     return [when(c("err").is_not_null() & ~unmatched).then(sev).alias("severity"), status.alias("status")]

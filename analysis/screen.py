@@ -1,0 +1,561 @@
+"""A fast first pass over two runs: per (step, rank, source) unit, the status of every leaf pair, without alignment.
+
+Most units of two runs of the same job hold the same records in the same order.  For such a *simple* unit the
+leaf pairs are the rows at the same position of the two units' Parquet files, and their `err`, `tol` and `status`
+are what `analysis/pairmetrics.py` computes for them after alignment (the same Polars expressions, in two stages:
+what does not depend on the statistics, then what does).  The screen returns per unit the counts by status,
+the largest error and the first diverged output in execution order; units it cannot pair by position (records
+or leaves differ, a file in one run only, repeated keys) are listed for the exact path (`compare_runs`).
+
+Speed comes from not decoding what is known already.  A column chunk of one file that is byte-for-byte the
+chunk of another (same Parquet type) holds the same values: the two runs' units share their record names,
+dtypes, shapes, flags ... and usually differ in the four statistics only, and units of different steps and
+ranks share their structure, so
+
+  * a column whose chunks are equal in the target and the reference file is decoded once, for both;
+  * decoded columns, the per-pair parts that do not depend on the statistics, and the structure checks are
+    cached by the chunks' bytes, so a structure seen in another unit costs a dictionary lookup.
+
+Only the live ingest's files are read (`Store.tensor_files`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from dumpstore.dtypes import FLOAT_DTYPES
+
+from .order import OUTPUT_IO
+from .pairmetrics import (
+    _diff,
+    _nonfinite,
+    _scalar_err,
+    _shape_differs,
+    _sketch_err,
+    _stats_err,
+    _tol,
+    _tol_dtype,
+    has_error_text,
+    kinds_differ,
+    null_pair,
+    numeric_scalars,
+    pair_err,
+    pair_status,
+    pair_tol,
+    tensor_err,
+    unreadable_kind,
+)
+from .tolerance import Tolerances
+
+c, lit, when = pl.col, pl.lit, pl.when
+
+KEYS = ("record", "io", "index_path")                  # a leaf pair: same record, io and index path
+ORDER = ("seq", "leaf", "direction")                   # execution order (target side)
+STATIC = ("kind", "dtype", "shape", "numel", "nan_count", "posinf_count", "neginf_count", "sat_count",
+          "has_nan", "has_posinf", "has_neginf", "has_sat", "checksum", "scalar_value", "value", "error")
+STATS = ("min", "max", "mean", "norm")
+_KEYED = KEYS + ORDER + STATIC + STATS + ("sketch",)
+_OPEN_FILES = 4096  # files kept open between the screen's two passes (else reopened)
+_STRINGS = ("record", "io", "index_path", "direction", "kind", "dtype", "checksum", "value", "error")
+STATUSES = ("pass", "diverged", "unmatched", "error", "unknown")
+
+
+class Unsupported(Exception):
+    """The screen cannot answer for this store; the caller compares the slow way."""
+
+
+@dataclass
+class ScreenResult:
+    units: pl.DataFrame                      # simple units: step, rank, source, rows, counts, max_err, first
+    complex_units: list[tuple[int, int]]     # (step, rank) pairs to compare exactly (alignment needed)
+    precision: dict[str, str]                # compute precision of each run and the floor, as compare_runs
+    dtype_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------ files
+class _File:
+    """One Parquet file of a unit: its column chunks' bytes (for equality and as cache keys), decoded on demand.
+
+    The footer is parsed once; the reader stays open until `close()` (`release()` only drops the chunk bytes).
+    """
+
+    __slots__ = ("path", "step", "rank", "source", "md", "n", "ranges", "types", "leaves", "_reader", "_keys",
+                 "_fh")
+
+    def __init__(self, path: str, step: int, rank: int, source: str):
+        self.path, self.step, self.rank, self.source = path, step, rank, source
+        self._reader = _open_reader(path)
+        self.md = md = self._reader.metadata
+        self.n = md.num_rows
+        self.leaves: dict[str, list[int]] = {}
+        for i, parts in enumerate(self._reader.column_paths):
+            self.leaves.setdefault(parts[0], []).append(i)
+        self.ranges: dict[str, list[tuple[int, int]]] = {}
+        self.types: dict[str, str] = {}
+        groups = [md.row_group(g) for g in range(md.num_row_groups)]
+        for name in _KEYED:
+            leaves = self.leaves.get(name)
+            if not leaves or len(leaves) != 1 or not groups:
+                continue
+            spans = []
+            for rg in groups:
+                col = rg.column(leaves[0])
+                start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+                spans.append((start, col.total_compressed_size))
+            self.ranges[name] = spans
+            self.types[name] = groups[0].column(leaves[0]).physical_type
+        self._keys: dict[str, tuple] = {}
+        self._fh = None
+
+    def release(self) -> None:
+        """Forget the chunk bytes and close the byte reader (the Parquet reader stays)."""
+        if self._fh is not None:
+            self._fh.close()
+        self._keys, self._fh = {}, None
+
+    def close(self) -> None:
+        self.release()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def key(self, col: str) -> tuple:
+        """What identifies the decoded values of `col`: (name, type, rows, chunk bytes); bytes None if absent."""
+        hit = self._keys.get(col)
+        if hit is None:
+            if col not in self.ranges:
+                hit = (col, None, self.n, None)
+            else:
+                if self._fh is None:
+                    self._fh = open(self.path, "rb")  # noqa: SIM115 - closed by release()
+                fd = self._fh.fileno()
+                hit = (col, self.types[col], self.n, b"".join(os.pread(fd, n, a) for a, n in self.ranges[col]))
+            self._keys[col] = hit
+        return hit
+
+    def read(self, cols: list[str]) -> pa.Table:
+        if self._reader is None:
+            self._reader = _open_reader(self.path, self.md)
+        idx = [i for x in cols for i in self.leaves[x]]
+        return self._reader.read_all(column_indices=idx, use_threads=False)
+
+
+def _open_reader(path: str, md=None):
+    """pyarrow's Parquet reader without ParquetFile's per-file schema walk (a third of a small file's cost)."""
+    from pyarrow._parquet import ParquetReader
+
+    reader = ParquetReader()
+    reader.open(path, read_dictionary=list(_STRINGS), metadata=md)
+    return reader
+
+
+def _source_of(path: str, ingest_id: str) -> str | None:
+    name = os.path.basename(path)
+    prefix = f"part-{ingest_id}"
+    if not name.startswith(prefix) or not name.endswith(".parquet"):
+        return None
+    rest = name[len(prefix):-len(".parquet")]
+    if rest == "":
+        return ""
+    return rest[1:] if rest.startswith("-") else None
+
+
+def _files(store, run: str, steps: set[int], ranks: set[int]) -> dict[tuple[int, int, str], str]:
+    """(step, rank, source) -> file of the run's live ingest, for the steps and ranks asked."""
+    info = store.run_info(run)
+    out: dict[tuple[int, int, str], str] = {}
+    for pattern in store.tensor_files([run]):
+        for path in glob.glob(pattern):
+            parts = path.split(os.sep)
+            try:
+                step = int(parts[-3].removeprefix("step="))
+                rank = int(parts[-2].removeprefix("rank="))
+            except ValueError as exc:
+                raise Unsupported(f"unexpected path {path}") from exc
+            if step not in steps or rank not in ranks:
+                continue
+            source = _source_of(path, info["ingest_id"])
+            if source is None:  # another ingest whose id starts alike
+                continue
+            out[(step, rank, source)] = path
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ caches
+class _Cache:
+    """Decoded columns and derived frames, keyed by the bytes they come from.  Bounded: when a store's units
+    share little (checksums that change every step), it is emptied rather than grown."""
+
+    MAX_COLS, MAX_FRAMES = 256, 32
+
+    def __init__(self):
+        self.cols: dict[tuple, pl.Series] = {}
+        self.frames: dict[tuple, Any] = {}
+
+    def remember(self, key: tuple, value: Any) -> Any:
+        if len(self.frames) >= self.MAX_FRAMES:
+            self.frames.clear()
+        self.frames[key] = value
+        return value
+
+    def columns(self, f: _File, cols: Iterable[str], keep: bool = True) -> dict[str, pl.Series]:
+        want = [x for x in cols if x in f.ranges]
+        out = {x: self.cols[f.key(x)] for x in want if f.key(x) in self.cols}
+        missing = [x for x in want if x not in out]
+        if missing:
+            table = f.read(missing)
+            for x in missing:
+                s = pl.from_arrow(table.column(x), schema_overrides=None)
+                if isinstance(s, pl.DataFrame):  # pragma: no cover - from_arrow of a ChunkedArray is a Series
+                    s = s.to_series()
+                if s.dtype == pl.Categorical:
+                    s = s.cast(pl.String)
+                s = s.alias(x)
+                out[x] = s
+                if keep:
+                    if len(self.cols) >= self.MAX_COLS:
+                        self.cols.clear()
+                    self.cols[f.key(x)] = s
+        for x in cols:
+            if x not in out:
+                raise Unsupported(f"{f.path} has no column {x}")
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ per unit
+def _structure(cache: _Cache, f: _File) -> tuple[bool, pl.DataFrame, dict[str, np.ndarray]]:
+    """(keys unique, the target's order columns _phase, _out, seq, leaf, _record, and them as numpy), cached."""
+    key = ("structure",) + tuple(f.key(x) for x in KEYS + ORDER)
+    hit = cache.frames.get(key)
+    if hit is not None:
+        return hit
+    cols = cache.columns(f, KEYS + ORDER)
+    df = pl.DataFrame([cols[x] for x in KEYS + ORDER])
+    # the exact path pairs records by name (one seq per record name) and leaves by (record, io, index_path)
+    unique = (df.select(pl.struct(*KEYS).n_unique()).item() == df.height
+              and df.select(pl.struct("record", "seq").n_unique()).item() == df.select(c("record").n_unique()).item())
+    first_bwd = c("seq").filter(c("direction") == "backward").min()
+    order = df.select(
+        when((c("direction") == "parameters_grad") & (c("seq") < first_bwd.fill_null(-1))).then(1).otherwise(0)
+        .cast(pl.Int32).alias("_phase"),
+        c("io").is_in(OUTPUT_IO).alias("_out"), c("seq"), c("leaf"), c("record").alias("_record"))
+    hit = (unique, order, {x: order[x].to_numpy() for x in ("_phase", "_out", "seq", "leaf")})
+    return cache.remember(key, hit)
+
+
+def _same_keys(cache: _Cache, t: _File, r: _File) -> bool:
+    if t.n != r.n:
+        return False
+    if all(t.key(x) == r.key(x) for x in KEYS):
+        return True
+    a, b = cache.columns(t, KEYS), cache.columns(r, KEYS, keep=False)
+    return all(a[x].equals(b[x]) for x in KEYS)
+
+
+def _static(cache: _Cache, t: _File, r: _File, tol: Tolerances, floor: str
+            ) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
+    """The parts of every pair's verdict that do not depend on the statistics (cached by the bytes)."""
+    key = ("static", floor) + tuple(t.key(x) for x in STATIC) + tuple(r.key(x) for x in STATIC)
+    hit = cache.frames.get(key)
+    if hit is not None:
+        return hit
+    a = cache.columns(t, STATIC)
+    rb = cache.columns(r, [x for x in STATIC if t.key(x) != r.key(x)])
+    b = {x: rb.get(x, a[x]) for x in STATIC}
+    df = pl.DataFrame([a[x] for x in STATIC] + [b[x].alias(f"ref_{x}") for x in STATIC])
+    is_tensors = (c("kind") == "tensor") & (c("ref_kind") == "tensor")
+    is_scalars = (c("kind") == "scalar") & (c("ref_kind") == "scalar")
+    both_ck = c("checksum").is_not_null() & c("ref_checksum").is_not_null()
+    df = df.with_columns(_nonfinite(), _tol_dtype(floor), _shape_differs().alias("_shape_differs"))
+    df = df.with_columns(_tol(tol))
+    out = df.select(
+        is_tensors.alias("_is_tensors"), is_scalars.alias("_is_scalars"), kinds_differ().alias("_kinds_differ"),
+        null_pair().alias("_nulls"), (is_tensors & c("_shape_differs")).alias("_shape"),
+        c("nonfinite_mismatch"), when(both_ck).then(c("checksum") == c("ref_checksum")).alias("checksum_equal"),
+        _scalar_err().alias("_sc_err"), pair_tol(is_scalars, numeric_scalars(is_scalars)).alias("tol"),
+        unreadable_kind().alias("_bad_kind"), has_error_text().alias("_err_text"), c("numel"), c("ref_numel"))
+    # pairs whose err can only be the statistics bound, when the statistics are finite and ||y|| > 0 (_fast)
+    plain = (c("_is_tensors") & ~c("_kinds_differ") & ~c("_shape") & ~c("nonfinite_mismatch") & ~c("_bad_kind")
+             & ~c("_err_text") & c("tol").is_not_null()).fill_null(False)
+    # pairs whose verdict does not read the statistics: not two tensors (scalars, nulls, kinds differ), or two
+    # tensors of different shapes or non-finite counts (err inf); judged here once, with null statistics
+    decided = ((~c("_is_tensors")).fill_null(False)
+               | (c("_is_tensors") & (c("_shape") | c("nonfinite_mismatch"))).fill_null(False))
+    nulls = [lit(None, pl.Float64).alias(x) for x in STATS] + [lit(None, pl.Float64).alias(f"ref_{x}") for x in STATS]
+    if "sketch" in out.columns:  # pragma: no cover - sketches are per unit, never in the static frame
+        raise AssertionError
+    judged = _verdicts(out.with_columns(*nulls, lit(None, pl.List(pl.Float64)).alias("sketch"),
+                                        lit(None, pl.List(pl.Float64)).alias("ref_sketch")), sketches=False)
+    arrays = out.select(plain.alias("plain"), decided.alias("decided"), c("tol"),
+                        pl.coalesce(c("numel"), c("ref_numel"), lit(1)).cast(pl.Float64).alias("n"))
+    arrays = arrays.with_columns(judged["err"].alias("d_err"), judged["err"].is_not_null().alias("d_ok"),
+                                 judged["status"].replace_strict(_CODES, return_dtype=pl.Int8).alias("d_code"))
+    hit = (out, {x: arrays[x].to_numpy() for x in arrays.columns})
+    return cache.remember(key, hit)
+
+
+def _stats(t: _File, r: _File, sketches: bool) -> pa.Table:
+    """The statistics (and sketches) of both sides, as Arrow: decoded every time, they differ from unit to unit."""
+    cols = list(STATS) + (["sketch"] if sketches else [])
+    for f in (t, r):
+        if any(x not in f.ranges for x in cols):
+            raise Unsupported(f"{f.path} lacks a statistics column")
+    a, b = t.read(cols), r.read(cols)
+    return pa.table([a.column(x) for x in cols] + [b.column(x) for x in cols],
+                    names=cols + [f"ref_{x}" for x in cols])
+
+
+def _verdicts(df: pl.DataFrame, sketches: bool) -> pl.DataFrame:
+    """err and status of every pair from the static parts and the statistics (pairmetrics' expressions)."""
+    df = df.with_columns(_diff("max"), _diff("min"), _diff("mean"), _diff("norm"))
+    sk = _sketch_err()[0] if sketches else lit(None, pl.Float64)
+    df = df.with_columns(_stats_err().alias("_st_err"), sk.alias("_sk_err"))
+    df = df.with_columns(pair_err(lit(False), c("_kinds_differ"), c("_is_tensors"), c("_is_scalars"), c("_nulls"),
+                                  tensor_err(c("_shape"))).alias("err"))
+    return df.with_columns(pair_status(lit(False), c("_bad_kind"), c("_err_text")).alias("status"))
+
+
+def _summarise(df: pl.DataFrame) -> pl.DataFrame:
+    """Per unit: rows, counts by status, largest err, first diverged output (phase, seq, leaf, record)."""
+    cand = (c("status") == "diverged") & c("_out")
+    order = ["_phase", "seq", "leaf"]
+    return df.group_by(["step", "rank", "source"]).agg(
+        pl.len().alias("rows"),
+        *[(c("status") == s).sum().alias(s) for s in STATUSES],
+        c("err").max().alias("max_err"),
+        *[c(x).filter(cand).sort_by(*[c(o).filter(cand) for o in order]).first().alias("first_" + x.lstrip("_"))
+          for x in ["_phase", "seq", "leaf", "_record"]])
+
+
+_CODES = {name: i for i, name in enumerate(STATUSES)}
+
+
+def _fast(stnp: dict[str, np.ndarray], stats: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(err, done) for the pairs `_verdicts` would judge by the statistics bound alone: tensors of the same kind,
+    shape and non-finite counts with finite statistics and ||y|| > 0.  Then err = max(|dNorm|, |dMax|, |dMin|,
+    |dMean| * sqrt(n)) / ||y||, computed with the same IEEE operations as pairmetrics' expressions."""
+    col = {x: stats.column(x).to_numpy() for x in stats.column_names}  # nulls: NaN, which `finite` excludes
+    t = [col[x] for x in STATS]
+    r = [col[f"ref_{x}"] for x in STATS]
+    with np.errstate(all="ignore"):
+        finite = np.logical_and.reduce([np.isfinite(v) for v in t + r])
+        rn = r[3]
+        done = stnp["plain"] & finite & (rn > 0)
+        d = [np.abs(a - b) for a, b in zip(t, r)]  # min, max, mean, norm
+        num = np.maximum(np.maximum(d[3], d[1]), np.maximum(d[0], d[2] * np.sqrt(stnp["n"])))
+        err = num / rn
+    return err, done
+
+
+def _judge(units: list, sketches: bool) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Per unit: err (valid where not null), and status codes; the fast path where it applies, `_verdicts`
+    (one Polars pass for all units given) elsewhere."""
+    errs, valid, codes, slow = [], [], [], []
+    for _, _, _, static, stnp, stats in units:
+        n = stats.num_rows
+        if sketches:
+            err, done = np.zeros(n), np.zeros(n, dtype=bool)
+        else:
+            err, done = _fast(stnp, stats)
+        code = np.where(err > stnp["tol"], _CODES["diverged"], _CODES["pass"]).astype(np.int8)
+        dec = stnp["decided"] & ~done
+        err = np.where(dec, stnp["d_err"], err)
+        code = np.where(dec, stnp["d_code"], code).astype(np.int8)
+        ok = done | (dec & stnp["d_ok"])
+        errs.append(err)
+        valid.append(ok)
+        codes.append(code)
+        rest = ~(done | dec)
+        if rest.any():
+            idx = np.flatnonzero(rest)
+            sub = pl.from_arrow(stats.take(pa.array(idx)))
+            slow.append((rest, pl.concat([static[idx], sub], how="horizontal")))  # type: ignore[list-item]
+        else:
+            slow.append((rest, None))
+    parts = [f for _, f in slow if f is not None]
+    if parts:
+        judged = _verdicts(pl.concat(parts, how="vertical"), sketches)
+        j_err = judged["err"].to_numpy()
+        j_valid = judged["err"].is_not_null().to_numpy()
+        j_code = judged["status"].replace_strict(_CODES, return_dtype=pl.Int8).to_numpy()
+        at = 0
+        for i, (rest, f) in enumerate(slow):
+            if f is None:
+                continue
+            m = f.height
+            errs[i][rest] = j_err[at:at + m]
+            valid[i][rest] = j_valid[at:at + m]
+            codes[i][rest] = j_code[at:at + m]
+            at += m
+    return errs, valid, codes
+
+
+def _step_summary(units: list, sketches: bool) -> pl.DataFrame:
+    """Per-unit summaries (see ScreenResult.units) of one step's simple units."""
+    if not units:
+        return _empty_units()
+    errs, valid, codes = _judge(units, sketches)
+    out = []
+    for ((s, k, src), order, ordnp, _, _, _), err, ok, code in zip(units, errs, valid, codes):
+        counts = np.bincount(code, minlength=len(STATUSES))
+        max_err = pl.Series(err[ok], dtype=pl.Float64).max() if ok.any() else None
+        cand = np.flatnonzero((code == _CODES["diverged"]) & ordnp["_out"])
+        first = None
+        if cand.size:
+            i = cand[np.lexsort((ordnp["leaf"][cand], ordnp["seq"][cand], ordnp["_phase"][cand]))[0]]
+            first = (int(ordnp["_phase"][i]), int(ordnp["seq"][i]), int(ordnp["leaf"][i]), order["_record"][int(i)])
+        out.append({"step": s, "rank": k, "source": src, "rows": int(code.size),
+                    **{name: int(counts[i]) for i, name in enumerate(STATUSES)},
+                    "max_err": None if max_err is None else float(max_err),
+                    "first_phase": first[0] if first else None, "first_seq": first[1] if first else None,
+                    "first_leaf": first[2] if first else None, "first_record": first[3] if first else None})
+    return pl.DataFrame(out, schema=_empty_units().schema)
+
+
+# ------------------------------------------------------------------------------------------------ the screen
+def _dtype_counts(cache: _Cache, f: _File) -> dict[str, int]:
+    """Forward float outputs by dtype (what compare_runs' compute precision counts)."""
+    key = ("dtypes",) + tuple(f.key(x) for x in ("io", "direction", "dtype"))
+    hit = cache.frames.get(key)
+    if hit is None:
+        cols = cache.columns(f, ("io", "direction", "dtype"))
+        df = pl.DataFrame([cols["io"], cols["direction"], cols["dtype"]])
+        hit = dict(df.filter((c("io") == "output") & (c("direction") == "forward")
+                             & c("dtype").is_in(list(FLOAT_DTYPES))).group_by("dtype").len().iter_rows())
+        cache.remember(key, hit)
+    return hit
+
+
+def screen(store, target: str, ref: str, steps: list[int], ranks: list[int], tolerances: Tolerances,
+           threads: int | None = None) -> ScreenResult:
+    """Screen the common `steps` x `ranks` of two runs (see the module docstring)."""
+    from .compare import compute_dtype_from_counts, floor_of
+
+    t_info, r_info = store.run_info(target), store.run_info(ref)
+    sketches = bool(t_info.get("n_tensor_files")) and bool(r_info.get("n_tensor_files"))
+    tm, rm = t_info.get("sketch_m"), r_info.get("sketch_m")
+    if sketches and tm and rm and tm != rm:
+        raise Unsupported("sketch sizes differ")
+    steps_s, ranks_s = set(steps), set(ranks)
+    t_files = _files(store, target, steps_s, ranks_s)
+    r_files = _files(store, ref, steps_s, ranks_s)
+    cache = _Cache()
+    threads = threads or min(4, os.cpu_count() or 1)
+    jobs = [("target", k, p) for k, p in t_files.items()] + [("ref", k, p) for k, p in r_files.items()]
+
+    def first_pass(job: tuple) -> tuple[str, tuple, _File, dict[str, int]]:
+        side, key, path = job
+        f = _File(path, *key)
+        try:
+            return side, key, f, _dtype_counts(cache, f)
+        finally:
+            f.release()
+            if len(jobs) > _OPEN_FILES:
+                f.close()  # reopened when read
+
+    opened: dict[tuple[str, tuple], _File] = {}
+    counts: dict[str, dict[str, int]] = {"target": {}, "ref": {}}
+    for side, key, f, dc in _map(first_pass, jobs, threads):
+        opened[(side, key)] = f
+        for d, n in dc.items():
+            counts[side][d] = counts[side].get(d, 0) + n
+    a, b = compute_dtype_from_counts(counts["target"]), compute_dtype_from_counts(counts["ref"])
+    precision = {"target": a, "ref": b, "floor": floor_of(a, b)}
+    floor = precision["floor"]
+
+    complex_units: set[tuple[int, int]] = set()
+    by_step: dict[int, list[tuple[tuple, _File, _File]]] = {}
+    for key in sorted(set(t_files) | set(r_files)):
+        t, r = opened.get(("target", key)), opened.get(("ref", key))
+        if t is None or r is None:
+            complex_units.add(key[:2])
+        elif t.n or r.n:
+            by_step.setdefault(key[0], []).append((key, t, r))
+
+    def one_step(step: int) -> pl.DataFrame:
+        units = []
+        for (s, k, src), t, r in by_step[step]:
+            if (s, k) in complex_units:
+                continue
+            try:
+                if t.n != r.n or t.n == 0 or t.types != r.types:
+                    complex_units.add((s, k))
+                    continue
+                unique, order, ordnp = _structure(cache, t)
+                if not unique or not _same_keys(cache, t, r):
+                    complex_units.add((s, k))
+                    continue
+                static, stnp = _static(cache, t, r, tolerances, floor)
+                units.append(((s, k, src), order, ordnp, static, stnp, _stats(t, r, sketches)))
+            finally:
+                t.close()
+                r.close()
+        return _step_summary(units, sketches)
+
+    parts = [p for p in _map(one_step, sorted(by_step), threads) if p.height]
+    units = pl.concat(parts, how="vertical") if parts else _empty_units()
+    # a (step, rank) found complex later in its step (another source) is compared exactly as a whole
+    if complex_units:
+        drop = pl.DataFrame(sorted(complex_units), schema={"step": pl.Int64, "rank": pl.Int64}, orient="row")
+        units = units.with_columns(c("step").cast(pl.Int64), c("rank").cast(pl.Int64)).join(
+            drop, on=["step", "rank"], how="anti")
+    units = units.sort(["step", "rank", "source"])
+    return ScreenResult(units.with_columns(c("step").cast(pl.Int64), c("rank").cast(pl.Int64)),
+                        sorted(complex_units), precision, counts)
+
+
+def _map(fn, items: list, threads: int) -> list:
+    """fn over items, in order, on `threads` threads (Parquet decoding and Polars release the GIL)."""
+    if threads <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(fn, items))
+
+
+def _empty_units() -> pl.DataFrame:
+    schema = {"step": pl.Int64, "rank": pl.Int64, "source": pl.String, "rows": pl.UInt32,
+              **{s: pl.UInt32 for s in STATUSES}, "max_err": pl.Float64, "first_phase": pl.Int32,
+              "first_seq": pl.Int32, "first_leaf": pl.Int32, "first_record": pl.String}
+    return pl.DataFrame(schema=schema)
+
+
+def pair_rows(store, target: str, ref: str, step: int, rank: int, source: str, tolerances: Tolerances,
+              floor: str) -> pl.DataFrame | None:
+    """The screen's per-pair rows (record, io, index_path, err, tol, status) of one simple unit, for tests."""
+    t_info, r_info = store.run_info(target), store.run_info(ref)
+    sketches = bool(t_info.get("n_tensor_files")) and bool(r_info.get("n_tensor_files"))
+    tp = _files(store, target, {step}, {rank}).get((step, rank, source))
+    rp = _files(store, ref, {step}, {rank}).get((step, rank, source))
+    if tp is None or rp is None:
+        return None
+    cache = _Cache()
+    t, r = _File(tp, step, rank, source), _File(rp, step, rank, source)
+    try:
+        return _pair_rows(cache, t, r, tolerances, floor, sketches)
+    finally:
+        t.close()
+        r.close()
+
+
+def _pair_rows(cache: _Cache, t: _File, r: _File, tolerances: Tolerances, floor: str, sketches: bool
+               ) -> pl.DataFrame | None:
+    if t.n != r.n or t.n == 0 or t.types != r.types:
+        return None
+    unique, order, _ = _structure(cache, t)
+    if not unique or not _same_keys(cache, t, r):
+        return None
+    keys = pl.DataFrame(list(cache.columns(t, KEYS).values()))
+    static, stnp = _static(cache, t, r, tolerances, floor)
+    stats = _stats(t, r, sketches)
+    (err,), (ok,), (code,) = _judge([((t.step, t.rank, t.source), order, {}, static, stnp, stats)], sketches)
+    return keys.with_columns(pl.Series("err", err).set(pl.Series(~ok), None),  # type: ignore[arg-type]
+                             static["tol"], pl.Series("status", np.array(STATUSES)[code]))

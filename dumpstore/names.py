@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 MODULE_PREFIXES = ("Module", "Cell")
 _API = re.compile(r"^(?P<prefix>[A-Za-z_][\w]*)\.(?P<api>.+)\.(?P<call>\d+)\.(?P<dir>forward|backward)$")
@@ -13,8 +13,9 @@ _MAX_CALL_DIGITS = 4000  # int() refuses strings past 4300 digits
 _DEBUG = re.compile(r"^(?P<api>.+)\.(?P<call>\d+)\.debug$")
 
 
-@dataclass(frozen=True)
-class RecordName:
+class RecordName(NamedTuple):
+    """A record key's parts (a named tuple: the ingest builds one per record, and tuples are quick to build)."""
+
     prefix: str
     api: str
     op_type: str
@@ -24,6 +25,10 @@ class RecordName:
 
 def parse_record(key: str) -> RecordName:
     """Split a record key into prefix, api, op type, call counter and direction (never fails)."""
+    # only an API call's key ends in forward/backward ('$' also matches before a final line break)
+    if (key[:-1] if key.endswith("\n") else key).endswith(("forward", "backward")):
+        m = _API.match(key)
+        return _named(m, m["dir"], module=False) if m else _unparsed(key)
     m = _MODULE.match(key)
     if m:
         return _named(m, m["dir"], module=True)
@@ -33,11 +38,11 @@ def parse_record(key: str) -> RecordName:
     m = _DEBUG.match(key)
     if m:
         return RecordName("debug", m["api"], m["api"], _call(m["call"]), "debug")
-    m = _API.match(key)
-    if m:
-        return _named(m, m["dir"], module=False)
-    head = key.split(".", 1)[0]
-    return RecordName(head, key, key, None, "unknown")
+    return _unparsed(key)
+
+
+def _unparsed(key: str) -> RecordName:
+    return RecordName(key.split(".", 1)[0], key, key, None, "unknown")
 
 
 def _named(m: re.Match, direction: str, *, module: bool) -> RecordName:

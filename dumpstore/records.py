@@ -58,7 +58,11 @@ def _walk_section(value: Any, key: str, io: str, out: list[Leaf]) -> None:
     """A known section: its positions (args) or names (kwargs) are the first level of the index path."""
     if isinstance(value, list):
         for i, item in enumerate(value):
-            _walk(item, key, io, io, [str(i)], 0, out)
+            index = str(i)
+            if item is None or (type(item) is dict and _is_leaf(item)):  # the common case, without the walk
+                out.append((io, index, f"{key}.{io}.{index}" if key else f"{io}.{index}", item))
+            else:
+                _walk(item, key, io, io, [index], 0, out)
     elif isinstance(value, dict) and not _is_leaf(value):
         for k, item in value.items():
             _walk(item, key, io, io, [str(k)], 0, out)
@@ -146,7 +150,9 @@ def _tensor_leaf(leaf: dict) -> tuple:
     dtype = canonical(dtype_raw)
     shape, numel, err = _shape(get("shape"))
     rg, dn, md5 = get("requires_grad"), get("data_name"), get("md5")
-    mx, mn, mean, norm = _num(get("Max")), _num(get("Min")), _num(get("Mean")), _num(get("Norm"))
+    mx, mn, mean, norm = get("Max"), get("Min"), get("Mean"), get("Norm")
+    if not (type(mx) is float and type(mn) is float and type(mean) is float and type(norm) is float):
+        mx, mn, mean, norm = _num(mx), _num(mn), _num(mean), _num(norm)
     no_stats = mx is None and mn is None and mean is None and norm is None
     has_nan, has_posinf, has_neginf, has_sat = (None,) * 4 if mx is None or mn is None else _flags(mx, mn, dtype)
     checksum = md5 if isinstance(md5, str) else None

@@ -462,12 +462,12 @@ def _mismatch(row: dict[str, Any], arr, stored: str) -> str | None:
 
 def fill_from_array(row: dict[str, Any], arr, dtype: str, opts: IngestOptions) -> None:
     """Exact statistics, sample and sketch of a full tensor (stats_source='tensor')."""
-    s = summary.tensor_stats(arr, dtype)
+    s, sample, sketch = summary.summarize(arr, dtype, opts.sample_k, opts.sketch_m)  # one pass over the data
     row.update(min=s.min, max=s.max, mean=s.mean, norm=s.norm, nan_count=s.nan_count,
                posinf_count=s.posinf_count, neginf_count=s.neginf_count, zero_count=s.zero_count,
                sat_count=s.sat_count, has_nan=s.nan_count > 0, has_posinf=s.posinf_count > 0,
                has_neginf=s.neginf_count > 0, has_sat=s.sat_count > 0, stats_source="tensor",
-               sample=summary.sample(arr, opts.sample_k).tolist(), sketch=summary.sketch(arr, opts.sketch_m).tolist())
+               sample=sample.tolist(), sketch=sketch.tolist())
 
 
 def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):

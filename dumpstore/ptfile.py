@@ -22,7 +22,7 @@ import stat
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -336,32 +336,134 @@ class _SafeUnpickler(pickle.Unpickler):
 # The zip container.
 
 
+class _Entry:
+    """A central-directory entry of a plain stored member (what :func:`_central_directory` accepts)."""
+
+    __slots__ = ("CRC", "file_size", "filename", "header_offset")
+    compress_type = zipfile.ZIP_STORED
+    flag_bits = 0
+
+    def __init__(self, filename: str, crc: int, size: int, header_offset: int) -> None:
+        self.filename, self.CRC, self.file_size, self.header_offset = filename, crc, size, header_offset
+
+
+_EOCD = struct.Struct("<4s4H2LH")
+_LOC64 = struct.Struct("<4sLQL")  # zip64 end locator: signature, disk, offset of the zip64 end record, disks
+_EOCD64 = struct.Struct("<4sQ4x2L4Q")  # zip64 end record: signature, size, versions, disks, counts, size, offset
+_CDIR = struct.Struct("<4s4x2H4x3L4H6xL")  # signature, flags, method, crc, sizes, name/extra/comment lengths, disk…
+
+
+def _central_directory(data: np.ndarray) -> dict[str, _Entry] | None:
+    """Members of a small zip held in memory, from its central directory, when the zip is plain.
+
+    Plain is what torch.save writes: the end record at the very end (no comment), zip64 end records right
+    before it, the directory right before those, and every member stored (not compressed or encrypted), with
+    no extra field or comment in the directory, a unique ASCII name, sizes below 4 GiB, lying before the
+    directory. Anything else returns None and is left to :mod:`zipfile`, which reads any zip (and words the
+    errors).
+    """
+    size = data.size
+    if size < _EOCD.size:
+        return None
+    raw = data.data
+    end = size - _EOCD.size
+    sig, disk, cd_disk, n_disk, n_total, cd_size, cd_off, comment = _EOCD.unpack_from(raw, end)
+    if sig != b"PK\x05\x06" or disk or cd_disk or n_disk != n_total or comment:
+        return None
+    if end >= _LOC64.size + _EOCD64.size and bytes(raw[end - _LOC64.size:end - _LOC64.size + 4]) == b"PK\x06\x07":
+        # torch.save always writes zip64 end records (locator, then record, right before the end record)
+        _sig, loc_disk, rec_off, n_disks = _LOC64.unpack_from(raw, end - _LOC64.size)
+        end -= _LOC64.size + _EOCD64.size
+        if loc_disk or n_disks != 1 or rec_off != end:
+            return None
+        sig, rec_size, disk, cd_disk, n_disk, n_total, cd_size, cd_off = _EOCD64.unpack_from(raw, end)
+        if sig != b"PK\x06\x06" or rec_size != _EOCD64.size - 12 or disk or cd_disk or n_disk != n_total:
+            return None
+    if cd_off + cd_size != end:
+        return None
+    directory = bytes(raw[cd_off:end])
+    unpack, head = _CDIR.unpack_from, _CDIR.size
+    members: dict[str, _Entry] = {}
+    pos = 0
+    for _ in range(n_total):
+        if pos + head > cd_size:
+            return None
+        sig, flags, method, crc, csize, usize, name_len, extra_len, comment_len, disk, offset = unpack(directory, pos)
+        name_end = pos + head + name_len
+        name = directory[pos + head:name_end]
+        if (sig != b"PK\x01\x02" or method != zipfile.ZIP_STORED or flags & 1 or csize != usize or extra_len
+                or comment_len or disk or name_end > cd_size or offset + usize > cd_off or not name.isascii()
+                or b"\x00" in name):
+            return None
+        text = name.decode()
+        members[text] = _Entry(text, crc, usize, offset)
+        pos = name_end
+    if pos != cd_size or len(members) != n_total:  # trailing bytes, or a name given twice
+        return None
+    return members
+
+
+def _view(whole: np.ndarray, info: _Entry, want: int) -> np.ndarray:
+    """The first `want` bytes of a stored member of a zip held in memory, as a view (aligned) or a copy."""
+    at = info.header_offset
+    header = whole[at:at + 30].tobytes()
+    if len(header) < 30 or header[:4] != b"PK\x03\x04":
+        raise _Bad(f"zip member {info.filename} has a bad local header")
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    start = at + 30 + name_len + extra_len
+    got = max(0, min(want, whole.size - start))
+    if got != want:
+        raise _Bad(f"zip member {info.filename} is truncated ({got} of {want} bytes)")
+    buf = whole[start:start + want]
+    return buf if start % 16 == 0 else buf.copy()  # torch.save aligns storages to 64 bytes
+
+
 class _Archive:
-    """An open torch.save zip: the ``<archive>/`` prefix, its byte order, members read by name only."""
+    """An open torch.save zip: the ``<archive>/`` prefix, its byte order, members read by name only.
 
-    def __init__(self, file: io.BufferedReader) -> None:
-        self.src: io.BufferedIOBase = file
-        self.zip = self._open_zip()
-        names = self.zip.namelist()
-        self.prefix = self._prefix(names)
-        self.order = self._byteorder(self.prefix + "byteorder" in names)
+    A small file is read whole into one writable buffer; when its zip is plain (:func:`_central_directory`)
+    members are views of that buffer (no zipfile, no copy). Other files go through :mod:`zipfile`.
+    """
 
-    def _open_zip(self) -> zipfile.ZipFile:
-        """Small files are read whole and parsed in memory (one read call); large ones from the file."""
+    def __init__(self, file: io.RawIOBase) -> None:
+        self.src: io.RawIOBase | io.BufferedIOBase = file
+        self.whole: np.ndarray | None = None
+        self.zip: zipfile.ZipFile | None = None
+        self.members = self._open_zip()
+        self.prefix = self._prefix(self.members)
+        self.order = self._byteorder(self.prefix + "byteorder" in self.members)
+
+    def _open_zip(self) -> dict[str, Any]:
+        """Small files are read in one call and parsed in memory; large ones from the file."""
         size = os.fstat(self.src.fileno()).st_size
         if size <= _WHOLE_FILE:
-            self.src = io.BytesIO(self.src.read(size))
+            whole = np.empty(size, np.uint8)
+            got = 0
+            while got < size:
+                step = self.src.readinto(whole.data[got:])
+                if not step:
+                    break
+                got += step
+            whole = whole[:got]
+            members = _central_directory(whole)
+            if members is not None:
+                self.whole = whole
+                return members
+            self.src = io.BytesIO(whole.tobytes())
+        else:
+            self.src = io.BufferedReader(self.src)  # zipfile reads records a few bytes at a time
         head = self.src.read(2)
         try:
-            return zipfile.ZipFile(self.src)
+            self.zip = zipfile.ZipFile(self.src)
         except zipfile.BadZipFile as exc:
             if head == b"\x80\x02":
                 raise _Bad("legacy (non-zip) torch.save format is not supported; "
                            "re-save with torch >= 1.6") from None
             raise _Bad(f"not a zip file, or truncated ({_one_line(exc)})") from None
+        return self.zip.NameToInfo
 
     @staticmethod
-    def _prefix(names: Sequence[str]) -> str:
+    def _prefix(names: Iterable[str]) -> str:
         prefixes = {n[:-8] for n in names if n.endswith("/data.pkl") and n.count("/") == 1}
         if len(prefixes) != 1:
             what = "no <archive>/data.pkl" if not prefixes else "several <archive>/data.pkl members"
@@ -377,11 +479,10 @@ class _Archive:
         return "<" if mark == b"little" else ">"
 
     def read(self, name: str, limit: int, want: int | None = None) -> np.ndarray:
-        """Read member `name` (first `want` bytes, default all) into a new uint8 array; cap at `limit`."""
-        try:
-            info = self.zip.getinfo(name)
-        except KeyError:
-            raise _Bad(f"zip member {name} is missing") from None
+        """Member `name` (first `want` bytes, default all) as a writable uint8 array; cap at `limit`."""
+        info = self.members.get(name)
+        if info is None:
+            raise _Bad(f"zip member {name} is missing")
         want = info.file_size if want is None else want
         if want > info.file_size:
             raise _Bad(f"zip member {name} holds {info.file_size} bytes, pickle claims {want}")
@@ -391,24 +492,29 @@ class _Archive:
             return self._stored(info, want)
         return self._inflate(info, want)
 
-    def _stored(self, info: zipfile.ZipInfo, want: int) -> np.ndarray:
-        """Fast path for an uncompressed member (what torch.save writes): one seek, one read, CRC check."""
-        self.src.seek(info.header_offset)
-        header = self.src.read(30)
-        if len(header) < 30 or header[:4] != b"PK\x03\x04":
-            raise _Bad(f"zip member {info.filename} has a bad local header")
-        name_len, extra_len = struct.unpack("<HH", header[26:30])
-        self.src.seek(info.header_offset + 30 + name_len + extra_len)
-        buf = np.empty(want, np.uint8)
-        got = self.src.readinto(buf.data)
-        if got != want:
-            raise _Bad(f"zip member {info.filename} is truncated ({got} of {want} bytes)")
+    def _stored(self, info: zipfile.ZipInfo | _Entry, want: int) -> np.ndarray:
+        """An uncompressed member (what torch.save writes): one seek and read, or a view; CRC checked."""
+        if self.whole is not None:
+            buf = _view(self.whole, info, want)
+        else:
+            self.src.seek(info.header_offset)
+            header = self.src.read(30)
+            if len(header) < 30 or header[:4] != b"PK\x03\x04":
+                raise _Bad(f"zip member {info.filename} has a bad local header")
+            name_len, extra_len = struct.unpack("<HH", header[26:30])
+            self.src.seek(info.header_offset + 30 + name_len + extra_len)
+            buf = np.empty(want, np.uint8)
+            got = self.src.readinto(buf.data)
+            if got != want:
+                raise _Bad(f"zip member {info.filename} is truncated ({got} of {want} bytes)")
         if want == info.file_size and zlib.crc32(buf.data) != info.CRC:
             raise _Bad(f"zip member {info.filename} fails its CRC check (corrupt file)")
         return buf
 
     def _inflate(self, info: zipfile.ZipInfo, want: int) -> np.ndarray:
         """Compressed members (not written by torch.save), through zipfile, in bounded chunks."""
+        if self.zip is None:
+            raise _Bad(f"zip member {info.filename} is not stored")  # not reached: such zips go to zipfile
         buf = np.empty(want, np.uint8)
         view = buf.data
         with self.zip.open(info) as f:
@@ -422,7 +528,8 @@ class _Archive:
         return buf
 
     def close(self) -> None:
-        self.zip.close()
+        if self.zip is not None:
+            self.zip.close()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -568,7 +675,7 @@ def _load(archive: _Archive, max_bytes: int) -> tuple[np.ndarray, str]:
 def _read(path: str, max_bytes: int) -> tuple[np.ndarray, str]:
     if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, /dev/zero never end
         raise _Bad("not a regular file")
-    with open(path, "rb") as file:
+    with open(path, "rb", buffering=0) as file:
         archive = _Archive(file)
         try:
             return _load(archive, max_bytes)

@@ -18,7 +18,7 @@ TENSOR_DIR = "dump_tensor_data"
 
 def forget_folders() -> None:
     """Drop the cached folder checks of `resolve` (call when starting on a dump that may have changed)."""
-    _base_inside.cache_clear()
+    _tensor_dir.cache_clear()
 
 
 def resolve(dump_dir: Path, data_name: str) -> Path:
@@ -27,14 +27,14 @@ def resolve(dump_dir: Path, data_name: str) -> Path:
     Whether dump_tensor_data/ stays inside the dump folder is checked once per folder (cached until
     `forget_folders()`); each file costs one lstat.
     """
-    if (not data_name or "/" in data_name or "\\" in data_name or data_name in (".", "..")
-            or "\x00" in data_name or os.path.isabs(data_name)):
+    # a name without "/" is not absolute either
+    if not data_name or "/" in data_name or "\\" in data_name or data_name in (".", "..") or "\x00" in data_name:
         raise DumpFormatError(f"data_name {data_name!r} is not a plain file name inside {TENSOR_DIR}/")
-    base = dump_dir / TENSOR_DIR
+    base, inside = _tensor_dir(str(dump_dir))
     path = base / data_name
     try:
         # a plain name inside a folder that is itself inside the dump: only a link can lead elsewhere
-        outside = not _base_inside(str(dump_dir)) or path.is_symlink()
+        outside = not inside or path.is_symlink()
     except OSError as exc:  # e.g. a data_name longer than the file system allows
         raise DumpFormatError(f"{path}: cannot look up the tensor file ({exc.strerror})") from None
     if outside:
@@ -43,14 +43,15 @@ def resolve(dump_dir: Path, data_name: str) -> Path:
 
 
 @functools.lru_cache(maxsize=256)
-def _base_inside(dump_dir: str) -> bool:
-    """Whether <dump_dir>/dump_tensor_data resolves inside <dump_dir> (a linked folder may lead out of it)."""
+def _tensor_dir(dump_dir: str) -> tuple[Path, bool]:
+    """(<dump_dir>/dump_tensor_data, whether it resolves inside <dump_dir>: a linked folder may lead out)."""
     base = os.path.realpath(os.path.join(dump_dir, TENSOR_DIR))
     root = os.path.realpath(dump_dir)
     try:
-        return os.path.commonpath([base, root]) == root
+        inside = os.path.commonpath([base, root]) == root
     except ValueError:
-        return False
+        inside = False
+    return Path(dump_dir) / TENSOR_DIR, inside
 
 
 def load(path: Path, *, max_bytes: int | None = None) -> tuple[np.ndarray, str]:

@@ -508,3 +508,54 @@ def test_pickle_claiming_huge_bytes_object_is_refused(tmp_path: Path) -> None:
     path = _rezip(tmp_path / "f.pt", members)
     with pytest.raises(DumpFormatError, match=str(path)):
         read_pt(path)
+
+
+# ----------------------------------------------------------------------------------------------- in-memory zip path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
+def test_small_files_parse_their_own_directory_like_zipfile(tmp_path: Path, monkeypatch: Any,
+                                                            dtype: Any) -> None:
+    """A torch.save file (zip64 end records) takes the in-memory path; zipfile reads it the same."""
+    from dumpstore import ptfile
+
+    path = _save(tmp_path / "x.pt", torch.arange(-20, 40).reshape(6, 10).to(dtype).t())
+    assert ptfile._central_directory(np.fromfile(path, np.uint8)) is not None
+    fast = read_pt(path)
+    monkeypatch.setattr(ptfile, "_central_directory", lambda _data: None)
+    slow = read_pt(path)
+    assert fast[1] == slow[1]
+    _assert_same(fast[0], slow[0])
+    assert fast[0].flags.writeable and fast[0].flags.c_contiguous
+
+
+def test_unusual_zips_are_left_to_zipfile(tmp_path: Path) -> None:
+    from dumpstore import ptfile
+
+    members = _members(_save(tmp_path / "x.pt", torch.ones(5)))
+    plain = _rezip(tmp_path / "plain.pt", members)
+    assert ptfile._central_directory(np.fromfile(plain, np.uint8)) is not None
+    with zipfile.ZipFile(tmp_path / "comment.pt", "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+        z.comment = b"hello"
+    deflated = _rezip(tmp_path / "z.pt", members, zipfile.ZIP_DEFLATED)
+    for path in (tmp_path / "comment.pt", deflated):
+        assert ptfile._central_directory(np.fromfile(path, np.uint8)) is None
+        np.testing.assert_array_equal(read_pt(path)[0], np.ones(5, np.float32))
+
+
+@pytest.mark.parametrize("field, value", [(42, 1 << 30), (42, 10), (20, 1 << 20), (28, 200)])
+def test_lying_central_directory_is_one_error(tmp_path: Path, field: int, value: int) -> None:
+    """A directory entry whose offset or sizes lie (in the in-memory path) is a DumpFormatError."""
+    path = _rezip(tmp_path / "x.pt", _members(_save(tmp_path / "x.pt", torch.ones(5))))
+    raw = bytearray(path.read_bytes())
+    entry = raw.index(b"PK\x01\x02", raw.index(b"PK\x01\x02") + 1)  # the second member's directory entry
+    width = 2 if field == 28 else 4
+    raw[entry + field:entry + field + width] = value.to_bytes(width, "little")
+    path.write_bytes(bytes(raw))
+    try:
+        got, _dtype = read_pt(path)
+    except DumpFormatError:
+        return
+    np.testing.assert_array_equal(got, np.ones(5, np.float32))  # a lie about a member it does not read

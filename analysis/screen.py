@@ -63,8 +63,7 @@ ORDER = ("seq", "leaf", "direction")                   # execution order (target
 STATIC = ("kind", "dtype", "shape", "numel", "nan_count", "posinf_count", "neginf_count", "sat_count",
           "has_nan", "has_posinf", "has_neginf", "has_sat", "checksum", "scalar_value", "value", "error")
 STATS = ("min", "max", "mean", "norm")
-_KEYED = KEYS + ORDER + STATIC + STATS + ("sketch",)
-_OPEN_FILES = 4096  # files kept open between the screen's two passes (else reopened)
+_KEYED = KEYS + ORDER + STATIC
 _STRINGS = ("record", "io", "index_path", "direction", "kind", "dtype", "checksum", "value", "error")
 STATUSES = ("pass", "diverged", "unmatched", "error", "unknown")
 
@@ -85,11 +84,11 @@ class ScreenResult:
 class _File:
     """One Parquet file of a unit: its column chunks' bytes (for equality and as cache keys), decoded on demand.
 
-    The footer is parsed once; the reader stays open until `close()` (`release()` only drops the chunk bytes).
+    The footer is parsed once (the first pass); the second pass reads the file's bytes once (`load()`).
     """
 
     __slots__ = ("path", "step", "rank", "source", "md", "n", "ranges", "types", "leaves", "_reader", "_keys",
-                 "_fh")
+                 "_buf")
 
     def __init__(self, path: str, step: int, rank: int, source: str):
         self.path, self.step, self.rank, self.source = path, step, rank, source
@@ -102,7 +101,7 @@ class _File:
         self.ranges: dict[str, list[tuple[int, int]]] = {}
         self.types: dict[str, str] = {}
         groups = [md.row_group(g) for g in range(md.num_row_groups)]
-        for name in _KEYED:
+        for name in _KEYED + STATS + ("sketch",):
             leaves = self.leaves.get(name)
             if not leaves or len(leaves) != 1 or not groups:
                 continue
@@ -114,16 +113,33 @@ class _File:
             self.ranges[name] = spans
             self.types[name] = groups[0].column(leaves[0]).physical_type
         self._keys: dict[str, tuple] = {}
-        self._fh = None
+        self._buf: bytes | None = None
+
+    def load(self) -> None:
+        """Read the column chunks the screen needs, once, into a buffer laid out like the file (what is not
+        needed stays zero): chunk bytes are then slices, and decoding reads from memory."""
+        if self._buf is None:
+            spans = sorted(sp for spans in self.ranges.values() for sp in spans)
+            runs: list[list[int]] = []
+            for a, n in spans:  # coalesce chunks closer than 16 KiB: fewer, larger reads
+                if runs and a <= runs[-1][1] + 16384:
+                    runs[-1][1] = max(runs[-1][1], a + n)
+                else:
+                    runs.append([a, a + n])
+            with open(self.path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                buf = bytearray(size)
+                view = memoryview(buf)
+                for a, b in runs:
+                    os.preadv(fh.fileno(), [view[a:b]], a)
+            self._buf = buf
+            if self._reader is not None:
+                self._reader.close()
+            self._reader = _open_reader(pa.py_buffer(self._buf), self.md)
 
     def release(self) -> None:
-        """Forget the chunk bytes and close the byte reader (the Parquet reader stays)."""
-        if self._fh is not None:
-            self._fh.close()
-        self._keys, self._fh = {}, None
-
-    def close(self) -> None:
-        self.release()
+        """Forget the chunk bytes and the file's bytes; close the reader (reopened from the footer if needed)."""
+        self._keys, self._buf = {}, None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -134,11 +150,13 @@ class _File:
         if hit is None:
             if col not in self.ranges:
                 hit = (col, None, self.n, None)
+            elif self._buf is not None:
+                buf = memoryview(self._buf)
+                hit = (col, self.types[col], self.n, b"".join(buf[a:a + n] for a, n in self.ranges[col]))
             else:
-                if self._fh is None:
-                    self._fh = open(self.path, "rb")  # noqa: SIM115 - closed by release()
-                fd = self._fh.fileno()
-                hit = (col, self.types[col], self.n, b"".join(os.pread(fd, n, a) for a, n in self.ranges[col]))
+                with open(self.path, "rb") as fh:
+                    fd = fh.fileno()
+                    hit = (col, self.types[col], self.n, b"".join(os.pread(fd, n, a) for a, n in self.ranges[col]))
             self._keys[col] = hit
         return hit
 
@@ -149,7 +167,7 @@ class _File:
         return self._reader.read_all(column_indices=idx, use_threads=False)
 
 
-def _open_reader(path: str, md=None):
+def _open_reader(path, md=None):
     """pyarrow's Parquet reader without ParquetFile's per-file schema walk (a third of a small file's cost)."""
     from pyarrow._parquet import ParquetReader
 
@@ -296,7 +314,7 @@ def _static(cache: _Cache, t: _File, r: _File, tol: Tolerances, floor: str
     judged = _verdicts(out.with_columns(*nulls, lit(None, pl.List(pl.Float64)).alias("sketch"),
                                         lit(None, pl.List(pl.Float64)).alias("ref_sketch")), sketches=False)
     arrays = out.select(plain.alias("plain"), decided.alias("decided"), c("tol"),
-                        pl.coalesce(c("numel"), c("ref_numel"), lit(1)).cast(pl.Float64).alias("n"))
+                        pl.coalesce(c("numel"), c("ref_numel"), lit(1)).cast(pl.Float64).sqrt().alias("sqrt_n"))
     arrays = arrays.with_columns(judged["err"].alias("d_err"), judged["err"].is_not_null().alias("d_ok"),
                                  judged["status"].replace_strict(_CODES, return_dtype=pl.Int8).alias("d_code"))
     hit = (out, {x: arrays[x].to_numpy() for x in arrays.columns})
@@ -307,7 +325,7 @@ def _stats(t: _File, r: _File, sketches: bool) -> pa.Table:
     """The statistics (and sketches) of both sides, as Arrow: decoded every time, they differ from unit to unit."""
     cols = list(STATS) + (["sketch"] if sketches else [])
     for f in (t, r):
-        if any(x not in f.ranges for x in cols):
+        if any(x not in f.leaves for x in cols):
             raise Unsupported(f"{f.path} lacks a statistics column")
     a, b = t.read(cols), r.read(cols)
     return pa.table([a.column(x) for x in cols] + [b.column(x) for x in cols],
@@ -340,20 +358,60 @@ _CODES = {name: i for i, name in enumerate(STATUSES)}
 
 
 def _fast(stnp: dict[str, np.ndarray], stats: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """(err, done) for the pairs `_verdicts` would judge by the statistics bound alone: tensors of the same kind,
-    shape and non-finite counts with finite statistics and ||y|| > 0.  Then err = max(|dNorm|, |dMax|, |dMin|,
-    |dMean| * sqrt(n)) / ||y||, computed with the same IEEE operations as pairmetrics' expressions."""
-    col = {x: stats.column(x).to_numpy() for x in stats.column_names}  # nulls: NaN, which `finite` excludes
-    t = [col[x] for x in STATS]
-    r = [col[f"ref_{x}"] for x in STATS]
+    """(err, done) for the pairs `_verdicts` would judge by the statistics bound alone (tensors of the same kind,
+    shape and non-finite counts), computed with the same IEEE operations as pairmetrics' `_stats_err`:
+      both norms present, all eight statistics finite, ||y|| > 0:
+          err = max(|dNorm|, |dMax|, |dMin|, |dMean| * sqrt(n)) / ||y||;
+      a norm missing (integer tensors), max and min finite on both sides:
+          err = max(|dMax|, |dMin|) / max(|yMax|, |yMin|)  (0 when equal, inf when the reference is all 0)."""
+    t = [_numpy(stats.column(x)) for x in STATS]  # nulls: NaN, which `isfinite` excludes
+    r = [_numpy(stats.column(f"ref_{x}")) for x in STATS]
     with np.errstate(all="ignore"):
-        finite = np.logical_and.reduce([np.isfinite(v) for v in t + r])
+        fin = [np.isfinite(v) for v in t + r]
         rn = r[3]
-        done = stnp["plain"] & finite & (rn > 0)
-        d = [np.abs(a - b) for a, b in zip(t, r)]  # min, max, mean, norm
-        num = np.maximum(np.maximum(d[3], d[1]), np.maximum(d[0], d[2] * np.sqrt(stnp["n"])))
-        err = num / rn
-    return err, done
+        both = fin[0] & fin[1] & fin[4] & fin[5]  # min and max finite on both sides
+        by_norm = stnp["plain"] & both & fin[2] & fin[3] & fin[6] & fin[7] & (rn > 0)
+        d = [np.abs(np.subtract(a, b)) for a, b in zip(t, r)]  # min, max, mean, norm
+        np.multiply(d[2], stnp["sqrt_n"], out=d[2])
+        num = np.maximum(np.maximum(d[3], d[1]), np.maximum(d[0], d[2]))
+        err = np.divide(num, rn, out=num)
+        by_ext = stnp["plain"] & both & ~(fin[3] & fin[7])
+        if by_ext.any():  # a norm missing (or not finite: then the exact path decides, see below)
+            by_ext &= _nulls(stats.column("norm")) | _nulls(stats.column("ref_norm"))
+            scale = np.maximum(np.abs(r[1]), np.abs(r[0]))
+            ext = np.maximum(d[1], d[0])
+            ext_err = np.where(scale > 0, ext / scale, np.where(ext == 0, 0.0, np.inf))
+            err = np.where(by_ext, ext_err, err)
+    return err, by_norm | by_ext
+
+
+def _numpy(col: pa.ChunkedArray) -> np.ndarray:
+    """A float64 column as one numpy array, nulls as NaN (from the Arrow buffers: pyarrow's own conversion
+    imports pandas, half a second)."""
+    parts = []
+    for arr in col.chunks:
+        n, off = len(arr), arr.offset
+        vals = np.frombuffer(arr.buffers()[1], dtype=np.float64, count=off + n)[off:] if n else np.empty(0)
+        if arr.null_count:
+            vals = np.where(_valid(arr), vals, np.nan)
+        parts.append(vals)
+    return np.concatenate(parts) if len(parts) != 1 else parts[0]
+
+
+def _valid(arr: pa.Array) -> np.ndarray:
+    """The validity bitmap of an Arrow array as booleans (all True without one)."""
+    n, off = len(arr), arr.offset
+    bitmap = arr.buffers()[0]
+    if bitmap is None:
+        return np.ones(n, dtype=bool)
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return bits[off:off + n].astype(bool)
+
+
+def _nulls(col: pa.ChunkedArray) -> np.ndarray:
+    if not col.null_count:
+        return np.zeros(len(col), dtype=bool)
+    return np.concatenate([~_valid(a) for a in col.chunks]) if col.num_chunks else np.zeros(0, dtype=bool)
 
 
 def _judge(units: list, sketches: bool) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
@@ -377,7 +435,7 @@ def _judge(units: list, sketches: bool) -> tuple[list[np.ndarray], list[np.ndarr
         rest = ~(done | dec)
         if rest.any():
             idx = np.flatnonzero(rest)
-            sub = pl.from_arrow(stats.take(pa.array(idx)))
+            sub = pl.from_arrow(stats)[idx]
             slow.append((rest, pl.concat([static[idx], sub], how="horizontal")))  # type: ignore[list-item]
         else:
             slow.append((rest, None))
@@ -459,8 +517,6 @@ def screen(store, target: str, ref: str, steps: list[int], ranks: list[int], tol
             return side, key, f, _dtype_counts(cache, f)
         finally:
             f.release()
-            if len(jobs) > _OPEN_FILES:
-                f.close()  # reopened when read
 
     opened: dict[tuple[str, tuple], _File] = {}
     counts: dict[str, dict[str, int]] = {"target": {}, "ref": {}}
@@ -490,6 +546,8 @@ def screen(store, target: str, ref: str, steps: list[int], ranks: list[int], tol
                 if t.n != r.n or t.n == 0 or t.types != r.types:
                     complex_units.add((s, k))
                     continue
+                t.load()
+                r.load()
                 unique, order, ordnp = _structure(cache, t)
                 if not unique or not _same_keys(cache, t, r):
                     complex_units.add((s, k))
@@ -497,8 +555,8 @@ def screen(store, target: str, ref: str, steps: list[int], ranks: list[int], tol
                 static, stnp = _static(cache, t, r, tolerances, floor)
                 units.append(((s, k, src), order, ordnp, static, stnp, _stats(t, r, sketches)))
             finally:
-                t.close()
-                r.close()
+                t.release()
+                r.release()
         return _step_summary(units, sketches)
 
     parts = [p for p in _map(one_step, sorted(by_step), threads) if p.height]
@@ -540,10 +598,12 @@ def pair_rows(store, target: str, ref: str, step: int, rank: int, source: str, t
     cache = _Cache()
     t, r = _File(tp, step, rank, source), _File(rp, step, rank, source)
     try:
+        t.load()
+        r.load()
         return _pair_rows(cache, t, r, tolerances, floor, sketches)
     finally:
-        t.close()
-        r.close()
+        t.release()
+        r.release()
 
 
 def _pair_rows(cache: _Cache, t: _File, r: _File, tolerances: Tolerances, floor: str, sketches: bool

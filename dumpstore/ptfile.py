@@ -35,6 +35,7 @@ DEFAULT_MAX_BYTES = 8 << 30  # cap on the claimed size of a tensor or storage, c
 _MAX_NDIM = 64
 _WHOLE_FILE = 1 << 22  # files up to this size are read in one call and parsed in memory
 _CHUNK = 1 << 24  # compressed members are inflated in chunks of this size (bounds transient memory)
+_SMALL_PICKLE = 4096  # pickles up to this size are memoised by content (see _unpickle_small)
 _KEY_RE = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 # canonical dtype -> numpy code of one stored element (byte order added at read time)
@@ -662,9 +663,23 @@ _CORRUPT = (zipfile.BadZipFile, zipfile.LargeZipFile, pickle.UnpicklingError, EO
             NotImplementedError, RuntimeError, MemoryError)  # what corrupt bytes make zipfile, pickle, numpy raise
 
 
+def _unpickle(data: bytes | memoryview) -> object:
+    return _SafeUnpickler(io.BytesIO(data)).load()
+
+
+@functools.lru_cache(maxsize=1024)
+def _unpickle_small(data: bytes) -> object:
+    """Tensor pickles repeat across a dump (same shape, dtype and storage key): unpickle each distinct one once.
+
+    The result only describes the tensor (inert stand-ins that nothing changes after loading); the array is
+    always built afresh from the file's own storage. Errors are raised again for every file (not cached).
+    """
+    return _unpickle(data)
+
+
 def _load(archive: _Archive, max_bytes: int) -> tuple[np.ndarray, str]:
     pkl = archive.read(archive.prefix + "data.pkl", 2 * max_bytes + (1 << 20))
-    obj = _SafeUnpickler(io.BytesIO(pkl.data)).load()
+    obj = _unpickle_small(pkl.tobytes()) if pkl.size <= _SMALL_PICKLE else _unpickle(pkl.data)
     if isinstance(obj, _Tensor):
         return _tensor_array(archive, obj, max_bytes), obj.dtype
     if isinstance(obj, _NdArray) and obj.array is not None:

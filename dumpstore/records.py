@@ -154,7 +154,14 @@ def _tensor_leaf(leaf: dict) -> tuple:
     if not (type(mx) is float and type(mn) is float and type(mean) is float and type(norm) is float):
         mx, mn, mean, norm = _num(mx), _num(mn), _num(mean), _num(norm)
     no_stats = mx is None and mn is None and mean is None and norm is None
-    has_nan, has_posinf, has_neginf, has_sat = (None,) * 4 if mx is None or mn is None else _flags(mx, mn, dtype)
+    if mx is None or mn is None:
+        has_nan = has_posinf = has_neginf = has_sat = None
+    else:  # from Max and Min only: the dumper's Mean and Norm overflow (to inf or NaN) on large finite values,
+        # while Max/Min are NaN exactly when a NaN is present (torch semantics) and +-inf when an Inf is
+        has_nan, has_posinf, has_neginf = mx != mx or mn != mn, mx == _INF, mn == -_INF
+        fmax = _SAT_LIMIT.get(dtype)
+        has_sat = fmax is not None and ((abs(mx) >= fmax and mx != _INF and mx != -_INF)
+                                        or (abs(mn) >= fmax and mn != _INF and mn != -_INF))
     checksum = md5 if isinstance(md5, str) else None
     return ("tensor", str(get("type", "")), None, None,  # kind, value_type, value, scalar_value
             dtype, None if dtype_raw is None else str(dtype_raw), shape, numel,
@@ -180,13 +187,3 @@ def _shape(value: Any) -> tuple[list[int] | None, int | None, str | None]:
             return None, None, (f"invalid shape {value!r:.200}: a dimension or the element count does not fit "
                                 "in int64")
     return None, None, f"invalid shape {value!r:.200}: expected a list of non-negative integers"
-
-
-def _flags(mx: float, mn: float, dtype: str) -> tuple[bool, bool, bool, bool]:
-    """has_nan, has_posinf, has_neginf, has_sat from Max and Min only: the dumper's Mean and Norm overflow (to inf
-    or NaN) on large finite values, while Max/Min are NaN exactly when a NaN is present (torch semantics) and
-    +-inf when an Inf is."""
-    fmax = _SAT_LIMIT.get(dtype)
-    sat = fmax is not None and ((abs(mx) >= fmax and mx != _INF and mx != -_INF)
-                                or (abs(mn) >= fmax and mn != _INF and mn != -_INF))
-    return mx != mx or mn != mn, mx == _INF, mn == -_INF, sat

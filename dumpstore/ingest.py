@@ -207,10 +207,10 @@ _DATA_NAME = ROW_COLUMNS.index("data_name")
 
 
 def _batch_table(batch: list[tuple | dict[str, Any]], constants: dict[str, str], res: UnitResult) -> pa.Table:
-    """Rows (tuples in ROW_COLUMNS order, or dicts of rows that read a tensor file) as a table of TENSOR_SCHEMA,
-    counted into `res`."""
+    """A non-empty batch of rows (tuples in ROW_COLUMNS order, or dicts of rows that read a tensor file) as a table
+    of TENSOR_SCHEMA, counted into `res`."""
     rows = [r if type(r) is tuple else tuple(r.get(c) for c in ROW_COLUMNS) for r in batch]
-    columns = dict(zip(ROW_COLUMNS, zip(*rows))) if rows else {c: () for c in ROW_COLUMNS}
+    columns = dict(zip(ROW_COLUMNS, zip(*rows)))
     _count(columns, res)
     n = len(rows)
     columns.update({c: [v] * n for c, v in constants.items()})

@@ -355,6 +355,7 @@ def _summarise(df: pl.DataFrame) -> pl.DataFrame:
 
 
 _CODES = {name: i for i, name in enumerate(STATUSES)}
+assert _CODES["pass"] == 0 and _CODES["diverged"] == 1
 
 
 def _fast(stnp: dict[str, np.ndarray], stats: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -424,10 +425,11 @@ def _judge(units: list, sketches: bool) -> tuple[list[np.ndarray], list[np.ndarr
             err, done = np.zeros(n), np.zeros(n, dtype=bool)
         else:
             err, done = _fast(stnp, stats)
-        code = np.where(err > stnp["tol"], _CODES["diverged"], _CODES["pass"]).astype(np.int8)
+        with np.errstate(invalid="ignore"):
+            code = (err > stnp["tol"]).astype(np.int8)  # _CODES: pass 0, diverged 1
         dec = stnp["decided"] & ~done
-        err = np.where(dec, stnp["d_err"], err)
-        code = np.where(dec, stnp["d_code"], code).astype(np.int8)
+        err[dec] = stnp["d_err"][dec]
+        code[dec] = stnp["d_code"][dec]
         ok = done | (dec & stnp["d_ok"])
         errs.append(err)
         valid.append(ok)
@@ -465,7 +467,7 @@ def _step_summary(units: list, sketches: bool) -> pl.DataFrame:
     out = []
     for ((s, k, src), order, ordnp, _, _, _), err, ok, code in zip(units, errs, valid, codes):
         counts = np.bincount(code, minlength=len(STATUSES))
-        max_err = pl.Series(err[ok], dtype=pl.Float64).max() if ok.any() else None
+        max_err = np.fmax.reduce(err[ok]) if ok.any() else None  # NaN only when all are (as Polars' max)
         cand = np.flatnonzero((code == _CODES["diverged"]) & ordnp["_out"])
         first = None
         if cand.size:

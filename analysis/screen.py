@@ -2,10 +2,13 @@
 
 Most units of two runs of the same job hold the same records in the same order.  For such a *simple* unit the
 leaf pairs are the rows at the same position of the two units' Parquet files, and their `err`, `tol` and `status`
-are what `analysis/pairmetrics.py` computes for them after alignment (the same Polars expressions, in two stages:
-what does not depend on the statistics, then what does).  The screen returns per unit the counts by status,
-the largest error and the first diverged output in execution order; units it cannot pair by position (records
-or leaves differ, a file in one run only, repeated keys) are listed for the exact path (`compare_runs`).
+are what `analysis/pairmetrics.py` computes for them after alignment: its Polars expressions judge, once per
+distinct structure, what does not depend on the statistics (scalars, nulls, kinds, shapes, non-finite counts,
+tolerances); the statistics bound of tensor pairs is then computed in numpy with the same IEEE operations
+(`_fast`), and the few pairs left (non-finite statistics, ||y|| = 0, sketches) go through the expressions again.
+The screen returns per unit the counts by status, the largest error and the first diverged output in execution
+order; units it cannot pair by position (records or leaves differ, a file in one run only, repeated keys) are
+listed for the exact path (`compare_runs`).
 
 Speed comes from not decoding what is known already.  A column chunk of one file that is byte-for-byte the
 chunk of another (same Parquet type) holds the same values: the two runs' units share their record names,
@@ -14,14 +17,18 @@ ranks share their structure, so
 
   * a column whose chunks are equal in the target and the reference file is decoded once, for both;
   * decoded columns, the per-pair parts that do not depend on the statistics, and the structure checks are
-    cached by the chunks' bytes, so a structure seen in another unit costs a dictionary lookup.
+    cached by the chunks' bytes, so a structure seen in another unit costs a dictionary lookup;
+  * only the statistics are decoded for every unit (the bulk of the time: ZSTD-compressed doubles).
 
-Only the live ingest's files are read (`Store.tensor_files`).
+Two passes: the first parses every footer and counts forward float outputs by dtype (the runs' compute
+precision, as compare_runs finds it over all compared steps); the second judges the units step by step on a
+few threads, each file mapped once.  Only the live ingest's files are read (`Store.tensor_files`).
 """
 
 from __future__ import annotations
 
 import glob
+import mmap
 import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -84,7 +91,7 @@ class ScreenResult:
 class _File:
     """One Parquet file of a unit: its column chunks' bytes (for equality and as cache keys), decoded on demand.
 
-    The footer is parsed once (the first pass); the second pass reads the file's bytes once (`load()`).
+    The footer is parsed once (the first pass); the second pass maps the file (`load()`).
     """
 
     __slots__ = ("path", "step", "rank", "source", "md", "n", "ranges", "types", "leaves", "_reader", "_keys",
@@ -113,26 +120,17 @@ class _File:
             self.ranges[name] = spans
             self.types[name] = groups[0].column(leaves[0]).physical_type
         self._keys: dict[str, tuple] = {}
-        self._buf: bytes | None = None
+        self._buf: mmap.mmap | None = None
 
     def load(self) -> None:
-        """Read the column chunks the screen needs, once, into a buffer laid out like the file (what is not
-        needed stays zero): chunk bytes are then slices, and decoding reads from memory."""
+        """Map the file: chunk bytes are then slices, and decoding reads the page cache without a copy.  The map
+        goes away with the last buffer that uses it (decoded arrays may share it), so it is never closed here."""
         if self._buf is None:
-            spans = sorted(sp for spans in self.ranges.values() for sp in spans)
-            runs: list[list[int]] = []
-            for a, n in spans:  # coalesce chunks closer than 16 KiB: fewer, larger reads
-                if runs and a <= runs[-1][1] + 16384:
-                    runs[-1][1] = max(runs[-1][1], a + n)
-                else:
-                    runs.append([a, a + n])
             with open(self.path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                buf = bytearray(size)
-                view = memoryview(buf)
-                for a, b in runs:
-                    os.preadv(fh.fileno(), [view[a:b]], a)
-            self._buf = buf
+                try:
+                    self._buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                except ValueError:  # an empty file cannot be mapped
+                    self._buf = fh.read()  # type: ignore[assignment]
             if self._reader is not None:
                 self._reader.close()
             self._reader = _open_reader(pa.py_buffer(self._buf), self.md)
@@ -151,7 +149,7 @@ class _File:
             if col not in self.ranges:
                 hit = (col, None, self.n, None)
             elif self._buf is not None:
-                buf = memoryview(self._buf)
+                buf = self._buf
                 hit = (col, self.types[col], self.n, b"".join(buf[a:a + n] for a, n in self.ranges[col]))
             else:
                 with open(self.path, "rb") as fh:
@@ -509,7 +507,7 @@ def screen(store, target: str, ref: str, steps: list[int], ranks: list[int], tol
     t_files = _files(store, target, steps_s, ranks_s)
     r_files = _files(store, ref, steps_s, ranks_s)
     cache = _Cache()
-    threads = threads or min(4, os.cpu_count() or 1)
+    threads = threads or min(8, os.cpu_count() or 1)
     jobs = [("target", k, p) for k, p in t_files.items()] + [("ref", k, p) for k, p in r_files.items()]
 
     def first_pass(job: tuple) -> tuple[str, tuple, _File, dict[str, int]]:

@@ -131,9 +131,9 @@ class _File:
                     self._buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
                 except ValueError:  # an empty file cannot be mapped
                     self._buf = fh.read()  # type: ignore[assignment]
-            if self._reader is not None:
+            if self._reader is not None:  # decode from the map from now on
                 self._reader.close()
-            self._reader = _open_reader(pa.py_buffer(self._buf), self.md)
+                self._reader = None
 
     def release(self) -> None:
         """Forget the chunk bytes and the file's bytes; close the reader (reopened from the footer if needed)."""
@@ -160,7 +160,8 @@ class _File:
 
     def read(self, cols: list[str]) -> pa.Table:
         if self._reader is None:
-            self._reader = _open_reader(self.path, self.md)
+            src = pa.py_buffer(self._buf) if self._buf is not None else self.path
+            self._reader = _open_reader(src, self.md)
         idx = [i for x in cols for i in self.leaves[x]]
         return self._reader.read_all(column_indices=idx, use_threads=False)
 
@@ -514,6 +515,7 @@ def screen(store, target: str, ref: str, steps: list[int], ranks: list[int], tol
         side, key, path = job
         f = _File(path, *key)
         try:
+            f.load()
             return side, key, f, _dtype_counts(cache, f)
         finally:
             f.release()

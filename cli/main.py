@@ -146,5 +146,24 @@ from .health_cmds import checklist, health  # noqa: E402
 main.add_command(checklist)
 main.add_command(health)
 
-if __name__ == "__main__":  # pragma: no cover
+class _NoPandas:
+    """Import finder refusing pandas.  pyarrow imports pandas (~0.5 s, ~50 MB) on the first array it builds, only
+    to ask whether its input is a pandas object; dumpstore never hands it one.  Installed by `run` (the console
+    script) for the command's own process only, never by the library or an in-process `main()`."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("the dumpstore command does not use pandas", name=name)
+        return None
+
+
+def run() -> None:
+    """The `dumpstore` console script."""
+    if "pandas" not in sys.modules:
+        sys.meta_path.insert(0, _NoPandas())
     main()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()

@@ -68,3 +68,15 @@ def test_every_command_documented_in_readme():
     for name in main.commands:
         assert re.search(rf"dumpstore {name}\b", readme), name
         assert CliRunner().invoke(main, [name, "--help"]).exit_code == 0
+
+
+def test_console_script_never_imports_pandas(store_dir):
+    """pyarrow imports pandas on its first array (half a second); the `dumpstore` script refuses it."""
+    code = ("import sys; from dumpstore.cli.main import run\n"
+            "try:\n    run()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('PANDAS', 'pandas' in sys.modules)\n")
+    for args in (["ingest", str(MSPROBE / "ms_tensor"), "--run", "t", "--store", str(store_dir)],
+                 ["divergence", "--target", "t", "--ref", "t", "--store", str(store_dir), "--no-cache"]):
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().endswith("PANDAS False"), proc.stdout[-500:]

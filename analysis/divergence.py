@@ -302,7 +302,8 @@ def divergence_by_steps(store, target: str, ref: str, *, steps: list[int] | None
                         max_rows: int = MAX_ROWS_IN_MEMORY, **compare_options: Any) -> Verdict:
     """`divergence(compare_runs(...))` for runs of any size: memory is bounded by a batch, not by the runs.
 
-    The screen (analysis/screen.py) judges every unit whose records pair by position in one fast pass; what it
+    Runs of at most `max_rows` rows are compared in one piece.  For larger ones the screen (analysis/screen.py)
+    judges every unit whose records pair by position in one fast pass; what it
     cannot pair (units needing alignment) and the units where the first diverged output lies are compared
     exactly, in batches of whole steps of at most `max_rows` rows per run, and give the first divergence, the
     culprit and the unmatched records.  The timeline, rank view and counts merge both.  Options the screen does
@@ -310,6 +311,9 @@ def divergence_by_steps(store, target: str, ref: str, *, steps: list[int] | None
     """
     from .screen import Unsupported
 
+    t_info, r_info = store.run_info(target), store.run_info(ref)
+    if max(t_info["n_rows"], r_info["n_rows"]) <= max_rows:  # one batch holds everything: nothing to screen
+        return divergence_in_batches(store, target, ref, steps=steps, max_rows=max_rows, **compare_options)
     try:
         return _screened(store, target, ref, steps=steps, max_rows=max_rows, **compare_options)
     except Unsupported:

@@ -1,13 +1,16 @@
-"""Read the rows of one run from the store into Polars (one DuckDB statement, partition-pruned)."""
+"""Read the rows of one run from the store into Polars: the live ingest's files of the steps and ranks asked.
+
+The files are found from the hive layout (`tensors/run=/step=/rank=/part-<ingest>*.parquet`, only the live
+ingest's) and read with pyarrow directly, so a comparison does not start DuckDB.
+"""
 
 from __future__ import annotations
 
 import glob
+import re
 
-import duckdb
 import polars as pl
 
-from dumpstore.query import _HIVE, _literal_list, connect, fetch_arrow
 from dumpstore.store import Store
 
 COLUMNS = ("step, rank, source, rank_dir, seq, leaf, record, prefix, api, op_type, direction, module, io, "
@@ -15,8 +18,8 @@ COLUMNS = ("step, rank, source, rank_dir, seq, leaf, record, prefix, api, op_typ
            "min, max, mean, norm, stats_source, nan_count, posinf_count, neginf_count, sat_count, has_nan, "
            "has_posinf, has_neginf, has_sat, checksum, checksum_kind, data_name, file_status, sample, sketch, "
            "stack_id, error")
-
-LOAD_SQL = f"SELECT {COLUMNS} FROM tensors WHERE run = $run {{where}}"
+_FILE_COLUMNS = [c for c in COLUMNS.split(", ") if c not in ("step", "rank")]
+_PARTITION = re.compile(r"/step=(-?\d+)/rank=(-?\d+)/[^/]+$")
 
 
 def load_run(store: Store, run: str, *, steps: list[int] | None = None, ranks: list[int] | None = None,
@@ -25,61 +28,40 @@ def load_run(store: Store, run: str, *, steps: list[int] | None = None, ranks: l
     order."""
     info = store.run_info(run)
     sketches = sketches and bool(info.get("n_tensor_files"))
-    if units is not None:
-        files = _unit_files(store, run, units, steps, ranks)
-        if files:
-            return _load_files(files, sketches)
-    con = connect(store, runs=[run])
-    where, params = [], {"run": run}
-    if units is not None:  # the step and rank lists prune partitions; the pair filter keeps only those pairs
-        steps = sorted({s for s, _ in units} & (set(steps) if steps is not None else {s for s, _ in units}))
-        ranks = sorted({k for _, k in units} & (set(ranks) if ranks is not None else {k for _, k in units}))
-        where.append(f"AND (step * 4294967296 + rank) IN ({_ints(int(s) * 4294967296 + int(k) for s, k in units)})")
-    # literal lists (not parameters), so that DuckDB prunes the hive partitions before opening files
-    if steps is not None:
-        where.append(f"AND step IN ({_ints(steps)})")
-    if ranks is not None:
-        where.append(f"AND rank IN ({_ints(ranks)})")
-    sql = LOAD_SQL.format(where=" ".join(where))
-    if not sketches:
-        sql = sql.replace(", sample, sketch,", ",")
-    try:
-        df = pl.from_arrow(fetch_arrow(con, sql, params))
-    finally:
-        con.close()
+    want = None if units is None else {(int(s), int(k)) for s, k in units}
+    files = []
+    for pattern in store.tensor_files([run]):
+        for path in sorted(glob.glob(pattern)):
+            m = _PARTITION.search(path)
+            if m is None:
+                continue
+            step, rank = int(m.group(1)), int(m.group(2))
+            if ((steps is None or step in steps) and (ranks is None or rank in ranks)
+                    and (want is None or (step, rank) in want)):
+                files.append((path, step, rank))
+    return _load_files(files, sketches)
+
+
+def _load_files(files: list[tuple[str, int, int]], sketches: bool) -> pl.DataFrame:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dumpstore.schema import TENSOR_SCHEMA
+
+    cols = _FILE_COLUMNS if sketches else [c for c in _FILE_COLUMNS if c not in ("sample", "sketch")]
+    tables = []
+    for path, step, rank in files:
+        t = pq.read_table(path, columns=cols)
+        n = t.num_rows
+        tables.append(t.add_column(0, "rank", pa.array([rank] * n, pa.int64()))
+                       .add_column(0, "step", pa.array([step] * n, pa.int64())))
+    if tables:
+        df = pl.from_arrow(pa.concat_tables(tables))
+    else:
+        schema = pa.schema([pa.field("step", pa.int64()), pa.field("rank", pa.int64())]
+                           + [TENSOR_SCHEMA.field(c) for c in cols])
+        df = pl.from_arrow(schema.empty_table())
     if not sketches:  # same columns either way, so callers need not care
         df = df.with_columns(pl.lit(None, pl.List(pl.Float64)).alias("sample"),
                              pl.lit(None, pl.List(pl.Float64)).alias("sketch"))
     return df.sort(["step", "rank", "source", "leaf"])  # type: ignore[union-attr]
-
-
-def _unit_files(store: Store, run: str, units: list[tuple[int, int]], steps: list[int] | None,
-                ranks: list[int] | None) -> list[str]:
-    """The live ingest's files of `run` for the (step, rank) pairs asked (within `steps` and `ranks`)."""
-    want = {(int(s), int(k)) for s, k in units if (steps is None or s in steps) and (ranks is None or k in ranks)}
-    out = []
-    for pattern in store.tensor_files([run]):
-        head, tail = pattern.rsplit("/*/*/", 1)
-        for s, k in sorted(want):
-            out += sorted(glob.glob(f"{head}/step={s}/rank={k}/{tail}"))
-    return out
-
-
-def _load_files(files: list[str], sketches: bool) -> pl.DataFrame:
-    """The rows of these files (one DuckDB statement over just them; no views needed)."""
-    con = duckdb.connect(":memory:")
-    try:
-        cols = COLUMNS if sketches else COLUMNS.replace(", sample, sketch,", ",")
-        sql = f"SELECT {cols} FROM read_parquet({_literal_list(files)}, {_HIVE})"
-        df = pl.from_arrow(fetch_arrow(con, sql))
-    finally:
-        con.close()
-    if not sketches:
-        df = df.with_columns(pl.lit(None, pl.List(pl.Float64)).alias("sample"),
-                             pl.lit(None, pl.List(pl.Float64)).alias("sketch"))
-    return df.sort(["step", "rank", "source", "leaf"])  # type: ignore[union-attr]
-
-
-def _ints(values) -> str:
-    """A SQL list of integers; NULL for none (so that `x IN (NULL)` matches nothing)."""
-    return ", ".join(str(int(v)) for v in values) or "NULL"

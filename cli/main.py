@@ -31,35 +31,75 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("path", type=click.Path(path_type=Path))
-@click.option("--run", "run", required=True, help="Name of the run in the store (re-ingest replaces it).")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="PATH...")
+@click.option("--run", "runs", required=True, multiple=True,
+              help="Name of the run in the store (re-ingest replaces it); one --run per PATH, in order.")
 @store_option
 @click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: CPU count).")
 @click.option("--sample-k", type=int, default=None, help="Sample size per tensor (default 64).")
 @click.option("--sketch-m", type=int, default=None, help="Sketch buckets per tensor, power of two (default 512).")
 @click.option("--no-tensors", is_flag=True, help="Do not read tensor files; keep the dumper's statistics only.")
-@click.option("--json", "as_json", is_flag=True, help="Print the ingest summary as JSON.")
-def ingest(path: Path, run: str, store: Path | None, jobs: int | None, sample_k: int | None,
-           sketch_m: int | None, no_tensors: bool, as_json: bool) -> None:
-    """Ingest an msprobe dump (root, step or rank folder, dump.json) or a folder of .npy/.pt files."""
+@click.option("--json", "as_json", is_flag=True, help="Print the ingest summary as JSON (a list for several runs).")
+def ingest(paths: tuple[Path, ...], runs: tuple[str, ...], store: Path | None, jobs: int | None,
+           sample_k: int | None, sketch_m: int | None, no_tensors: bool, as_json: bool) -> None:
+    """Ingest an msprobe dump (root, step or rank folder, dump.json) or a folder of .npy/.pt files.
+
+    Several dumps at once (`ingest ref_dir target_dir --run ref --run target`) are ingested side by side,
+    sharing the workers."""
     from dumpstore.ingest import IngestOptions
-    from dumpstore.ingest import ingest as do_ingest
     from dumpstore.summary import DEFAULT_SAMPLE_K, DEFAULT_SKETCH_M
 
+    if len(paths) != len(runs):
+        raise click.UsageError(f"{len(paths)} paths but {len(runs)} --run names: give one --run per PATH")
+    if len(set(runs)) != len(runs):
+        raise click.UsageError("each --run name may appear once")
     opts = IngestOptions(sample_k=sample_k or DEFAULT_SAMPLE_K, sketch_m=sketch_m or DEFAULT_SKETCH_M,
                          load_tensors=not no_tensors)
-    with _Progress(f"ingest {run}") as bar:
-        res = do_ingest(path, run, store=store, options=opts, jobs=jobs, progress=bar.update)
+    if len(paths) == 1:
+        from dumpstore.ingest import ingest as do_ingest
+
+        with _Progress(f"ingest {runs[0]}") as bar:
+            results = [do_ingest(paths[0], runs[0], store=store, options=opts, jobs=jobs, progress=bar.update)]
+    else:
+        results = _ingest_several(paths, runs, store, opts, jobs)
     if as_json:
-        click.echo(to_json(res.__dict__))
+        click.echo(to_json([r.__dict__ for r in results] if len(results) > 1 else results[0].__dict__))
         return
-    click.echo(f"run {res.run}: {res.records} records, {res.rows} rows ({res.tensors} tensors, "
-               f"{res.tensor_files} tensor files) from {res.units} dump files; steps {_span(res.steps)}, "
-               f"ranks {_span(res.ranks)}")
-    if res.errors:
-        click.echo(f"warning: {res.errors} leaves could not be read fully (stored with an error); "
-                   f"first: {res.first_error}; list them: dumpstore query \"select name, error from tensors "
-                   f"where run='{res.run}' and error is not null\"", err=True)
+    for res in results:
+        click.echo(f"run {res.run}: {res.records} records, {res.rows} rows ({res.tensors} tensors, "
+                   f"{res.tensor_files} tensor files) from {res.units} dump files; steps {_span(res.steps)}, "
+                   f"ranks {_span(res.ranks)}")
+        if res.errors:
+            click.echo(f"warning: {res.errors} leaves of run {res.run} could not be read fully (stored with an "
+                       f"error); first: {res.first_error}; list them: dumpstore query \"select name, error from "
+                       f"tensors where run='{res.run}' and error is not null\"", err=True)
+
+
+def _ingest_several(paths, runs, store, opts, jobs: int | None) -> list:
+    """One ingest per (path, run), each in its own process with a share of the workers; all of them finish
+    (one failing does not stop the others), then the first failure is raised."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from dumpstore.ingest import ingest as do_ingest
+
+    total = jobs or os.cpu_count() or 1
+    side = min(len(paths), total)
+    share = max(1, total // side)
+    with ProcessPoolExecutor(max_workers=side) as pool:
+        futures = [pool.submit(do_ingest, p, r, store=store, options=opts, jobs=share) for p, r in zip(paths, runs)]
+        outcomes = []
+        for fut in futures:
+            try:
+                outcomes.append(fut.result())
+            except DumpstoreError as exc:
+                outcomes.append(exc)
+    failed = [o for o in outcomes if isinstance(o, DumpstoreError)]
+    if failed:
+        done = [o.run for o in outcomes if not isinstance(o, DumpstoreError)]
+        note = f" (ingested: {', '.join(done)})" if done else ""
+        raise type(failed[0])(f"{failed[0]}{note}")
+    return outcomes
 
 
 def _span(values: list[int]) -> str:

@@ -80,3 +80,34 @@ def test_console_script_never_imports_pandas(store_dir):
         proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip().endswith("PANDAS False"), proc.stdout[-500:]
+
+
+def test_ingest_several_dumps_at_once(store_dir, tmp_path):
+    """`ingest A B --run a --run b` stores exactly what two separate ingests store."""
+    from helpers import SAMPLES
+
+    res = CliRunner().invoke(main, ["ingest", str(SAMPLES / "ref_stats"), str(SAMPLES / "lr_stats"),
+                                    "--run", "ref", "--run", "lr", "--store", str(store_dir), "--json"])
+    assert res.exit_code == 0, res.output
+    summaries = json.loads(res.output)
+    assert [s["run"] for s in summaries] == ["ref", "lr"]
+    one = tmp_path / "one"
+    for path, run in ((SAMPLES / "ref_stats", "ref"), (SAMPLES / "lr_stats", "lr")):
+        assert CliRunner().invoke(main, ["ingest", str(path), "--run", run, "--store", str(one)]).exit_code == 0
+    sql = "select run, step, rank, leaf, name, min, max, mean, norm from tensors order by all"
+    both = CliRunner().invoke(main, ["query", sql, "--store", str(store_dir), "--csv"])
+    apart = CliRunner().invoke(main, ["query", sql, "--store", str(one), "--csv"])
+    assert both.output == apart.output and both.output.count("\n") > 1000
+
+
+def test_ingest_several_dumps_errors(store_dir):
+    from helpers import SAMPLES
+
+    res = CliRunner().invoke(main, ["ingest", "a", "b", "--run", "x", "--store", str(store_dir)])
+    assert res.exit_code == 2 and "one --run per PATH" in res.output
+    res = CliRunner().invoke(main, ["ingest", "a", "b", "--run", "x", "--run", "x", "--store", str(store_dir)])
+    assert res.exit_code == 2 and "once" in res.output
+    res = CliRunner().invoke(main, ["ingest", str(SAMPLES / "ref_stats"), str(store_dir / "missing"), "--run", "ok",
+                                    "--run", "bad", "--store", str(store_dir)])
+    assert res.exit_code == 1
+    assert res.output.count("\n") == 1 and "missing" in res.output and "(ingested: ok)" in res.output

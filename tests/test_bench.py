@@ -17,7 +17,7 @@ def test_tiny_bench_finds_every_injected_fault(tmp_path):
     rows = doc["rows"]
     assert {r["scenario"] for r in rows} == {"stats_pair", "tensor_pair", "requery", "scale", "ingest_rate"}
     judged = [r for r in rows if r["verdict"] not in (None, "-")]
-    assert len(judged) == 9  # 2 pairs, 6 requeries, 1 scale store
+    assert len(judged) == 11  # 2 pairs × 2 flows, 6 requeries, 1 scale store
     assert all(r["verdict"] == "OK" for r in judged), [(r["item"], r["note"]) for r in judged]
     for r in rows:
         for run in r["runs"]:

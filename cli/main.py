@@ -70,9 +70,9 @@ def ingest(paths: tuple[Path, ...], runs: tuple[str, ...], store: Path | None, j
                    f"{res.tensor_files} tensor files) from {res.units} dump files; steps {_span(res.steps)}, "
                    f"ranks {_span(res.ranks)}")
         if res.errors:
-            click.echo(f"warning: {res.errors} leaves of run {res.run} could not be read fully (stored with an "
-                       f"error); first: {res.first_error}; list them: dumpstore query \"select name, error from "
-                       f"tensors where run='{res.run}' and error is not null\"", err=True)
+            click.echo(f"warning: {res.errors} leaves could not be read fully (stored with an error); "
+                       f"first: {res.first_error}; list them: dumpstore query \"select name, error from tensors "
+                       f"where run='{res.run}' and error is not null\"", err=True)
 
 
 def _ingest_several(paths, runs, store, opts, jobs: int | None) -> list:

@@ -52,7 +52,7 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
     t_info, r_info = store.run_info(target), store.run_info(ref)
     coverage = _coverage(t_info, r_info)
     mapping = mapping or Mapping()
-    if "mindspore" in t_info["framework"] and "pytorch" in r_info["framework"]:
+    if builtin_mindspore_names(t_info, r_info):
         mapping.mindspore_to_pytorch = True
     steps = [s for s in coverage["common_steps"] if steps is None or s in steps]
     ranks = [k for k in coverage["common_ranks"] if ranks is None or k in ranks]
@@ -75,6 +75,11 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
         from .exact import add_exact_metrics
         rows = add_exact_metrics(store, target, ref, rows, tol, precision["floor"])
     return Comparison(rows, records, precision, tol, target, ref, coverage)
+
+
+def builtin_mindspore_names(t_info: dict, r_info: dict) -> bool:
+    """A MindSpore target against a PyTorch reference: target names go through the built-in mapping."""
+    return "mindspore" in t_info["framework"] and "pytorch" in r_info["framework"]
 
 
 def _common_summaries(t: pl.DataFrame, r: pl.DataFrame, t_info: dict, r_info: dict

@@ -343,11 +343,11 @@ def divergence_in_batches(store, target: str, ref: str, *, steps: list[int] | No
 def _screened(store, target: str, ref: str, *, steps: list[int] | None, max_rows: int,
               ranks: list[int] | None = None, tolerances: Tolerances | None = None, exact: bool = False,
               mapping: Any = None) -> Verdict:
-    from .compare import _coverage, compare_runs
+    from .compare import _coverage, builtin_mindspore_names, compare_runs
     from .screen import Unsupported, screen
 
     t_info, r_info = store.run_info(target), store.run_info(ref)
-    if exact or mapping or ("mindspore" in t_info["framework"] and "pytorch" in r_info["framework"]):
+    if exact or mapping or builtin_mindspore_names(t_info, r_info):
         raise Unsupported("exact metrics or name mappings")
     tol = tolerances or Tolerances()
     coverage = _coverage(t_info, r_info)

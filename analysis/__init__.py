@@ -8,11 +8,12 @@ from dumpstore._lazy import lazy_exports
 
 lazy_exports(__name__, {
     "Checklist": "checklist", "checklist": "checklist", "Comparison": "compare", "compare_runs": "compare",
-    "Finding": "divergence", "Verdict": "divergence", "divergence": "divergence",
+    "Finding": "verdict", "Verdict": "verdict", "Question": "verdict", "answer": "verdict",
+    "divergence": "divergence",
     "divergence_by_steps": "divergence", "HealthReport": "health", "Thresholds": "health", "health": "health",
     "Mapping": "mapping", "load_mapping": "mapping", "OverflowReport": "overflow", "overflow": "overflow",
     "rank_rows": "rank", "Tolerances": "tolerance"})
 
-__all__ = ["Checklist", "Comparison", "Finding", "HealthReport", "Mapping", "OverflowReport", "Thresholds",
-           "Tolerances", "Verdict", "checklist", "compare_runs", "divergence", "divergence_by_steps", "health",
-           "load_mapping", "overflow", "rank_rows"]
+__all__ = ["Checklist", "Comparison", "Finding", "HealthReport", "Mapping", "OverflowReport", "Question",
+           "Thresholds", "Tolerances", "Verdict", "answer", "checklist", "compare_runs", "divergence",
+           "divergence_by_steps", "health", "load_mapping", "overflow", "rank_rows"]

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from dumpstore.dtypes import FLOAT_DTYPES, eps
+from dumpstore.dtypes import FLOAT_DTYPES
 from dumpstore.summary import fold_sketch
 
+from . import rules as R
 from .align import align_leaves, align_records, apply_data_mapping
 from .load import load_run
 from .mapping import Mapping
@@ -50,12 +51,12 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
     """
     tol = tolerances or Tolerances()
     t_info, r_info = store.run_info(target), store.run_info(ref)
-    coverage = _coverage(t_info, r_info)
+    cov = coverage(t_info, r_info)
     mapping = mapping or Mapping()
     if builtin_mindspore_names(t_info, r_info):
         mapping.mindspore_to_pytorch = True
-    steps = [s for s in coverage["common_steps"] if steps is None or s in steps]
-    ranks = [k for k in coverage["common_ranks"] if ranks is None or k in ranks]
+    steps = [s for s in cov["common_steps"] if steps is None or s in steps]
+    ranks = [k for k in cov["common_ranks"] if ranks is None or k in ranks]
     t = load_run(store, target, steps=steps, ranks=ranks, units=units)
     r = load_run(store, ref, steps=steps, ranks=ranks, units=units)
     t, r = _common_summaries(t, r, t_info, r_info)
@@ -74,7 +75,7 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
     if exact:
         from .exact import add_exact_metrics
         rows = add_exact_metrics(store, target, ref, rows, tol, precision["floor"])
-    return Comparison(rows, records, precision, tol, target, ref, coverage)
+    return Comparison(rows, records, precision, tol, target, ref, cov)
 
 
 def builtin_mindspore_names(t_info: dict, r_info: dict) -> bool:
@@ -98,7 +99,7 @@ def _common_summaries(t: pl.DataFrame, r: pl.DataFrame, t_info: dict, r_info: di
     return t, r
 
 
-def _coverage(t: dict, r: dict) -> dict[str, list[int]]:
+def coverage(t: dict, r: dict) -> dict[str, list[int]]:
     """Steps and ranks present in each run; steps or ranks in one run only are reported, not compared."""
     ts, rs, tk, rk = set(t["steps"]), set(r["steps"]), set(t["ranks"]), set(r["ranks"])
     return {"target_steps": sorted(ts), "ref_steps": sorted(rs), "common_steps": sorted(ts & rs),
@@ -109,23 +110,9 @@ def _compute_dtype(df: pl.DataFrame) -> str:
     """Lowest-precision float dtype holding >= 10% of the run's forward float outputs."""
     outs = df.filter((pl.col("io") == "output") & (pl.col("direction") == "forward")
                      & pl.col("dtype").is_in(list(FLOAT_DTYPES)))
-    return compute_dtype_from_counts(dict(outs.group_by("dtype").len().iter_rows()))
-
-
-def compute_dtype_from_counts(counts: dict[str, int]) -> str:
-    """The compute precision from a run's forward float outputs counted by dtype (see _compute_dtype)."""
-    total = sum(counts.values())
-    if total == 0:
-        return "float32"
-    common = [d for d, n in counts.items() if n >= 0.1 * total]
-    return max(common, key=eps) if common else "float32"
-
-
-def floor_of(a: str, b: str) -> str:
-    """The less precise of two compute precisions (ties: the target's)."""
-    return a if eps(a) >= eps(b) else b
+    return R.compute_dtype_from_counts(dict(outs.group_by("dtype").len().iter_rows()))
 
 
 def _precision(t: pl.DataFrame, r: pl.DataFrame) -> dict[str, str]:
     a, b = _compute_dtype(t), _compute_dtype(r)
-    return {"target": a, "ref": b, "floor": floor_of(a, b)}
+    return {"target": a, "ref": b, "floor": R.floor_of(a, b)}

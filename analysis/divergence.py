@@ -17,7 +17,7 @@ When no value diverges but records exist in one run only, the first of them is t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import polars as pl
@@ -26,43 +26,11 @@ from dumpstore.dtypes import eps
 
 from .compare import Comparison
 from .order import INPUT_IO, ORDER, OUTPUT_IO, with_phase
+from .rules import STATUSES
 from .tolerance import Tolerances
+from .verdict import Finding, Verdict
 
 QUIET = 0.1  # inputs "agree" when their error is below this share of the tolerance
-
-
-@dataclass
-class Finding:
-    step: int
-    rank: int
-    op: str
-    name: str | None
-    kind: str
-    metric: str | None = None
-    value: float | None = None
-    threshold: float | None = None
-    source: str | None = None
-    dtype: str | None = None
-    severity: float | None = None
-    detail: str | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Verdict:
-    target: str
-    ref: str
-    first_divergence: Finding | None
-    culprit: Finding | None
-    steps: list[dict[str, Any]]
-    ranks: list[dict[str, Any]]
-    unmatched: list[dict[str, Any]]
-    precision: dict[str, str]
-    counts: dict[str, int]
-    coverage: dict[str, list[int]]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _ordered(rows: pl.DataFrame) -> pl.DataFrame:
@@ -343,16 +311,16 @@ def divergence_in_batches(store, target: str, ref: str, *, steps: list[int] | No
 def _screened(store, target: str, ref: str, *, steps: list[int] | None, max_rows: int,
               ranks: list[int] | None = None, tolerances: Tolerances | None = None, exact: bool = False,
               mapping: Any = None) -> Verdict:
-    from .compare import _coverage, builtin_mindspore_names, compare_runs
+    from .compare import builtin_mindspore_names, compare_runs, coverage
     from .screen import Unsupported, screen
 
     t_info, r_info = store.run_info(target), store.run_info(ref)
     if exact or mapping or builtin_mindspore_names(t_info, r_info):
         raise Unsupported("exact metrics or name mappings")
     tol = tolerances or Tolerances()
-    coverage = _coverage(t_info, r_info)
-    steps_c = [s for s in coverage["common_steps"] if steps is None or s in steps]
-    ranks_c = [k for k in coverage["common_ranks"] if ranks is None or k in ranks]
+    cov = coverage(t_info, r_info)
+    steps_c = [s for s in cov["common_steps"] if steps is None or s in steps]
+    ranks_c = [k for k in cov["common_ranks"] if ranks is None or k in ranks]
     scr = screen(store, target, ref, steps_c, ranks_c, tol)
     units = scr.units
     # exactly: units needing alignment, and the units of the first step with a diverged output of the screen
@@ -393,10 +361,9 @@ def _screened(store, target: str, ref: str, *, steps: list[int] | None, max_rows
     allu = allu.filter(pl.col("rows") > 0)
     counts = {s: int(allu[s].sum()) for s in STATUSES if allu[s].sum()}
     return Verdict(target, ref, first, culprit, _timeline_of_units(allu), _rank_view_of_units(allu), unmatched,
-                   scr.precision, counts, coverage)
+                   scr.precision, counts, cov)
 
 
-STATUSES = ("pass", "diverged", "unmatched", "error", "unknown")
 
 
 def _unit_summaries(rows: pl.DataFrame) -> pl.DataFrame:

@@ -39,6 +39,7 @@ from dumpstore.layout import find_units
 from dumpstore.tensorfile import forget_folders, load, resolve
 
 from . import metrics
+from . import rules as R
 
 MSPROBE_COLUMNS: dict[str, str] = {
     metrics.COSINE: "msprobe_cosine",
@@ -152,8 +153,8 @@ def _verdict(m: dict[str, Any]) -> None:
     err, tol = m["err"], m["tol"]
     if err is None or tol is None:
         return
-    m["severity"] = err / tol if tol > 0 else (0.0 if err == 0 else math.inf)
-    m["status"] = "diverged" if (err > tol or m["nonfinite_mismatch"]) else "pass"
+    m["severity"] = float(R.severity(err, tol))
+    m["status"] = "diverged" if R.diverges(err, tol, bool(m["nonfinite_mismatch"])) else "pass"
 
 
 def _exact_row(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> dict[str, Any]:

@@ -15,11 +15,17 @@ OUTPUT_IO = ("output", "parameters_grad", "debug", "tensor")  # leaves an op pro
 INPUT_IO = ("input", "parameters")                             # leaves an op consumes
 
 
+def deferred_grad(seq: pl.Expr, direction: pl.Expr, first_backward: pl.Expr) -> pl.Expr:
+    """The phase rule: an 8.x `parameters_grad` record dumped before its step's first backward record (at
+    `first_backward`, the smallest seq of a backward record) is executed after the whole step."""
+    return (direction == "parameters_grad") & (seq < first_backward.fill_null(-1))
+
+
 def with_phase(df: pl.DataFrame, seq: str = "seq", direction: str = "direction") -> pl.DataFrame:
     """Add `_phase` (0 normal, 1 deferred 8.x parameters_grad); sort by step, _phase, rank, source, seq."""
     first_bwd = (pl.when(pl.col(direction) == "backward").then(pl.col(seq)).otherwise(None)
                  .min().over(GROUP))
-    early_grad = (pl.col(direction) == "parameters_grad") & (pl.col(seq) < first_bwd.fill_null(-1))
+    early_grad = deferred_grad(pl.col(seq), pl.col(direction), first_bwd)
     return df.with_columns(pl.when(early_grad).then(1).otherwise(0).alias("_phase"))
 
 

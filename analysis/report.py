@@ -43,11 +43,12 @@ from dumpstore.errors import DumpstoreError
 
 from .checklist import Checklist, checklist
 from .compare import Comparison, compare_runs
-from .divergence import Finding, Verdict, divergence
+from .divergence import divergence
 from .health import HealthReport, health
 from .order import OUTPUT_IO
 from .overflow import OverflowReport, overflow
 from .tolerance import Tolerances
+from .verdict import Finding, Question, Verdict, answer
 
 __all__ = [
     "CSV_COLUMNS",
@@ -82,14 +83,21 @@ class ReportData:
 
 
 def analyze(store, target: str, ref: str, *, steps: list[int] | None = None, ranks: list[int] | None = None,
-            tolerances: Tolerances | None = None, exact: bool = False, mapping: Any = None) -> ReportData:
+            tolerances: Tolerances | None = None, exact: bool = False, mapping: Any = None,
+            maps: tuple[str, ...] = ()) -> ReportData:
     """Compare `target` with `ref`, find the first divergence and culprit, and scan `target` for overflow.
 
-    Arguments as for `compare_runs` (`mapping`: an `analysis.mapping.Mapping`, None for names as dumped).
+    Arguments as for `compare_runs`; name mappings either as files (`maps`, msprobe's forms: the verdict then
+    comes from the store's memo like `dumpstore divergence`'s) or as an `analysis.mapping.Mapping` object.
     """
+    q = Question(target, ref, tuple(steps) if steps else None, tuple(ranks) if ranks else None,
+                 tolerances or Tolerances(), tuple(maps), exact)
+    from_files = mapping is None
+    if from_files:
+        mapping = q.compare_options()["mapping"]
     cmp = compare_runs(store, target, ref, steps=steps, ranks=ranks, tolerances=tolerances, exact=exact,
                        mapping=mapping)
-    verdict = divergence(cmp)
+    verdict = answer(store, q, comparison=cmp) if from_files else divergence(cmp)
     ovf = overflow(store, target, ref=ref, steps=steps, ranks=ranks, cmp=cmp)
     return ReportData(cmp, verdict, ovf, checklist(store, target, ref, tolerances=tolerances, cmp=cmp),
                       health(store, target))

@@ -32,7 +32,7 @@ import mmap
 import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,26 +41,8 @@ import pyarrow as pa
 
 from dumpstore.dtypes import FLOAT_DTYPES
 
-from .order import OUTPUT_IO
-from .pairmetrics import (
-    _diff,
-    _nonfinite,
-    _scalar_err,
-    _shape_differs,
-    _sketch_err,
-    _stats_err,
-    _tol,
-    _tol_dtype,
-    has_error_text,
-    kinds_differ,
-    null_pair,
-    numeric_scalars,
-    pair_err,
-    pair_status,
-    pair_tol,
-    tensor_err,
-    unreadable_kind,
-)
+from . import rules as R
+from .order import OUTPUT_IO, deferred_grad
 from .tolerance import Tolerances
 
 c, lit, when = pl.col, pl.lit, pl.when
@@ -69,10 +51,10 @@ KEYS = ("record", "io", "index_path")                  # a leaf pair: same recor
 ORDER = ("seq", "leaf", "direction")                   # execution order (target side)
 STATIC = ("kind", "dtype", "shape", "numel", "nan_count", "posinf_count", "neginf_count", "sat_count",
           "has_nan", "has_posinf", "has_neginf", "has_sat", "checksum", "scalar_value", "value", "error")
-STATS = ("min", "max", "mean", "norm")
+STATS = R.STATS
 _KEYED = KEYS + ORDER + STATIC
 _STRINGS = ("record", "io", "index_path", "direction", "kind", "dtype", "checksum", "value", "error")
-STATUSES = ("pass", "diverged", "unmatched", "error", "unknown")
+STATUSES = R.STATUSES
 
 
 class Unsupported(Exception):
@@ -84,7 +66,6 @@ class ScreenResult:
     units: pl.DataFrame                      # simple units: step, rank, source, rows, counts, max_err, first
     complex_units: list[tuple[int, int]]     # (step, rank) pairs to compare exactly (alignment needed)
     precision: dict[str, str]                # compute precision of each run and the floor, as compare_runs
-    dtype_counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------ files
@@ -262,8 +243,7 @@ def _structure(cache: _Cache, f: _File) -> tuple[bool, pl.DataFrame, dict[str, n
               and df.select(pl.struct("record", "seq").n_unique()).item() == df.select(c("record").n_unique()).item())
     first_bwd = c("seq").filter(c("direction") == "backward").min()
     order = df.select(
-        when((c("direction") == "parameters_grad") & (c("seq") < first_bwd.fill_null(-1))).then(1).otherwise(0)
-        .cast(pl.Int32).alias("_phase"),
+        when(deferred_grad(c("seq"), c("direction"), first_bwd)).then(1).otherwise(0).cast(pl.Int32).alias("_phase"),
         c("io").is_in(OUTPUT_IO).alias("_out"), c("seq"), c("leaf"), c("record").alias("_record"))
     hit = (unique, order, {x: order[x].to_numpy() for x in ("_phase", "_out", "seq", "leaf")})
     return cache.remember(key, hit)
@@ -292,14 +272,14 @@ def _static(cache: _Cache, t: _File, r: _File, tol: Tolerances, floor: str
     is_tensors = (c("kind") == "tensor") & (c("ref_kind") == "tensor")
     is_scalars = (c("kind") == "scalar") & (c("ref_kind") == "scalar")
     both_ck = c("checksum").is_not_null() & c("ref_checksum").is_not_null()
-    df = df.with_columns(_nonfinite(), _tol_dtype(floor), _shape_differs().alias("_shape_differs"))
-    df = df.with_columns(_tol(tol))
+    df = df.with_columns(R.nonfinite_mismatch(), R.tol_dtype(floor), R.shape_differs().alias("_shape_differs"))
+    df = df.with_columns(R.dtype_tol(tol))
     out = df.select(
-        is_tensors.alias("_is_tensors"), is_scalars.alias("_is_scalars"), kinds_differ().alias("_kinds_differ"),
-        null_pair().alias("_nulls"), (is_tensors & c("_shape_differs")).alias("_shape"),
+        is_tensors.alias("_is_tensors"), is_scalars.alias("_is_scalars"), R.kinds_differ().alias("_kinds_differ"),
+        R.null_pair().alias("_nulls"), (is_tensors & c("_shape_differs")).alias("_shape"),
         c("nonfinite_mismatch"), when(both_ck).then(c("checksum") == c("ref_checksum")).alias("checksum_equal"),
-        _scalar_err().alias("_sc_err"), pair_tol(is_scalars, numeric_scalars(is_scalars)).alias("tol"),
-        unreadable_kind().alias("_bad_kind"), has_error_text().alias("_err_text"), c("numel"), c("ref_numel"))
+        R.scalar_err().alias("_sc_err"), R.pair_tol(is_scalars, R.numeric_scalars(is_scalars)).alias("tol"),
+        R.unreadable_kind().alias("_bad_kind"), R.has_error_text().alias("_err_text"), c("numel"), c("ref_numel"))
     # pairs whose err can only be the statistics bound, when the statistics are finite and ||y|| > 0 (_fast)
     plain = (c("_is_tensors") & ~c("_kinds_differ") & ~c("_shape") & ~c("nonfinite_mismatch") & ~c("_bad_kind")
              & ~c("_err_text") & c("tol").is_not_null()).fill_null(False)
@@ -313,9 +293,9 @@ def _static(cache: _Cache, t: _File, r: _File, tol: Tolerances, floor: str
     judged = _verdicts(out.with_columns(*nulls, lit(None, pl.List(pl.Float64)).alias("sketch"),
                                         lit(None, pl.List(pl.Float64)).alias("ref_sketch")), sketches=False)
     arrays = out.select(plain.alias("plain"), decided.alias("decided"), c("tol"),
-                        pl.coalesce(c("numel"), c("ref_numel"), lit(1)).cast(pl.Float64).sqrt().alias("sqrt_n"))
+                        R.sqrt_numel())
     arrays = arrays.with_columns(judged["err"].alias("d_err"), judged["err"].is_not_null().alias("d_ok"),
-                                 judged["status"].replace_strict(_CODES, return_dtype=pl.Int8).alias("d_code"))
+                                 judged["status"].replace_strict(R.STATUS_CODES, return_dtype=pl.Int8).alias("d_code"))
     hit = (out, {x: arrays[x].to_numpy() for x in arrays.columns})
     return cache.remember(key, hit)
 
@@ -333,56 +313,25 @@ def _stats(t: _File, r: _File, sketches: bool) -> pa.Table:
 
 def _verdicts(df: pl.DataFrame, sketches: bool) -> pl.DataFrame:
     """err and status of every pair from the static parts and the statistics (pairmetrics' expressions)."""
-    df = df.with_columns(_diff("max"), _diff("min"), _diff("mean"), _diff("norm"))
-    sk = _sketch_err()[0] if sketches else lit(None, pl.Float64)
-    df = df.with_columns(_stats_err().alias("_st_err"), sk.alias("_sk_err"))
-    df = df.with_columns(pair_err(lit(False), c("_kinds_differ"), c("_is_tensors"), c("_is_scalars"), c("_nulls"),
-                                  tensor_err(c("_shape"))).alias("err"))
-    return df.with_columns(pair_status(lit(False), c("_bad_kind"), c("_err_text")).alias("status"))
+    sk = R.sketch_err()[0] if sketches else lit(None, pl.Float64)
+    df = df.with_columns(R.stats_columns(df)["_st_err"], sk.alias("_sk_err"))
+    df = df.with_columns(R.pair_err(lit(False), c("_kinds_differ"), c("_is_tensors"), c("_is_scalars"), c("_nulls"),
+                                    R.tensor_err(c("_shape"))).alias("err"))
+    return df.with_columns(R.pair_status(lit(False), c("_bad_kind"), c("_err_text")).alias("status"))
 
 
-def _summarise(df: pl.DataFrame) -> pl.DataFrame:
-    """Per unit: rows, counts by status, largest err, first diverged output (phase, seq, leaf, record)."""
-    cand = (c("status") == "diverged") & c("_out")
-    order = ["_phase", "seq", "leaf"]
-    return df.group_by(["step", "rank", "source"]).agg(
-        pl.len().alias("rows"),
-        *[(c("status") == s).sum().alias(s) for s in STATUSES],
-        c("err").max().alias("max_err"),
-        *[c(x).filter(cand).sort_by(*[c(o).filter(cand) for o in order]).first().alias("first_" + x.lstrip("_"))
-          for x in ["_phase", "seq", "leaf", "_record"]])
-
-
-_CODES = {name: i for i, name in enumerate(STATUSES)}
-assert _CODES["pass"] == 0 and _CODES["diverged"] == 1
+assert R.STATUS_CODES["pass"] == 0 and R.STATUS_CODES["diverged"] == 1
 
 
 def _fast(stnp: dict[str, np.ndarray], stats: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """(err, done) for the pairs `_verdicts` would judge by the statistics bound alone (tensors of the same kind,
-    shape and non-finite counts), computed with the same IEEE operations as pairmetrics' `_stats_err`:
-      both norms present, all eight statistics finite, ||y|| > 0:
-          err = max(|dNorm|, |dMax|, |dMin|, |dMean| * sqrt(n)) / ||y||;
-      a norm missing (integer tensors), max and min finite on both sides:
-          err = max(|dMax|, |dMin|) / max(|yMax|, |yMin|)  (0 when equal, inf when the reference is all 0)."""
-    t = [_numpy(stats.column(x)) for x in STATS]  # nulls: NaN, which `isfinite` excludes
-    r = [_numpy(stats.column(f"ref_{x}")) for x in STATS]
-    with np.errstate(all="ignore"):
-        fin = [np.isfinite(v) for v in t + r]
-        rn = r[3]
-        both = fin[0] & fin[1] & fin[4] & fin[5]  # min and max finite on both sides
-        by_norm = stnp["plain"] & both & fin[2] & fin[3] & fin[6] & fin[7] & (rn > 0)
-        d = [np.abs(np.subtract(a, b)) for a, b in zip(t, r)]  # min, max, mean, norm
-        np.multiply(d[2], stnp["sqrt_n"], out=d[2])
-        num = np.maximum(np.maximum(d[3], d[1]), np.maximum(d[0], d[2]))
-        err = np.divide(num, rn, out=num)
-        by_ext = stnp["plain"] & both & ~(fin[3] & fin[7])
-        if by_ext.any():  # a norm missing (or not finite: then the exact path decides, see below)
-            by_ext &= _nulls(stats.column("norm")) | _nulls(stats.column("ref_norm"))
-            scale = np.maximum(np.abs(r[1]), np.abs(r[0]))
-            ext = np.maximum(d[1], d[0])
-            ext_err = np.where(scale > 0, ext / scale, np.where(ext == 0, 0.0, np.inf))
-            err = np.where(by_ext, ext_err, err)
-    return err, by_norm | by_ext
+    """(err, done) for the pairs `_verdicts` would judge by the statistics bound alone (two tensors of the same
+    kind, shape and non-finite counts, readable): `rules.stats_bound` straight from the Arrow buffers."""
+    t = {x: _numpy(stats.column(x)) for x in STATS}  # nulls: NaN
+    r = {x: _numpy(stats.column(f"ref_{x}")) for x in STATS}
+    t_null = {x: _nulls(stats.column(x)) for x in STATS}
+    r_null = {x: _nulls(stats.column(f"ref_{x}")) for x in STATS}
+    err, known = R.stats_bound(t, r, t_null, r_null, stnp["sqrt_n"], np.zeros(len(stnp["plain"]), dtype=bool))
+    return err, stnp["plain"] & known
 
 
 def _numpy(col: pa.ChunkedArray) -> np.ndarray:
@@ -425,7 +374,7 @@ def _judge(units: list, sketches: bool) -> tuple[list[np.ndarray], list[np.ndarr
         else:
             err, done = _fast(stnp, stats)
         with np.errstate(invalid="ignore"):
-            code = (err > stnp["tol"]).astype(np.int8)  # _CODES: pass 0, diverged 1
+            code = R.exceeds(err, stnp["tol"]).astype(np.int8)  # STATUS_CODES: pass 0, diverged 1
         dec = stnp["decided"] & ~done
         err[dec] = stnp["d_err"][dec]
         code[dec] = stnp["d_code"][dec]
@@ -445,7 +394,7 @@ def _judge(units: list, sketches: bool) -> tuple[list[np.ndarray], list[np.ndarr
         judged = _verdicts(pl.concat(parts, how="vertical"), sketches)
         j_err = judged["err"].to_numpy()
         j_valid = judged["err"].is_not_null().to_numpy()
-        j_code = judged["status"].replace_strict(_CODES, return_dtype=pl.Int8).to_numpy()
+        j_code = judged["status"].replace_strict(R.STATUS_CODES, return_dtype=pl.Int8).to_numpy()
         at = 0
         for i, (rest, f) in enumerate(slow):
             if f is None:
@@ -467,7 +416,7 @@ def _step_summary(units: list, sketches: bool) -> pl.DataFrame:
     for ((s, k, src), order, ordnp, _, _, _), err, ok, code in zip(units, errs, valid, codes):
         counts = np.bincount(code, minlength=len(STATUSES))
         max_err = np.fmax.reduce(err[ok]) if ok.any() else None  # NaN only when all are (as Polars' max)
-        cand = np.flatnonzero((code == _CODES["diverged"]) & ordnp["_out"])
+        cand = np.flatnonzero((code == R.STATUS_CODES["diverged"]) & ordnp["_out"])
         first = None
         if cand.size:
             i = cand[np.lexsort((ordnp["leaf"][cand], ordnp["seq"][cand], ordnp["_phase"][cand]))[0]]
@@ -497,8 +446,6 @@ def _dtype_counts(cache: _Cache, f: _File) -> dict[str, int]:
 def screen(store, target: str, ref: str, steps: list[int], ranks: list[int], tolerances: Tolerances,
            threads: int | None = None) -> ScreenResult:
     """Screen the common `steps` x `ranks` of two runs (see the module docstring)."""
-    from .compare import compute_dtype_from_counts, floor_of
-
     t_info, r_info = store.run_info(target), store.run_info(ref)
     sketches = bool(t_info.get("n_tensor_files")) and bool(r_info.get("n_tensor_files"))
     tm, rm = t_info.get("sketch_m"), r_info.get("sketch_m")
@@ -526,8 +473,8 @@ def screen(store, target: str, ref: str, steps: list[int], ranks: list[int], tol
         opened[(side, key)] = f
         for d, n in dc.items():
             counts[side][d] = counts[side].get(d, 0) + n
-    a, b = compute_dtype_from_counts(counts["target"]), compute_dtype_from_counts(counts["ref"])
-    precision = {"target": a, "ref": b, "floor": floor_of(a, b)}
+    a, b = R.compute_dtype_from_counts(counts["target"]), R.compute_dtype_from_counts(counts["ref"])
+    precision = {"target": a, "ref": b, "floor": R.floor_of(a, b)}
     floor = precision["floor"]
 
     complex_units: set[tuple[int, int]] = set()
@@ -570,7 +517,7 @@ def screen(store, target: str, ref: str, steps: list[int], ranks: list[int], tol
             drop, on=["step", "rank"], how="anti")
     units = units.sort(["step", "rank", "source"])
     return ScreenResult(units.with_columns(c("step").cast(pl.Int64), c("rank").cast(pl.Int64)),
-                        sorted(complex_units), precision, counts)
+                        sorted(complex_units), precision)
 
 
 def _map(fn, items: list, threads: int) -> list:

@@ -20,7 +20,6 @@ REL_L2_DEFAULT: dict[str, float] = {
 }
 EXACT_DTYPES_TOL = 0.0  # ints and bools must match exactly
 AMPLIFICATION = 10.0    # an op whose output error exceeds its input error by this factor creates error
-COSINE_DROP = 0.01      # cosine below 1 - this is reported as divergent for any float dtype
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import click
 
@@ -96,35 +95,12 @@ def divergence(store, target, ref, exact, steps, ranks, tol, maps, as_json, chec
 
 
 def verdict(store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: bool = True) -> dict:
-    """The divergence verdict as a dict: from the store's memo when it holds this question for the live ingests
-    of both runs (no heavy import at all), else computed and memoized."""
-    from dumpstore.analysis import memo
-    from dumpstore.store import default_store_path, open_store
+    """The divergence verdict as a dict (the library's memoized answer)."""
+    from dumpstore.analysis.tolerance import Tolerances
+    from dumpstore.analysis.verdict import Question, answer
 
-    options = compare_options(steps, ranks, tol, exact, maps)
-    tols = options["tolerances"]
-    question = {"command": "divergence", "target": target, "ref": ref, "steps": sorted(set(steps)) or None,
-                "ranks": sorted(set(ranks)) or None, "exact": exact, "maps": [memo.file_digest(m) for m in maps],
-                "tol": [tols.rel_l2, tols.all_dtypes, tols.amplification]}
-    key = memo.key(question)
-    root = Path(store) if store is not None else default_store_path()
-    if use_memo:
-        hit = memo.lookup(root, key, lambda: _live_ids(open_store(root), target, ref))
-        if hit is not None:
-            return hit
-    from dumpstore.analysis.divergence import divergence_by_steps
-
-    st = open_store(store)
-    before = memo.catalog_signature(st.root)
-    v = divergence_by_steps(st, target, ref, **options).to_dict()
-    memo.save(st.root, key, _live_ids(st, target, ref), before, v)
-    return v
-
-
-def _live_ids(st, target: str, ref: str) -> dict[str, str | None]:
-    """The live ingest id of each run (None for a run not in the catalog), from one catalog read."""
-    live = {row["run"]: row["ingest_id"] for row in st.runs().to_pylist()}
-    return {run: live.get(run) for run in (target, ref)}
+    q = Question(target, ref, tuple(steps) or None, tuple(ranks) or None, Tolerances.parse(tol), tuple(maps), exact)
+    return answer(store, q, use_memo=use_memo).to_dict()
 
 
 def verdict_text(v: dict) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .compare_cmds import _common, compare_options
+from .compare_cmds import _common
 
 
 def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple[int, ...], ranks: tuple[int, ...],
@@ -21,7 +21,10 @@ def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple
     if html_path is not None:
         plotly_js()  # fail before the comparison when plotly is missing
     st = open_store(store)
-    data = analyze(st, target, ref, **compare_options(steps, ranks, tol, exact, maps))
+    from dumpstore.analysis.tolerance import Tolerances
+
+    data = analyze(st, target, ref, steps=list(steps) or None, ranks=list(ranks) or None,
+                   tolerances=Tolerances.parse(tol), exact=exact, maps=tuple(maps))
     click.echo(summary_line(data.verdict))
     if csv_path is not None:
         n = write_csv(data.cmp, csv_path, store=st)

@@ -18,9 +18,9 @@ def test_dumpstore_all():
 
 def test_analysis_all():
     assert sorted(dumpstore.analysis.__all__) == [
-        "Checklist", "Comparison", "Finding", "HealthReport", "Mapping", "OverflowReport", "Thresholds",
-        "Tolerances", "Verdict", "checklist", "compare_runs", "divergence", "divergence_by_steps", "health",
-        "load_mapping", "overflow", "rank_rows"]
+        "Checklist", "Comparison", "Finding", "HealthReport", "Mapping", "OverflowReport", "Question",
+        "Thresholds", "Tolerances", "Verdict", "answer", "checklist", "compare_runs", "divergence",
+        "divergence_by_steps", "health", "load_mapping", "overflow", "rank_rows"]
     for name in dumpstore.analysis.__all__:
         assert getattr(dumpstore.analysis, name) is not None
 

@@ -108,3 +108,26 @@ def test_a_corrupt_memo_is_recomputed(pair, computed):
     assert _divergence(pair) == first
     assert len(computed) == 2
     json.loads(memo.read_text())  # rewritten
+
+
+def test_library_answer_uses_the_same_memo_as_the_cli(pair, computed):
+    from dumpstore import open_store
+    from dumpstore.analysis import Question, Verdict, answer
+
+    cli = _divergence(pair)
+    lib = answer(pair, Question("target", "ref"))
+    assert isinstance(lib, Verdict) and lib.to_dict() == cli
+    assert lib.culprit is not None and lib.culprit.op == cli["culprit"]["op"]
+    assert answer(open_store(pair), Question("target", "ref")).to_dict() == cli
+    assert computed == ["target/ref"]
+
+
+def test_report_saves_its_verdict_for_divergence(pair, computed):
+    from dumpstore.analysis.report import analyze
+
+    from dumpstore import open_store
+
+    data = analyze(open_store(pair), "target", "ref")
+    assert computed == []  # the report's own comparison gave the verdict
+    assert _divergence(pair) == data.verdict.to_dict()
+    assert computed == []  # ... and divergence found it in the memo

@@ -1,0 +1,285 @@
+"""The judging rules, each defined once: tolerance, statistics bound, sketch and scalar error, status, severity.
+
+Every comparison path judges a leaf pair with these rules: the detailed comparison (analysis/pairmetrics.py,
+after alignment), the fast screen (analysis/screen.py, units paired by position) and the exact metrics
+(analysis/exact.py, from tensor files).  A rule that works on whole columns is written once, either as a
+Polars expression (when it only reads columns of the pair frame) or over numpy arrays (the statistics bound and
+the severity, which the screen evaluates on raw Arrow buffers); operators shared by Polars expressions, numpy
+arrays and Python floats (`exceeds`, `diverges`) serve every engine as they are.
+
+err, relative L2 of target x against reference y, best available first:
+  sketch   from the linear sketches: ||sk(x) - sk(y)|| / ||y|| (exact when the sketch holds every element, else
+           relative error bar sqrt(2/M));
+  stats    a lower bound from the statistics: max(|dNorm|, |dMax|, |dMin|, |dMean| * sqrt(n)) / ||y|| (without
+           norms: max(|dMax|, |dMin|) over the reference's range);
+  checksum equality (0 or inf);  value  non-tensor arguments, relative difference (text: equality).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from dumpstore.dtypes import EPS, INT_DTYPES, eps
+
+from .tolerance import Tolerances
+
+INF = float("inf")
+VALUE_RTOL = 1e-6                      # numeric non-tensor arguments: relative difference allowed
+STATS = ("min", "max", "mean", "norm")
+COUNTS = ("nan_count", "posinf_count", "neginf_count", "sat_count")
+FLAGS = ("has_nan", "has_posinf", "has_neginf", "has_sat")
+COUNT_LABELS = ("NaN", "+Inf", "-Inf", "±max")
+STATUSES = ("pass", "diverged", "unmatched", "error", "unknown")
+STATUS_CODES = {name: i for i, name in enumerate(STATUSES)}
+
+c, lit, when = pl.col, pl.lit, pl.when
+
+
+# ------------------------------------------------------------------------------------------------ precision
+def compute_dtype_from_counts(counts: dict[str, int]) -> str:
+    """A run's compute precision: the lowest-precision float dtype holding >= 10% of its forward float outputs
+    (`counts`: those outputs counted by dtype)."""
+    total = sum(counts.values())
+    if total == 0:
+        return "float32"
+    common = [d for d, n in counts.items() if n >= 0.1 * total]
+    return max(common, key=eps) if common else "float32"
+
+
+def floor_of(a: str, b: str) -> str:
+    """The less precise of two compute precisions (ties: the target's): every pair is judged at least at it."""
+    return a if eps(a) >= eps(b) else b
+
+
+# ------------------------------------------------------------------------------------------------ tolerance
+def _eps(col: pl.Expr) -> pl.Expr:
+    return col.replace_strict(EPS, default=None, return_dtype=pl.Float64)
+
+
+def tol_dtype(floor: str) -> pl.Expr:
+    """The dtype a pair is judged at: the less precise of its two dtypes and the runs' compute precision."""
+    et, er, ef = _eps(c("dtype")), _eps(c("ref_dtype")), lit(EPS.get(floor, EPS["float32"]))
+    any_float = et.is_not_null() | er.is_not_null()
+    best = (when(et.is_not_null() & (et >= er.fill_null(0)) & (et >= ef)).then(c("dtype"))
+            .when(er.is_not_null() & (er >= ef)).then(c("ref_dtype")).otherwise(lit(floor)))
+    return when(any_float).then(best).otherwise(pl.coalesce(c("dtype"), c("ref_dtype"), lit(floor))).alias("tol_dtype")
+
+
+def dtype_tol(tol: Tolerances) -> pl.Expr:
+    """The relative-L2 threshold of column `tol_dtype` (ints and bools exact; an override for all dtypes)."""
+    if tol.all_dtypes is not None:
+        return lit(tol.all_dtypes).alias("tol")
+    table = dict(tol.rel_l2) | {d: 0.0 for d in INT_DTYPES + ("bool",)}
+    return c("tol_dtype").replace_strict(table, default=tol.rel_l2["float32"], return_dtype=pl.Float64).alias("tol")
+
+
+def pair_tol(is_scalars: pl.Expr, numeric_scalars: pl.Expr) -> pl.Expr:
+    """Threshold of a pair: the dtype's (column `tol`), relative 1e-6 for numbers, equality for other values."""
+    return when(numeric_scalars).then(VALUE_RTOL).when(is_scalars).then(0.0).otherwise(c("tol"))
+
+
+# ------------------------------------------------------------------------------------------------ pair kinds
+def both_tensors() -> pl.Expr:
+    return (c("kind") == "tensor") & (c("ref_kind") == "tensor")
+
+
+def both_scalars() -> pl.Expr:
+    return (c("kind") == "scalar") & (c("ref_kind") == "scalar")
+
+
+def kinds_differ() -> pl.Expr:
+    return (c("kind") != c("ref_kind")) & ~c("kind").is_in(["error"]) & ~c("ref_kind").is_in(["error"])
+
+
+def null_pair() -> pl.Expr:
+    return (c("kind") == "null") & (c("ref_kind") == "null")
+
+
+def numeric_scalars(is_scalars: pl.Expr) -> pl.Expr:
+    return is_scalars & c("scalar_value").is_not_null() & c("ref_scalar_value").is_not_null()
+
+
+def unreadable_kind() -> pl.Expr:
+    return (c("kind") == "error") | (c("ref_kind") == "error")
+
+
+def has_error_text() -> pl.Expr:
+    return c("error").is_not_null() | c("ref_error").is_not_null()
+
+
+def shape_differs() -> pl.Expr:
+    """Shapes differ beyond size-1 axes (msprobe compares [4, 1] with [4])."""
+    drop1 = pl.element().filter(pl.element() != 1)
+    return (c("shape").is_not_null() & c("ref_shape").is_not_null()
+            & (c("shape").list.eval(drop1) != c("ref_shape").list.eval(drop1))).fill_null(False)
+
+
+def checksum_equal() -> pl.Expr:
+    both = c("checksum").is_not_null() & c("ref_checksum").is_not_null()
+    return when(both).then(c("checksum") == c("ref_checksum"))
+
+
+# ------------------------------------------------------------------------------------------------ non-finite
+def nonfinite_mismatch() -> pl.Expr:
+    """Two tensors whose NaN / +Inf / -Inf / saturation counts (or, without counts, flags) differ."""
+    counts_known = pl.all_horizontal([c(k).is_not_null() & c(f"ref_{k}").is_not_null() for k in COUNTS])
+    by_count = pl.any_horizontal([c(k) != c(f"ref_{k}") for k in COUNTS])
+    by_flag = pl.any_horizontal([(c(f).fill_null(False) != c(f"ref_{f}").fill_null(False))
+                                 & c(f).is_not_null() & c(f"ref_{f}").is_not_null() for f in FLAGS])
+    return (both_tensors() & when(counts_known).then(by_count).otherwise(by_flag)).fill_null(False).alias(
+        "nonfinite_mismatch")
+
+
+def nonfinite_detail() -> pl.Expr:
+    parts = []
+    for f, k, label in zip(FLAGS, COUNTS, COUNT_LABELS):
+        known = c(k).is_not_null() & c(f"ref_{k}").is_not_null()
+        a = when(known).then(c(k).cast(pl.String)).otherwise(c(f).cast(pl.String).str.to_titlecase())
+        b = when(known).then(c(f"ref_{k}").cast(pl.String)).otherwise(c(f"ref_{f}").cast(pl.String).str.to_titlecase())
+        parts.append(when(a != b).then(pl.format(f"{label} {{}} vs {{}}", a, b)))
+    return pl.concat_str([lit("non-finite values differ: "), pl.concat_list(parts).list.drop_nulls().list.join(", ")])
+
+
+# ------------------------------------------------------------------------------------------------ statistics bound
+def stat_diff(t: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """target - reference of one statistic where both are finite, else NaN (no difference known)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.where(np.isfinite(t) & np.isfinite(r), t - r, np.nan)
+
+
+def stats_bound(t: dict[str, np.ndarray], r: dict[str, np.ndarray], t_null: dict[str, np.ndarray],
+                r_null: dict[str, np.ndarray], sqrt_n: np.ndarray, nonfinite: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(err, known): the statistics lower bound of relative L2 error of every pair, from the four statistics of
+    both sides (`t`, `r`: float64 arrays by name, NaN where null; `t_null`/`r_null`: where null) and sqrt(numel).
+
+      both norms present, ||y|| finite:   max(|dNorm|, |dMax|, |dMin|, |dMean| sqrt(n)) / ||y||  (inf when the
+                                          target's norm is not finite but the non-finite counts agree; 0/0 = 0);
+      both norms present, ||y|| not finite: 0 when all four statistics are equal (NaN equal to NaN);
+      a norm missing (integer tensors):   max(|dMax|, |dMin|) / max(|yMax|, |yMin|)  (0/0 = 0).
+    Differences are taken only where both sides are finite; `known` is False where no rule applies."""
+    d = {s: np.abs(stat_diff(t[s], r[s])) for s in STATS}
+    with np.errstate(all="ignore"):
+        parts = [d["norm"], d["max"], d["min"], d["mean"] * sqrt_n,
+                 np.where(~np.isfinite(t["norm"]) & ~nonfinite, np.inf, np.nan)]
+        num = np.fmax.reduce(parts)  # ignores NaN (a missing difference), NaN only when all are
+        rn = r["norm"]
+        by_norm = np.where(rn > 0, num / rn, np.where(num == 0, 0.0, np.inf))
+        has_norms = ~t_null["norm"] & ~r_null["norm"]
+        same = np.ones(len(rn), dtype=bool)
+        for s in STATS:
+            same &= ~t_null[s] & ~r_null[s] & ((t[s] == r[s]) | (np.isnan(t[s]) & np.isnan(r[s])))
+        scale = np.fmax(np.abs(r["max"]), np.abs(r["min"]))
+        ext = np.fmax(d["max"], d["min"])
+        by_ext = np.where(scale > 0, ext / scale, np.where(ext == 0, 0.0, np.inf))
+    use_norm = has_norms & np.isfinite(rn) & ~np.isnan(num)
+    use_same = has_norms & ~np.isfinite(rn) & same
+    use_ext = ~has_norms & ~np.isnan(d["max"]) & ~np.isnan(d["min"])
+    err = np.where(use_norm, by_norm, np.where(use_same, 0.0, np.where(use_ext, by_ext, np.nan)))
+    return err, use_norm | use_same | use_ext
+
+
+def sqrt_numel() -> pl.Expr:
+    """sqrt(n) of a pair (the target's numel, else the reference's), the weight of the mean difference."""
+    return pl.coalesce(c("numel"), c("ref_numel"), lit(1)).cast(pl.Float64).sqrt().alias("sqrt_n")
+
+
+def stats_columns(df: pl.DataFrame) -> dict[str, pl.Series]:
+    """The statistics differences (`max_diff`, ...) and bound (`_st_err`) of a pair frame, by `stats_bound`."""
+    t = {s: df[s].cast(pl.Float64).to_numpy() for s in STATS}
+    r = {s: df[f"ref_{s}"].cast(pl.Float64).to_numpy() for s in STATS}
+    t_null = {s: df[s].is_null().to_numpy() for s in STATS}
+    r_null = {s: df[f"ref_{s}"].is_null().to_numpy() for s in STATS}
+    n = df.select(sqrt_numel()).to_series().to_numpy()
+    err, known = stats_bound(t, r, t_null, r_null, n, df["nonfinite_mismatch"].to_numpy())
+    out = {f"{s}_diff": _nullable(f"{s}_diff", stat_diff(t[s], r[s])) for s in STATS}
+    out["_st_err"] = _nullable("_st_err", np.where(known, err, np.nan))
+    return out
+
+
+def _nullable(name: str, values: np.ndarray) -> pl.Series:
+    """NaN as null (no rule here yields NaN for a known value)."""
+    return pl.Series(name, values, dtype=pl.Float64).fill_nan(None)
+
+
+# ------------------------------------------------------------------------------------------------ sketch, scalar
+def _finite(e: pl.Expr) -> pl.Expr:
+    return e.is_not_null() & e.is_finite()
+
+
+def sketch_err() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
+    """(err, error bar, cosine) from both sketches and the exact norms."""
+    ok = ((c("sketch").list.len() == c("ref_sketch").list.len()) & (c("sketch").list.len() > 0)
+          & _finite(c("norm")) & _finite(c("ref_norm")) & ~c("nonfinite_mismatch"))
+    sk, rsk = when(ok).then(c("sketch")), when(ok).then(c("ref_sketch"))
+    d = (sk - rsk).list.eval(pl.element() * pl.element()).list.sum().sqrt()
+    rn, tn = c("ref_norm"), c("norm")
+    err = when(ok & (rn > 0)).then(d / rn).when(ok & (d == 0) & (tn == 0)).then(0.0).when(ok).then(INF)
+    n = pl.coalesce(c("numel"), c("sketch").list.len()).cast(pl.Float64)
+    bound = when(ok).then(when(c("sketch").list.len() >= n).then(0.0)
+                          .otherwise((2.0 / c("sketch").list.len().cast(pl.Float64)).sqrt()))
+    ratio = tn / rn
+    cos = (when(ok & (rn > 0) & (tn > 0)).then(((1 + ratio * ratio - err * err) / (2 * ratio)).clip(-1.0, 1.0))
+           .when(ok & (rn == 0) & (tn == 0)).then(1.0))
+    return err, bound, cos
+
+
+def sample_max_abs() -> pl.Expr:
+    """Largest finite |x - y| over the shared sample positions (a lower bound of the max abs error)."""
+    ok = (c("sample").list.len() == c("ref_sample").list.len()) & (c("sample").list.len() > 0)
+    d = (when(ok).then(c("sample")) - when(ok).then(c("ref_sample"))).list.eval(pl.element().abs())
+    return d.list.eval(pl.element().filter(pl.element().is_finite())).list.max()
+
+
+def scalar_err() -> pl.Expr:
+    """Non-tensor arguments: relative difference of numbers, 0 or inf for other values by text."""
+    a, b = c("scalar_value"), c("ref_scalar_value")
+    numeric = a.is_not_null() & b.is_not_null()
+    num_err = (when((a == b) | (a.is_nan() & b.is_nan())).then(0.0)
+               .when(b != 0).then((a - b).abs() / b.abs()).otherwise(INF))
+    same_text = (c("value") == c("ref_value")).fill_null(c("value").is_null() & c("ref_value").is_null())
+    return when(numeric).then(num_err).otherwise(when(same_text).then(0.0).otherwise(INF))
+
+
+# ------------------------------------------------------------------------------------------------ err and status
+def tensor_err(shape: pl.Expr) -> pl.Expr:
+    """err of a tensor pair: inf on a shape or non-finite mismatch, else sketch, statistics, checksum (best first)."""
+    ck = when(c("checksum_equal")).then(0.0).when(~c("checksum_equal")).then(INF)
+    return (when(shape).then(INF).when(c("nonfinite_mismatch")).then(INF)
+            .otherwise(pl.coalesce(c("_sk_err"), c("_st_err"), ck)))
+
+
+def pair_err(unmatched: pl.Expr, kinds_differ: pl.Expr, is_tensors: pl.Expr, is_scalars: pl.Expr,
+             nulls: pl.Expr, tensor: pl.Expr) -> pl.Expr:
+    """err of any pair from its parts: none when unmatched, inf when the kinds differ, else by kind."""
+    return (when(unmatched).then(None).when(kinds_differ).then(INF).when(is_tensors).then(tensor)
+            .when(is_scalars).then(c("_sc_err")).when(nulls).then(0.0))
+
+
+def exceeds(err: Any, tol: Any) -> Any:
+    """The threshold rule: an error above its tolerance (Polars expressions, numpy arrays or floats alike)."""
+    return err > tol
+
+
+def diverges(err: Any, tol: Any, nonfinite: Any) -> Any:
+    """A pair diverges when its error exceeds the tolerance or its non-finite values differ."""
+    return exceeds(err, tol) | nonfinite
+
+
+def pair_status(unmatched: pl.Expr, bad_kind: pl.Expr, error_text: pl.Expr) -> pl.Expr:
+    """unmatched / error / unknown / diverged / pass from `err`, `tol`, `nonfinite_mismatch` and the parts."""
+    unreadable = bad_kind | (error_text & c("err").is_null())
+    return (when(unmatched).then(lit("unmatched")).when(unreadable).then(lit("error"))
+            .when(c("err").is_null()).then(lit("unknown"))
+            .when(diverges(c("err"), c("tol"), c("nonfinite_mismatch"))).then(lit("diverged")).otherwise(lit("pass")))
+
+
+def severity(err: np.ndarray | float, tol: np.ndarray | float) -> np.ndarray:
+    """err / tol: how far beyond (> 1) or within (<= 1) its threshold a pair is; a zero threshold gives 0 for
+    equal values and inf otherwise; NaN where err or tol is unknown."""
+    err, tol = np.asarray(err, dtype=np.float64), np.asarray(tol, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(tol > 0, err / tol, np.where(err == 0, 0.0, np.where(np.isnan(err), np.nan, np.inf)))

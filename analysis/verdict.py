@@ -1,0 +1,140 @@
+"""The divergence verdict as a library answer: a question (runs, steps, ranks, tolerances, maps, exact) in, a
+`Verdict` out, through the store's memo.
+
+`answer(store, Question(...))` is what `dumpstore divergence` and `dumpstore report` call: it returns the memoized
+verdict when the store holds one for the same question and the same live ingests of both runs (one stat and a
+JSON read: no pyarrow, Polars or DuckDB import), and otherwise computes it with
+`analysis.divergence.divergence_by_steps` (memory bounded by a batch of steps) and memoizes it.
+
+This module stays light: the heavy analysis is imported only when a verdict has to be computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from . import memo
+from .tolerance import Tolerances
+
+
+@dataclass
+class Finding:
+    """One located event of a verdict: where (step, rank, op, leaf name), what kind, and its measure."""
+
+    step: int
+    rank: int
+    op: str
+    name: str | None
+    kind: str
+    metric: str | None = None
+    value: float | None = None
+    threshold: float | None = None
+    source: str | None = None
+    dtype: str | None = None
+    severity: float | None = None
+    detail: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> Finding | None:
+        if d is None:
+            return None
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class Verdict:
+    """First divergence, culprit, per-step timeline, per-rank view and unmatched records of two runs."""
+
+    target: str
+    ref: str
+    first_divergence: Finding | None
+    culprit: Finding | None
+    steps: list[dict[str, Any]]
+    ranks: list[dict[str, Any]]
+    unmatched: list[dict[str, Any]]
+    precision: dict[str, str]
+    counts: dict[str, int]
+    coverage: dict[str, list[int]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Verdict:
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["first_divergence"] = Finding.from_dict(d.get("first_divergence"))
+        kw["culprit"] = Finding.from_dict(d.get("culprit"))
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Question:
+    """A divergence question.  `steps`/`ranks` None: all common ones; `maps`: mapping YAML files (msprobe's forms)
+    applied in order; `exact`: read both runs' tensor files for msprobe's exact metrics."""
+
+    target: str
+    ref: str
+    steps: tuple[int, ...] | None = None
+    ranks: tuple[int, ...] | None = None
+    tolerances: Tolerances = field(default_factory=Tolerances)
+    maps: tuple[str, ...] = ()
+    exact: bool = False
+
+    def compare_options(self) -> dict[str, Any]:
+        """Keyword arguments of `compare_runs` / `divergence_by_steps` (mapping files parsed here)."""
+        from .mapping import load_mapping
+
+        return {"steps": list(self.steps) if self.steps else None, "ranks": list(self.ranks) if self.ranks else None,
+                "tolerances": self.tolerances, "exact": self.exact, "mapping": load_mapping(list(self.maps))}
+
+    def key(self) -> str:
+        """The memo key: the question (mapping files by content) and the code answering it."""
+        t = self.tolerances
+        return memo.key({"command": "divergence", "target": self.target, "ref": self.ref,
+                         "steps": sorted(set(self.steps)) if self.steps else None,
+                         "ranks": sorted(set(self.ranks)) if self.ranks else None, "exact": self.exact,
+                         "maps": [memo.file_digest(m) for m in self.maps],
+                         "tol": [t.rel_l2, t.all_dtypes, t.amplification]})
+
+
+def answer(store: Any, question: Question, *, use_memo: bool = True, comparison: Any = None) -> Verdict:
+    """The verdict of `question` over `store` (a Store, or a store path; None: the default store).
+
+    `comparison`: the question's `compare_runs` result when the caller holds it already (the report does); the
+    verdict is then taken from it instead of comparing the runs again."""
+    from dumpstore.store import Store, default_store_path
+
+    options = question.compare_options()  # mapping files are parsed (one-line errors) before they are hashed
+    key = question.key()
+    root = Path(store.root) if isinstance(store, Store) else Path(store) if store is not None else default_store_path()
+    if use_memo:
+        hit = memo.lookup(root, key, lambda: live_ingests(_opened(store, root), question))
+        if hit is not None:
+            return Verdict.from_dict(hit)
+    from .divergence import divergence, divergence_by_steps
+
+    st = _opened(store, root)
+    before = memo.catalog_signature(st.root)
+    if comparison is not None:
+        verdict = divergence(comparison)
+    else:
+        verdict = divergence_by_steps(st, question.target, question.ref, **options)
+    memo.save(st.root, key, live_ingests(st, question), before, verdict.to_dict())
+    return verdict
+
+
+def _opened(store: Any, root: Path) -> Any:
+    from dumpstore.store import Store, open_store
+
+    return store if isinstance(store, Store) else open_store(root)
+
+
+def live_ingests(st: Any, question: Question) -> dict[str, str | None]:
+    """The live ingest id of each run of the question (None for a run not in the catalog), one catalog read."""
+    live = {row["run"]: row["ingest_id"] for row in st.runs().to_pylist()}
+    return {run: live.get(run) for run in (question.target, question.ref)}

@@ -123,9 +123,8 @@ def test_library_answer_uses_the_same_memo_as_the_cli(pair, computed):
 
 
 def test_report_saves_its_verdict_for_divergence(pair, computed):
-    from dumpstore.analysis.report import analyze
-
     from dumpstore import open_store
+    from dumpstore.analysis.report import analyze
 
     data = analyze(open_store(pair), "target", "ref")
     assert computed == []  # the report's own comparison gave the verdict

@@ -1,0 +1,266 @@
+"""The CSV report: one row per aligned leaf, msprobe's column names plus dumpstore's own columns.
+
+One row per aligned leaf (tensors and non-tensor arguments, unmatched leaves included), in the store's order.
+msprobe 26.x column names where the meaning is the same (§5.7 of MSPROBE_FORMAT.md), then dumpstore's own
+columns.  Numbers are written as numbers (`inf`, `-inf`, `nan`; empty when unknown), never as `%` strings;
+shapes as msprobe writes them (`[4, 8, 32]`, `[]` for non-tensors, `N/A` for null leaves).  With the store at
+hand the dtype is the dumped one (`torch.float32`, `<class 'int'>`), the summary columns are the dumper's
+statistics (what msprobe shows) and `NPU_Stack_Info` holds the call stack on the first row of each op.
+The six tensor-mode cells are msprobe's (`compare_runs(..., exact=True)`; text cells such as 'unsupported' left
+empty), else dumpstore's estimates (Cosine, MaxAbsErr from sketches or statistics; the rest empty).
+`Result` maps dumpstore's status: pass -> pass, diverged/error -> error, unmatched/unknown -> warning;
+`Err_message` is a JSON list naming the metric and threshold.
+
+`write_csv` is the one function that writes the file; `csv_rows` builds the rows, `_csv_row` one row and
+`_csv_cell` one cell.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ..compare import Comparison
+from .data import fetch
+from .text import fmt, write_text
+
+__all__ = ["CSV_COLUMNS", "DUMPSTORE_COLUMNS", "MSPROBE_COLUMNS", "RESULT_OF_STATUS", "csv_rows", "write_csv"]
+
+N_A = "N/A"
+
+
+MSPROBE_COLUMNS: tuple[str, ...] = (
+    "NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
+    "NPU Requires_grad", "Bench Requires_grad",
+    "Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio", "Five Thousandths Err Ratio",
+    "Max diff", "Min diff", "Mean diff", "L2norm diff",
+    "NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean", "Bench l2norm",
+    "Requires_grad Consistent", "Result", "Err_message", "NPU_Stack_Info", "Data_name",
+)
+DUMPSTORE_COLUMNS: tuple[str, ...] = (
+    "step", "rank", "seq", "op", "io", "match", "rel_l2", "err_source", "err_bound", "tol", "tol_dtype",
+    "severity", "status", "detail",
+)
+CSV_COLUMNS: tuple[str, ...] = MSPROBE_COLUMNS + DUMPSTORE_COLUMNS
+
+# msprobe cell -> (exact-mode column from analysis/exact.py, dumpstore's own column used otherwise)
+_METRIC_SOURCES = {
+    "Cosine": ("msprobe_cosine", "cosine"),
+    "EucDist": ("msprobe_euc_dist", "euc_dist"),
+    "MaxAbsErr": ("msprobe_max_abs_err", "max_abs_err"),
+    "MaxRelativeErr": ("msprobe_max_rel_err", "max_rel_err"),
+    "One Thousandth Err Ratio": ("msprobe_one_thousandth", "one_thousandth"),
+    "Five Thousandths Err Ratio": ("msprobe_five_thousandth", "five_thousandth"),
+}
+RESULT_OF_STATUS = {"pass": "pass", "diverged": "error", "error": "error", "unmatched": "warning",
+                    "unknown": "warning"}
+_STATS = (("max", "max"), ("min", "min"), ("mean", "mean"), ("norm", "l2norm"))
+
+_SIDE_INPUTS = ("name", "kind", "dtype", "dtype_raw", "value_type", "value", "scalar_value", "shape",
+                "requires_grad", "data_name", "record", "seq", "io", "stack_id", "max", "min", "mean", "norm",
+                "dump_max", "dump_min", "dump_mean", "dump_norm")
+_CSV_INPUTS = frozenset(_SIDE_INPUTS + tuple(c for pair in _METRIC_SOURCES.values() for c in pair) + (
+    "step", "rank", "source", "match", "err", "err_source", "err_bound", "tol", "tol_dtype", "severity", "status",
+    "detail", "nonfinite_mismatch", "max_diff", "min_diff", "mean_diff", "norm_diff", "msprobe_message"))
+
+RAW_SQL = ("SELECT step, rank, source, leaf, dtype_raw, dump_max, dump_min, dump_mean, dump_norm "
+           "FROM tensors WHERE run = $run")
+STACKS_SQL = "SELECT step, rank, stack_id, frames FROM stacks WHERE run = $run"
+STACK_SQL = "SELECT frames FROM stacks WHERE run = $run AND step = $step AND rank = $rank AND stack_id = $sid"
+
+
+def write_csv(cmp: Comparison, path: str | Path, *, store=None) -> int:
+    """Write the comparison as CSV (see the module docstring); returns the number of data rows."""
+    rows = csv_rows(cmp, store=store)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for row in rows:
+        w.writerow([_csv_cell(row[c]) for c in CSV_COLUMNS])
+    write_text(buf.getvalue(), path)
+    return len(rows)
+
+
+def csv_rows(cmp: Comparison, *, store=None) -> list[dict[str, Any]]:
+    """The CSV rows as dicts keyed by CSV_COLUMNS (numbers as float/int, None when unknown)."""
+    rows = _with_raw(cmp, store)
+    rows = rows.select([c for c in rows.columns if c.removeprefix("ref_") in _CSV_INPUTS])
+    stacks = _all_stacks(store, cmp.target) if store is not None else {}
+    out, seen_ops = [], set()
+    for r in rows.iter_rows(named=True):
+        d = _csv_row(r)
+        op_key = (r["step"], r["rank"], r["source"], r["record"])
+        frames = stacks.get((r["step"], r["rank"], r["stack_id"])) if r["record"] else None
+        if frames is not None and op_key not in seen_ops:
+            d["NPU_Stack_Info"] = str(list(frames))
+        seen_ops.add(op_key)
+        out.append(d)
+    return out
+
+
+def _with_raw(cmp: Comparison, store) -> pl.DataFrame:
+    """cmp.rows plus the dumped dtype and the dumper's statistics of both sides (when the store is given)."""
+    rows = cmp.rows
+    if store is None:
+        return rows
+    keys = ["step", "rank", "source", "leaf"]
+    rows = rows.with_row_index("_row")
+    for run, prefix in ((cmp.target, ""), (cmp.ref, "ref_")):
+        raw = fetch(store, run, RAW_SQL, {"run": run})
+        if raw is None:
+            continue
+        raw = raw.rename({c: f"{prefix}{c}" for c in raw.columns if c not in keys or c == "leaf"})
+        on = ["step", "rank", "source", f"{prefix}leaf"]
+        raw = raw.with_columns([pl.col(c).cast(rows.schema[c]) for c in on if c in rows.columns])
+        rows = rows.join(raw, on=on, how="left")
+    return rows.sort("_row").drop("_row")
+
+
+def _all_stacks(store, run: str) -> dict[tuple, list[str]]:
+    df = fetch(store, run, STACKS_SQL, {"run": run})
+    if df is None:
+        return {}
+    return {(s, r, i): f for s, r, i, f in df.iter_rows()}
+
+
+def _csv_row(r: dict[str, Any]) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    t_here, r_here = r.get("name") is not None, r.get("ref_name") is not None
+    d["NPU Name"] = r["name"] if t_here else N_A
+    d["Bench Name"] = r["ref_name"] if r_here else N_A
+    for side, pre, here in (("NPU", "", t_here), ("Bench", "ref_", r_here)):
+        d[f"{side} Dtype"] = _msprobe_dtype(r, pre) if here else N_A
+        d[f"{side} Tensor Shape"] = _msprobe_shape(r, pre) if here else N_A
+        rg = r.get(f"{pre}requires_grad")
+        d[f"{side} Requires_grad"] = rg if (here and r.get(f"{pre}kind") == "tensor" and rg is not None) else N_A
+        for stat, label in _STATS:
+            d[f"{side} {label}"] = _stat_value(r, pre, stat)
+    for col, (exact_col, own_col) in _METRIC_SOURCES.items():
+        d[col] = _metric_value(r, exact_col, own_col)
+    for stat, label in (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "L2norm")):
+        d[f"{label} diff"] = _stat_diff(d[f"NPU {'l2norm' if stat == 'norm' else stat}"],
+                                        d[f"Bench {'l2norm' if stat == 'norm' else stat}"], r.get(f"{stat}_diff"))
+    d["Requires_grad Consistent"] = (t_here and r_here and d["NPU Requires_grad"] == d["Bench Requires_grad"])
+    d["Result"] = RESULT_OF_STATUS.get(r["status"] or "", N_A)
+    d["Err_message"] = json.dumps(_messages(r, d))
+    d["NPU_Stack_Info"] = N_A
+    d["Data_name"] = str([_data_name(r.get("data_name"), t_here), _data_name(r.get("ref_data_name"), r_here)])
+    d.update(step=r["step"], rank=r["rank"], seq=r.get("seq") if r.get("seq") is not None else r.get("ref_seq"),
+             op=r.get("record") or r.get("ref_record"), io=r.get("io") or r.get("ref_io"), match=r.get("match"),
+             rel_l2=r.get("err"), err_source=r.get("err_source"), err_bound=r.get("err_bound"), tol=r.get("tol"),
+             tol_dtype=r.get("tol_dtype"), severity=r.get("severity"), status=r.get("status"),
+             detail=r.get("detail"))
+    return d
+
+
+def _msprobe_dtype(r: dict, pre: str) -> str:
+    kind = r.get(f"{pre}kind")
+    if kind == "null":
+        return N_A
+    if kind == "tensor":
+        raw = r.get(f"{pre}dtype_raw")
+        return raw or (f"torch.{r[f'{pre}dtype']}" if r.get(f"{pre}dtype") else N_A)
+    vt = r.get(f"{pre}value_type")
+    if not vt:
+        return r.get(f"{pre}dtype") or N_A
+    return vt if "." in vt else f"<class '{vt}'>"
+
+
+def _msprobe_shape(r: dict, pre: str) -> str:
+    kind = r.get(f"{pre}kind")
+    if kind == "null":
+        return N_A
+    shape = r.get(f"{pre}shape")
+    if kind == "tensor" and shape is not None:
+        return "[" + ", ".join(str(int(x)) for x in shape) + "]"
+    if r.get(f"{pre}value_type") == "torch.Size" and r.get(f"{pre}value"):
+        return str(r[f"{pre}value"])
+    return "[]" if kind == "scalar" else N_A
+
+
+def _stat_value(r: dict, pre: str, stat: str) -> float | None:
+    """The dumper's statistics when it wrote any (what msprobe shows), else the store's; an argument's value."""
+    kind = r.get(f"{pre}kind")
+    if kind == "scalar":
+        return r.get(f"{pre}scalar_value")
+    if kind != "tensor":
+        return None
+    if any(r.get(f"{pre}dump_{s}") is not None for s, _ in _STATS):
+        return r.get(f"{pre}dump_{stat}")
+    return r.get(f"{pre}{stat}")
+
+
+def _stat_diff(a: float | None, b: float | None, own: float | None) -> float | None:
+    if a is None or b is None:
+        return own
+    if a == b or (math.isnan(a) and math.isnan(b)):
+        return 0.0
+    return a - b
+
+
+def _metric_value(r: dict, exact_col: str, own_col: str) -> float | None:
+    if exact_col in r and r[exact_col] is not None:
+        return _number(r[exact_col])
+    return _number(r.get(own_col))
+
+
+def _number(v: Any) -> float | None:
+    """msprobe cells and our numbers as a float: text cells ('unsupported', 'N/A', ...) give None, 'Nan' NaN."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v)
+    try:
+        return float(str(v).strip().rstrip("%"))
+    except ValueError:
+        return None
+
+
+def _messages(r: dict, d: dict) -> list[str]:
+    status, out = r.get("status"), []
+    if status == "diverged":
+        if r.get("nonfinite_mismatch"):
+            out.append(f"error: {r.get('detail') or 'non-finite values differ'}")
+        else:
+            out.append(f"error: rel_l2 {fmt(r.get('err'))} > tol {fmt(r.get('tol'))} ({r.get('tol_dtype')}), "
+                       f"from {r.get('err_source')}" + (f"; {r['detail']}" if r.get("detail") else ""))
+    elif status == "error":
+        out.append(f"error: {r.get('detail') or 'leaf could not be read'}")
+    elif status == "unmatched":
+        out.append("warning: No bench data matched." if r.get("name") is not None
+                   else "warning: only in the reference (bench); no target data matched.")
+    elif status == "unknown":
+        out.append("warning: not comparable from what was dumped (no norm, sketch or checksum on both sides)")
+    if r.get("msprobe_message"):
+        out.append(f"info: msprobe: {r['msprobe_message']}")
+    if d["NPU Requires_grad"] != d["Bench Requires_grad"] and status != "unmatched":
+        out.append(f"warning: requires_grad {d['NPU Requires_grad']} vs {d['Bench Requires_grad']}")
+    return out
+
+
+def _data_name(name: str | None, here: bool) -> str:
+    return name if (here and name) else "-1"
+
+
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(v: Any) -> Any:
+    """Numbers as numbers; text that a spreadsheet would run as a formula gets a leading quote."""
+    if v is None:
+        return ""
+    if isinstance(v, (bool, int, float)):
+        return v
+    s = str(v)
+    if s[:1] in _FORMULA and _number(s) is None:
+        return "'" + s
+    return s
+

@@ -1,0 +1,66 @@
+"""What the reports are rendered from: one comparison, its divergence verdict, overflow, checklist and health."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from ..checklist import Checklist, checklist
+from ..compare import Comparison, compare_runs
+from ..divergence import divergence
+from ..health import HealthReport, health
+from ..overflow import OverflowReport, overflow
+from ..tolerance import Tolerances
+from ..verdict import Question, Verdict, answer
+
+__all__ = ["ReportData", "analyze", "fetch"]
+
+
+@dataclass
+class ReportData:
+    """What both reports are rendered from."""
+
+    cmp: Comparison
+    verdict: Verdict
+    overflow: OverflowReport | None
+    checklist: Checklist | None = None
+    health: HealthReport | None = None
+
+
+def analyze(store, target: str, ref: str, *, steps: list[int] | None = None, ranks: list[int] | None = None,
+            tolerances: Tolerances | None = None, exact: bool = False, mapping: Any = None,
+            maps: tuple[str, ...] = ()) -> ReportData:
+    """Compare `target` with `ref`, find the first divergence and culprit, and scan `target` for overflow.
+
+    Arguments as for `compare_runs`; name mappings either as files (`maps`, msprobe's forms: the verdict then
+    comes from the store's memo like `dumpstore divergence`'s) or as an `analysis.mapping.Mapping` object.
+    """
+    q = Question(target, ref, tuple(steps) if steps else None, tuple(ranks) if ranks else None,
+                 tolerances or Tolerances(), tuple(maps), exact)
+    from_files = mapping is None
+    if from_files:
+        mapping = q.compare_options()["mapping"]
+    cmp = compare_runs(store, target, ref, steps=steps, ranks=ranks, tolerances=tolerances, exact=exact,
+                       mapping=mapping)
+    verdict = answer(store, q, comparison=cmp) if from_files else divergence(cmp)
+    ovf = overflow(store, target, ref=ref, steps=steps, ranks=ranks, cmp=cmp)
+    return ReportData(cmp, verdict, ovf, checklist(store, target, ref, tolerances=tolerances, cmp=cmp),
+                      health(store, target))
+
+
+
+def fetch(store, run: str, sql: str, params: dict) -> pl.DataFrame | None:
+    """Rows of `sql` over the store's views, or None where the store lacks a column (the caller falls back)."""
+    import duckdb
+
+    from dumpstore.query import connect, fetch_arrow
+
+    con = connect(store, runs=[run])
+    try:
+        return pl.from_arrow(fetch_arrow(con, sql, params))  # type: ignore[return-value]
+    except duckdb.BinderException:
+        return None
+    finally:
+        con.close()

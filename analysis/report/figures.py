@@ -1,0 +1,237 @@
+"""The page's charts as plotly figure dicts: rel_l2 along execution order, heat maps by step and by rank.
+
+Also the per-op table the charts are drawn from (`per_op`: the worst output leaf of each op, step and rank).
+Labels that come from a dump are HTML-escaped (plotly renders them as markup).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import polars as pl
+
+from ..order import OUTPUT_IO
+from ..verdict import Verdict
+from .text import esc, fmt
+
+__all__ = ["BACKWARD", "MAX_HEAT_COLUMNS", "MAX_POINTS", "focus", "heat_figure", "line_figure", "per_op",
+           "prepared"]
+
+BACKWARD = ("backward", "parameters_grad")
+MAX_POINTS = 2000         # points per chart trace before downsampling (max per bucket)
+MAX_HEAT_COLUMNS = 300    # ops per heat map row before grouping ops into layers
+
+
+def prepared(rows: pl.DataFrame) -> pl.DataFrame:
+    """cmp.rows with each key taken from whichever side has it (_op, _dir, _io, _seq, _name, _module)."""
+    return rows.with_columns(
+        pl.coalesce("record", "ref_record").alias("_op"), pl.coalesce("direction", "ref_direction").alias("_dir"),
+        pl.coalesce("io", "ref_io").alias("_io"), pl.coalesce("seq", "ref_seq").alias("_seq"),
+        pl.coalesce("name", "ref_name").alias("_name"), pl.coalesce("module", "ref_module").alias("_module"),
+    )
+
+
+def per_op(rows: pl.DataFrame) -> pl.DataFrame:
+    """One row per op (record) and step and rank: the output leaf with the highest severity."""
+    outs = rows.filter(pl.col("_io").is_in(OUTPUT_IO))
+    by_sev = pl.col("severity").fill_nan(None).fill_null(-1.0)
+
+    def worst(c: str) -> pl.Expr:
+        return pl.col(c).sort_by(by_sev, descending=True).first()
+
+    return (outs.group_by(["step", "rank", "source", "_op"], maintain_order=True).agg(
+        pl.col("_seq").min().alias("seq"), pl.col("_dir").first().alias("direction"),
+        pl.col("_module").first().alias("module"), worst("err").alias("err"), worst("tol").alias("tol"),
+        worst("tol_dtype").alias("tol_dtype"), worst("_name").alias("leaf_name"),
+        worst("err_source").alias("err_source"), pl.col("severity").max().alias("severity"),
+        (pl.col("status") == "diverged").any().alias("diverged"),
+        (pl.col("status") == "unmatched").all().alias("unmatched"),
+    ).rename({"_op": "op"}).sort(["step", "rank", "source", "seq"], nulls_last=True))
+
+
+def focus(verdict: Verdict, per_op: pl.DataFrame) -> tuple[int, int]:
+    """The rank and step the charts show: the culprit's (or first divergence's), else the lowest."""
+    for f in (verdict.culprit, verdict.first_divergence):
+        if f is not None:
+            return f.rank, f.step
+    ranks = per_op["rank"].to_list()
+    steps = per_op["step"].to_list()
+    return (min(ranks) if ranks else 0), (min(steps) if steps else 0)
+
+
+def _bounds(errs: list[float | None], tols: list[float | None]) -> tuple[float, float]:
+    """Where 0 and inf are drawn on a log axis: below the smallest, above the largest finite value."""
+    vals = [v for v in errs + tols if v is not None and math.isfinite(v) and v > 0]
+    lo, hi = (min(vals), max(vals)) if vals else (1e-6, 1.0)
+    return lo / 100.0, max(hi, 1.0) * 100.0
+
+
+def _clamp(v: float | None, floor: float, ceil: float) -> float | None:
+    if v is None or math.isnan(v):
+        return None
+    if v == math.inf or v > ceil:
+        return ceil
+    return max(v, floor)
+
+
+def _downsample(idx: list[int], keep: set[int], ys: list[float | None], max_points: int) -> list[int]:
+    """Indices to draw: all if few, else the max of each bucket (peaks survive) plus the marked points."""
+    if len(idx) <= max_points:
+        return idx
+    size = math.ceil(len(idx) / max_points)
+    out = {i for i in idx if i in keep}
+    for s in range(0, len(idx), size):
+        bucket = [i for i in idx[s:s + size] if ys[i] is not None]
+        if bucket:
+            out.add(max(bucket, key=lambda i: ys[i]))  # type: ignore[arg-type,return-value]
+    return sorted(out)
+
+
+def line_figure(per_op: pl.DataFrame, verdict: Verdict, rank: int, max_points: int) -> dict[str, Any]:
+    """rel_l2 per op along execution order (steps in order, dump order within a step), log scale."""
+    ops = per_op.filter(pl.col("rank") == rank).to_dicts()
+    errs = [o["err"] for o in ops]
+    floor, ceil = _bounds(errs, [o["tol"] for o in ops])
+    ys = [ceil if o["unmatched"] else _clamp(e, floor, ceil) for e, o in zip(errs, ops)]
+    marks = _marks(verdict, rank)
+    keep = {i for i, o in enumerate(ops) if (o["step"], o["op"]) in marks}
+    traces, sampled = [], False
+    group = ["only in one run (at the top)" if o["unmatched"] else "inf (at the top)" if o["err"] == math.inf
+             else "backward" if o["direction"] in BACKWARD else "forward" for o in ops]
+    for label, marker in _LINE_GROUPS.items():
+        idx = [i for i, g in enumerate(group) if g == label and ys[i] is not None]
+        if not idx and label not in ("forward", "backward"):
+            continue
+        shown = _downsample(idx, keep, ys, max_points)
+        sampled = sampled or len(shown) < len(idx)
+        traces.append(_scatter(label, [ops[i] for i in shown], [ys[i] for i in shown], shown, marker))
+    tol_idx = list(range(len(ops)))
+    if len(tol_idx) > 2 * max_points:
+        tol_idx = tol_idx[::math.ceil(len(tol_idx) / (2 * max_points))]
+    traces.insert(0, {"type": "scatter", "mode": "lines", "name": "tolerance", "x": tol_idx,
+                      "y": [ops[i]["tol"] if ops[i]["tol"] else None for i in tol_idx],
+                      "line": {"color": "#888", "dash": "dot", "width": 1, "shape": "hvh"},
+                      "hoverinfo": "skip", "connectgaps": True})
+    annotations = []
+    for (step, op), (label, symbol, color) in marks.items():
+        hit = [i for i, o in enumerate(ops) if o["step"] == step and o["op"] == op]
+        if not hit or ys[hit[0]] is None:
+            continue
+        i = hit[0]
+        traces.append(_scatter(label, [ops[i]], [ys[i]], [i], {"color": color, "size": 16, "symbol": symbol,
+                                                             "line": {"color": "#000", "width": 1}}))
+        annotations.append({"x": i, "y": math.log10(ys[i]), "text": esc(f"{label}: {op}"), "showarrow": True,
+                            "arrowhead": 2, "ax": 40,
+                            "ay": (40 if ys[i] >= ceil / 10 else -40) * (1 + 0.6 * len(annotations)),
+                            "font": {"color": color}, "bgcolor": "rgba(255,255,255,0.85)"})
+    shapes = _step_lines(ops, annotations)
+    title = f"Relative L2 error along execution order (rank {rank}; 0 drawn at the bottom)"
+    if sampled:
+        title += f" — downsampled to the max of each bucket (≤ {max_points} points per trace)"
+    layout = {"title": {"text": esc(title), "font": {"size": 14}}, "height": 420,
+              "margin": {"l": 70, "r": 20, "t": 50, "b": 50},
+              "xaxis": {"title": {"text": "op in execution order"}, "zeroline": False},
+              "yaxis": {"title": {"text": "relative L2 error"}, "type": "log", "exponentformat": "e",
+                        "range": [math.log10(floor) - 0.2, math.log10(ceil) + 0.2]},
+              "legend": {"orientation": "h", "y": -0.18}, "annotations": annotations, "shapes": shapes,
+              "hovermode": "closest"}
+    return {"data": traces, "layout": layout}
+
+
+_LINE_GROUPS = {
+    "forward": {"color": "#1f77b4", "size": 5},
+    "backward": {"color": "#ff7f0e", "size": 5},
+    "inf (at the top)": {"color": "#d62728", "size": 7, "symbol": "triangle-up"},
+    "only in one run (at the top)": {"color": "#8c564b", "size": 8, "symbol": "x"},
+}
+
+
+def _marks(verdict: Verdict, rank: int) -> dict[tuple[int, str], tuple[str, str, str]]:
+    marks: dict[tuple[int, str], tuple[str, str, str]] = {}
+    f, c = verdict.first_divergence, verdict.culprit
+    if f is not None and f.rank == rank:
+        marks[(f.step, f.op)] = ("first divergence", "diamond", "#9467bd")
+    if c is not None and c.rank == rank:
+        marks[(c.step, c.op)] = ("culprit", "star", "#d62728")  # wins over the first divergence when the same op
+    return marks
+
+
+def _scatter(name: str, ops: list[dict], ys: list, xs: list[int], marker: dict, mode: str = "markers") -> dict:
+    text = [esc(f"{o['op']} (step {o['step']})") + "<br>" + esc(o["leaf_name"] or "") + "<br>rel_l2 "
+            + fmt(o["err"]) + " (" + esc(o["err_source"]) + "), tol " + fmt(o["tol"]) + " " + esc(o["tol_dtype"])
+            for o in ops]
+    return {"type": "scatter", "mode": mode, "name": name, "x": xs, "y": ys, "text": text,
+            "hovertemplate": "%{text}<extra>" + esc(name) + "</extra>", "marker": marker}
+
+
+def _step_lines(ops: list[dict], annotations: list[dict]) -> list[dict]:
+    shapes, last = [], None
+    for i, o in enumerate(ops):
+        if o["step"] != last:
+            if last is not None:
+                shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": i - 0.5, "x1": i - 0.5,
+                               "y0": 0, "y1": 1, "line": {"color": "#bbb", "width": 1}})
+            annotations.append({"x": i, "y": 1.0, "xref": "x", "yref": "paper", "text": f"step {o['step']}",
+                                "showarrow": False, "xanchor": "left", "yanchor": "bottom",
+                                "font": {"size": 10, "color": "#666"}})
+            last = o["step"]
+    return shapes
+
+
+_MODULE_PATH = re.compile(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.(?:forward|backward)\.\d+$")
+
+
+def _layer(module: str | None, op: str, direction: str | None) -> str:
+    """A layer label from the parent module: Module.layers.1.fc1.Linear.forward.0 -> 'layers.1 (fwd)'."""
+    m = _MODULE_PATH.match(module or "")
+    parts = m.group(1).split(".") if m else ([module] if module else [op.split(".")[0]])
+    name = parts[0]
+    for i, p in enumerate(parts):
+        if p.isdigit():
+            name = ".".join(parts[: i + 1])
+            break
+    return f"{name} ({'bwd' if direction in BACKWARD else 'fwd'})"
+
+
+def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> dict[str, Any] | None:
+    """A heat map of log10(rel_l2): rows = steps or ranks, columns = ops (or layers when there are many)."""
+    recs = ops.filter(pl.col("err").is_not_null()).to_dicts()
+    if not recs:
+        return None
+    n_ops = len({r["op"] for r in recs})
+    by_layer = n_ops > MAX_HEAT_COLUMNS
+    col_of = (lambda r: _layer(r["module"], r["op"], r["direction"])) if by_layer else (lambda r: r["op"])
+    cols: dict[str, int] = {}
+    for r in sorted(recs, key=lambda r: (r["seq"] if r["seq"] is not None else 0)):
+        cols.setdefault(col_of(r), len(cols))
+    rows = sorted({r[axis] for r in recs})
+    row_i = {v: i for i, v in enumerate(rows)}
+    floor, ceil = _bounds([r["err"] for r in recs], [r["tol"] for r in recs])
+    z: list[list[float | None]] = [[None] * len(cols) for _ in rows]
+    raw: list[list[float | None]] = [[None] * len(cols) for _ in rows]
+    for r in recs:
+        i, j = row_i[r[axis]], cols[col_of(r)]
+        if raw[i][j] is None or (r["err"] is not None and r["err"] > raw[i][j]):  # type: ignore[operator]
+            raw[i][j] = r["err"]
+            z[i][j] = math.log10(_clamp(r["err"], floor, ceil))  # type: ignore[arg-type]
+    labels = [esc(c) for c in cols]
+    text = [[f"{axis} {rows[i]}<br>{labels[j]}<br>rel_l2 {fmt(raw[i][j])}" for j in range(len(cols))]
+            for i in range(len(rows))]
+    data: list[dict[str, Any]] = [{
+        "type": "heatmap", "z": z, "x": labels, "y": [f"{axis} {v}" for v in rows], "text": text,
+        "hovertemplate": "%{text}<extra></extra>", "colorscale": "Viridis", "hoverongaps": False,
+        "colorbar": {"title": {"text": "log10<br>rel_l2"}, "thickness": 14}}]
+    c = verdict.culprit or verdict.first_divergence
+    if c is not None and c.op in cols and (c.step if axis == "step" else c.rank) in row_i:
+        data.append({"type": "scatter", "mode": "markers", "name": "culprit", "showlegend": False,
+                     "x": [esc(c.op)], "y": [f"{axis} {c.step if axis == 'step' else c.rank}"],
+                     "marker": {"symbol": "star", "size": 14, "color": "#d62728", "line": {"color": "#fff",
+                                                                                           "width": 1}},
+                     "hovertemplate": esc(f"culprit: {c.op}") + "<extra></extra>"})
+    layout = {"title": {"text": esc(title.format(cols="layer" if by_layer else "op")), "font": {"size": 14}},
+              "height": 230 + max(130, 34 * len(rows)), "margin": {"l": 70, "r": 20, "t": 50, "b": 160},
+              "xaxis": {"type": "category", "tickangle": -60, "tickfont": {"size": 9}, "automargin": True},
+              "yaxis": {"type": "category", "autorange": "reversed"}}
+    return {"data": data, "layout": layout}

@@ -75,6 +75,7 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
     if exact:
         from .exact import add_exact_metrics
         rows = add_exact_metrics(store, target, ref, rows, tol, precision["floor"])
+    rows = R.apply_small_values(rows)
     return Comparison(rows, records, precision, tol, target, ref, cov)
 
 

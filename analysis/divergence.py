@@ -1,17 +1,22 @@
 """First divergence and culprit, per step and rank and across steps, from a Comparison.
 
-First divergence: the first record in execution order (steps in order, then dump order; see
-analysis/order.py) with a diverged output.  Culprit: walking diverged records in that
-order, the first that *introduces* error:
-  scalar     a non-tensor argument differs (eps, alpha, p, ...);
-  op         its outputs diverge while its tensor inputs agree, or its error amplification
-             (output err / max(input err, dtype eps)) is at least `Tolerances.amplification`;
-  parameter  a diverged input that no earlier op of either run produced and that requires grad (a weight);
+Walking records in execution order (steps in order, then dump order; see analysis/order.py), the culprit is
+the first finding that stands out of the pair's own noise (analysis/noise.py):
+  scalar     a non-tensor argument differs (a value beyond the record's tolerance, or a keyword present in one
+             run only: eps, alpha, approximate, p, ...), even when the outputs agree within noise;
+  optimizer  the steps before agree and the parameters differ at this step because the runs moved them by
+             different amounts (learning rate or optimizer);
+  op         its outputs diverge while its tensor inputs agree, by more than the pair's fresh ops do; or its
+             error amplification (output err / max(input err, dtype eps)) is at least
+             `Tolerances.amplification` and beyond the pair's own spread of amplifications;
+  parameter  a diverged input that no earlier op of either run produced and that requires grad (a weight), at
+             the first compared step (later, parameters carry the optimizer's noise: see `optimizer`);
   input      the same for data (requires_grad false: token ids, images, masks);
   missing_op / extra_op
              a diverged input produced by a record that exists in one run only.
-The first divergence is the first *target* record that differs: a diverged output, or an op the reference
-does not have (extra_op); an op missing from the target has no place in its order and is named as culprit.
+The first divergence is where the culprit shows in the target's order (its first diverged output, or the
+differing argument), or an earlier op the reference does not have (extra_op).  Outputs over their tolerance
+that stand out of nothing are the pair's noise: the verdict says the runs agree within it, and how large it is.
 When no value diverges but records exist in one run only, the first of them is the culprit.
 """
 
@@ -24,13 +29,13 @@ import polars as pl
 
 from dumpstore.dtypes import eps
 
+from . import rules as R
 from .compare import Comparison
+from .noise import NoiseModel, order_key, record_measures, update_evidence
 from .order import INPUT_IO, ORDER, OUTPUT_IO, with_phase
 from .rules import STATUSES
 from .tolerance import Tolerances
 from .verdict import Finding, Verdict
-
-QUIET = 0.1  # inputs "agree" when their error is below this share of the tolerance
 
 
 def _ordered(rows: pl.DataFrame) -> pl.DataFrame:
@@ -42,44 +47,74 @@ def _ordered(rows: pl.DataFrame) -> pl.DataFrame:
     return with_phase(rows, "_seq", "_direction").sort(ORDER + ["_seq", "leaf"], nulls_last=True)
 
 
+_DEVICE = r"^(cpu|cuda|npu|xpu|mps|meta|hpu)(:\d+)?$"
+
+
 def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
-    """One row per record pair with its worst output and input error."""
+    """One row per record pair: its worst output and input error, tolerance, amplification and whether a
+    non-tensor argument differs (beyond the record's tolerance; device names aside) or is in one run only."""
     is_out = pl.col("_io").is_in(OUTPUT_IO)
     is_in = pl.col("_io").is_in(INPUT_IO)
     div = pl.col("status") == "diverged"
+    tensor = pl.col("kind") == "tensor"
+    scalar_arg = is_in & (pl.col("kind") == "scalar") & (pl.col("ref_kind") == "scalar") & ~(
+        pl.col("value").str.contains(_DEVICE).fill_null(False) & pl.col("ref_value").str.contains(_DEVICE)
+        .fill_null(False))
+    one_sided = is_in & pl.col("match").is_in(["target_only", "ref_only"]) & pl.col("how").is_not_null() & (
+        pl.coalesce(pl.col("kind"), pl.col("ref_kind")).is_in(["scalar", "null"]))
     keys = ["step", "rank", "source", "_record"]
-    return (rows.group_by(keys, maintain_order=True).agg(
-        pl.col("_phase").first(), pl.col("_seq").first(),
+    recs = rows.group_by(keys, maintain_order=True).agg(
+        pl.col("_phase").first(), pl.col("_seq").first(), pl.col("_direction").first(),
         (div & is_out).any().alias("out_div"), (div & is_in).any().alias("in_div"),
-        pl.col("err").filter(is_out & (pl.col("kind") == "tensor")).max().alias("out_err"),
-        pl.col("err").filter(is_in & (pl.col("kind") == "tensor")).max().alias("in_err"),
+        pl.col("err").filter(is_out & tensor).max().alias("out_err"),
+        pl.col("err").filter(is_in & tensor).max().alias("in_err"),
+        pl.col("tol").filter(is_out & tensor).max().alias("tol"),
+        pl.col("tol_dtype").filter(is_out & tensor).first().alias("tol_dtype"),
+        pl.col("err").filter(scalar_arg).max().alias("arg_err"), one_sided.any().alias("arg_one_sided"),
         pl.col("match").first(),
-    ).sort(["step", "_phase", "rank", "source", "_seq"]))
+    ).sort(["step", "_phase", "rank", "source", "_seq"])
+    arg_tol = pl.max_horizontal(pl.col("tol").fill_null(0.0), pl.lit(R.VALUE_RTOL))
+    recs = recs.with_columns(((pl.col("arg_err") > arg_tol).fill_null(False) | pl.col("arg_one_sided"))
+                             .alias("arg_diff"))
+    return record_measures(recs)
 
 
 def divergence(cmp: Comparison) -> Verdict:
     rows = _ordered(cmp.rows)
     recs = _record_table(rows)
+    noise = NoiseModel.fit(recs)
     unmatched = _unmatched(cmp.records)
-    first = _first_divergence(rows)
-    culprit = _culprit(rows, recs, cmp) if recs["out_div"].any() else None
+    culprit, first = _culprit(rows, recs, cmp, noise)
+    first = _earliest(_extra_op(rows), first)
     first, culprit = _settle(first, culprit, unmatched)
     counts = {s: int(n) for s, n in rows.group_by("status").len().iter_rows() if s is not None}
-    return Verdict(cmp.target, cmp.ref, first, culprit, _timeline(rows), _rank_view(rows), unmatched,
-                   cmp.precision, counts, cmp.coverage)
+    quiet = first is None and culprit is None
+    return Verdict(cmp.target, cmp.ref, _public(first), _public(culprit), _timeline(rows), _rank_view(rows),
+                   unmatched, cmp.precision, counts, cmp.coverage, noise.summary(recs) if quiet else {})
 
 
-def _settle(first: Finding | None, culprit: Finding | None, unmatched: list[dict[str, Any]]
-            ) -> tuple[Finding | None, Finding | None]:
+def _earliest(*found: tuple[Finding, tuple] | None) -> tuple[Finding, tuple] | None:
+    """The finding earliest in execution order (each with its order key: step, phase, rank, source, seq)."""
+    hits = [f for f in found if f is not None]
+    return min(hits, key=lambda f: f[1]) if hits else None
+
+
+def _public(f: tuple[Finding, tuple] | Finding | None) -> Finding | None:
+    return f[0] if isinstance(f, tuple) else f
+
+
+def _settle(first: tuple[Finding, tuple] | None, culprit: tuple[Finding, tuple] | None,
+            unmatched: list[dict[str, Any]]) -> tuple[Finding | None, Finding | None]:
     """An extra op that is the first divergence is its own culprit when no diverged op is; without any
     divergence, the first record in one run only is both."""
-    if culprit is None and first is not None and first.kind == "extra_op":
-        culprit = replace(first, evidence={})
-    if first is None and unmatched:
+    f, c = _public(first), _public(culprit)
+    if c is None and f is not None and f.kind == "extra_op":
+        c = replace(f, evidence={})
+    if f is None and c is None and unmatched:
         u = unmatched[0]
-        first = Finding(u["step"], u["rank"], u["op"], None, u["kind"], detail=f"record only in the {u['side']}")
-        culprit = replace(first)
-    return first, culprit
+        f = Finding(u["step"], u["rank"], u["op"], None, u["kind"], detail=f"record only in the {u['side']}")
+        c = replace(f)
+    return f, c
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -100,8 +135,19 @@ def _row_kind(row: dict[str, Any]) -> str:
     return "value"
 
 
-def _first_divergence(rows: pl.DataFrame) -> Finding | None:
-    """The first target record that differs: a diverged output, or a record the reference does not have."""
+def _extra_op(rows: pl.DataFrame) -> tuple[Finding, tuple] | None:
+    """The first record the reference does not have, in the target's order."""
+    hit = rows.filter((pl.col("match") == "target_only") & pl.col("how").is_null()).head(1)
+    if not hit.height:
+        return None
+    row = hit.row(0, named=True)
+    return Finding(row["step"], row["rank"], row["_record"], None, "extra_op",
+                   detail="record only in the target"), order_key(row)
+
+
+def _first_over_tol(rows: pl.DataFrame) -> Finding | None:
+    """The first target record that differs: an output over its tolerance, or a record the reference lacks
+    (the per-step and per-rank views; the verdict's first divergence also asks that it stands out)."""
     hit = rows.filter(((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO))
                       | ((pl.col("match") == "target_only") & pl.col("how").is_null())).head(1)
     if not hit.height:
@@ -145,60 +191,170 @@ class _Producers:
         return hit[1]
 
 
-def _culprit(rows: pl.DataFrame, recs: pl.DataFrame, cmp: Comparison, batch: int = 64) -> Finding | None:
-    first_step = recs.filter(pl.col("out_div"))["step"].min()
-    step_rows = rows.filter(pl.col("step") == first_step).with_columns(_fingerprint(""), _fingerprint("ref_"))
-    t_prod, r_prod = _Producers(step_rows, ""), _Producers(step_rows, "ref_")
+Found = tuple[Finding, tuple]  # a finding and its place in execution order
+
+
+def _culprit(rows: pl.DataFrame, recs: pl.DataFrame, cmp: Comparison, noise: NoiseModel, batch: int = 64
+             ) -> tuple[Found | None, Found | None]:
+    """(culprit, first divergence): the first finding in execution order, and where it shows in the target."""
     only = {(r["step"], r["rank"], r["source"], r["t_record"] or r["r_record"]): r["how"]
             for r in cmp.records.filter(pl.col("how").is_in(["target_only", "ref_only"])).iter_rows(named=True)}
+    steps = sorted(set(recs["step"].to_list()))
     keys = ["rank", "source", "_record"]
-    candidates = recs.filter(pl.col("out_div") & (pl.col("step") == first_step))
-    for start in range(0, candidates.height, batch):
-        chunk = candidates.slice(start, batch)
-        leaves = step_rows.join(chunk.select(keys), on=keys, how="semi")
-        by_rec = leaves.partition_by(keys, as_dict=True, maintain_order=True)
-        for rec in chunk.iter_rows(named=True):
-            found = _judge(rec, by_rec[(rec["rank"], rec["source"], rec["_record"])], t_prod, r_prod, only, cmp)
+    for i, step in enumerate(steps):
+        if i:
+            found = _optimizer(rows, recs, steps[i - 1], step)
             if found is not None:
                 return found
-    return None
+        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff")))
+        if not candidates.height:
+            continue
+        step_rows = rows.filter(pl.col("step") == step).with_columns(_fingerprint(""), _fingerprint("ref_"))
+        t_prod, r_prod = _Producers(step_rows, ""), _Producers(step_rows, "ref_")
+        for start in range(0, candidates.height, batch):
+            chunk = candidates.slice(start, batch)
+            leaves = step_rows.join(chunk.select(keys), on=keys, how="semi")
+            by_rec = leaves.partition_by(keys, as_dict=True, maintain_order=True)
+            for rec in chunk.iter_rows(named=True):
+                judge = _Judge(rec, by_rec[(rec["rank"], rec["source"], rec["_record"])], t_prod, r_prod, only,
+                               cmp, noise, first_step=steps[0])
+                found = judge.verdict()
+                if found is not None:
+                    return found
+    return None, None
 
 
-def _judge(rec: dict, leaves: pl.DataFrame, t_prod: _Producers, r_prod: _Producers, only: dict,
-           cmp: Comparison) -> Finding | None:
-    out = leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged")).row(0, named=True)
-    bad_in = leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("status") == "diverged"))
-    scalars = bad_in.filter(pl.col("kind") == "scalar")
-    if scalars.height:
-        s = scalars.row(0, named=True)
-        return _with_evidence(_finding(out, "scalar"), scalar=s["name"], detail=s["detail"])
-    tensors = bad_in.filter(pl.col("kind") == "tensor")
-    if tensors.height == 0 and (rec["in_err"] or 0.0) <= QUIET * out["tol"]:
-        one_sided = leaves.filter(pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(["target_only", "ref_only"]))
+def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, before: int, after: int) -> tuple[Found, Found] | None:
+    """The update between two agreeing steps as culprit (see analysis/noise.py), with the first diverged
+    output of the later step as the first divergence."""
+    step_rows = rows.filter(pl.col("step") == after)
+    params = step_rows.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor")
+                              & (pl.col("status") == "diverged") & (pl.col("requires_grad").fill_null(False)
+                                                                    | (pl.col("_io") == "parameters")))
+    if not params.height:
+        return None
+    step_rows = step_rows.with_columns(_fingerprint(""))
+    produced = _Producers(step_rows, "")
+    params = params.with_columns(_fingerprint("")).filter(
+        pl.Series([produced.producer(r) is None for r in params.with_columns(_fingerprint("")).iter_rows(
+            named=True)], dtype=pl.Boolean))
+    ev = update_evidence(rows, before, after, params)
+    if ev is None or not ev["differs"]:
+        return None
+    first = recs.filter((pl.col("step") == after) & pl.col("out_div")).head(1)
+    key = (after, -1, 0, "", -1)
+    text = (f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.3g}x (median) as far as "
+            f"in the reference between steps {before} and {after}: learning rate or optimizer differs")
+    culprit = Finding(after, int(params["rank"][0]), f"optimizer update (step {before} -> {after})", None,
+                      "optimizer", metric="update_ratio", value=ev["median_ratio"], detail=text,
+                      evidence={k: v for k, v in ev.items() if k != "differs"})
+    if first.height:
+        r = first.row(0, named=True)
+        out = rows.filter((pl.col("step") == after) & (pl.col("rank") == r["rank"])
+                          & (pl.col("_record") == r["_record"]) & (pl.col("status") == "diverged")
+                          & pl.col("_io").is_in(OUTPUT_IO)).row(0, named=True)
+        return (culprit, key), (_finding(out), order_key(r))
+    return (culprit, key), (replace(culprit, evidence={}), key)
+
+
+class _Judge:
+    """Whether one candidate record (diverged output or differing argument) is the culprit."""
+
+    def __init__(self, rec: dict, leaves: pl.DataFrame, t_prod: _Producers, r_prod: _Producers, only: dict,
+                 cmp: Comparison, noise: NoiseModel, first_step: int):
+        self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
+        self.cmp, self.noise, self.first_step = cmp, noise, first_step
+        self.key = order_key(rec)
+
+    def verdict(self) -> tuple[Found, Found] | None:
+        if self.rec["arg_diff"]:
+            return self._argument()
+        if not self.rec["out_div"]:
+            return None
+        found = self._numeric()
+        if found is None:
+            return None
+        return (found, self.key), (self._first_output(), self.key)
+
+    def _first_output(self) -> Finding:
+        out = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
+        return _finding(out.row(0, named=True))
+
+    def _argument(self) -> tuple[Found, Found]:
+        leaves = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (
+            (pl.col("kind") == "scalar") | (pl.col("ref_kind") == "scalar") | pl.col("match").is_in(
+                ["target_only", "ref_only"])))
+        arg = leaves.filter((pl.col("err") > 0) | pl.col("match").is_in(["target_only", "ref_only"])).row(
+            0, named=True)
+        if arg["match"] in ("target_only", "ref_only"):
+            side = "target" if arg["match"] == "target_only" else "reference"
+            value = arg["value"] if side == "target" else arg["ref_value"]
+            detail = f"{arg['name'] or arg['ref_name']} only in the {side}: {value}"
+        else:
+            detail = arg["detail"] or f"value {arg['value']} vs {arg['ref_value']}"
+        name = arg["name"] or arg["ref_name"]
+        culprit = Finding(arg["step"], arg["rank"], self.rec["_record"], name, "scalar", detail=detail,
+                          evidence={"scalar": name})
+        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
+        if outs.height:
+            out = _finding(outs.row(0, named=True), "scalar")
+            out.detail, out.evidence = detail, {"scalar": name}
+            return (out, self.key), (_finding(outs.row(0, named=True)), self.key)
+        culprit.evidence["outputs"] = "within tolerance"
+        return (culprit, self.key), (replace(culprit), self.key)
+
+    def _numeric(self) -> Finding | None:
+        rec, leaves = self.rec, self.leaves
+        out = leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged")).row(0, named=True)
+        bad_in = leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("status") == "diverged")
+                               & (pl.col("kind") == "tensor"))
+        if bad_in.height == 0 and rec["fresh"]:
+            return self._fresh(out)
+        for leaf in bad_in.iter_rows(named=True):
+            found = self._producer(leaf, out)
+            if found is not None:
+                return found
+        amp = rec["amp"]
+        if amp is None or not amp >= self.cmp.tolerances.amplification:
+            return None
+        bar = self.noise.bar(rec["_direction"], False, self.key)
+        if bar is not None and amp <= bar:
+            return None
+        return _with_evidence(_finding(out, "op"), input_err=rec["in_err"], amplification=amp, noise_bar=bar,
+                              reason="error amplification stands out")
+
+    def _fresh(self, out: dict[str, Any]) -> Finding | None:
+        """Inputs agree, the output diverges: an op creating error, if more than the pair's fresh ops do."""
+        rec = self.rec
+        value = rec["out_err"] if rec["out_err"] is not None else out["err"]
+        bar = self.noise.bar(rec["_direction"], True, self.key)
+        if bar is not None and value is not None and value <= bar:
+            return None
+        one_sided = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(
+            ["target_only", "ref_only"]))
         args = [f"{r['name'] or r['ref_name']} ({'target' if r['match'] == 'target_only' else 'reference'} only"
                 f": {r['value'] if r['match'] == 'target_only' else r['ref_value']})"
                 for r in one_sided.iter_rows(named=True)]
         return _with_evidence(_finding(out, "op"), input_err=rec["in_err"], reason="inputs agree, output diverges",
-                              arguments_in_one_run=args or None)
-    for leaf in tensors.iter_rows(named=True):
-        tp, rp = t_prod.producer(leaf), r_prod.producer(leaf)
+                              noise_bar=bar, arguments_in_one_run=args or None)
+
+    def _producer(self, leaf: dict[str, Any], out: dict[str, Any]) -> Finding | None:
+        """A diverged input: produced by an op in one run only, or by no op (a weight or data)."""
+        tp, rp = self.t_prod.producer(leaf), self.r_prod.producer(leaf)
         key = (leaf["step"], leaf["rank"], leaf["source"])
-        if rp and only.get(key + (rp,)) == "ref_only":
-            return Finding(leaf["step"], leaf["rank"], _forward_of(rp, key, only, "ref_only"), None, "missing_op",
-                           detail=f"only in the reference; its output feeds {leaf['name']}")
-        if tp and only.get(key + (tp,)) == "target_only":
-            return Finding(leaf["step"], leaf["rank"], _forward_of(tp, key, only, "target_only"), None, "extra_op",
-                           detail=f"only in the target; its output feeds {leaf['name']}")
+        if rp and self.only.get(key + (rp,)) == "ref_only":
+            return Finding(leaf["step"], leaf["rank"], _forward_of(rp, key, self.only, "ref_only"), None,
+                           "missing_op", detail=f"only in the reference; its output feeds {leaf['name']}")
+        if tp and self.only.get(key + (tp,)) == "target_only":
+            return Finding(leaf["step"], leaf["rank"], _forward_of(tp, key, self.only, "target_only"), None,
+                           "extra_op", detail=f"only in the target; its output feeds {leaf['name']}")
         if tp is None and rp is None:
             kind = "parameter" if leaf.get("requires_grad") or leaf["_io"] == "parameters" else "input"
+            if kind == "parameter" and leaf["step"] != self.first_step:
+                return None  # later weights carry the optimizer's noise; the optimizer rule judges the update
             return _with_evidence(_finding(out, kind), differing=leaf["name"], input_err=leaf["err"],
                                   detail=f"{leaf['name']} differs and no earlier op produced it")
-    floor = eps(out["tol_dtype"] or "float32")
-    amp = (rec["out_err"] or 0.0) / max(rec["in_err"] or 0.0, floor)
-    if amp >= cmp.tolerances.amplification:
-        return _with_evidence(_finding(out, "op"), input_err=rec["in_err"], amplification=amp,
-                              reason="error amplification stands out")
-    return None
+        return None
 
 
 def _forward_of(record: str, key: tuple, only: dict, side: str) -> str:
@@ -231,7 +387,7 @@ def _unmatched(records: pl.DataFrame) -> list[dict[str, Any]]:
 def _timeline(rows: pl.DataFrame) -> list[dict[str, Any]]:
     out = []
     for (step,), g in rows.group_by(["step"], maintain_order=True):
-        fd = _first_divergence(g)
+        fd = _first_over_tol(g)
         out.append({"step": step, "compared": int((g["status"].is_in(["pass", "diverged"])).sum()),
                     "diverged": int((g["status"] == "diverged").sum()),
                     "unmatched": int((g["status"] == "unmatched").sum()),
@@ -247,7 +403,7 @@ def _finite_max(g: pl.DataFrame) -> float | None:
 def _rank_view(rows: pl.DataFrame) -> list[dict[str, Any]]:
     out = []
     for (rank,), g in rows.group_by(["rank"], maintain_order=True):
-        fd = _first_divergence(g)
+        fd = _first_over_tol(g)
         out.append({"rank": rank, "diverged": int((g["status"] == "diverged").sum()),
                     "max_err": _finite_max(g), "first_divergence": fd.op if fd else None,
                     "first_step": fd.step if fd else None})
@@ -323,56 +479,52 @@ def _screened(store, target: str, ref: str, *, steps: list[int] | None, max_rows
     ranks_c = [k for k in cov["common_ranks"] if ranks is None or k in ranks]
     scr = screen(store, target, ref, steps_c, ranks_c, tol)
     units = scr.units
-    # exactly: units needing alignment, and the units of the first step with a diverged output of the screen
-    hit = units.filter(pl.col("first_seq").is_not_null())
-    exact_units = set(scr.complex_units)
-    if hit.height:
-        first_step = hit["step"].min()
-        exact_units |= set(hit.filter(pl.col("step") == first_step).select("step", "rank").iter_rows())
-    per_unit = max(t_info["n_rows"], r_info["n_rows"]) / max(len(t_info["steps"]) * len(t_info["ranks"]), 1)
-    batches: list[list[tuple[int, int]]] = []
-    for step in sorted({s for s, _ in exact_units}):
-        these = sorted(u for u in exact_units if u[0] == step)
-        if batches and (len(batches[-1]) + len(these)) * per_unit <= max_rows:
-            batches[-1] += these
-        else:
-            batches.append(these)
+    # in detail: units needing alignment, and the units of each step where the screen saw an output over its
+    # tolerance (or an argument differ), in order, until one of them holds a finding beyond the pair's noise
+    hit = units.filter(pl.col("first_seq").is_not_null() | (pl.col("args") > 0))
+    complex_units = set(scr.complex_units)
+    hits = set(hit.select("step", "rank").iter_rows())
     first: Finding | None = None
     culprit: Finding | None = None
-    culprit_done = False
+    noise: dict[str, Any] = {}
     unmatched: list[dict[str, Any]] = []
-    summaries = []
-    for batch in batches:
-        cmp = compare_runs(store, target, ref, steps=steps_c, ranks=ranks_c, tolerances=tol, units=batch,
-                           precision=scr.precision)
-        rows = _ordered(cmp.rows)
-        recs = _record_table(rows)
-        if first is None:
-            first = _first_divergence(rows)
-        if not culprit_done and recs["out_div"].any():  # the first step with a diverged output is in this batch
-            culprit, culprit_done = _culprit(rows, recs, cmp), True
-        unmatched += _unmatched(cmp.records)
-        summaries.append(_unit_summaries(rows))
-    first, culprit = _settle(first, culprit, unmatched)
-    if exact_units:
-        done = pl.DataFrame(sorted(exact_units), schema={"step": pl.Int64, "rank": pl.Int64}, orient="row")
+    summaries, detailed = [], set()
+    for step in sorted({s for s, _ in complex_units | hits}):
+        these = {u for u in complex_units | (hits if culprit is None else set()) if u[0] == step}
+        prev = max((x for x in steps_c if x < step), default=None)
+        context = {(prev, k) for _, k in these} if culprit is None and prev is not None else set()
+        cmp = compare_runs(store, target, ref, steps=steps_c, ranks=ranks_c, tolerances=tol,
+                           units=sorted(these | context), precision=scr.precision)
+        v = divergence(cmp)
+        if culprit is None and (v.culprit is not None or v.first_divergence is not None):
+            first, culprit, noise = v.first_divergence, v.culprit, v.noise
+        elif not noise or (v.noise.get("largest_amplification") or 0) > (noise.get("largest_amplification") or 0):
+            noise = noise if culprit is not None else v.noise
+        unmatched += [u for u in _unmatched(cmp.records) if u["step"] == step]
+        summaries.append(_unit_summaries(_ordered(cmp.rows).filter(pl.col("step") == step)))
+        detailed |= these
+    if culprit is None and first is None and unmatched:
+        first, culprit = _settle(None, None, unmatched)
+    if detailed:
+        done = pl.DataFrame(sorted(detailed), schema={"step": pl.Int64, "rank": pl.Int64}, orient="row")
         units = units.join(done, on=["step", "rank"], how="anti")
     allu = pl.concat([units] + [u.cast(units.schema) for u in summaries], how="vertical")  # type: ignore[arg-type]
     allu = allu.filter(pl.col("rows") > 0)
     counts = {s: int(allu[s].sum()) for s in STATUSES if allu[s].sum()}
     return Verdict(target, ref, first, culprit, _timeline_of_units(allu), _rank_view_of_units(allu), unmatched,
-                   scr.precision, counts, cov)
-
-
+                   scr.precision, counts, cov, noise)
 
 
 def _unit_summaries(rows: pl.DataFrame) -> pl.DataFrame:
     """Per (step, rank, source) of ordered rows: rows, counts by status, largest err, first differing record
-    (as `_first_divergence` picks it) with its phase, seq and leaf; the screen's `units` columns."""
+    (as `_first_over_tol` picks it) with its phase, seq and leaf, differing non-tensor arguments; the screen's
+    `units` columns."""
     cand = (((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO))
             | ((pl.col("match") == "target_only") & pl.col("how").is_null()))
+    args = (pl.col("status") == "diverged") & pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "scalar")
     return rows.group_by(["step", "rank", "source"], maintain_order=True).agg(
-        pl.len().alias("rows"), *[(pl.col("status") == s).sum().alias(s) for s in STATUSES],
+        pl.len().alias("rows"), args.sum().alias("args"),
+        *[(pl.col("status") == s).sum().alias(s) for s in STATUSES],
         pl.col("err").max().alias("max_err"),
         pl.col("_phase").filter(cand).first().alias("first_phase"),
         pl.col("_seq").filter(cand).first().alias("first_seq"),
@@ -430,6 +582,8 @@ def _merge(parts: list[Verdict]) -> Verdict:
     floors = [p.precision for p in parts]
     precision = max(floors, key=lambda f: eps(f["floor"]))
     base = first or parts[0]
+    noise = base.noise if first is not None else max(
+        (p.noise for p in parts), key=lambda n: n.get("largest_amplification") or 0.0)
     return Verdict(base.target, base.ref, base.first_divergence, base.culprit,
                    [s for p in parts for s in p.steps], _peers(list(ranks.values())),
-                   [u for p in parts for u in p.unmatched], precision, counts, base.coverage)
+                   [u for p in parts for u in p.unmatched], precision, counts, base.coverage, noise)

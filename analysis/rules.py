@@ -55,13 +55,17 @@ def floor_of(a: str, b: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ tolerance
-def _eps(col: pl.Expr) -> pl.Expr:
+EPS_FLOAT32 = EPS["float32"]
+
+
+def dtype_eps(col: pl.Expr) -> pl.Expr:
+    """Machine epsilon of a dtype column (null for exact and unknown dtypes)."""
     return col.replace_strict(EPS, default=None, return_dtype=pl.Float64)
 
 
 def tol_dtype(floor: str) -> pl.Expr:
     """The dtype a pair is judged at: the less precise of its two dtypes and the runs' compute precision."""
-    et, er, ef = _eps(c("dtype")), _eps(c("ref_dtype")), lit(EPS.get(floor, EPS["float32"]))
+    et, er, ef = dtype_eps(c("dtype")), dtype_eps(c("ref_dtype")), lit(EPS.get(floor, EPS["float32"]))
     any_float = et.is_not_null() | er.is_not_null()
     best = (when(et.is_not_null() & (et >= er.fill_null(0)) & (et >= ef)).then(c("dtype"))
             .when(er.is_not_null() & (er >= ef)).then(c("ref_dtype")).otherwise(lit(floor)))
@@ -283,3 +287,60 @@ def severity(err: np.ndarray | float, tol: np.ndarray | float) -> np.ndarray:
     err, tol = np.asarray(err, dtype=np.float64), np.asarray(tol, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(tol > 0, err / tol, np.where(err == 0, 0.0, np.where(np.isnan(err), np.nan, np.inf)))
+
+
+# ------------------------------------------------------------------------------------------------ small values
+def small_value_err(err: np.ndarray, t_norm: np.ndarray, r_norm: np.ndarray, numel: np.ndarray,
+                    tensor: np.ndarray, group: np.ndarray, eps_judged: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(err, context rms, small) after the small-value rule.
+
+    A tensor whose reference is tiny against its context holds rounding residue, and its relative error means
+    nothing (the gradient of an attention key bias is zero in exact arithmetic: 1e-10 in one run, 1e-5 in the
+    other).  Its context is the other tensors of the same record (`group`: one id per record pair), whose
+    scale is the largest reference RMS among them.  A tensor is in the small-value domain when its reference RMS
+    is below eps(judged dtype) x the context RMS; it is then judged by absolute error on the context scale:
+    err = ||x - y|| / (sqrt(n) * context rms), compared with the same tolerance.  ||x - y|| is err * ||y||
+    (exact, sketch and statistics errors are all relative to ||y||), or ||x|| when y is all zero."""
+    with np.errstate(all="ignore"):
+        sqrt_n = np.sqrt(np.where(numel > 0, numel, np.nan))
+        rms = np.where(tensor, r_norm / sqrt_n, np.nan)
+        ctx = np.full(int(group.max()) + 1 if group.size else 0, -np.inf)
+        ok = np.isfinite(rms)
+        np.maximum.at(ctx, group[ok], rms[ok])
+        ctx_row = ctx[group] if group.size else np.zeros(0)
+        small = ok & (ctx_row > 0) & (rms < eps_judged * ctx_row) & ~np.isnan(err)
+        delta = np.where(r_norm > 0, err * r_norm, t_norm)
+        small &= np.isfinite(delta)
+        out = np.where(small, delta / (sqrt_n * ctx_row), err)
+    return out, np.where(np.isfinite(ctx_row) & (ctx_row > 0), ctx_row, np.nan), small
+
+
+def apply_small_values(rows: pl.DataFrame) -> pl.DataFrame:
+    """`small_value_err` over compared rows (after any exact metrics): err, severity and status of the small
+    values change; `context_rms` and `small_value` say which and on what scale."""
+    rows = rows.drop("context_rms", "small_value", strict=False)  # judged again (after exact metrics)
+    keys = [pl.coalesce(c("ref_record"), c("record")), c("step"), c("rank"), c("source")]
+    group = rows.select(pl.struct(keys).rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
+    tensor = rows.select(both_tensors().fill_null(False) & ~c("nonfinite_mismatch")).to_series().to_numpy()
+    judged = rows.select(dtype_eps(c("tol_dtype")).fill_null(0.0)).to_series().to_numpy()
+    err, ctx, small = small_value_err(_f64(rows, "err"), _f64(rows, "norm"), _f64(rows, "ref_norm"),
+                                      _f64(rows, "ref_numel"), tensor, group, judged)
+    out = rows.with_columns(_nullable("err", err), _nullable("context_rms", ctx),
+                            pl.Series("small_value", small))
+    if not small.any():
+        return out
+    unmatched = c("match").is_in(["target_only", "ref_only"])
+    note = pl.format("small value: reference rms {} < eps x context rms {}; absolute error on the context scale",
+                     (c("ref_norm") / c("ref_numel").cast(pl.Float64).sqrt()).round_sig_figs(3),
+                     c("context_rms").round_sig_figs(3))
+    return out.with_columns(
+        pl.Series("severity", severity(err, _f64(rows, "tol"))).fill_nan(None),
+        when(c("small_value")).then(pair_status(unmatched, unreadable_kind(), has_error_text()))
+        .otherwise(c("status")).alias("status"),
+        when(c("small_value")).then(pl.concat_str([c("detail"), note], separator="; ", ignore_nulls=True))
+        .otherwise(c("detail")).alias("detail"))
+
+
+def _f64(df: pl.DataFrame, col: str) -> np.ndarray:
+    return df[col].cast(pl.Float64).to_numpy()

@@ -63,7 +63,8 @@ class Unsupported(Exception):
 
 @dataclass
 class ScreenResult:
-    units: pl.DataFrame                      # simple units: step, rank, source, rows, counts, max_err, first
+    units: pl.DataFrame                      # simple units: step, rank, source, rows, differing non-tensor
+                                             # arguments (args), counts, max_err, first diverged output
     complex_units: list[tuple[int, int]]     # (step, rank) pairs to compare exactly (alignment needed)
     precision: dict[str, str]                # compute precision of each run and the floor, as compare_runs
 
@@ -293,7 +294,7 @@ def _static(cache: _Cache, t: _File, r: _File, tol: Tolerances, floor: str
     judged = _verdicts(out.with_columns(*nulls, lit(None, pl.List(pl.Float64)).alias("sketch"),
                                         lit(None, pl.List(pl.Float64)).alias("ref_sketch")), sketches=False)
     arrays = out.select(plain.alias("plain"), decided.alias("decided"), c("tol"),
-                        R.sqrt_numel())
+                        R.sqrt_numel(), c("_is_scalars").fill_null(False).alias("scalar"))
     arrays = arrays.with_columns(judged["err"].alias("d_err"), judged["err"].is_not_null().alias("d_ok"),
                                  judged["status"].replace_strict(R.STATUS_CODES, return_dtype=pl.Int8).alias("d_code"))
     hit = (out, {x: arrays[x].to_numpy() for x in arrays.columns})
@@ -413,7 +414,7 @@ def _step_summary(units: list, sketches: bool) -> pl.DataFrame:
         return _empty_units()
     errs, valid, codes = _judge(units, sketches)
     out = []
-    for ((s, k, src), order, ordnp, _, _, _), err, ok, code in zip(units, errs, valid, codes):
+    for ((s, k, src), order, ordnp, _, stnp, _), err, ok, code in zip(units, errs, valid, codes):
         counts = np.bincount(code, minlength=len(STATUSES))
         max_err = np.fmax.reduce(err[ok]) if ok.any() else None  # NaN only when all are (as Polars' max)
         cand = np.flatnonzero((code == R.STATUS_CODES["diverged"]) & ordnp["_out"])
@@ -421,7 +422,8 @@ def _step_summary(units: list, sketches: bool) -> pl.DataFrame:
         if cand.size:
             i = cand[np.lexsort((ordnp["leaf"][cand], ordnp["seq"][cand], ordnp["_phase"][cand]))[0]]
             first = (int(ordnp["_phase"][i]), int(ordnp["seq"][i]), int(ordnp["leaf"][i]), order["_record"][int(i)])
-        out.append({"step": s, "rank": k, "source": src, "rows": int(code.size),
+        args = int(((code == R.STATUS_CODES["diverged"]) & stnp["scalar"] & ~ordnp["_out"]).sum())
+        out.append({"step": s, "rank": k, "source": src, "rows": int(code.size), "args": args,
                     **{name: int(counts[i]) for i, name in enumerate(STATUSES)},
                     "max_err": None if max_err is None else float(max_err),
                     "first_phase": first[0] if first else None, "first_seq": first[1] if first else None,
@@ -529,7 +531,7 @@ def _map(fn, items: list, threads: int) -> list:
 
 
 def _empty_units() -> pl.DataFrame:
-    schema = {"step": pl.Int64, "rank": pl.Int64, "source": pl.String, "rows": pl.UInt32,
+    schema = {"step": pl.Int64, "rank": pl.Int64, "source": pl.String, "rows": pl.UInt32, "args": pl.UInt32,
               **{s: pl.UInt32 for s in STATUSES}, "max_err": pl.Float64, "first_phase": pl.Int32,
               "first_seq": pl.Int32, "first_leaf": pl.Int32, "first_record": pl.String}
     return pl.DataFrame(schema=schema)

@@ -59,6 +59,7 @@ class Verdict:
     precision: dict[str, str]
     counts: dict[str, int]
     coverage: dict[str, list[int]]
+    noise: dict[str, Any] = field(default_factory=dict)  # the pair's own noise (analysis/noise.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -103,6 +103,18 @@ def verdict(store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: boo
     return answer(store, q, use_memo=use_memo).to_dict()
 
 
+def noise_line(v: dict) -> str:
+    """A quiet verdict says so: the runs agree within the noise measured from the pair itself."""
+    n, over = v.get("noise") or {}, v["counts"].get("diverged", 0)
+    text = "AGREE within the measured noise"
+    if over:
+        text += f": {over} tensors over their tolerance, none standing out"
+    if n.get("largest_amplification") is not None:
+        text += (f"; largest amplification {_fmt(n['largest_amplification'])}x at step {n['step']} rank {n['rank']}"
+                 f" {n['op']} (p{round(100 * n['quantile'])} {_fmt(n['amplification_quantile'])}x)")
+    return text
+
+
 def verdict_text(v: dict) -> str:
     p, c = v["precision"], v["coverage"]
     lines = [f"target {v['target']} vs reference {v['ref']}: steps {c['common_steps']}, ranks {c['common_ranks']}; "
@@ -116,6 +128,8 @@ def verdict_text(v: dict) -> str:
             lines.append(f"steps only in the {side}: {extra} (not compared)")
     lines.append(finding_line("FIRST DIVERGENCE", v["first_divergence"]))
     lines.append(finding_line("CULPRIT", v["culprit"]))
+    if v["first_divergence"] is None and v["culprit"] is None:
+        lines.append(noise_line(v))
     for s in v["steps"]:
         lines.append(f"  step {s['step']}: {s['compared']} compared, {s['diverged']} diverged, "
                      f"{s['unmatched']} unmatched, max rel_l2 {_fmt(s['max_err'])}, "

@@ -225,7 +225,7 @@ def test_regenerate_expected_weight_1pct_tensor(msprobe_runs) -> None:
 @pytest.mark.parametrize("target", SKETCH_TARGETS)
 def test_exact_rows_and_untouched_rows(target, exact_cmp, sketch_cmp) -> None:
     ex, sk = exact_cmp[target], sketch_cmp[target]
-    assert ex.columns == sk.columns + list(NEW_SCHEMA)
+    assert [c for c in ex.columns if c not in NEW_SCHEMA] == sk.columns and set(NEW_SCHEMA) <= set(ex.columns)
     assert ex.height == sk.height
     cand = _candidates(ex)
     hit, rest = ex.filter(cand), ex.filter(~cand)
@@ -383,4 +383,8 @@ def test_worker_processes_give_the_same_rows(store, exact_cmp, monkeypatch) -> N
     monkeypatch.setattr(exact, "_PARALLEL_MIN", 16)
     parallel = exact.add_exact_metrics(store, target, REF, sketch.rows, None, "float32", jobs=2)
     assert_frame_equal(parallel, serial)
-    assert_frame_equal(serial, exact_cmp[target])
+    from dumpstore.analysis.rules import apply_small_values
+
+    # (the sketch rows carry their own small-value notes in `detail`)
+    assert_frame_equal(apply_small_values(serial).drop("detail"), exact_cmp[target].drop("detail"),
+                       check_column_order=False)

@@ -1,0 +1,139 @@
+"""The noise model of a pair, measured from the pair itself, and the optimizer-update evidence between steps.
+
+Two correct runs on different devices differ by rounding noise on every op, and from step 1 on also by the
+noise the optimizer carried into the weights.  A verdict names an op only when it stands out of that noise:
+
+  fresh ops      (inputs agree: input error <= QUIET x tolerance) create error of their own; the noise is the
+                 spread of the output errors of the pair's fresh ops of the same step and direction;
+  carrying ops   (inputs already differ) pass error on; the noise is the spread of their amplification, output
+                 error / max(input error, eps of the judged dtype).
+An op stands out when its measure exceeds STAND_OUT x the high quantile (QUANTILE) of the same measure over the
+ops of its direction that ran before it (earlier steps included): the noise the pair showed before, which the
+op's own downstream cannot inflate; and the fixed floors: the tolerance for fresh ops,
+`Tolerances.amplification` for carrying ops.
+
+The optimizer: when step s agrees and the parameters differ at the next step, the update between them is the
+culprit when the runs moved their parameters by different amounts consistently (`update_evidence`): the median
+ratio of update sizes (target / reference) is off 1 by more than OPT_DEV_TOL x the tolerance and at least
+OPT_SHARE of the parameters moved the same way.  Update sizes come from the statistics of both steps (a lower
+bound of ||p(s+1) - p(s)|| by `rules.stats_bound`), so the rule holds in statistics and tensor mode alike.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from . import rules as R
+
+QUIET = 0.1        # inputs "agree" when their error is below this share of the tolerance
+QUANTILE = 0.99    # the high quantile of the pair's own spread
+STAND_OUT = 3.0    # a culprit's measure exceeds this multiple of that quantile
+MIN_GROUP = 4      # fewer ops than this in a group: only the fixed floors apply
+OPT_DEV_TOL = 4.0  # optimizer: median update ratio off 1 by more than this many tolerances ...
+OPT_SHARE = 0.75   # ... with at least this share of the parameters moved the same way
+OPT_MIN_PARAMS = 3
+
+
+@dataclass
+class NoiseModel:
+    """Per direction, the fresh ops' output errors and the carrying ops' amplifications, in execution order
+    (step, phase, rank, source, seq): the baseline of an op is what the pair showed before it."""
+
+    fresh: dict[str, tuple[list[tuple], np.ndarray]]
+    carry: dict[str, tuple[list[tuple], np.ndarray]]
+
+    @classmethod
+    def fit(cls, recs: pl.DataFrame) -> NoiseModel:
+        """From the record table (one row per record pair, in execution order: out_err, amp, fresh)."""
+        fresh: dict[str, list[tuple[tuple, float]]] = {}
+        carry: dict[str, list[tuple[tuple, float]]] = {}
+        ok = recs.filter(pl.col("out_err").is_not_null() & pl.col("out_err").is_finite())
+        for row in ok.select("step", "_phase", "rank", "source", "_seq", "_direction", "out_err", "amp",
+                             "fresh").iter_rows(named=True):
+            key = order_key(row)
+            if row["fresh"]:
+                fresh.setdefault(row["_direction"], []).append((key, row["out_err"]))
+            elif row["amp"] is not None and np.isfinite(row["amp"]):
+                carry.setdefault(row["_direction"], []).append((key, row["amp"]))
+        return cls(_sorted(fresh), _sorted(carry))
+
+    def bar(self, direction: str, fresh: bool, before: tuple) -> float | None:
+        """STAND_OUT x the QUANTILE of the measure over the ops of `direction` before `before` in execution
+        order (None: fewer than MIN_GROUP of them)."""
+        keys, values = (self.fresh if fresh else self.carry).get(direction, ([], np.zeros(0)))
+        n = bisect.bisect_left(keys, before)
+        if n < MIN_GROUP:
+            return None
+        return STAND_OUT * float(np.quantile(values[:n], QUANTILE))
+
+    def summary(self, recs: pl.DataFrame) -> dict[str, Any]:
+        """The largest amplification among the pair's ops and where, with the quantile of all of them."""
+        ok = recs.filter(pl.col("amp").is_not_null() & pl.col("amp").is_finite() & ~pl.col("fresh"))
+        out: dict[str, Any] = {"quantile": QUANTILE, "stand_out": STAND_OUT}
+        if ok.height:
+            top = ok.sort("amp", descending=True).row(0, named=True)
+            out |= {"largest_amplification": float(top["amp"]), "step": top["step"], "rank": top["rank"],
+                    "op": top["_record"], "amplification_quantile": float(ok["amp"].quantile(QUANTILE) or 0.0)}
+        return out
+
+
+def order_key(row: dict[str, Any]) -> tuple:
+    """A record's place in execution order: step, phase, rank, source, seq."""
+    return (row["step"], row["_phase"], row["rank"], row["source"] or "", row["_seq"])
+
+
+def _sorted(groups: dict[str, list[tuple[tuple, float]]]) -> dict[str, tuple[list[tuple], np.ndarray]]:
+    out = {}
+    for direction, items in groups.items():
+        items.sort(key=lambda kv: kv[0])
+        out[direction] = ([k for k, _ in items], np.array([v for _, v in items], dtype=np.float64))
+    return out
+
+
+def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
+    """Add `fresh` (inputs agree) and `amp` (output error / max(input error, eps)) to a record table."""
+    floor = R.dtype_eps(pl.col("tol_dtype")).fill_null(R.EPS_FLOAT32)
+    in_err = pl.col("in_err").fill_null(0.0)
+    return recs.with_columns(
+        (in_err <= QUIET * pl.col("tol").fill_null(0.0)).alias("fresh"),
+        (pl.col("out_err") / pl.max_horizontal(in_err, floor)).alias("amp"))
+
+
+def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
+    """Update sizes of the parameters between steps `before` and `after`, target against reference.
+
+    `params`: the parameter leaves (step, rank, source, _record, _io, index_path) of step `after`; the same
+    leaves of step `before` are looked up by (rank, source, record, io, index path).  None when fewer than
+    OPT_MIN_PARAMS parameters can be measured."""
+    keys = ["rank", "source", "_record", "_io", "index_path"]
+    stats = [*R.STATS, *(f"ref_{s}" for s in R.STATS)]
+    now = rows.filter(pl.col("step") == after).join(params.select(keys), on=keys, how="semi")
+    then = rows.filter(pl.col("step") == before).select(keys + stats)
+    both = now.select(keys + stats + ["numel", "tol"]).join(then, on=keys, how="inner", suffix="_b")
+    if both.height < OPT_MIN_PARAMS:
+        return None
+    sizes = {}
+    for side, pre in (("target", ""), ("ref", "ref_")):
+        t = {s: both[f"{pre}{s}"].cast(pl.Float64).to_numpy() for s in R.STATS}
+        b = {s: both[f"{pre}{s}_b"].cast(pl.Float64).to_numpy() for s in R.STATS}
+        nulls = {s: np.isnan(t[s]) for s in R.STATS}
+        nulls_b = {s: np.isnan(b[s]) for s in R.STATS}
+        sqrt_n = np.sqrt(both["numel"].cast(pl.Float64).fill_null(1.0).to_numpy())
+        err, known = R.stats_bound(t, b, nulls, nulls_b, sqrt_n, np.zeros(both.height, dtype=bool))
+        sizes[side] = np.where(known, err * b["norm"], np.nan)  # ||p(after) - p(before)|| (lower bound)
+    with np.errstate(all="ignore"):
+        ratio = sizes["target"] / sizes["ref"]
+    ok = np.isfinite(ratio) & (sizes["ref"] > 0)
+    if ok.sum() < OPT_MIN_PARAMS:
+        return None
+    r = ratio[ok]
+    med = float(np.median(r))
+    same_way = int((r > 1).sum()) if med > 1 else int((r < 1).sum())
+    tol = float(np.nanmax(both["tol"].cast(pl.Float64).to_numpy()))
+    return {"parameters": int(ok.sum()), "median_ratio": med, "same_way": same_way,
+            "tolerance": tol, "differs": abs(med - 1) > OPT_DEV_TOL * tol and same_way >= OPT_SHARE * ok.sum()}

@@ -289,7 +289,7 @@ def _weight_leaves(side: pl.DataFrame, inputs: pl.DataFrame, step: int) -> dict[
                          & (pl.col("kind") == "tensor"))
     out: dict[int, str] = {}
     seen_names: set[tuple] = set()
-    seen_fp: set[tuple] = set()
+    seen_fp: set[tuple | None] = set()
     for r in params.sort(["rank", "source", "seq", "leaf"]).iter_rows(named=True):
         pname = f"{_module_path(r['api'], r['op_type'])}.{r['index_path']}"
         if (r["rank"], r["source"], pname) in seen_names:
@@ -312,7 +312,7 @@ def _weights(rows: pl.DataFrame, sides: dict[str, pl.DataFrame], inputs: dict[st
     steps = rows["step"].drop_nulls()
     if steps.len() == 0:
         return Check("weights", TITLES["weights"], "unknown", "no parameters found")
-    step = int(steps.min())
+    step = int(steps.min())  # type: ignore[arg-type]
     names: dict[int, str] = {}
     for p in ("ref_", ""):
         names.update(_weight_leaves(sides[p], inputs[p], step))

@@ -84,12 +84,11 @@ def divergence(cmp: Comparison) -> Verdict:
     recs = _record_table(rows)
     noise = NoiseModel.fit(recs)
     unmatched = _unmatched(cmp.records)
-    culprit, first = _culprit(rows, recs, cmp, noise)
-    first = _earliest(_extra_op(rows), first)
-    first, culprit = _settle(first, culprit, unmatched)
+    found, shown = _culprit(rows, recs, cmp, noise)
+    first, culprit = _settle(_earliest(_extra_op(rows), shown), found, unmatched)
     counts = {s: int(n) for s, n in rows.group_by("status").len().iter_rows() if s is not None}
     quiet = first is None and culprit is None
-    return Verdict(cmp.target, cmp.ref, _public(first), _public(culprit), _timeline(rows), _rank_view(rows),
+    return Verdict(cmp.target, cmp.ref, first, culprit, _timeline(rows), _rank_view(rows),
                    unmatched, cmp.precision, counts, cmp.coverage, noise.summary(recs) if quiet else {})
 
 
@@ -397,7 +396,7 @@ def _timeline(rows: pl.DataFrame) -> list[dict[str, Any]]:
 
 def _finite_max(g: pl.DataFrame) -> float | None:
     v = g.filter(pl.col("err").is_not_null())["err"].max()
-    return float(v) if v is not None else None
+    return float(v) if isinstance(v, (int, float)) else None
 
 
 def _rank_view(rows: pl.DataFrame) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import re
+from typing import Any
 
 import polars as pl
 
@@ -56,12 +57,19 @@ def _load_files(files: list[tuple[str, int, int]], sketches: bool) -> pl.DataFra
         tables.append(t.add_column(0, "rank", pa.array([rank] * n, pa.int64()))
                        .add_column(0, "step", pa.array([step] * n, pa.int64())))
     if tables:
-        df = pl.from_arrow(pa.concat_tables(tables))
+        df = _frame(pa.concat_tables(tables))
     else:
         schema = pa.schema([pa.field("step", pa.int64()), pa.field("rank", pa.int64())]
                            + [TENSOR_SCHEMA.field(c) for c in cols])
-        df = pl.from_arrow(schema.empty_table())
+        df = _frame(schema.empty_table())
     if not sketches:  # same columns either way, so callers need not care
         df = df.with_columns(pl.lit(None, pl.List(pl.Float64)).alias("sample"),
                              pl.lit(None, pl.List(pl.Float64)).alias("sketch"))
-    return df.sort(["step", "rank", "source", "leaf"])  # type: ignore[union-attr]
+    return df.sort(["step", "rank", "source", "leaf"])
+
+
+def _frame(table: Any) -> pl.DataFrame:
+    """An Arrow table as a DataFrame (pl.from_arrow is typed DataFrame | Series)."""
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    return df

@@ -38,7 +38,7 @@ def file_digest(path: str | os.PathLike) -> str:
         return hashlib.sha256(fh.read()).hexdigest()
 
 
-def lookup(root: Path, k: str, live_ids: Callable[[], dict[str, str]]) -> Any | None:
+def lookup(root: Path, k: str, live_ids: Callable[[], dict[str, Any]]) -> Any | None:
     """The saved answer for key `k`, or None when missing or computed from other ingests than the live ones.
 
     `live_ids()` reads the runs' live ingest ids; it is called only when the catalog file changed."""
@@ -60,7 +60,7 @@ def lookup(root: Path, k: str, live_ids: Callable[[], dict[str, str]]) -> Any | 
     return saved.get("value")
 
 
-def save(root: Path, k: str, ingest_ids: dict[str, str], catalog: list | None, value: Any) -> None:
+def save(root: Path, k: str, ingest_ids: dict[str, Any], catalog: list | None, value: Any) -> None:
     """Keep `value` for key `k`; `catalog` is catalog_signature() taken before the answer was computed (the
     answer is not kept when an ingest published in the meantime).  Best effort: a read-only store keeps
     nothing."""

@@ -135,7 +135,7 @@ def _opened(store: Any, root: Path) -> Any:
     return store if isinstance(store, Store) else open_store(root)
 
 
-def live_ingests(st: Any, question: Question) -> dict[str, str | None]:
+def live_ingests(st: Any, question: Question) -> dict[str, Any]:
     """The live ingest id of each run of the question (None for a run not in the catalog), one catalog read."""
     live = {row["run"]: row["ingest_id"] for row in st.runs().to_pylist()}
     return {run: live.get(run) for run in (question.target, question.ref)}

@@ -31,7 +31,7 @@ from dumpstore.dtypes import eps
 
 from . import rules as R
 from .compare import Comparison
-from .noise import NoiseModel, order_key, record_measures, update_evidence
+from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, record_measures, update_evidence
 from .order import INPUT_IO, ORDER, OUTPUT_IO, with_phase
 from .rules import STATUSES
 from .tolerance import Tolerances
@@ -319,8 +319,9 @@ class _Judge:
         bar = self.noise.bar(rec["_direction"], False, self.key)
         if bar is not None and amp <= bar:
             return None
+        q = "" if bar is None else f"; this pair's p{round(100 * QUANTILE)} before it is {bar / STAND_OUT:.3g}x"
         return _with_evidence(_finding(out, "op"), input_err=rec["in_err"], amplification=amp, noise_bar=bar,
-                              reason="error amplification stands out")
+                              reason="error amplification stands out", detail=f"amplification {amp:.3g}x{q}")
 
     def _fresh(self, out: dict[str, Any]) -> Finding | None:
         """Inputs agree, the output diverges: an op creating error, if more than the pair's fresh ops do."""
@@ -334,8 +335,11 @@ class _Judge:
         args = [f"{r['name'] or r['ref_name']} ({'target' if r['match'] == 'target_only' else 'reference'} only"
                 f": {r['value'] if r['match'] == 'target_only' else r['ref_value']})"
                 for r in one_sided.iter_rows(named=True)]
+        q = "" if bar is None else (f"; fresh ops' p{round(100 * QUANTILE)} error before it is "
+                                    f"{bar / STAND_OUT:.3g}")
         return _with_evidence(_finding(out, "op"), input_err=rec["in_err"], reason="inputs agree, output diverges",
-                              noise_bar=bar, arguments_in_one_run=args or None)
+                              noise_bar=bar, arguments_in_one_run=args or None,
+                              detail=None if out["detail"] else f"inputs agree, output diverges{q}")
 
     def _producer(self, leaf: dict[str, Any], out: dict[str, Any]) -> Finding | None:
         """A diverged input: produced by an op in one run only, or by no op (a weight or data)."""

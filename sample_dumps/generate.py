@@ -111,7 +111,48 @@ CASES = [
      "From step 1 the loss is scaled by 1e4 before backward and the gradients are never unscaled: "
      "gradients explode at step 1, the step-1 update is 1e4 times too large."),
 ]
-CASE_BY_NAME = {c[0]: c for c in CASES}
+
+# Cross-device noise cases (issue 11): a small GPT-style model with separate q/k/v projections that carry biases,
+# both runs under CPU autocast bf16.  The target ("device B") runs its bf16 matmuls and bf16 sums through other
+# kernels (xdev_kernels): the same aten ops, so msprobe records the same records under the same names, but the
+# reduction is split into chunks whose partial results are rounded to bf16.  Faults are injected under that noise.
+# fault keys understood by build_xdev_model / run_xdev_training:
+#   device: {"chunk": int, "reverse": bool}  (the target's kernels; absent = device A, the reference)
+#   weight_scale: {param_name: factor}       (applied at init)
+#   no_mask: [layer]                         (attention without the causal masked_fill)
+#   ln2_eps: {layer: eps}
+#   gelu_tanh: [layer]
+#   lr: float                                (AdamW learning rate; the optimizer runs outside msprobe's window)
+XDEV_B1 = {"chunk": 8, "reverse": False}
+XDEV_B2 = {"chunk": 16, "reverse": True}
+XDEV_FAULTS = [
+    # name stem, faults, description
+    ("clean", {}, "no fault: device B's kernels only"),
+    ("clean2", {"device": XDEV_B2}, "no fault: device B's kernels with another split (chunk 16, reversed)"),
+    ("weight5pct", {"weight_scale": {"layers.0.wv.weight": 1.05}},
+     "layers.0.wv.weight multiplied by 1.05 at init, under device B's noise"),
+    ("no_mask", {"no_mask": [1]}, "layer 1's attention without the causal mask (no masked_fill call), under noise"),
+    ("ln_eps", {"ln2_eps": {0: 1e-2}}, "layer 0's ln2 eps 1e-2 instead of 1e-5, under noise"),
+    ("gelu_tanh", {"gelu_tanh": [1]}, "layer 1's F.gelu called with approximate='tanh', under noise"),
+    ("lr", {"lr": 0.011}, "AdamW learning rate 0.011 instead of 0.01 (+10 %; the optimizer runs outside msprobe's "
+     "start/stop window, so no record carries the learning rate), under noise"),
+]
+# tensor mode costs ~1.9 MB per step and case (~370 .pt files): only the pairs whose verdict needs tensor data
+# (false alarms on the clean pair, the optimizer's update sizes) and only the steps they need
+XDEV_STEPS = {"statistics": 3, "tensor": 2}
+XDEV_TENSOR = ("clean", "lr")
+XDEV_CASES = []
+for _task, _sfx in (("statistics", "stats"), ("tensor", "tensor")):
+    _ref = "xdev_ref_" + _sfx
+    XDEV_CASES.append((_ref, _task, None, XDEV_STEPS[_task], 1, {"xdev": True},
+                       "Cross-device reference (device A): small GPT, bf16 autocast, no fault."))
+    for _stem, _f, _desc in XDEV_FAULTS:
+        if _task == "tensor" and _stem not in XDEV_TENSOR:
+            continue
+        _faults = dict({"xdev": True, "device": XDEV_B1}, **_f)
+        XDEV_CASES.append(("xdev_%s_%s" % (_stem, _sfx), _task, _ref, XDEV_STEPS[_task], 1, _faults,
+                           "Device B (bf16 kernels rounding differently): %s." % _desc))
+CASE_BY_NAME = {c[0]: c for c in CASES + XDEV_CASES}
 
 
 # ============================================================================
@@ -213,19 +254,8 @@ def make_batches(steps, rank, faults=None):
     return out
 
 
-def run_training(name, rank, world_size, init_file):
-    """Run one case (one rank) under msprobe. cwd is the scratch dir."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    _, task, _, steps, _, faults, _ = CASE_BY_NAME[name]
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world_size)
-
-    from msprobe.pytorch import PrecisionDebugger
-
+def write_config(name, task, steps, rank):
+    """msprobe's config file for one case (level mix, all data), in the cwd; returns its path."""
     config_path = os.path.join(os.getcwd(), "config_%s_rank%d.json" % (name, rank))
     config = {
         "task": task,
@@ -239,7 +269,23 @@ def run_training(name, rank, world_size, init_file):
         config[task]["summary_mode"] = "statistics"
     with open(config_path, "w") as f:
         json.dump(config, f, indent=1)
+    return config_path
 
+
+def run_training(name, rank, world_size, init_file):
+    """Run one case (one rank) under msprobe. cwd is the scratch dir."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    _, task, _, steps, _, faults, _ = CASE_BY_NAME[name]
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world_size)
+
+    from msprobe.pytorch import PrecisionDebugger
+
+    config_path = write_config(name, task, steps, rank)
     model = build_model(faults, rank)
     optimizer = torch.optim.SGD(model.parameters(), lr=faults.get("lr", LR))
     batches = make_batches(steps, rank, faults)
@@ -272,11 +318,168 @@ def run_case_process(name, scratch):
     _, _, _, _, world_size, _, _ = CASE_BY_NAME[name]
     init_file = os.path.join(scratch, "pg_init_" + name)
     os.chdir(scratch)
-    if world_size == 1:
+    if CASE_BY_NAME[name][5].get("xdev"):
+        run_xdev_training(name, init_file)
+    elif world_size == 1:
         run_training(name, 0, 1, init_file)
     else:
         import torch.multiprocessing as mp
         mp.spawn(_spawn_entry, args=(name, world_size, init_file), nprocs=world_size, join=True)
+
+
+# ============================================================================
+# part 1b: the cross-device noise cases (a small GPT, bf16 autocast, device B's kernels)
+# ============================================================================
+XD_MODEL, XD_HIDDEN, XD_VOCAB, XD_LR = 32, 64, 16, 1e-2
+
+
+def build_xdev_model(faults):
+    """A 2-layer GPT-style model: separate biased q/k/v projections, causal masked_fill, LayerNorm, GELU."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self, idx):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(XD_MODEL)
+            self.wq = nn.Linear(XD_MODEL, XD_MODEL)
+            self.wk = nn.Linear(XD_MODEL, XD_MODEL)
+            self.wv = nn.Linear(XD_MODEL, XD_MODEL)
+            self.wo = nn.Linear(XD_MODEL, XD_MODEL)
+            self.ln2 = nn.LayerNorm(XD_MODEL, eps=faults.get("ln2_eps", {}).get(idx, 1e-5))
+            self.fc1 = nn.Linear(XD_MODEL, XD_HIDDEN)
+            self.fc2 = nn.Linear(XD_HIDDEN, XD_MODEL)
+            self.causal = idx not in faults.get("no_mask", [])
+            self.gelu_kw = {"approximate": "tanh"} if idx in faults.get("gelu_tanh", []) else {}
+
+        def forward(self, x, mask):
+            h = self.ln1(x)
+            q, k, v = self.wq(h), self.wk(h), self.wv(h)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(XD_MODEL)
+            if self.causal:
+                scores = scores.masked_fill(mask, float("-inf"))
+            x = x + self.wo(F.softmax(scores, dim=-1) @ v)
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), **self.gelu_kw))
+
+    class SmallGPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(XD_VOCAB, XD_MODEL)
+            self.layers = nn.ModuleList([Block(i) for i in range(N_LAYERS)])
+            self.ln_f = nn.LayerNorm(XD_MODEL)
+            self.head = nn.Linear(XD_MODEL, XD_VOCAB)
+
+        def forward(self, tokens):
+            t = tokens.shape[1]
+            mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+            x = self.emb(tokens)
+            for layer in self.layers:
+                x = layer(x, mask)
+            return self.head(self.ln_f(x).mean(dim=1))
+
+    torch.manual_seed(SEED)
+    model = SmallGPT()
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, factor in faults.get("weight_scale", {}).items():
+            params[name].mul_(factor)
+    return model
+
+
+def xdev_kernels(chunk, reverse):
+    """Device B: a TorchDispatchMode that runs bf16 mm/addmm/bmm and bf16 sums with split reductions.
+
+    Each reduction over K (or over the summed rows) is cut into chunks of `chunk`; every chunk is reduced in
+    fp32 and rounded to bf16, the partials are added in fp32 (in reverse order if asked) and the result is
+    rounded to bf16 once more.  The aten ops called from Python are the same, so msprobe records the same
+    records; only the rounding differs, as between two devices' kernels.
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten, bf16, f32 = torch.ops.aten, torch.bfloat16, torch.float32
+    # only torch.ops.aten calls in here: Python-level tensor methods would be recorded by msprobe's hooks
+    cast = lambda x, dt: aten._to_copy.default(x, dtype=dt)
+
+    def add_up(parts):
+        order = parts[::-1] if reverse else parts
+        acc = order[0]
+        for p in order[1:]:
+            acc = aten.add.Tensor(acc, p)
+        return acc
+
+    def split_mm(a, b, batched):
+        mm = aten.bmm.default if batched else aten.mm.default
+        k = a.shape[-1]
+        parts = []
+        for lo in range(0, k, chunk):
+            hi = min(lo + chunk, k)
+            x = cast(aten.slice.Tensor(a, a.dim() - 1, lo, hi), f32)
+            y = cast(aten.slice.Tensor(b, b.dim() - 2, lo, hi), f32)
+            parts.append(cast(cast(mm(x, y), bf16), f32))
+        return add_up(parts)
+
+    def split_sum(x, dim, keepdim):
+        rows = x.shape[dim]
+        parts = [cast(cast(aten.sum.dim_IntList(cast(aten.slice.Tensor(x, dim, lo, min(lo + chunk, rows)), f32),
+                                                [dim], keepdim), bf16), f32) for lo in range(0, rows, chunk)]
+        return cast(add_up(parts), bf16)
+
+    class DeviceB(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in (aten.mm.default, aten.bmm.default) and args[0].dtype == bf16 and not kwargs:
+                return cast(split_mm(args[0], args[1], func is aten.bmm.default), bf16)
+            if func is aten.addmm.default and args[1].dtype == bf16:
+                beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+                acc = aten.add.Tensor(aten.mul.Tensor(cast(args[0], f32), beta),
+                                      aten.mul.Tensor(split_mm(args[1], args[2], False), alpha))
+                return cast(acc, bf16)
+            if func is aten.sum.dim_IntList and args[0].dtype == bf16 and kwargs.get("dtype") is None \
+                    and len(args) >= 2 and args[1] is not None and len(args[1]) == 1:
+                keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+                return split_sum(args[0], args[1][0] % args[0].dim(), keepdim)
+            return func(*args, **kwargs)
+
+    return DeviceB()
+
+
+def run_xdev_training(name, init_file):
+    """One cross-device case: bf16 autocast forward, backward inside the dump window, SGD step outside."""
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    _, task, _, steps, _, faults, _ = CASE_BY_NAME[name]
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=0, world_size=1)
+    from msprobe.pytorch import PrecisionDebugger
+
+    config_path = write_config(name, task, steps, 0)
+    model = build_xdev_model(faults)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=faults.get("lr", XD_LR))
+    g = torch.Generator().manual_seed(DATA_SEED)
+    batches = [(torch.randint(0, XD_VOCAB, (BATCH, SEQ), generator=g),
+                torch.randint(0, XD_VOCAB, (BATCH,), generator=g)) for _ in range(steps)]
+    dev = faults.get("device")
+    kernels = xdev_kernels(dev["chunk"], dev["reverse"]) if dev else contextlib.nullcontext()
+    debugger = PrecisionDebugger(config_path=config_path)
+    for tokens, labels in batches:
+        debugger.start(model)
+        with kernels:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(tokens), labels)
+            loss.backward()
+        debugger.stop()
+        optimizer.step()
+        optimizer.zero_grad()
+        debugger.step()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 # ============================================================================
@@ -679,6 +882,108 @@ def build_catalog(out_dir):
     for name in ("ref_stats", "ref_tensor", "ref_2rank_stats"):
         d = dumps[name]
         assert first_divergence(d, d) is None and first_overflow(d, d) is None
+    return cat
+
+
+# ============================================================================
+# part 3b: expected answers of the cross-device noise cases
+# ============================================================================
+def xdev_truth(tgt, ref, clean):
+    """Answers known by construction for one device-B case; `clean` is the same device's fault-free run."""
+    stem = tgt.name[len("xdev_"):].rsplit("_", 1)[0]
+    L = lambda i, sub: "Module.layers.%d.%s.forward.0" % (i, sub)
+    blk = lambda i: "Module.layers.%d.Block.forward.0" % i
+    # device B rounds differently from the first bf16 matmul on (layer 0's q projection); which record is the
+    # first to show it depends on the mode (statistics of a bf16 output can round to the same values), so the
+    # first difference is read from the dumps and only its place is checked: a matmul-backed record of step 0,
+    # no later than the fault's op
+    first = first_divergence(tgt, ref)
+    assert first["step"] == 0 and first["op"].split(".")[1] in ("linear", "__matmul__"), first
+    e = {"first_divergence": first, "culprit": None, "first_overflow": None}
+    extra, at = {}, None  # at: where the fault shows first against the clean run of the same device
+    if stem == "weight5pct":
+        op = tgt.find(0, 0, "Functional.linear", L(0, "wv.Linear"))
+        e["culprit"] = {"step": 0, "rank": 0, "op": op, "kind": "parameter"}
+        extra["parameter"] = "layers.0.wv.weight"
+        at = {"step": 0, "rank": 0, "op": op}
+    elif stem == "no_mask":
+        mf = ref.find(0, 0, "Tensor.masked_fill", blk(1))
+        soft = tgt.find(0, 0, "Functional.softmax", blk(1))
+        assert mf not in tgt.data(0, 0) and mf in clean.data(0, 0)
+        e["culprit"] = {"step": 0, "rank": 0, "op": mf, "kind": "missing_or_extra", "side": "ref"}
+        extra["missing_in_target"] = [mf, mf.replace(".forward", ".backward")]
+        extra["first_consumer"] = {"step": 0, "rank": 0, "op": soft}
+        at = {"step": 0, "rank": 0, "op": soft}
+    elif stem == "ln_eps":
+        op = tgt.find(0, 0, "Functional.layer_norm", L(0, "ln2.LayerNorm"))
+        assert tgt.data(0, 0)[op]["input_args"][4] == {"type": "float", "value": 0.01}
+        assert ref.data(0, 0)[op]["input_args"][4] == {"type": "float", "value": 1e-05}
+        e["culprit"] = {"step": 0, "rank": 0, "op": op, "kind": "scalar"}
+        extra["scalar_argument"] = {"op": op, "name": op + ".input.4", "value": 0.01, "ref_value": 1e-05}
+        at = {"step": 0, "rank": 0, "op": op}
+    elif stem == "gelu_tanh":
+        op = tgt.find(0, 0, "Functional.gelu", blk(1))
+        assert tgt.data(0, 0)[op]["input_kwargs"] == {"approximate": {"type": "str", "value": "tanh"}}
+        assert ref.data(0, 0)[op]["input_kwargs"] == {}
+        e["culprit"] = {"step": 0, "rank": 0, "op": op, "kind": "scalar"}
+        extra["scalar_argument"] = {"op": op, "name": op + ".input.approximate", "value": "tanh", "ref_value": None}
+        at = {"step": 0, "rank": 0, "op": op}
+    elif stem == "lr":
+        # step 0 (forward and backward) is the clean run's bit for bit; the update after it is 1.1x as large,
+        # so step 1 starts from other parameters: its first record, the embedding, is where that shows
+        op = tgt.find(1, 0, "Functional.embedding", "Module.emb.Embedding.forward.0")
+        assert op == next(iter(tgt.data(1, 0)))
+        e["culprit"] = {"step": 1, "rank": 0, "op": op, "kind": "optimizer"}
+        extra["optimizer"] = {"name": "AdamW", "lr": 0.011, "ref_lr": XD_LR, "update_ratio": 1.1,
+                              "between_steps": [0, 1]}
+        at = {"step": 1, "rank": 0, "op": op}
+    else:
+        assert stem in ("clean", "clean2"), stem
+    if at is not None and at["step"] == 0:
+        order = list(tgt.data(0, 0)) + list(ref.data(0, 0))
+        assert order.index(first["op"]) <= order.index(at["op"]), (first, at)
+    if clean is not tgt:
+        # against the same device's clean run only the fault differs: nothing before its op, and its op or a
+        # later record of that step differs (statistics of a bf16 output can hide a change below its rounding)
+        got = first_divergence(tgt, clean)
+        order = list(tgt.data(at["step"], 0))
+        assert got and got["step"] == at["step"] and order.index(got["op"]) >= order.index(at["op"]), \
+            "%s against %s: first difference %r, the fault is at %r" % (tgt.name, clean.name, got, at)
+        extra["against_clean"] = {"case": clean.name, "first_difference": got}
+    return e, extra
+
+
+def xdev_device(faults):
+    return None if not faults.get("device") else dict(faults["device"])
+
+
+def build_xdev_catalog(out_dir):
+    """Catalog entries of the cross-device noise cases, checked against construction."""
+    dumps = {c[0]: Dump(out_dir, c[0]) for c in XDEV_CASES}
+    cat = []
+    for name, task, refname, steps, world, faults, desc in XDEV_CASES:
+        entry = {"name": name, "path": name, "mode": task, "ref": refname, "steps": list(range(steps)),
+                 "ranks": list(range(world)), "fault": desc, "kernels": xdev_device(faults)}
+        if refname is None:
+            entry["expected"] = None
+            cat.append(entry)
+            continue
+        tgt, ref = dumps[name], dumps[refname]
+        clean = dumps["xdev_clean_" + name.rsplit("_", 1)[1]] if faults.get("device") == XDEV_B1 else tgt
+        truth, extra = xdev_truth(tgt, ref, clean)
+        found = {"first_divergence": first_divergence(tgt, ref), "first_overflow": first_overflow(tgt, ref)}
+        for k in ("first_divergence", "first_overflow"):
+            if found[k] != truth[k]:
+                raise AssertionError("%s: %s by construction %r, from the dumps %r" % (name, k, truth[k], found[k]))
+        scalars = check_scalars(tgt, ref)
+        if truth["culprit"] and truth["culprit"]["kind"] == "scalar":
+            sa = extra["scalar_argument"]
+            assert scalars["first"]["op"] == sa["op"] and scalars["first"]["name"] == sa["name"], scalars
+            assert scalars["distinct"] == 1, scalars
+        else:
+            assert scalars["status"] == "pass", (name, scalars)
+        entry["expected"] = dict(truth, **extra)
+        cat.append(entry)
     return cat
 
 
@@ -1110,12 +1415,12 @@ def main():
             if n not in CASE_BY_NAME:
                 raise SystemExit("unknown case %s" % n)
         generate(names, out_dir)
-    cat = build_catalog(out_dir)
+    cat, xcat = build_catalog(out_dir), build_xdev_catalog(out_dir)
     with open(os.path.join(out_dir, "catalog.json"), "w") as f:
         json.dump({"generator": "sample_dumps/generate.py", "msprobe": "26.2.0", "torch": "2.13.0",
-                   "cases": cat}, f, indent=1)
+                   "cases": cat, "device_noise_cases": xcat}, f, indent=1)
         f.write("\n")
-    print("catalog.json written with %d cases" % len(cat))
+    print("catalog.json written with %d cases and %d device-noise cases" % (len(cat), len(xcat)))
 
 
 if __name__ == "__main__":

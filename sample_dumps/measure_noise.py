@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""Run today's `dumpstore divergence` over every cross-device noise pair and score it against the catalog.
+
+Usage::
+
+    /path/to/venv/bin/python sample_dumps/measure_noise.py [--store DIR] [--exact] [--json]
+    /path/to/venv/bin/python sample_dumps/measure_noise.py --spread     # the noise itself, tensor pairs
+
+Reads `device_noise_cases` of sample_dumps/catalog.json, ingests every case into a store (a temporary one
+unless --store names one; cases already there are re-ingested), runs `dumpstore divergence --json` (the CLI,
+as a user would) for each pair, and prints one line per pair:
+
+    pair  mode  expected culprit  got culprit  outcome
+
+outcome is `hit` (culprit at the expected step and op; `hit, kind X` when the kind differs), `miss` (a fault
+pair whose culprit is elsewhere or absent), `false alarm` (a clean pair with a culprit) or `quiet` (a clean
+pair without one).  The totals line counts hits of faults and false alarms of clean pairs.
+
+`--spread` instead reads the tensor pairs' `.pt` files (needs torch) and prints, per step, the spread of the
+relative L2 error ||t - r|| / ||r|| over all floating-point tensors of all records (median, p90, p99, how many
+exceed 2^-6, the bf16 tolerance) and the largest few.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DUMPSTORE = [os.path.join(os.path.dirname(sys.executable), "dumpstore")]  # the venv's console script
+
+
+def cli(*args):
+    """Run one dumpstore command; its stdout, or a one-line error naming the command."""
+    res = subprocess.run(DUMPSTORE + list(args), capture_output=True, text=True)
+    if res.returncode not in (0, 3):
+        raise SystemExit("dumpstore %s failed (rc %d): %s" % (args[0], res.returncode, res.stderr.strip()[-500:]))
+    return res.stdout
+
+
+def where(c):
+    if not c:
+        return "-"
+    return "%s@%d %s" % (c["kind"], c["step"], c["op"])
+
+
+KIND = {"missing_or_extra": {"ref": "missing_op", "target": "extra_op"}}
+
+
+def expected_kind(c):
+    return KIND[c["kind"]][c["side"]] if c["kind"] in KIND else c["kind"]
+
+
+def outcome(exp, got):
+    if exp is None:
+        return "false alarm" if got else "quiet"
+    if not got or (got["step"], got["rank"], got["op"]) != (exp["step"], exp["rank"], exp["op"]):
+        return "miss"
+    return "hit" if got["kind"] == expected_kind(exp) else "hit, kind %s" % got["kind"]
+
+
+def measure(store, cases, exact):
+    ingested = set()
+    rows = []
+    for case in cases:
+        for name in (case["ref"], case["name"]):
+            if name not in ingested:
+                cli("ingest", os.path.join(HERE, name), "--run", name, "--store", store, "--jobs", "1")
+                ingested.add(name)
+        args = ["divergence", "--target", case["name"], "--ref", case["ref"], "--store", store, "--json",
+                "--no-cache"] + (["--exact"] if exact else [])
+        verdict = json.loads(cli(*args))
+        exp, got = case["expected"]["culprit"], verdict.get("culprit")
+        rows.append({"pair": case["name"], "mode": case["mode"], "expected": where(exp), "got": where(got),
+                     "outcome": outcome(exp, got), "got_detail": got})
+    return rows
+
+
+def table(rows):
+    cols = ("pair", "mode", "expected", "got", "outcome")
+    width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
+    lines = [" | ".join(c.ljust(width[c]) for c in cols), "-|-".join("-" * width[c] for c in cols)]
+    lines += [" | ".join(r[c].ljust(width[c]) for c in cols) for r in rows]
+    faults = [r for r in rows if r["expected"] != "-"]
+    clean = [r for r in rows if r["expected"] == "-"]
+    lines.append("faults found (step and op): %d of %d; false alarms on clean pairs: %d of %d"
+                 % (sum(r["outcome"].startswith("hit") for r in faults), len(faults),
+                    sum(r["outcome"] == "false alarm" for r in clean), len(clean)))
+    return "\n".join(lines)
+
+
+def _pt_leaves(obj, path=()):
+    if isinstance(obj, dict) and "data_name" in obj:
+        yield path, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _pt_leaves(v, path + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _pt_leaves(v, path + (i,))
+
+
+def rel_errors(case, ref, step):
+    """(rel L2, tensor name, ref norm) of every floating-point tensor of one step of a tensor pair."""
+    import torch
+
+    def load(c, leaf):
+        return torch.load(os.path.join(HERE, c, "step%d" % step, "rank0", "dump_tensor_data", leaf["data_name"]),
+                          weights_only=True)
+
+    def data(c):
+        with open(os.path.join(HERE, c, "step%d" % step, "rank0", "dump.json")) as f:
+            return json.load(f)["data"]
+
+    out, rdata = [], data(ref)
+    for key, rec in data(case).items():
+        for (path, leaf), (_, rleaf) in zip(_pt_leaves(rec), _pt_leaves(rdata[key])):
+            t, r = load(case, leaf), load(ref, rleaf)
+            if not t.is_floating_point():
+                continue
+            n, d = r.double().norm().item(), (t.double() - r.double()).norm().item()
+            out.append((d / n if n else (math.inf if d else 0.0), key + "." + ".".join(map(str, path)), n))
+    return sorted(out)
+
+
+def quantile(sorted_values, f):
+    return sorted_values[min(len(sorted_values) - 1, int(f * len(sorted_values)))]
+
+
+def spread(cases, top=3):
+    lines = []
+    for case in (c for c in cases if c["mode"] == "tensor"):
+        for step in case["steps"]:
+            errs = rel_errors(case["name"], case["ref"], step)
+            v = [e[0] for e in errs]
+            q50, q90, q99 = (quantile(v, f) for f in (0.5, 0.9, 0.99))
+            lines.append("%s step %d: %d tensors, median %.2e, p90 %.2e, p99 %.2e, > 2^-6: %d"
+                         % (case["name"], step, len(v), q50, q90, q99, sum(x > 2 ** -6 for x in v)))
+            lines += ["    %.3g  %s  (ref norm %.3g)" % e for e in errs[-top:]]
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", help="store folder (default: a temporary one)")
+    ap.add_argument("--exact", action="store_true", help="pass --exact to divergence (tensor pairs)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--spread", action="store_true", help="print the noise of the tensor pairs instead")
+    args = ap.parse_args()
+    with open(os.path.join(HERE, "catalog.json")) as f:
+        cases = [c for c in json.load(f)["device_noise_cases"] if c["ref"]]
+    if args.spread:
+        print(spread(cases))
+        return
+    with tempfile.TemporaryDirectory(prefix="noise_store_") as tmp:
+        rows = measure(args.store or tmp, cases, args.exact)
+    print(json.dumps(rows, indent=1) if args.json else table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -224,29 +224,27 @@ def _culprit(rows: pl.DataFrame, recs: pl.DataFrame, cmp: Comparison, noise: Noi
 
 
 def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, before: int, after: int) -> tuple[Found, Found] | None:
-    """The update between two agreeing steps as culprit (see analysis/noise.py), with the first diverged
-    output of the later step as the first divergence."""
-    step_rows = rows.filter(pl.col("step") == after)
-    params = step_rows.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor")
-                              & (pl.col("status") == "diverged") & (pl.col("requires_grad").fill_null(False)
-                                                                    | (pl.col("_io") == "parameters")))
-    if not params.height:
+    """The update between two agreeing steps as culprit (see analysis/noise.py), located at the first record of
+    the later step that takes an updated parameter; the first divergence is the later step's first diverged
+    output."""
+    step_rows = rows.filter(pl.col("step") == after).with_columns(_fingerprint(""))
+    weights = step_rows.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor")
+                               & (pl.col("requires_grad").fill_null(False) | (pl.col("_io") == "parameters")))
+    if not weights.filter(pl.col("status") == "diverged").height:
         return None
-    step_rows = step_rows.with_columns(_fingerprint(""))
     produced = _Producers(step_rows, "")
-    params = params.with_columns(_fingerprint("")).filter(
-        pl.Series([produced.producer(r) is None for r in params.with_columns(_fingerprint("")).iter_rows(
-            named=True)], dtype=pl.Boolean))
+    params = weights.filter(pl.Series([produced.producer(r) is None for r in weights.iter_rows(named=True)],
+                                      dtype=pl.Boolean))
     ev = update_evidence(rows, before, after, params)
     if ev is None or not ev["differs"]:
         return None
-    first = recs.filter((pl.col("step") == after) & pl.col("out_div")).head(1)
-    key = (after, -1, 0, "", -1)
+    shows = params.row(0, named=True)
+    key = order_key(shows)
     text = (f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.3g}x (median) as far as "
             f"in the reference between steps {before} and {after}: learning rate or optimizer differs")
-    culprit = Finding(after, int(params["rank"][0]), f"optimizer update (step {before} -> {after})", None,
-                      "optimizer", metric="update_ratio", value=ev["median_ratio"], detail=text,
-                      evidence={k: v for k, v in ev.items() if k != "differs"})
+    culprit = Finding(after, shows["rank"], shows["_record"], shows["name"], "optimizer", metric="update_ratio",
+                      value=ev["median_ratio"], detail=text, evidence={k: v for k, v in ev.items() if k != "differs"})
+    first = recs.filter((pl.col("step") == after) & pl.col("out_div")).head(1)
     if first.height:
         r = first.row(0, named=True)
         out = rows.filter((pl.col("step") == after) & (pl.col("rank") == r["rank"])

@@ -125,7 +125,8 @@ def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.Data
         nulls_b = {s: np.isnan(b[s]) for s in R.STATS}
         sqrt_n = np.sqrt(both["numel"].cast(pl.Float64).fill_null(1.0).to_numpy())
         err, known = R.stats_bound(t, b, nulls, nulls_b, sqrt_n, np.zeros(both.height, dtype=bool))
-        sizes[side] = np.where(known, err * b["norm"], np.nan)  # ||p(after) - p(before)|| (lower bound)
+        with np.errstate(invalid="ignore"):
+            sizes[side] = np.where(known, err * b["norm"], np.nan)  # ||p(after) - p(before)|| (lower bound)
     with np.errstate(all="ignore"):
         ratio = sizes["target"] / sizes["ref"]
     ok = np.isfinite(ratio) & (sizes["ref"] > 0)

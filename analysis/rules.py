@@ -331,7 +331,8 @@ def apply_small_values(rows: pl.DataFrame) -> pl.DataFrame:
     if not small.any():
         return out
     unmatched = c("match").is_in(["target_only", "ref_only"])
-    note = pl.format("small value: reference rms {} < eps x context rms {}; absolute error on the context scale",
+    note = pl.format("small value: reference rms {} < eps x {} (the largest rms among its record's tensors); "
+                     "judged by absolute error on that scale",
                      (c("ref_norm") / c("ref_numel").cast(pl.Float64).sqrt()).round_sig_figs(3),
                      c("context_rms").round_sig_figs(3))
     return out.with_columns(

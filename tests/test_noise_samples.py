@@ -1,0 +1,47 @@
+"""The cross-device noise samples (catalog.json's device_noise_cases, issue 11): under device noise every fault
+is found at its step and op with its kind, and no clean pair names a culprit or a first divergence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dumpstore import ingest, open_store
+from dumpstore.analysis import compare_runs, divergence
+from helpers import SAMPLES
+
+CASES = json.loads((SAMPLES / "catalog.json").read_text())["device_noise_cases"]
+PAIRS = [c for c in CASES if c["ref"]]
+KIND = {"missing_or_extra": ("missing_op", "extra_op")}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("noise_samples")
+    for case in CASES:
+        ingest(SAMPLES / case["path"], case["name"], store=root, jobs=1)
+    return open_store(root)
+
+
+@pytest.mark.parametrize("case", PAIRS, ids=lambda c: c["name"])
+def test_fault_found_or_clean_pair_quiet(store, case):
+    v = divergence(compare_runs(store, case["name"], case["ref"]))
+    expected = case["expected"]["culprit"]
+    if expected is None:
+        assert v.culprit is None and v.first_divergence is None
+        assert v.noise["largest_amplification"] > 0 and v.noise["quantile"] == 0.99
+        return
+    cu = v.culprit
+    assert cu is not None, v.noise
+    assert (cu.step, cu.rank, cu.op) == (expected["step"], expected["rank"], expected["op"])
+    assert cu.kind in KIND.get(expected["kind"], (expected["kind"],))
+    assert v.first_divergence is not None and v.first_divergence.step == expected["step"]
+
+
+def test_learning_rate_evidence(store):
+    case = next(c for c in PAIRS if c["expected"]["culprit"] and c["expected"]["culprit"]["kind"] == "optimizer")
+    v = divergence(compare_runs(store, case["name"], case["ref"]))
+    ev = v.culprit.evidence
+    assert ev["median_ratio"] == pytest.approx(case["expected"]["optimizer"]["update_ratio"], rel=0.02)
+    assert ev["same_way"] >= 0.9 * ev["parameters"] and ev["parameters"] >= 20

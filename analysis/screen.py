@@ -280,7 +280,8 @@ def _static(cache: _Cache, t: _File, r: _File, tol: Tolerances, floor: str
         R.null_pair().alias("_nulls"), (is_tensors & c("_shape_differs")).alias("_shape"),
         c("nonfinite_mismatch"), when(both_ck).then(c("checksum") == c("ref_checksum")).alias("checksum_equal"),
         R.scalar_err().alias("_sc_err"), R.pair_tol(is_scalars, R.numeric_scalars(is_scalars)).alias("tol"),
-        R.unreadable_kind().alias("_bad_kind"), R.has_error_text().alias("_err_text"), c("numel"), c("ref_numel"))
+        R.unreadable_kind().alias("_bad_kind"), R.has_error_text().alias("_err_text"), c("numel"), c("ref_numel"),
+        R.dtype_eps(c("tol_dtype")).fill_null(0.0).alias("_eps_judged"))
     # pairs whose err can only be the statistics bound, when the statistics are finite and ||y|| > 0 (_fast)
     plain = (c("_is_tensors") & ~c("_kinds_differ") & ~c("_shape") & ~c("nonfinite_mismatch") & ~c("_bad_kind")
              & ~c("_err_text") & c("tol").is_not_null()).fill_null(False)
@@ -294,7 +295,9 @@ def _static(cache: _Cache, t: _File, r: _File, tol: Tolerances, floor: str
     judged = _verdicts(out.with_columns(*nulls, lit(None, pl.List(pl.Float64)).alias("sketch"),
                                         lit(None, pl.List(pl.Float64)).alias("ref_sketch")), sketches=False)
     arrays = out.select(plain.alias("plain"), decided.alias("decided"), c("tol"),
-                        R.sqrt_numel(), c("_is_scalars").fill_null(False).alias("scalar"))
+                        R.sqrt_numel(), c("_is_scalars").fill_null(False).alias("scalar"),
+                        (c("_is_tensors") & ~c("nonfinite_mismatch")).fill_null(False).alias("tensor"),
+                        c("ref_numel").cast(pl.Float64).alias("ref_numel"), c("_eps_judged").alias("eps"))
     arrays = arrays.with_columns(judged["err"].alias("d_err"), judged["err"].is_not_null().alias("d_ok"),
                                  judged["status"].replace_strict(R.STATUS_CODES, return_dtype=pl.Int8).alias("d_code"))
     hit = (out, {x: arrays[x].to_numpy() for x in arrays.columns})
@@ -405,7 +408,21 @@ def _judge(units: list, sketches: bool) -> tuple[list[np.ndarray], list[np.ndarr
             valid[i][rest] = j_valid[at:at + m]
             codes[i][rest] = j_code[at:at + m]
             at += m
+    for i, (_, _, ordnp, _, stnp, stats) in enumerate(units):
+        _small_values(errs[i], valid[i], codes[i], ordnp, stnp, stats)
     return errs, valid, codes
+
+
+def _small_values(err: np.ndarray, ok: np.ndarray, code: np.ndarray, ordnp: dict[str, np.ndarray],
+                  stnp: dict[str, np.ndarray], stats: pa.Table) -> None:
+    """`rules.small_value_err` over one unit (records are the seq groups), in place."""
+    _, group = np.unique(ordnp["seq"], return_inverse=True)
+    new, _, small = R.small_value_err(np.where(ok, err, np.nan), _numpy(stats.column("norm")),
+                                      _numpy(stats.column("ref_norm")), stnp["ref_numel"], stnp["tensor"],
+                                      group.reshape(-1), stnp["eps"])
+    if small.any():
+        err[small] = new[small]
+        code[small] = R.exceeds(new[small], stnp["tol"][small]).astype(np.int8)
 
 
 def _step_summary(units: list, sketches: bool) -> pl.DataFrame:
@@ -561,12 +578,12 @@ def _pair_rows(cache: _Cache, t: _File, r: _File, tolerances: Tolerances, floor:
                ) -> pl.DataFrame | None:
     if t.n != r.n or t.n == 0 or t.types != r.types:
         return None
-    unique, order, _ = _structure(cache, t)
+    unique, order, ordnp = _structure(cache, t)
     if not unique or not _same_keys(cache, t, r):
         return None
     keys = pl.DataFrame(list(cache.columns(t, KEYS).values()))
     static, stnp = _static(cache, t, r, tolerances, floor)
     stats = _stats(t, r, sketches)
-    (err,), (ok,), (code,) = _judge([((t.step, t.rank, t.source), order, {}, static, stnp, stats)], sketches)
+    (err,), (ok,), (code,) = _judge([((t.step, t.rank, t.source), order, ordnp, static, stnp, stats)], sketches)
     return keys.with_columns(pl.Series("err", err).set(pl.Series(~ok), None),  # type: ignore[arg-type]
                              static["tol"], pl.Series("status", np.array(STATUSES)[code]))

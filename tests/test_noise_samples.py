@@ -45,3 +45,13 @@ def test_learning_rate_evidence(store):
     ev = v.culprit.evidence
     assert ev["median_ratio"] == pytest.approx(case["expected"]["optimizer"]["update_ratio"], rel=0.02)
     assert ev["same_way"] >= 0.9 * ev["parameters"] and ev["parameters"] >= 20
+
+
+@pytest.mark.parametrize("case", PAIRS, ids=lambda c: c["name"])
+def test_screened_path_gives_the_same_verdict(store, case):
+    from dumpstore.analysis import divergence_by_steps
+
+    whole = divergence(compare_runs(store, case["name"], case["ref"])).to_dict()
+    screened = divergence_by_steps(store, case["name"], case["ref"], max_rows=1).to_dict()
+    for key in ("first_divergence", "culprit", "counts", "steps", "ranks"):
+        assert screened[key] == whole[key], key

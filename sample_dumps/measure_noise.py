@@ -121,7 +121,12 @@ def rel_errors(case, ref, step):
             t, r = load(case, leaf), load(ref, rleaf)
             if not t.is_floating_point():
                 continue
-            n, d = r.double().norm().item(), (t.double() - r.double()).norm().item()
+            t, r = t.double(), r.double()
+            fin = r.isfinite()
+            if not torch.equal(fin, t.isfinite()) or not torch.equal(t[~fin], r[~fin]):
+                out.append((math.inf, key + "." + ".".join(map(str, path)), math.nan))  # non-finite values differ
+                continue
+            n, d = r[fin].norm().item(), (t[fin] - r[fin]).norm().item()  # the finite part (masked -inf aside)
             out.append((d / n if n else (math.inf if d else 0.0), key + "." + ".".join(map(str, path)), n))
     return sorted(out)
 

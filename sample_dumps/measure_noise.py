@@ -121,7 +121,12 @@ def rel_errors(case, ref, step):
             t, r = load(case, leaf), load(ref, rleaf)
             if not t.is_floating_point():
                 continue
-            n, d = r.double().norm().item(), (t.double() - r.double()).norm().item()
+            t, r = t.double(), r.double()
+            fin = r.isfinite()
+            if not torch.equal(fin, t.isfinite()) or not torch.equal(t[~fin], r[~fin]):
+                out.append((math.inf, key + "." + ".".join(map(str, path)), math.nan))  # non-finite values differ
+                continue
+            n, d = r[fin].norm().item(), (t[fin] - r[fin]).norm().item()  # the finite part (masked -inf aside)
             out.append((d / n if n else (math.inf if d else 0.0), key + "." + ".".join(map(str, path)), n))
     return sorted(out)
 
@@ -130,8 +135,44 @@ def quantile(sorted_values, f):
     return sorted_values[min(len(sorted_values) - 1, int(f * len(sorted_values)))]
 
 
+def _stat_leaves(obj, path=()):
+    if isinstance(obj, dict) and obj.get("type") == "torch.Tensor":
+        yield path, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _stat_leaves(v, path + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _stat_leaves(v, path + (i,))
+
+
+def norm_errors(case, ref, step):
+    """(|Norm_t - Norm_r| / Norm_r, tensor name, Norm_r) of every float tensor of one step of a statistics pair."""
+    def data(c):
+        with open(os.path.join(HERE, c, "step%d" % step, "rank0", "dump.json")) as f:
+            return json.load(f)["data"]
+
+    out, rdata = [], data(ref)
+    for key, rec in data(case).items():
+        for (path, leaf), (_, rleaf) in zip(_stat_leaves(rec), _stat_leaves(rdata.get(key, {}))):
+            t, r = leaf.get("Norm"), rleaf.get("Norm")
+            finite = all(isinstance(x, float) and math.isfinite(x) for x in (t, r))
+            if "float" in leaf.get("dtype", "") and finite:
+                out.append((abs(t - r) / r if r else (math.inf if t else 0.0), key + "." + ".".join(map(str, path)), r))
+    return sorted(out)
+
+
 def spread(cases, top=3):
+    """The pairs' own noise: rel L2 of the tensor pairs, relative Norm difference of the clean statistics pairs."""
     lines = []
+    for case in (c for c in cases if c["mode"] == "statistics" and c["expected"]["culprit"] is None):
+        for step in case["steps"]:
+            errs = norm_errors(case["name"], case["ref"], step)
+            v = [e[0] for e in errs]
+            q50, q90, q99 = (quantile(v, f) for f in (0.5, 0.9, 0.99))
+            lines.append("%s step %d: |dNorm|/Norm of %d tensors, median %.2e, p90 %.2e, p99 %.2e, > 2^-6: %d"
+                         % (case["name"], step, len(v), q50, q90, q99, sum(x > 2 ** -6 for x in v)))
+            lines += ["    %.3g  %s  (ref norm %.3g)" % e for e in errs[-top:]]
     for case in (c for c in cases if c["mode"] == "tensor"):
         for step in case["steps"]:
             errs = rel_errors(case["name"], case["ref"], step)

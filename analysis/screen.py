@@ -246,7 +246,9 @@ def _structure(cache: _Cache, f: _File) -> tuple[bool, pl.DataFrame, dict[str, n
     order = df.select(
         when(deferred_grad(c("seq"), c("direction"), first_bwd)).then(1).otherwise(0).cast(pl.Int32).alias("_phase"),
         c("io").is_in(OUTPUT_IO).alias("_out"), c("seq"), c("leaf"), c("record").alias("_record"))
-    hit = (unique, order, {x: order[x].to_numpy() for x in ("_phase", "_out", "seq", "leaf")})
+    ordnp = {x: order[x].to_numpy() for x in ("_phase", "_out", "seq", "leaf")}
+    ordnp["group"] = np.unique(ordnp["seq"], return_inverse=True)[1].reshape(-1)  # records, for small values
+    hit = (unique, order, ordnp)
     return cache.remember(key, hit)
 
 
@@ -416,10 +418,9 @@ def _judge(units: list, sketches: bool) -> tuple[list[np.ndarray], list[np.ndarr
 def _small_values(err: np.ndarray, ok: np.ndarray, code: np.ndarray, ordnp: dict[str, np.ndarray],
                   stnp: dict[str, np.ndarray], stats: pa.Table) -> None:
     """`rules.small_value_err` over one unit (records are the seq groups), in place."""
-    _, group = np.unique(ordnp["seq"], return_inverse=True)
     new, _, small = R.small_value_err(np.where(ok, err, np.nan), _numpy(stats.column("norm")),
                                       _numpy(stats.column("ref_norm")), stnp["ref_numel"], stnp["tensor"],
-                                      group.reshape(-1), stnp["eps"])
+                                      ordnp["group"], stnp["eps"])
     if small.any():
         err[small] = new[small]
         code[small] = R.exceeds(new[small], stnp["tol"][small]).astype(np.int8)

@@ -140,7 +140,7 @@ XDEV_FAULTS = [
 # tensor mode costs ~1.9 MB per step and case (~370 .pt files): only the pairs whose verdict needs tensor data
 # (false alarms on the clean pair, the optimizer's update sizes) and only the steps they need
 XDEV_STEPS = {"statistics": 3, "tensor": 2}
-XDEV_TENSOR = ("clean", "lr")
+XDEV_TENSOR = ("clean", "weight5pct", "no_mask", "ln_eps", "gelu_tanh", "lr")
 XDEV_CASES = []
 for _task, _sfx in (("statistics", "stats"), ("tensor", "tensor")):
     _ref = "xdev_ref_" + _sfx

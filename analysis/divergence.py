@@ -38,12 +38,21 @@ from .tolerance import Tolerances
 from .verdict import Finding, Verdict
 
 
-def _ordered(rows: pl.DataFrame) -> pl.DataFrame:
+def _ordered(rows: pl.DataFrame, records: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Rows in execution order with the target's names: a leaf only in the reference of a record pair joins its
+    target record (`records`: the record pairs) and `_paired` says the record exists in both runs."""
+    if records is not None:
+        pairs = records.filter(pl.col("t_record").is_not_null() & pl.col("r_record").is_not_null()).select(
+            "step", "rank", "source", pl.col("r_record").alias("ref_record"), pl.col("t_record").alias("_t_record"))
+        rows = rows.join(pairs, on=["step", "rank", "source", "ref_record"], how="left", nulls_equal=True)
+    else:
+        rows = rows.with_columns(pl.lit(None, pl.String).alias("_t_record"))
     rows = rows.with_columns(
         pl.coalesce(pl.col("seq"), pl.col("ref_seq")).alias("_seq"),
         pl.coalesce(pl.col("direction"), pl.col("ref_direction")).alias("_direction"),
-        pl.coalesce(pl.col("record"), pl.col("ref_record")).alias("_record"),
-        pl.coalesce(pl.col("io"), pl.col("ref_io")).alias("_io"))
+        pl.coalesce(pl.col("record"), pl.col("_t_record"), pl.col("ref_record")).alias("_record"),
+        (pl.col("how").is_not_null() | pl.col("_t_record").is_not_null()).alias("_paired"),
+        pl.coalesce(pl.col("io"), pl.col("ref_io")).alias("_io")).drop("_t_record")
     return with_phase(rows, "_seq", "_direction").sort(ORDER + ["_seq", "leaf"], nulls_last=True)
 
 
@@ -52,7 +61,8 @@ _DEVICE = r"^(cpu|cuda|npu|xpu|mps|meta|hpu)(:\d+)?$"
 
 def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
     """One row per record pair: its worst output and input error, tolerance, amplification and whether a
-    non-tensor argument differs (beyond the record's tolerance; device names aside) or is in one run only."""
+    non-tensor argument differs (beyond the record's tolerance; device names aside) or is in one run only, in
+    two calls of the same API."""
     is_out = pl.col("_io").is_in(OUTPUT_IO)
     is_in = pl.col("_io").is_in(INPUT_IO)
     div = pl.col("status") == "diverged"
@@ -60,7 +70,7 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
     scalar_arg = is_in & (pl.col("kind") == "scalar") & (pl.col("ref_kind") == "scalar") & ~(
         pl.col("value").str.contains(_DEVICE).fill_null(False) & pl.col("ref_value").str.contains(_DEVICE)
         .fill_null(False))
-    one_sided = is_in & pl.col("match").is_in(["target_only", "ref_only"]) & pl.col("how").is_not_null() & (
+    one_sided = is_in & pl.col("match").is_in(["target_only", "ref_only"]) & pl.col("_paired") & (
         pl.coalesce(pl.col("kind"), pl.col("ref_kind")).is_in(["scalar", "null"]))
     keys = ["step", "rank", "source", "_record"]
     recs = rows.group_by(keys, maintain_order=True).agg(
@@ -71,16 +81,18 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
         pl.col("tol").filter(is_out & tensor).max().alias("tol"),
         pl.col("tol_dtype").filter(is_out & tensor).first().alias("tol_dtype"),
         pl.col("err").filter(scalar_arg).max().alias("arg_err"), one_sided.any().alias("arg_one_sided"),
-        pl.col("match").first(),
+        ((pl.col("api") == pl.col("ref_api")) & (pl.col("prefix") == pl.col("ref_prefix"))).fill_null(False).any()
+        .alias("same_call"), pl.col("match").first(),
     ).sort(["step", "_phase", "rank", "source", "_seq"])
     arg_tol = pl.max_horizontal(pl.col("tol").fill_null(0.0), pl.lit(R.VALUE_RTOL))
-    recs = recs.with_columns(((pl.col("arg_err") > arg_tol).fill_null(False) | pl.col("arg_one_sided"))
-                             .alias("arg_diff"))
+    # arguments compare only between calls of the same API (a mapped MindSpore/PyTorch pair has other signatures)
+    recs = recs.with_columns((((pl.col("arg_err") > arg_tol).fill_null(False) | pl.col("arg_one_sided"))
+                              & pl.col("same_call")).alias("arg_diff"))
     return record_measures(recs)
 
 
 def divergence(cmp: Comparison) -> Verdict:
-    rows = _ordered(cmp.rows)
+    rows = _ordered(cmp.rows, cmp.records)
     recs = _record_table(rows)
     noise = NoiseModel.fit(recs)
     unmatched = _unmatched(cmp.records)

@@ -78,8 +78,9 @@ def test_argument_difference_is_a_finding_even_when_outputs_agree(dump_writer, s
     assert v.first_divergence is not None and v.first_divergence.op == "Functional.layer_norm.0.forward"
 
 
+@pytest.mark.parametrize("side", ["target", "ref"])
 @pytest.mark.parametrize("mode", MODES)
-def test_a_keyword_in_one_run_only_is_an_argument_difference(dump_writer, store_dir, mode):
+def test_a_keyword_in_one_run_only_is_an_argument_difference(dump_writer, store_dir, mode, side):
     x = _t(np.linspace(-2, 2, 32))
     ref = {"Functional.gelu.0.forward": {"input_args": [x], "output": [x]}}
     tgt = {"Functional.gelu.0.forward": {"input_args": [x], "output": [x]}}
@@ -89,7 +90,7 @@ def test_a_keyword_in_one_run_only_is_an_argument_difference(dump_writer, store_
     # the factory writes positional arguments only; a keyword goes through input_kwargs
     import json
 
-    for name in ("target",):
+    for name in (side,):
         path = store_dir.parent / name / "step0" / "rank0" / "dump.json"
         doc = json.loads(path.read_text())
         doc["data"]["Functional.gelu.0.forward"]["input_kwargs"] = {"approximate": {"type": "str", "value": "tanh"}}
@@ -97,7 +98,8 @@ def test_a_keyword_in_one_run_only_is_an_argument_difference(dump_writer, store_
         ingest(path.parents[2], name, store=store_dir, jobs=1)
     v = _verdict(open_store(store_dir))
     assert v.culprit is not None and v.culprit.kind == "scalar"
-    assert "approximate" in v.culprit.detail and "only in the target" in v.culprit.detail
+    where = "target" if side == "target" else "reference"
+    assert "approximate" in v.culprit.detail and f"only in the {where}" in v.culprit.detail
 
 
 def _param_step(p: np.ndarray, x: np.ndarray) -> dict:
@@ -170,3 +172,17 @@ def test_parameters_moved_alike_by_noisy_gradients_are_not_a_fault(dump_writer, 
     assert v.culprit is None and v.first_divergence is None
     assert v.counts.get("diverged", 0) > 0  # tensors over the fp32 tolerance at step 1 ...
     assert v.noise  # ... and the verdict says how large the noise is
+
+
+def test_arguments_of_calls_paired_across_apis_are_not_compared(dump_writer, store_dir, tmp_path):
+    from dumpstore.analysis import load_mapping
+
+    x = _t(np.linspace(-1, 1, 16))
+    two = {"type": "float", "value": 2.0}
+    ref = {"Torch.mul.0.forward": {"input_args": [x, two, {"type": "int", "value": 1}], "output": [x * 2]}}
+    tgt = {"Tensor.mul.0.forward": {"input_args": [x, two], "output": [x * 2]}}
+    st = _ingest_pair(dump_writer, store_dir, "statistics", ref, tgt)
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("api:\n  Tensor.mul: Torch.mul\n")
+    v = divergence(compare_runs(st, "target", "ref", mapping=load_mapping([str(mapping)])))
+    assert v.culprit is None and v.first_divergence is None  # another API's signature: input.2 is not a keyword

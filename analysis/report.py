@@ -39,6 +39,7 @@ from typing import Any
 
 import polars as pl
 
+from dumpstore.csvsafe import row as safe_row
 from dumpstore.errors import DumpstoreError
 
 from .checklist import Checklist, checklist
@@ -167,7 +168,7 @@ def write_csv(cmp: Comparison, path: str | Path, *, store=None) -> int:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
     for row in rows:
-        w.writerow([_csv_cell(row[c]) for c in CSV_COLUMNS])
+        w.writerow(safe_row(row[c] for c in CSV_COLUMNS))
     _write(buf.getvalue(), path)
     return len(rows)
 
@@ -348,21 +349,6 @@ def _messages(r: dict, d: dict) -> list[str]:
 
 def _data_name(name: str | None, here: bool) -> str:
     return name if (here and name) else "-1"
-
-
-_FORMULA = ("=", "+", "-", "@", "\t", "\r")
-
-
-def _csv_cell(v: Any) -> Any:
-    """Numbers as numbers; text that a spreadsheet would run as a formula gets a leading quote."""
-    if v is None:
-        return ""
-    if isinstance(v, (bool, int, float)):
-        return v
-    s = str(v)
-    if s[:1] in _FORMULA and _number(s) is None:
-        return "'" + s
-    return s
 
 
 # ------------------------------------------------------------------------------------------------ HTML

@@ -10,7 +10,7 @@ import click
 from dumpstore.errors import DumpstoreError
 
 from .options import store_option
-from .output import output_options, render, to_json
+from .render import output_options, render, text, to_json
 
 
 class _Group(click.Group):
@@ -20,7 +20,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except DumpstoreError as exc:
-            click.echo(f"Error: {exc}", err=True)
+            click.echo(f"Error: {text(exc)}", err=True)  # one line: a name from a dump cannot break it
             ctx.exit(1)
 
 
@@ -71,7 +71,7 @@ def ingest(paths: tuple[Path, ...], runs: tuple[str, ...], store: Path | None, j
                    f"ranks {_span(res.ranks)}")
         if res.errors:
             click.echo(f"warning: {res.errors} leaves could not be read fully (stored with an error); "
-                       f"first: {res.first_error}; list them: dumpstore query \"select name, error from tensors "
+                       f"first: {text(res.first_error)}; list them: dumpstore query \"select name, error from tensors "
                        f"where run='{res.run}' and error is not null\"", err=True)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import threading
 from dataclasses import dataclass
 
@@ -36,9 +37,12 @@ class Limits:
     timeout: float | None = None     # None: no time limit
 
 
-def connect(store: Store, *, runs: list[str] | None = None, locked: bool = True,
-            limits: Limits | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with the store's views; `locked` forbids files outside the store."""
+def connect(store: Store, *, runs: list[str] | None = None, locked: bool = True, limits: Limits | None = None,
+            temp_dir: str | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with the store's views; `locked` forbids files outside the store.
+
+    `limits` bounds memory and threads; `temp_dir` is where DuckDB may spill (default `.tmp` in the working
+    directory)."""
     con = duckdb.connect(":memory:")
     catalog = store.runs()
     con.register("__runs", catalog)
@@ -56,6 +60,8 @@ def connect(store: Store, *, runs: list[str] | None = None, locked: bool = True,
         _empty_view(con, "stacks", STACK_SCHEMA, ["run:VARCHAR"])
     from dumpstore.analysis.views import create_views
     create_views(con)
+    if temp_dir is not None:
+        con.execute(f"SET temp_directory = '{temp_dir.replace(chr(39), chr(39) * 2)}'")
     if limits is not None:
         con.execute(f"SET memory_limit = '{memory_limit(limits.memory_limit)}'")
         if limits.threads is not None:
@@ -143,16 +149,21 @@ def run_query(store: Store, sql: str, *, limits: Limits | None = None) -> pa.Tab
     limits = limits or Limits()
     statement = read_only_statement(sql)
     memory_limit(limits.memory_limit)  # a bad size is refused before the store is opened
-    con = connect(store, limits=limits)
+    with tempfile.TemporaryDirectory(prefix="dumpstore-query-") as spill:  # not the working directory
+        return _run(connect(store, limits=limits, temp_dir=spill), statement, limits.timeout)
+
+
+def _run(con: duckdb.DuckDBPyConnection, statement: str, timeout: float | None) -> pa.Table:
+    """Fetch `statement` on `con`, interrupted after `timeout` seconds; closes `con`."""
     timer = None
-    if limits.timeout is not None:
-        timer = threading.Timer(limits.timeout, con.interrupt)
+    if timeout is not None:
+        timer = threading.Timer(timeout, con.interrupt)
         timer.daemon = True
         timer.start()
     try:
         return fetch_arrow(con, statement)
     except duckdb.InterruptException:
-        raise QueryError(f"the query ran past its time limit of {limits.timeout:g} s and was stopped "
+        raise QueryError(f"the query ran past its time limit of {timeout:g} s and was stopped "
                          "(raise --timeout, or narrow the query)") from None
     except duckdb.Error as exc:
         raise QueryError(_one_line(exc)) from None

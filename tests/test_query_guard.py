@@ -147,3 +147,17 @@ def test_library_limits(store):
     assert table.to_pylist() == [{"t": 1}]
     with pytest.raises(QueryError, match="time limit of 0.2 s"):
         run_query(open_store(store), "SELECT sum(hash(i)) FROM range(1000000000000) t(i)", limits=Limits(timeout=0.2))
+
+
+def test_spills_to_a_private_temporary_folder_not_the_working_directory(store):
+    import tempfile
+
+    spill = _setting(store, "temp_directory")
+    assert spill.startswith(os.path.join(tempfile.gettempdir(), "dumpstore-query-")) and not os.path.exists(spill)
+    res = _query(store, "SELECT count(DISTINCT hash(i)) AS n FROM range(3000000) t(i)", "--memory-limit", "30MB",
+                 "--threads", "1", "--csv")
+    assert res.exit_code == 0 and res.output == "n\n3000000\n", res.output
+
+
+def test_a_query_within_its_time_limit_runs(store):
+    assert _query(store, "SELECT 1 AS one", "--timeout", "60", "--csv").output == "one\n1\n"

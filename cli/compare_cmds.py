@@ -122,6 +122,8 @@ def _live_ids(st, target: str, ref: str) -> dict[str, str | None]:
 
 
 def verdict_text(v: dict) -> str:
+    """The verdict for the terminal: coverage and precision, the two verdict lines, the timeline, ranks, unmatched
+    records; every line terminal-safe."""
     p, c = v["precision"], v["coverage"]
     lines = [f"target {v['target']} vs reference {v['ref']}: steps {c['common_steps']}, ranks {c['common_ranks']}; "
              f"compute precision {p['target']} vs {p['ref']} (judged at {p['floor']})"]
@@ -137,17 +139,17 @@ def verdict_text(v: dict) -> str:
     for s in v["steps"]:
         lines.append(f"  step {s['step']}: {s['compared']} compared, {s['diverged']} diverged, "
                      f"{s['unmatched']} unmatched, max rel_l2 {num(s['max_err'])}, "
-                     f"first {text(s['first_divergence'] or '-')}")
+                     f"first {s['first_divergence'] or '-'}")
     if len(v["ranks"]) > 1:
         for r in v["ranks"]:
             flag = "  <- disagrees with its peers" if r["disagrees_with_peers"] else ""
-            first = text(r["first_divergence"] or "-")
+            first = r["first_divergence"] or "-"
             lines.append(f"  rank {r['rank']}: {r['diverged']} diverged, first {first}{flag}")
     if v["unmatched"]:
         first = v["unmatched"][0]
         lines.append(f"unmatched: {len(v['unmatched'])} records in one run only (first: step {first['step']} "
-                     f"rank {first['rank']} {text(first['op'])}, only in the {first['side']})")
-    return "\n".join(lines)
+                     f"rank {first['rank']} {first['op']}, only in the {first['side']})")
+    return "\n".join(text(line) for line in lines)
 
 
 @click.command()

@@ -114,16 +114,16 @@ def format_table(cols: list[str], cells: list[list[str]], *, max_width: int = 60
 
 def finding_line(label: str, f: dict[str, Any] | None) -> str:
     """The one verdict line: `LABEL (kind): step S rank R  op  leaf  metric=V > tol=T (dtype, source)  [detail]`,
-    or `LABEL: none`.  Used for the first divergence, the culprit and the first overflow."""
+    or `LABEL: none`, terminal-safe.  Used for the first divergence, the culprit and the first overflow."""
     if f is None:
         return f"{label}: none"
     op, name = f.get("op") or "", f.get("name") or ""
-    where = f"step {f['step']} rank {f['rank']}  {text(op)}"
-    leaf = f"  {text(name.removeprefix(op + '.'))}" if name and op and name.startswith(op) else ""
+    where = f"step {f['step']} rank {f['rank']}  {op}"
+    leaf = f"  {name.removeprefix(op + '.')}" if name and op and name.startswith(op) else ""
     cmp = ""
     if f.get("value") is not None and f.get("threshold") is not None:
         rel = ">" if f["value"] > f["threshold"] else "<="
         cmp = (f"  {f['metric']}={num(f['value'])} {rel} tol={num(f['threshold'])} "
                f"({f['dtype']}, {f['source']})")
-    detail = f"  [{text(f['detail'])}]" if f.get("detail") else ""
-    return f"{label} ({f['kind']}): {where}{leaf}{cmp}{detail}"
+    detail = f"  [{f['detail']}]" if f.get("detail") else ""
+    return text(f"{label} ({f['kind']}): {where}{leaf}{cmp}{detail}")

@@ -318,3 +318,12 @@ def test_terminal_output_escapes_control_characters(tmp_path):
         assert "\x1b" not in res.output and "\nFAKE LINE" not in res.output, args
     out = _cli("query", "select distinct record from tensors order by record", "--store", store).output
     assert "Functional.relu\\x1b[2J\\nFAKE LINE.3.forward" in out.splitlines()
+
+
+def test_text_and_num():
+    from dumpstore.cli.render import num, text
+
+    assert text("a\x1b[31mb\nc\rd\te\x07\x9b\u202eevil\u2028x") == "a\\x1b[31mb\\nc\\rd\\te\\x07\\x9b\\u202eevil\\u2028x"
+    assert text("Functional.linear.0.forward ＝ é 中") == "Functional.linear.0.forward ＝ é 中"
+    assert [num(v) for v in (None, 0.000122070, 12345.678, float("-inf"), float("nan"), 7, True)] == [
+        "-", "0.000122", "1.23e+04", "-inf", "nan", "7", "True"]

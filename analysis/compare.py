@@ -22,6 +22,7 @@ from .align import align_leaves, align_records, apply_data_mapping
 from .load import load_run
 from .mapping import Mapping
 from .pairmetrics import pair_metrics
+from .select import check_selection
 from .tolerance import Tolerances
 
 
@@ -50,6 +51,7 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
     `Comparison.precision`) replaces the one found in the rows loaded, for a part of a larger comparison.
     """
     tol = tolerances or Tolerances()
+    check_selection(store, [target, ref], steps=steps, ranks=ranks)
     t_info, r_info = store.run_info(target), store.run_info(ref)
     cov = coverage(t_info, r_info)
     mapping = mapping or Mapping()

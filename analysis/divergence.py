@@ -447,7 +447,9 @@ def divergence_by_steps(store, target: str, ref: str, *, steps: list[int] | None
     not serve (`exact`, name mappings, runs with different sketch sizes) compare every step exactly, in batches.
     """
     from .screen import Unsupported
+    from .select import check_selection
 
+    check_selection(store, [target, ref], steps=steps, ranks=compare_options.get("ranks"))
     t_info, r_info = store.run_info(target), store.run_info(ref)
     if max(t_info["n_rows"], r_info["n_rows"]) <= max_rows:  # one batch holds everything: nothing to screen
         return divergence_in_batches(store, target, ref, steps=steps, max_rows=max_rows, **compare_options)

@@ -26,7 +26,8 @@ thresholds (`Thresholds`), all overridable:
   near_dtype_max     a finite output, parameter or gradient with |x| >= `near_max` = 0.5 x finfo(dtype).max
                      (fp16 32752, bf16/fp32 ~1.7e38); exactly +-finfo.max is overflow (saturation)
   loss_nonfinite     the loss (0-d forward output of a loss op: cross_entropy, nll_loss, mse_loss, ...) is
-  loss_spike         NaN/Inf, or above `explode_factor` x the median of the earlier steps' losses
+  loss_spike         NaN/Inf, or above `explode_factor` x the median of the earlier steps' losses (for a
+                     negative median the same rise: median + (explode_factor - 1) x |median|)
 """
 
 from __future__ import annotations
@@ -188,7 +189,8 @@ def rules(th: Thresholds) -> dict[str, str]:
         "all_zero": "float forward output entirely zero",
         "near_dtype_max": f"finite |x| >= {th.near_max:g} x finfo(dtype).max",
         "loss_nonfinite": "loss is NaN or +-Inf",
-        "loss_spike": f"loss > {th.explode_factor:g} x median of the earlier steps",
+        "loss_spike": (f"loss > {th.explode_factor:g} x median of the earlier steps (a negative median: "
+                       f"median + {th.explode_factor - 1:g} x |median|)"),
     }
 
 
@@ -297,15 +299,27 @@ def _loss_findings(loss: pl.DataFrame, th: Thresholds) -> list[_Found]:
         if r["nonfinite"]:
             f = HealthFinding("loss_nonfinite", r["step"], r["rank"], r["record"], r["name"], r["value"],
                               "finite", None, f"loss is {r['value']}")
-        elif r["history"] and r["value"] is not None and r["value"] > th.explode_factor * r["history"]:
+        elif r["history"] and r["value"] is not None and r["value"] > spike_threshold(r["history"], th):
             f = HealthFinding("loss_spike", r["step"], r["rank"], r["record"], r["name"], r["value"],
-                              th.explode_factor * r["history"], None,
-                              f"loss {r['value']:.4g} > {th.explode_factor:g} x median {r['history']:.4g} "
-                              f"of the earlier steps")
+                              spike_threshold(r["history"], th), None, _spike_detail(r["value"], r["history"], th))
         else:
             continue
         out.append((_order(r), f))
     return out
+
+
+def spike_threshold(median: float, th: Thresholds) -> float:
+    """The loss above which a step is a spike: `explode_factor` x the median of the earlier steps for a positive
+    median, and the same rise, median + (explode_factor - 1) x |median|, for a negative one (a loss that goes
+    from -10 to -2 has come closer to zero, not spiked)."""
+    return median + (th.explode_factor - 1) * abs(median)
+
+
+def _spike_detail(value: float, median: float, th: Thresholds) -> str:
+    if median > 0:
+        return f"loss {value:.4g} > {th.explode_factor:g} x median {median:.4g} of the earlier steps"
+    return (f"loss {value:.4g} > median {median:.4g} + {th.explode_factor - 1:g} x |median| of the earlier steps "
+            f"= {spike_threshold(median, th):.4g}")
 
 
 def _overflow_findings(store: Store, run: str) -> list[_Found]:

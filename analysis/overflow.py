@@ -17,6 +17,7 @@ import polars as pl
 from .compare import Comparison, compare_runs
 from .load import load_run
 from .order import ORDER, OUTPUT_IO, with_phase
+from .select import check_selection
 
 _FLAGS = ("has_nan", "has_posinf", "has_neginf", "has_sat")
 _MASK_OPS = ("masked_fill", "masked_fill_", "where", "fill", "fill_", "full", "full_like", "triu", "tril")
@@ -50,6 +51,7 @@ def overflow(store, run: str, *, ref: str | None = None, steps: list[int] | None
 
     `cmp`: the comparison of `run` with `ref` when the caller already has it (it is not computed again).
     """
+    check_selection(store, [run, ref], steps=steps, ranks=ranks)
     if ref is None:
         rows = load_run(store, run, steps=steps, ranks=ranks, sketches=False)
         rows = rows.with_columns([pl.col(f).fill_null(False).alias(f"new_{f[4:]}") for f in _FLAGS])

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import click
 
 from .options import store_option
-from .output import output_options, render, to_json
+from .render import finding_line, num, output_options, render, rows_out, text, to_json
 
 
 def _common(fn):
@@ -41,9 +39,9 @@ def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
 
 @click.command()
 @_common
-@click.option("--top", type=int, default=20, show_default=True, help="Rows to show (0: all).")
+@click.option("--top", type=click.IntRange(min=0), default=20, show_default=True, help="Rows to show (0: all).")
 @click.option("--by", default="severity", show_default=True,
-              type=click.Choice(["severity", "err", "max_abs_err", "max_rel_err", "cosine"]), help="Sort metric.")
+              type=click.Choice(["severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine"]), help="Sort metric.")
 @click.option("--direction", type=click.Choice(["forward", "backward", "parameters_grad"]), default=None)
 @click.option("--module", default=None, help="Only records in modules whose name contains this.")
 @click.option("--op-type", default=None, help="Only ops whose type contains this (linear, softmax, ...).")
@@ -58,40 +56,35 @@ def compare(store, target, ref, exact, steps, ranks, tol, maps, top, by, directi
     click.echo(render(table.to_arrow(), fmt))
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return "inf" if math.isinf(v) else f"{v:.3g}"
-    return str(v)
-
-
-def finding_line(label: str, f: dict | None) -> str:
-    if f is None:
-        return f"{label}: none"
-    op, name = f["op"], f["name"]
-    where = f"step {f['step']} rank {f['rank']}  {op}"
-    leaf = f"  {name.removeprefix(op + '.')}" if name and op and name.startswith(op) else ""
-    cmp = ""
-    if f["value"] is not None and f["threshold"] is not None:
-        rel = ">" if (f["value"] > f["threshold"]) else "<="
-        cmp = f"  {f['metric']}={_fmt(f['value'])} {rel} tol={_fmt(f['threshold'])} ({f['dtype']}, {f['source']})"
-    detail = f"  [{f['detail']}]" if f["detail"] else ""
-    return f"{label} ({f['kind']}): {where}{leaf}{cmp}{detail}"
-
-
 @click.command()
 @_common
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@output_options
 @click.option("--check", is_flag=True, help="Exit 3 when the runs diverge.")
 @click.option("--no-cache", is_flag=True,
               help="Recompute even when the store holds this verdict for the same ingests (see README, memo).")
-def divergence(store, target, ref, exact, steps, ranks, tol, maps, as_json, check, no_cache):
-    """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops."""
+def divergence(store, target, ref, exact, steps, ranks, tol, maps, fmt, check, no_cache):
+    """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops.
+
+    --json prints one object; --csv one row per finding (first divergence, culprit)."""
     v = verdict(store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache)
-    click.echo(to_json(v) if as_json else verdict_text(v))
+    click.echo(verdict_out(v, fmt))
     if check and v["first_divergence"] is not None:
         raise SystemExit(3)
+
+
+FINDING_COLUMNS = ["finding", "step", "rank", "op", "name", "kind", "metric", "value", "threshold", "source", "dtype",
+                   "severity", "detail"]
+
+
+def verdict_out(v: dict, fmt: str) -> str:
+    """The verdict as text (the default), one JSON object, or CSV with one row per finding."""
+    if fmt == "json":
+        return to_json(v)
+    if fmt == "csv":
+        rows = [{"finding": label, **f} for label, f in (("first_divergence", v["first_divergence"]),
+                                                          ("culprit", v["culprit"])) if f is not None]
+        return rows_out(FINDING_COLUMNS, rows, "csv")
+    return verdict_text(v)
 
 
 def verdict(store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: bool = True) -> dict:
@@ -106,16 +99,18 @@ def verdict(store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: boo
 def noise_line(v: dict) -> str:
     """A quiet verdict says so: the runs agree within the noise measured from the pair itself."""
     n, over = v.get("noise") or {}, v["counts"].get("diverged", 0)
-    text = "AGREE within the measured noise"
+    line = "AGREE within the measured noise"
     if over:
-        text += f": {over} tensors over their tolerance, none standing out"
+        line += f": {over} tensors over their tolerance, none standing out"
     if n.get("largest_amplification") is not None:
-        text += (f"; largest amplification {_fmt(n['largest_amplification'])}x at step {n['step']} rank {n['rank']}"
-                 f" {n['op']} (p{round(100 * n['quantile'])} {_fmt(n['amplification_quantile'])}x)")
-    return text
+        line += (f"; largest amplification {num(n['largest_amplification'])}x at step {n['step']} rank {n['rank']}"
+                 f" {n['op']} (p{round(100 * n['quantile'])} {num(n['amplification_quantile'])}x)")
+    return line
 
 
 def verdict_text(v: dict) -> str:
+    """The verdict for the terminal: coverage and precision, the two verdict lines, the timeline, ranks, unmatched
+    records; every line terminal-safe."""
     p, c = v["precision"], v["coverage"]
     lines = [f"target {v['target']} vs reference {v['ref']}: steps {c['common_steps']}, ranks {c['common_ranks']}; "
              f"compute precision {p['target']} vs {p['ref']} (judged at {p['floor']})"]
@@ -132,39 +127,51 @@ def verdict_text(v: dict) -> str:
         lines.append(noise_line(v))
     for s in v["steps"]:
         lines.append(f"  step {s['step']}: {s['compared']} compared, {s['diverged']} diverged, "
-                     f"{s['unmatched']} unmatched, max rel_l2 {_fmt(s['max_err'])}, "
+                     f"{s['unmatched']} unmatched, max rel_l2 {num(s['max_err'])}, "
                      f"first {s['first_divergence'] or '-'}")
     if len(v["ranks"]) > 1:
         for r in v["ranks"]:
             flag = "  <- disagrees with its peers" if r["disagrees_with_peers"] else ""
-            lines.append(f"  rank {r['rank']}: {r['diverged']} diverged, first {r['first_divergence'] or '-'}{flag}")
+            first = r["first_divergence"] or "-"
+            lines.append(f"  rank {r['rank']}: {r['diverged']} diverged, first {first}{flag}")
     if v["unmatched"]:
         first = v["unmatched"][0]
         lines.append(f"unmatched: {len(v['unmatched'])} records in one run only (first: step {first['step']} "
                      f"rank {first['rank']} {first['op']}, only in the {first['side']})")
-    return "\n".join(lines)
+    return "\n".join(text(line) for line in lines)
 
 
 @click.command()
 @click.option("--run", "run", required=True, help="Run to scan.")
 @click.option("--ref", default=None, help="Reference run: what it also has is not overflow.")
-@click.option("--step", "steps", type=int, multiple=True)
-@click.option("--rank", "ranks", type=int, multiple=True)
+@click.option("--step", "steps", type=int, multiple=True, help="Only this step (repeatable).")
+@click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank (repeatable).")
+@click.option("--top", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Dirty tensors listed (0: all; --json and --csv list all).")
 @store_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def overflow(run, ref, steps, ranks, store, as_json):
-    """NaN, +-Inf and saturated (+-finfo.max) values and the op that produced them first."""
+@output_options
+def overflow(run, ref, steps, ranks, top, store, fmt):
+    """NaN, +-Inf and saturated (+-finfo.max) values and the op that produced them first.
+
+    --json prints one object; --csv one row per dirty tensor."""
     from dumpstore.analysis.overflow import overflow as scan
     from dumpstore.store import open_store
 
     rep = scan(open_store(store), run, ref=ref, steps=list(steps) or None, ranks=list(ranks) or None)
-    if as_json:
+    if fmt == "json":
         click.echo(to_json(rep.to_dict()))
-        return
-    f = rep.first_overflow
-    head = (f"FIRST OVERFLOW ({f['kind']}): step {f['step']} rank {f['rank']}  {f['op']}  {f['name']}"
-            if f else "FIRST OVERFLOW: none")
-    click.echo(head + (f"  (beyond reference {ref})" if ref else ""))
-    click.echo(f"{len(rep.producers)} producers (clean inputs, dirty output); {rep.tensors.height} dirty tensors")
+    elif fmt == "csv":
+        click.echo(render(rep.tensors.to_arrow(), "csv"))
+    else:
+        click.echo(overflow_text(rep, top))
+
+
+def overflow_text(rep, top: int) -> str:
+    """The first overflow (the verdict line), the counts, and the first `top` dirty tensors (0: all)."""
+    head = finding_line("FIRST OVERFLOW", rep.first_overflow)
+    lines = [head + (f"  (beyond reference {text(rep.ref)})" if rep.ref else ""),
+             f"{len(rep.producers)} producers (clean inputs, dirty output); {rep.tensors.height} dirty tensors"]
     if rep.tensors.height:
-        click.echo(render(rep.tensors.head(20).to_arrow(), "table"))
+        shown = rep.tensors if top == 0 else rep.tensors.head(top)
+        lines.append(render(shown.to_arrow(), "table"))
+    return "\n".join(lines)

@@ -10,7 +10,7 @@ import click
 from dumpstore.errors import DumpstoreError
 
 from .options import store_option
-from .output import output_options, render, to_json
+from .render import output_options, render, text, to_json
 
 
 class _Group(click.Group):
@@ -20,7 +20,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except DumpstoreError as exc:
-            click.echo(f"Error: {exc}", err=True)
+            click.echo(f"Error: {text(exc)}", err=True)  # one line: a name from a dump cannot break it
             ctx.exit(1)
 
 
@@ -71,7 +71,7 @@ def ingest(paths: tuple[Path, ...], runs: tuple[str, ...], store: Path | None, j
                    f"ranks {_span(res.ranks)}")
         if res.errors:
             click.echo(f"warning: {res.errors} leaves could not be read fully (stored with an error); "
-                       f"first: {res.first_error}; list them: dumpstore query \"select name, error from tensors "
+                       f"first: {text(res.first_error)}; list them: dumpstore query \"select name, error from tensors "
                        f"where run='{res.run}' and error is not null\"", err=True)
 
 
@@ -150,13 +150,23 @@ def runs(store: Path | None, fmt: str) -> None:
 @main.command()
 @click.argument("sql")
 @store_option
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="DuckDB memory limit: 4GB, 512MB or a share of the RAM such as 25% (default: 50%).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="DuckDB threads (default: one per core).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Stop the query after this many seconds (default: no limit).")
 @output_options
-def query(sql: str, store: Path | None, fmt: str) -> None:
-    """Run one read-only SQL statement (DuckDB) over the views tensors, runs, stacks."""
-    from dumpstore.query import run_query
+def query(sql: str, store: Path | None, memory_limit: str | None, threads: int | None, timeout: float | None,
+          fmt: str) -> None:
+    """Run one read-only SQL statement (DuckDB) over the views tensors, runs, stacks.
+
+    Only a SELECT (WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE) or EXPLAIN of one runs; files outside the store
+    cannot be read and nothing can be written."""
+    from dumpstore.query import Limits, run_query
     from dumpstore.store import open_store
 
-    click.echo(render(run_query(open_store(store), sql), fmt))
+    limits = Limits(memory_limit=memory_limit, threads=threads, timeout=timeout)
+    click.echo(render(run_query(open_store(store), sql, limits=limits), fmt))
 
 
 @main.command()

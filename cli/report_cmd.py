@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from .compare_cmds import _common
+from .render import finding_line
 
 
 def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple[int, ...], ranks: tuple[int, ...],
@@ -15,7 +16,7 @@ def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple
     if html_path is None and csv_path is None:
         raise click.UsageError("nothing to write: give --html PATH, --csv PATH or both "
                                "(e.g. --html report.html --csv report.csv)")
-    from dumpstore.analysis.report import analyze, plotly_js, summary_line, write_csv, write_report_html
+    from dumpstore.analysis.report import analyze, plotly_js, write_csv, write_report_html
     from dumpstore.store import open_store
 
     if html_path is not None:
@@ -25,7 +26,10 @@ def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple
 
     data = analyze(st, target, ref, steps=list(steps) or None, ranks=list(ranks) or None,
                    tolerances=Tolerances.parse(tol), exact=exact, maps=tuple(maps))
-    click.echo(summary_line(data.verdict))
+    v = data.verdict.to_dict()
+    click.echo(finding_line("FIRST DIVERGENCE", v["first_divergence"]))
+    if v["first_divergence"] is not None:
+        click.echo(finding_line("CULPRIT", v["culprit"]))
     if csv_path is not None:
         n = write_csv(data.cmp, csv_path, store=st)
         click.echo(f"wrote {csv_path} ({n} rows)")

@@ -4,6 +4,7 @@
      ├── DumpFormatError   a dump file is malformed (names file, record, fix)
      ├── StoreError        the store is missing, locked, or of another schema version
      └── QueryError        a query was refused or failed
+          └── SelectionError  a step, rank or run selector matches nothing
 """
 
 from __future__ import annotations
@@ -23,3 +24,7 @@ class StoreError(DumpstoreError):
 
 class QueryError(DumpstoreError):
     """A query was refused (not read-only) or failed."""
+
+
+class SelectionError(QueryError):
+    """A step, rank or run selector matches nothing in the store."""

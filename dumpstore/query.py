@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+import threading
+from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
@@ -24,8 +28,21 @@ def _empty_view(con: duckdb.DuckDBPyConnection, name: str, schema: pa.Schema, ex
     con.execute(f"CREATE VIEW {name} AS SELECT *, {cols} FROM __empty_{name} WHERE false")
 
 
-def connect(store: Store, *, runs: list[str] | None = None, locked: bool = True) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with the store's views; `locked` forbids files outside the store."""
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one query: DuckDB's memory limit and threads, and a wall-clock time limit in seconds."""
+
+    memory_limit: str | None = None  # a DuckDB size ('4GB', '512MB') or a share of RAM ('50%'); None: half the RAM
+    threads: int | None = None       # None: DuckDB's default (one per core)
+    timeout: float | None = None     # None: no time limit
+
+
+def connect(store: Store, *, runs: list[str] | None = None, locked: bool = True, limits: Limits | None = None,
+            temp_dir: str | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with the store's views; `locked` forbids files outside the store.
+
+    `limits` bounds memory and threads; `temp_dir` is where DuckDB may spill (default `.tmp` in the working
+    directory)."""
     con = duckdb.connect(":memory:")
     catalog = store.runs()
     con.register("__runs", catalog)
@@ -43,6 +60,12 @@ def connect(store: Store, *, runs: list[str] | None = None, locked: bool = True)
         _empty_view(con, "stacks", STACK_SCHEMA, ["run:VARCHAR"])
     from dumpstore.analysis.views import create_views
     create_views(con)
+    if temp_dir is not None:
+        con.execute(f"SET temp_directory = '{temp_dir.replace(chr(39), chr(39) * 2)}'")
+    if limits is not None:
+        con.execute(f"SET memory_limit = '{memory_limit(limits.memory_limit)}'")
+        if limits.threads is not None:
+            con.execute(f"SET threads = {int(limits.threads)}")
     if locked:
         lock_down(con, str(store.root.resolve()))
     return con
@@ -57,24 +80,96 @@ def lock_down(con: duckdb.DuckDBPyConnection, root: str) -> None:
     con.execute("SET lock_configuration = true")
 
 
-_WRITE = re.compile(r"^\s*(copy|attach|detach|install|load|insert|update|delete|create|drop|alter|export|import|"
-                    r"set|reset|pragma|call|checkpoint|vacuum|use|begin|commit|rollback)\b", re.I)
+DEFAULT_MEMORY_SHARE = 0.5  # of the machine's RAM, for one query (DuckDB's own default is 80 %)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%|[KMGT]i?B|B)?\s*$", re.I)
 
 
-def run_query(store: Store, sql: str) -> pa.Table:
-    """Run one read-only SQL statement over the store and return its result as Arrow."""
-    statements = [s for s in _split_sql(sql) if s.strip()]
+def memory_limit(value: str | None) -> str:
+    """A DuckDB memory_limit from '4GB', '512MiB' or '50%' (of the RAM); None gives half the RAM."""
+    if value is None:
+        return f"{int(_ram_bytes() * DEFAULT_MEMORY_SHARE) // 2**20}MiB"
+    m = _SIZE.match(value)
+    if m is None or float(m.group(1)) <= 0 or (m.group(2) == "%" and float(m.group(1)) > 100):
+        raise QueryError(f"memory limit {value!r} is not a size: give e.g. 4GB, 512MB or 50% (of the RAM)")
+    if m.group(2) == "%":
+        return f"{max(1, int(_ram_bytes() * float(m.group(1)) / 100) // 2**20)}MiB"
+    return f"{m.group(1)}{m.group(2) or 'B'}"
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+_READ_ONLY = "SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE, or EXPLAIN of one of those"
+
+
+def read_only_statement(sql: str) -> str:
+    """The one read-only statement in `sql` as DuckDB's parser sees it, or QueryError naming what was refused.
+
+    DuckDB's own parser splits and classifies (comments and quotes cannot fool it); only a SELECT (which
+    covers WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE) is accepted, and EXPLAIN [ANALYZE] of one."""
+    statements = _parse(sql)
     if len(statements) != 1:
-        raise QueryError("give exactly one SQL statement (a SELECT, WITH, DESCRIBE, SHOW or SUMMARIZE)")
-    if _WRITE.match(statements[0]):
-        word = statements[0].split()[0].upper()
-        raise QueryError(f"{word} is not allowed: dumpstore query is read-only (SELECT/WITH/DESCRIBE/SHOW only)")
-    con = connect(store)
+        raise QueryError(f"give exactly one SQL statement ({len(statements)} given): dumpstore query runs one "
+                         f"read-only statement ({_READ_ONLY})")
+    st = statements[0]
+    if st.type == duckdb.StatementType.SELECT:
+        return st.query
+    if st.type == duckdb.StatementType.EXPLAIN:
+        inner = _EXPLAIN.match(st.query)
+        body = _parse(st.query[inner.end():]) if inner else []
+        if len(body) == 1 and body[0].type == duckdb.StatementType.SELECT:
+            return st.query
+        raise QueryError(f"EXPLAIN is allowed of one SELECT only: dumpstore query is read-only ({_READ_ONLY})")
+    raise QueryError(f"{_keyword(st)} is not allowed: dumpstore query is read-only ({_READ_ONLY})")
+
+
+_COMMENTS = r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*"
+_EXPLAIN = re.compile(_COMMENTS + r"EXPLAIN\s+(?:ANALY[SZ]E\s+)?(?:\([^()]*\)\s*)?", re.I | re.S)
+_FIRST_WORD = re.compile(_COMMENTS + r"([A-Za-z_]+)", re.S)
+
+
+def _parse(sql: str) -> list:
     try:
-        return fetch_arrow(con, statements[0])
+        return list(duckdb.extract_statements(sql))
+    except duckdb.Error as exc:
+        raise QueryError(_one_line(exc)) from None
+
+
+def _keyword(st) -> str:
+    m = _FIRST_WORD.match(st.query)
+    return m.group(1).upper() if m else st.type.name
+
+
+def run_query(store: Store, sql: str, *, limits: Limits | None = None) -> pa.Table:
+    """Run one read-only SQL statement over the store and return its result as Arrow.
+
+    `limits` bounds memory (default half the RAM), threads and time; a query past its time limit is interrupted.
+    """
+    limits = limits or Limits()
+    statement = read_only_statement(sql)
+    memory_limit(limits.memory_limit)  # a bad size is refused before the store is opened
+    with tempfile.TemporaryDirectory(prefix="dumpstore-query-") as spill:  # not the working directory
+        return _run(connect(store, limits=limits, temp_dir=spill), statement, limits.timeout)
+
+
+def _run(con: duckdb.DuckDBPyConnection, statement: str, timeout: float | None) -> pa.Table:
+    """Fetch `statement` on `con`, interrupted after `timeout` seconds; closes `con`."""
+    timer = None
+    if timeout is not None:
+        timer = threading.Timer(timeout, con.interrupt)
+        timer.daemon = True
+        timer.start()
+    try:
+        return fetch_arrow(con, statement)
+    except duckdb.InterruptException:
+        raise QueryError(f"the query ran past its time limit of {timeout:g} s and was stopped "
+                         "(raise --timeout, or narrow the query)") from None
     except duckdb.Error as exc:
         raise QueryError(_one_line(exc)) from None
     finally:
+        if timer is not None:
+            timer.cancel()
         con.close()
 
 
@@ -90,29 +185,3 @@ def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: list | dict | 
 def _one_line(exc: Exception) -> str:
     text = " ".join(str(exc).split())
     return text[:500]
-
-
-def _split_sql(sql: str) -> list[str]:
-    """Split on semicolons outside quotes and comments."""
-    out, cur, quote, i = [], [], None, 0
-    while i < len(sql):
-        ch = sql[i]
-        if quote:
-            cur.append(ch)
-            if ch == quote:
-                quote = None
-        elif ch in ("'", '"'):
-            quote = ch
-            cur.append(ch)
-        elif sql.startswith("--", i):
-            j = sql.find("\n", i)
-            i = len(sql) if j < 0 else j
-            continue
-        elif ch == ";":
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-        i += 1
-    out.append("".join(cur))
-    return out

@@ -167,3 +167,35 @@ def test_thresholds_are_parameters(synthetic):
     rep = health(synthetic, "syn", thresholds=Thresholds(growth=0.5, explode_factor=1e4, vanish_norm=0.0))
     assert rep.counts["activation_growth"] == 0 and rep.counts["grad_explosion"] == 0
     assert rep.counts["grad_vanishing"] == 0
+
+
+# -- loss spikes of a negative loss ------------------------------------------------------------------------
+
+def _loss_run(root, losses: list[float]) -> None:
+    """One rank; per step one cross_entropy call whose 0-d output is the loss."""
+    for s, value in enumerate(losses):
+        d = root / f"step{s}" / "rank0"
+        d.mkdir(parents=True)
+        leaf = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [], "Max": value, "Min": value,
+                "Mean": value, "Norm": abs(value), "requires_grad": True}
+        logits = _leaf(np.arange(8, dtype=np.float32).reshape(2, 4))
+        data = {"Functional.cross_entropy.0.forward": {"input_args": [logits], "input_kwargs": {},
+                                                        "output": [leaf]}}
+        doc = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}
+        (d / "dump.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(("losses", "spikes"), [
+    ([-10.0, -10.0, -2.0], []),                # closer to zero: the loss improved in size, no spike
+    ([-10.0, -10.0, -10.5], []),
+    ([-10.0, -10.0, 100.0], [(2, 80.0)]),      # median -10 + 9 x 10 = 80
+    ([1.0, 1.0, 9.0], []),
+    ([1.0, 1.0, 11.0], [(2, 10.0)]),           # positive losses: 10 x the median, as before
+])
+def test_loss_spike_of_negative_losses(tmp_path, losses, spikes):
+    _loss_run(tmp_path / "run", losses)
+    ingest(tmp_path / "run", "neg", store=tmp_path / "s", jobs=1)
+    rep = health(open_store(tmp_path / "s"), "neg")
+    assert [s["value"] for s in rep.loss] == pytest.approx(losses)
+    found = [(f.step, f.threshold) for f in rep.findings if f.watchpoint == "loss_spike"]
+    assert found == [(s, pytest.approx(t)) for s, t in spikes]

@@ -12,7 +12,7 @@ empty), else dumpstore's estimates (Cosine, MaxAbsErr from sketches or statistic
 `Err_message` is a JSON list naming the metric and threshold.
 
 `write_csv` is the one function that writes the file; `csv_rows` builds the rows, `_csv_row` one row and
-`_csv_cell` one cell.
+`dumpstore.csvsafe` neutralises each cell.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+
+from dumpstore.csvsafe import row as safe_row
 
 from ..compare import Comparison
 from .data import fetch
@@ -82,7 +84,7 @@ def write_csv(cmp: Comparison, path: str | Path, *, store=None) -> int:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
     for row in rows:
-        w.writerow([_csv_cell(row[c]) for c in CSV_COLUMNS])
+        w.writerow(safe_row(row[c] for c in CSV_COLUMNS))
     write_text(buf.getvalue(), path)
     return len(rows)
 
@@ -248,19 +250,4 @@ def _messages(r: dict, d: dict) -> list[str]:
 
 def _data_name(name: str | None, here: bool) -> str:
     return name if (here and name) else "-1"
-
-
-_FORMULA = ("=", "+", "-", "@", "\t", "\r")
-
-
-def _csv_cell(v: Any) -> Any:
-    """Numbers as numbers; text that a spreadsheet would run as a formula gets a leading quote."""
-    if v is None:
-        return ""
-    if isinstance(v, (bool, int, float)):
-        return v
-    s = str(v)
-    if s[:1] in _FORMULA and _number(s) is None:
-        return "'" + s
-    return s
 

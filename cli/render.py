@@ -1,0 +1,129 @@
+"""How the CLI shows an answer: one number format, one verdict line, one --table / --json / --csv switch.
+
+Every read command takes `output_options` and hands its rows here.  Text for the terminal has its control
+characters escaped (an op name holding ESC or a newline cannot move the cursor or forge a line); JSON and CSV
+are structured already, and every CSV cell goes through the one formula-neutraliser (dumpstore/csvsafe.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from dumpstore.csvsafe import to_csv
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+def output_options(fn):
+    """--table (the default), --json, --csv: one `fmt` argument."""
+    fn = click.option("--csv", "fmt", flag_value="csv", help="Output CSV.")(fn)
+    fn = click.option("--json", "fmt", flag_value="json", help="Output JSON.")(fn)
+    fn = click.option("--table", "fmt", flag_value="table", default=True, help="Output text and tables (default).")(fn)
+    return fn
+
+
+def num(v: Any) -> str:
+    """The one number format of the terminal: 3 significant digits; None is '-'."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        return str(v) if math.isnan(v) or math.isinf(v) else f"{v:.3g}"
+    return str(v)
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+
+
+def text(v: Any) -> str:
+    """`v` as terminal-safe text: control, line-separator and bidi characters shown as escapes (`\\x1b`, `\\n`)."""
+    return _CONTROL.sub(_escape, str(v))
+
+
+def _escape(m: re.Match) -> str:
+    ch = m.group(0)
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100
+                                                               else f"\\u{ord(ch):04x}")
+
+
+def cell(v: Any) -> str:
+    """One table cell: numbers as `num`, lists bracketed, text made terminal-safe; None is empty."""
+    if v is None:
+        return ""
+    if isinstance(v, (int, float)):
+        return num(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(cell(x) for x in v) + "]"
+    return text(v)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return v
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(_jsonable(obj), indent=2, default=str)
+
+
+def _csv_value(v: Any) -> Any:
+    if isinstance(v, (list, dict)):
+        return json.dumps(_jsonable(v), default=str)
+    return v
+
+
+def rows_out(columns: Sequence[str], rows: list[dict[str, Any]], fmt: str, *, max_width: int = 60) -> str:
+    """Rows (dicts) as an aligned table, a JSON list or CSV, by `fmt`."""
+    cols = list(columns)
+    if fmt == "json":
+        return to_json([{c: r.get(c) for c in cols} for r in rows])
+    if fmt == "csv":
+        return to_csv(cols, ([_csv_value(r.get(c)) for c in cols] for r in rows)).rstrip("\n")
+    return format_table(cols, [[cell(r.get(c)) for c in cols] for r in rows], max_width=max_width)
+
+
+def render(table: pa.Table, fmt: str, *, max_width: int = 60) -> str:
+    """An Arrow table as `rows_out` shows it."""
+    return rows_out(table.column_names, table.to_pylist(), fmt, max_width=max_width)
+
+
+def format_table(cols: list[str], cells: list[list[str]], *, max_width: int = 60) -> str:
+    """Aligned columns under a header and a rule, every cell terminal-safe; cells longer than `max_width` end
+    in '…'."""
+    cols = [text(h) for h in cols]
+    cells = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in map(text, row)] for row in cells]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(cols)]
+    line = "  ".join(h.ljust(w) for h, w in zip(cols, widths))
+    sep = "  ".join("-" * w for w in widths)
+    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    return "\n".join([line.rstrip(), sep] + body)
+
+
+def finding_line(label: str, f: dict[str, Any] | None) -> str:
+    """The one verdict line: `LABEL (kind): step S rank R  op  leaf  metric=V > tol=T (dtype, source)  [detail]`,
+    or `LABEL: none`, terminal-safe.  Used for the first divergence, the culprit and the first overflow."""
+    if f is None:
+        return f"{label}: none"
+    op, name = f.get("op") or "", f.get("name") or ""
+    where = f"step {f['step']} rank {f['rank']}  {op}"
+    leaf = f"  {name.removeprefix(op + '.')}" if name and op and name.startswith(op) else ""
+    cmp = ""
+    if f.get("value") is not None and f.get("threshold") is not None:
+        rel = ">" if f["value"] > f["threshold"] else "<="
+        cmp = (f"  {f['metric']}={num(f['value'])} {rel} tol={num(f['threshold'])} "
+               f"({f['dtype']}, {f['source']})")
+    detail = f"  [{f['detail']}]" if f.get("detail") else ""
+    return text(f"{label} ({f['kind']}): {where}{leaf}{cmp}{detail}")

@@ -67,3 +67,23 @@ def test_mixed_names_and_tables_refused(tmp_path):
     bad.write_text("fc1.Dense: fc1.Linear\nParallelAttention:\n  qkv: query_key_value\n")
     with pytest.raises(DumpstoreError, match="mixes names"):
         load_mapping([bad])
+
+
+def test_layer_mapping_resources_fixture(store_dir):
+    """msprobe's core_ut test_common_layer_mapping.py on resources/layer_mapping: the one module pairs."""
+    res = DATA / "mstt" / "layer_mapping_res"
+    ingest(res / "mindspore", "ms", store=store_dir, jobs=1)
+    ingest(res / "pytorch", "pt", store=store_dir, jobs=1)
+    cmp = compare_runs(open_store(store_dir), "ms", "pt", mapping=load_mapping([res / "layer_mapping.yaml"]))
+    got = {t: r for t, r in cmp.records.select("t_record", "r_record").iter_rows() if t is not None}
+    assert got == {"Cell.network_with_loss.module.language_model.embedding.word_embeddings.VocabParallelEmbedding."
+                   "forward.0": "Module.module.module.language_model.embedding.word_embeddings.VocabParallelEmbedding."
+                   "forward.0"}
+    assert cmp.rows.filter(cmp.rows["match"] == "layer_mapping").height == 2
+
+
+@pytest.mark.parametrize("rel, kind", [("common/cell_mapping.yaml", "module"), ("visualization/mapping.yaml", "data"),
+                                       ("layer_mapping_ut/layer_mapping.yaml", "layer")])
+def test_corpus_mapping_files_load_as_their_kind(rel, kind):
+    m = load_mapping([DATA / "mstt" / rel])
+    assert [k for k in ("module", "api", "data", "layer") if getattr(m, k)] == [kind]

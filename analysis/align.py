@@ -3,7 +3,8 @@
 Per step, rank and source: when both runs have the same record names, records pair by name.  Otherwise the
 two record sequences are aligned on counter-free keys (`Functional.gelu.forward`), preferring equal output
 shapes, so that one extra or missing API call does not shift every later call of that API; records left over
-pair by exact name.  Leaves then pair by io and index path.  What stays unmatched is reported, not dropped.
+pair in order only where their output shapes can match (else they stay unmatched: an alignment choice is never
+reported as a divergence).  Leaves then pair by io and index path.  What stays unmatched is reported, not dropped.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ def _records(rows: pl.DataFrame) -> pl.DataFrame:
 
 def _signatures(rows: pl.DataFrame) -> pl.DataFrame:
     """Records of one group with the shapes of their outputs (to prefer equal shapes when aligning)."""
-    out_shape = (pl.when(pl.col("io") == "output").then(pl.col("shape").cast(pl.List(pl.String)).list.join("x"))
-                 .otherwise(None))
+    squeezed = pl.col("shape").list.eval(pl.element().filter(pl.element() != 1))  # msprobe squeezes: [1, N] ~ [N]
+    shape_text = pl.concat_str(pl.lit("("), squeezed.cast(pl.List(pl.String)).list.join("x"), pl.lit(")"))
+    out_shape = pl.when(pl.col("io") == "output").then(shape_text).otherwise(None)  # 0-d: "()"
     return (rows.group_by(GROUP + ["seq", "record"], maintain_order=True)
             .agg(out_shape.drop_nulls().str.join(",").alias("sig")))
 
@@ -66,17 +68,21 @@ def _sequence_pairs(key: dict, t: pl.DataFrame, r: pl.DataFrame) -> pl.DataFrame
             pairs.append((tk[a + i], rk[b + i], "exact" if tk[a + i] == rk[b + i] else "sequence"))
             used_t.add(a + i)
             used_r.add(b + i)
+    tsig, rsig = t["sig"].to_list(), r["sig"].to_list()
     left_t = {counter_free(tk[i]): [] for i in range(len(tk)) if i not in used_t}
     for i in range(len(tk)):
         if i not in used_t:
             left_t[counter_free(tk[i])].append(i)
-    # same API, different shapes (a real shape change): pair leftovers in order of appearance
+    # same API out of order: pair leftovers in order of appearance, by their own name (msprobe's exact match: a
+    # shape change is then a finding) or where the output shapes can match; a pairing chosen here must never
+    # become a divergence ([5, 2] against [] under different names is two unmatched calls)
     for j in range(len(rk)):
         if j in used_r:
             continue
-        cand = left_t.get(counter_free(rk[j]))
-        if cand:
-            i = cand.pop(0)
+        cand = left_t.get(counter_free(rk[j]), [])
+        i = next((i for i in cand if tk[i] == rk[j] or _shapes_can_match(tsig[i], rsig[j])), None)
+        if i is not None:
+            cand.remove(i)
             pairs.append((tk[i], rk[j], "sequence"))
             used_t.add(i)
             used_r.add(j)
@@ -85,6 +91,11 @@ def _sequence_pairs(key: dict, t: pl.DataFrame, r: pl.DataFrame) -> pl.DataFrame
     return pl.DataFrame({**{c: [key[c]] * len(pairs) for c in GROUP},
                          "t_record": [p[0] for p in pairs], "r_record": [p[1] for p in pairs],
                          "how": [p[2] for p in pairs]})
+
+
+def _shapes_can_match(a: str | None, b: str | None) -> bool:
+    """Output shape signatures (squeezed) that do not contradict each other: equal, or one side has none."""
+    return not a or not b or a == b
 
 
 def align_leaves(target: pl.DataFrame, ref: pl.DataFrame, records: pl.DataFrame) -> pl.DataFrame:

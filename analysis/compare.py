@@ -19,6 +19,7 @@ from dumpstore.summary import fold_sketch
 
 from . import rules as R
 from .align import align_leaves, align_records, apply_data_mapping
+from .layer_mapping import layer_records, layer_rules
 from .load import load_run
 from .mapping import Mapping
 from .pairmetrics import pair_metrics
@@ -62,11 +63,16 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
     t = load_run(store, target, steps=steps, ranks=ranks, units=units)
     r = load_run(store, ref, steps=steps, ranks=ranks, units=units)
     t, r = _common_summaries(t, r, t_info, r_info)
-    renamed = {k: mapping.record(k) for k in t["record"].unique().to_list()} if mapping else {}
+    renamed = {k: mapping.record(k) for k in t["record"].unique().to_list()} if mapping and not mapping.layer else {}
     if renamed:
         t = t.with_columns(pl.col("record").replace_strict(renamed).alias("record"),
                            pl.col("record").alias("_orig_record"))
-    records = align_records(t, r)
+    if mapping.layer:  # msprobe -lm: the layer tree decides the record pairs
+        frameworks = ("mindspore" if "mindspore" in t_info["framework"] else "pytorch",
+                      "mindspore" if "mindspore" in r_info["framework"] else "pytorch")
+        records = layer_records(store, (target, ref), (t, r), frameworks, layer_rules(mapping.layer))
+    else:
+        records = align_records(t, r)
     pairs = apply_data_mapping(align_leaves(t, r, records), mapping.data)
     if renamed:
         back = {v: k for k, v in renamed.items()}

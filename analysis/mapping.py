@@ -7,7 +7,8 @@ A mapping translates the *target's* record keys into the reference's namespace b
           leaves that stayed unmatched.
 A YAML file holds either one plain mapping (its kind inferred: row names contain `.input.`/`.output.`/
 `.parameters`; API names start with a known prefix; the rest are module renames), a list of msprobe `-am`
-entries (`ms_api`/`pt_api`), or sections `data:`, `module:`, `api:`.
+entries (`ms_api`/`pt_api`), sections `data:`, `module:`, `api:`, or msprobe's `-lm` layer mapping
+(`Class: {target child: reference child}`; see layer_mapping.py), which then decides the record pairs alone.
 The built-in MindSpore mapping: Cell -> Module, Mint -> Torch, MintFunctional -> Functional,
 `mindspore.ops` functions (Functional.*) -> torch.nn.functional when it has the name, else torch.
 """
@@ -19,6 +20,8 @@ from pathlib import Path
 
 from dumpstore.errors import DumpstoreError
 from dumpstore.names import MODULE_PREFIXES, parse_record
+
+from .layer_mapping import is_layer_mapping
 
 API_PREFIXES = ("Functional", "Torch", "Tensor", "NPU", "VF", "Aten", "Distributed", "MindSpeed", "Triton",
                 "Mint", "MintFunctional", "Primitive", "Jit")
@@ -37,7 +40,8 @@ _NN_FUNCTIONAL = frozenset((
 _MS_RENAMES = {"Functional.dense": "Functional.linear", "Functional.bidense": "Functional.bilinear",
                "Functional.equal": "Torch.eq", "Functional.swapaxes": "Torch.transpose",
                "Tensor.asnumpy": "Tensor.numpy", "Tensor.equal": "Tensor.eq", "Tensor.swapaxes": "Tensor.transpose",
-               "Tensor.gather_elements": "Tensor.gather", "Tensor.fill_diagonal": "Tensor.fill_diagonal_"}
+               "Tensor.gather_elements": "Tensor.gather", "Tensor.fill_diagonal": "Tensor.fill_diagonal_",
+               "Tensor.cauchy": "Tensor.cauchy_"}
 
 _MS_CELLS = {"Dense": "Linear", "SequentialCell": "Sequential", "CellList": "ModuleList", "CellDict": "ModuleDict"}
 
@@ -47,10 +51,11 @@ class Mapping:
     module: dict[str, str] = field(default_factory=dict)
     api: dict[str, str] = field(default_factory=dict)
     data: dict[str, str] = field(default_factory=dict)
+    layer: dict[str, dict[str, str]] = field(default_factory=dict)
     mindspore_to_pytorch: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.module or self.api or self.data or self.mindspore_to_pytorch)
+        return bool(self.module or self.api or self.data or self.layer or self.mindspore_to_pytorch)
 
     def record(self, key: str) -> str:
         """The reference-side name of a target record key."""
@@ -127,8 +132,24 @@ def _merge(m: Mapping, doc, path: Path) -> None:
         for section, table in doc.items():
             getattr(m, section).update({str(k): str(v) for k, v in table.items()})
         return
+    if is_layer_mapping(doc):
+        _merge_layers(m, doc, path)
+        return
+    if any(isinstance(v, dict) for v in doc.values()):
+        raise DumpstoreError(f"{path}: mixes names (target: reference) with nested tables; give either plain "
+                             "names, sections data/module/api, or an msprobe -lm layer mapping (Class: {child: child})")
     for k, v in doc.items():
         _kind(m, k).update({k: str(v)})
+
+
+def _merge_layers(m: Mapping, doc: dict, path: Path) -> None:
+    """msprobe's -lm layer mapping: per layer class, target child name -> reference child name."""
+    for cls, table in doc.items():
+        bad = next((k for k, v in table.items() if not isinstance(k, str) or not isinstance(v, str)), None)
+        if bad is not None or not table:
+            raise DumpstoreError(f"{path}: layer mapping {cls!r} must map child names to child names "
+                                 f"(e.g. 'ParallelAttention: {{qkv_proj: query_key_value}}'); {bad!r} is not")
+        m.layer.setdefault(cls, {}).update(table)
 
 
 def _kind(m: Mapping, key: str) -> dict[str, str]:

@@ -10,7 +10,8 @@ from .render import finding_line, num, output_options, render, rows_out, text, t
 
 def _common(fn):
     fn = click.option("--map", "maps", multiple=True, type=click.Path(exists=True, dir_okay=False),
-                      help="msprobe-style mapping YAML (data rows, module or API renames), repeatable.")(fn)
+                      help="msprobe-style mapping YAML (-dm data rows, -cm module or -am API renames, or an "
+                           "-lm layer mapping), repeatable.")(fn)
     fn = click.option("--tol", "tol", multiple=True, metavar="[DTYPE=]VALUE",
                       help="Relative-L2 tolerance, for all dtypes or one (repeatable), e.g. --tol bfloat16=2e-2.")(fn)
     fn = click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank (repeatable).")(fn)

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from . import summary
 from .errors import DumpFormatError, StoreError
+from .framework import detect_framework
 from .layout import Unit, find_units
 from .names import parse_record
 from .ptfile import DEFAULT_MAX_BYTES
@@ -340,6 +341,8 @@ def _dump_rows(unit: Unit, opts: IngestOptions, res: UnitResult, *, defer: bool 
                               "(msprobe dump.json); is this the right file?")
     res.files = 1
     res.meta = {k: doc.get(k) for k in ("task", "level", "framework") if isinstance(doc.get(k), str)}
+    if "framework" not in res.meta and (found := detect_framework(doc)):
+        res.meta["framework"] = found
     construct = _aux_json(unit.path.parent / "construct.json", res)
     stack_ids, stacks = _stack_index(_aux_json(unit.path.parent / "stack.json", res))
     return _record_rows(unit, doc, construct if isinstance(construct, dict) else {}, stack_ids, opts, res,

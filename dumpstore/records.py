@@ -34,14 +34,14 @@ def record_leaves(key: str, record: Any, direction: str) -> list[Leaf]:
     """(io, index_path, name, leaf) for every leaf of one record, in msprobe's row order; `direction` is
     parse_record(key).direction."""
     out: list[Leaf] = []
-    if not isinstance(record, dict):
+    if direction == "debug":  # PrecisionDebugger.save(var, name): any value, a list or a bare leaf included
+        _walk(record, key, "debug", "", [], 0, out)
+    elif not isinstance(record, dict):
         out.append(("error", "", key, _Malformed(f"record is {type(record).__name__}, expected an object")))
     elif direction == "parameters_grad":
         for pname, value in record.items():
             inner = value[0] if isinstance(value, list) and len(value) == 1 else value
             _walk(inner, key, "parameters_grad", "", [str(pname)], 0, out)
-    elif direction == "debug":
-        _walk(record, key, "debug", "", [], 0, out)
     else:
         backward = direction == "backward"
         for section, io in _ORDER_BACKWARD if backward else _ORDER_FORWARD:
@@ -162,7 +162,7 @@ def _tensor_leaf(leaf: dict) -> tuple:
         fmax = _SAT_LIMIT.get(dtype)
         has_sat = fmax is not None and ((abs(mx) >= fmax and mx != _INF and mx != -_INF)
                                         or (abs(mn) >= fmax and mn != _INF and mn != -_INF))
-    checksum = md5 if isinstance(md5, str) else None
+    checksum = _checksum(md5)
     return ("tensor", str(get("type", "")), None, None,  # kind, value_type, value, scalar_value
             dtype, None if dtype_raw is None else str(dtype_raw), shape, numel,
             rg if rg is True or rg is False else None,
@@ -171,6 +171,15 @@ def _tensor_leaf(leaf: dict) -> tuple:
             has_nan, has_posinf, has_neginf, has_sat, mx, mn, mean, norm,
             checksum, None if checksum is None else "xor" if checksum.startswith("0x") else "crc32",
             dn if isinstance(dn, str) else None, "none", None, None, err)  # ..., file_status, sample, sketch, error
+
+
+def _checksum(md5: Any) -> str | None:
+    """The md5 field as msprobe prints it: a string as is, an integer in decimal; '' and other types are none."""
+    if isinstance(md5, str):
+        return md5 or None
+    if type(md5) is int:
+        return str(md5)
+    return None
 
 
 def _shape(value: Any) -> tuple[list[int] | None, int | None, str | None]:

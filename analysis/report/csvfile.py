@@ -2,7 +2,9 @@
 
 One row per aligned leaf (tensors and non-tensor arguments, unmatched leaves included), in the store's order.
 msprobe 26.x column names where the meaning is the same (§5.7 of MSPROBE_FORMAT.md), then dumpstore's own
-columns.  Numbers are written as numbers (`inf`, `-inf`, `nan`; empty when unknown), never as `%` strings;
+columns; the dump mode's own msprobe columns and cells come from msprobe_csv.py (statistics: the four
+`…RelativeErr` as msprobe's text, `0.9186%`, `inf`, `Nan`; md5: `NPU MD5`, `BENCH MD5`, msprobe's `Result`).
+Other numbers are written as numbers (`inf`, `-inf`, `nan`; empty when unknown), never as `%` strings;
 shapes as msprobe writes them (`[4, 8, 32]`, `[]` for non-tensors, `N/A` for null leaves).  With the store at
 hand the dtype is the dumped one (`torch.float32`, `<class 'int'>`), the summary columns are the dumper's
 statistics (what msprobe shows) and `NPU_Stack_Info` holds the call stack on the first row of each op.
@@ -28,6 +30,7 @@ import polars as pl
 
 from dumpstore.csvsafe import row as safe_row
 
+from .. import msprobe_csv
 from ..compare import Comparison
 from .data import fetch
 from .text import fmt, write_text
@@ -64,7 +67,7 @@ RESULT_OF_STATUS = {"pass": "pass", "diverged": "error", "error": "error", "unma
                     "unknown": "warning"}
 _STATS = (("max", "max"), ("min", "min"), ("mean", "mean"), ("norm", "l2norm"))
 
-_SIDE_INPUTS = ("name", "kind", "dtype", "dtype_raw", "value_type", "value", "scalar_value", "shape",
+_SIDE_INPUTS = ("name", "kind", "dtype", "dtype_raw", "value_type", "value", "scalar_value", "shape", "checksum",
                 "requires_grad", "data_name", "record", "seq", "io", "stack_id", "max", "min", "mean", "norm",
                 "dump_max", "dump_min", "dump_mean", "dump_norm")
 _CSV_INPUTS = frozenset(_SIDE_INPUTS + tuple(c for pair in _METRIC_SOURCES.values() for c in pair) + (
@@ -80,11 +83,12 @@ STACK_SQL = "SELECT frames FROM stacks WHERE run = $run AND step = $step AND ran
 def write_csv(cmp: Comparison, path: str | Path, *, store=None) -> int:
     """Write the comparison as CSV (see the module docstring); returns the number of data rows."""
     rows = csv_rows(cmp, store=store)
+    cols = msprobe_csv.columns(CSV_COLUMNS, msprobe_csv.dump_mode(cmp, store))
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CSV_COLUMNS)
+    w.writerow(cols)
     for row in rows:
-        w.writerow(safe_row(row[c] for c in CSV_COLUMNS))
+        w.writerow(safe_row(row[c] for c in cols))
     write_text(buf.getvalue(), path)
     return len(rows)
 
@@ -94,9 +98,10 @@ def csv_rows(cmp: Comparison, *, store=None) -> list[dict[str, Any]]:
     rows = _with_raw(cmp, store)
     rows = rows.select([c for c in rows.columns if c.removeprefix("ref_") in _CSV_INPUTS])
     stacks = _all_stacks(store, cmp.target) if store is not None else {}
-    out, seen_ops = [], set()
+    out, seen_ops, mode = [], set(), msprobe_csv.dump_mode(cmp, store)
     for r in rows.iter_rows(named=True):
         d = _csv_row(r)
+        msprobe_csv.fill(d, r, mode)  # msprobe's cells of this dump mode (statistics, md5)
         op_key = (r["step"], r["rank"], r["source"], r["record"])
         frames = stacks.get((r["step"], r["rank"], r["stack_id"])) if r["record"] else None
         if frames is not None and op_key not in seen_ops:

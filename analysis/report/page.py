@@ -1,6 +1,6 @@
 """The HTML report: one self-contained page (verdict, charts, top rows, stacks, checklist, health, runs).
 
-plotly.js is embedded (read from the installed `plotly` package), so the file works offline.  The page's
+plotly.js is embedded (a partial build shipped in assets/, see assets/PLOTLY.md), so the file works offline.  The page's
 markup, script and style are asset files beside this module (assets/page.html, guard.js, main.js,
 report.css), read with importlib.resources.  Every string that comes from a dump (names, paths, stack lines)
 is untrusted: it is HTML-escaped in markup and in plotly labels, and JSON inside <script> has `<`, `>` and
@@ -15,7 +15,6 @@ import base64
 import functools
 import hashlib
 import importlib.resources
-import importlib.util
 import json
 import math
 import re
@@ -50,15 +49,14 @@ def asset(name: str) -> str:
 
 
 def plotly_js() -> str:
-    """plotly.min.js from the installed `plotly` package (no network)."""
-    spec = importlib.util.find_spec("plotly")
-    for base in (spec.submodule_search_locations or []) if spec else []:
-        p = Path(base) / "package_data" / "plotly.min.js"
-        if p.exists():
-            # never end the <script> element early (the file has no such text today; the hash covers the result)
-            return re.sub(r"</(script)", r"<\\/\1", p.read_text(encoding="utf-8"), flags=re.IGNORECASE)
-    raise DumpstoreError("the HTML report embeds plotly.js from the Python package `plotly`, which is not "
-                         "installed; install it (pip install plotly) or write only --csv")
+    """The partial plotly.js build shipped with the report (assets/plotly-report.min.js; see assets/PLOTLY.md)."""
+    try:
+        text = asset("plotly-report.min.js")
+    except OSError as exc:
+        raise DumpstoreError(f"the HTML report's plotly.js (dumpstore/analysis/report/assets/plotly-report.min.js) "
+                             f"cannot be read ({exc}); reinstall dumpstore, or write only --csv") from None
+    # never end the <script> element early (the file has no such text today; the hash covers the result)
+    return re.sub(r"</(script)", r"<\\/\1", text, flags=re.IGNORECASE)
 
 
 def write_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowReport | None, store,

@@ -33,7 +33,8 @@ from ..health import HealthReport
 from ..overflow import OverflowReport
 from . import sections
 from .data import ReportData
-from .figures import MAX_POINTS, focus, heat_figure, line_figure, per_op, prepared
+from .figures import MAX_POINTS, focus, grad_figure, heat_figure, line_figure, loss_figure, per_op, prepared
+from .rows import table_data
 from .sections import MAX_TABLE_ROWS
 from .text import esc, write_text
 
@@ -75,32 +76,72 @@ def render_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowRepo
                 *, max_table_rows: int = MAX_TABLE_ROWS, max_points: int = MAX_POINTS,
                 generated_at: str | None = None, checklist_report: Checklist | None = None,
                 health_report: HealthReport | None = None) -> str:
-    """One self-contained HTML page: verdict, charts, top mismatches, culprit's stack, run metadata."""
+    """One self-contained HTML page: verdict, charts, curves, every compared row, culprit's stack, run metadata.
+
+    `max_table_rows`: rows per page of the table (all rows are in the page); `max_points`: points per chart trace.
+    """
     rows = prepared(cmp.rows)
-    ops = per_op(rows)
-    focus_rank, focus_step = focus(verdict, ops)
-    figs = {"line": line_figure(ops, verdict, focus_rank, max_points)}
-    steps = sorted(ops["step"].unique().to_list())
-    ranks = sorted(ops["rank"].unique().to_list())
-    if len(steps) > 1:
-        figs["steps"] = heat_figure(ops.filter(pl.col("rank") == focus_rank), "step", verdict,
-                                    f"rel_l2 by step and {{cols}} (rank {focus_rank}, max over output leaves)")
-    if len(ranks) > 1:
-        figs["ranks"] = heat_figure(ops.filter(pl.col("step") == focus_step), "rank", verdict,
-                                    f"rel_l2 by rank and {{cols}} (step {focus_step}, max over output leaves)")
-    body = [
-        sections.verdict_section(cmp, verdict, overflow_report),
-        sections.checklist_section(checklist_report),
-        sections.chart_section(figs, focus_rank, len(steps), len(ranks), verdict),
-        sections.health_section(health_report),
-        sections.table_section(rows, max_table_rows),
-        sections.stack_section(cmp, verdict, store),
-        sections.meta_section(cmp, verdict, store, bool(len(ranks) > 1)),
+    table = table_data(rows)
+    figs, alt, pickers, focus_rank = _figures(rows, verdict, table, max_points)
+    if health_report is not None:
+        figs["loss"] = loss_figure(rows, health_report.loss)
+    figs["grads"] = grad_figure(rows, focus_rank)
+    n_steps, n_ranks = len(set(table["cols"]["step"])), len(set(table["cols"]["rank"]))
+    parts = [
+        ("verdict", "Verdict", sections.verdict_section(cmp, verdict, overflow_report, rows)),
+        ("checklist", "Checklist", sections.checklist_section(checklist_report)),
+        ("charts", "Error charts", sections.chart_section(figs, 0, n_steps, n_ranks, verdict, pickers)),
+        ("curves", "Training curves", sections.curves_section(figs)),
+        ("health", "Health", sections.health_section(health_report)),
+        ("mismatches", "All rows", sections.table_section(table, max_table_rows)),
+        ("stack", "Call stack", sections.stack_section(cmp, verdict, store)),
+        ("meta", "Runs", sections.meta_section(cmp, verdict, store, n_ranks > 1)),
     ]
-    data = {"figures": {k: v for k, v in figs.items() if v is not None}}
+    body = [sections.toc([(i, label) for i, label, html in parts if html])] + [html for _, _, html in parts]
+    data = {"figures": {k: v for k, v in figs.items() if v is not None}, "alt": alt, "table": table}
     title = f"dumpstore report: {cmp.target} vs {cmp.ref}"
     when = generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     return _page(title, when, "\n".join(body), data)
+
+
+MAX_PICKS = 16  # ranks or steps offered by a chart's picker (each is drawn ahead, into the page)
+
+
+def _figures(rows: pl.DataFrame, verdict: Verdict, table: dict, max_points: int) -> tuple[dict, dict, dict, int]:
+    """The error charts at the focus rank/step, the same charts at the other ranks/steps, their pickers, the rank."""
+    op_index = {op: i for i, op in enumerate(table["dicts"]["op"])}
+    ops = per_op(rows)
+    focus_rank, focus_step = focus(verdict, ops)
+    steps = sorted(ops["step"].unique().to_list())
+    ranks = sorted(ops["rank"].unique().to_list())
+
+    def line(r: int) -> dict:
+        return line_figure(ops, verdict, r, max_points, op_index)
+
+    def by_step(r: int) -> dict | None:
+        return heat_figure(ops.filter(pl.col("rank") == r), "step", verdict,
+                           f"rel_l2 by step and {{cols}} (rank {r}, max over output leaves)")
+
+    def by_rank(s: int) -> dict | None:
+        return heat_figure(ops.filter(pl.col("step") == s), "rank", verdict,
+                           f"rel_l2 by rank and {{cols}} (step {s}, max over output leaves)")
+
+    figs: dict[str, Any] = {"line": line(focus_rank)}
+    plan = [("line", "rank", ranks, focus_rank, line)]
+    if len(steps) > 1:
+        figs["steps"] = by_step(focus_rank)
+        plan.append(("steps", "rank", ranks, focus_rank, by_step))
+    if len(ranks) > 1:
+        figs["ranks"] = by_rank(focus_step)
+        plan.append(("ranks", "step", steps, focus_step, by_rank))
+    alt: dict[str, dict[str, Any]] = {}
+    pickers: dict[str, tuple[str, list, Any]] = {}
+    for key, axis, values, current, make in plan:
+        if figs.get(key) is None or not 1 < len(values) <= MAX_PICKS:
+            continue
+        alt[key] = {str(v): make(v) for v in values if v != current}
+        pickers[key] = (axis, values, current)
+    return figs, alt, pickers, focus_rank
 
 
 def _json_for_script(obj: Any) -> str:

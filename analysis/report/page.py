@@ -146,7 +146,10 @@ def _figures(rows: pl.DataFrame, verdict: Verdict, table: dict, max_points: int)
 
 def _json_for_script(obj: Any) -> str:
     """JSON safe inside <script>: no NaN/Infinity, and '<', '>', '&' (so '</', '<!--') as \\u escapes."""
-    text = json.dumps(_finite(obj), allow_nan=False, separators=(",", ":"))
+    try:
+        text = json.dumps(obj, allow_nan=False, separators=(",", ":"))
+    except ValueError:  # NaN or Infinity somewhere: copy with them as null (the walk is slow on big pages)
+        text = json.dumps(_finite(obj), allow_nan=False, separators=(",", ":"))
     return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 

@@ -53,7 +53,8 @@ def table_data(rows: pl.DataFrame) -> dict[str, Any]:
         codes, values = _encode(df[k])
         cols[k], dicts[k] = codes, values
     for k in NUMBER_COLUMNS:
-        cols[k] = [_round(v) for v in df[k].to_list()]
+        cols[k] = _numbers(df[k])
+    cols["tol"], dicts["tol"] = _encode(df["tol"].round_sig_figs(4))  # a handful of tolerances, one per dtype
     for k in ("max", "min", "mean", "norm"):  # a reference value equal to the target's travels as "="
         cols[f"r_{k}"] = ["=" if r is not None and r == t else r for t, r in zip(cols[f"t_{k}"], cols[f"r_{k}"])]
     cols = {k: v for k, v in cols.items() if any(x is not None for x in v)}  # the page reads a missing column as empty
@@ -67,11 +68,11 @@ def _encode(s: pl.Series) -> tuple[list[int | None], list[str]]:
     return [None if v is None else index[v] for v in s.to_list()], values
 
 
-def _round(v: float | None) -> float | str | None:
-    if v is None:
-        return None
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return float(f"{v:.4g}")
+def _numbers(s: pl.Series) -> list[float | str | None]:
+    """4 significant digits; inf, -inf and nan as strings (JSON has no such numbers)."""
+    s = s.round_sig_figs(4)
+    values = s.to_list()
+    if s.is_finite().fill_null(True).all():
+        return values
+    return [v if v is None or math.isfinite(v) else ("nan" if math.isnan(v) else "inf" if v > 0 else "-inf")
+            for v in values]

@@ -51,9 +51,11 @@
     if (!C[c]) { C[c] = new Array(T.n).fill(null); }
   });
 
+  var NUMDICT = {tol: true};  // number columns sent dictionary-encoded
   function val(c, i) {
     var v = C[c][i];
-    return v === '=' ? C['t_' + c.slice(2)][i] : v;
+    if (v === '=') { return C['t_' + c.slice(2)][i]; }
+    return NUMDICT[c] && v !== null ? D[c][v] : v;
   }
   function text(c, i) {
     var v = C[c][i];
@@ -101,7 +103,7 @@
       var est = v !== null && ['stats', 'sketch'].indexOf(text('src', i)) >= 0 ? '≈ ' : '';
       return '<td class="num">' + esc(v === null ? '' : est + fmt(v)) + '</td>';
     }
-    if (D[c]) { return '<td>' + esc(text(c, i)) + '</td>'; }
+    if (D[c] && !NUMDICT[c]) { return '<td>' + esc(text(c, i)) + '</td>'; }
     return '<td class="num">' + esc(fmt(v)) + '</td>';
   }
   function draw() {
@@ -132,7 +134,8 @@
       if (rk !== '' && String(C.rank[i]) !== rk) { continue; }
       if (ty && C.type[i] !== tyCode) { continue; }
       if (ss && C.status[i] !== ssCode) { continue; }
-      if (q && !((C.op[i] !== null && opHit[C.op[i]]) || (C.leaf[i] !== null && leafHit[C.leaf[i]]))) { continue; }
+      if (q && !((C.op[i] !== null && opHit[C.op[i]]) || (C.leaf[i] !== null && leafHit[C.leaf[i]])
+                 || (text('op', i) + '.' + text('leaf', i)).toLowerCase().indexOf(q) >= 0)) { continue; }
       order.push(i);
     }
     if (sortCol) { sortRows(); }

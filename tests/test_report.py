@@ -488,7 +488,7 @@ def test_cli_report(store, tmp_path) -> None:
     res = runner.invoke(main, base + ["--html", str(html_path), "--csv", str(csv_path), "--step", "1",
                                       "--tol", "float32=1e-4"])
     assert res.exit_code == 0, res.output
-    lines = res.output.splitlines()
+    lines = res.stdout.splitlines()  # progress, if any, goes to stderr
     assert lines[0].startswith("DIVERGED | step 1 rank 0 ") and "tol=1.00e-04 (float32)" in lines[0]
     assert lines[0].endswith(" | culprit parameter: Functional.linear.6.forward")
     assert lines[1] == f"wrote {csv_path} (453 rows)"
@@ -608,3 +608,17 @@ def test_html_synthetic_300_layers_in_chromium(tmp_path) -> None:
     data = report.analyze(store, "target", "ref")
     assert data.cmp.rows.height == man["rows_per_side"]
     _check_synth_page(data, man, store, tmp_path / "synth300.html")
+
+
+def test_progress_is_reported_by_callback(store, tmp_path) -> None:
+    calls: list[tuple[str, int, int]] = []
+    data = report.analyze(store, "weight_1pct_stats", "ref_stats", steps=[0], progress=lambda *a: calls.append(a))
+    assert calls == [("compare", 0, 5), ("divergence", 1, 5), ("overflow", 2, 5), ("checklist", 3, 5),
+                     ("health", 4, 5), ("analysed", 5, 5)]
+    calls.clear()
+    n = report.write_csv(data.cmp, tmp_path / "r.csv", store=store, progress=lambda *a: calls.append(a))
+    assert n == data.cmp.rows.height and calls == [("csv", n, n)]  # one call per 50,000 rows and one at the end
+    assert not (tmp_path / "r.csv.part").exists()
+    calls.clear()
+    report.write_report_html(data, store, tmp_path / "r.html", progress=lambda *a: calls.append(a))
+    assert calls == [("html", i, 4) for i in range(5)]

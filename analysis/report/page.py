@@ -18,6 +18,7 @@ import importlib.resources
 import json
 import math
 import re
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ def write_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowRepor
 
 
 def write_report_html(data: ReportData, store, path: str | Path, **options: Any) -> int:
-    """The HTML page of `analyze(...)`, with the checklist and health sections."""
+    """The HTML page of `analyze(...)`, with the checklist and health sections (options: see render_html)."""
     return write_text(render_html(data.cmp, data.verdict, data.overflow, store, checklist_report=data.checklist,
                                   health_report=data.health, **options), path)
 
@@ -75,14 +76,20 @@ def write_report_html(data: ReportData, store, path: str | Path, **options: Any)
 def render_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowReport | None = None, store=None,
                 *, max_table_rows: int = MAX_TABLE_ROWS, max_points: int = MAX_POINTS,
                 generated_at: str | None = None, checklist_report: Checklist | None = None,
-                health_report: HealthReport | None = None) -> str:
+                health_report: HealthReport | None = None,
+                progress: Callable[[str, int, int], None] | None = None) -> str:
     """One self-contained HTML page: verdict, charts, curves, every compared row, culprit's stack, run metadata.
 
-    `max_table_rows`: rows per page of the table (all rows are in the page); `max_points`: points per chart trace.
+    `max_table_rows`: rows per page of the table (all rows are in the page); `max_points`: points per chart trace;
+    `progress("html", done, 4)` as the table, the charts, the sections and the page are built.
     """
+    tell = progress or (lambda stage, done, total: None)
     rows = prepared(cmp.rows)
+    tell("html", 0, 4)
     table = table_data(rows)
+    tell("html", 1, 4)
     figs, alt, pickers, focus_rank = _figures(rows, verdict, table, max_points)
+    tell("html", 2, 4)
     if health_report is not None:
         figs["loss"] = loss_figure(rows, health_report.loss)
     figs["grads"] = grad_figure(rows, focus_rank)
@@ -97,11 +104,14 @@ def render_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowRepo
         ("stack", "Call stack", sections.stack_section(cmp, verdict, store)),
         ("meta", "Runs", sections.meta_section(cmp, verdict, store, n_ranks > 1)),
     ]
+    tell("html", 3, 4)
     body = [sections.toc([(i, label) for i, label, html in parts if html])] + [html for _, _, html in parts]
     data = {"figures": {k: v for k, v in figs.items() if v is not None}, "alt": alt, "table": table}
     title = f"dumpstore report: {cmp.target} vs {cmp.ref}"
     when = generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return _page(title, when, "\n".join(body), data)
+    page = _page(title, when, "\n".join(body), data)
+    tell("html", 4, 4)
+    return page
 
 
 MAX_PICKS = 16  # ranks or steps offered by a chart's picker (each is drawn ahead, into the page)

@@ -65,7 +65,8 @@ class _Stages:
 
 
 _html = click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Write one self-contained HTML page (verdict, charts, top mismatches, stack, runs).")
+                     help="Write one self-contained HTML page (verdict, charts, training curves, every compared "
+                          "row, stack, runs).")
 _csv = click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
                     help="Write one CSV row per aligned leaf: msprobe's column names plus dumpstore's.")
 

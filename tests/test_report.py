@@ -622,3 +622,27 @@ def test_progress_is_reported_by_callback(store, tmp_path) -> None:
     calls.clear()
     report.write_report_html(data, store, tmp_path / "r.html", progress=lambda *a: calls.append(a))
     assert calls == [("html", i, 4) for i in range(5)]
+
+
+
+def test_health_findings_marked_on_the_curves(reports) -> None:
+    """A loss spike and a gradient explosion (as health reports them) are drawn where the curves are."""
+    from dumpstore.analysis.health import HealthFinding
+    from dumpstore.analysis.report import figures
+
+    data = reports("weight_1pct_stats", "ref_stats")
+    rows = figures.prepared(data.cmp.rows)
+    loss = data.health.loss[1]
+    grads = figures.grad_figure(rows, 0)
+    name_of = {t["name"]: t for t in grads["data"]}
+    param = "Module.layers.1.fc2.Linear.parameters_grad.0.weight"
+    assert "layers.1.fc2.weight (target)" in name_of
+    found = [HealthFinding("loss_spike", loss["step"], 0, loss["op"], None, loss["value"], 1.0),
+             HealthFinding("grad_explosion", 2, 0, "Module.layers.1.fc2.Linear.parameters_grad", param, 9.0, 1.0),
+             HealthFinding("grad_explosion", 2, 0, "x", "not.a.plotted.parameter", 9.0, 1.0)]
+    marks = [t for t in figures.loss_figure(rows, data.health.loss, found)["data"] if t["name"].startswith("health")]
+    assert [(t["name"], t["x"], t["y"]) for t in marks] == [("health: loss_spike", [loss["step"]], [loss["value"]])]
+    marks = [t for t in figures.grad_figure(rows, 0, findings=found)["data"] if t["name"].startswith("health")]
+    target = name_of["layers.1.fc2.weight (target)"]
+    assert [(t["name"], t["x"], t["y"]) for t in marks] == [("health: grad_explosion", [2],
+                                                             [target["y"][target["x"].index(2)]])]

@@ -280,10 +280,11 @@ def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> d
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
 
-def loss_figure(rows: pl.DataFrame, loss: list[dict[str, Any]]) -> dict[str, Any] | None:
+def loss_figure(rows: pl.DataFrame, loss: list[dict[str, Any]], findings: list = ()) -> dict[str, Any] | None:
     """Loss per step, one colour per rank: the target (solid, from health) and the reference (dashed).
 
     The reference's value is the aligned output of the same loss op: its dumped mean (a 0-d loss is its mean).
+    Health findings on the loss (`loss_spike`, `loss_nonfinite`) are marked on the target's curve.
     """
     if not loss:
         return None
@@ -298,6 +299,9 @@ def loss_figure(rows: pl.DataFrame, loss: list[dict[str, Any]]) -> dict[str, Any
             traces.append({"type": "scatter", "mode": "lines+markers", "name": f"{label}, rank {rank}",
                            "x": part["step"].to_list(), "y": part[col].to_list(),
                            "line": {"color": color, "dash": dash}, "marker": {"size": 5}})
+    at = {(r, st): v for r, st, v in keys.select("rank", "step", "value").iter_rows()}
+    on_loss = [f for f in findings if f.watchpoint.startswith("loss")]
+    traces += _finding_marks(on_loss, lambda f: at.get((f.rank, f.step)))
     layout = {"title": {"text": "Loss per step: target (solid) and reference (dashed), per rank",
                         "font": {"size": 14}}, "height": 340, "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
               "xaxis": {"title": {"text": "step"}, "dtick": 1}, "yaxis": {"title": {"text": "loss"}},
@@ -305,8 +309,11 @@ def loss_figure(rows: pl.DataFrame, loss: list[dict[str, Any]]) -> dict[str, Any
     return {"data": traces, "layout": layout}
 
 
-def grad_figure(rows: pl.DataFrame, rank: int, top: int = 6) -> dict[str, Any] | None:
-    """Gradient L2 norm per step of the `top` parameters whose gradients differ most, target and reference."""
+def grad_figure(rows: pl.DataFrame, rank: int, top: int = 6, findings: list = ()) -> dict[str, Any] | None:
+    """Gradient L2 norm per step of the `top` parameters whose gradients differ most, target and reference.
+
+    Health findings on those gradients (`grad_explosion`, `grad_vanishing`) are marked on the target's curve.
+    """
     grads = rows.filter((pl.col("_io") == "parameters_grad") & (pl.col("rank") == rank)
                         & (pl.coalesce("kind", "ref_kind") == "tensor"))
     if grads.height == 0:
@@ -322,6 +329,10 @@ def grad_figure(rows: pl.DataFrame, rank: int, top: int = 6) -> dict[str, Any] |
             traces.append({"type": "scatter", "mode": "lines+markers", "name": f"{label} ({side})",
                            "legendgroup": label, "x": part["step"].to_list(), "y": part[col].to_list(),
                            "line": {"color": color, "dash": dash}, "marker": {"size": 5}})
+    shown = set(worst["_name"].to_list())
+    norms = {(n, st): v for n, st, v in grads.select("_name", "step", "norm").iter_rows()}
+    traces += _finding_marks([f for f in findings if f.watchpoint.startswith("grad_") and f.rank == rank
+                              and f.name in shown], lambda f: norms.get((f.name, f.step)))
     layout = {"title": {"text": f"Gradient norm per step, rank {rank}: the {worst.height} parameters whose gradients "
                                 "differ most (target solid, reference dashed)", "font": {"size": 14}},
               "height": 380, "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
@@ -329,6 +340,20 @@ def grad_figure(rows: pl.DataFrame, rank: int, top: int = 6) -> dict[str, Any] |
               "yaxis": {"title": {"text": "‖grad‖₂"}, "type": "log", "exponentformat": "e"},
               "hovermode": "x unified"}
     return {"data": traces, "layout": layout}
+
+
+def _finding_marks(findings: list, y_of) -> list[dict[str, Any]]:
+    """One marker trace per health watchpoint, at (step, the curve's value there) of each finding."""
+    by: dict[str, list] = {}
+    for f in findings:
+        y = y_of(f)
+        if y is not None:
+            by.setdefault(f.watchpoint, []).append((f, y))
+    return [{"type": "scatter", "mode": "markers", "name": f"health: {w}", "x": [f.step for f, _ in hits],
+             "y": [y for _, y in hits], "marker": {"symbol": "x", "size": 12, "color": "#d62728"},
+             "text": [esc(f"{f.watchpoint} at step {f.step}, rank {f.rank}: {f.detail or f.name or f.op}")
+                      for f, _ in hits], "hovertemplate": "%{text}<extra></extra>"}
+            for w, hits in by.items()]
 
 
 def _param_label(name: str) -> str:

@@ -90,9 +90,10 @@ def render_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowRepo
     tell("html", 1, 4)
     figs, alt, pickers, focus_rank = _figures(rows, verdict, table, max_points)
     tell("html", 2, 4)
+    findings = health_report.findings if health_report is not None else []
     if health_report is not None:
-        figs["loss"] = loss_figure(rows, health_report.loss)
-    figs["grads"] = grad_figure(rows, focus_rank)
+        figs["loss"] = loss_figure(rows, health_report.loss, findings)
+    figs["grads"] = grad_figure(rows, focus_rank, findings=findings)
     n_steps, n_ranks = len(set(table["cols"]["step"])), len(set(table["cols"]["rank"]))
     parts = [
         ("verdict", "Verdict", sections.verdict_section(cmp, verdict, overflow_report, rows)),

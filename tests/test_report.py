@@ -646,3 +646,35 @@ def test_health_findings_marked_on_the_curves(reports) -> None:
     target = name_of["layers.1.fc2.weight (target)"]
     assert [(t["name"], t["x"], t["y"]) for t in marks] == [("health: grad_explosion", [2],
                                                              [target["y"][target["x"].index(2)]])]
+
+
+# clicks (plotly's event) the culprit's point on the error chart; the table then shows that op's rows at that step
+_CLICK_DRIVER = """
+window.addEventListener('load', function () {
+  setTimeout(function () {
+    var gd = document.getElementById('chart-line');
+    var star = gd.data.filter(function (t) { return t.name === 'culprit'; })[0];
+    gd.emit('plotly_click', {points: [{customdata: star.customdata[0]}]});
+    var rows = Array.prototype.map.call(document.querySelectorAll('#top-table tbody tr'), function (tr) {
+      return tr.cells[0].textContent + '|' + tr.cells[1].textContent + '|' + tr.cells[2].textContent; });
+    document.body.setAttribute('data-clicked', JSON.stringify([document.getElementById('filter').value, rows]));
+  }, 500);
+});
+"""
+
+
+def test_html_chart_point_opens_its_rows(reports, store, tmp_path) -> None:
+    _need_chromium()
+    data = reports("weight_1pct_stats", "ref_stats")
+    path = tmp_path / "click.html"
+    report.write_html(data.cmp, data.verdict, data.overflow, store, path)
+    _with_driver(path, _CLICK_DRIVER)
+    page = browser.load(path)
+    got = re.search(r'data-clicked="([^"]*)"', page.dom)
+    assert got, "the click driver did not run"
+    name, rows = json.loads(html.unescape(got.group(1)))
+    c = data.verdict.culprit
+    assert name == c.op
+    want = data.cmp.rows.filter((pl.col("record") == c.op) & (pl.col("step") == c.step) & (pl.col("rank") == c.rank)
+                                & (pl.col("kind") != "null"))
+    assert rows and set(rows) == {f"{c.step}|{c.rank}|{c.op}"} and len(rows) == want.height

@@ -309,7 +309,7 @@ def test_html_sample_pair_in_chromium(reports, store, tmp_path) -> None:
     assert "default-src 'none'" in markup and "connect-src 'none'" in markup
     shot = tmp_path / "report.png"
     page = browser.load(path, screenshot=shot)
-    _check_page(page, charts=3)  # error along execution order, steps x ops heat map, gradient norms
+    _check_page(page, charts=4)  # error along execution order, steps x ops heat map, gradient norms, update ratios
     exp = CATALOG["weight_1pct_stats"]["expected"]
     verdict = _verdict_block(page.dom)
     words = re.search(r'id="culprit-words">([^<]*)<', verdict).group(1)
@@ -356,7 +356,7 @@ def test_html_ranks_view_and_table_in_chromium(reports, store, tmp_path) -> None
     report.write_html(data.cmp, data.verdict, data.overflow, store, path)
     _with_driver(path)
     page = browser.load(path)
-    _check_page(page, charts=4)  # line + steps heat map + ranks heat map + gradient norms
+    _check_page(page, charts=5)  # line + steps heat map + ranks heat map + gradient norms + update ratios
     assert path.stat().st_size <= PAGE_BOUND, f"{path.stat().st_size} bytes"
     exp = CATALOG["rank1_fault_stats"]["expected"]["culprit"]
     assert exp["op"] in _verdict_block(page.dom) and "step 0, rank 1" in _verdict_block(page.dom)
@@ -467,7 +467,7 @@ def test_html_thousands_of_ops_in_chromium(reports, store, tmp_path) -> None:
     _need_chromium()
     path = _big_report(reports, store, tmp_path)[0]
     page = browser.load(path)
-    _check_page(page, charts=3)  # line, steps heat map, gradient norms
+    _check_page(page, charts=4)  # line, steps heat map, gradient norms, update ratios
     ms = int(re.search(r'id="render-ms">(\d+)<', page.dom).group(1))
     paint = re.search(r'data-first-paint-ms="(\d*)"', page.dom).group(1)
     assert ms < 4000, f"charts drawn after {ms} ms"  # ~1.6 s on 2 slow vCPUs, most of it parsing plotly.js
@@ -519,7 +519,7 @@ def test_report_page_with_curves_and_bound(reports, store, tmp_path) -> None:
         if t["name"].startswith("target"):
             assert t["y"] == [want[(rank, s)] for s in t["x"]]
     page = browser.load(path)
-    _check_page(page, charts=5)  # line, steps and ranks heat maps, loss, gradient norms
+    _check_page(page, charts=6)  # line, steps and ranks heat maps, loss, gradient norms, update ratios
     assert 'id="chart-loss"' in page.dom and 'class="picker"' in page.dom
 
 

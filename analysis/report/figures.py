@@ -360,3 +360,38 @@ def _param_label(name: str) -> str:
     """'Module.layers.1.fc1.Linear.parameters_grad.weight' -> 'layers.1.fc1.weight'."""
     m = re.match(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.parameters_grad(?:\.\d+)?\.(.+)$", name)
     return f"{m.group(1)}.{m.group(2)}" if m else name
+
+
+def update_figure(target: pl.DataFrame | None, ref: pl.DataFrame | None, rank: int,
+                  top: int = 6) -> dict[str, Any] | None:
+    """Update ratio ‖w_t − w_prev‖ / ‖w_prev‖ per step of the `top` parameters whose ratios differ most.
+
+    `target`, `ref`: rows of the store's weight_change view (step, rank, param, ratio); the ratio is from
+    sketches where both steps have one, else the bound from the statistics (views.WEIGHT_CHANGE).
+    """
+    if target is None or ref is None or target.height == 0:
+        return None
+    both = (target.filter(pl.col("rank") == rank)
+            .join(ref.filter(pl.col("rank") == rank).rename({"ratio": "ref_ratio"}), on=["step", "rank", "param"],
+                  how="left").sort("step"))
+    if both.height == 0:
+        return None
+    gap = (pl.col("ratio") - pl.col("ref_ratio")).abs().fill_nan(None)
+    worst = (both.group_by("param").agg(gap.max().alias("_gap"), pl.col("ratio").max().alias("_top"))
+             .sort(["_gap", "_top", "param"], descending=[True, True, False], nulls_last=True).head(top))
+    traces = []
+    for i, name in enumerate(worst["param"].to_list()):
+        part = both.filter(pl.col("param") == name)
+        color = _PALETTE[i % len(_PALETTE)]
+        for side, col, dash in (("target", "ratio", "solid"), ("reference", "ref_ratio", "dash")):
+            traces.append({"type": "scatter", "mode": "lines+markers", "name": f"{esc(name)} ({side})",
+                           "legendgroup": esc(name), "x": part["step"].to_list(), "y": part[col].to_list(),
+                           "line": {"color": color, "dash": dash}, "marker": {"size": 5}})
+    layout = {"title": {"text": f"Update ratio ‖w − w_prev‖ / ‖w_prev‖ per step, rank {rank}: the {worst.height} "
+                                "parameters whose updates differ most (target solid, reference dashed)",
+                        "font": {"size": 14}},
+              "height": 380, "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+              "xaxis": {"title": {"text": "step"}, "dtick": 1},
+              "yaxis": {"title": {"text": "update ratio"}, "type": "log", "exponentformat": "e"},
+              "hovermode": "x unified"}
+    return {"data": traces, "layout": layout}

@@ -33,8 +33,18 @@ from ..divergence import Verdict
 from ..health import HealthReport
 from ..overflow import OverflowReport
 from . import sections
-from .data import ReportData
-from .figures import MAX_POINTS, focus, grad_figure, heat_figure, line_figure, loss_figure, per_op, prepared
+from .data import ReportData, fetch
+from .figures import (
+    MAX_POINTS,
+    focus,
+    grad_figure,
+    heat_figure,
+    line_figure,
+    loss_figure,
+    per_op,
+    prepared,
+    update_figure,
+)
 from .rows import table_data
 from .sections import MAX_TABLE_ROWS
 from .text import esc, write_text
@@ -94,6 +104,7 @@ def render_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowRepo
     if health_report is not None:
         figs["loss"] = loss_figure(rows, health_report.loss, findings)
     figs["grads"] = grad_figure(rows, focus_rank, findings=findings)
+    figs["updates"] = _update_figure(cmp, store, focus_rank)
     n_steps, n_ranks = len(set(table["cols"]["step"])), len(set(table["cols"]["rank"]))
     parts = [
         ("verdict", "Verdict", sections.verdict_section(cmp, verdict, overflow_report, rows)),
@@ -113,6 +124,18 @@ def render_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowRepo
     page = _page(title, when, "\n".join(body), data)
     tell("html", 4, 4)
     return page
+
+
+UPDATES_SQL = ("SELECT step, rank, param, coalesce(ratio_sketch, ratio_est) AS ratio FROM weight_change "
+               "WHERE run = $run AND prev_step = step - 1")
+
+
+def _update_figure(cmp: Comparison, store, rank: int) -> dict | None:
+    """Update ratios of both runs (from the store's weight_change view), or None without a store."""
+    if store is None:
+        return None
+    sides = [fetch(store, run, UPDATES_SQL, {"run": run}) for run in (cmp.target, cmp.ref)]
+    return update_figure(sides[0], sides[1], rank)
 
 
 MAX_PICKS = 16  # ranks or steps offered by a chart's picker (each is drawn ahead, into the page)

@@ -162,13 +162,15 @@ def chart_section(figs: dict, rank: int, n_steps: int, n_ranks: int, verdict: Ve
 
 def curves_section(figs: dict) -> str:
     """Training curves: loss per step of both runs, gradient norms of the parameters that differ most."""
-    if figs.get("loss") is None and figs.get("grads") is None:
+    if all(figs.get(k) is None for k in ("loss", "grads", "updates")):
         return ""
     parts = ['<section id="curves"><h2>Training curves</h2>']
     if figs.get("loss") is not None:
         parts.append('<div class="chart" id="chart-loss"></div>')
     if figs.get("grads") is not None:
         parts.append('<div class="chart" id="chart-grads"></div>')
+    if figs.get("updates") is not None:
+        parts.append('<div class="chart" id="chart-updates"></div>')
     parts.append("</section>")
     return "\n".join(parts)
 

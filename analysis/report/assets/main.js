@@ -3,7 +3,7 @@
   var data = JSON.parse(document.getElementById('report-data').textContent);
   var config = {displaylogo: false, responsive: true};
   var ids = {line: 'chart-line', steps: 'chart-steps', ranks: 'chart-ranks', loss: 'chart-loss',
-             grads: 'chart-grads'};
+             grads: 'chart-grads', updates: 'chart-updates'};
   var shown = {};  // chart -> the rank or step it shows now
   var jobs = [];
   if (!window.Plotly) { window.__reportError('plotly.js did not load'); }

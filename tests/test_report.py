@@ -678,3 +678,16 @@ def test_html_chart_point_opens_its_rows(reports, store, tmp_path) -> None:
     want = data.cmp.rows.filter((pl.col("record") == c.op) & (pl.col("step") == c.step) & (pl.col("rank") == c.rank)
                                 & (pl.col("kind") != "null"))
     assert rows and set(rows) == {f"{c.step}|{c.rank}|{c.op}"} and len(rows) == want.height
+
+
+def test_unwritable_report_path_is_one_line_error(reports, store, tmp_path) -> None:
+    from dumpstore.errors import DumpstoreError
+
+    data = reports("weight_1pct_stats", "ref_stats")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for write in (lambda p: report.write_csv(data.cmp, p, store=store),
+                  lambda p: report.write_html(data.cmp, data.verdict, data.overflow, store, p)):
+        with pytest.raises(DumpstoreError, match=r"file/r\.out: cannot write the report \(.*\); pick another path"):
+            write(blocker / "r.out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

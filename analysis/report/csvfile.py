@@ -17,6 +17,7 @@ build the rows, `_csv_row` one row and `_csv_cell` one cell.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -101,7 +102,8 @@ def write_csv(cmp: Comparison, path: str | Path, *, store=None, progress: Progre
                     progress("csv", n, total)
         part.replace(p)
     except OSError as exc:
-        part.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            part.unlink(missing_ok=True)
         raise DumpstoreError(f"{p}: cannot write the report ({exc.strerror or exc}); pick another path") from None
     if progress is not None:
         progress("csv", n, total)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
 import click
@@ -20,26 +22,58 @@ def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple
     from dumpstore.store import open_store
 
     if html_path is not None:
-        plotly_js()  # fail before the comparison when plotly is missing
+        plotly_js()  # fail before the comparison when the page's plotly.js is missing
     st = open_store(store)
     from dumpstore.analysis.tolerance import Tolerances
 
-    data = analyze(st, target, ref, steps=list(steps) or None, ranks=list(ranks) or None,
-                   tolerances=Tolerances.parse(tol), exact=exact, maps=tuple(maps))
+    with _Stages() as progress:
+        data = analyze(st, target, ref, steps=list(steps) or None, ranks=list(ranks) or None,
+                       tolerances=Tolerances.parse(tol), exact=exact, maps=tuple(maps), progress=progress)
     v = data.verdict.to_dict()
     click.echo(finding_line("FIRST DIVERGENCE", v["first_divergence"]))
     if v["first_divergence"] is not None:
         click.echo(finding_line("CULPRIT", v["culprit"]))
     if csv_path is not None:
-        n = write_csv(data.cmp, csv_path, store=st)
+        with _Stages() as progress:
+            n = write_csv(data.cmp, csv_path, store=st, progress=progress)
         click.echo(f"wrote {csv_path} ({n} rows)")
     if html_path is not None:
-        size = write_report_html(data, st, html_path)
+        with _Stages() as progress:
+            size = write_report_html(data, st, html_path, progress=progress)
         click.echo(f"wrote {html_path} ({size / 1e6:.1f} MB, self-contained)")
 
 
+class _Stages:
+    """Progress on stderr: one line redrawn on a terminal, else a line when a stage runs past EVERY seconds."""
+
+    EVERY = 5.0
+
+    def __init__(self) -> None:
+        self.t0 = self.last = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.drawn = False
+
+    def __enter__(self) -> _Stages:
+        return self
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        text = f"report: {stage} {done}/{total} ({now - self.t0:.0f} s)"
+        if self.tty:
+            click.echo(f"\r{text:<60}", nl=False, err=True)
+            self.drawn = True
+        elif now - self.last >= self.EVERY:
+            click.echo(text, err=True)
+            self.last = now
+
+    def __exit__(self, *exc: object) -> None:
+        if self.drawn:
+            click.echo(f"\r{'':<60}\r", nl=False, err=True)
+
+
 _html = click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Write one self-contained HTML page (verdict, charts, top mismatches, stack, runs).")
+                     help="Write one self-contained HTML page (verdict, charts, training curves, every compared "
+                          "row, stack, runs).")
 _csv = click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
                     help="Write one CSV row per aligned leaf: msprobe's column names plus dumpstore's.")
 

@@ -2,8 +2,9 @@
 
 `analyze` runs the comparison, the divergence verdict and the overflow scan once; `write_csv` and
 `render_html` / `write_html` render them.  Modules: `data` (what is rendered), `csvfile` (the CSV),
-`figures` (the charts), `sections` (the page's markup), `page` (the page, from the files in `assets/`),
-`text` (the verdict line and number formatting).
+`figures` (the charts and training curves), `rows` (every compared row for the page's table), `culprit` (the
+culprit in words), `sections` (the page's markup), `page` (the page, from the files in `assets/`), `text`
+(the verdict line and number formatting).
 """
 
 from __future__ import annotations

@@ -13,31 +13,36 @@ empty), else dumpstore's estimates (Cosine, MaxAbsErr from sketches or statistic
 `Result` maps dumpstore's status: pass -> pass, diverged/error -> error, unmatched/unknown -> warning;
 `Err_message` is a JSON list naming the metric and threshold.
 
-`write_csv` is the one function that writes the file; `csv_rows` builds the rows, `_csv_row` one row and
-`dumpstore.csvsafe` neutralises each cell.
+`write_csv` is the one function that writes the file (streaming, row by row); `iter_csv_rows` / `csv_rows`
+build the rows, `_csv_row` one row and `dumpstore.csvsafe` neutralises each cell.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import io
 import json
 import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from dumpstore.csvsafe import row as safe_row
+from dumpstore.errors import DumpstoreError
 
 from .. import msprobe_csv
 from ..compare import Comparison
 from .data import fetch
-from .text import fmt, write_text
+from .text import fmt
 
-__all__ = ["CSV_COLUMNS", "DUMPSTORE_COLUMNS", "MSPROBE_COLUMNS", "RESULT_OF_STATUS", "csv_rows", "write_csv"]
+__all__ = ["CSV_COLUMNS", "DUMPSTORE_COLUMNS", "MSPROBE_COLUMNS", "RESULT_OF_STATUS", "csv_rows", "iter_csv_rows",
+           "write_csv"]
 
 N_A = "N/A"
+PROGRESS_ROWS = 50_000
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 MSPROBE_COLUMNS: tuple[str, ...] = (
@@ -80,25 +85,47 @@ STACKS_SQL = "SELECT step, rank, stack_id, frames FROM stacks WHERE run = $run"
 STACK_SQL = "SELECT frames FROM stacks WHERE run = $run AND step = $step AND rank = $rank AND stack_id = $sid"
 
 
-def write_csv(cmp: Comparison, path: str | Path, *, store=None) -> int:
-    """Write the comparison as CSV (see the module docstring); returns the number of data rows."""
-    rows = csv_rows(cmp, store=store)
+def write_csv(cmp: Comparison, path: str | Path, *, store=None, progress: Progress | None = None) -> int:
+    """Write the comparison as CSV (see the module docstring), row by row; returns the number of data rows.
+
+    The file is written under a temporary name beside `path` and renamed when complete.  `progress("csv",
+    done, total)` is called every PROGRESS_ROWS rows.
+    """
+    p = Path(path)
+    part = p.with_name(p.name + ".part")
+    total, n = cmp.rows.height, 0
     cols = msprobe_csv.columns(CSV_COLUMNS, msprobe_csv.dump_mode(cmp, store))
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(cols)
-    for row in rows:
-        w.writerow(safe_row(row[c] for c in cols))
-    write_text(buf.getvalue(), path)
-    return len(rows)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(part, "w", encoding="utf-8", newline="") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(cols)
+            for row in iter_csv_rows(cmp, store=store):
+                w.writerow(safe_row(row[c] for c in cols))
+                n += 1
+                if progress is not None and n % PROGRESS_ROWS == 0:
+                    progress("csv", n, total)
+        part.replace(p)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            part.unlink(missing_ok=True)
+        raise DumpstoreError(f"{p}: cannot write the report ({exc.strerror or exc}); pick another path") from None
+    if progress is not None:
+        progress("csv", n, total)
+    return n
 
 
 def csv_rows(cmp: Comparison, *, store=None) -> list[dict[str, Any]]:
     """The CSV rows as dicts keyed by CSV_COLUMNS (numbers as float/int, None when unknown)."""
+    return list(iter_csv_rows(cmp, store=store))
+
+
+def iter_csv_rows(cmp: Comparison, *, store=None) -> Iterator[dict[str, Any]]:
+    """csv_rows one at a time (what write_csv streams)."""
     rows = _with_raw(cmp, store)
     rows = rows.select([c for c in rows.columns if c.removeprefix("ref_") in _CSV_INPUTS])
     stacks = _all_stacks(store, cmp.target) if store is not None else {}
-    out, seen_ops, mode = [], set(), msprobe_csv.dump_mode(cmp, store)
+    seen_ops, mode = set(), msprobe_csv.dump_mode(cmp, store)
     for r in rows.iter_rows(named=True):
         d = _csv_row(r)
         msprobe_csv.fill(d, r, mode)  # msprobe's cells of this dump mode (statistics, md5)
@@ -107,8 +134,7 @@ def csv_rows(cmp: Comparison, *, store=None) -> list[dict[str, Any]]:
         if frames is not None and op_key not in seen_ops:
             d["NPU_Stack_Info"] = str(list(frames))
         seen_ops.add(op_key)
-        out.append(d)
-    return out
+        yield d
 
 
 def _with_raw(cmp: Comparison, store) -> pl.DataFrame:

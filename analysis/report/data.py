@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,12 +32,15 @@ class ReportData:
 
 def analyze(store, target: str, ref: str, *, steps: list[int] | None = None, ranks: list[int] | None = None,
             tolerances: Tolerances | None = None, exact: bool = False, mapping: Any = None,
-            maps: tuple[str, ...] = ()) -> ReportData:
+            maps: tuple[str, ...] = (), progress: Callable[[str, int, int], None] | None = None) -> ReportData:
     """Compare `target` with `ref`, find the first divergence and culprit, and scan `target` for overflow.
 
     Arguments as for `compare_runs`; name mappings either as files (`maps`, msprobe's forms: the verdict then
     comes from the store's memo like `dumpstore divergence`'s) or as an `analysis.mapping.Mapping` object.
+    `progress(stage, done, total)` is called as each of the five stages starts and once at the end.
     """
+    tell = progress or (lambda stage, done, total: None)
+    tell("compare", 0, 5)
     q = Question(target, ref, tuple(steps) if steps else None, tuple(ranks) if ranks else None,
                  tolerances or Tolerances(), tuple(maps), exact)
     from_files = mapping is None
@@ -44,11 +48,16 @@ def analyze(store, target: str, ref: str, *, steps: list[int] | None = None, ran
         mapping = q.compare_options()["mapping"]
     cmp = compare_runs(store, target, ref, steps=steps, ranks=ranks, tolerances=tolerances, exact=exact,
                        mapping=mapping)
+    tell("divergence", 1, 5)
     verdict = answer(store, q, comparison=cmp) if from_files else divergence(cmp)
+    tell("overflow", 2, 5)
     ovf = overflow(store, target, ref=ref, steps=steps, ranks=ranks, cmp=cmp)
-    return ReportData(cmp, verdict, ovf, checklist(store, target, ref, tolerances=tolerances, cmp=cmp),
-                      health(store, target))
-
+    tell("checklist", 3, 5)
+    cl = checklist(store, target, ref, tolerances=tolerances, cmp=cmp)
+    tell("health", 4, 5)
+    hr = health(store, target)
+    tell("analysed", 5, 5)
+    return ReportData(cmp, verdict, ovf, cl, hr)
 
 
 def fetch(store, run: str, sql: str, params: dict) -> pl.DataFrame | None:

@@ -16,12 +16,14 @@ from ..order import OUTPUT_IO
 from ..verdict import Verdict
 from .text import esc, fmt
 
-__all__ = ["BACKWARD", "MAX_HEAT_COLUMNS", "MAX_POINTS", "focus", "heat_figure", "line_figure", "per_op",
-           "prepared"]
+__all__ = ["BACKWARD", "MAX_HEAT_COLUMNS", "MAX_POINTS", "focus", "grad_figure", "heat_figure", "line_figure",
+           "loss_figure", "per_op", "prepared"]
 
 BACKWARD = ("backward", "parameters_grad")
 MAX_POINTS = 2000         # points per chart trace before downsampling (max per bucket)
 MAX_HEAT_COLUMNS = 300    # ops per heat map row before grouping ops into layers
+MAX_HEAT_BINS = 240       # columns at most: consecutive columns are merged beyond this
+MAX_HEAT_LABELS = 60      # columns named under the axis; beyond, names show on hover only
 
 
 def prepared(rows: pl.DataFrame) -> pl.DataFrame:
@@ -89,8 +91,12 @@ def _downsample(idx: list[int], keep: set[int], ys: list[float | None], max_poin
     return sorted(out)
 
 
-def line_figure(per_op: pl.DataFrame, verdict: Verdict, rank: int, max_points: int) -> dict[str, Any]:
-    """rel_l2 per op along execution order (steps in order, dump order within a step), log scale."""
+def line_figure(per_op: pl.DataFrame, verdict: Verdict, rank: int, max_points: int,
+                op_index: dict[str, int] | None = None) -> dict[str, Any]:
+    """rel_l2 per op along execution order (steps in order, dump order within a step), log scale.
+
+    Each point's customdata is [step, index of its op in `op_index`] (the page's table filters on a click).
+    """
     ops = per_op.filter(pl.col("rank") == rank).to_dicts()
     errs = [o["err"] for o in ops]
     floor, ceil = _bounds(errs, [o["tol"] for o in ops])
@@ -99,7 +105,9 @@ def line_figure(per_op: pl.DataFrame, verdict: Verdict, rank: int, max_points: i
     keep = {i for i, o in enumerate(ops) if (o["step"], o["op"]) in marks}
     traces, sampled = [], False
     group = ["only in one run (at the top)" if o["unmatched"] else "inf (at the top)" if o["err"] == math.inf
-             else "backward" if o["direction"] in BACKWARD else "forward" for o in ops]
+             else ZERO if o["err"] == 0 else "backward" if o["direction"] in BACKWARD else "forward" for o in ops]
+    for o in ops:
+        o["_k"] = (op_index or {}).get(o["op"])
     for label, marker in _LINE_GROUPS.items():
         idx = [i for i, g in enumerate(group) if g == label and ys[i] is not None]
         if not idx and label not in ("forward", "backward"):
@@ -127,7 +135,7 @@ def line_figure(per_op: pl.DataFrame, verdict: Verdict, rank: int, max_points: i
                             "ay": (40 if ys[i] >= ceil / 10 else -40) * (1 + 0.6 * len(annotations)),
                             "font": {"color": color}, "bgcolor": "rgba(255,255,255,0.85)"})
     shapes = _step_lines(ops, annotations)
-    title = f"Relative L2 error along execution order (rank {rank}; 0 drawn at the bottom)"
+    title = f"Relative L2 error along execution order (rank {rank}; exact zeros as open circles at the bottom)"
     if sampled:
         title += f" — downsampled to the max of each bucket (≤ {max_points} points per trace)"
     layout = {"title": {"text": esc(title), "font": {"size": 14}}, "height": 420,
@@ -137,12 +145,14 @@ def line_figure(per_op: pl.DataFrame, verdict: Verdict, rank: int, max_points: i
                         "range": [math.log10(floor) - 0.2, math.log10(ceil) + 0.2]},
               "legend": {"orientation": "h", "y": -0.18}, "annotations": annotations, "shapes": shapes,
               "hovermode": "closest"}
-    return {"data": traces, "layout": layout}
+    return {"data": traces, "layout": layout, "rank": rank}
 
 
+ZERO = "exactly 0 (at the bottom)"
 _LINE_GROUPS = {
     "forward": {"color": "#1f77b4", "size": 5},
     "backward": {"color": "#ff7f0e", "size": 5},
+    ZERO: {"color": "#2ca02c", "size": 7, "symbol": "circle-open"},
     "inf (at the top)": {"color": "#d62728", "size": 7, "symbol": "triangle-up"},
     "only in one run (at the top)": {"color": "#8c564b", "size": 8, "symbol": "x"},
 }
@@ -159,11 +169,17 @@ def _marks(verdict: Verdict, rank: int) -> dict[tuple[int, str], tuple[str, str,
 
 
 def _scatter(name: str, ops: list[dict], ys: list, xs: list[int], marker: dict, mode: str = "markers") -> dict:
-    text = [esc(f"{o['op']} (step {o['step']})") + "<br>" + esc(o["leaf_name"] or "") + "<br>rel_l2 "
+    text = [esc(f"{o['op']} (step {o['step']})") + "<br>" + esc(_leaf(o["leaf_name"], o["op"])) + " rel_l2 "
             + fmt(o["err"]) + " (" + esc(o["err_source"]) + "), tol " + fmt(o["tol"]) + " " + esc(o["tol_dtype"])
             for o in ops]
     return {"type": "scatter", "mode": mode, "name": name, "x": xs, "y": ys, "text": text,
+            "customdata": [[o["step"], o.get("_k")] for o in ops],
             "hovertemplate": "%{text}<extra>" + esc(name) + "</extra>", "marker": marker}
+
+
+def _leaf(name: str | None, op: str) -> str:
+    """A leaf's name without its op's ('Functional.linear.6.forward.output.0' -> 'output.0')."""
+    return (name or "").removeprefix(op + ".")
 
 
 def _step_lines(ops: list[dict], annotations: list[dict]) -> list[dict]:
@@ -195,6 +211,21 @@ def _layer(module: str | None, op: str, direction: str | None) -> str:
     return f"{name} ({'bwd' if direction in BACKWARD else 'fwd'})"
 
 
+def _binned(cols: dict[str, int], col_of) -> tuple[dict[str, int], Any]:
+    """At most MAX_HEAT_BINS columns: consecutive columns merged into 'first … last' (max over the merged)."""
+    if len(cols) <= MAX_HEAT_BINS:
+        return cols, col_of
+    names = list(cols)
+    size = math.ceil(len(names) / MAX_HEAT_BINS)
+    label_of = {}
+    for a in range(0, len(names), size):
+        group = names[a:a + size]
+        label = group[0] if len(group) == 1 else f"{group[0]} … {group[-1]}"
+        label_of.update((n, label) for n in group)
+    binned = {label: i for i, label in enumerate(dict.fromkeys(label_of.values()))}
+    return binned, (lambda r: label_of[col_of(r)])
+
+
 def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> dict[str, Any] | None:
     """A heat map of log10(rel_l2): rows = steps or ranks, columns = ops (or layers when there are many)."""
     recs = ops.filter(pl.col("err").is_not_null()).to_dicts()
@@ -206,6 +237,8 @@ def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> d
     cols: dict[str, int] = {}
     for r in sorted(recs, key=lambda r: (r["seq"] if r["seq"] is not None else 0)):
         cols.setdefault(col_of(r), len(cols))
+    merged = len(cols) > MAX_HEAT_BINS
+    cols, col_of = _binned(cols, col_of)
     rows = sorted({r[axis] for r in recs})
     row_i = {v: i for i, v in enumerate(rows)}
     floor, ceil = _bounds([r["err"] for r in recs], [r["tol"] for r in recs])
@@ -217,11 +250,13 @@ def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> d
             raw[i][j] = r["err"]
             z[i][j] = math.log10(_clamp(r["err"], floor, ceil))  # type: ignore[arg-type]
     labels = [esc(c) for c in cols]
-    text = [[f"{axis} {rows[i]}<br>{labels[j]}<br>rel_l2 {fmt(raw[i][j])}" for j in range(len(cols))]
-            for i in range(len(rows))]
+    shown = [[None if v is None else (fmt(v) if not math.isfinite(v) else float(f"{v:.3g}")) for v in row]
+             for row in raw]
     data: list[dict[str, Any]] = [{
-        "type": "heatmap", "z": z, "x": labels, "y": [f"{axis} {v}" for v in rows], "text": text,
-        "hovertemplate": "%{text}<extra></extra>", "colorscale": "Viridis", "hoverongaps": False,
+        "type": "heatmap", "z": [[None if v is None else round(v, 3) for v in row] for row in z], "x": labels,
+        "y": [f"{axis} {v}" for v in rows], "customdata": shown,
+        "hovertemplate": "%{y}<br>%{x}<br>rel_l2 %{customdata}<extra></extra>", "colorscale": "Viridis",
+        "hoverongaps": False,
         "colorbar": {"title": {"text": "log10<br>rel_l2"}, "thickness": 14}}]
     c = verdict.culprit or verdict.first_divergence
     if c is not None and c.op in cols and (c.step if axis == "step" else c.rank) in row_i:
@@ -230,8 +265,133 @@ def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> d
                      "marker": {"symbol": "star", "size": 14, "color": "#d62728", "line": {"color": "#fff",
                                                                                            "width": 1}},
                      "hovertemplate": esc(f"culprit: {c.op}") + "<extra></extra>"})
-    layout = {"title": {"text": esc(title.format(cols="layer" if by_layer else "op")), "font": {"size": 14}},
-              "height": 230 + max(130, 34 * len(rows)), "margin": {"l": 70, "r": 20, "t": 50, "b": 160},
-              "xaxis": {"type": "category", "tickangle": -60, "tickfont": {"size": 9}, "automargin": True},
+    what = "layer" if by_layer else "op"
+    what = f"{what} (consecutive {what}s merged, max)" if merged else what
+    few = len(cols) <= MAX_HEAT_LABELS
+    title = title.format(cols=what) + ("" if few else "; column names on hover")
+    layout = {"title": {"text": esc(title), "font": {"size": 14}},
+              "height": 230 + max(130, 34 * len(rows)), "margin": {"l": 70, "r": 20, "t": 50, "b": 160 if few else 30},
+              "xaxis": {"type": "category", "tickangle": -60, "tickfont": {"size": 11}, "automargin": True,
+                        "showticklabels": few},
               "yaxis": {"type": "category", "autorange": "reversed"}}
     return {"data": data, "layout": layout}
+
+
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+
+
+def loss_figure(rows: pl.DataFrame, loss: list[dict[str, Any]], findings: list = ()) -> dict[str, Any] | None:
+    """Loss per step, one colour per rank: the target (solid, from health) and the reference (dashed).
+
+    The reference's value is the aligned output of the same loss op: its dumped mean (a 0-d loss is its mean).
+    Health findings on the loss (`loss_spike`, `loss_nonfinite`) are marked on the target's curve.
+    """
+    if not loss:
+        return None
+    keys = pl.DataFrame(loss).select("step", "rank", pl.col("op").alias("_op"), pl.col("value").cast(pl.Float64))
+    ref = (rows.filter(pl.col("_io") == "output").join(keys, on=["step", "rank", "_op"])
+           .group_by("step", "rank").agg(pl.col("ref_mean").first()))
+    both = keys.join(ref, on=["step", "rank"], how="left").sort("rank", "step")
+    traces = []
+    for i, ((rank,), part) in enumerate(both.group_by("rank", maintain_order=True)):
+        color = _PALETTE[i % len(_PALETTE)]
+        for label, col, dash in (("target", "value", "solid"), ("reference", "ref_mean", "dash")):
+            traces.append({"type": "scatter", "mode": "lines+markers", "name": f"{label}, rank {rank}",
+                           "x": part["step"].to_list(), "y": part[col].to_list(),
+                           "line": {"color": color, "dash": dash}, "marker": {"size": 5}})
+    at = {(r, st): v for r, st, v in keys.select("rank", "step", "value").iter_rows()}
+    on_loss = [f for f in findings if f.watchpoint.startswith("loss")]
+    traces += _finding_marks(on_loss, lambda f: at.get((f.rank, f.step)))
+    layout = {"title": {"text": "Loss per step: target (solid) and reference (dashed), per rank",
+                        "font": {"size": 14}}, "height": 340, "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+              "xaxis": {"title": {"text": "step"}, "dtick": 1}, "yaxis": {"title": {"text": "loss"}},
+              "hovermode": "x unified"}
+    return {"data": traces, "layout": layout}
+
+
+def grad_figure(rows: pl.DataFrame, rank: int, top: int = 6, findings: list = ()) -> dict[str, Any] | None:
+    """Gradient L2 norm per step of the `top` parameters whose gradients differ most, target and reference.
+
+    Health findings on those gradients (`grad_explosion`, `grad_vanishing`) are marked on the target's curve.
+    """
+    grads = rows.filter((pl.col("_io") == "parameters_grad") & (pl.col("rank") == rank)
+                        & (pl.coalesce("kind", "ref_kind") == "tensor"))
+    if grads.height == 0:
+        return None
+    worst = (grads.group_by("_name").agg(pl.col("err").fill_nan(None).max().alias("_worst"), pl.col("_seq").min())
+             .sort(["_worst", "_seq"], descending=[True, False], nulls_last=True).head(top))
+    traces = []
+    for i, name in enumerate(worst["_name"].to_list()):
+        part = grads.filter(pl.col("_name") == name).sort("step")
+        color = _PALETTE[i % len(_PALETTE)]
+        label = esc(_param_label(name))
+        for side, col, dash in (("target", "norm", "solid"), ("reference", "ref_norm", "dash")):
+            traces.append({"type": "scatter", "mode": "lines+markers", "name": f"{label} ({side})",
+                           "legendgroup": label, "x": part["step"].to_list(), "y": part[col].to_list(),
+                           "line": {"color": color, "dash": dash}, "marker": {"size": 5}})
+    shown = set(worst["_name"].to_list())
+    norms = {(n, st): v for n, st, v in grads.select("_name", "step", "norm").iter_rows()}
+    traces += _finding_marks([f for f in findings if f.watchpoint.startswith("grad_") and f.rank == rank
+                              and f.name in shown], lambda f: norms.get((f.name, f.step)))
+    layout = {"title": {"text": f"Gradient norm per step, rank {rank}: the {worst.height} parameters whose gradients "
+                                "differ most (target solid, reference dashed)", "font": {"size": 14}},
+              "height": 380, "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+              "xaxis": {"title": {"text": "step"}, "dtick": 1},
+              "yaxis": {"title": {"text": "‖grad‖₂"}, "type": "log", "exponentformat": "e"},
+              "hovermode": "x unified"}
+    return {"data": traces, "layout": layout}
+
+
+def _finding_marks(findings: list, y_of) -> list[dict[str, Any]]:
+    """One marker trace per health watchpoint, at (step, the curve's value there) of each finding."""
+    by: dict[str, list] = {}
+    for f in findings:
+        y = y_of(f)
+        if y is not None:
+            by.setdefault(f.watchpoint, []).append((f, y))
+    return [{"type": "scatter", "mode": "markers", "name": f"health: {w}", "x": [f.step for f, _ in hits],
+             "y": [y for _, y in hits], "marker": {"symbol": "x", "size": 12, "color": "#d62728"},
+             "text": [esc(f"{f.watchpoint} at step {f.step}, rank {f.rank}: {f.detail or f.name or f.op}")
+                      for f, _ in hits], "hovertemplate": "%{text}<extra></extra>"}
+            for w, hits in by.items()]
+
+
+def _param_label(name: str) -> str:
+    """'Module.layers.1.fc1.Linear.parameters_grad.weight' -> 'layers.1.fc1.weight'."""
+    m = re.match(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.parameters_grad(?:\.\d+)?\.(.+)$", name)
+    return f"{m.group(1)}.{m.group(2)}" if m else name
+
+
+def update_figure(target: pl.DataFrame | None, ref: pl.DataFrame | None, rank: int,
+                  top: int = 6) -> dict[str, Any] | None:
+    """Update ratio ‖w_t − w_prev‖ / ‖w_prev‖ per step of the `top` parameters whose ratios differ most.
+
+    `target`, `ref`: rows of the store's weight_change view (step, rank, param, ratio); the ratio is from
+    sketches where both steps have one, else the bound from the statistics (views.WEIGHT_CHANGE).
+    """
+    if target is None or ref is None or target.height == 0:
+        return None
+    both = (target.filter(pl.col("rank") == rank)
+            .join(ref.filter(pl.col("rank") == rank).rename({"ratio": "ref_ratio"}), on=["step", "rank", "param"],
+                  how="left").sort("step"))
+    if both.height == 0:
+        return None
+    gap = (pl.col("ratio") - pl.col("ref_ratio")).abs().fill_nan(None)
+    worst = (both.group_by("param").agg(gap.max().alias("_gap"), pl.col("ratio").max().alias("_top"))
+             .sort(["_gap", "_top", "param"], descending=[True, True, False], nulls_last=True).head(top))
+    traces = []
+    for i, name in enumerate(worst["param"].to_list()):
+        part = both.filter(pl.col("param") == name)
+        color = _PALETTE[i % len(_PALETTE)]
+        for side, col, dash in (("target", "ratio", "solid"), ("reference", "ref_ratio", "dash")):
+            traces.append({"type": "scatter", "mode": "lines+markers", "name": f"{esc(name)} ({side})",
+                           "legendgroup": esc(name), "x": part["step"].to_list(), "y": part[col].to_list(),
+                           "line": {"color": color, "dash": dash}, "marker": {"size": 5}})
+    layout = {"title": {"text": f"Update ratio ‖w − w_prev‖ / ‖w_prev‖ per step, rank {rank}: the {worst.height} "
+                                "parameters whose updates differ most (target solid, reference dashed)",
+                        "font": {"size": 14}},
+              "height": 380, "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+              "xaxis": {"title": {"text": "step"}, "dtick": 1},
+              "yaxis": {"title": {"text": "update ratio"}, "type": "log", "exponentformat": "e"},
+              "hovermode": "x unified"}
+    return {"data": traces, "layout": layout}

@@ -1,6 +1,6 @@
 """The HTML report: one self-contained page (verdict, charts, top rows, stacks, checklist, health, runs).
 
-plotly.js is embedded (read from the installed `plotly` package), so the file works offline.  The page's
+plotly.js is embedded (a partial build shipped in assets/, see assets/PLOTLY.md), so the file works offline.  The page's
 markup, script and style are asset files beside this module (assets/page.html, guard.js, main.js,
 report.css), read with importlib.resources.  Every string that comes from a dump (names, paths, stack lines)
 is untrusted: it is HTML-escaped in markup and in plotly labels, and JSON inside <script> has `<`, `>` and
@@ -15,10 +15,10 @@ import base64
 import functools
 import hashlib
 import importlib.resources
-import importlib.util
 import json
 import math
 import re
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,19 @@ from ..health import HealthReport
 from ..overflow import OverflowReport
 from ..verdict import Verdict
 from . import sections
-from .data import ReportData
-from .figures import MAX_POINTS, focus, heat_figure, line_figure, per_op, prepared
+from .data import ReportData, fetch
+from .figures import (
+    MAX_POINTS,
+    focus,
+    grad_figure,
+    heat_figure,
+    line_figure,
+    loss_figure,
+    per_op,
+    prepared,
+    update_figure,
+)
+from .rows import table_data
 from .sections import MAX_TABLE_ROWS
 from .text import esc, write_text
 
@@ -50,15 +61,14 @@ def asset(name: str) -> str:
 
 
 def plotly_js() -> str:
-    """plotly.min.js from the installed `plotly` package (no network)."""
-    spec = importlib.util.find_spec("plotly")
-    for base in (spec.submodule_search_locations or []) if spec else []:
-        p = Path(base) / "package_data" / "plotly.min.js"
-        if p.exists():
-            # never end the <script> element early (the file has no such text today; the hash covers the result)
-            return re.sub(r"</(script)", r"<\\/\1", p.read_text(encoding="utf-8"), flags=re.IGNORECASE)
-    raise DumpstoreError("the HTML report embeds plotly.js from the Python package `plotly`, which is not "
-                         "installed; install it (pip install plotly) or write only --csv")
+    """The partial plotly.js build shipped with the report (assets/plotly-report.min.js; see assets/PLOTLY.md)."""
+    try:
+        text = asset("plotly-report.min.js")
+    except OSError as exc:
+        raise DumpstoreError(f"the HTML report's plotly.js (dumpstore/analysis/report/assets/plotly-report.min.js) "
+                             f"cannot be read ({exc}); reinstall dumpstore, or write only --csv") from None
+    # never end the <script> element early (the file has no such text today; the hash covers the result)
+    return re.sub(r"</(script)", r"<\\/\1", text, flags=re.IGNORECASE)
 
 
 def write_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowReport | None, store,
@@ -68,7 +78,7 @@ def write_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowRepor
 
 
 def write_report_html(data: ReportData, store, path: str | Path, **options: Any) -> int:
-    """The HTML page of `analyze(...)`, with the checklist and health sections."""
+    """The HTML page of `analyze(...)`, with the checklist and health sections (options: see render_html)."""
     return write_text(render_html(data.cmp, data.verdict, data.overflow, store, checklist_report=data.checklist,
                                   health_report=data.health, **options), path)
 
@@ -76,38 +86,104 @@ def write_report_html(data: ReportData, store, path: str | Path, **options: Any)
 def render_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowReport | None = None, store=None,
                 *, max_table_rows: int = MAX_TABLE_ROWS, max_points: int = MAX_POINTS,
                 generated_at: str | None = None, checklist_report: Checklist | None = None,
-                health_report: HealthReport | None = None) -> str:
-    """One self-contained HTML page: verdict, charts, top mismatches, culprit's stack, run metadata."""
+                health_report: HealthReport | None = None,
+                progress: Callable[[str, int, int], None] | None = None) -> str:
+    """One self-contained HTML page: verdict, charts, curves, every compared row, culprit's stack, run metadata.
+
+    `max_table_rows`: rows per page of the table (all rows are in the page); `max_points`: points per chart trace;
+    `progress("html", done, 4)` as the table, the charts, the sections and the page are built.
+    """
+    tell = progress or (lambda stage, done, total: None)
     rows = prepared(cmp.rows)
-    ops = per_op(rows)
-    focus_rank, focus_step = focus(verdict, ops)
-    figs = {"line": line_figure(ops, verdict, focus_rank, max_points)}
-    steps = sorted(ops["step"].unique().to_list())
-    ranks = sorted(ops["rank"].unique().to_list())
-    if len(steps) > 1:
-        figs["steps"] = heat_figure(ops.filter(pl.col("rank") == focus_rank), "step", verdict,
-                                    f"rel_l2 by step and {{cols}} (rank {focus_rank}, max over output leaves)")
-    if len(ranks) > 1:
-        figs["ranks"] = heat_figure(ops.filter(pl.col("step") == focus_step), "rank", verdict,
-                                    f"rel_l2 by rank and {{cols}} (step {focus_step}, max over output leaves)")
-    body = [
-        sections.verdict_section(cmp, verdict, overflow_report),
-        sections.checklist_section(checklist_report),
-        sections.chart_section(figs, focus_rank, len(steps), len(ranks), verdict),
-        sections.health_section(health_report),
-        sections.table_section(rows, max_table_rows),
-        sections.stack_section(cmp, verdict, store),
-        sections.meta_section(cmp, verdict, store, bool(len(ranks) > 1)),
+    tell("html", 0, 4)
+    table = table_data(rows)
+    tell("html", 1, 4)
+    figs, alt, pickers, focus_rank = _figures(rows, verdict, table, max_points)
+    tell("html", 2, 4)
+    findings = health_report.findings if health_report is not None else []
+    if health_report is not None:
+        figs["loss"] = loss_figure(rows, health_report.loss, findings)
+    figs["grads"] = grad_figure(rows, focus_rank, findings=findings)
+    figs["updates"] = _update_figure(cmp, store, focus_rank)
+    n_steps, n_ranks = len(set(table["cols"]["step"])), len(set(table["cols"]["rank"]))
+    parts = [
+        ("verdict", "Verdict", sections.verdict_section(cmp, verdict, overflow_report, rows)),
+        ("checklist", "Checklist", sections.checklist_section(checklist_report)),
+        ("charts", "Error charts", sections.chart_section(figs, 0, n_steps, n_ranks, verdict, pickers)),
+        ("curves", "Training curves", sections.curves_section(figs)),
+        ("health", "Health", sections.health_section(health_report)),
+        ("mismatches", "All rows", sections.table_section(table, max_table_rows)),
+        ("stack", "Call stack", sections.stack_section(cmp, verdict, store)),
+        ("meta", "Runs", sections.meta_section(cmp, verdict, store, n_ranks > 1)),
     ]
-    data = {"figures": {k: v for k, v in figs.items() if v is not None}}
+    tell("html", 3, 4)
+    body = [sections.toc([(i, label) for i, label, html in parts if html])] + [html for _, _, html in parts]
+    data = {"figures": {k: v for k, v in figs.items() if v is not None}, "alt": alt, "table": table}
     title = f"dumpstore report: {cmp.target} vs {cmp.ref}"
     when = generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return _page(title, when, "\n".join(body), data)
+    page = _page(title, when, "\n".join(body), data)
+    tell("html", 4, 4)
+    return page
+
+
+UPDATES_SQL = ("SELECT step, rank, param, coalesce(ratio_sketch, ratio_est) AS ratio FROM weight_change "
+               "WHERE run = $run AND prev_step = step - 1")
+
+
+def _update_figure(cmp: Comparison, store, rank: int) -> dict | None:
+    """Update ratios of both runs (from the store's weight_change view), or None without a store."""
+    if store is None:
+        return None
+    sides = [fetch(store, run, UPDATES_SQL, {"run": run}) for run in (cmp.target, cmp.ref)]
+    return update_figure(sides[0], sides[1], rank)
+
+
+MAX_PICKS = 16  # ranks or steps offered by a chart's picker (each is drawn ahead, into the page)
+
+
+def _figures(rows: pl.DataFrame, verdict: Verdict, table: dict, max_points: int) -> tuple[dict, dict, dict, int]:
+    """The error charts at the focus rank/step, the same charts at the other ranks/steps, their pickers, the rank."""
+    op_index = {op: i for i, op in enumerate(table["dicts"]["op"])}
+    ops = per_op(rows)
+    focus_rank, focus_step = focus(verdict, ops)
+    steps = sorted(ops["step"].unique().to_list())
+    ranks = sorted(ops["rank"].unique().to_list())
+
+    def line(r: int) -> dict:
+        return line_figure(ops, verdict, r, max_points, op_index)
+
+    def by_step(r: int) -> dict | None:
+        return heat_figure(ops.filter(pl.col("rank") == r), "step", verdict,
+                           f"rel_l2 by step and {{cols}} (rank {r}, max over output leaves)")
+
+    def by_rank(s: int) -> dict | None:
+        return heat_figure(ops.filter(pl.col("step") == s), "rank", verdict,
+                           f"rel_l2 by rank and {{cols}} (step {s}, max over output leaves)")
+
+    figs: dict[str, Any] = {"line": line(focus_rank)}
+    plan = [("line", "rank", ranks, focus_rank, line)]
+    if len(steps) > 1:
+        figs["steps"] = by_step(focus_rank)
+        plan.append(("steps", "rank", ranks, focus_rank, by_step))
+    if len(ranks) > 1:
+        figs["ranks"] = by_rank(focus_step)
+        plan.append(("ranks", "step", steps, focus_step, by_rank))
+    alt: dict[str, dict[str, Any]] = {}
+    pickers: dict[str, tuple[str, list, Any]] = {}
+    for key, axis, values, current, make in plan:
+        if figs.get(key) is None or not 1 < len(values) <= MAX_PICKS:
+            continue
+        alt[key] = {str(v): make(v) for v in values if v != current}
+        pickers[key] = (axis, values, current)
+    return figs, alt, pickers, focus_rank
 
 
 def _json_for_script(obj: Any) -> str:
     """JSON safe inside <script>: no NaN/Infinity, and '<', '>', '&' (so '</', '<!--') as \\u escapes."""
-    text = json.dumps(_finite(obj), allow_nan=False, separators=(",", ":"))
+    try:
+        text = json.dumps(obj, allow_nan=False, separators=(",", ":"))
+    except ValueError:  # NaN or Infinity somewhere: copy with them as null (the walk is slow on big pages)
+        text = json.dumps(_finite(obj), allow_nan=False, separators=(",", ":"))
     return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 

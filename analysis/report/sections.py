@@ -5,7 +5,6 @@ Every string that comes from a dump (names, paths, stack lines) is HTML-escaped 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import polars as pl
@@ -17,14 +16,16 @@ from ..compare import Comparison
 from ..health import HealthReport
 from ..overflow import OverflowReport
 from ..verdict import Finding, Verdict
+from .culprit import culprit_words
 from .data import fetch
+from .rows import STATUS_ORDER
 from .text import counts_text, esc, finding_metric, fmt, summary_line
 
-MAX_TABLE_ROWS = 500      # rows of the top-mismatch table
+MAX_TABLE_ROWS = 500      # rows per page of the all-rows table
 STACK_SQL = "SELECT frames FROM stacks WHERE run = $run AND step = $step AND rank = $rank AND stack_id = $sid"
 
 
-def _finding_html(label: str, f: Finding | None, none_text: str) -> str:
+def _finding_html(label: str, f: Finding | None, none_text: str, words: str | None = None) -> str:
     if f is None:
         return f'<div class="finding none"><h3>{esc(label)}</h3><p>{esc(none_text)}</p></div>'
     metric, threshold = (f.metric, fmt(f.threshold)) if f.metric is not None else (
@@ -38,7 +39,8 @@ def _finding_html(label: str, f: Finding | None, none_text: str) -> str:
     cells += [(f"evidence: {k}", fmt(v) if isinstance(v, float) else v) for k, v in (f.evidence or {}).items()]
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in cells if v is not None)
     head = f'{esc(label)}: <code class="op">{esc(f.op)}</code>'
-    return (f'<div class="finding"><h3>{head}</h3><p class="metric">{esc(finding_metric(f))}</p>'
+    said = f'<p class="words" id="culprit-words">{esc(words)}</p>' if words else ""
+    return (f'<div class="finding"><h3>{head}</h3>{said}<p class="metric">{esc(finding_metric(f))}</p>'
             f'<table class="kv">{rows}</table></div>')
 
 
@@ -77,8 +79,10 @@ def _unmatched_html(verdict: Verdict, limit: int = 30) -> str:
             f'{more}</div>')
 
 
-def verdict_section(cmp: Comparison, verdict: Verdict, ovf: OverflowReport | None) -> str:
+def verdict_section(cmp: Comparison, verdict: Verdict, ovf: OverflowReport | None, rows: pl.DataFrame) -> str:
+    """The verdict line, the four cards (first divergence, culprit in words, overflow, unmatched), by step."""
     f = verdict.first_divergence
+    words = culprit_words(rows, verdict.culprit) if verdict.culprit is not None else None
     status = "diverged" if f is not None else "pass"
     head = esc(summary_line(verdict))
     steps = "".join(
@@ -97,7 +101,7 @@ dtype ({esc(tol_text)}; a pair is judged at the less precise of its dtypes and t
 {esc(verdict.precision.get('floor'))}). Leaf counts: {esc(counts_text(verdict.counts))}.</p>{_coverage_html(cmp)}
 <div class="findings">
 {_finding_html("First divergence", f, "none: every compared output is within tolerance")}
-{_finding_html("Culprit", verdict.culprit, "none found" if f is not None else "none")}
+{_finding_html("Culprit", verdict.culprit, "none found" if f is not None else "none", words)}
 {_overflow_html(ovf)}
 {_unmatched_html(verdict)}
 </div>
@@ -120,16 +124,31 @@ def _coverage_html(cmp: Comparison) -> str:
     return '<p class="warn">' + "; ".join(esc(n) for n in notes) + "</p>"
 
 
-def chart_section(figs: dict, rank: int, n_steps: int, n_ranks: int, verdict: Verdict) -> str:
-    parts = ['<section id="charts"><h2>Error along the run</h2>', '<div class="chart" id="chart-line"></div>']
+def _picker(chart: str, pickers: dict[str, tuple[str, list, Any]]) -> str:
+    """A <select> of the rank or step that a chart shows, when it has more than one to show."""
+    if chart not in pickers:
+        return ""
+    axis, values, current = pickers[chart]
+    opts = "".join(f'<option value="{esc(v)}"{" selected" if v == current else ""}>{esc(axis)} {esc(v)}</option>'
+                   for v in values)
+    return f'<p class="controls">show <select class="picker" data-chart="{esc(chart)}">{opts}</select></p>'
+
+
+def chart_section(figs: dict, rank: int, n_steps: int, n_ranks: int, verdict: Verdict,
+                  pickers: dict[str, tuple[str, list, Any]] | None = None) -> str:
+    """The error charts' frames (drawn by assets/main.js), their rank/step pickers and the ranks table."""
+    pickers = pickers or {}
+    parts = ['<section id="charts"><h2>Error along the run</h2>', _picker("line", pickers),
+             '<div class="chart" id="chart-line"></div>']
     if figs.get("steps") is not None:
-        parts.append('<h3>Error by step</h3><div class="chart" id="chart-steps"></div>')
+        parts.append('<h3>Error by step</h3>' + _picker("steps", pickers)
+                     + '<div class="chart" id="chart-steps"></div>')
     elif n_steps > 1:
         parts.append("<p>No step has a comparable output.</p>")
     if n_ranks > 1:
         parts.append('<h3>Error by rank</h3>')
         if figs.get("ranks") is not None:
-            parts.append('<div class="chart" id="chart-ranks"></div>')
+            parts.append(_picker("ranks", pickers) + '<div class="chart" id="chart-ranks"></div>')
         rows = "".join(
             f"<tr><td>{esc(r['rank'])}</td><td>{esc(r['diverged'])}</td><td>{esc(fmt(r['max_err']))}</td>"
             f"<td><code>{esc(r['first_divergence'])}</code></td><td>{esc(r['first_step'])}</td>"
@@ -141,48 +160,61 @@ def chart_section(figs: dict, rank: int, n_steps: int, n_ranks: int, verdict: Ve
     return "\n".join(parts)
 
 
-_STATUS_ORDER = {"error": 0, "diverged": 1, "unmatched": 2, "unknown": 3, "pass": 4}
-_TABLE_COLS = (("step", "n"), ("rank", "n"), ("leaf", "s"), ("io", "s"), ("dtype", "s"), ("shape", "s"),
-               ("rel_l2", "n"), ("tol", "n"), ("severity", "n"), ("from", "s"), ("cosine", "n"),
-               ("max_abs_err", "n"), ("status", "s"), ("detail", "s"))
+def curves_section(figs: dict) -> str:
+    """Training curves: loss per step of both runs, gradient norms of the parameters that differ most."""
+    if all(figs.get(k) is None for k in ("loss", "grads", "updates")):
+        return ""
+    parts = ['<section id="curves"><h2>Training curves</h2>']
+    if figs.get("loss") is not None:
+        parts.append('<div class="chart" id="chart-loss"></div>')
+    if figs.get("grads") is not None:
+        parts.append('<div class="chart" id="chart-grads"></div>')
+    if figs.get("updates") is not None:
+        parts.append('<div class="chart" id="chart-updates"></div>')
+    parts.append("</section>")
+    return "\n".join(parts)
 
 
-def table_section(rows: pl.DataFrame, limit: int) -> str:
-    order = pl.col("status").replace_strict(_STATUS_ORDER, default=5, return_dtype=pl.Int32)
-    sev = pl.col("severity").fill_nan(None)
-    top = (rows.filter(pl.col("status").is_not_null() & (pl.col("kind").is_null() | (pl.col("kind") != "null")))
-           .with_columns(order.alias("_order"), sev.alias("_sev"))
-           .sort(["_order", "_sev", "step", "rank", "_seq"], descending=[False, True, False, False, False],
-                 nulls_last=True).head(limit))
-    n_bad = int(rows.filter(pl.col("status").is_in(["diverged", "error", "unmatched"])).height)
-    body = []
-    for r in top.iter_rows(named=True):
-        shape = r["shape"] if r["shape"] is not None else r.get("ref_shape")
-        vals = (r["step"], r["rank"], r["_name"], r["_io"], r.get("dtype") or r.get("ref_dtype"),
-                None if shape is None else "[" + ", ".join(str(x) for x in shape) + "]",
-                r["err"], r["tol"], r["severity"], r["err_source"], r["cosine"], r["max_abs_err"], r["status"],
-                r["detail"])
-        cells = []
-        for (_, kind), v in zip(_TABLE_COLS, vals):
-            if kind == "n":
-                key = "" if v is None else (str(v) if not isinstance(v, float) or math.isfinite(v)
-                                            else ("1e999" if v > 0 else "-1e999"))
-                cells.append(f'<td class="num" data-v="{esc(key)}">{esc(fmt(v))}</td>')
-            else:
-                cells.append(f"<td>{esc(v) if v is not None else ''}</td>")
-        body.append(f'<tr class="st-{esc(r["status"])}">{"".join(cells)}</tr>')
-    head = "".join(f'<th data-k="{k}" title="click to sort">{esc(c)}</th>' for c, k in _TABLE_COLS)
-    statuses = "".join(f'<option value="{s}">{s}</option>' for s in _STATUS_ORDER)
+def toc(ids: list[tuple[str, str]]) -> str:
+    """The page's table of contents."""
+    links = " · ".join(f'<a href="#{esc(i)}">{esc(label)}</a>' for i, label in ids)
+    return f'<nav id="toc">{links}</nav>'
+
+
+_TABLE_HEAD = (("step", "n", "step"), ("rank", "n", "rank"), ("op", "s", "op (record)"), ("leaf", "s", "leaf"),
+               ("type", "s", "op type"), ("dtype", "s", "dtype"), ("shape", "s", "shape"),
+               ("err", "n", "rel_l2"), ("tol", "n", "tol"), ("sev", "n", "severity"), ("src", "s", "from"),
+               ("cos", "n", "cosine"), ("mae", "n", "max abs err"),
+               ("t_max", "n", "target max"), ("t_min", "n", "min"), ("t_mean", "n", "mean"), ("t_norm", "n", "norm"),
+               ("r_max", "n", "ref max"), ("r_min", "n", "min"), ("r_mean", "n", "mean"), ("r_norm", "n", "norm"),
+               ("status", "s", "status"), ("detail", "s", "detail"))
+
+
+def table_section(table: dict, page_rows: int) -> str:
+    """The frame of the all-rows table; assets/main.js fills it from the page's data (filtered, sorted, paged)."""
+    n_bad = sum(1 for c in table["cols"]["status"] if c is not None
+                and table["dicts"]["status"][c] in ("diverged", "error", "unmatched"))
+    head = "".join(f'<th data-c="{c}" data-k="{k}" title="click to sort">{esc(label)}</th>'
+                   for c, k, label in _TABLE_HEAD)
+    statuses = "".join(f'<option value="{s}">{s}</option>' for s in STATUS_ORDER)
     return f"""
 <section id="mismatches">
-<h2>Top rows by severity</h2>
-<p>{n_bad} leaves diverged, failed or are unmatched; showing the first {top.height} of {rows.height} rows,
-mismatches first, then by severity (rel_l2 / tol). Click a header to sort; type to filter.</p>
-<div class="controls"><input id="filter" type="search" placeholder="filter (any text)" size="40">
+<h2>All compared rows</h2>
+<p>{table["n"]} rows (every compared leaf), {n_bad} of them diverged, failed or unmatched; mismatches first, then
+by severity (rel_l2 / tol). Filter by name, step, rank, op type and status; click a header to sort; click a chart
+point to show its rows. rel_l2 "≥" is a lower bound from the dumped statistics, "±" the error bound of a sketch
+estimate; cosine and max abs err from statistics or sketches are estimates too (column "from").</p>
+<div class="controls"><input id="filter" type="search" placeholder="name contains…" size="36">
+<select id="step-filter"><option value="">any step</option></select>
+<select id="rank-filter"><option value="">any rank</option></select>
+<select id="type-filter"><option value="">any op type</option></select>
 <select id="status-filter"><option value="">any status</option>{statuses}</select>
-<span id="shown-count"></span></div>
-<div class="scroll"><table class="grid sortable" id="top-table"><thead><tr>{head}</tr></thead>
-<tbody>{"".join(body)}</tbody></table></div>
+<span id="shown-count"></span>
+<button id="page-prev" type="button">◀</button> <span id="page-no"></span>
+<button id="page-next" type="button">▶</button>
+</div>
+<div class="scroll"><table class="grid sortable" id="top-table" data-page-rows="{int(page_rows)}">
+<thead><tr>{head}</tr></thead><tbody></tbody></table></div>
 </section>"""
 
 

@@ -23,3 +23,7 @@ class StoreError(DumpstoreError):
 
 class QueryError(DumpstoreError):
     """A query was refused (not read-only) or failed."""
+
+
+class DumpstoreWarning(UserWarning):
+    """Something the library did on the user's behalf (a stale lock taken over); the CLI prints it in one line."""

@@ -94,7 +94,8 @@ def ingest(path: str | os.PathLike, run: str, *, store: str | os.PathLike | None
         with store_errors(store):
             st = open_store(store, create=True)
             ingest_id = uuid.uuid4().hex[:12]
-            with st.run_lock(run), _discarded_on_failure(st, run, ingest_id):
+            # errors are worded inside: a full file system is told from one without inodes before the cleanup
+            with st.run_lock(run), _discarded_on_failure(st, run, ingest_id), store_errors(st.root):
                 results = _run_units(st, run, ingest_id, units, opts, jobs, progress)
                 total = _combine(run, ingest_id, results)
                 st.publish_run(_catalog_row(run, ingest_id, path, units, results, total, opts))

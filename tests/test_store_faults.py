@@ -1,6 +1,6 @@
 """The store under faults: Parquet readers of tensors/ see exactly the live rows (after re-ingests, failed and
 killed ingests); readers of a replaced ingest keep working; a full, inode-less or read-only file system gives
-one line, removes the failed ingest's files and leaves the store as it was."""
+one line, removes the failed ingest's files and leaves the store as it was; a malformed data_name is an error row."""
 
 from __future__ import annotations
 
@@ -179,3 +179,23 @@ def test_read_only_store_is_one_line_and_leaves_the_store_as_it_was(tmpfs):
     res = _ingest_cli(SAMPLES / "ref_stats", "more", store)
     _check_failed(res, store, before, "the store is on a read-only file system; nothing was ingested")
     _remount(tmpfs, "rw")
+
+
+@pytest.mark.parametrize("data_name, shown", [(7, "7"), (["a.pt"], "<list of 1 items>"), ("", '""'),
+                                              (None, "null")])
+def test_malformed_data_name_is_an_error_row(store_dir, dump_writer, data_name, shown):
+    """A data_name that is not a non-empty string is a counted error row naming the value, not dropped silently."""
+    import json
+
+    import numpy as np
+
+    path = dump_writer().write({"Functional.relu.0.forward": {"input_args": [np.ones(3, np.float32)],
+                                                              "output": [np.ones(3, np.float32)]}})
+    doc = json.loads(path.read_text())
+    doc["data"]["Functional.relu.0.forward"]["output"][0]["data_name"] = data_name
+    path.write_text(json.dumps(doc))
+    res = ingest(path.parent, "r", store=store_dir, jobs=1)
+    assert (res.rows, res.errors) == (2, 1)
+    assert res.first_error == (f"Functional.relu.0.forward.output.0: data_name {shown} is not a file name; "
+                               "expected the name of the leaf's tensor file")
+    assert open_store(store_dir).run_info("r")["n_errors"] == 1

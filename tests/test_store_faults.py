@@ -199,3 +199,35 @@ def test_malformed_data_name_is_an_error_row(store_dir, dump_writer, data_name, 
     assert res.first_error == (f"Functional.relu.0.forward.output.0: data_name {shown} is not a file name; "
                                "expected the name of the leaf's tensor file")
     assert open_store(store_dir).run_info("r")["n_errors"] == 1
+
+
+def test_readme_snippets_read_exactly_the_live_rows(tmp_path, monkeypatch):
+    """The README's pandas, Polars and DuckDB lines, run as written on a store with a replaced run and a failed
+    ingest, see exactly the live rows and the run names."""
+    import re
+
+    from helpers import ROOT
+
+    section = (ROOT / "README.md").read_text().split("### Reading the store without dumpstore", 1)[1]
+    blocks = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.S)
+    assert len(blocks) == 3
+    store = tmp_path / "dumpstore_store"
+    ingest(SAMPLES / "ref_stats", "a", store=store, jobs=1)
+    ingest(MSPROBE / "v26_L0", "b", store=store, jobs=1)
+    ingest(SAMPLES / "ref_stats", "a", store=store, jobs=1)
+    bad = tmp_path / "bad"
+    shutil.copytree(SAMPLES / "ref_stats", bad)
+    (bad / "step2" / "rank0" / "dump.json").write_text("{")  # fails after two units are written
+    with pytest.raises(DumpFormatError):
+        ingest(bad, "b", store=store, jobs=1)
+    catalog = open_store(store).runs().to_pylist()
+    monkeypatch.chdir(tmp_path)
+    results = []
+    for code in blocks:
+        names: dict = {}
+        exec(code, names)
+        results.append(names)
+    pandas_df, polars_df, counts = results[0]["tensors"], results[1]["tensors"], results[2]["counts"]
+    assert counts == [(r["run"], r["n_rows"]) for r in catalog]
+    assert len(pandas_df) == len(polars_df) == sum(r["n_rows"] for r in catalog)
+    assert sorted(set(pandas_df["run"].astype(str))) == sorted(set(polars_df["run"])) == ["a", "b"]

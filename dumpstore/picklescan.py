@@ -38,6 +38,11 @@ _MARK = object()
 _MUTATORS = {"APPEND": 1, "SETITEM": 2, "BUILD": 1, "APPENDS": -1, "SETITEMS": -1, "ADDITEMS": -1}
 _PUTS = {"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"}
 _GETS = {"GET", "BINGET", "LONG_BINGET"}
+# opcode byte -> (name, argument size or kind, MARK position in its inputs or -1, inputs, outputs)
+_OPS = {ord(code): (op.name, None if op.arg is None else op.arg.n,
+                    next((i for i, x in enumerate(op.stack_before) if x.name == "mark"), -1),
+                    len(op.stack_before), len(op.stack_after))
+        for code, op in pickletools.code2op.items()}
 _LENGTH = {-2: struct.Struct("<B"), -3: struct.Struct("<i"), -4: struct.Struct("<I"), -5: struct.Struct("<Q")}
 
 
@@ -57,39 +62,39 @@ class _Scan:
         for _ in range(MAX_OPS):
             op = self._opcode()
             arg = self._arg(op)
-            if op.name == "STOP":
+            if op[0] == "STOP":
                 if len(self.stack) != 1 or self.stack[0] is _MARK:
                     raise ValueError("pickle stack does not end with one object")
                 return
-            self._apply(op.name, op, arg)
+            self._apply(op[0], op, arg)
         raise PickleBudgetError(f"pickle has more than {MAX_OPS} opcodes")
 
     # -- reading ---------------------------------------------------------------------------------------------
-    def _opcode(self) -> pickletools.OpcodeInfo:
+    def _opcode(self) -> tuple:
         if self.pos >= len(self.data):
             raise ValueError("pickle ends without STOP (truncated)")
-        code = chr(self.data[self.pos])
+        code = self.data[self.pos]
         self.pos += 1
-        op = pickletools.code2op.get(code)
+        op = _OPS.get(code)
         if op is None:
-            raise ValueError(f"unknown pickle opcode 0x{ord(code):02x}")
+            raise ValueError(f"unknown pickle opcode 0x{code:02x}")
         return op
 
-    def _arg(self, op: pickletools.OpcodeInfo) -> int | None:
+    def _arg(self, op: tuple) -> int | None:
         """Skip the opcode's argument; return it when it is a memo index (the only one the scan needs)."""
-        if op.arg is None:
+        name, n = op[0], op[1]
+        if n is None:
             return None
-        n = op.arg.n
         if n >= 0:
             raw = self._take(n)
-            if op.name in ("BINPUT", "BINGET", "LONG_BINPUT", "LONG_BINGET"):
+            if name in ("BINPUT", "BINGET", "LONG_BINPUT", "LONG_BINGET"):
                 return int.from_bytes(raw, "little")
             return None
         if n == -1:  # up to a newline (GLOBAL and INST: two lines)
             line = self._line()
-            if op.name in ("GLOBAL", "INST"):
+            if name in ("GLOBAL", "INST"):
                 self._line()
-            if op.name in ("PUT", "GET"):
+            if name in ("PUT", "GET"):
                 try:
                     return int(line)
                 except ValueError:
@@ -122,7 +127,7 @@ class _Scan:
             self.pos += len(chunk)
 
     # -- the stack -------------------------------------------------------------------------------------------
-    def _apply(self, name: str, op: pickletools.OpcodeInfo, arg: int | None) -> None:
+    def _apply(self, name: str, op: tuple, arg: int | None) -> None:
         if name in _PUTS:
             index = len(self.memo) if name == "MEMOIZE" else arg
             if index is None or index < 0 or index > MAX_MEMO:
@@ -152,19 +157,19 @@ class _Scan:
         elif name not in ("PROTO", "FRAME"):
             self._build(op)
 
-    def _build(self, op: pickletools.OpcodeInfo) -> None:
+    def _build(self, op: tuple) -> None:
         """Any other opcode: pops its inputs, pushes what it makes (made of them)."""
-        before = [s.name for s in op.stack_before]
-        items: list[_Node] = []
-        if "mark" in before:
+        _name, _n, mark, n_before, n_after = op
+        if mark >= 0:
             items = self._pop_to_mark()
-            items += [self._pop() for _ in range(before.index("mark"))]
+            items += [self._pop() for _ in range(mark)]
         else:
-            items = [self._pop() for _ in before]
-        for _ in op.stack_after:
+            items = [self._pop() for _ in range(n_before)]
+        for _ in range(n_after):
             node = _Node()
-            self._grow(node, items)
-            self._push(node)
+            if items:
+                self._grow(node, items)
+            self.stack.append(node)
 
     def _grow(self, node: _Node, items: list[_Node]) -> None:
         if node.sealed and items:

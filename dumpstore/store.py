@@ -242,7 +242,21 @@ def _touch(path: Path) -> None:
 
 
 def _remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    """Delete a folder and what it holds, best effort, by absolute paths (links are removed, not followed)."""
+    for dirpath, dirnames, filenames in os.walk(path, topdown=False):
+        for name in filenames:
+            _remove_quietly(Path(dirpath) / name)
+        for name in dirnames:
+            sub = Path(dirpath) / name
+            _remove_quietly(sub) if sub.is_symlink() else _rmdir_quietly(sub)
+    _rmdir_quietly(path)
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
 
 
 def _remove_empty_dirs(base: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -18,10 +19,31 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with _notices_as_warnings():
+                return super().invoke(ctx)
         except DumpstoreError as exc:
             click.echo(f"Error: {text(exc)}", err=True)  # one line: a name from a dump cannot break it
             ctx.exit(1)
+
+
+@contextmanager
+def _notices_as_warnings():
+    """The library's notices (DumpstoreWarning) become one `warning: ...` line each on stderr."""
+    import warnings
+
+    from dumpstore.errors import DumpstoreWarning
+
+    def show(message, category, *args, **kwargs):
+        if issubclass(category, DumpstoreWarning):
+            click.echo(f"warning: {message}", err=True)
+        else:
+            original(message, category, *args, **kwargs)
+
+    with warnings.catch_warnings():
+        original = warnings.showwarning
+        warnings.simplefilter("always", DumpstoreWarning)
+        warnings.showwarning = show
+        yield
 
 
 @click.group(cls=_Group)
@@ -82,11 +104,12 @@ def _ingest_several(paths, runs, store, opts, jobs: int | None) -> list:
     from concurrent.futures import ProcessPoolExecutor
 
     from dumpstore.ingest import ingest as do_ingest
+    from dumpstore.workers import worker_init
 
     total = jobs or os.cpu_count() or 1
     side = min(len(paths), total)
     share = max(1, total // side)
-    with ProcessPoolExecutor(max_workers=side) as pool:
+    with ProcessPoolExecutor(max_workers=side, initializer=worker_init, initargs=(os.getpid(),)) as pool:
         futures = [pool.submit(do_ingest, p, r, store=store, options=opts, jobs=share) for p, r in zip(paths, runs)]
         outcomes = []
         for fut in futures:

@@ -5,6 +5,7 @@
      ├── StoreError        the store is missing, locked, or of another schema version
      └── QueryError        a query was refused or failed
           └── SelectionError  a step, rank or run selector matches nothing
+    DumpstoreWarning       (a UserWarning) something done on the user's behalf, e.g. a stale lock taken over
 """
 
 from __future__ import annotations
@@ -28,3 +29,7 @@ class QueryError(DumpstoreError):
 
 class SelectionError(QueryError):
     """A step, rank or run selector matches nothing in the store."""
+
+
+class DumpstoreWarning(UserWarning):
+    """Something the library did on the user's behalf (a stale lock taken over); the CLI prints it in one line."""

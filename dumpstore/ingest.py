@@ -27,8 +27,9 @@ from .names import parse_record
 from .ptfile import DEFAULT_MAX_BYTES
 from .records import LEAF_COLUMNS, leaf_columns, record_leaves
 from .schema import STACK_SCHEMA, TENSOR_SCHEMA
-from .store import Store, open_store
+from .store import Store, open_store, staging_dir, store_errors
 from .tensorfile import forget_folders, load, resolve
+from .workers import worker_init
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _BATCH_ROWS = 4096  # rows turned into Arrow at a time
@@ -89,19 +90,31 @@ def ingest(path: str | os.PathLike, run: str, *, store: str | os.PathLike | None
     summary.check_sketch_m(opts.sketch_m)
     if not _RUN_NAME.match(run):
         raise StoreError(f"run name {run!r} is not allowed; use letters, digits, '.', '_' or '-' (max 128)")
-    st = open_store(store, create=True)
     try:
         units = find_units(path)
-        ingest_id = uuid.uuid4().hex[:12]
-        with st.run_lock(run):
-            results = _run_units(st, run, ingest_id, units, opts, jobs, progress)
-            total = _combine(run, ingest_id, results)
-            st.publish_run(_catalog_row(run, ingest_id, path, units, results, total, opts))
+        with store_errors(store):
+            st = open_store(store, create=True)
+            ingest_id = uuid.uuid4().hex[:12]
+            # errors are worded inside: a full file system is told from one without inodes before the cleanup
+            with st.run_lock(run), _discarded_on_failure(st, run, ingest_id), store_errors(st.root):
+                results = _run_units(st, run, ingest_id, units, opts, jobs, progress)
+                total = _combine(run, ingest_id, results)
+                st.publish_run(_catalog_row(run, ingest_id, path, units, results, total, opts))
     except DumpFormatError as exc:
         if one_line(str(exc)) == str(exc):
             raise
         raise DumpFormatError(one_line(str(exc))) from None  # a folder or file name with a line break
     return total
+
+
+@contextmanager
+def _discarded_on_failure(st: Store, run: str, ingest_id: str) -> Iterator[None]:
+    """Remove what the ingest wrote when it fails (an error, Ctrl-C): the store stays as it was."""
+    try:
+        yield
+    except BaseException:
+        st.discard(run, ingest_id)
+        raise
 
 
 def one_line(text: str) -> str:
@@ -124,7 +137,7 @@ def _run_units(st: Store, run: str, ingest_id: str, units: list[Unit], opts: Ing
                 if progress:
                     progress(len(results), len(tasks))
         return results
-    with ProcessPoolExecutor(max_workers=n_jobs) as pool:
+    with ProcessPoolExecutor(max_workers=n_jobs, initializer=worker_init, initargs=(os.getpid(),)) as pool:
         for res in pool.map(_ingest_unit_star, tasks):
             results.append(res)
             if progress:
@@ -141,7 +154,7 @@ def _maybe_pool(workers: int) -> Iterator[ProcessPoolExecutor | None]:
     if workers < 2:
         yield None
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=worker_init, initargs=(os.getpid(),)) as pool:
         yield pool
 
 
@@ -149,7 +162,7 @@ def _ingest_unit(unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOp
                  files_pool: ProcessPoolExecutor | None = None) -> UnitResult:
     forget_folders()
     res = UnitResult(unit.step, unit.rank)
-    part = Path(root) / "tensors" / f"run={run}" / f"step={unit.step}" / f"rank={unit.rank}"
+    part = staging_dir(root, run, ingest_id) / "tensors" / f"step={unit.step}" / f"rank={unit.rank}"
     part.mkdir(parents=True, exist_ok=True)
     suffix = f"-{unit.source}" if unit.source else ""
     out = part / f"part-{ingest_id}{suffix}.parquet"
@@ -190,7 +203,7 @@ def _write_unit(unit: Unit, out: Path, root: str, run: str, ingest_id: str, opts
 
 
 def _write_stacks(root: Path, run: str, ingest_id: str, unit: Unit, stacks: list[list[str]]) -> None:
-    d = root / "stacks" / f"run={run}"
+    d = staging_dir(root, run, ingest_id) / "stacks"
     d.mkdir(parents=True, exist_ok=True)
     name = f"part-{ingest_id}-{unit.step}-{unit.rank}{'-' + unit.source if unit.source else ''}.parquet"
     n = len(stacks)
@@ -376,6 +389,7 @@ def _record_rows(unit: Unit, doc: dict, construct: dict, stack_ids: dict[str, in
                  opts: IngestOptions, res: UnitResult, defer: bool = False) -> Iterator[tuple | dict[str, Any]]:
     """The unit's rows: tuples in ROW_COLUMNS order; a dict where the row reads a tensor file."""
     leaf_no = 0
+    tensor_task = doc.get("task") not in ("statistics", "md5", "overflow_check")
     for seq, (key, record) in enumerate(doc.get("data", {}).items()):
         res.records += 1
         key = str(key)
@@ -384,7 +398,7 @@ def _record_rows(unit: Unit, doc: dict, construct: dict, stack_ids: dict[str, in
         ident = (seq, key, rn.prefix, rn.api, rn.op_type, _int32(rn.call), rn.direction, _parent(construct, key),
                  recompute if isinstance(recompute, bool) else None, stack_ids.get(key))
         for io, index, name, leaf in record_leaves(key, record, rn.direction):
-            row = (*ident, io, index, name, leaf_no, *leaf_columns(leaf))
+            row = (*ident, io, index, name, leaf_no, *leaf_columns(leaf, tensor_task))
             leaf_no += 1
             if row[_DATA_NAME] and opts.load_tensors:  # only tensor leaves have a data_name
                 yield _tensor_file_row(dict(zip(ROW_COLUMNS, row)), unit, opts, res, defer)

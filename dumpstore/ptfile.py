@@ -28,11 +28,15 @@ from typing import Any
 import numpy as np
 
 from dumpstore.errors import DumpFormatError
+from dumpstore.picklescan import PickleBudgetError, check_pickle
 
 __all__ = ["DEFAULT_MAX_BYTES", "read_pt"]
 
 DEFAULT_MAX_BYTES = 8 << 30  # cap on the claimed size of a tensor or storage, checked before reading
 _MAX_NDIM = 64
+_INT64 = 1 << 63  # sizes, strides and offsets are int64 in torch
+_INFLATE_FREE = 1 << 20  # a compressed member may always expand to this much ...
+_MAX_RATIO = 100  # ... and beyond it at most this many times its compressed size (a zip bomb reaches ~1000)
 _WHOLE_FILE = 1 << 22  # files up to this size are read in one call and parsed in memory
 _CHUNK = 1 << 24  # compressed members are inflated in chunks of this size (bounds transient memory)
 _SMALL_PICKLE = 4096  # pickles up to this size are memoised by content (see _unpickle_small)
@@ -151,7 +155,7 @@ class _NpDType(_Inert):
         if subarray is not None or names is not None or fields is not None:
             raise _Bad("refused to load: structured numpy dtype; only plain numeric arrays are accepted")
         if endian not in ("<", ">", "|", "="):
-            raise _Bad(f"corrupt numpy dtype byte order {endian!r:.20}")
+            raise _Bad(f"corrupt numpy dtype byte order {_brief(endian, 20)}")
         self.dtype = np.dtype(self.code).newbyteorder("=" if endian in "|=" else endian)
 
 
@@ -178,14 +182,31 @@ def _shape(value: object, what: str) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)) or len(value) > _MAX_NDIM:
         raise _Bad(f"corrupt pickle: {what} is not a sequence of at most {_MAX_NDIM} ints")
     dims = tuple(value)
-    if any(type(d) is not int or d < 0 for d in dims):
-        raise _Bad(f"corrupt pickle: {what} {list(dims)!r:.80} holds a negative or non-int entry")
+    if any(type(d) is not int or d < 0 or d >= _INT64 for d in dims):
+        raise _Bad(f"corrupt pickle: {what} {_brief(list(dims), 80)} holds a negative or non-int entry")
     return dims
 
 
+def _brief(value: object, limit: int) -> str:
+    """A bounded rendering of an untrusted value: never walks a container or prints a huge number."""
+    if value is None or type(value) in (bool, float):
+        text = repr(value)
+    elif type(value) is int:
+        text = repr(value) if value.bit_length() <= 64 else f"<int of {value.bit_length()} bits>"
+    elif type(value) in (str, bytes, bytearray):
+        text = repr(value[:limit])
+    elif type(value) in (tuple, list, dict, set, frozenset):
+        flat = type(value) in (tuple, list) and len(value) <= _MAX_NDIM and all(  # type: ignore[arg-type]
+            v is None or type(v) in (bool, float) or (type(v) is int and v.bit_length() <= 64) for v in value)
+        text = repr(value) if flat else f"<{type(value).__name__} of {len(value)} items>"  # type: ignore[arg-type]
+    else:
+        text = f"<{type(value).__name__.lstrip('_')}>"
+    return text[:limit]
+
+
 def _offset(value: object) -> int:
-    if type(value) is not int or value < 0:
-        raise _Bad(f"corrupt pickle: storage offset {value!r:.40} is not a non-negative int")
+    if type(value) is not int or value < 0 or value >= _INT64:
+        raise _Bad(f"corrupt pickle: storage offset {_brief(value, 40)} is not a non-negative int")
     return value
 
 
@@ -209,7 +230,7 @@ def _metadata(value: object) -> tuple[bool, bool]:
     if value is None:
         return False, False
     if type(value) is not dict or not set(value) <= {"conj", "neg"}:
-        raise _Bad(f"unsupported tensor metadata {value!r:.60}")
+        raise _Bad(f"unsupported tensor metadata {_brief(value, 60)}")
     return value.get("conj") is True, value.get("neg") is True
 
 
@@ -255,7 +276,7 @@ def _reconstruct(cls: object, _shape_arg: object, _typecode: object) -> _NdArray
 
 def _numpy_dtype(code: object, _align: object = False, _copy: object = True) -> _NpDType:
     if type(code) is not str or code not in _NUMPY_CODES:
-        raise _Bad(f"refused to load: numpy dtype {code!r:.40}; only numeric dtypes are accepted")
+        raise _Bad(f"refused to load: numpy dtype {_brief(code, 40)}; only numeric dtypes are accepted")
     return _NpDType(code)
 
 
@@ -322,14 +343,14 @@ class _SafeUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> _Storage:
         if type(pid) is not tuple or len(pid) != 5 or pid[0] not in ("storage", b"storage"):
-            raise _Bad(f"corrupt pickle: unknown persistent id {pid!r:.60}")
+            raise _Bad(f"corrupt pickle: unknown persistent id {_brief(pid, 60)}")
         _kind, stype, key, _location, numel = pid
         if not isinstance(stype, _StorageType):
             raise _Bad("corrupt pickle: storage reference without a storage type")
         if type(key) is not str or not _KEY_RE.fullmatch(key):
-            raise _Bad(f"corrupt pickle: bad storage key {key!r:.40}")
+            raise _Bad(f"corrupt pickle: bad storage key {_brief(key, 40)}")
         if type(numel) is not int or numel < 0:
-            raise _Bad(f"corrupt pickle: storage size {numel!r:.40} is not a non-negative int")
+            raise _Bad(f"corrupt pickle: storage size {_brief(numel, 40)} is not a non-negative int")
         return _Storage(key, stype.dtype, numel * _ITEMSIZE[stype.dtype])
 
 
@@ -476,7 +497,7 @@ class _Archive:
             return "<"  # files without the record predate big-endian support and are little-endian
         mark = self.read(self.prefix + "byteorder", 16).tobytes()
         if mark not in (b"little", b"big"):
-            raise _Bad(f"unknown byteorder record {mark!r:.30}")
+            raise _Bad(f"unknown byteorder record {_brief(mark, 30)}")
         return "<" if mark == b"little" else ">"
 
     def read(self, name: str, limit: int, want: int | None = None) -> np.ndarray:
@@ -491,6 +512,10 @@ class _Archive:
             raise _Bad(f"zip member {name} claims {want} bytes, more than max_bytes={limit}")
         if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1:
             return self._stored(info, want)
+        packed = max(1, getattr(info, "compress_size", 0))
+        if want > _INFLATE_FREE and want > _MAX_RATIO * packed:
+            raise _Bad(f"zip member {name} would expand {packed} compressed bytes to {want} (more than "
+                       f"{_MAX_RATIO}x: a zip bomb?); torch.save stores members uncompressed, save the tensor again")
         return self._inflate(info, want)
 
     def _stored(self, info: zipfile.ZipInfo | _Entry, want: int) -> np.ndarray:
@@ -664,6 +689,11 @@ _CORRUPT = (zipfile.BadZipFile, zipfile.LargeZipFile, pickle.UnpicklingError, EO
 
 
 def _unpickle(data: bytes | memoryview) -> object:
+    """Check the pickle's budgets (opcodes, memo, nesting, logical size) on its opcodes, then unpickle it."""
+    try:
+        check_pickle(data)
+    except PickleBudgetError as exc:
+        raise _Bad(f"refused to load: {exc}; only plain tensors are accepted") from None
     return _SafeUnpickler(io.BytesIO(data)).load()
 
 

@@ -109,14 +109,16 @@ def _template(**values: Any) -> tuple:
 _NULL, _SCALAR, _ERROR = _template(kind="null"), _template(kind="scalar"), _template(kind="error")
 
 
-def leaf_columns(leaf: Any) -> tuple:
-    """The LEAF_COLUMNS of one leaf from its JSON alone (tensor data is added by the ingest)."""
+def leaf_columns(leaf: Any, tensor_task: bool = True) -> tuple:
+    """The LEAF_COLUMNS of one leaf from its JSON alone (tensor data is added by the ingest).  `tensor_task`: the
+    dump is a tensor-mode dump, where every tensor names its file (msprobe's statistics dumps may write an
+    empty `data_name`: no file)."""
     if leaf is None:
         return _NULL
     if isinstance(leaf, _Malformed):
         return _ERROR[:-1] + (leaf.why,)
     if "dtype" in leaf and "shape" in leaf:
-        return _tensor_leaf(leaf)
+        return _tensor_leaf(leaf, tensor_task)
     vtype = str(leaf.get("type", leaf.get("class_type", "")))
     value = leaf["value"] if "value" in leaf else {k: v for k, v in leaf.items() if k != "type"}
     return _SCALAR[:1] + (vtype, _json(value), _num(value)) + _SCALAR[4:]
@@ -144,7 +146,7 @@ def _num(v: Any) -> float | None:
     return None
 
 
-def _tensor_leaf(leaf: dict) -> tuple:
+def _tensor_leaf(leaf: dict, tensor_task: bool = True) -> tuple:
     get = leaf.get
     dtype_raw = get("dtype")
     dtype = canonical(dtype_raw)
@@ -163,6 +165,9 @@ def _tensor_leaf(leaf: dict) -> tuple:
         has_sat = fmax is not None and ((abs(mx) >= fmax and mx != _INF and mx != -_INF)
                                         or (abs(mn) >= fmax and mn != _INF and mn != -_INF))
     checksum = _checksum(md5)
+    bad_name = "data_name" in leaf and (type(dn) is not str or (not dn and tensor_task))
+    if bad_name and err is None:
+        err = f"data_name {_brief(dn)} is not a file name; expected the name of the leaf's tensor file"
     return ("tensor", str(get("type", "")), None, None,  # kind, value_type, value, scalar_value
             dtype, None if dtype_raw is None else str(dtype_raw), shape, numel,
             rg if rg is True or rg is False else None,
@@ -170,7 +175,17 @@ def _tensor_leaf(leaf: dict) -> tuple:
             None, None, None, None, None,  # nan_count .. sat_count: known only from a tensor file
             has_nan, has_posinf, has_neginf, has_sat, mx, mn, mean, norm,
             checksum, None if checksum is None else "xor" if checksum.startswith("0x") else "crc32",
-            dn if isinstance(dn, str) else None, "none", None, None, err)  # ..., file_status, sample, sketch, error
+            None if bad_name or dn is None else dn, "error" if bad_name else "none",  # data_name, file_status
+            None, None, err)  # sample, sketch, error
+
+
+def _brief(value: Any) -> str:
+    """A short rendering of a malformed JSON value: its text up to 60 characters, a container by size."""
+    if isinstance(value, (list, dict)):
+        return f"<{'list' if isinstance(value, list) else 'object'} of {len(value)} items>"
+    if type(value) is int and value.bit_length() > 64:
+        return f"<integer of {value.bit_length()} bits>"
+    return json.dumps(value)[:60] if not isinstance(value, float) or math.isfinite(value) else repr(value)
 
 
 def _checksum(md5: Any) -> str | None:

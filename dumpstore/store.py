@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,38 +70,70 @@ class Store:
                          f"ingest it first: dumpstore ingest PATH --run {run}")
 
     @contextmanager
-    def _lock(self, name: str, wait_message: str | None = None) -> Iterator[None]:
+    def _lock(self, name: str, what: str) -> Iterator[dict[str, Any] | None]:
+        from .lock import hold
+
         locks = self.root / ".locks"
         locks.mkdir(parents=True, exist_ok=True)
-        with open(locks / f"{name}.lock", "w") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if wait_message:
-                    import sys
-                    sys.stderr.write(wait_message + "\n")
-                fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        with hold(locks / f"{name}.lock", what) as stale:
+            yield stale
 
-    def run_lock(self, run: str):
-        """Held for a whole ingest of `run`: a second ingest of the same run waits."""
-        return self._lock(f"run-{run}", f"waiting: another ingest of run {run!r} into {self.root} is running")
+    @contextmanager
+    def run_lock(self, run: str) -> Iterator[None]:
+        """Held for a whole ingest of `run`: a second ingest of the same run waits. What an ingest killed while
+        holding it left behind (its staging folder, files of a publish cut short) is removed on taking it."""
+        with self._lock(f"run-{run}", f"ingest of run {run!r} into {self.root}"):
+            self.collect_garbage(run, keep=self._live_id(run))
+            yield
+
+    def _live_id(self, run: str) -> str | None:
+        return next((r["ingest_id"] for r in self.raw_runs() if r["run"] == run), None)
+
+    def staging_dir(self, run: str, ingest_id: str) -> Path:
+        """Where ingest `ingest_id` of `run` writes its files (outside tensors/ and stacks/ until published; kept
+        there, linked, while live and for a grace period after being replaced, for readers of the old catalog)."""
+        return staging_dir(self.root, run, ingest_id)
+
+    def discard(self, run: str, ingest_id: str) -> None:
+        """Remove what a failed ingest wrote (its staging folder and any file it published)."""
+        live = self._live_id(run)
+        if live == ingest_id:  # it was published: what failed came after (nothing to undo)
+            return
+        self._prune_tree(run, keep=live, only=ingest_id)
+        _remove_tree(self.staging_dir(run, ingest_id))
+        _rmdir_quietly(self.root / _STAGING / f"run={run}")
 
     def publish_run(self, row: dict[str, Any]) -> None:
-        """Make an ingest live: replace the run's catalog row atomically, then remove its old files."""
-        with self._lock("catalog"):
-            rows = [r for r in self.runs().to_pylist() if r["run"] != row["run"]]
+        """Make an ingest live: link its files into tensors/ and stacks/, replace the run's catalog row atomically,
+        then take the replaced ingest's files out of the tree at once (readers of the old catalog still find them
+        in its staging folder for GC_GRACE_SECONDS; files already open stay readable)."""
+        run, new = row["run"], row["ingest_id"]
+        staged = self.staging_dir(run, new)
+        self._link_into_tree(staged, run)
+        with self._lock("catalog", f"catalog of store {self.root}"):
+            rows = [r for r in self.runs().to_pylist() if r["run"] != run]
+            old = next((r["ingest_id"] for r in self.raw_runs() if r["run"] == run), None)
             rows.append(row)
             rows.sort(key=lambda r: r["run"])
             self._write_catalog(rows)
-        self.collect_garbage(row["run"], keep=row["ingest_id"])
+        if old is not None and old != new:
+            _touch(self.staging_dir(run, old) / _REPLACED)
+        self.collect_garbage(run, keep=new)
+
+    def _link_into_tree(self, staged: Path, run: str) -> None:
+        """Hard-link the staged files into tensors/run=<run>/ and stacks/run=<run>/ (copy where links fail)."""
+        for sub in ("tensors", "stacks"):
+            base = staged / sub
+            if not base.exists():
+                continue
+            for path in sorted(base.rglob("part-*.parquet")):
+                dest = self.root / sub / f"run={run}" / path.relative_to(base)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                _link(path, dest)
 
     def rewrite_catalog(self, rows: list[dict[str, Any]]) -> None:
         """Replace the catalog with `rows` (current schema) in one atomic rename."""
-        with self._lock("catalog"):
+        with self._lock("catalog", f"catalog of store {self.root}"):
             self._write_catalog(rows)
 
     def _write_catalog(self, rows: list[dict[str, Any]]) -> None:
@@ -110,47 +143,133 @@ class Store:
         from .schema import RUN_SCHEMA
 
         tmp = self.root / f".{CATALOG}.{os.getpid()}.tmp"
-        pq.write_table(pa.Table.from_pylist(rows, RUN_SCHEMA), tmp)
-        os.replace(tmp, self.root / CATALOG)
+        try:
+            pq.write_table(pa.Table.from_pylist(rows, RUN_SCHEMA), tmp)
+            os.replace(tmp, self.root / CATALOG)
+        finally:
+            _unlink_quietly(tmp)
 
-    def collect_garbage(self, run: str, keep: str, *, grace: float = GC_GRACE_SECONDS) -> None:
-        """Delete files of `run` written by other (replaced or killed) ingests, once older than `grace` seconds.
-
-        The grace period lets a query that resolved its file list before the catalog changed finish reading.
-        """
+    def collect_garbage(self, run: str, keep: str | None, *, grace: float = GC_GRACE_SECONDS) -> None:
+        """Take every file of `run` but those of ingest `keep` out of tensors/ and stacks/ now; delete staging
+        folders of failed or killed ingests now, and of replaced ones `grace` seconds after their replacement
+        (readers that read the catalog before the replacement may still be opening their files).
+        Call with the run's lock held."""
+        self._prune_tree(run, keep)
+        base = self.root / _STAGING / f"run={run}"
+        if not base.is_dir():
+            return
         now = time.time()
+        for d in base.iterdir():
+            if d.name != keep and _replaced_for(d, now) >= grace:
+                _remove_tree(d)
+
+    def _prune_tree(self, run: str, keep: str | None, only: str | None = None) -> None:
         for sub in ("tensors", "stacks"):
             base = self.root / sub / f"run={run}"
             if not base.exists():
                 continue
             for path in base.rglob("part-*.parquet"):
-                if not path.name.startswith(f"part-{keep}") and _age(path, now) >= grace:
+                ingest_id = path.name[5:5 + _ID_LEN]
+                if ingest_id != keep and (only is None or ingest_id == only):
                     _unlink_quietly(path)
+            _remove_empty_dirs(base)
 
     # -- reading -------------------------------------------------------------------------------------
     def tensor_files(self, runs: list[str] | None = None, catalog: pa.Table | None = None) -> list[str]:
-        """Parquet files of the live ingests (globs), optionally only of `runs`; `catalog`: runs() if read."""
+        """Parquet files of the live ingests (globs), optionally only of `runs`; `catalog`: runs() if read.
+
+        They are the ingests' own (staging) copies, which stay for a while after a re-ingest replaces them;
+        stores written before staging existed keep their files in tensors/ only."""
         out = []
         for row in (catalog if catalog is not None else self.runs()).to_pylist():
             if runs is None or row["run"] in runs:
-                part = f"part-{row['ingest_id']}*.parquet"
-                out.append(str(self.root / "tensors" / f"run={row['run']}" / "*" / "*" / part))
+                run, ingest_id = row["run"], row["ingest_id"]
+                part = f"part-{ingest_id}*.parquet"
+                staged = self.staging_dir(run, ingest_id) / "tensors"
+                base = staged if staged.is_dir() else self.root / "tensors" / f"run={run}"
+                out.append(str(base / "*" / "*" / part))
         return out
 
     def stack_files(self, catalog: pa.Table | None = None) -> list[str]:
         out = []
         for row in (catalog if catalog is not None else self.runs()).to_pylist():
-            d = self.root / "stacks" / f"run={row['run']}"
-            if any(d.glob(f"part-{row['ingest_id']}*.parquet")):
-                out.append(str(d / f"part-{row['ingest_id']}*.parquet"))
+            run, ingest_id = row["run"], row["ingest_id"]
+            staged = self.staging_dir(run, ingest_id)
+            d = staged / "stacks" if staged.is_dir() else self.root / "stacks" / f"run={run}"
+            if any(d.glob(f"part-{ingest_id}*.parquet")):
+                out.append(str(d / f"part-{ingest_id}*.parquet"))
         return out
 
 
-def _age(path: Path, now: float) -> float:
+_STAGING = ".ingests"  # hidden: Parquet readers of the store (and of tensors/) skip names starting with "."
+_REPLACED = ".replaced"  # in a staging folder: its ingest was replaced at this file's mtime
+_ID_LEN = 12  # ingest ids are 12 hex digits
+
+
+def staging_dir(root: str | os.PathLike, run: str, ingest_id: str) -> Path:
+    """`<store>/.ingests/run=<run>/<ingest_id>`: the files of one ingest (see Store.staging_dir)."""
+    return Path(root) / _STAGING / f"run={run}" / ingest_id
+
+
+def _replaced_for(d: Path, now: float) -> float:
+    """Seconds since the staging folder's ingest was replaced; infinite for one never published (failed or
+    killed: its run's lock is held, so it is not running)."""
     try:
-        return now - path.stat().st_mtime
+        return now - (d / _REPLACED).stat().st_mtime
     except FileNotFoundError:
-        return 0.0
+        return float("inf")
+
+
+def _link(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest)
+    except FileExistsError:
+        dest.unlink()
+        os.link(src, dest)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        shutil.copyfile(src, tmp)  # a file system without hard links: a copy, renamed in whole
+        os.replace(tmp, dest)
+
+
+def _touch(path: Path) -> None:
+    try:
+        path.touch()
+    except FileNotFoundError:  # a store written before staging existed: nothing to keep
+        pass
+
+
+def _remove_tree(path: Path) -> None:
+    """Delete a folder and what it holds, best effort, by absolute paths (links are removed, not followed)."""
+    for dirpath, dirnames, filenames in os.walk(path, topdown=False):
+        for name in filenames:
+            _remove_quietly(Path(dirpath) / name)
+        for name in dirnames:
+            sub = Path(dirpath) / name
+            _remove_quietly(sub) if sub.is_symlink() else _rmdir_quietly(sub)
+    _rmdir_quietly(path)
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _remove_empty_dirs(base: Path) -> None:
+    for d in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        _rmdir_quietly(d)
+    _rmdir_quietly(base)
+
+
+def _rmdir_quietly(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
 
 
 def _unlink_quietly(path: Path) -> None:
@@ -158,6 +277,54 @@ def _unlink_quietly(path: Path) -> None:
         path.unlink()
     except FileNotFoundError:
         pass
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_WRITE_ERRORS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
+                 "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
+
+
+@contextmanager
+def store_errors(path: str | os.PathLike | None) -> Iterator[None]:
+    """Turn a failed write into the store (full, out of inodes, read-only, not writable) into one StoreError line
+    naming the store and the fix; other OSErrors pass unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        root = Path(path) if path is not None else default_store_path()
+        code = _write_errno(exc)
+        if code is None:
+            raise
+        raise StoreError(_write_message(root, code)) from None
+
+
+def _write_errno(exc: OSError) -> int | None:
+    """The errno of a write failure (pyarrow's errors carry it only in their text)."""
+    if exc.errno in (*_FULL, errno.EROFS, errno.EACCES, errno.EPERM):
+        return exc.errno
+    text = str(exc)
+    return next((code for words, code in _WRITE_ERRORS.items() if words in text), None)
+
+
+def _write_message(root: Path, code: int) -> str:
+    if code in _FULL:
+        what = "has no free inodes" if _no_inodes(root) else "is full" if code == errno.ENOSPC else "is over quota"
+        return (f"{root}: the store's file system {what}; nothing was ingested (the store is unchanged); free space "
+                "there (df -h / df -i) or pick another --store")
+    if code == errno.EROFS:
+        return (f"{root}: the store is on a read-only file system; nothing was ingested; remount it read-write "
+                "or pick another --store")
+    return f"{root}: no permission to write into the store; nothing was ingested; fix its permissions or pick " \
+           "another --store"
+
+
+def _no_inodes(root: Path) -> bool:
+    probe = root if root.exists() else root.parent
+    try:
+        info = os.statvfs(probe)
+    except OSError:
+        return False
+    return info.f_files > 0 and info.f_favail == 0
 
 
 def open_store(path: str | os.PathLike | None = None, *, create: bool = False) -> Store:

@@ -236,13 +236,11 @@ def test_data_name_leaving_the_folder_is_not_read(dump_writer, store_dir, tmp_pa
     outside = save_npy_file(dump_json.parent / "outside.npy", np.array([1e6, 1e6], np.float32))
     name = data_name.replace("/ABS/outside.npy", str(outside))
     doc = mutate(dump_json, lambda d: relu_in(d).__setitem__("data_name", name))
-    if not name:  # an empty data_name is no file reference at all: the row keeps the dumper's statistics
-        res = cli("ingest", dump_json, "--run", "r", "--store", store_dir, "-j", "1")
-        assert res.exit_code == 0 and "warning" not in res.output
-        rows = q(store_dir, f"select file_status, max from tensors where name='{RELU}.input.0'")
-        assert rows == [{"file_status": "none", "max": 2.0}]
-        return
     [bad] = ingest_with_errors(dump_json, store_dir, count_leaves(doc), 1)
+    if not name:  # an empty data_name names no file: an error row (issue 13), keeping the dumper's statistics
+        assert bad["file_status"] == "error" and bad["error"].startswith('data_name "" is not a file name')
+        assert bad["stats_source"] == "dump" and bad["max"] == 2.0
+        return
     assert bad["name"] == f"{RELU}.input.0" and bad["file_status"] == "error"
     assert repr(name) in bad["error"] and "not a plain file name" in bad["error"]
     assert bad["stats_source"] == "dump" and bad["max"] == 2.0  # the dumper's Max, not 1e6 from outside

@@ -132,10 +132,11 @@ def test_reingest_replaces_run(store_dir):
     assert _q(store_dir, "select count(*) n from tensors")[0]["n"] == first
     live = open_store(store_dir).run_info("x")["ingest_id"]
     files = list((store_dir / "tensors" / "run=x").rglob("*.parquet"))
-    assert len(files) == 2  # the replaced ingest's file stays for the grace period
+    assert [f.name.startswith(f"part-{live}") for f in files] == [True]  # the replaced file left the tree at once
+    staged = sorted(p.name for p in (store_dir / ".ingests" / "run=x").iterdir())
+    assert len(staged) == 2 and live in staged  # the replaced ingest's own copy stays for the grace period
     open_store(store_dir).collect_garbage("x", keep=live, grace=0)
-    files = list((store_dir / "tensors" / "run=x").rglob("*.parquet"))
-    assert [f.name.startswith(f"part-{live}") for f in files] == [True]
+    assert [p.name for p in (store_dir / ".ingests" / "run=x").iterdir()] == [live]
 
 
 def test_debug_json(store_dir):

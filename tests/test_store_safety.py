@@ -108,3 +108,84 @@ def test_old_schema_says_how_to_upgrade_and_upgrade_works(store_dir):
     res = CliRunner().invoke(main, ["upgrade", "--store", str(store_dir)])
     assert res.exit_code == 0 and res.output == "upgraded 1 runs: x\n"
     assert _rows(store_dir, "x") == before
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = open(f"/proc/{pid}/task/{pid}/children").read()
+    except OSError:
+        return []
+    return [int(c) for c in text.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _many_units(tmp_path, n: int = 12):
+    import shutil
+
+    root = tmp_path / "many"
+    for step in range(n):
+        shutil.copytree(SAMPLES / "ref_tensor" / "step0", root / f"step{step}")
+    return root
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the worker processes")
+def test_sigkill_of_main_process_only_frees_the_run(store_dir, tmp_path):
+    """Killing only the main ingest process (not its group) ends its workers and frees the run's lock: the next
+    ingest of that run completes, with a one-line notice that it took over the lock, and the store holds it."""
+    ds = _many_units(tmp_path)
+    for _attempt in range(3):
+        proc = subprocess.Popen(INGEST + [str(ds), "--run", "victim", "--store", str(store_dir), "-j", "2"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not (workers := _children(proc.pid)) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if workers and proc.poll() is None:
+            break
+        proc.wait()
+    else:
+        pytest.fail("the ingest never ran its workers")
+    time.sleep(0.3)  # let them start on their units
+    os.kill(proc.pid, signal.SIGKILL)  # the main process only: its workers are left to themselves
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [w for w in workers if _alive(w)]
+    for w in survivors:  # do not leave them behind whatever the outcome
+        os.kill(w, signal.SIGKILL)
+    assert not survivors, "workers outlived their killed parent"
+    again = subprocess.run(INGEST + [str(ds), "--run", "victim", "--store", str(store_dir), "-j", "2"],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    st = open_store(store_dir)
+    assert st.run_names() == ["victim"] and st.run_info("victim")["steps"] == list(range(12))
+    notices = [line for line in again.stderr.splitlines() if "taking over the lock" in line]
+    assert len(notices) == 1 and notices[0].startswith("warning: ingest of run 'victim' into ")
+    assert f"process {proc.pid} " in notices[0]
+    ids = {p.name[5:17] for p in (store_dir / "tensors").rglob("*.parquet")}
+    assert ids == {st.run_info("victim")["ingest_id"]}  # the killed ingest left nothing in the tree
+    assert [p.name for p in (store_dir / ".ingests" / "run=victim").iterdir()] == [st.run_info("victim")["ingest_id"]]
+
+
+def test_stale_lock_is_taken_over_with_one_notice(store_dir):
+    """A lock file that still names an owner that has ended is taken over (one warning line), not waited on."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    locks = store_dir / ".locks"
+    locks.mkdir(parents=True)
+    (locks / "run-r.lock").write_text(
+        '{"pid": %d, "host": "%s", "start": null}' % (gone.pid, __import__("socket").gethostname()))
+    res = subprocess.run(INGEST + [str(DATASET), "--run", "r", "--store", str(store_dir), "-j", "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == (f"warning: ingest of run 'r' into {store_dir}: taking over the lock of process "
+                          f"{gone.pid} on {__import__('socket').gethostname()}, which ended without releasing it; "
+                          "cleaning up what it left\n")
+    assert (locks / "run-r.lock").read_text() == ""  # released cleanly

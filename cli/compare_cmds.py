@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import store_option
+from .options import engine_options, store_option
 from .output import output_options, render, to_json
 
 
@@ -50,12 +50,21 @@ def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
 @click.option("--op-type", default=None, help="Only ops whose type contains this (linear, softmax, ...).")
 @click.option("--io", default=None, type=click.Choice(["input", "output", "parameters", "parameters_grad"]))
 @output_options
-def compare(store, target, ref, exact, steps, ranks, tol, maps, top, by, direction, module, op_type, io, fmt):
+@engine_options
+def compare(store, target, ref, exact, steps, ranks, tol, maps, top, by, direction, module, op_type, io, fmt,
+            engine, address, batch):
     """Rank aligned tensors by mismatch (worst first), with the threshold each verdict used."""
     from dumpstore.analysis.rank import rank_rows
 
-    cmp = run_compare(store, target, ref, steps, ranks, tol, exact, maps)
-    table = rank_rows(cmp, by=by, top=top or None, direction=direction, module=module, op_type=op_type, io=io)
+    ranking = {"by": by, "top": top or None, "direction": direction, "module": module, "op_type": op_type, "io": io}
+    if engine == "ray":
+        from dumpstore.analysis.distributed import ranked
+        from dumpstore.store import open_store
+
+        table = ranked(open_store(store), target, ref, rank_options=ranking, address=address, batch=batch,
+                       **compare_options(steps, ranks, tol, exact, maps))
+    else:
+        table = rank_rows(run_compare(store, target, ref, steps, ranks, tol, exact, maps), **ranking)
     click.echo(render(table.to_arrow(), fmt))
 
 
@@ -87,15 +96,18 @@ def finding_line(label: str, f: dict | None) -> str:
 @click.option("--check", is_flag=True, help="Exit 3 when the runs diverge.")
 @click.option("--no-cache", is_flag=True,
               help="Recompute even when the store holds this verdict for the same ingests (see README, memo).")
-def divergence(store, target, ref, exact, steps, ranks, tol, maps, as_json, check, no_cache):
+@engine_options
+def divergence(store, target, ref, exact, steps, ranks, tol, maps, as_json, check, no_cache, engine, address, batch):
     """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops."""
-    v = verdict(store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache)
+    cluster = {"address": address, "batch": batch} if engine == "ray" else None
+    v = verdict(store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache, cluster=cluster)
     click.echo(to_json(v) if as_json else verdict_text(v))
     if check and v["first_divergence"] is not None:
         raise SystemExit(3)
 
 
-def verdict(store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: bool = True) -> dict:
+def verdict(store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: bool = True,
+            cluster: dict | None = None) -> dict:
     """The divergence verdict as a dict: from the store's memo when it holds this question for the live ingests
     of both runs (no heavy import at all), else computed and memoized."""
     from dumpstore.analysis import memo
@@ -116,7 +128,9 @@ def verdict(store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: boo
 
     st = open_store(store)
     before = memo.catalog_signature(st.root)
-    v = divergence_by_steps(st, target, ref, **options).to_dict()
+    if cluster is not None:  # --engine ray: the same verdict, screened on the cluster
+        from dumpstore.analysis.distributed import divergence_by_steps
+    v = divergence_by_steps(st, target, ref, **options, **(cluster or {})).to_dict()
     memo.save(st.root, key, _live_ids(st, target, ref), before, v)
     return v
 
@@ -162,12 +176,17 @@ def verdict_text(v: dict) -> str:
 @click.option("--rank", "ranks", type=int, multiple=True)
 @store_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def overflow(run, ref, steps, ranks, store, as_json):
+@engine_options
+def overflow(run, ref, steps, ranks, store, as_json, engine, address, batch):
     """NaN, +-Inf and saturated (+-finfo.max) values and the op that produced them first."""
     from dumpstore.analysis.overflow import overflow as scan
     from dumpstore.store import open_store
 
-    rep = scan(open_store(store), run, ref=ref, steps=list(steps) or None, ranks=list(ranks) or None)
+    cluster = {}
+    if engine == "ray":
+        from dumpstore.analysis.distributed import overflow as scan  # noqa: F811
+        cluster = {"address": address, "batch": batch}
+    rep = scan(open_store(store), run, ref=ref, steps=list(steps) or None, ranks=list(ranks) or None, **cluster)
     if as_json:
         click.echo(to_json(rep.to_dict()))
         return

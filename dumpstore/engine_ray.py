@@ -75,7 +75,7 @@ def run_units(st, run: str, ingest_id: str, units: list[Unit], opts, *, address:
     """Ingest `units` on Ray (see the module docstring); their `UnitResult`s in the order of `units`."""
     with session(address) as ray:
         nodes = _alive_nodes(ray)
-        homes = (locate or _probe_homes)(units, nodes) if len(nodes) > 1 else {}
+        homes = (locate or probe_homes)(units, nodes) if len(nodes) > 1 else {}
         size = batch or _default_batch(len(units), ray.cluster_resources().get("CPU", 1))
         if size < 1:
             raise EngineError(f"--batch {size}: give at least 1 unit per task")
@@ -115,12 +115,19 @@ def unit_folder(unit: Unit) -> str:
     return str(unit.path.parent if unit.kind == "dump" else unit.path)
 
 
-def _probe_homes(units: list[Unit], nodes: list[str]) -> dict[int, str]:
-    """Preferred node of each unit whose folder only some nodes see (none where every node sees it)."""
+def probe_homes(units: list[Unit], nodes: list[str]) -> dict[int, str]:
+    """Preferred node of each unit whose folder only some nodes see (none where every node sees it), found by
+    asking every node which folders it can list."""
     ray = ray_module()
     folders = sorted({unit_folder(u) for u in units})
     probe = ray.remote(num_cpus=0)(_visible)
     seen = ray.get([probe.options(scheduling_strategy=_pinned(n)).remote(folders) for n in nodes])
+    return choose_homes(units, nodes, seen)
+
+
+def choose_homes(units: Sequence[Unit], nodes: list[str], seen: list[list[str]]) -> dict[int, str]:
+    """Unit index -> preferred node, from the folders each node sees (`seen`, in the order of `nodes`): a folder
+    seen by some nodes only goes to one of them (spread by rank); one seen by all or none gets no preference."""
     holders: dict[str, list[str]] = {}
     for node, visible in zip(nodes, seen):
         for f in visible:

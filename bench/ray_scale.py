@@ -65,7 +65,7 @@ def one(d: Path, man: dict, workers: int, engine: str) -> dict:
            "load_before": os.getloadavg()[0]}
     if engine == "ray":
         t = time.perf_counter()
-        ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         out["ray_init_s"] = time.perf_counter() - t
     try:
         t = time.perf_counter()

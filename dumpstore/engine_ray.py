@@ -44,7 +44,7 @@ def ray_module():
 
 
 class session:
-    """Connect to Ray for the block: a running instance is used as it is; else `ray.init(address)` (None: a
+    """Connect to Ray for the block: a running instance is used as it is; else `ray.init(address)` (None: a new
     local instance, 'auto': the cluster this machine belongs to) and shut down again after."""
 
     def __init__(self, address: str | None = None):
@@ -55,7 +55,7 @@ class session:
         ray = ray_module()
         if not ray.is_initialized():
             try:
-                ray.init(address=self.address, include_dashboard=False, logging_level="ERROR",
+                ray.init(address=self.address or "local", include_dashboard=False, logging_level="ERROR",
                          log_to_driver=False, configure_logging=False)
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 where = self.address or "a local instance"

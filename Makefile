@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev]' mindstudio-probe $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev,ray]' mindstudio-probe $(TORCH)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -436,7 +436,7 @@ MAX_ROWS_IN_MEMORY = 250_000  # leaf rows per run compared at once by divergence
 
 
 def divergence_by_steps(store, target: str, ref: str, *, steps: list[int] | None = None,
-                        max_rows: int = MAX_ROWS_IN_MEMORY, **compare_options: Any) -> Verdict:
+                        max_rows: int = MAX_ROWS_IN_MEMORY, screener: Any = None, **compare_options: Any) -> Verdict:
     """`divergence(compare_runs(...))` for runs of any size: memory is bounded by a batch, not by the runs.
 
     Runs of at most `max_rows` rows are compared in one piece.  For larger ones the screen (analysis/screen.py)
@@ -451,10 +451,11 @@ def divergence_by_steps(store, target: str, ref: str, *, steps: list[int] | None
 
     check_selection(store, [target, ref], steps=steps, ranks=compare_options.get("ranks"))
     t_info, r_info = store.run_info(target), store.run_info(ref)
-    if max(t_info["n_rows"], r_info["n_rows"]) <= max_rows:  # one batch holds everything: nothing to screen
+    # `screener`: screen.screen's stand-in (analysis/distributed.py screens on a cluster); it always screens
+    if screener is None and max(t_info["n_rows"], r_info["n_rows"]) <= max_rows:  # one batch: nothing to screen
         return divergence_in_batches(store, target, ref, steps=steps, max_rows=max_rows, **compare_options)
     try:
-        return _screened(store, target, ref, steps=steps, max_rows=max_rows, **compare_options)
+        return _screened(store, target, ref, steps=steps, max_rows=max_rows, screener=screener, **compare_options)
     except Unsupported:
         return divergence_in_batches(store, target, ref, steps=steps, max_rows=max_rows, **compare_options)
 
@@ -481,7 +482,7 @@ def divergence_in_batches(store, target: str, ref: str, *, steps: list[int] | No
 
 def _screened(store, target: str, ref: str, *, steps: list[int] | None, max_rows: int,
               ranks: list[int] | None = None, tolerances: Tolerances | None = None, exact: bool = False,
-              mapping: Any = None) -> Verdict:
+              mapping: Any = None, screener: Any = None) -> Verdict:
     from .compare import builtin_mindspore_names, compare_runs, coverage
     from .screen import Unsupported, screen
 
@@ -492,7 +493,7 @@ def _screened(store, target: str, ref: str, *, steps: list[int] | None, max_rows
     cov = coverage(t_info, r_info)
     steps_c = [s for s in cov["common_steps"] if steps is None or s in steps]
     ranks_c = [k for k in cov["common_ranks"] if ranks is None or k in ranks]
-    scr = screen(store, target, ref, steps_c, ranks_c, tol)
+    scr = (screener or screen)(store, target, ref, steps_c, ranks_c, tol)
     units = scr.units
     # in detail: units needing alignment, and the units of each step where the screen saw an output over its
     # tolerance (or an argument differ), in order, until one of them holds a finding beyond the pair's noise

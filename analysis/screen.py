@@ -32,7 +32,7 @@ import mmap
 import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -67,6 +67,8 @@ class ScreenResult:
                                              # arguments (args), counts, max_err, first diverged output
     complex_units: list[tuple[int, int]]     # (step, rank) pairs to compare exactly (alignment needed)
     precision: dict[str, str]                # compute precision of each run and the floor, as compare_runs
+    dtype_counts: dict[str, dict[str, int]] = field(default_factory=dict)  # forward float outputs by dtype,
+                                             # per side (partitions of a distributed screen merge their precision)
 
 
 # ------------------------------------------------------------------------------------------------ files
@@ -537,7 +539,7 @@ def screen(store, target: str, ref: str, steps: list[int], ranks: list[int], tol
             drop, on=["step", "rank"], how="anti")
     units = units.sort(["step", "rank", "source"])
     return ScreenResult(units.with_columns(c("step").cast(pl.Int64), c("rank").cast(pl.Int64)),
-                        sorted(complex_units), precision)
+                        sorted(complex_units), precision, counts)
 
 
 def _map(fn, items: list, threads: int) -> list:

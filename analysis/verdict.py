@@ -103,7 +103,8 @@ class Question:
                          "tol": [t.rel_l2, t.all_dtypes, t.amplification]})
 
 
-def answer(store: Any, question: Question, *, use_memo: bool = True, comparison: Any = None) -> Verdict:
+def answer(store: Any, question: Question, *, use_memo: bool = True, comparison: Any = None,
+           cluster: dict[str, Any] | None = None) -> Verdict:
     """The verdict of `question` over `store` (a Store, or a store path; None: the default store).
 
     `comparison`: the question's `compare_runs` result when the caller holds it already (the report does); the
@@ -123,6 +124,10 @@ def answer(store: Any, question: Question, *, use_memo: bool = True, comparison:
     before = memo.catalog_signature(st.root)
     if comparison is not None:
         verdict = divergence(comparison)
+    elif cluster is not None:
+        from .distributed import divergence_by_steps as on_cluster
+
+        verdict = on_cluster(st, question.target, question.ref, **options, **cluster)
     else:
         verdict = divergence_by_steps(st, question.target, question.ref, **options)
     memo.save(st.root, key, live_ingests(st, question), before, verdict.to_dict())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import store_option
+from .options import engine_options, store_option
 from .render import finding_line, num, output_options, render, rows_out, text, to_json
 
 
@@ -48,12 +48,21 @@ def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
 @click.option("--op-type", default=None, help="Only ops whose type contains this (linear, softmax, ...).")
 @click.option("--io", default=None, type=click.Choice(["input", "output", "parameters", "parameters_grad"]))
 @output_options
-def compare(store, target, ref, exact, steps, ranks, tol, maps, top, by, direction, module, op_type, io, fmt):
+@engine_options
+def compare(store, target, ref, exact, steps, ranks, tol, maps, top, by, direction, module, op_type, io, fmt,
+            engine, address, batch):
     """Rank aligned tensors by mismatch (worst first), with the threshold each verdict used."""
     from dumpstore.analysis.rank import rank_rows
 
-    cmp = run_compare(store, target, ref, steps, ranks, tol, exact, maps)
-    table = rank_rows(cmp, by=by, top=top or None, direction=direction, module=module, op_type=op_type, io=io)
+    ranking = {"by": by, "top": top or None, "direction": direction, "module": module, "op_type": op_type, "io": io}
+    if engine == "ray":
+        from dumpstore.analysis.distributed import ranked
+        from dumpstore.store import open_store
+
+        table = ranked(open_store(store), target, ref, rank_options=ranking, address=address, batch=batch,
+                       **compare_options(steps, ranks, tol, exact, maps))
+    else:
+        table = rank_rows(run_compare(store, target, ref, steps, ranks, tol, exact, maps), **ranking)
     click.echo(render(table.to_arrow(), fmt))
 
 
@@ -63,11 +72,13 @@ def compare(store, target, ref, exact, steps, ranks, tol, maps, top, by, directi
 @click.option("--check", is_flag=True, help="Exit 3 when the runs diverge.")
 @click.option("--no-cache", is_flag=True,
               help="Recompute even when the store holds this verdict for the same ingests (see README, memo).")
-def divergence(store, target, ref, exact, steps, ranks, tol, maps, fmt, check, no_cache):
+@engine_options
+def divergence(store, target, ref, exact, steps, ranks, tol, maps, fmt, check, no_cache, engine, address, batch):
     """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops.
 
     --json prints one object; --csv one row per finding (first divergence, culprit)."""
-    v = verdict(store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache)
+    cluster = {"address": address, "batch": batch} if engine == "ray" else None
+    v = verdict(store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache, cluster=cluster)
     click.echo(verdict_out(v, fmt))
     if check and v["first_divergence"] is not None:
         raise SystemExit(3)
@@ -88,13 +99,14 @@ def verdict_out(v: dict, fmt: str) -> str:
     return verdict_text(v)
 
 
-def verdict(store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: bool = True) -> dict:
-    """The divergence verdict as a dict (the library's memoized answer)."""
+def verdict(store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: bool = True,
+            cluster: dict | None = None) -> dict:
+    """The divergence verdict as a dict (the library's memoized answer; `cluster`: screened on Ray)."""
     from dumpstore.analysis.tolerance import Tolerances
     from dumpstore.analysis.verdict import Question, answer
 
     q = Question(target, ref, tuple(steps) or None, tuple(ranks) or None, Tolerances.parse(tol), tuple(maps), exact)
-    return answer(store, q, use_memo=use_memo).to_dict()
+    return answer(store, q, use_memo=use_memo, cluster=cluster).to_dict()
 
 
 def noise_line(v: dict) -> str:
@@ -151,14 +163,19 @@ def verdict_text(v: dict) -> str:
               help="Dirty tensors listed (0: all; --json and --csv list all).")
 @store_option
 @output_options
-def overflow(run, ref, steps, ranks, top, store, fmt):
+@engine_options
+def overflow(run, ref, steps, ranks, top, store, fmt, engine, address, batch):
     """NaN, +-Inf and saturated (+-finfo.max) values and the op that produced them first.
 
     --json prints one object; --csv one row per dirty tensor."""
     from dumpstore.analysis.overflow import overflow as scan
     from dumpstore.store import open_store
 
-    rep = scan(open_store(store), run, ref=ref, steps=list(steps) or None, ranks=list(ranks) or None)
+    cluster = {}
+    if engine == "ray":
+        from dumpstore.analysis.distributed import overflow as scan  # noqa: F811
+        cluster = {"address": address, "batch": batch}
+    rep = scan(open_store(store), run, ref=ref, steps=list(steps) or None, ranks=list(ranks) or None, **cluster)
     if fmt == "json":
         click.echo(to_json(rep.to_dict()))
     elif fmt == "csv":

@@ -10,7 +10,7 @@ import click
 
 from dumpstore.errors import DumpstoreError
 
-from .options import store_option
+from .options import engine_options, store_option
 from .render import output_options, render, text, to_json
 
 
@@ -62,8 +62,10 @@ def main() -> None:
 @click.option("--sketch-m", type=int, default=None, help="Sketch buckets per tensor, power of two (default 512).")
 @click.option("--no-tensors", is_flag=True, help="Do not read tensor files; keep the dumper's statistics only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ingest summary as JSON (a list for several runs).")
+@engine_options
 def ingest(paths: tuple[Path, ...], runs: tuple[str, ...], store: Path | None, jobs: int | None,
-           sample_k: int | None, sketch_m: int | None, no_tensors: bool, as_json: bool) -> None:
+           sample_k: int | None, sketch_m: int | None, no_tensors: bool, as_json: bool, engine: str,
+           address: str | None, batch: int | None) -> None:
     """Ingest an msprobe dump (root, step or rank folder, dump.json) or a folder of .npy/.pt files.
 
     Several dumps at once (`ingest ref_dir target_dir --run ref --run target`) are ingested side by side,
@@ -77,7 +79,14 @@ def ingest(paths: tuple[Path, ...], runs: tuple[str, ...], store: Path | None, j
         raise click.UsageError("each --run name may appear once")
     opts = IngestOptions(sample_k=sample_k or DEFAULT_SAMPLE_K, sketch_m=sketch_m or DEFAULT_SKETCH_M,
                          load_tensors=not no_tensors)
-    if len(paths) == 1:
+    if engine == "ray":  # one run after the other, each over the whole cluster
+        from dumpstore.ingest import ingest as do_ingest
+
+        eng = {"address": address, "batch": batch}
+        with _Progress(f"ingest {runs[0]}") as bar:
+            results = [do_ingest(p, r, store=store, options=opts, progress=bar.update, engine="ray",
+                                 engine_options=eng) for p, r in zip(paths, runs)]
+    elif len(paths) == 1:
         from dumpstore.ingest import ingest as do_ingest
 
         with _Progress(f"ingest {runs[0]}") as bar:

@@ -84,8 +84,12 @@ class IngestResult:
 
 def ingest(path: str | os.PathLike, run: str, *, store: str | os.PathLike | None = None,
            options: IngestOptions | None = None, jobs: int | None = None,
-           progress: Callable[[int, int], None] | None = None) -> IngestResult:
-    """Ingest every dump under `path` as run `run`; replaces an earlier run of that name atomically."""
+           progress: Callable[[int, int], None] | None = None, engine: str = "local",
+           engine_options: dict[str, Any] | None = None) -> IngestResult:
+    """Ingest every dump under `path` as run `run`; replaces an earlier run of that name atomically.
+
+    `engine`: 'local' (a process pool on this machine) or 'ray' (tasks on a Ray cluster writing into a store
+    every node reaches; `engine_options` go to `engine_ray.run_units`: address, batch, retries)."""
     opts = options or IngestOptions()
     summary.check_sketch_m(opts.sketch_m)
     if not _RUN_NAME.match(run):
@@ -97,7 +101,13 @@ def ingest(path: str | os.PathLike, run: str, *, store: str | os.PathLike | None
             ingest_id = uuid.uuid4().hex[:12]
             # errors are worded inside: a full file system is told from one without inodes before the cleanup
             with st.run_lock(run), _discarded_on_failure(st, run, ingest_id), store_errors(st.root):
-                results = _run_units(st, run, ingest_id, units, opts, jobs, progress)
+                if engine == "ray":
+                    from .engine_ray import run_units as ray_units
+
+                    results = ray_units(st, run, ingest_id, units, opts, progress=progress,
+                                        **(engine_options or {}))
+                else:
+                    results = _run_units(st, run, ingest_id, units, opts, jobs, progress)
                 total = _combine(run, ingest_id, results)
                 st.publish_run(_catalog_row(run, ingest_id, path, units, results, total, opts))
     except DumpFormatError as exc:

@@ -92,6 +92,8 @@ def ingest(path: str | os.PathLike, run: str, *, store: str | os.PathLike | None
     every node reaches; `engine_options` go to `engine_ray.run_units`: address, batch, retries)."""
     opts = options or IngestOptions()
     summary.check_sketch_m(opts.sketch_m)
+    if engine not in ("local", "ray"):
+        raise StoreError(f"engine {engine!r} is not known; use 'local' or 'ray'")
     if not _RUN_NAME.match(run):
         raise StoreError(f"run name {run!r} is not allowed; use letters, digits, '.', '_' or '-' (max 128)")
     try:

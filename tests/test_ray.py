@@ -158,6 +158,12 @@ def test_cli_engine_ray(tmp_path, samples):
     assert over[0].exit_code == over[1].exit_code == 0 and over[0].output == over[1].output
 
 
+def test_unknown_engine_is_refused(tmp_path):
+    with pytest.raises(Exception, match="^engine 'Ray' is not known; use 'local' or 'ray'$") as err:
+        ingest(SAMPLES / "ref_stats", "x", store=tmp_path / "s", engine="Ray")
+    assert type(err.value).__name__ == "StoreError"
+
+
 def test_nothing_imports_ray_unless_asked():
     code = ("import sys, dumpstore.ingest, dumpstore.cli.main, dumpstore.analysis.divergence, "
             "dumpstore.analysis.overflow\nassert 'ray' not in sys.modules, 'ray imported'\n")

@@ -7,7 +7,9 @@ STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 DEMO   := $(CURDIR)/out/demo
 
-.PHONY: setup demo test test-all lint bench samples clean
+SOURCES := dumpstore analysis cli tests bench sample_dumps
+
+.PHONY: setup demo test test-all lint format bench samples clean
 
 setup: $(STAMP)
 
@@ -26,14 +28,21 @@ demo: $(STAMP)
 	$(BIN)/dumpstore divergence --target target --ref ref --store $(DEMO)/store
 	$(BIN)/dumpstore report --target target --ref ref --store $(DEMO)/store --html $(DEMO)/report.html --csv $(DEMO)/report.csv
 
-test: $(STAMP)
+# The README's test command (and CI's): format, lint, types, then the tests.
+test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-test-all: $(STAMP)
+test-all: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m ''
 
 lint: $(STAMP)
-	$(BIN)/python -m ruff check dumpstore analysis cli tests bench sample_dumps
+	$(BIN)/python -m ruff format --check $(SOURCES)
+	$(BIN)/python -m ruff check $(SOURCES)
+	$(BIN)/python -m mypy dumpstore analysis
+
+format: $(STAMP)
+	$(BIN)/python -m ruff format $(SOURCES)
+	$(BIN)/python -m ruff check --fix $(SOURCES)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

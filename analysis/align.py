@@ -10,6 +10,7 @@ reported as a divergence).  Leaves then pair by io and index path.  What stays u
 from __future__ import annotations
 
 import difflib
+from typing import Any
 
 import polars as pl
 
@@ -34,8 +35,9 @@ def _signatures(rows: pl.DataFrame) -> pl.DataFrame:
     squeezed = pl.col("shape").list.eval(pl.element().filter(pl.element() != 1))  # msprobe squeezes: [1, N] ~ [N]
     shape_text = pl.concat_str(pl.lit("("), squeezed.cast(pl.List(pl.String)).list.join("x"), pl.lit(")"))
     out_shape = pl.when(pl.col("io") == "output").then(shape_text).otherwise(None)  # 0-d: "()"
-    return (rows.group_by(GROUP + ["seq", "record"], maintain_order=True)
-            .agg(out_shape.drop_nulls().str.join(",").alias("sig")))
+    return rows.group_by(GROUP + ["seq", "record"], maintain_order=True).agg(
+        out_shape.drop_nulls().str.join(",").alias("sig")
+    )
 
 
 def align_records(target: pl.DataFrame, ref: pl.DataFrame) -> pl.DataFrame:
@@ -44,7 +46,8 @@ def align_records(target: pl.DataFrame, ref: pl.DataFrame) -> pl.DataFrame:
     both = t_rec.join(r_rec, on=GROUP + ["record"], how="full", coalesce=True, suffix="_r")
     bad = both.filter(pl.col("seq").is_null() | pl.col("seq_r").is_null()).select(GROUP).unique()
     exact = both.join(bad, on=GROUP, how="anti").select(
-        GROUP + [pl.col("record").alias("t_record"), pl.col("record").alias("r_record"), pl.lit("exact").alias("how")])
+        GROUP + [pl.col("record").alias("t_record"), pl.col("record").alias("r_record"), pl.lit("exact").alias("how")]
+    )
     parts = [exact]
     if bad.height:
         t_bad = _signatures(target.join(bad, on=GROUP, how="semi"))
@@ -53,8 +56,11 @@ def align_records(target: pl.DataFrame, ref: pl.DataFrame) -> pl.DataFrame:
         t = t_bad.filter(*[pl.col(c) == key[c] for c in GROUP])
         r = r_bad.filter(*[pl.col(c) == key[c] for c in GROUP])
         parts.append(_sequence_pairs(key, t, r))
-    schema = {**{c: exact.schema[c] for c in GROUP}, "t_record": pl.String, "r_record": pl.String, "how": pl.String}
-    return pl.concat([p.cast(schema) for p in parts], how="vertical") if parts else pl.DataFrame(schema=schema)
+    types: dict[str, Any] = {c: exact.schema[c] for c in GROUP}
+    schema = pl.Schema({**types, "t_record": pl.String, "r_record": pl.String, "how": pl.String})
+    if not parts:
+        return pl.DataFrame(schema=schema)
+    return pl.concat([p.cast(schema) for p in parts], how="vertical")
 
 
 def _sequence_pairs(key: dict, t: pl.DataFrame, r: pl.DataFrame) -> pl.DataFrame:
@@ -69,7 +75,7 @@ def _sequence_pairs(key: dict, t: pl.DataFrame, r: pl.DataFrame) -> pl.DataFrame
             used_t.add(a + i)
             used_r.add(b + i)
     tsig, rsig = t["sig"].to_list(), r["sig"].to_list()
-    left_t = {counter_free(tk[i]): [] for i in range(len(tk)) if i not in used_t}
+    left_t: dict[str, list[int]] = {counter_free(tk[i]): [] for i in range(len(tk)) if i not in used_t}
     for i in range(len(tk)):
         if i not in used_t:
             left_t[counter_free(tk[i])].append(i)
@@ -80,17 +86,22 @@ def _sequence_pairs(key: dict, t: pl.DataFrame, r: pl.DataFrame) -> pl.DataFrame
         if j in used_r:
             continue
         cand = left_t.get(counter_free(rk[j]), [])
-        i = next((i for i in cand if tk[i] == rk[j] or _shapes_can_match(tsig[i], rsig[j])), None)
-        if i is not None:
-            cand.remove(i)
-            pairs.append((tk[i], rk[j], "sequence"))
-            used_t.add(i)
+        hit = next((i for i in cand if tk[i] == rk[j] or _shapes_can_match(tsig[i], rsig[j])), None)
+        if hit is not None:
+            cand.remove(hit)
+            pairs.append((tk[hit], rk[j], "sequence"))
+            used_t.add(hit)
             used_r.add(j)
     pairs += [(tk[i], None, "target_only") for i in range(len(tk)) if i not in used_t]
     pairs += [(None, rk[j], "ref_only") for j in range(len(rk)) if j not in used_r]
-    return pl.DataFrame({**{c: [key[c]] * len(pairs) for c in GROUP},
-                         "t_record": [p[0] for p in pairs], "r_record": [p[1] for p in pairs],
-                         "how": [p[2] for p in pairs]})
+    return pl.DataFrame(
+        {
+            **{c: [key[c]] * len(pairs) for c in GROUP},
+            "t_record": [p[0] for p in pairs],
+            "r_record": [p[1] for p in pairs],
+            "how": [p[2] for p in pairs],
+        }
+    )
 
 
 def _shapes_can_match(a: str | None, b: str | None) -> bool:
@@ -101,8 +112,12 @@ def _shapes_can_match(a: str | None, b: str | None) -> bool:
 def align_leaves(target: pl.DataFrame, ref: pl.DataFrame, records: pl.DataFrame) -> pl.DataFrame:
     """Leaf pairs: target columns as-is, reference columns prefixed `ref_`; unmatched leaves keep one side null."""
     matched = records.filter(pl.col("t_record").is_not_null() & pl.col("r_record").is_not_null())
-    t = target.join(matched.select(GROUP + ["t_record", "r_record", "how"]),
-                    left_on=GROUP + ["record"], right_on=GROUP + ["t_record"], how="left")
+    t = target.join(
+        matched.select(GROUP + ["t_record", "r_record", "how"]),
+        left_on=GROUP + ["record"],
+        right_on=GROUP + ["t_record"],
+        how="left",
+    )
     r = ref.rename({c: f"ref_{c}" for c in ref.columns if c not in GROUP})
     keys_t = GROUP + ["r_record", "io", "index_path"]
     keys_r = GROUP + ["ref_record", "ref_io", "ref_index_path"]
@@ -110,9 +125,13 @@ def align_leaves(target: pl.DataFrame, ref: pl.DataFrame, records: pl.DataFrame)
     for c in GROUP:
         pairs = pairs.with_columns(pl.coalesce(pl.col(c), pl.col(f"{c}_x")).alias(c)).drop(f"{c}_x")
     return pairs.with_columns(
-        pl.when(pl.col("name").is_null()).then(pl.lit("ref_only"))
-        .when(pl.col("ref_name").is_null()).then(pl.lit("target_only"))
-        .otherwise(pl.col("how")).alias("match"))
+        pl.when(pl.col("name").is_null())
+        .then(pl.lit("ref_only"))
+        .when(pl.col("ref_name").is_null())
+        .then(pl.lit("target_only"))
+        .otherwise(pl.col("how"))
+        .alias("match")
+    )
 
 
 def apply_data_mapping(pairs: pl.DataFrame, data: dict[str, str]) -> pl.DataFrame:
@@ -128,10 +147,15 @@ def apply_data_mapping(pairs: pl.DataFrame, data: dict[str, str]) -> pl.DataFram
     left = t_only.select(GROUP + t_cols).with_columns(pl.col("name").replace_strict(data, default=None).alias("_to"))
     right = r_only.select(GROUP + r_cols)
     joined = left.join(right, left_on=GROUP + ["_to"], right_on=GROUP + ["ref_name"], how="inner")
-    joined = joined.with_columns(pl.col("_to").alias("ref_name"), pl.lit("mapped").alias("match"),
-                                 pl.lit("mapped").alias("how"), pl.col("ref_record").alias("r_record")).drop("_to")
+    joined = joined.with_columns(
+        pl.col("_to").alias("ref_name"),
+        pl.lit("mapped").alias("match"),
+        pl.lit("mapped").alias("how"),
+        pl.col("ref_record").alias("r_record"),
+    ).drop("_to")
     done_t = joined.select(GROUP + ["name"])
     done_r = joined.select(GROUP + ["ref_name"])
-    rest = (pairs.join(done_t, on=GROUP + ["name"], how="anti", nulls_equal=False)
-            .join(done_r, on=GROUP + ["ref_name"], how="anti", nulls_equal=False))
+    rest = pairs.join(done_t, on=GROUP + ["name"], how="anti", nulls_equal=False).join(
+        done_r, on=GROUP + ["ref_name"], how="anti", nulls_equal=False
+    )
     return pl.concat([rest, joined.select(pairs.columns)], how="vertical_relaxed")

@@ -31,19 +31,28 @@ from .tolerance import Tolerances
 class Comparison:
     """The aligned rows of a target/reference pair with metrics and verdicts."""
 
-    rows: pl.DataFrame          # one row per aligned (or unmatched) leaf
-    records: pl.DataFrame       # record pairs (step, rank, source, t_record, r_record, how)
-    precision: dict[str, str]   # compute precision of each run ('target', 'ref') and the floor used
+    rows: pl.DataFrame  # one row per aligned (or unmatched) leaf
+    records: pl.DataFrame  # record pairs (step, rank, source, t_record, r_record, how)
+    precision: dict[str, str]  # compute precision of each run ('target', 'ref') and the floor used
     tolerances: Tolerances
     target: str
     ref: str
     coverage: dict[str, list[int]]  # steps and ranks of each run; only the common ones are compared
 
 
-def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None, ranks: list[int] | None = None,
-                 tolerances: Tolerances | None = None, exact: bool = False,
-                 mapping: Mapping | None = None, units: list[tuple[int, int]] | None = None,
-                 precision: dict[str, str] | None = None) -> Comparison:
+def compare_runs(
+    store,
+    target: str,
+    ref: str,
+    *,
+    steps: list[int] | None = None,
+    ranks: list[int] | None = None,
+    tolerances: Tolerances | None = None,
+    exact: bool = False,
+    mapping: Mapping | None = None,
+    units: list[tuple[int, int]] | None = None,
+    precision: dict[str, str] | None = None,
+) -> Comparison:
     """Align `target` with `ref` and compute per-leaf metrics and verdicts.
 
     `mapping` renames target records into the reference's namespace; a MindSpore target against a PyTorch
@@ -65,11 +74,14 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
     t, r = _common_summaries(t, r, t_info, r_info)
     renamed = {k: mapping.record(k) for k in t["record"].unique().to_list()} if mapping and not mapping.layer else {}
     if renamed:
-        t = t.with_columns(pl.col("record").replace_strict(renamed).alias("record"),
-                           pl.col("record").alias("_orig_record"))
+        t = t.with_columns(
+            pl.col("record").replace_strict(renamed).alias("record"), pl.col("record").alias("_orig_record")
+        )
     if mapping.layer:  # msprobe -lm: the layer tree decides the record pairs
-        frameworks = ("mindspore" if "mindspore" in t_info["framework"] else "pytorch",
-                      "mindspore" if "mindspore" in r_info["framework"] else "pytorch")
+        frameworks = (
+            "mindspore" if "mindspore" in t_info["framework"] else "pytorch",
+            "mindspore" if "mindspore" in r_info["framework"] else "pytorch",
+        )
         records = layer_records(store, (target, ref), (t, r), frameworks, layer_rules(mapping.layer))
     else:
         records = align_records(t, r)
@@ -82,6 +94,7 @@ def compare_runs(store, target: str, ref: str, *, steps: list[int] | None = None
     rows = pair_metrics(pairs, tol, precision["floor"])
     if exact:
         from .exact import add_exact_metrics
+
         rows = add_exact_metrics(store, target, ref, rows, tol, precision["floor"])
     rows = R.apply_small_values(rows)
     return Comparison(rows, records, precision, tol, target, ref, cov)
@@ -92,15 +105,17 @@ def builtin_mindspore_names(t_info: dict, r_info: dict) -> bool:
     return "mindspore" in t_info["framework"] and "pytorch" in r_info["framework"]
 
 
-def _common_summaries(t: pl.DataFrame, r: pl.DataFrame, t_info: dict, r_info: dict
-                      ) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _common_summaries(
+    t: pl.DataFrame, r: pl.DataFrame, t_info: dict, r_info: dict
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Runs ingested with different sketch sizes compare on the smaller one (sketches fold exactly); samples
     of different sizes sit at different positions and are dropped."""
     tm, rm = t_info.get("sketch_m"), r_info.get("sketch_m")
     if tm and rm and tm != rm:
         m = min(tm, rm)
-        fold = pl.col("sketch").map_elements(lambda sk: fold_sketch(np.asarray(sk), m).tolist(),
-                                             return_dtype=pl.List(pl.Float64))
+        fold = pl.col("sketch").map_elements(
+            lambda sk: fold_sketch(np.asarray(sk), m).tolist(), return_dtype=pl.List(pl.Float64)
+        )
         t, r = (t.with_columns(fold), r) if tm > rm else (t, r.with_columns(fold))
     if t_info.get("sample_k") != r_info.get("sample_k"):
         none = pl.lit(None, pl.List(pl.Float64)).alias("sample")
@@ -111,14 +126,21 @@ def _common_summaries(t: pl.DataFrame, r: pl.DataFrame, t_info: dict, r_info: di
 def coverage(t: dict, r: dict) -> dict[str, list[int]]:
     """Steps and ranks present in each run; steps or ranks in one run only are reported, not compared."""
     ts, rs, tk, rk = set(t["steps"]), set(r["steps"]), set(t["ranks"]), set(r["ranks"])
-    return {"target_steps": sorted(ts), "ref_steps": sorted(rs), "common_steps": sorted(ts & rs),
-            "target_ranks": sorted(tk), "ref_ranks": sorted(rk), "common_ranks": sorted(tk & rk)}
+    return {
+        "target_steps": sorted(ts),
+        "ref_steps": sorted(rs),
+        "common_steps": sorted(ts & rs),
+        "target_ranks": sorted(tk),
+        "ref_ranks": sorted(rk),
+        "common_ranks": sorted(tk & rk),
+    }
 
 
 def _compute_dtype(df: pl.DataFrame) -> str:
     """Lowest-precision float dtype holding >= 10% of the run's forward float outputs."""
-    outs = df.filter((pl.col("io") == "output") & (pl.col("direction") == "forward")
-                     & pl.col("dtype").is_in(list(FLOAT_DTYPES)))
+    outs = df.filter(
+        (pl.col("io") == "output") & (pl.col("direction") == "forward") & pl.col("dtype").is_in(list(FLOAT_DTYPES))
+    )
     return R.compute_dtype_from_counts(dict(outs.group_by("dtype").len().iter_rows()))
 
 

@@ -34,8 +34,16 @@ from .tolerance import Tolerances
 Partition = tuple[int, list[int]]
 
 
-def partitions(store, target: str, ref: str | None, steps: list[int] | None, ranks: list[int] | None,
-               cpus: float, size: int | None = None, whole_steps: bool = False) -> list[Partition]:
+def partitions(
+    store,
+    target: str,
+    ref: str | None,
+    steps: list[int] | None,
+    ranks: list[int] | None,
+    cpus: float,
+    size: int | None = None,
+    whole_steps: bool = False,
+) -> list[Partition]:
     """(step, ranks) partitions of the runs' common steps and ranks, about two per cluster CPU by default."""
     t_info = store.run_info(target)
     cov = coverage(t_info, store.run_info(ref) if ref else t_info)
@@ -46,7 +54,7 @@ def partitions(store, target: str, ref: str | None, steps: list[int] | None, ran
     if whole_steps or not ranks_c:
         return [(s, ranks_c) for s in steps_c]
     size = size or max(1, math.ceil(len(steps_c) * len(ranks_c) / (2 * max(cpus, 1))))
-    return [(s, ranks_c[i:i + size]) for s in steps_c for i in range(0, len(ranks_c), size)]
+    return [(s, ranks_c[i : i + size]) for s in steps_c for i in range(0, len(ranks_c), size)]
 
 
 def _map(fn, store, parts: list[Partition], address: str | None, *args: Any) -> list:
@@ -60,8 +68,9 @@ def _map(fn, store, parts: list[Partition], address: str | None, *args: Any) -> 
             cause = getattr(exc, "cause", None) or exc
             if isinstance(cause, Exception) and cause.__class__.__module__.startswith("dumpstore"):
                 raise cause.__class__(str(cause)) from None
-            raise EngineError(f"a Ray task failed: {type(cause).__name__}: "
-                              f"{' '.join(str(cause).split())[:300]}") from None
+            raise EngineError(
+                f"a Ray task failed: {type(cause).__name__}: {' '.join(str(cause).split())[:300]}"
+            ) from None
 
 
 def _cpus(address: str | None) -> float:
@@ -70,11 +79,21 @@ def _cpus(address: str | None) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ divergence
-def divergence_by_steps(store, target: str, ref: str, *, steps: list[int] | None = None,
-                        ranks: list[int] | None = None, tolerances: Tolerances | None = None, exact: bool = False,
-                        mapping: Any = None, address: str | None = None, batch: int | None = None):
+def divergence_by_steps(
+    store,
+    target: str,
+    ref: str,
+    *,
+    steps: list[int] | None = None,
+    ranks: list[int] | None = None,
+    tolerances: Tolerances | None = None,
+    exact: bool = False,
+    mapping: Any = None,
+    address: str | None = None,
+    batch: int | None = None,
+):
     """`divergence.divergence_by_steps` with the screen mapped over a Ray cluster; the same Verdict."""
-    from .divergence import divergence_by_steps as local
+    from ._divergence import divergence_by_steps as local
 
     tol = tolerances or Tolerances()
     with session(address):
@@ -84,8 +103,17 @@ def divergence_by_steps(store, target: str, ref: str, *, steps: list[int] | None
         def screener(st, tgt, rf, steps_c, ranks_c, tolerances):
             return merge_screens(_map(_screen_part, st, parts, address, tgt, rf, tolerances))
 
-        return local(store, target, ref, steps=steps, ranks=ranks, tolerances=tol, exact=exact, mapping=mapping,
-                     screener=screener)
+        return local(
+            store,
+            target,
+            ref,
+            steps=steps,
+            ranks=ranks,
+            tolerances=tol,
+            exact=exact,
+            mapping=mapping,
+            screener=screener,
+        )
 
 
 def _screen_part(root: str, step: int, ranks: list[int], target: str, ref: str, tol: Tolerances):
@@ -118,13 +146,22 @@ def merge_screens(parts: list):
 
 
 # ------------------------------------------------------------------------------------------------ overflow
-def overflow(store, run: str, *, ref: str | None = None, steps: list[int] | None = None,
-             ranks: list[int] | None = None, address: str | None = None, batch: int | None = None):
+def overflow(
+    store,
+    run: str,
+    *,
+    ref: str | None = None,
+    steps: list[int] | None = None,
+    ranks: list[int] | None = None,
+    address: str | None = None,
+    batch: int | None = None,
+):
     """`overflow.overflow` mapped over a Ray cluster by partition; the same OverflowReport."""
-    from .overflow import OverflowReport
+    from ._overflow import OverflowReport
 
-    whole = store.run_info(run).get("generation") == "8.x" or bool(ref and
-                                                                    store.run_info(ref).get("generation") == "8.x")
+    whole = store.run_info(run).get("generation") == "8.x" or bool(
+        ref and store.run_info(ref).get("generation") == "8.x"
+    )
     with session(address):
         parts = partitions(store, run, ref, steps, ranks, _cpus(address), batch, whole_steps=whole)
         reports = _map(_overflow_part, store, parts, address, run, ref)
@@ -133,7 +170,8 @@ def overflow(store, run: str, *, ref: str | None = None, steps: list[int] | None
     frames = [r.tensors for r in reports]
     tensors = pl.concat(frames, how="vertical_relaxed") if frames else None
     if tensors is None:
-        from .overflow import overflow as local
+        from ._overflow import overflow as local
+
         return local(store, run, ref=ref, steps=[], ranks=ranks)
     return OverflowReport(run, ref, first, producers, tensors)
 
@@ -142,15 +180,24 @@ def _overflow_part(root: str, step: int, ranks: list[int], run: str, ref: str | 
     """Task: the overflow report of one partition."""
     from dumpstore.store import open_store
 
-    from .overflow import overflow
+    from ._overflow import overflow
 
     return overflow(open_store(root), run, ref=ref, steps=[step], ranks=ranks)
 
 
 # ------------------------------------------------------------------------------------------------ compare
-def ranked(store, target: str, ref: str, *, rank_options: dict[str, Any], steps: list[int] | None = None,
-           ranks: list[int] | None = None, address: str | None = None, batch: int | None = None,
-           **compare_options: Any) -> pl.DataFrame:
+def ranked(
+    store,
+    target: str,
+    ref: str,
+    *,
+    rank_options: dict[str, Any],
+    steps: list[int] | None = None,
+    ranks: list[int] | None = None,
+    address: str | None = None,
+    batch: int | None = None,
+    **compare_options: Any,
+) -> pl.DataFrame:
     """`rank_rows(compare_runs(...), **rank_options)` with the comparison mapped over a Ray cluster by partition:
     each partition's top rows, ranked again here; the same rows (the local engine's when precisions differ)."""
     from .compare import compare_runs
@@ -168,13 +215,16 @@ def ranked(store, target: str, ref: str, *, rank_options: dict[str, Any], steps:
     rows = pl.concat([a[1] for a in answers], how="vertical_relaxed")
     rows = rows.with_columns(pl.lit(None, pl.String).alias("ref_name"))  # `name` holds it already
     rows = rows.rename({"rel_l2": "err"})  # rank_rows reads the comparison's `err` and shows it as rel_l2
-    cmp = Comparison(rows, pl.DataFrame(), answers[0][0], compare_options.get("tolerances"), target, ref, {})
+    cmp = Comparison(
+        rows, pl.DataFrame(), answers[0][0], compare_options.get("tolerances") or Tolerances(), target, ref, {}
+    )
     again = {k: v for k, v in rank_options.items() if k in ("by", "top")}  # the filters ran in the partitions
     return rank_rows(cmp, **again)
 
 
-def _compare_part(root: str, step: int, ranks: list[int], target: str, ref: str, compare_options: dict,
-                  rank_options: dict) -> tuple[dict[str, str], pl.DataFrame]:
+def _compare_part(
+    root: str, step: int, ranks: list[int], target: str, ref: str, compare_options: dict, rank_options: dict
+) -> tuple[dict[str, str], pl.DataFrame]:
     """Task: one partition's compute precision and its top rows, with every column rank_rows sorts or filters."""
     from dumpstore.store import open_store
 

@@ -51,23 +51,47 @@ MSPROBE_COLUMNS: dict[str, str] = {
 }
 
 NEW_SCHEMA: dict[str, pl.DataType] = {
-    "euc_dist": pl.Float64(), "one_thousandth": pl.Float64(), "five_thousandth": pl.Float64(),
-    **{c: pl.String() for c in MSPROBE_COLUMNS.values()}, "msprobe_message": pl.String(),
+    "euc_dist": pl.Float64(),
+    "one_thousandth": pl.Float64(),
+    "five_thousandth": pl.Float64(),
+    **{c: pl.String() for c in MSPROBE_COLUMNS.values()},
+    "msprobe_message": pl.String(),
 }
 
 # existing columns this module may overwrite (always with the row's old value where nothing changes)
-_UPDATED = ("err", "err_source", "err_bound", "cosine", "max_abs_err", "max_rel_err", "nonfinite_mismatch",
-            "severity", "status", "detail")
-_NEEDED = ("step", "rank", "source", "rank_dir", "ref_rank_dir", "data_name", "ref_data_name", "shape",
-           "ref_shape", "tol", *_UPDATED)
+_UPDATED = (
+    "err",
+    "err_source",
+    "err_bound",
+    "cosine",
+    "max_abs_err",
+    "max_rel_err",
+    "nonfinite_mismatch",
+    "severity",
+    "status",
+    "detail",
+)
+_NEEDED = (
+    "step",
+    "rank",
+    "source",
+    "rank_dir",
+    "ref_rank_dir",
+    "data_name",
+    "ref_data_name",
+    "shape",
+    "ref_shape",
+    "tol",
+    *_UPDATED,
+)
 
 
 @dataclass(frozen=True)
 class _Folder:
     """Where one (step, rank, source) unit's tensor files lie."""
 
-    path: Path       # dump.json's folder (files in dump_tensor_data/) or a plain folder of tensor files
-    kind: str        # 'dump' or 'files'
+    path: Path  # dump.json's folder (files in dump_tensor_data/) or a plain folder of tensor files
+    kind: str  # 'dump' or 'files'
     rank_dir: str
 
 
@@ -95,11 +119,14 @@ class _RunFiles:
             raise DumpFormatError(self.problem)
         folder = self.folders.get((int(step), int(rank), source or ""))
         if folder is None:
-            raise DumpFormatError(f"run {self.run!r}: no dump folder for step {step} rank {rank} "
-                                  f"under {self.root} any more")
+            raise DumpFormatError(
+                f"run {self.run!r}: no dump folder for step {step} rank {rank} under {self.root} any more"
+            )
         if rank_dir and folder.rank_dir and rank_dir != folder.rank_dir:
-            raise DumpFormatError(f"run {self.run!r}: step {step} rank {rank} was ingested from {rank_dir}, "
-                                  f"now lies in {folder.rank_dir}; re-ingest the run")
+            raise DumpFormatError(
+                f"run {self.run!r}: step {step} rank {rank} was ingested from {rank_dir}, "
+                f"now lies in {folder.rank_dir}; re-ingest the run"
+            )
         path = resolve(folder.path, data_name) if folder.kind == "dump" else _plain_file(folder.path, data_name)
         if not path.is_file():
             raise DumpFormatError(f"tensor file {path} is missing (moved or deleted since ingest)")
@@ -108,8 +135,14 @@ class _RunFiles:
 
 def _plain_file(folder: Path, data_name: str) -> Path:
     """A file of a plain tensor folder, refusing names that leave it and links."""
-    if (not data_name or "/" in data_name or "\\" in data_name or data_name in (".", "..")
-            or "\x00" in data_name or os.path.isabs(data_name)):
+    if (
+        not data_name
+        or "/" in data_name
+        or "\\" in data_name
+        or data_name in (".", "..")
+        or "\x00" in data_name
+        or os.path.isabs(data_name)
+    ):
         raise DumpFormatError(f"data_name {data_name!r} is not a plain file name inside {folder}")
     path = folder / data_name
     if path.is_symlink():
@@ -131,8 +164,10 @@ def _load(files: _RunFiles, row: dict[str, Any], side: str) -> np.ndarray:
         raise DumpFormatError(f"{path}: cannot be read ({_first_line(exc)})") from None
     shape = row.get(f"{p}shape")
     if shape is not None and list(arr.shape) != list(shape):
-        raise DumpFormatError(f"{path}: has shape {list(arr.shape)} but had {list(shape)} at ingest "
-                              "(changed since ingest); re-ingest the run")
+        raise DumpFormatError(
+            f"{path}: has shape {list(arr.shape)} but had {list(shape)} at ingest "
+            "(changed since ingest); re-ingest the run"
+        )
     return arr
 
 
@@ -167,9 +202,14 @@ def _exact_row(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> d
     except (DumpFormatError, ValueError) as exc:
         m["detail"] = _join_detail(m["detail"], f"exact metrics unavailable: {_first_line(exc)}")
         return m
-    m.update({col: str(tm.msprobe[name]) for name, col in MSPROBE_COLUMNS.items()},
-             msprobe_message=tm.message, euc_dist=tm.euc_dist, one_thousandth=tm.one_thousandth,
-             five_thousandth=tm.five_thousandth, max_rel_err=tm.max_rel_err)
+    m.update(
+        {col: str(tm.msprobe[name]) for name, col in MSPROBE_COLUMNS.items()},
+        msprobe_message=tm.message,
+        euc_dist=tm.euc_dist,
+        one_thousandth=tm.one_thousandth,
+        five_thousandth=tm.five_thousandth,
+        max_rel_err=tm.max_rel_err,
+    )
     same_size = x.size == y.size and x.size > 0
     m["cosine"] = tm.cosine if tm.cosine is not None or not same_size else metrics.cosine(x, y)
     m["max_abs_err"] = tm.max_abs_err if tm.max_abs_err is not None or not same_size else _finite_max_abs(x, y)
@@ -181,8 +221,7 @@ def _exact_row(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> d
     if mismatch:
         m["err"] = math.inf
         if not row["nonfinite_mismatch"] or not m["detail"]:
-            m["detail"] = _join_detail(m["detail"], f"NaN/Inf positions differ at {tm.nonfinite_mismatch} "
-                                                    "elements")
+            m["detail"] = _join_detail(m["detail"], f"NaN/Inf positions differ at {tm.nonfinite_mismatch} elements")
         m["detail"] = _join_detail(m["detail"], f"rel_l2 over positions finite on both sides {rl2:.6g}")
     _verdict(m)
     return m
@@ -191,8 +230,9 @@ def _exact_row(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> d
 _PARALLEL_MIN = 512  # pairs: below this, starting workers costs more than it saves
 
 
-def _exact_rows(rows: list[dict[str, Any]], t_files: _RunFiles, r_files: _RunFiles,
-                jobs: int | None) -> list[dict[str, Any]]:
+def _exact_rows(
+    rows: list[dict[str, Any]], t_files: _RunFiles, r_files: _RunFiles, jobs: int | None
+) -> list[dict[str, Any]]:
     """_exact_row for every row, in order; in worker processes (contiguous chunks) when there are many."""
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(rows) // (_PARALLEL_MIN // 2) or 1))
     if jobs < 2 or len(rows) < _PARALLEL_MIN:
@@ -200,7 +240,7 @@ def _exact_rows(rows: list[dict[str, Any]], t_files: _RunFiles, r_files: _RunFil
     from concurrent.futures import ProcessPoolExecutor
 
     size = -(-len(rows) // (jobs * 4))  # a few chunks per worker evens out slow files
-    chunks = [(rows[i:i + size], t_files, r_files) for i in range(0, len(rows), size)]
+    chunks = [(rows[i : i + size], t_files, r_files) for i in range(0, len(rows), size)]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         return [m for part in pool.map(_exact_chunk, chunks) for m in part]
 
@@ -214,8 +254,9 @@ def _with_null_columns(rows: pl.DataFrame) -> pl.DataFrame:
     return rows.with_columns([pl.lit(None, dtype=t).alias(c) for c, t in NEW_SCHEMA.items()])
 
 
-def add_exact_metrics(store, target: str, ref: str, rows: pl.DataFrame, tol, floor: str,
-                      jobs: int | None = None) -> pl.DataFrame:
+def add_exact_metrics(
+    store, target: str, ref: str, rows: pl.DataFrame, tol, floor: str, jobs: int | None = None
+) -> pl.DataFrame:
     """`rows` with exact metrics from the full tensor files wherever both sides have one (see module doc).
 
     `tol` (Tolerances) and `floor` (compute precision) are accepted for symmetry with the sketch path; each
@@ -228,8 +269,12 @@ def add_exact_metrics(store, target: str, ref: str, rows: pl.DataFrame, tol, flo
     needed = ("data_name", "ref_data_name", "file_status", "ref_file_status")
     if rows.height == 0 or any(c not in rows.columns for c in needed):
         return _with_null_columns(rows)
-    cand = (pl.col("data_name").is_not_null() & pl.col("ref_data_name").is_not_null()
-            & (pl.col("file_status") == "loaded") & (pl.col("ref_file_status") == "loaded"))
+    cand = (
+        pl.col("data_name").is_not_null()
+        & pl.col("ref_data_name").is_not_null()
+        & (pl.col("file_status") == "loaded")
+        & (pl.col("ref_file_status") == "loaded")
+    )
     if "kind" in rows.columns and "ref_kind" in rows.columns:
         cand = cand & (pl.col("kind") == "tensor") & (pl.col("ref_kind") == "tensor")
     indexed = rows.with_row_index("_exact_i")
@@ -239,15 +284,18 @@ def add_exact_metrics(store, target: str, ref: str, rows: pl.DataFrame, tol, flo
     t_files, r_files = _RunFiles(store, target), _RunFiles(store, ref)
     have = [c for c in _NEEDED if c in picked.columns]
     todo = [{c: row.get(c) for c in _NEEDED} for row in picked.select(have).iter_rows(named=True)]
-    out = [{"_exact_i": i, **m} for i, m in zip(picked["_exact_i"].to_list(),
-                                                _exact_rows(todo, t_files, r_files, jobs))]
+    out = [
+        {"_exact_i": i, **m} for i, m in zip(picked["_exact_i"].to_list(), _exact_rows(todo, t_files, r_files, jobs))
+    ]
     kept = {c: rows.schema[c] for c in _UPDATED if c in rows.columns}
     upd_schema: dict[str, pl.DataType] = {"_exact_i": pl.UInt32(), **kept, **NEW_SCHEMA}
     upd = pl.DataFrame([{c: r.get(c) for c in upd_schema} for r in out], schema=upd_schema, orient="row")
     upd = upd.rename({c: f"_exact_{c}" for c in _UPDATED if c in rows.columns}).with_columns(
-        pl.lit(True).alias("_exact_hit"))
+        pl.lit(True).alias("_exact_hit")
+    )
     joined = indexed.join(upd, on="_exact_i", how="left")
     hit = pl.col("_exact_hit").fill_null(False)
-    replaced = [pl.when(hit).then(pl.col(f"_exact_{c}")).otherwise(pl.col(c)).alias(c)
-                for c in _UPDATED if c in rows.columns]
+    replaced = [
+        pl.when(hit).then(pl.col(f"_exact_{c}")).otherwise(pl.col(c)).alias(c) for c in _UPDATED if c in rows.columns
+    ]
     return joined.with_columns(replaced).select([*rows.columns, *NEW_SCHEMA])

@@ -51,8 +51,12 @@ class _Node:
 
 def is_layer_mapping(doc) -> bool:
     """A YAML document in the `-lm` shape: class -> {child: reference child}, nothing else."""
-    return (isinstance(doc, dict) and bool(doc) and not set(doc) <= {"data", "module", "api"}
-            and all(isinstance(v, dict) for v in doc.values()))
+    return (
+        isinstance(doc, dict)
+        and bool(doc)
+        and not set(doc) <= {"data", "module", "api"}
+        and all(isinstance(v, dict) for v in doc.values())
+    )
 
 
 def layer_rules(doc: dict) -> Rules:
@@ -101,7 +105,7 @@ def _caller(frames: list[str] | None, framework: str) -> str | None:
             end = i
             break
     last = None
-    for line in frames[start + 1:end]:
+    for line in frames[start + 1 : end]:
         if not any(f in line.split(",")[0] for f in _FRAMEWORK_FILES):
             break
         last = line
@@ -135,7 +139,8 @@ def _renumber(items: list[Item], type_name: str = "ParallelTransformer", child: 
             n = numbers[id(it)]
             if n != math.inf and low != math.inf:
                 head = pattern.match(it.scope)
-                it.scope = f"{prefix}.{n - low}" + it.scope[head.end(1):]
+                assert head is not None  # the scope was matched by this pattern when collected
+                it.scope = f"{prefix}.{n - low}" + it.scope[head.end(1) :]
 
 
 def _last_number(pattern: re.Pattern, scope: str) -> float:
@@ -161,7 +166,7 @@ def _renamed(root: _Node, it: Item, rules: Rules) -> tuple[str, int]:
     while i < len(parts) - 1:
         step = 1
         for origin, target, level in rules.get(node.type_name, {}).get(parts[i + 1], []):
-            if ".".join(parts[i + 1:i + 1 + level]) == origin:
+            if ".".join(parts[i + 1 : i + 1 + level]) == origin:
                 new.append(target)
                 step = level
                 break
@@ -177,9 +182,10 @@ def _renamed(root: _Node, it: Item, rules: Rules) -> tuple[str, int]:
 def _find(root: _Node, scope: str, state: str, index: int) -> str | None:
     node = root
     for name in scope.split(".")[1:]:
-        node = node.children.get(name)
-        if node is None:
+        child = node.children.get(name)
+        if child is None:
             return None
+        node = child
     peers = node.items.get(state, [])
     return peers[index].key if index < len(peers) else None
 
@@ -191,9 +197,13 @@ def _items(records: list[tuple[str, str | None, list[str] | None]], framework: s
     return items
 
 
-def pair_records(target: list[tuple[str, str | None, list[str] | None]], t_framework: str,
-                 ref: list[tuple[str, str | None, list[str] | None]], r_framework: str,
-                 rules: Rules) -> dict[str, str | None]:
+def pair_records(
+    target: list[tuple[str, str | None, list[str] | None]],
+    t_framework: str,
+    ref: list[tuple[str, str | None, list[str] | None]],
+    r_framework: str,
+    rules: Rules,
+) -> dict[str, str | None]:
     """Target record key -> reference record key (None: unmatched), for records given in dump order as
     (key, construct.json parent, stack frames)."""
     t_items = _items(target, t_framework)
@@ -212,22 +222,36 @@ def layer_records(store, runs: tuple[str, str], rows: tuple, frameworks: tuple[s
 
     group = ["step", "rank", "source"]
     frames = [_stacks(store, run) for run in runs]
-    recs = [df.unique(group + ["seq"], keep="first", maintain_order=True)
-            .select(group + ["seq", "record", "module", "stack_id"]).sort(group + ["seq"]) for df in rows]
+    recs = [
+        df.unique(group + ["seq"], keep="first", maintain_order=True)
+        .select(group + ["seq", "record", "module", "stack_id"])
+        .sort(group + ["seq"])
+        for df in rows
+    ]
     out: list[tuple] = []
     keys = sorted(set(recs[0].select(group).unique().iter_rows()) | set(recs[1].select(group).unique().iter_rows()))
     for key in keys:
         sides = []
         for df, fr in zip(recs, frames):
             part = df.filter(*[pl.col(c) == v for c, v in zip(group, key)])
-            sides.append([(k, m, fr.get((key[0], key[1], s))) for k, m, s in
-                          part.select("record", "module", "stack_id").iter_rows()])
+            sides.append(
+                [
+                    (k, m, fr.get((key[0], key[1], s)))
+                    for k, m, s in part.select("record", "module", "stack_id").iter_rows()
+                ]
+            )
         pairs = pair_records(sides[0], frameworks[0], sides[1], frameworks[1], rules)
         out += [(*key, t, r, "layer_mapping" if r else "target_only") for t, r in pairs.items()]
         taken = {r for r in pairs.values() if r}
         out += [(*key, None, k, "ref_only") for k, _, _ in sides[1] if k not in taken]
-    schema = {"step": pl.Int64, "rank": pl.Int64, "source": pl.String, "t_record": pl.String,
-              "r_record": pl.String, "how": pl.String}
+    schema = {
+        "step": pl.Int64,
+        "rank": pl.Int64,
+        "source": pl.String,
+        "t_record": pl.String,
+        "r_record": pl.String,
+        "how": pl.String,
+    }
     return pl.DataFrame(out, schema=schema, orient="row")
 
 
@@ -241,5 +265,6 @@ def _stacks(store, run: str) -> dict[tuple[int, int, int], list[str]]:
     if not files:
         return {}
     t = pa.concat_tables([pq.read_table(f, columns=["step", "rank", "stack_id", "frames"]) for f in files])
-    return {(s, k, i): f for s, k, i, f in zip(*(t.column(c).to_pylist() for c in ("step", "rank", "stack_id",
-                                                                                      "frames")))}
+    return {
+        (s, k, i): f for s, k, i, f in zip(*(t.column(c).to_pylist() for c in ("step", "rank", "stack_id", "frames")))
+    }

@@ -14,17 +14,26 @@ import polars as pl
 
 from dumpstore.store import Store
 
-COLUMNS = ("step, rank, source, rank_dir, seq, leaf, record, prefix, api, op_type, direction, module, io, "
-           "index_path, name, kind, value_type, value, scalar_value, dtype, shape, numel, requires_grad, "
-           "min, max, mean, norm, stats_source, nan_count, posinf_count, neginf_count, sat_count, has_nan, "
-           "has_posinf, has_neginf, has_sat, checksum, checksum_kind, data_name, file_status, sample, sketch, "
-           "stack_id, error")
+COLUMNS = (
+    "step, rank, source, rank_dir, seq, leaf, record, prefix, api, op_type, direction, module, io, "
+    "index_path, name, kind, value_type, value, scalar_value, dtype, shape, numel, requires_grad, "
+    "min, max, mean, norm, stats_source, nan_count, posinf_count, neginf_count, sat_count, has_nan, "
+    "has_posinf, has_neginf, has_sat, checksum, checksum_kind, data_name, file_status, sample, sketch, "
+    "stack_id, error"
+)
 _FILE_COLUMNS = [c for c in COLUMNS.split(", ") if c not in ("step", "rank")]
 _PARTITION = re.compile(r"/step=(-?\d+)/rank=(-?\d+)/[^/]+$")
 
 
-def load_run(store: Store, run: str, *, steps: list[int] | None = None, ranks: list[int] | None = None,
-             units: list[tuple[int, int]] | None = None, sketches: bool = True) -> pl.DataFrame:
+def load_run(
+    store: Store,
+    run: str,
+    *,
+    steps: list[int] | None = None,
+    ranks: list[int] | None = None,
+    units: list[tuple[int, int]] | None = None,
+    sketches: bool = True,
+) -> pl.DataFrame:
     """All leaf rows of `run` (optionally only some steps/ranks, or only some (step, rank) pairs), in execution
     order."""
     info = store.run_info(run)
@@ -37,8 +46,11 @@ def load_run(store: Store, run: str, *, steps: list[int] | None = None, ranks: l
             if m is None:
                 continue
             step, rank = int(m.group(1)), int(m.group(2))
-            if ((steps is None or step in steps) and (ranks is None or rank in ranks)
-                    and (want is None or (step, rank) in want)):
+            if (
+                (steps is None or step in steps)
+                and (ranks is None or rank in ranks)
+                and (want is None or (step, rank) in want)
+            ):
                 files.append((path, step, rank))
     return _load_files(files, sketches)
 
@@ -54,17 +66,22 @@ def _load_files(files: list[tuple[str, int, int]], sketches: bool) -> pl.DataFra
     for path, step, rank in files:
         t = pq.read_table(path, columns=cols)
         n = t.num_rows
-        tables.append(t.add_column(0, "rank", pa.array([rank] * n, pa.int64()))
-                       .add_column(0, "step", pa.array([step] * n, pa.int64())))
+        tables.append(
+            t.add_column(0, "rank", pa.array([rank] * n, pa.int64())).add_column(
+                0, "step", pa.array([step] * n, pa.int64())
+            )
+        )
     if tables:
         df = _frame(pa.concat_tables(tables))
     else:
-        schema = pa.schema([pa.field("step", pa.int64()), pa.field("rank", pa.int64())]
-                           + [TENSOR_SCHEMA.field(c) for c in cols])
+        schema = pa.schema(
+            [pa.field("step", pa.int64()), pa.field("rank", pa.int64())] + [TENSOR_SCHEMA.field(c) for c in cols]
+        )
         df = _frame(schema.empty_table())
     if not sketches:  # same columns either way, so callers need not care
-        df = df.with_columns(pl.lit(None, pl.List(pl.Float64)).alias("sample"),
-                             pl.lit(None, pl.List(pl.Float64)).alias("sketch"))
+        df = df.with_columns(
+            pl.lit(None, pl.List(pl.Float64)).alias("sample"), pl.lit(None, pl.List(pl.Float64)).alias("sketch")
+        )
     return df.sort(["step", "rank", "source", "leaf"])
 
 

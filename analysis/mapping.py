@@ -23,25 +23,110 @@ from dumpstore.names import MODULE_PREFIXES, parse_record
 
 from .layer_mapping import is_layer_mapping
 
-API_PREFIXES = ("Functional", "Torch", "Tensor", "NPU", "VF", "Aten", "Distributed", "MindSpeed", "Triton",
-                "Mint", "MintFunctional", "Primitive", "Jit")
-_NN_FUNCTIONAL = frozenset((
-    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "adaptive_max_pool2d", "affine_grid",
-    "avg_pool1d", "avg_pool2d", "avg_pool3d", "batch_norm", "conv1d", "conv2d", "conv3d", "conv_transpose2d",
-    "cosine_embedding_loss", "cosine_similarity", "cross_entropy", "ctc_loss", "dropout", "elu", "embedding",
-    "gelu", "glu", "group_norm", "gumbel_softmax", "hardsigmoid", "hardswish", "hardtanh", "hinge_embedding_loss",
-    "instance_norm", "interpolate", "kl_div", "l1_loss", "layer_norm", "leaky_relu", "linear", "log_softmax",
-    "logsigmoid", "margin_ranking_loss", "max_pool1d", "max_pool2d", "max_pool3d", "max_unpool1d",
-    "max_unpool2d", "max_unpool3d", "mish", "mse_loss", "multi_margin_loss", "multilabel_margin_loss",
-    "multilabel_soft_margin_loss", "nll_loss", "normalize", "one_hot", "pad", "pdist", "pixel_shuffle",
-    "pixel_unshuffle", "prelu", "relu", "relu6", "rms_norm", "scaled_dot_product_attention", "selu", "sigmoid",
-    "silu", "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus", "softsign", "tanh",
-    "tanhshrink", "unfold"))
-_MS_RENAMES = {"Functional.dense": "Functional.linear", "Functional.bidense": "Functional.bilinear",
-               "Functional.equal": "Torch.eq", "Functional.swapaxes": "Torch.transpose",
-               "Tensor.asnumpy": "Tensor.numpy", "Tensor.equal": "Tensor.eq", "Tensor.swapaxes": "Tensor.transpose",
-               "Tensor.gather_elements": "Tensor.gather", "Tensor.fill_diagonal": "Tensor.fill_diagonal_",
-               "Tensor.cauchy": "Tensor.cauchy_"}
+API_PREFIXES = (
+    "Functional",
+    "Torch",
+    "Tensor",
+    "NPU",
+    "VF",
+    "Aten",
+    "Distributed",
+    "MindSpeed",
+    "Triton",
+    "Mint",
+    "MintFunctional",
+    "Primitive",
+    "Jit",
+)
+_NN_FUNCTIONAL = frozenset(
+    (
+        "adaptive_avg_pool1d",
+        "adaptive_avg_pool2d",
+        "adaptive_avg_pool3d",
+        "adaptive_max_pool2d",
+        "affine_grid",
+        "avg_pool1d",
+        "avg_pool2d",
+        "avg_pool3d",
+        "batch_norm",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose2d",
+        "cosine_embedding_loss",
+        "cosine_similarity",
+        "cross_entropy",
+        "ctc_loss",
+        "dropout",
+        "elu",
+        "embedding",
+        "gelu",
+        "glu",
+        "group_norm",
+        "gumbel_softmax",
+        "hardsigmoid",
+        "hardswish",
+        "hardtanh",
+        "hinge_embedding_loss",
+        "instance_norm",
+        "interpolate",
+        "kl_div",
+        "l1_loss",
+        "layer_norm",
+        "leaky_relu",
+        "linear",
+        "log_softmax",
+        "logsigmoid",
+        "margin_ranking_loss",
+        "max_pool1d",
+        "max_pool2d",
+        "max_pool3d",
+        "max_unpool1d",
+        "max_unpool2d",
+        "max_unpool3d",
+        "mish",
+        "mse_loss",
+        "multi_margin_loss",
+        "multilabel_margin_loss",
+        "multilabel_soft_margin_loss",
+        "nll_loss",
+        "normalize",
+        "one_hot",
+        "pad",
+        "pdist",
+        "pixel_shuffle",
+        "pixel_unshuffle",
+        "prelu",
+        "relu",
+        "relu6",
+        "rms_norm",
+        "scaled_dot_product_attention",
+        "selu",
+        "sigmoid",
+        "silu",
+        "smooth_l1_loss",
+        "soft_margin_loss",
+        "softmax",
+        "softmin",
+        "softplus",
+        "softsign",
+        "tanh",
+        "tanhshrink",
+        "unfold",
+    )
+)
+_MS_RENAMES = {
+    "Functional.dense": "Functional.linear",
+    "Functional.bidense": "Functional.bilinear",
+    "Functional.equal": "Torch.eq",
+    "Functional.swapaxes": "Torch.transpose",
+    "Tensor.asnumpy": "Tensor.numpy",
+    "Tensor.equal": "Tensor.eq",
+    "Tensor.swapaxes": "Tensor.transpose",
+    "Tensor.gather_elements": "Tensor.gather",
+    "Tensor.fill_diagonal": "Tensor.fill_diagonal_",
+    "Tensor.cauchy": "Tensor.cauchy_",
+}
 
 _MS_CELLS = {"Dense": "Linear", "SequentialCell": "Sequential", "CellList": "ModuleList", "CellDict": "ModuleDict"}
 
@@ -79,7 +164,7 @@ class Mapping:
         else:
             for old, new in self.module.items():
                 path = path.replace(old, new)
-        tail = key[len(r.prefix) + 1 + len(r.api):]
+        tail = key[len(r.prefix) + 1 + len(r.api) :]
         return f"{prefix}.{path}{tail}"
 
     def _builtin_api(self, name: str) -> str:
@@ -120,14 +205,18 @@ def _read_yaml(path: Path):
 def _merge(m: Mapping, doc, path: Path) -> None:
     if isinstance(doc, list):
         for entry in doc:
-            if not (isinstance(entry, dict) and isinstance(entry.get("ms_api"), str)
-                    and isinstance(entry.get("pt_api"), str)):
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("ms_api"), str)
+                and isinstance(entry.get("pt_api"), str)
+            ):
                 raise DumpstoreError(f"{path}: API mapping entries need 'ms_api' and 'pt_api' strings")
             m.api[entry["ms_api"]] = entry["pt_api"]
         return
     if not isinstance(doc, dict) or not all(isinstance(k, str) and isinstance(v, (str, dict)) for k, v in doc.items()):
-        raise DumpstoreError(f"{path}: expected a YAML mapping of names (target: reference) or sections "
-                             "data/module/api")
+        raise DumpstoreError(
+            f"{path}: expected a YAML mapping of names (target: reference) or sections data/module/api"
+        )
     if set(doc) <= {"data", "module", "api"} and all(isinstance(v, dict) for v in doc.values()):
         for section, table in doc.items():
             getattr(m, section).update({str(k): str(v) for k, v in table.items()})
@@ -136,8 +225,10 @@ def _merge(m: Mapping, doc, path: Path) -> None:
         _merge_layers(m, doc, path)
         return
     if any(isinstance(v, dict) for v in doc.values()):
-        raise DumpstoreError(f"{path}: mixes names (target: reference) with nested tables; give either plain "
-                             "names, sections data/module/api, or an msprobe -lm layer mapping (Class: {child: child})")
+        raise DumpstoreError(
+            f"{path}: mixes names (target: reference) with nested tables; give either plain "
+            "names, sections data/module/api, or an msprobe -lm layer mapping (Class: {child: child})"
+        )
     for k, v in doc.items():
         _kind(m, k).update({k: str(v)})
 
@@ -147,8 +238,10 @@ def _merge_layers(m: Mapping, doc: dict, path: Path) -> None:
     for cls, table in doc.items():
         bad = next((k for k, v in table.items() if not isinstance(k, str) or not isinstance(v, str)), None)
         if bad is not None or not table:
-            raise DumpstoreError(f"{path}: layer mapping {cls!r} must map child names to child names "
-                                 f"(e.g. 'ParallelAttention: {{qkv_proj: query_key_value}}'); {bad!r} is not")
+            raise DumpstoreError(
+                f"{path}: layer mapping {cls!r} must map child names to child names "
+                f"(e.g. 'ParallelAttention: {{qkv_proj: query_key_value}}'); {bad!r} is not"
+            )
         m.layer.setdefault(cls, {}).update(table)
 
 

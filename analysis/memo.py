@@ -66,8 +66,7 @@ def save(root: Path, k: str, ingest_ids: dict[str, Any], catalog: list | None, v
     nothing."""
     if catalog is None or catalog != catalog_signature(root):
         return
-    _write(root / DIR / f"{k}.json", {"format": FORMAT, "catalog": catalog, "ingest_ids": ingest_ids,
-                                       "value": value})
+    _write(root / DIR / f"{k}.json", {"format": FORMAT, "catalog": catalog, "ingest_ids": ingest_ids, "value": value})
 
 
 def catalog_signature(root: Path) -> list | None:
@@ -94,11 +93,10 @@ def _write(path: Path, payload: dict[str, Any]) -> None:
 def _code_signature() -> list:
     """Names, sizes and mtimes of the dumpstore modules: a changed analysis never reuses an old answer."""
     import dumpstore
-    import dumpstore.analysis
 
     out: list = [dumpstore.__version__]
-    for pkg in (dumpstore, dumpstore.analysis):
-        for d in pkg.__path__:
+    for dirs in (list(dumpstore.__path__), [os.path.dirname(os.path.abspath(__file__))]):  # dumpstore, analysis
+        for d in dirs:
             for entry in sorted(os.scandir(d), key=lambda e: e.name):
                 if entry.name.endswith(".py"):
                     st = entry.stat()

@@ -21,9 +21,7 @@ MAX_ABS_ERR = "MaxAbsErr"
 MAX_RELATIVE_ERR = "MaxRelativeErr"
 ONE_THOUSANDTH = "One Thousandth Err Ratio"
 FIVE_THOUSANDTHS = "Five Thousandths Err Ratio"
-TENSOR_COLUMNS: tuple[str, ...] = (
-    COSINE, EUC_DIST, MAX_ABS_ERR, MAX_RELATIVE_ERR, ONE_THOUSANDTH, FIVE_THOUSANDTHS
-)
+TENSOR_COLUMNS: tuple[str, ...] = (COSINE, EUC_DIST, MAX_ABS_ERR, MAX_RELATIVE_ERR, ONE_THOUSANDTH, FIVE_THOUSANDTHS)
 
 UNSUPPORTED = "unsupported"
 SHAPE_UNMATCHED = "shape unmatched"
@@ -38,9 +36,7 @@ MSG_SHAPE = "Shape of NPU and bench tensor do not match. Skipped."
 MSG_NONFINITE = "The position of inf or nan in NPU and bench Tensor do not match."
 MSG_DTYPE = "Dtype of NPU and bench tensor do not match."
 MSG_SCALAR = "This is type of 0-d tensor, can not calculate"
-MSG_SCALAR_CHAIN = (
-    f"{MSG_SCALAR} '{COSINE}', '{EUC_DIST}', '{ONE_THOUSANDTH}' and '{FIVE_THOUSANDTHS}'. "
-)
+MSG_SCALAR_CHAIN = f"{MSG_SCALAR} '{COSINE}', '{EUC_DIST}', '{ONE_THOUSANDTH}' and '{FIVE_THOUSANDTHS}'. "
 MSG_COS_NPU_ZERO = "Cannot compare by Cosine Similarity, All the data is Zero in npu dump data."
 MSG_COS_BENCH_ZERO = "Cannot compare by Cosine Similarity, All the data is Zero in Bench dump data."
 MSG_COS_NAN = "Cannot compare by Cosine Similarity, the dump data has NaN."
@@ -159,9 +155,7 @@ def _nonfinite_masks(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.isnan(a), np.isinf(a)
 
 
-def _status_mismatch(
-    x: np.ndarray, y: np.ndarray, masks: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-) -> int:
+def _status_mismatch(x: np.ndarray, y: np.ndarray, masks: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> int:
     """Positions whose NaN / +Inf / -Inf status differs, given the isnan / isinf masks of x and y."""
     x_nan, x_inf, y_nan, y_inf = masks
     differs = (x_nan != y_nan) | (x_inf != y_inf)
@@ -290,9 +284,7 @@ def _zero_nonfinite(
     return n, b
 
 
-def _result(
-    metrics: list[_Metric], chain_msg: str, rl2: float | None, mismatch: int
-) -> TensorMetrics:
+def _result(metrics: list[_Metric], chain_msg: str, rl2: float | None, mismatch: int) -> TensorMetrics:
     raw = [m.raw for m in metrics]
     return TensorMetrics(
         cosine=raw[0],
@@ -433,6 +425,7 @@ def _classify(value: object) -> str:
 def _num_num(npu: object, bench: object) -> tuple[float, str, float | None]:
     """rule_num_num: (diff, relative-error cell, relative error as a fraction)."""
     a, b = _parse_number(str(npu)), _parse_number(str(bench))
+    assert a is not None and b is not None  # called for two numbers only
     diff = a - b
     if b == 0:
         return float(diff), INF, math.inf

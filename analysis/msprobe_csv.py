@@ -21,10 +21,20 @@ STAT_REL_COLUMNS = ("MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "Norm
 MD5_COLUMNS = ("NPU MD5", "BENCH MD5")
 _STATS = (("Max", "max"), ("Min", "min"), ("Mean", "mean"), ("Norm", "norm"))  # stats_diff key, column
 # msprobe's verdict rules skip these APIs (all rows), or their input rows
-_IGNORED_APIS = frozenset(("empty", "empty_like", "numpy", "to", "__setitem__", "empty_with_format",
-                           "new_empty_strided", "new_empty", "empty_strided"))
-_INPUT_IGNORED_APIS = frozenset(("_reduce_scatter_base", "_all_gather_base", "all_to_all_single",
-                                 "batch_isend_irecv"))
+_IGNORED_APIS = frozenset(
+    (
+        "empty",
+        "empty_like",
+        "numpy",
+        "to",
+        "__setitem__",
+        "empty_with_format",
+        "new_empty_strided",
+        "new_empty",
+        "empty_strided",
+    )
+)
+_INPUT_IGNORED_APIS = frozenset(("_reduce_scatter_base", "_all_gather_base", "all_to_all_single", "batch_isend_irecv"))
 _NO_MD5 = (N_A, "Nan", "")
 
 
@@ -56,8 +66,10 @@ def fill(d: dict[str, Any], r: dict[str, Any], mode: str | None) -> None:
         if not all(here):
             d.update(dict.fromkeys(STAT_REL_COLUMNS, N_A))
             return
-        cells = stats_diff({key: _held_stat(r, "", stat) for key, stat in _STATS},
-                           {key: _held_stat(r, "ref_", stat) for key, stat in _STATS})
+        cells = stats_diff(
+            {key: _held_stat(r, "", stat) for key, stat in _STATS},
+            {key: _held_stat(r, "ref_", stat) for key, stat in _STATS},
+        )
         d.update({col: str(cells[col]) for col in STAT_REL_COLUMNS})
     elif mode == "md5":
         d["NPU MD5"] = _md5(r, "") if here[0] else N_A

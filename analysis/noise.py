@@ -30,12 +30,12 @@ import polars as pl
 
 from . import rules as R
 
-QUIET = 0.1        # inputs "agree" when their error is below this share of the tolerance
-QUANTILE = 0.99    # the high quantile of the pair's own spread
-STAND_OUT = 3.0    # a culprit's measure exceeds this multiple of that quantile
-MIN_GROUP = 4      # fewer ops than this in a group: only the fixed floors apply
+QUIET = 0.1  # inputs "agree" when their error is below this share of the tolerance
+QUANTILE = 0.99  # the high quantile of the pair's own spread
+STAND_OUT = 3.0  # a culprit's measure exceeds this multiple of that quantile
+MIN_GROUP = 4  # fewer ops than this in a group: only the fixed floors apply
 OPT_DEV_TOL = 4.0  # optimizer: median update ratio off 1 by more than this many tolerances ...
-OPT_SHARE = 0.75   # ... with at least this share of the parameters moved the same way
+OPT_SHARE = 0.75  # ... with at least this share of the parameters moved the same way
 OPT_MIN_PARAMS = 3
 
 
@@ -53,8 +53,9 @@ class NoiseModel:
         fresh: dict[str, list[tuple[tuple, float]]] = {}
         carry: dict[str, list[tuple[tuple, float]]] = {}
         ok = recs.filter(pl.col("out_err").is_not_null() & pl.col("out_err").is_finite())
-        for row in ok.select("step", "_phase", "rank", "source", "_seq", "_direction", "out_err", "amp",
-                             "fresh").iter_rows(named=True):
+        for row in ok.select(
+            "step", "_phase", "rank", "source", "_seq", "_direction", "out_err", "amp", "fresh"
+        ).iter_rows(named=True):
             key = order_key(row)
             if row["fresh"]:
                 fresh.setdefault(row["_direction"], []).append((key, row["out_err"]))
@@ -77,8 +78,13 @@ class NoiseModel:
         out: dict[str, Any] = {"quantile": QUANTILE, "stand_out": STAND_OUT}
         if ok.height:
             top = ok.sort("amp", descending=True).row(0, named=True)
-            out |= {"largest_amplification": float(top["amp"]), "step": top["step"], "rank": top["rank"],
-                    "op": top["_record"], "amplification_quantile": float(ok["amp"].quantile(QUANTILE) or 0.0)}
+            out |= {
+                "largest_amplification": float(top["amp"]),
+                "step": top["step"],
+                "rank": top["rank"],
+                "op": top["_record"],
+                "amplification_quantile": float(ok["amp"].quantile(QUANTILE) or 0.0),
+            }
         return out
 
 
@@ -101,7 +107,8 @@ def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
     in_err = pl.col("in_err").fill_null(0.0)
     return recs.with_columns(
         (in_err <= QUIET * pl.col("tol").fill_null(0.0)).alias("fresh"),
-        (pl.col("out_err") / pl.max_horizontal(in_err, floor)).alias("amp"))
+        (pl.col("out_err") / pl.max_horizontal(in_err, floor)).alias("amp"),
+    )
 
 
 def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
@@ -136,5 +143,10 @@ def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.Data
     med = float(np.median(r))
     same_way = int((r > 1).sum()) if med > 1 else int((r < 1).sum())
     tol = float(np.nanmax(both["tol"].cast(pl.Float64).to_numpy()))
-    return {"parameters": int(ok.sum()), "median_ratio": med, "same_way": same_way,
-            "tolerance": tol, "differs": abs(med - 1) > OPT_DEV_TOL * tol and same_way >= OPT_SHARE * ok.sum()}
+    return {
+        "parameters": int(ok.sum()),
+        "median_ratio": med,
+        "same_way": same_way,
+        "tolerance": tol,
+        "differs": abs(med - 1) > OPT_DEV_TOL * tol and same_way >= OPT_SHARE * ok.sum(),
+    }

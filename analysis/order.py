@@ -12,7 +12,7 @@ import polars as pl
 
 GROUP = ["step", "rank", "source"]
 OUTPUT_IO = ("output", "parameters_grad", "debug", "tensor")  # leaves an op produces
-INPUT_IO = ("input", "parameters")                             # leaves an op consumes
+INPUT_IO = ("input", "parameters")  # leaves an op consumes
 
 
 def deferred_grad(seq: pl.Expr, direction: pl.Expr, first_backward: pl.Expr) -> pl.Expr:
@@ -23,8 +23,7 @@ def deferred_grad(seq: pl.Expr, direction: pl.Expr, first_backward: pl.Expr) -> 
 
 def with_phase(df: pl.DataFrame, seq: str = "seq", direction: str = "direction") -> pl.DataFrame:
     """Add `_phase` (0 normal, 1 deferred 8.x parameters_grad); sort by step, _phase, rank, source, seq."""
-    first_bwd = (pl.when(pl.col(direction) == "backward").then(pl.col(seq)).otherwise(None)
-                 .min().over(GROUP))
+    first_bwd = pl.when(pl.col(direction) == "backward").then(pl.col(seq)).otherwise(None).min().over(GROUP)
     early_grad = deferred_grad(pl.col(seq), pl.col(direction), first_bwd)
     return df.with_columns(pl.when(early_grad).then(1).otherwise(0).alias("_phase"))
 

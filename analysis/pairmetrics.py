@@ -19,14 +19,22 @@ def pair_metrics(pairs: pl.DataFrame, tol: Tolerances, floor: str) -> pl.DataFra
     for col in ("sketch", "ref_sketch", "sample", "ref_sample"):
         if col not in pairs.columns:
             pairs = pairs.with_columns(pl.lit(None, pl.List(pl.Float64)).alias(col))
-    df = pairs.with_columns(R.nonfinite_mismatch(), R.tol_dtype(floor), R.shape_differs().alias("_shape_differs"),
-                            when(c("ref_norm") != 0).then(c("norm") / c("ref_norm")).alias("norm_ratio"))
+    df = pairs.with_columns(
+        R.nonfinite_mismatch(),
+        R.tol_dtype(floor),
+        R.shape_differs().alias("_shape_differs"),
+        when(c("ref_norm") != 0).then(c("norm") / c("ref_norm")).alias("norm_ratio"),
+    )
     df = df.with_columns(R.dtype_tol(tol), *R.stats_columns(df).values())
     sk_err, sk_bound, sk_cos = R.sketch_err()
     df = df.with_columns(
         R.checksum_equal().alias("checksum_equal"),
-        sk_err.alias("_sk_err"), sk_bound.alias("_sk_bound"), sk_cos.alias("_sk_cos"),
-        R.sample_max_abs().alias("_sample_abs"), R.scalar_err().alias("_sc_err"))
+        sk_err.alias("_sk_err"),
+        sk_bound.alias("_sk_bound"),
+        sk_cos.alias("_sk_cos"),
+        R.sample_max_abs().alias("_sample_abs"),
+        R.scalar_err().alias("_sc_err"),
+    )
     df = df.with_columns(*_choose(R.both_tensors(), R.both_scalars()))
     df = df.with_columns(*_verdict(df))
     drop = [x for x in df.columns if x.startswith("_")] + ["sketch", "ref_sketch", "sample", "ref_sample"]
@@ -38,37 +46,68 @@ def _choose(is_tensors: pl.Expr, is_scalars: pl.Expr) -> list[pl.Expr]:
     differ = R.kinds_differ()
     shape = is_tensors & c("_shape_differs")
     err = R.pair_err(unmatched, differ, is_tensors, is_scalars, R.null_pair(), R.tensor_err(shape))
-    tensor_src = (when(shape).then(lit("value")).when(c("_sk_err").is_not_null()).then(lit("sketch"))
-                  .when(c("_st_err").is_not_null() | c("nonfinite_mismatch")).then(lit("stats"))
-                  .when(c("checksum_equal").is_not_null()).then(lit("checksum")))
-    src = (when(unmatched).then(lit("none")).when(differ).then(lit("value")).when(is_tensors).then(tensor_src)
-           .when(is_scalars | R.null_pair()).then(lit("value"))
-           .otherwise(lit("none")))
+    tensor_src = (
+        when(shape)
+        .then(lit("value"))
+        .when(c("_sk_err").is_not_null())
+        .then(lit("sketch"))
+        .when(c("_st_err").is_not_null() | c("nonfinite_mismatch"))
+        .then(lit("stats"))
+        .when(c("checksum_equal").is_not_null())
+        .then(lit("checksum"))
+    )
+    src = (
+        when(unmatched)
+        .then(lit("none"))
+        .when(differ)
+        .then(lit("value"))
+        .when(is_tensors)
+        .then(tensor_src)
+        .when(is_scalars | R.null_pair())
+        .then(lit("value"))
+        .otherwise(lit("none"))
+    )
     numeric = R.numeric_scalars(is_scalars)
     tol = R.pair_tol(is_scalars, numeric)
-    max_abs = (when(is_tensors & c("_sk_err").is_not_null()).then(c("_sample_abs"))
-               .when(is_tensors & c("_st_err").is_not_null() & c("norm").is_not_null() & c("ref_norm").is_not_null())
-               .then(pl.max_horizontal(c("max_diff").abs().fill_null(0.0), c("min_diff").abs().fill_null(0.0)))
-               .when(is_tensors & c("_st_err").is_not_null())
-               .then(pl.max_horizontal(c("max_diff").abs(), c("min_diff").abs()))
-               .when(numeric & (c("_sc_err") > 0)).then((c("scalar_value") - c("ref_scalar_value")).abs()))
-    return [err.alias("err"), src.alias("err_source"), when(c("_sk_err").is_not_null()).then(c("_sk_bound"))
-            .alias("err_bound"), when(c("_sk_err").is_not_null()).then(c("_sk_cos")).alias("cosine"),
-            max_abs.alias("max_abs_err"), lit(None, pl.Float64).alias("max_rel_err"),
-            when(unmatched).then(None).otherwise(tol).alias("tol"),
-            when(unmatched).then(None).otherwise(c("tol_dtype")).alias("tol_dtype"),
-            _detail(unmatched, differ, shape, is_scalars).alias("detail")]
+    max_abs = (
+        when(is_tensors & c("_sk_err").is_not_null())
+        .then(c("_sample_abs"))
+        .when(is_tensors & c("_st_err").is_not_null() & c("norm").is_not_null() & c("ref_norm").is_not_null())
+        .then(pl.max_horizontal(c("max_diff").abs().fill_null(0.0), c("min_diff").abs().fill_null(0.0)))
+        .when(is_tensors & c("_st_err").is_not_null())
+        .then(pl.max_horizontal(c("max_diff").abs(), c("min_diff").abs()))
+        .when(numeric & (c("_sc_err") > 0))
+        .then((c("scalar_value") - c("ref_scalar_value")).abs())
+    )
+    return [
+        err.alias("err"),
+        src.alias("err_source"),
+        when(c("_sk_err").is_not_null()).then(c("_sk_bound")).alias("err_bound"),
+        when(c("_sk_err").is_not_null()).then(c("_sk_cos")).alias("cosine"),
+        max_abs.alias("max_abs_err"),
+        lit(None, pl.Float64).alias("max_rel_err"),
+        when(unmatched).then(None).otherwise(tol).alias("tol"),
+        when(unmatched).then(None).otherwise(c("tol_dtype")).alias("tol_dtype"),
+        _detail(unmatched, differ, shape, is_scalars).alias("detail"),
+    ]
 
 
 def _detail(unmatched: pl.Expr, kinds_differ: pl.Expr, shape: pl.Expr, is_scalars: pl.Expr) -> pl.Expr:
     err_text = pl.coalesce(c("error"), c("ref_error"))
-    return (when(unmatched).then(when(c("match") == "target_only").then(lit("only in target"))
-                                 .otherwise(lit("only in reference")))
-            .when(err_text.is_not_null()).then(err_text)
-            .when(kinds_differ).then(pl.format("kind {} vs {}", c("kind"), c("ref_kind")))
-            .when(shape).then(pl.format("shape {} vs {}", _shape_text("shape"), _shape_text("ref_shape")))
-            .when(c("nonfinite_mismatch")).then(R.nonfinite_detail())
-            .when(is_scalars & (c("_sc_err") > 0)).then(pl.format("value {} vs {}", c("value"), c("ref_value"))))
+    return (
+        when(unmatched)
+        .then(when(c("match") == "target_only").then(lit("only in target")).otherwise(lit("only in reference")))
+        .when(err_text.is_not_null())
+        .then(err_text)
+        .when(kinds_differ)
+        .then(pl.format("kind {} vs {}", c("kind"), c("ref_kind")))
+        .when(shape)
+        .then(pl.format("shape {} vs {}", _shape_text("shape"), _shape_text("ref_shape")))
+        .when(c("nonfinite_mismatch"))
+        .then(R.nonfinite_detail())
+        .when(is_scalars & (c("_sc_err") > 0))
+        .then(pl.format("value {} vs {}", c("value"), c("ref_value")))
+    )
 
 
 def _shape_text(col: str) -> pl.Expr:

@@ -7,30 +7,59 @@ import polars as pl
 from .compare import Comparison
 
 METRICS = ("severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine")
-COLUMNS = ["step", "rank", "seq", "name", "dtype", "ref_dtype", "rel_l2", "err_source", "err_bound", "cosine",
-           "max_abs_err", "tol", "tol_dtype", "severity", "status", "detail"]
+COLUMNS = [
+    "step",
+    "rank",
+    "seq",
+    "name",
+    "dtype",
+    "ref_dtype",
+    "rel_l2",
+    "err_source",
+    "err_bound",
+    "cosine",
+    "max_abs_err",
+    "tol",
+    "tol_dtype",
+    "severity",
+    "status",
+    "detail",
+]
 
 
-def rank_rows(cmp: Comparison, *, by: str = "severity", top: int | None = 20, direction: str | None = None,
-              module: str | None = None, op_type: str | None = None, io: str | None = None,
-              status: str | None = None, include_pass: bool = True) -> pl.DataFrame:
+def rank_rows(
+    cmp: Comparison,
+    *,
+    by: str = "severity",
+    top: int | None = 20,
+    direction: str | None = None,
+    module: str | None = None,
+    op_type: str | None = None,
+    io: str | None = None,
+    status: str | None = None,
+    include_pass: bool = True,
+) -> pl.DataFrame:
     """Rows sorted worst first by `by` (cosine: lowest first); filters match substrings of module / op type.
 
     The comparison's `err` column (relative L2 error) is shown as `rel_l2`, its name in every output."""
     if by not in METRICS:
         from dumpstore.errors import DumpstoreError
+
         raise DumpstoreError(f"unknown metric {by!r}; choose one of {', '.join(METRICS)}")
     if top is not None and top < 0:
         from dumpstore.errors import DumpstoreError
+
         raise DumpstoreError(f"top {top} is negative: give the number of rows to show (0 or None: all)")
-    df = cmp.rows.with_columns(pl.coalesce(pl.col("name"), pl.col("ref_name")).alias("name"),
-                               pl.col("err").alias("rel_l2"))
+    df = cmp.rows.with_columns(
+        pl.coalesce(pl.col("name"), pl.col("ref_name")).alias("name"), pl.col("err").alias("rel_l2")
+    )
     filters = []
     if direction:
         filters.append(pl.col("direction") == direction)
     if module:
-        filters.append(pl.col("module").str.contains(module, literal=True)
-                       | pl.col("record").str.contains(module, literal=True))
+        filters.append(
+            pl.col("module").str.contains(module, literal=True) | pl.col("record").str.contains(module, literal=True)
+        )
     if op_type:
         filters.append(pl.col("op_type").str.contains(op_type, literal=True))
     if io:

@@ -27,7 +27,7 @@ from dumpstore.dtypes import EPS, INT_DTYPES, eps
 from .tolerance import Tolerances
 
 INF = float("inf")
-VALUE_RTOL = 1e-6                      # numeric non-tensor arguments: relative difference allowed
+VALUE_RTOL = 1e-6  # numeric non-tensor arguments: relative difference allowed
 STATS = ("min", "max", "mean", "norm")
 COUNTS = ("nan_count", "posinf_count", "neginf_count", "sat_count")
 FLAGS = ("has_nan", "has_posinf", "has_neginf", "has_sat")
@@ -67,8 +67,13 @@ def tol_dtype(floor: str) -> pl.Expr:
     """The dtype a pair is judged at: the less precise of its two dtypes and the runs' compute precision."""
     et, er, ef = dtype_eps(c("dtype")), dtype_eps(c("ref_dtype")), lit(EPS.get(floor, EPS["float32"]))
     any_float = et.is_not_null() | er.is_not_null()
-    best = (when(et.is_not_null() & (et >= er.fill_null(0)) & (et >= ef)).then(c("dtype"))
-            .when(er.is_not_null() & (er >= ef)).then(c("ref_dtype")).otherwise(lit(floor)))
+    best = (
+        when(et.is_not_null() & (et >= er.fill_null(0)) & (et >= ef))
+        .then(c("dtype"))
+        .when(er.is_not_null() & (er >= ef))
+        .then(c("ref_dtype"))
+        .otherwise(lit(floor))
+    )
     return when(any_float).then(best).otherwise(pl.coalesce(c("dtype"), c("ref_dtype"), lit(floor))).alias("tol_dtype")
 
 
@@ -117,8 +122,11 @@ def has_error_text() -> pl.Expr:
 def shape_differs() -> pl.Expr:
     """Shapes differ beyond size-1 axes (msprobe compares [4, 1] with [4])."""
     drop1 = pl.element().filter(pl.element() != 1)
-    return (c("shape").is_not_null() & c("ref_shape").is_not_null()
-            & (c("shape").list.eval(drop1) != c("ref_shape").list.eval(drop1))).fill_null(False)
+    return (
+        c("shape").is_not_null()
+        & c("ref_shape").is_not_null()
+        & (c("shape").list.eval(drop1) != c("ref_shape").list.eval(drop1))
+    ).fill_null(False)
 
 
 def checksum_equal() -> pl.Expr:
@@ -131,10 +139,17 @@ def nonfinite_mismatch() -> pl.Expr:
     """Two tensors whose NaN / +Inf / -Inf / saturation counts (or, without counts, flags) differ."""
     counts_known = pl.all_horizontal([c(k).is_not_null() & c(f"ref_{k}").is_not_null() for k in COUNTS])
     by_count = pl.any_horizontal([c(k) != c(f"ref_{k}") for k in COUNTS])
-    by_flag = pl.any_horizontal([(c(f).fill_null(False) != c(f"ref_{f}").fill_null(False))
-                                 & c(f).is_not_null() & c(f"ref_{f}").is_not_null() for f in FLAGS])
-    return (both_tensors() & when(counts_known).then(by_count).otherwise(by_flag)).fill_null(False).alias(
-        "nonfinite_mismatch")
+    by_flag = pl.any_horizontal(
+        [
+            (c(f).fill_null(False) != c(f"ref_{f}").fill_null(False)) & c(f).is_not_null() & c(f"ref_{f}").is_not_null()
+            for f in FLAGS
+        ]
+    )
+    return (
+        (both_tensors() & when(counts_known).then(by_count).otherwise(by_flag))
+        .fill_null(False)
+        .alias("nonfinite_mismatch")
+    )
 
 
 def nonfinite_detail() -> pl.Expr:
@@ -154,9 +169,14 @@ def stat_diff(t: np.ndarray, r: np.ndarray) -> np.ndarray:
         return np.where(np.isfinite(t) & np.isfinite(r), t - r, np.nan)
 
 
-def stats_bound(t: dict[str, np.ndarray], r: dict[str, np.ndarray], t_null: dict[str, np.ndarray],
-                r_null: dict[str, np.ndarray], sqrt_n: np.ndarray, nonfinite: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
+def stats_bound(
+    t: dict[str, np.ndarray],
+    r: dict[str, np.ndarray],
+    t_null: dict[str, np.ndarray],
+    r_null: dict[str, np.ndarray],
+    sqrt_n: np.ndarray,
+    nonfinite: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """(err, known): the statistics lower bound of relative L2 error of every pair, from the four statistics of
     both sides (`t`, `r`: float64 arrays by name, NaN where null; `t_null`/`r_null`: where null) and sqrt(numel).
 
@@ -167,8 +187,13 @@ def stats_bound(t: dict[str, np.ndarray], r: dict[str, np.ndarray], t_null: dict
     Differences are taken only where both sides are finite; `known` is False where no rule applies."""
     d = {s: np.abs(stat_diff(t[s], r[s])) for s in STATS}
     with np.errstate(all="ignore"):
-        parts = [d["norm"], d["max"], d["min"], d["mean"] * sqrt_n,
-                 np.where(~np.isfinite(t["norm"]) & ~nonfinite, np.inf, np.nan)]
+        parts = [
+            d["norm"],
+            d["max"],
+            d["min"],
+            d["mean"] * sqrt_n,
+            np.where(~np.isfinite(t["norm"]) & ~nonfinite, np.inf, np.nan),
+        ]
         num = np.fmax.reduce(parts)  # ignores NaN (a missing difference), NaN only when all are
         rn = r["norm"]
         by_norm = np.where(rn > 0, num / rn, np.where(num == 0, 0.0, np.inf))
@@ -216,18 +241,28 @@ def _finite(e: pl.Expr) -> pl.Expr:
 
 def sketch_err() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
     """(err, error bar, cosine) from both sketches and the exact norms."""
-    ok = ((c("sketch").list.len() == c("ref_sketch").list.len()) & (c("sketch").list.len() > 0)
-          & _finite(c("norm")) & _finite(c("ref_norm")) & ~c("nonfinite_mismatch"))
+    ok = (
+        (c("sketch").list.len() == c("ref_sketch").list.len())
+        & (c("sketch").list.len() > 0)
+        & _finite(c("norm"))
+        & _finite(c("ref_norm"))
+        & ~c("nonfinite_mismatch")
+    )
     sk, rsk = when(ok).then(c("sketch")), when(ok).then(c("ref_sketch"))
     d = (sk - rsk).list.eval(pl.element() * pl.element()).list.sum().sqrt()
     rn, tn = c("ref_norm"), c("norm")
     err = when(ok & (rn > 0)).then(d / rn).when(ok & (d == 0) & (tn == 0)).then(0.0).when(ok).then(INF)
     n = pl.coalesce(c("numel"), c("sketch").list.len()).cast(pl.Float64)
-    bound = when(ok).then(when(c("sketch").list.len() >= n).then(0.0)
-                          .otherwise((2.0 / c("sketch").list.len().cast(pl.Float64)).sqrt()))
+    bound = when(ok).then(
+        when(c("sketch").list.len() >= n).then(0.0).otherwise((2.0 / c("sketch").list.len().cast(pl.Float64)).sqrt())
+    )
     ratio = tn / rn
-    cos = (when(ok & (rn > 0) & (tn > 0)).then(((1 + ratio * ratio - err * err) / (2 * ratio)).clip(-1.0, 1.0))
-           .when(ok & (rn == 0) & (tn == 0)).then(1.0))
+    cos = (
+        when(ok & (rn > 0) & (tn > 0))
+        .then(((1 + ratio * ratio - err * err) / (2 * ratio)).clip(-1.0, 1.0))
+        .when(ok & (rn == 0) & (tn == 0))
+        .then(1.0)
+    )
     return err, bound, cos
 
 
@@ -242,8 +277,9 @@ def scalar_err() -> pl.Expr:
     """Non-tensor arguments: relative difference of numbers, 0 or inf for other values by text."""
     a, b = c("scalar_value"), c("ref_scalar_value")
     numeric = a.is_not_null() & b.is_not_null()
-    num_err = (when((a == b) | (a.is_nan() & b.is_nan())).then(0.0)
-               .when(b != 0).then((a - b).abs() / b.abs()).otherwise(INF))
+    num_err = (
+        when((a == b) | (a.is_nan() & b.is_nan())).then(0.0).when(b != 0).then((a - b).abs() / b.abs()).otherwise(INF)
+    )
     same_text = (c("value") == c("ref_value")).fill_null(c("value").is_null() & c("ref_value").is_null())
     return when(numeric).then(num_err).otherwise(when(same_text).then(0.0).otherwise(INF))
 
@@ -252,15 +288,31 @@ def scalar_err() -> pl.Expr:
 def tensor_err(shape: pl.Expr) -> pl.Expr:
     """err of a tensor pair: inf on a shape or non-finite mismatch, else sketch, statistics, checksum (best first)."""
     ck = when(c("checksum_equal")).then(0.0).when(~c("checksum_equal")).then(INF)
-    return (when(shape).then(INF).when(c("nonfinite_mismatch")).then(INF)
-            .otherwise(pl.coalesce(c("_sk_err"), c("_st_err"), ck)))
+    return (
+        when(shape)
+        .then(INF)
+        .when(c("nonfinite_mismatch"))
+        .then(INF)
+        .otherwise(pl.coalesce(c("_sk_err"), c("_st_err"), ck))
+    )
 
 
-def pair_err(unmatched: pl.Expr, kinds_differ: pl.Expr, is_tensors: pl.Expr, is_scalars: pl.Expr,
-             nulls: pl.Expr, tensor: pl.Expr) -> pl.Expr:
+def pair_err(
+    unmatched: pl.Expr, kinds_differ: pl.Expr, is_tensors: pl.Expr, is_scalars: pl.Expr, nulls: pl.Expr, tensor: pl.Expr
+) -> pl.Expr:
     """err of any pair from its parts: none when unmatched, inf when the kinds differ, else by kind."""
-    return (when(unmatched).then(None).when(kinds_differ).then(INF).when(is_tensors).then(tensor)
-            .when(is_scalars).then(c("_sc_err")).when(nulls).then(0.0))
+    return (
+        when(unmatched)
+        .then(None)
+        .when(kinds_differ)
+        .then(INF)
+        .when(is_tensors)
+        .then(tensor)
+        .when(is_scalars)
+        .then(c("_sc_err"))
+        .when(nulls)
+        .then(0.0)
+    )
 
 
 def exceeds(err: Any, tol: Any) -> Any:
@@ -276,9 +328,17 @@ def diverges(err: Any, tol: Any, nonfinite: Any) -> Any:
 def pair_status(unmatched: pl.Expr, bad_kind: pl.Expr, error_text: pl.Expr) -> pl.Expr:
     """unmatched / error / unknown / diverged / pass from `err`, `tol`, `nonfinite_mismatch` and the parts."""
     unreadable = bad_kind | (error_text & c("err").is_null())
-    return (when(unmatched).then(lit("unmatched")).when(unreadable).then(lit("error"))
-            .when(c("err").is_null()).then(lit("unknown"))
-            .when(diverges(c("err"), c("tol"), c("nonfinite_mismatch"))).then(lit("diverged")).otherwise(lit("pass")))
+    return (
+        when(unmatched)
+        .then(lit("unmatched"))
+        .when(unreadable)
+        .then(lit("error"))
+        .when(c("err").is_null())
+        .then(lit("unknown"))
+        .when(diverges(c("err"), c("tol"), c("nonfinite_mismatch")))
+        .then(lit("diverged"))
+        .otherwise(lit("pass"))
+    )
 
 
 def severity(err: np.ndarray | float, tol: np.ndarray | float) -> np.ndarray:
@@ -290,9 +350,15 @@ def severity(err: np.ndarray | float, tol: np.ndarray | float) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------ small values
-def small_value_err(err: np.ndarray, t_norm: np.ndarray, r_norm: np.ndarray, numel: np.ndarray,
-                    tensor: np.ndarray, group: np.ndarray, eps_judged: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def small_value_err(
+    err: np.ndarray,
+    t_norm: np.ndarray,
+    r_norm: np.ndarray,
+    numel: np.ndarray,
+    tensor: np.ndarray,
+    group: np.ndarray,
+    eps_judged: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(err, context rms, small) after the small-value rule.
 
     A tensor whose reference is tiny against its context holds rounding residue, and its relative error means
@@ -324,23 +390,30 @@ def apply_small_values(rows: pl.DataFrame) -> pl.DataFrame:
     group = rows.select(pl.struct(keys).rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
     tensor = rows.select(both_tensors().fill_null(False) & ~c("nonfinite_mismatch")).to_series().to_numpy()
     judged = rows.select(dtype_eps(c("tol_dtype")).fill_null(0.0)).to_series().to_numpy()
-    err, ctx, small = small_value_err(_f64(rows, "err"), _f64(rows, "norm"), _f64(rows, "ref_norm"),
-                                      _f64(rows, "ref_numel"), tensor, group, judged)
-    out = rows.with_columns(_nullable("err", err), _nullable("context_rms", ctx),
-                            pl.Series("small_value", small))
+    err, ctx, small = small_value_err(
+        _f64(rows, "err"), _f64(rows, "norm"), _f64(rows, "ref_norm"), _f64(rows, "ref_numel"), tensor, group, judged
+    )
+    out = rows.with_columns(_nullable("err", err), _nullable("context_rms", ctx), pl.Series("small_value", small))
     if not small.any():
         return out
     unmatched = c("match").is_in(["target_only", "ref_only"])
-    note = pl.format("small value: reference rms {} < eps x {} (the largest rms among its record's tensors); "
-                     "judged by absolute error on that scale",
-                     (c("ref_norm") / c("ref_numel").cast(pl.Float64).sqrt()).round_sig_figs(3),
-                     c("context_rms").round_sig_figs(3))
+    note = pl.format(
+        "small value: reference rms {} < eps x {} (the largest rms among its record's tensors); "
+        "judged by absolute error on that scale",
+        (c("ref_norm") / c("ref_numel").cast(pl.Float64).sqrt()).round_sig_figs(3),
+        c("context_rms").round_sig_figs(3),
+    )
     return out.with_columns(
         pl.Series("severity", severity(err, _f64(rows, "tol"))).fill_nan(None),
-        when(c("small_value")).then(pair_status(unmatched, unreadable_kind(), has_error_text()))
-        .otherwise(c("status")).alias("status"),
-        when(c("small_value")).then(pl.concat_str([c("detail"), note], separator="; ", ignore_nulls=True))
-        .otherwise(c("detail")).alias("detail"))
+        when(c("small_value"))
+        .then(pair_status(unmatched, unreadable_kind(), has_error_text()))
+        .otherwise(c("status"))
+        .alias("status"),
+        when(c("small_value"))
+        .then(pl.concat_str([c("detail"), note], separator="; ", ignore_nulls=True))
+        .otherwise(c("detail"))
+        .alias("detail"),
+    )
 
 
 def _f64(df: pl.DataFrame, col: str) -> np.ndarray:

@@ -47,10 +47,26 @@ from .tolerance import Tolerances
 
 c, lit, when = pl.col, pl.lit, pl.when
 
-KEYS = ("record", "io", "index_path")                  # a leaf pair: same record, io and index path
-ORDER = ("seq", "leaf", "direction")                   # execution order (target side)
-STATIC = ("kind", "dtype", "shape", "numel", "nan_count", "posinf_count", "neginf_count", "sat_count",
-          "has_nan", "has_posinf", "has_neginf", "has_sat", "checksum", "scalar_value", "value", "error")
+KEYS = ("record", "io", "index_path")  # a leaf pair: same record, io and index path
+ORDER = ("seq", "leaf", "direction")  # execution order (target side)
+STATIC = (
+    "kind",
+    "dtype",
+    "shape",
+    "numel",
+    "nan_count",
+    "posinf_count",
+    "neginf_count",
+    "sat_count",
+    "has_nan",
+    "has_posinf",
+    "has_neginf",
+    "has_sat",
+    "checksum",
+    "scalar_value",
+    "value",
+    "error",
+)
 STATS = R.STATS
 _KEYED = KEYS + ORDER + STATIC
 _STRINGS = ("record", "io", "index_path", "direction", "kind", "dtype", "checksum", "value", "error")
@@ -63,12 +79,12 @@ class Unsupported(Exception):
 
 @dataclass
 class ScreenResult:
-    units: pl.DataFrame                      # simple units: step, rank, source, rows, differing non-tensor
-                                             # arguments (args), counts, max_err, first diverged output
-    complex_units: list[tuple[int, int]]     # (step, rank) pairs to compare exactly (alignment needed)
-    precision: dict[str, str]                # compute precision of each run and the floor, as compare_runs
+    units: pl.DataFrame  # simple units: step, rank, source, rows, differing non-tensor
+    # arguments (args), counts, max_err, first diverged output
+    complex_units: list[tuple[int, int]]  # (step, rank) pairs to compare exactly (alignment needed)
+    precision: dict[str, str]  # compute precision of each run and the floor, as compare_runs
     dtype_counts: dict[str, dict[str, int]] = field(default_factory=dict)  # forward float outputs by dtype,
-                                             # per side (partitions of a distributed screen merge their precision)
+    # per side (partitions of a distributed screen merge their precision)
 
 
 # ------------------------------------------------------------------------------------------------ files
@@ -78,8 +94,7 @@ class _File:
     The footer is parsed once (the first pass); the second pass maps the file (`load()`).
     """
 
-    __slots__ = ("path", "step", "rank", "source", "md", "n", "ranges", "types", "leaves", "_reader", "_keys",
-                 "_buf")
+    __slots__ = ("path", "step", "rank", "source", "md", "n", "ranges", "types", "leaves", "_reader", "_keys", "_buf")
 
     def __init__(self, path: str, step: int, rank: int, source: str):
         self.path, self.step, self.rank, self.source = path, step, rank, source
@@ -134,7 +149,7 @@ class _File:
                 hit = (col, None, self.n, None)
             elif self._buf is not None:
                 buf = self._buf
-                hit = (col, self.types[col], self.n, b"".join(buf[a:a + n] for a, n in self.ranges[col]))
+                hit = (col, self.types[col], self.n, b"".join(buf[a : a + n] for a, n in self.ranges[col]))
             else:
                 with open(self.path, "rb") as fh:
                     fd = fh.fileno()
@@ -164,7 +179,7 @@ def _source_of(path: str, ingest_id: str) -> str | None:
     prefix = f"part-{ingest_id}"
     if not name.startswith(prefix) or not name.endswith(".parquet"):
         return None
-    rest = name[len(prefix):-len(".parquet")]
+    rest = name[len(prefix) : -len(".parquet")]
     if rest == "":
         return ""
     return rest[1:] if rest.startswith("-") else None
@@ -242,12 +257,18 @@ def _structure(cache: _Cache, f: _File) -> tuple[bool, pl.DataFrame, dict[str, n
     cols = cache.columns(f, KEYS + ORDER)
     df = pl.DataFrame([cols[x] for x in KEYS + ORDER])
     # the exact path pairs records by name (one seq per record name) and leaves by (record, io, index_path)
-    unique = (df.select(pl.struct(*KEYS).n_unique()).item() == df.height
-              and df.select(pl.struct("record", "seq").n_unique()).item() == df.select(c("record").n_unique()).item())
+    unique = (
+        df.select(pl.struct(*KEYS).n_unique()).item() == df.height
+        and df.select(pl.struct("record", "seq").n_unique()).item() == df.select(c("record").n_unique()).item()
+    )
     first_bwd = c("seq").filter(c("direction") == "backward").min()
     order = df.select(
         when(deferred_grad(c("seq"), c("direction"), first_bwd)).then(1).otherwise(0).cast(pl.Int32).alias("_phase"),
-        c("io").is_in(OUTPUT_IO).alias("_out"), c("seq"), c("leaf"), c("record").alias("_record"))
+        c("io").is_in(OUTPUT_IO).alias("_out"),
+        c("seq"),
+        c("leaf"),
+        c("record").alias("_record"),
+    )
     ordnp = {x: order[x].to_numpy() for x in ("_phase", "_out", "seq", "leaf")}
     ordnp["group"] = np.unique(ordnp["seq"], return_inverse=True)[1].reshape(-1)  # records, for small values
     hit = (unique, order, ordnp)
@@ -263,8 +284,9 @@ def _same_keys(cache: _Cache, t: _File, r: _File) -> bool:
     return all(a[x].equals(b[x]) for x in KEYS)
 
 
-def _static(cache: _Cache, t: _File, r: _File, tol: Tolerances, floor: str
-            ) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
+def _static(
+    cache: _Cache, t: _File, r: _File, tol: Tolerances, floor: str
+) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
     """The parts of every pair's verdict that do not depend on the statistics (cached by the bytes)."""
     key = ("static", floor) + tuple(t.key(x) for x in STATIC) + tuple(r.key(x) for x in STATIC)
     hit = cache.frames.get(key)
@@ -280,30 +302,60 @@ def _static(cache: _Cache, t: _File, r: _File, tol: Tolerances, floor: str
     df = df.with_columns(R.nonfinite_mismatch(), R.tol_dtype(floor), R.shape_differs().alias("_shape_differs"))
     df = df.with_columns(R.dtype_tol(tol))
     out = df.select(
-        is_tensors.alias("_is_tensors"), is_scalars.alias("_is_scalars"), R.kinds_differ().alias("_kinds_differ"),
-        R.null_pair().alias("_nulls"), (is_tensors & c("_shape_differs")).alias("_shape"),
-        c("nonfinite_mismatch"), when(both_ck).then(c("checksum") == c("ref_checksum")).alias("checksum_equal"),
-        R.scalar_err().alias("_sc_err"), R.pair_tol(is_scalars, R.numeric_scalars(is_scalars)).alias("tol"),
-        R.unreadable_kind().alias("_bad_kind"), R.has_error_text().alias("_err_text"), c("numel"), c("ref_numel"),
-        R.dtype_eps(c("tol_dtype")).fill_null(0.0).alias("_eps_judged"))
+        is_tensors.alias("_is_tensors"),
+        is_scalars.alias("_is_scalars"),
+        R.kinds_differ().alias("_kinds_differ"),
+        R.null_pair().alias("_nulls"),
+        (is_tensors & c("_shape_differs")).alias("_shape"),
+        c("nonfinite_mismatch"),
+        when(both_ck).then(c("checksum") == c("ref_checksum")).alias("checksum_equal"),
+        R.scalar_err().alias("_sc_err"),
+        R.pair_tol(is_scalars, R.numeric_scalars(is_scalars)).alias("tol"),
+        R.unreadable_kind().alias("_bad_kind"),
+        R.has_error_text().alias("_err_text"),
+        c("numel"),
+        c("ref_numel"),
+        R.dtype_eps(c("tol_dtype")).fill_null(0.0).alias("_eps_judged"),
+    )
     # pairs whose err can only be the statistics bound, when the statistics are finite and ||y|| > 0 (_fast)
-    plain = (c("_is_tensors") & ~c("_kinds_differ") & ~c("_shape") & ~c("nonfinite_mismatch") & ~c("_bad_kind")
-             & ~c("_err_text") & c("tol").is_not_null()).fill_null(False)
+    plain = (
+        c("_is_tensors")
+        & ~c("_kinds_differ")
+        & ~c("_shape")
+        & ~c("nonfinite_mismatch")
+        & ~c("_bad_kind")
+        & ~c("_err_text")
+        & c("tol").is_not_null()
+    ).fill_null(False)
     # pairs whose verdict does not read the statistics: not two tensors (scalars, nulls, kinds differ), or two
     # tensors of different shapes or non-finite counts (err inf); judged here once, with null statistics
-    decided = ((~c("_is_tensors")).fill_null(False)
-               | (c("_is_tensors") & (c("_shape") | c("nonfinite_mismatch"))).fill_null(False))
+    decided = (~c("_is_tensors")).fill_null(False) | (
+        c("_is_tensors") & (c("_shape") | c("nonfinite_mismatch"))
+    ).fill_null(False)
     nulls = [lit(None, pl.Float64).alias(x) for x in STATS] + [lit(None, pl.Float64).alias(f"ref_{x}") for x in STATS]
     if "sketch" in out.columns:  # pragma: no cover - sketches are per unit, never in the static frame
         raise AssertionError
-    judged = _verdicts(out.with_columns(*nulls, lit(None, pl.List(pl.Float64)).alias("sketch"),
-                                        lit(None, pl.List(pl.Float64)).alias("ref_sketch")), sketches=False)
-    arrays = out.select(plain.alias("plain"), decided.alias("decided"), c("tol"),
-                        R.sqrt_numel(), c("_is_scalars").fill_null(False).alias("scalar"),
-                        (c("_is_tensors") & ~c("nonfinite_mismatch")).fill_null(False).alias("tensor"),
-                        c("ref_numel").cast(pl.Float64).alias("ref_numel"), c("_eps_judged").alias("eps"))
-    arrays = arrays.with_columns(judged["err"].alias("d_err"), judged["err"].is_not_null().alias("d_ok"),
-                                 judged["status"].replace_strict(R.STATUS_CODES, return_dtype=pl.Int8).alias("d_code"))
+    judged = _verdicts(
+        out.with_columns(
+            *nulls, lit(None, pl.List(pl.Float64)).alias("sketch"), lit(None, pl.List(pl.Float64)).alias("ref_sketch")
+        ),
+        sketches=False,
+    )
+    arrays = out.select(
+        plain.alias("plain"),
+        decided.alias("decided"),
+        c("tol"),
+        R.sqrt_numel(),
+        c("_is_scalars").fill_null(False).alias("scalar"),
+        (c("_is_tensors") & ~c("nonfinite_mismatch")).fill_null(False).alias("tensor"),
+        c("ref_numel").cast(pl.Float64).alias("ref_numel"),
+        c("_eps_judged").alias("eps"),
+    )
+    arrays = arrays.with_columns(
+        judged["err"].alias("d_err"),
+        judged["err"].is_not_null().alias("d_ok"),
+        judged["status"].replace_strict(R.STATUS_CODES, return_dtype=pl.Int8).alias("d_code"),
+    )
     hit = (out, {x: arrays[x].to_numpy() for x in arrays.columns})
     return cache.remember(key, hit)
 
@@ -315,16 +367,18 @@ def _stats(t: _File, r: _File, sketches: bool) -> pa.Table:
         if any(x not in f.leaves for x in cols):
             raise Unsupported(f"{f.path} lacks a statistics column")
     a, b = t.read(cols), r.read(cols)
-    return pa.table([a.column(x) for x in cols] + [b.column(x) for x in cols],
-                    names=cols + [f"ref_{x}" for x in cols])
+    return pa.table([a.column(x) for x in cols] + [b.column(x) for x in cols], names=cols + [f"ref_{x}" for x in cols])
 
 
 def _verdicts(df: pl.DataFrame, sketches: bool) -> pl.DataFrame:
     """err and status of every pair from the static parts and the statistics (pairmetrics' expressions)."""
     sk = R.sketch_err()[0] if sketches else lit(None, pl.Float64)
     df = df.with_columns(R.stats_columns(df)["_st_err"], sk.alias("_sk_err"))
-    df = df.with_columns(R.pair_err(lit(False), c("_kinds_differ"), c("_is_tensors"), c("_is_scalars"), c("_nulls"),
-                                    R.tensor_err(c("_shape"))).alias("err"))
+    df = df.with_columns(
+        R.pair_err(
+            lit(False), c("_kinds_differ"), c("_is_tensors"), c("_is_scalars"), c("_nulls"), R.tensor_err(c("_shape"))
+        ).alias("err")
+    )
     return df.with_columns(R.pair_status(lit(False), c("_bad_kind"), c("_err_text")).alias("status"))
 
 
@@ -362,7 +416,7 @@ def _valid(arr: pa.Array) -> np.ndarray:
     if bitmap is None:
         return np.ones(n, dtype=bool)
     bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
-    return bits[off:off + n].astype(bool)
+    return bits[off : off + n].astype(bool)
 
 
 def _nulls(col: pa.ChunkedArray) -> np.ndarray:
@@ -408,21 +462,33 @@ def _judge(units: list, sketches: bool) -> tuple[list[np.ndarray], list[np.ndarr
             if f is None:
                 continue
             m = f.height
-            errs[i][rest] = j_err[at:at + m]
-            valid[i][rest] = j_valid[at:at + m]
-            codes[i][rest] = j_code[at:at + m]
+            errs[i][rest] = j_err[at : at + m]
+            valid[i][rest] = j_valid[at : at + m]
+            codes[i][rest] = j_code[at : at + m]
             at += m
     for i, (_, _, ordnp, _, stnp, stats) in enumerate(units):
         _small_values(errs[i], valid[i], codes[i], ordnp, stnp, stats)
     return errs, valid, codes
 
 
-def _small_values(err: np.ndarray, ok: np.ndarray, code: np.ndarray, ordnp: dict[str, np.ndarray],
-                  stnp: dict[str, np.ndarray], stats: pa.Table) -> None:
+def _small_values(
+    err: np.ndarray,
+    ok: np.ndarray,
+    code: np.ndarray,
+    ordnp: dict[str, np.ndarray],
+    stnp: dict[str, np.ndarray],
+    stats: pa.Table,
+) -> None:
     """`rules.small_value_err` over one unit (records are the seq groups), in place."""
-    new, _, small = R.small_value_err(np.where(ok, err, np.nan), _numpy(stats.column("norm")),
-                                      _numpy(stats.column("ref_norm")), stnp["ref_numel"], stnp["tensor"],
-                                      ordnp["group"], stnp["eps"])
+    new, _, small = R.small_value_err(
+        np.where(ok, err, np.nan),
+        _numpy(stats.column("norm")),
+        _numpy(stats.column("ref_norm")),
+        stnp["ref_numel"],
+        stnp["tensor"],
+        ordnp["group"],
+        stnp["eps"],
+    )
     if small.any():
         err[small] = new[small]
         code[small] = R.exceeds(new[small], stnp["tol"][small]).astype(np.int8)
@@ -443,11 +509,21 @@ def _step_summary(units: list, sketches: bool) -> pl.DataFrame:
             i = cand[np.lexsort((ordnp["leaf"][cand], ordnp["seq"][cand], ordnp["_phase"][cand]))[0]]
             first = (int(ordnp["_phase"][i]), int(ordnp["seq"][i]), int(ordnp["leaf"][i]), order["_record"][int(i)])
         args = int(((code == R.STATUS_CODES["diverged"]) & stnp["scalar"] & ~ordnp["_out"]).sum())
-        out.append({"step": s, "rank": k, "source": src, "rows": int(code.size), "args": args,
-                    **{name: int(counts[i]) for i, name in enumerate(STATUSES)},
-                    "max_err": None if max_err is None else float(max_err),
-                    "first_phase": first[0] if first else None, "first_seq": first[1] if first else None,
-                    "first_leaf": first[2] if first else None, "first_record": first[3] if first else None})
+        out.append(
+            {
+                "step": s,
+                "rank": k,
+                "source": src,
+                "rows": int(code.size),
+                "args": args,
+                **{name: int(counts[i]) for i, name in enumerate(STATUSES)},
+                "max_err": None if max_err is None else float(max_err),
+                "first_phase": first[0] if first else None,
+                "first_seq": first[1] if first else None,
+                "first_leaf": first[2] if first else None,
+                "first_record": first[3] if first else None,
+            }
+        )
     return pl.DataFrame(out, schema=_empty_units().schema)
 
 
@@ -459,14 +535,19 @@ def _dtype_counts(cache: _Cache, f: _File) -> dict[str, int]:
     if hit is None:
         cols = cache.columns(f, ("io", "direction", "dtype"))
         df = pl.DataFrame([cols["io"], cols["direction"], cols["dtype"]])
-        hit = dict(df.filter((c("io") == "output") & (c("direction") == "forward")
-                             & c("dtype").is_in(list(FLOAT_DTYPES))).group_by("dtype").len().iter_rows())
+        hit = dict(
+            df.filter((c("io") == "output") & (c("direction") == "forward") & c("dtype").is_in(list(FLOAT_DTYPES)))
+            .group_by("dtype")
+            .len()
+            .iter_rows()
+        )
         cache.remember(key, hit)
     return hit
 
 
-def screen(store, target: str, ref: str, steps: list[int], ranks: list[int], tolerances: Tolerances,
-           threads: int | None = None) -> ScreenResult:
+def screen(
+    store, target: str, ref: str, steps: list[int], ranks: list[int], tolerances: Tolerances, threads: int | None = None
+) -> ScreenResult:
     """Screen the common `steps` x `ranks` of two runs (see the module docstring)."""
     t_info, r_info = store.run_info(target), store.run_info(ref)
     sketches = bool(t_info.get("n_tensor_files")) and bool(r_info.get("n_tensor_files"))
@@ -536,10 +617,12 @@ def screen(store, target: str, ref: str, steps: list[int], ranks: list[int], tol
     if complex_units:
         drop = pl.DataFrame(sorted(complex_units), schema={"step": pl.Int64, "rank": pl.Int64}, orient="row")
         units = units.with_columns(c("step").cast(pl.Int64), c("rank").cast(pl.Int64)).join(
-            drop, on=["step", "rank"], how="anti")
+            drop, on=["step", "rank"], how="anti"
+        )
     units = units.sort(["step", "rank", "source"])
-    return ScreenResult(units.with_columns(c("step").cast(pl.Int64), c("rank").cast(pl.Int64)),
-                        sorted(complex_units), precision, counts)
+    return ScreenResult(
+        units.with_columns(c("step").cast(pl.Int64), c("rank").cast(pl.Int64)), sorted(complex_units), precision, counts
+    )
 
 
 def _map(fn, items: list, threads: int) -> list:
@@ -551,14 +634,25 @@ def _map(fn, items: list, threads: int) -> list:
 
 
 def _empty_units() -> pl.DataFrame:
-    schema = {"step": pl.Int64, "rank": pl.Int64, "source": pl.String, "rows": pl.UInt32, "args": pl.UInt32,
-              **{s: pl.UInt32 for s in STATUSES}, "max_err": pl.Float64, "first_phase": pl.Int32,
-              "first_seq": pl.Int32, "first_leaf": pl.Int32, "first_record": pl.String}
+    schema = {
+        "step": pl.Int64,
+        "rank": pl.Int64,
+        "source": pl.String,
+        "rows": pl.UInt32,
+        "args": pl.UInt32,
+        **{s: pl.UInt32 for s in STATUSES},
+        "max_err": pl.Float64,
+        "first_phase": pl.Int32,
+        "first_seq": pl.Int32,
+        "first_leaf": pl.Int32,
+        "first_record": pl.String,
+    }
     return pl.DataFrame(schema=schema)
 
 
-def pair_rows(store, target: str, ref: str, step: int, rank: int, source: str, tolerances: Tolerances,
-              floor: str) -> pl.DataFrame | None:
+def pair_rows(
+    store, target: str, ref: str, step: int, rank: int, source: str, tolerances: Tolerances, floor: str
+) -> pl.DataFrame | None:
     """The screen's per-pair rows (record, io, index_path, err, tol, status) of one simple unit, for tests."""
     t_info, r_info = store.run_info(target), store.run_info(ref)
     sketches = bool(t_info.get("n_tensor_files")) and bool(r_info.get("n_tensor_files"))
@@ -577,8 +671,9 @@ def pair_rows(store, target: str, ref: str, step: int, rank: int, source: str, t
         r.release()
 
 
-def _pair_rows(cache: _Cache, t: _File, r: _File, tolerances: Tolerances, floor: str, sketches: bool
-               ) -> pl.DataFrame | None:
+def _pair_rows(
+    cache: _Cache, t: _File, r: _File, tolerances: Tolerances, floor: str, sketches: bool
+) -> pl.DataFrame | None:
     if t.n != r.n or t.n == 0 or t.types != r.types:
         return None
     unique, order, ordnp = _structure(cache, t)
@@ -588,5 +683,8 @@ def _pair_rows(cache: _Cache, t: _File, r: _File, tolerances: Tolerances, floor:
     static, stnp = _static(cache, t, r, tolerances, floor)
     stats = _stats(t, r, sketches)
     (err,), (ok,), (code,) = _judge([((t.step, t.rank, t.source), order, ordnp, static, stnp, stats)], sketches)
-    return keys.with_columns(pl.Series("err", err).set(pl.Series(~ok), None),  # type: ignore[arg-type]
-                             static["tol"], pl.Series("status", np.array(STATUSES)[code]))
+    return keys.with_columns(
+        pl.Series("err", err).set(pl.Series(~ok), None),  # type: ignore[arg-type]
+        static["tol"],
+        pl.Series("status", np.array(STATUSES)[code]),
+    )

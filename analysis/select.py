@@ -12,8 +12,9 @@ from collections.abc import Iterable, Sequence
 from dumpstore.errors import SelectionError
 
 
-def check_selection(store, runs: Sequence[str | None], *, steps: Iterable[int] | None = None,
-                    ranks: Iterable[int] | None = None) -> None:
+def check_selection(
+    store, runs: Sequence[str | None], *, steps: Iterable[int] | None = None, ranks: Iterable[int] | None = None
+) -> None:
     """Raise SelectionError unless every asked step and rank is in every run of `runs` (None entries skipped)."""
     for run in runs:
         if run is None:

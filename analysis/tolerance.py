@@ -15,11 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 REL_L2_DEFAULT: dict[str, float] = {
-    "float8_e4m3fn": 2.0**-3, "float8_e5m2": 2.0**-2, "bfloat16": 2.0**-6, "float16": 2.0**-10,
-    "float32": 2.0**-13, "float64": 1e-10,
+    "float8_e4m3fn": 2.0**-3,
+    "float8_e5m2": 2.0**-2,
+    "bfloat16": 2.0**-6,
+    "float16": 2.0**-10,
+    "float32": 2.0**-13,
+    "float64": 1e-10,
 }
 EXACT_DTYPES_TOL = 0.0  # ints and bools must match exactly
-AMPLIFICATION = 10.0    # an op whose output error exceeds its input error by this factor creates error
+AMPLIFICATION = 10.0  # an op whose output error exceeds its input error by this factor creates error
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class Tolerances:
             if "=" in spec:
                 name, value = spec.split("=", 1)
                 from dumpstore.dtypes import canonical
+
                 table[canonical(name.strip())] = _positive(value, spec)
             else:
                 everything = _positive(spec, spec)
@@ -61,5 +66,6 @@ def _positive(value: str, spec: str) -> float:
         v = -1.0
     if not v >= 0:
         from dumpstore.errors import DumpstoreError
+
         raise DumpstoreError(f"tolerance {spec!r} is not a non-negative number; use e.g. 1e-3 or bfloat16=1e-2")
     return v

@@ -90,21 +90,39 @@ class Question:
         """Keyword arguments of `compare_runs` / `divergence_by_steps` (mapping files parsed here)."""
         from .mapping import load_mapping
 
-        return {"steps": list(self.steps) if self.steps else None, "ranks": list(self.ranks) if self.ranks else None,
-                "tolerances": self.tolerances, "exact": self.exact, "mapping": load_mapping(list(self.maps))}
+        return {
+            "steps": list(self.steps) if self.steps else None,
+            "ranks": list(self.ranks) if self.ranks else None,
+            "tolerances": self.tolerances,
+            "exact": self.exact,
+            "mapping": load_mapping(list(self.maps)),
+        }
 
     def key(self) -> str:
         """The memo key: the question (mapping files by content) and the code answering it."""
         t = self.tolerances
-        return memo.key({"command": "divergence", "target": self.target, "ref": self.ref,
-                         "steps": sorted(set(self.steps)) if self.steps else None,
-                         "ranks": sorted(set(self.ranks)) if self.ranks else None, "exact": self.exact,
-                         "maps": [memo.file_digest(m) for m in self.maps],
-                         "tol": [t.rel_l2, t.all_dtypes, t.amplification]})
+        return memo.key(
+            {
+                "command": "divergence",
+                "target": self.target,
+                "ref": self.ref,
+                "steps": sorted(set(self.steps)) if self.steps else None,
+                "ranks": sorted(set(self.ranks)) if self.ranks else None,
+                "exact": self.exact,
+                "maps": [memo.file_digest(m) for m in self.maps],
+                "tol": [t.rel_l2, t.all_dtypes, t.amplification],
+            }
+        )
 
 
-def answer(store: Any, question: Question, *, use_memo: bool = True, comparison: Any = None,
-           cluster: dict[str, Any] | None = None) -> Verdict:
+def answer(
+    store: Any,
+    question: Question,
+    *,
+    use_memo: bool = True,
+    comparison: Any = None,
+    cluster: dict[str, Any] | None = None,
+) -> Verdict:
     """The verdict of `question` over `store` (a Store, or a store path; None: the default store).
 
     `comparison`: the question's `compare_runs` result when the caller holds it already (the report does); the
@@ -118,7 +136,7 @@ def answer(store: Any, question: Question, *, use_memo: bool = True, comparison:
         hit = memo.lookup(root, key, lambda: live_ingests(_opened(store, root), question))
         if hit is not None:
             return Verdict.from_dict(hit)
-    from .divergence import divergence, divergence_by_steps
+    from ._divergence import divergence, divergence_by_steps
 
     st = _opened(store, root)
     before = memo.catalog_signature(st.root)

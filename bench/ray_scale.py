@@ -45,8 +45,16 @@ def job(data: Path, ranks: int) -> tuple[Path, dict]:
     man = d / "dumps" / "manifest.json"
     if not man.exists():
         shutil.rmtree(d, ignore_errors=True)
-        _synth().generate(d / "dumps", layers=2, steps=2, ranks=ranks, fault_step=1, fault_rank=ranks * 3 // 8,
-                          fault_layer=1, log=lambda *a: None)
+        _synth().generate(
+            d / "dumps",
+            layers=2,
+            steps=2,
+            ranks=ranks,
+            fault_step=1,
+            fault_rank=ranks * 3 // 8,
+            fault_layer=1,
+            log=lambda *a: None,
+        )
     return d, json.loads(man.read_text())
 
 
@@ -54,15 +62,20 @@ def one(d: Path, man: dict, workers: int, engine: str) -> dict:
     """Ingest both runs and compute the verdict with one engine; the timings."""
     import ray
 
+    from dumpstore._ingest import ingest
     from dumpstore.analysis import distributed
-    from dumpstore.analysis.divergence import divergence_by_steps
-    from dumpstore.ingest import ingest
+    from dumpstore.analysis._divergence import divergence_by_steps
     from dumpstore.store import open_store
 
     store = d / f"store-{engine}-{workers}"
     shutil.rmtree(store, ignore_errors=True)
-    out = {"ranks": man["ranks"], "workers": workers, "engine": engine, "units": 2 * man["files_per_side"],
-           "load_before": os.getloadavg()[0]}
+    out = {
+        "ranks": man["ranks"],
+        "workers": workers,
+        "engine": engine,
+        "units": 2 * man["files_per_side"],
+        "load_before": os.getloadavg()[0],
+    }
     if engine == "ray":
         t = time.perf_counter()
         ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
@@ -112,13 +125,17 @@ def main(argv: list[str] | None = None) -> int:
             rows += pair
             for r in pair:
                 print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
-    print("\n| ranks | units (both runs) | workers | local ingest s | ray ingest s | local verdict s | ray verdict s "
-          "| ray.init s | load |\n|---|---|---|---|---|---|---|---|---|")
+    print(
+        "\n| ranks | units (both runs) | workers | local ingest s | ray ingest s | local verdict s | ray verdict s "
+        "| ray.init s | load |\n|---|---|---|---|---|---|---|---|---|"
+    )
     for i in range(0, len(rows), 2):
         lo, ra = rows[i], rows[i + 1]
-        print(f"| {lo['ranks']} | {lo['units']} | {lo['workers']} | {lo['ingest_s']:.1f} | {ra['ingest_s']:.1f} | "
-              f"{lo['verdict_s']:.1f} | {ra['verdict_s']:.1f} | {ra['ray_init_s']:.1f} | "
-              f"{lo['load_before']:.1f}, {ra['load_before']:.1f} |")
+        print(
+            f"| {lo['ranks']} | {lo['units']} | {lo['workers']} | {lo['ingest_s']:.1f} | {ra['ingest_s']:.1f} | "
+            f"{lo['verdict_s']:.1f} | {ra['verdict_s']:.1f} | {ra['ray_init_s']:.1f} | "
+            f"{lo['load_before']:.1f}, {ra['load_before']:.1f} |"
+        )
     path = args.json or args.data / "results.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rows, indent=1))

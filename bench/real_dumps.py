@@ -119,8 +119,14 @@ def _train(settings: dict, side: str, dump_path: str) -> None:
     labels = torch.randint(0, vocab, (batch,), generator=g)
 
     task = settings["task"]
-    config = {"task": task, "dump_path": dump_path, "rank": [], "step": [0], "level": "mix",
-              task: {"scope": [], "list": [], "data_mode": ["all"]}}
+    config = {
+        "task": task,
+        "dump_path": dump_path,
+        "rank": [],
+        "step": [0],
+        "level": "mix",
+        task: {"scope": [], "list": [], "data_mode": ["all"]},
+    }
     if task == "statistics":
         config[task]["summary_mode"] = "statistics"
     with open("config.json", "w") as fh:
@@ -151,6 +157,7 @@ def _count_rows(doc: dict) -> int:
         if isinstance(v, list):
             return sum(walk(x) for x in v)
         return 1
+
     return sum(walk(val) for rec in doc["data"].values() for sec, val in rec.items() if sec != "is_recompute")
 
 
@@ -159,9 +166,13 @@ def _expected_first(ref_rank: Path, fault_param: str) -> str:
     construct = json.loads((ref_rank / "construct.json").read_text())
     module_path = fault_param.rsplit(".", 1)[0]  # layers.100.fc1
     parent = f"Module.{module_path}.Linear.forward.0"
-    hits = [k for k, v in construct.items()
-            if k.startswith("Functional.linear.") and k.endswith(".forward")
-            and (v[0] if isinstance(v, list) else v) == parent]
+    hits = [
+        k
+        for k, v in construct.items()
+        if k.startswith("Functional.linear.")
+        and k.endswith(".forward")
+        and (v[0] if isinstance(v, list) else v) == parent
+    ]
     if len(hits) != 1:
         raise SystemExit(f"cannot find the linear inside {parent} in construct.json: {hits}")
     return hits[0]
@@ -174,8 +185,9 @@ def generate_case(name: str, out: Path, quick: bool = False, force: bool = False
     settings = case_settings(name, quick)
     if manifest.is_file() and not force:
         m = json.loads(manifest.read_text())
-        if m.get("settings") == settings and all((cdir / s / "step0" / "rank0" / "dump.json").is_file()
-                                                 for s in ("ref", "target")):
+        if m.get("settings") == settings and all(
+            (cdir / s / "step0" / "rank0" / "dump.json").is_file() for s in ("ref", "target")
+        ):
             log(f"real dumps {cdir.name}: cached ({m['rows_per_side']} rows per side)")
             return cdir
     if cdir.exists():
@@ -186,32 +198,49 @@ def generate_case(name: str, out: Path, quick: bool = False, force: bool = False
         scratch = Path(tempfile.mkdtemp(prefix="dumpstore_bench_"))
         try:
             env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--_train", json.dumps(settings),
-                   "--_side", side, "--_dump", str(cdir / side)]
-            res = subprocess.run(cmd, cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, check=False)
+            cmd = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--_train",
+                json.dumps(settings),
+                "--_side",
+                side,
+                "--_dump",
+                str(cdir / side),
+            ]
+            res = subprocess.run(
+                cmd, cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+            )
             if res.returncode != 0:
-                raise SystemExit(f"msprobe dump of {name}/{side} failed (exit {res.returncode}):\n"
-                                 f"{res.stdout[-3000:]}")
+                raise SystemExit(f"msprobe dump of {name}/{side} failed (exit {res.returncode}):\n{res.stdout[-3000:]}")
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     ref_rank = cdir / "ref" / "step0" / "rank0"
     doc = json.loads((ref_rank / "dump.json").read_text())
     info = {
-        "case": name, "quick": quick, "settings": settings,
-        "records_per_side": len(doc["data"]), "rows_per_side": _count_rows(doc),
+        "case": name,
+        "quick": quick,
+        "settings": settings,
+        "records_per_side": len(doc["data"]),
+        "rows_per_side": _count_rows(doc),
         "dump_json_bytes_per_side": (ref_rank / "dump.json").stat().st_size,
         "pt_bytes_per_side": _dir_bytes(cdir / "ref", ".pt"),
         "pt_files_per_side": sum(1 for _ in (cdir / "ref").rglob("*.pt")),
         "fault": f"{settings['fault_param']} x {FAULT_SCALE} before step 0",
-        "expected": {"step": 0, "rank": 0, "first_divergence_op": _expected_first(ref_rank, settings["fault_param"]),
-                     "culprit_kind": "parameter"},
+        "expected": {
+            "step": 0,
+            "rank": 0,
+            "first_divergence_op": _expected_first(ref_rank, settings["fault_param"]),
+            "culprit_kind": "parameter",
+        },
         "generated_s": round(time.perf_counter() - t0, 1),
         "msprobe_step_dir": {"ref": str(cdir / "ref" / "step0"), "target": str(cdir / "target" / "step0")},
     }
     manifest.write_text(json.dumps(info, indent=1))
-    log(f"real dumps {cdir.name}: generated in {info['generated_s']} s ({info['records_per_side']} records, "
-        f"{info['rows_per_side']} rows, {info['pt_bytes_per_side'] / 1e6:.1f} MB .pt per side)")
+    log(
+        f"real dumps {cdir.name}: generated in {info['generated_s']} s ({info['records_per_side']} records, "
+        f"{info['rows_per_side']} rows, {info['pt_bytes_per_side'] / 1e6:.1f} MB .pt per side)"
+    )
     return cdir
 
 

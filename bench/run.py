@@ -67,8 +67,8 @@ TARGETS = {  # from issue 7
 class Run:
     cmd: list[str]
     wall_s: float
-    peak_rss_mb: float      # max RSS of the largest single process (wait4 ru_maxrss)
-    tree_rss_mb: float      # max of the summed RSS of the process tree (sampled)
+    peak_rss_mb: float  # max RSS of the largest single process (wait4 ru_maxrss)
+    tree_rss_mb: float  # max of the summed RSS of the process tree (sampled)
     rc: int
     killed: str | None = None
     stdout: str = field(default="", repr=False)
@@ -109,8 +109,15 @@ def _tree_rss(root_pid: int) -> int:
     return total
 
 
-def measure(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None, mem_cap_gb: float = 16.0,
-            timeout: float = 1800.0, log=None) -> Run:
+def measure(
+    cmd: list[str],
+    *,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    mem_cap_gb: float = 16.0,
+    timeout: float = 1800.0,
+    log=None,
+) -> Run:
     """Run `cmd` as a child process; wall time, peak RSS; kill its tree past the memory cap or timeout."""
     out_f = open(DATA / ".stdout", "w+b")  # noqa: SIM115 - closed below, after the child exits
     err_f = open(DATA / ".stderr", "w+b")  # noqa: SIM115
@@ -146,9 +153,16 @@ def measure(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None,
     p.returncode = os.waitstatus_to_exitcode(status)
     out_f.seek(0)
     err_f.seek(0)
-    run = Run(cmd, round(wall, 3), round(ru.ru_maxrss / 1024, 1), round(state["tree"] / (1 << 20), 1),
-              p.returncode, state["killed"], out_f.read().decode(errors="replace"),
-              err_f.read().decode(errors="replace"))
+    run = Run(
+        cmd,
+        round(wall, 3),
+        round(ru.ru_maxrss / 1024, 1),
+        round(state["tree"] / (1 << 20), 1),
+        p.returncode,
+        state["killed"],
+        out_f.read().decode(errors="replace"),
+        err_f.read().decode(errors="replace"),
+    )
     out_f.close()
     err_f.close()
     if log:
@@ -192,14 +206,14 @@ class Row:
     ds_rss_mb: float | None = None
     ms_wall_s: float | None = None
     ms_rss_mb: float | None = None
-    speedup: float | None = None          # msprobe wall / dumpstore wall
-    metric: str | None = None             # a throughput etc. when there is no msprobe column
+    speedup: float | None = None  # msprobe wall / dumpstore wall
+    metric: str | None = None  # a throughput etc. when there is no msprobe column
     target: str | None = None
-    met: str | None = None                # yes / no / n/a
-    verdict: str | None = None            # OK / WRONG / - (dumpstore's verdict vs the injected fault)
+    met: str | None = None  # yes / no / n/a
+    verdict: str | None = None  # OK / WRONG / - (dumpstore's verdict vs the injected fault)
     note: str | None = None
     store_b_per_row: float | None = None  # bytes of Parquet (tensors/) per leaf row of the store
-    load: str | None = None               # 1-minute load average when the row was measured
+    load: str | None = None  # 1-minute load average when the row was measured
     runs: list[dict] = field(default_factory=list)
 
 
@@ -261,8 +275,7 @@ class Bench:
         if out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True)
-        return self.run(self.ms + ["compare", "-tp", str(target_step), "-gp", str(ref_step), "-o", str(out)],
-                        cwd=out)
+        return self.run(self.ms + ["compare", "-tp", str(target_step), "-gp", str(ref_step), "-o", str(out)], cwd=out)
 
     # ---- verdict check
     @staticmethod
@@ -275,8 +288,11 @@ class Bench:
             return "WRONG", "divergence --json printed no JSON"
         f, c = v.get("first_divergence") or {}, v.get("culprit") or {}
         got = f"first {f.get('op')} (step {f.get('step')} rank {f.get('rank')}), culprit {c.get('kind')}"
-        ok = (f.get("op") == expected["first_divergence_op"] and f.get("step") == expected["step"]
-              and f.get("rank") == expected["rank"])
+        ok = (
+            f.get("op") == expected["first_divergence_op"]
+            and f.get("step") == expected["step"]
+            and f.get("rank") == expected["rank"]
+        )
         culprit_ok = c.get("kind") == expected.get("culprit_kind")
         if ok and not culprit_ok:
             got += f" (expected culprit {expected.get('culprit_kind')})"
@@ -301,53 +317,86 @@ class Bench:
             shutil.copytree(SAMPLES / case["path"], cdir / "target")
             docs = [json.loads(p.read_text()) for p in sorted((cdir / "ref").rglob("dump.json"))]
             exp = case["expected"]
-            man = {"case": case["name"], "rows_per_side": sum(real_dumps._count_rows(d) for d in docs),
-                   "records_per_side": sum(len(d["data"]) for d in docs),
-                   "dump_json_bytes_per_side": sum(p.stat().st_size for p in (cdir / "ref").rglob("dump.json")),
-                   "pt_bytes_per_side": sum(p.stat().st_size for p in (cdir / "ref").rglob("*.pt")),
-                   "pt_files_per_side": sum(1 for _ in (cdir / "ref").rglob("*.pt")),
-                   "expected": {"step": exp["first_divergence"]["step"], "rank": exp["first_divergence"]["rank"],
-                                "first_divergence_op": exp["first_divergence"]["op"],
-                                "culprit_kind": exp["culprit"]["kind"]}}
+            man = {
+                "case": case["name"],
+                "rows_per_side": sum(real_dumps._count_rows(d) for d in docs),
+                "records_per_side": sum(len(d["data"]) for d in docs),
+                "dump_json_bytes_per_side": sum(p.stat().st_size for p in (cdir / "ref").rglob("dump.json")),
+                "pt_bytes_per_side": sum(p.stat().st_size for p in (cdir / "ref").rglob("*.pt")),
+                "pt_files_per_side": sum(1 for _ in (cdir / "ref").rglob("*.pt")),
+                "expected": {
+                    "step": exp["first_divergence"]["step"],
+                    "rank": exp["first_divergence"]["rank"],
+                    "first_divergence_op": exp["first_divergence"]["op"],
+                    "culprit_kind": exp["culprit"]["kind"],
+                },
+            }
             (cdir / "manifest.json").write_text(json.dumps(man, indent=1))
         return cdir, json.loads((cdir / "manifest.json").read_text())
 
     def pair(self, scenario: str, case: str, exact: bool) -> None:
         cdir, man = self._real_case(case)
-        self.log(f"== {scenario}: {man['rows_per_side']:,} rows, {man['records_per_side']:,} records, "
-                 f"{man['dump_json_bytes_per_side'] / 1e6:.1f} MB dump.json + {man['pt_bytes_per_side'] / 1e6:.1f} "
-                 f"MB .pt per side")
+        self.log(
+            f"== {scenario}: {man['rows_per_side']:,} rows, {man['records_per_side']:,} records, "
+            f"{man['dump_json_bytes_per_side'] / 1e6:.1f} MB dump.json + {man['pt_bytes_per_side'] / 1e6:.1f} "
+            f"MB .pt per side"
+        )
         prewarm(cdir)
         store = DATA / "stores" / (scenario + self.size)
 
-        div_args = ["divergence", "--target", "target", "--ref", "ref", "--store", store, "--json",
-                    *(["--exact"] if exact else [])]
+        div_args = [
+            "divergence",
+            "--target",
+            "target",
+            "--ref",
+            "ref",
+            "--store",
+            store,
+            "--json",
+            *(["--exact"] if exact else []),
+        ]
 
         def apart() -> list[Run]:  # three commands, as a user types them one after the other
             if store.exists():
                 shutil.rmtree(store)
-            return [self.dumpstore("ingest", cdir / "ref", "--run", "ref", "--store", store),
-                    self.dumpstore("ingest", cdir / "target", "--run", "target", "--store", store),
-                    self.dumpstore(*div_args)]
+            return [
+                self.dumpstore("ingest", cdir / "ref", "--run", "ref", "--store", store),
+                self.dumpstore("ingest", cdir / "target", "--run", "target", "--store", store),
+                self.dumpstore(*div_args),
+            ]
 
         def together() -> list[Run]:  # both dumps in one ingest command, then divergence
             if store.exists():
                 shutil.rmtree(store)
-            return [self.dumpstore("ingest", cdir / "ref", cdir / "target", "--run", "ref", "--run", "target",
-                                   "--store", store),
-                    self.dumpstore(*div_args)]
+            return [
+                self.dumpstore(
+                    "ingest", cdir / "ref", cdir / "target", "--run", "ref", "--run", "target", "--store", store
+                ),
+                self.dumpstore(*div_args),
+            ]
 
         what = f"divergence{' --exact' if exact else ''}"
-        for label, fn in ((f"ingest, ingest, {what} (3 commands)", apart),
-                          (f"ingest both at once, {what} (2 commands)", together)):
+        for label, fn in (
+            (f"ingest, ingest, {what} (3 commands)", apart),
+            (f"ingest both at once, {what} (2 commands)", together),
+        ):
             runs = self.best(fn)
             verdict, got = self.check(runs[-1], man["expected"])
-            row = Row(scenario, label, round(sum(r.wall_s for r in runs), 2), max(r.peak_rss_mb for r in runs),
-                      target=TARGETS[scenario], verdict=verdict, note=got, runs=[r.brief() for r in runs],
-                      store_b_per_row=bytes_per_row(store, 2 * man["rows_per_side"]))
+            row = Row(
+                scenario,
+                label,
+                round(sum(r.wall_s for r in runs), 2),
+                max(r.peak_rss_mb for r in runs),
+                target=TARGETS[scenario],
+                verdict=verdict,
+                note=got,
+                runs=[r.brief() for r in runs],
+                store_b_per_row=bytes_per_row(store, 2 * man["rows_per_side"]),
+            )
             if not all(r.ok for r in runs):
-                row.note = "dumpstore failed: " + "; ".join(r.killed or r.stderr.strip()[-200:]
-                                                            for r in runs if not r.ok)
+                row.note = "dumpstore failed: " + "; ".join(
+                    r.killed or r.stderr.strip()[-200:] for r in runs if not r.ok
+                )
             self._msprobe_side(row, cdir, scenario, threshold=10.0 if scenario == "stats_pair" else 5.0)
             self.add(row)
         self.built[case] = store
@@ -355,12 +404,18 @@ class Bench:
     def _msprobe_side(self, row: Row, cdir: Path, tag: str, threshold: float) -> None:
         if self.ms is None:
             row.met = "n/a"
-            row.note = (row.note or "") + ("; msprobe column skipped (--no-msprobe / --tiny)" if self.args.no_msprobe
-                                           else "; msprobe not installed (pip install mindstudio-probe): column skipped")
+            row.note = (row.note or "") + (
+                "; msprobe column skipped (--no-msprobe / --tiny)"
+                if self.args.no_msprobe
+                else "; msprobe not installed (pip install mindstudio-probe): column skipped"
+            )
             return
         if tag not in self.ms_runs:
-            self.ms_runs[tag] = self.best(lambda: self.msprobe_compare(cdir / "target" / "step0", cdir / "ref" / "step0",
-                                                                       DATA / "msprobe_out" / tag))
+            self.ms_runs[tag] = self.best(
+                lambda: self.msprobe_compare(
+                    cdir / "target" / "step0", cdir / "ref" / "step0", DATA / "msprobe_out" / tag
+                )
+            )
         ms = self.ms_runs[tag]
         row.runs.append(ms.brief())
         if not ms.ok:
@@ -394,19 +449,41 @@ class Bench:
             if case == "stats":
                 self.log("== startup floor: dumpstore runs (imports + catalog read)")
                 r = self.best(lambda store=store: self.dumpstore("runs", "--store", store))
-                self.add(Row("requery", "startup floor: dumpstore runs", r.wall_s, r.peak_rss_mb,
-                             metric="-", target="(context)", met="n/a", verdict="-",
-                             note="any dumpstore command costs at least this; requery ≥50× needs the total "
-                                  "under msprobe's time / 50", runs=[r.brief()]))
+                self.add(
+                    Row(
+                        "requery",
+                        "startup floor: dumpstore runs",
+                        r.wall_s,
+                        r.peak_rss_mb,
+                        metric="-",
+                        target="(context)",
+                        met="n/a",
+                        verdict="-",
+                        note="any dumpstore command costs at least this; requery ≥50× needs the total "
+                        "under msprobe's time / 50",
+                        runs=[r.brief()],
+                    )
+                )
             for exact, fresh in ((e, f) for e in variants for f in (True, False)):
                 flags = (["--exact"] if exact else []) + (["--no-cache"] if fresh else [])
                 how = "recomputed (--no-cache)" if fresh else "memoized verdict"
                 self.log(f"== requery {case}{' --exact' if exact else ''}: {how}")
-                div = self.best(lambda store=store, flags=flags: self.dumpstore(
-                    "divergence", "--target", "target", "--ref", "ref", "--store", store, "--json", *flags))
+                div = self.best(
+                    lambda store=store, flags=flags: self.dumpstore(
+                        "divergence", "--target", "target", "--ref", "ref", "--store", store, "--json", *flags
+                    )
+                )
                 verdict, got = self.check(div, man["expected"])
-                row = Row("requery", f"{case}: divergence{' --exact' if exact else ''}, {how}", div.wall_s,
-                          div.peak_rss_mb, target=TARGETS["requery"], verdict=verdict, note=got, runs=[div.brief()])
+                row = Row(
+                    "requery",
+                    f"{case}: divergence{' --exact' if exact else ''}, {how}",
+                    div.wall_s,
+                    div.peak_rss_mb,
+                    target=TARGETS["requery"],
+                    verdict=verdict,
+                    note=got,
+                    runs=[div.brief()],
+                )
                 if not div.ok:
                     row.note = f"dumpstore failed: {div.killed or div.stderr.strip()[-200:]}"
                 self._msprobe_side(row, cdir, f"requery_{case}{'_exact' if exact else ''}", threshold=50.0)
@@ -434,18 +511,21 @@ class Bench:
 
     def _scale_one(self, spec: str) -> None:
         src, man = self._synth(spec)
-        self.log(f"== scale {spec}: {man['rows_per_side']:,} rows per side ({man['files_per_side']} files, "
-                 f"{man['dump_json_bytes_per_side'] / 1e9:.2f} GB dump.json per side)")
+        self.log(
+            f"== scale {spec}: {man['rows_per_side']:,} rows per side ({man['files_per_side']} files, "
+            f"{man['dump_json_bytes_per_side'] / 1e9:.2f} GB dump.json per side)"
+        )
         store = DATA / "stores" / f"scale_{spec}"
         stamp = store / ".bench_stamp.json"
         ingest_runs: list[Run] = []
-        reuse = (self.args.reuse_store and stamp.is_file()
-                 and json.loads(stamp.read_text()).get("manifest") == man)
+        reuse = self.args.reuse_store and stamp.is_file() and json.loads(stamp.read_text()).get("manifest") == man
         if reuse:
             info = json.loads(stamp.read_text())
             self.log(f"    reusing store {store} (ingest measured earlier: {info['ingest_wall_s']} s)")
-            ingest_note = (f"store reused; ingest measured earlier: {info['ingest_wall_s']} s for 2 × "
-                           f"{man['rows_per_side']:,} rows = {2 * man['rows_per_side'] / info['ingest_wall_s']:,.0f} rows/s")
+            ingest_note = (
+                f"store reused; ingest measured earlier: {info['ingest_wall_s']} s for 2 × "
+                f"{man['rows_per_side']:,} rows = {2 * man['rows_per_side'] / info['ingest_wall_s']:,.0f} rows/s"
+            )
         else:
             if store.exists():
                 shutil.rmtree(store)
@@ -454,40 +534,62 @@ class Bench:
                 ingest_runs.append(self.dumpstore("ingest", src / side, "--run", side, "--store", store))
             ingest_wall = round(sum(r.wall_s for r in ingest_runs), 1)
             rate = 2 * man["rows_per_side"] / ingest_wall if ingest_wall else 0
-            ingest_note = (f"ingest (not in the time) {ingest_wall} s for 2 × {man['rows_per_side']:,} rows "
-                           f"= {rate:,.0f} rows/s, peak {max(r.peak_rss_mb for r in ingest_runs):.0f} MB/process, "
-                           f"tree {max(r.tree_rss_mb for r in ingest_runs):.0f} MB")
+            ingest_note = (
+                f"ingest (not in the time) {ingest_wall} s for 2 × {man['rows_per_side']:,} rows "
+                f"= {rate:,.0f} rows/s, peak {max(r.peak_rss_mb for r in ingest_runs):.0f} MB/process, "
+                f"tree {max(r.tree_rss_mb for r in ingest_runs):.0f} MB"
+            )
             if all(r.ok for r in ingest_runs):
                 stamp.write_text(json.dumps({"manifest": man, "ingest_wall_s": ingest_wall}))
         if ingest_runs and not all(r.ok for r in ingest_runs):
-            self.add(Row("scale", f"{spec} ({man['rows_per_side'] / 1e6:.1f}M rows/side)", target=TARGETS["scale"],
-                                 met="no", verdict="-", note="ingest failed: " + "; ".join(
-                                     r.killed or r.stderr.strip()[-200:] for r in ingest_runs if not r.ok),
-                                 runs=[r.brief() for r in ingest_runs]))
+            self.add(
+                Row(
+                    "scale",
+                    f"{spec} ({man['rows_per_side'] / 1e6:.1f}M rows/side)",
+                    target=TARGETS["scale"],
+                    met="no",
+                    verdict="-",
+                    note="ingest failed: "
+                    + "; ".join(r.killed or r.stderr.strip()[-200:] for r in ingest_runs if not r.ok),
+                    runs=[r.brief() for r in ingest_runs],
+                )
+            )
             return
         prewarm(store)
-        div = self.best(lambda: self.dumpstore("divergence", "--target", "target", "--ref", "ref", "--store", store,
-                                               "--json", "--no-cache"))  # the work, not the memo
+        div = self.best(
+            lambda: self.dumpstore(
+                "divergence", "--target", "target", "--ref", "ref", "--store", store, "--json", "--no-cache"
+            )
+        )  # the work, not the memo
         verdict, got = self.check(div, man["expected"])
         if stamp.is_file():
             info = json.loads(stamp.read_text())
             info.update(divergence_ok=div.ok, divergence_wall_s=div.wall_s, divergence_rss_mb=div.peak_rss_mb)
             stamp.write_text(json.dumps(info))
         met = "yes" if div.ok and div.wall_s <= 5.0 and div.peak_rss_mb <= 2048 else "no"
-        row = Row("scale", f"{spec} ({man['rows_per_side'] / 1e6:.2f}M rows/side): divergence",
-                  div.wall_s, div.peak_rss_mb, metric=f"{2 * man['rows_per_side'] / div.wall_s:,.0f} rows/s"
-                  if div.ok else None, target=TARGETS["scale"], met=met, verdict=verdict,
-                  note=(got if div.ok else f"divergence {div.killed or 'failed: ' + div.stderr.strip()[-200:]}")
-                  + "; " + ingest_note + "; msprobe: n/a", runs=[r.brief() for r in ingest_runs + [div]],
-                  store_b_per_row=bytes_per_row(store, 2 * man["rows_per_side"]))
+        row = Row(
+            "scale",
+            f"{spec} ({man['rows_per_side'] / 1e6:.2f}M rows/side): divergence",
+            div.wall_s,
+            div.peak_rss_mb,
+            metric=f"{2 * man['rows_per_side'] / div.wall_s:,.0f} rows/s" if div.ok else None,
+            target=TARGETS["scale"],
+            met=met,
+            verdict=verdict,
+            note=(got if div.ok else f"divergence {div.killed or 'failed: ' + div.stderr.strip()[-200:]}")
+            + "; "
+            + ingest_note
+            + "; msprobe: n/a",
+            runs=[r.brief() for r in ingest_runs + [div]],
+            store_b_per_row=bytes_per_row(store, 2 * man["rows_per_side"]),
+        )
         self.add(row)
 
     # ---- ingest rates
     def _fresh_ingest(self, src: Path, run: str, store: Path, jobs: int | None) -> Run:
         if store.exists():
             shutil.rmtree(store)
-        return self.dumpstore("ingest", src, "--run", run, "--store", store,
-                              *(["--jobs", str(jobs)] if jobs else []))
+        return self.dumpstore("ingest", src, "--run", run, "--store", store, *(["--jobs", str(jobs)] if jobs else []))
 
     def ingest_rate(self) -> None:
         cores = os.cpu_count() or 1
@@ -500,12 +602,22 @@ class Bench:
             store = DATA / "stores" / f"rate_stats_j{jobs}"
             r = self.best(lambda store=store, jobs=jobs: self._fresh_ingest(src / "ref", "ref", store, jobs))
             rate = rows / r.wall_s / jobs
-            self.add(Row("ingest_rate", f"stats ingest --jobs {jobs} ({rows:,} rows)", r.wall_s, r.peak_rss_mb,
-                         store_b_per_row=bytes_per_row(store, rows),
-                                 metric=f"{rate:,.0f} rows/s per core", target=TARGETS["stats_ingest"],
-                                 met=("yes" if rate >= 100_000 else "no") if r.ok else "no", verdict="-",
-                                 note=f"tree RSS {r.tree_rss_mb:.0f} MB" + ("" if r.ok else f"; failed: {r.killed or r.stderr[-200:]}"),
-                                 runs=[r.brief()]))
+            self.add(
+                Row(
+                    "ingest_rate",
+                    f"stats ingest --jobs {jobs} ({rows:,} rows)",
+                    r.wall_s,
+                    r.peak_rss_mb,
+                    store_b_per_row=bytes_per_row(store, rows),
+                    metric=f"{rate:,.0f} rows/s per core",
+                    target=TARGETS["stats_ingest"],
+                    met=("yes" if rate >= 100_000 else "no") if r.ok else "no",
+                    verdict="-",
+                    note=f"tree RSS {r.tree_rss_mb:.0f} MB"
+                    + ("" if r.ok else f"; failed: {r.killed or r.stderr[-200:]}"),
+                    runs=[r.brief()],
+                )
+            )
         # tensor: the real 50-layer dump (many small .pt files) and large synthetic .pt files
         cdir, rman = self._real_case("tensor")
         prewarm(cdir / "ref")
@@ -514,12 +626,21 @@ class Bench:
         self.log(f"== ingest_rate: tensor, real dump ({rman['pt_files_per_side']} .pt files, {nbytes / 1e6:.0f} MB)")
         r = self.best(lambda: self._fresh_ingest(cdir / "ref", "ref", store, None))
         gbs = nbytes / r.wall_s / 1e9
-        self.add(Row("ingest_rate", f"tensor ingest, real dump ({rman['pt_files_per_side']} small .pt, "
-                             f"{nbytes / 1e6:.0f} MB)", r.wall_s, r.peak_rss_mb, metric=f"{gbs:.3f} GB/s "
-                             f"({rman['pt_files_per_side'] / r.wall_s:,.0f} files/s)", target=TARGETS["tensor_ingest"],
-                             met="yes" if gbs >= 1 and r.ok else "no", verdict="-",
-                             note=f"{cores} cores (one unit: step0/rank0 -> one process); tree RSS {r.tree_rss_mb:.0f} MB",
-                             runs=[r.brief()], store_b_per_row=bytes_per_row(store, rman["rows_per_side"])))
+        self.add(
+            Row(
+                "ingest_rate",
+                f"tensor ingest, real dump ({rman['pt_files_per_side']} small .pt, {nbytes / 1e6:.0f} MB)",
+                r.wall_s,
+                r.peak_rss_mb,
+                metric=f"{gbs:.3f} GB/s ({rman['pt_files_per_side'] / r.wall_s:,.0f} files/s)",
+                target=TARGETS["tensor_ingest"],
+                met="yes" if gbs >= 1 and r.ok else "no",
+                verdict="-",
+                note=f"{cores} cores (one unit: step0/rank0 -> one process); tree RSS {r.tree_rss_mb:.0f} MB",
+                runs=[r.brief()],
+                store_b_per_row=bytes_per_row(store, rman["rows_per_side"]),
+            )
+        )
         tspec = "1x2x1" if self.tiny else "2x4x16" if self.quick else "4x16x16"
         units, files, mb = (int(v) for v in tspec.split("x"))
         tdir = DATA / "synth" / f"tensors_{tspec}"
@@ -534,45 +655,96 @@ class Bench:
             self.log(f"== ingest_rate: tensor, {units * files} files of {mb} MB, --jobs {jobs}")
             r = self.best(lambda store=store, jobs=jobs: self._fresh_ingest(tdir, "big", store, jobs))
             gbs = nbytes / r.wall_s / 1e9
-            self.add(Row("ingest_rate", f"tensor ingest --jobs {jobs} ({units * files} × {mb} MB {tman['format']})",
-                                 r.wall_s, r.peak_rss_mb, metric=f"{gbs:.3f} GB/s",
-                                 target=TARGETS["tensor_ingest"] if jobs == cores else "(1 core)",
-                                 met=("yes" if gbs >= 1 and r.ok else "no") if jobs == cores else "n/a", verdict="-",
-                                 store_b_per_row=bytes_per_row(store, units * files),
-                                 note=f"tree RSS {r.tree_rss_mb:.0f} MB" + ("" if r.ok else f"; failed: {r.killed or r.stderr[-200:]}"),
-                                 runs=[r.brief()]))
+            self.add(
+                Row(
+                    "ingest_rate",
+                    f"tensor ingest --jobs {jobs} ({units * files} × {mb} MB {tman['format']})",
+                    r.wall_s,
+                    r.peak_rss_mb,
+                    metric=f"{gbs:.3f} GB/s",
+                    target=TARGETS["tensor_ingest"] if jobs == cores else "(1 core)",
+                    met=("yes" if gbs >= 1 and r.ok else "no") if jobs == cores else "n/a",
+                    verdict="-",
+                    store_b_per_row=bytes_per_row(store, units * files),
+                    note=f"tree RSS {r.tree_rss_mb:.0f} MB"
+                    + ("" if r.ok else f"; failed: {r.killed or r.stderr[-200:]}"),
+                    runs=[r.brief()],
+                )
+            )
         # memory bounded by a batch? peak RSS per process against the size of one unit
         ing = [(row.item, row.ds_rss_mb) for row in self.rows if row.scenario == "ingest_rate" and row.ds_rss_mb]
         lo, hi = min(v for _, v in ing), max(v for _, v in ing)
-        self.add(Row("ingest_rate", "ingest memory (peak per process)", metric=f"{lo:.0f}–{hi:.0f} MB",
-                     target=TARGETS["ingest_memory"], met="see note", verdict="-",
-                     note="peak MB per process: " + ", ".join(f"{rss:.0f} ({item})" for item, rss in ing)
-                     + f"; one stats unit = {man['rows_per_file']:,} rows "
-                     f"({man['dump_json_bytes_per_side'] / man['files_per_side'] / 1e6:.1f} MB dump.json), one big "
-                     f"tensor unit = {files} × {mb} MB; compare with the scale ingest's peak (scale notes)"))
+        self.add(
+            Row(
+                "ingest_rate",
+                "ingest memory (peak per process)",
+                metric=f"{lo:.0f}–{hi:.0f} MB",
+                target=TARGETS["ingest_memory"],
+                met="see note",
+                verdict="-",
+                note="peak MB per process: "
+                + ", ".join(f"{rss:.0f} ({item})" for item, rss in ing)
+                + f"; one stats unit = {man['rows_per_file']:,} rows "
+                f"({man['dump_json_bytes_per_side'] / man['files_per_side'] / 1e6:.1f} MB dump.json), one big "
+                f"tensor unit = {files} × {mb} MB; compare with the scale ingest's peak (scale notes)",
+            )
+        )
 
     # ---- output
     def table(self) -> str:
-        head = ["scenario", "what", "dumpstore s", "dumpstore MB", "msprobe s", "msprobe MB", "speedup",
-                "metric", "store B/row", "target", "met", "verdict", "load"]
+        head = [
+            "scenario",
+            "what",
+            "dumpstore s",
+            "dumpstore MB",
+            "msprobe s",
+            "msprobe MB",
+            "speedup",
+            "metric",
+            "store B/row",
+            "target",
+            "met",
+            "verdict",
+            "load",
+        ]
         lines = []
         for r in self.rows:
-            lines.append([r.scenario, r.item, _f(r.ds_wall_s), _f(r.ds_rss_mb, 0), _f(r.ms_wall_s),
-                          _f(r.ms_rss_mb, 0), (f"{r.speedup:.2f}×" if r.speedup is not None else "-"),
-                          r.metric or "-", _f(r.store_b_per_row, 0), r.target or "-", r.met or "-", r.verdict or "-",
-                          (r.load or "-").split()[0]])
+            lines.append(
+                [
+                    r.scenario,
+                    r.item,
+                    _f(r.ds_wall_s),
+                    _f(r.ds_rss_mb, 0),
+                    _f(r.ms_wall_s),
+                    _f(r.ms_rss_mb, 0),
+                    (f"{r.speedup:.2f}×" if r.speedup is not None else "-"),
+                    r.metric or "-",
+                    _f(r.store_b_per_row, 0),
+                    r.target or "-",
+                    r.met or "-",
+                    r.verdict or "-",
+                    (r.load or "-").split()[0],
+                ]
+            )
         widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(head)]
-        out = [" | ".join(h.ljust(w) for h, w in zip(head, widths)),
-               "-+-".join("-" * w for w in widths)]
+        out = [" | ".join(h.ljust(w) for h, w in zip(head, widths)), "-+-".join("-" * w for w in widths)]
         out += [" | ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines]
         notes = [f"  [{r.scenario} / {r.item}] {r.note}" for r in self.rows if r.note]
         return "\n".join(out + (["notes:"] + notes if notes else []))
 
     def save(self, elapsed: float) -> Path:
         path = Path(self.args.json) if self.args.json else DATA / "results.json"
-        doc = {"quick": self.quick, "repeat": self.args.repeat, "elapsed_s": round(elapsed, 1), "host": _host(),
-               "targets": TARGETS, "table": self.table().splitlines(),
-               "msprobe": self.ms is not None, "dumpstore_cli": self.ds, "rows": [asdict(r) for r in self.rows]}
+        doc = {
+            "quick": self.quick,
+            "repeat": self.args.repeat,
+            "elapsed_s": round(elapsed, 1),
+            "host": _host(),
+            "targets": TARGETS,
+            "table": self.table().splitlines(),
+            "msprobe": self.ms is not None,
+            "dumpstore_cli": self.ds,
+            "rows": [asdict(r) for r in self.rows],
+        }
         path.write_text(json.dumps(doc, indent=1))
         return path
 
@@ -605,6 +777,7 @@ def _host() -> dict:
         pass
     try:
         from importlib.metadata import version
+
         info["dumpstore"] = version("dumpstore")
         info["msprobe"] = version("mindstudio-probe")
     except Exception:  # noqa: BLE001, S110 - metadata is informative only
@@ -634,16 +807,20 @@ def profile(bench: Bench, names: list[str], top: int) -> None:
             shutil.rmtree(store, ignore_errors=True)
             args = ["ingest", str(cdir / "ref"), "--run", "ref", "--store", str(store), "--jobs", "1"]
         elif name == "divergence":
-            store = (DATA / "stores" / f"scale_{bench.args.scale.split(',')[0]}") if bench.args.scale \
-                else _largest_store()
+            store = (
+                (DATA / "stores" / f"scale_{bench.args.scale.split(',')[0]}") if bench.args.scale else _largest_store()
+            )
             if store is None or not (store / "runs.parquet").exists():
                 print("profile divergence: no scale store yet; run --only scale first (or give --scale LxSxR)")
                 continue
             args = ["divergence", "--target", "target", "--ref", "ref", "--store", str(store), "--json"]
         else:
             raise SystemExit(f"unknown profile {name!r}; choose from {', '.join(PROFILES)}")
-        cmd = (base + [str(prof), cli[0]] if base else [sys.executable, "-m", "cProfile", "-o", str(prof),
-                                                        "-m", "dumpstore.cli.main"]) + args
+        cmd = (
+            base + [str(prof), cli[0]]
+            if base
+            else [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "dumpstore.cli.main"]
+        ) + args
         print(f"== profile {name}: {_short(args)}")
         r = bench.run(cmd)
         if not r.ok or not prof.exists():
@@ -666,8 +843,13 @@ def _print_profile(stats: dict, total: float, top: int) -> None:
     print(f"   top {top} by self time (file:line:function):")
     for tt, _, nc, where, func in sorted(entries, key=lambda e: -e[0])[:top]:
         print(f"     {100 * tt / total:5.1f}%  {tt:7.2f} s  {nc:>9} calls  {where}:{func}")
-    own = [e for e in entries if e[3].startswith(("dumpstore/", "analysis/", "cli/"))
-           and f"{e[3]}:{e[4]}" not in _WRAPPERS and e[4] not in ("main", "invoke")]
+    own = [
+        e
+        for e in entries
+        if e[3].startswith(("dumpstore/", "analysis/", "cli/"))
+        and f"{e[3]}:{e[4]}" not in _WRAPPERS
+        and e[4] not in ("main", "invoke")
+    ]
     print(f"   top {top} dumpstore functions by cumulative time (callees included):")
     for _, ct, nc, where, func in sorted(own, key=lambda e: -e[1])[:top]:
         print(f"     {100 * ct / total:5.1f}%  {ct:7.2f} s  {nc:>9} calls  {where}:{func}")
@@ -683,8 +865,11 @@ def _print_profile(stats: dict, total: float, top: int) -> None:
 def _where(fn: str, line: int) -> str:
     for marker in ("/dumpstore/", "/analysis/", "/cli/", "site-packages/"):
         if marker in fn:
-            return fn.split(marker, 1)[1] if marker == "site-packages/" else marker.strip("/") + "/" + \
-                fn.split(marker, 1)[1] + f":{line}"
+            return (
+                fn.split(marker, 1)[1]
+                if marker == "site-packages/"
+                else marker.strip("/") + "/" + fn.split(marker, 1)[1] + f":{line}"
+            )
     return f"{fn}:{line}" if line else fn
 
 
@@ -703,26 +888,48 @@ def _largest_store() -> Path | None:
 
 # ---------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     ap.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated: {', '.join(SCENARIOS)}")
     ap.add_argument("--quick", action="store_true", help="small version of every scenario")
-    ap.add_argument("--tiny", action="store_true",
-                    help="smallest version (the bundled sample pairs, no msprobe): the test suite's smoke run")
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="smallest version (the bundled sample pairs, no msprobe): the test suite's smoke run",
+    )
     ap.add_argument("--no-msprobe", action="store_true", help="skip the msprobe columns")
     ap.add_argument("--data", default=None, help="data folder (default bench/.data)")
-    ap.add_argument("--scale", default=None,
-                    help=f"scale sizes LAYERSxSTEPSxRANKS, comma-separated (default {FULL_SCALE}; quick {QUICK_SCALE})")
-    ap.add_argument("--reuse-store", action="store_true",
-                    help="scale: reuse a store built by an earlier run from the same synthetic data")
-    ap.add_argument("--mem-cap-gb", type=float, default=None,
-                    help="kill a command whose process tree exceeds this RSS (default: 70%% of RAM, at most 16)")
+    ap.add_argument(
+        "--scale",
+        default=None,
+        help=f"scale sizes LAYERSxSTEPSxRANKS, comma-separated (default {FULL_SCALE}; quick {QUICK_SCALE})",
+    )
+    ap.add_argument(
+        "--reuse-store",
+        action="store_true",
+        help="scale: reuse a store built by an earlier run from the same synthetic data",
+    )
+    ap.add_argument(
+        "--mem-cap-gb",
+        type=float,
+        default=None,
+        help="kill a command whose process tree exceeds this RSS (default: 70%% of RAM, at most 16)",
+    )
     ap.add_argument("--timeout", type=float, default=1800, help="kill a command after this many seconds")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run each measurement N times and keep the fastest (use on a busy machine)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each measurement N times and keep the fastest (use on a busy machine)",
+    )
     ap.add_argument("--json", default=None, help="results file (default bench/.data/results.json)")
-    ap.add_argument("--profile", default=None, metavar="NAMES",
-                    help=f"instead of timing: cProfile hot spots of {', '.join(PROFILES)}")
+    ap.add_argument(
+        "--profile",
+        default=None,
+        metavar="NAMES",
+        help=f"instead of timing: cProfile hot spots of {', '.join(PROFILES)}",
+    )
     ap.add_argument("--top", type=int, default=15, help="profile rows to print")
     args = ap.parse_args(argv)
     args.no_msprobe = args.no_msprobe or args.tiny
@@ -740,9 +947,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown scenario(s) {bad}; choose from {', '.join(SCENARIOS)}")
     t0 = time.perf_counter()
-    print(f"dumpstore bench{' (quick)' if args.quick else ''}: {', '.join(chosen)}; dumpstore = {' '.join(bench.ds)}; "
-          f"msprobe = {' '.join(bench.ms) if bench.ms else 'skipped' if args.no_msprobe else 'NOT INSTALLED (skipped)'}; "
-          f"memory cap {args.mem_cap_gb:.1f} GB per command")
+    print(
+        f"dumpstore bench{' (quick)' if args.quick else ''}: {', '.join(chosen)}; dumpstore = {' '.join(bench.ds)}; "
+        f"msprobe = {' '.join(bench.ms) if bench.ms else 'skipped' if args.no_msprobe else 'NOT INSTALLED (skipped)'}; "
+        f"memory cap {args.mem_cap_gb:.1f} GB per command"
+    )
     for s in SCENARIOS:  # fixed order: requery uses the stores built by the pairs
         if s in chosen:
             getattr(bench, s)()
@@ -750,8 +959,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(bench.table())
     if bench.ms is None and not args.no_msprobe:
-        print("note: msprobe (mindstudio-probe, a development-only dependency) is not installed; msprobe columns "
-              "and speedups are skipped.")
+        print(
+            "note: msprobe (mindstudio-probe, a development-only dependency) is not installed; msprobe columns "
+            "and speedups are skipped."
+        )
     path = bench.save(elapsed)
     print(f"\n{elapsed:.0f} s in all; results written to {path}")
     return 1 if any(r.verdict == "WRONG" for r in bench.rows) else 0

@@ -23,11 +23,16 @@ def main(store: str) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     started = time.perf_counter()
     spark.read.parquet(f"{store}/runs.parquet").select("run", "ingest_id").createOrReplaceTempView("live")
-    (spark.read.option("basePath", f"{store}/tensors").parquet(f"{store}/tensors")  # run, step, rank from the paths
-     .join(spark.table("live"), ["run", "ingest_id"], "left_semi")                   # only the live ingests
-     .createOrReplaceTempView("tensors"))
-    spark.sql("select run, step, count(*) rows, sum(cast(has_nan as int)) nan_leaves "
-              "from tensors group by run, step order by run, step").show()
+    (
+        spark.read.option("basePath", f"{store}/tensors")
+        .parquet(f"{store}/tensors")  # run, step, rank from the paths
+        .join(spark.table("live"), ["run", "ingest_id"], "left_semi")  # only the live ingests
+        .createOrReplaceTempView("tensors")
+    )
+    spark.sql(
+        "select run, step, count(*) rows, sum(cast(has_nan as int)) nan_leaves "
+        "from tensors group by run, step order by run, step"
+    ).show()
     spark.read.option("basePath", f"{store}/tensors").parquet(f"{store}/tensors").groupBy("run").count().show()
     print(f"spark start {started - t:.1f} s, queries {time.perf_counter() - started:.1f} s")
 

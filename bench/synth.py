@@ -53,10 +53,14 @@ HIDDEN = 256
 BATCH, SEQ, VOCAB = 2, 128, 32000
 KINDS = ("layer_norm", "add", "layer_norm", "mul")  # the extra op of layer L is KINDS[L % 4]
 FRAMES = [
-    ("File /opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py, line 1789, in _call_impl, \n "
-     "return forward_call(*args, **kwargs)"),
-    ("File /opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py, line 1778, in _wrapped_call_impl, \n "
-     "return self._call_impl(*args, **kwargs)"),
+    (
+        "File /opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py, line 1789, in _call_impl, \n "
+        "return forward_call(*args, **kwargs)"
+    ),
+    (
+        "File /opt/venv/lib/python3.11/site-packages/torch/nn/modules/module.py, line 1778, in _wrapped_call_impl, \n "
+        "return self._call_impl(*args, **kwargs)"
+    ),
     "File /home/user/job/train.py, line 88, in forward, \n x = layer(x)",
     "File /home/user/job/train.py, line 141, in train_step, \n loss = F.cross_entropy(model(tokens), labels)",
     "File /home/user/job/train.py, line 190, in main, \n train_step(batch)",
@@ -88,13 +92,29 @@ class Gen:
         mx, mn = mean + s * (3.0 + self.u()), mean - s * (3.0 + self.u())
         norm = math.sqrt(n * (s * s + mean * mean))
         k = self.scale if scaled else 1.0
-        return {"type": "torch.Tensor", "dtype": FLOAT, "shape": shape, "Max": mx * k, "Min": mn * k,
-                "Mean": mean * k, "Norm": norm * k, "requires_grad": requires_grad}
+        return {
+            "type": "torch.Tensor",
+            "dtype": FLOAT,
+            "shape": shape,
+            "Max": mx * k,
+            "Min": mn * k,
+            "Mean": mean * k,
+            "Norm": norm * k,
+            "requires_grad": requires_grad,
+        }
 
     def ints(self, shape: list[int], hi: int) -> dict:
         lo = int(self.u() * 3)
-        return {"type": "torch.Tensor", "dtype": INT, "shape": shape, "Max": hi - 1 - lo, "Min": lo,
-                "Mean": None, "Norm": None, "requires_grad": False}
+        return {
+            "type": "torch.Tensor",
+            "dtype": INT,
+            "shape": shape,
+            "Max": hi - 1 - lo,
+            "Min": lo,
+            "Mean": None,
+            "Norm": None,
+            "requires_grad": False,
+        }
 
 
 def scalar(kind: str, value) -> dict:
@@ -108,14 +128,21 @@ def params(layers: int, step: int, moved: bool) -> list[dict]:
     d = HIDDEN
     out = []
     for _ in range(layers + 1):  # + head
-        out.append({"w": g.tensor([d, d], 0.02, True), "b": g.tensor([d], 0.01, True),
-                    "lnw": g.tensor([d], 1.0, True), "lnb": g.tensor([d], 0.01, True)})
+        out.append(
+            {
+                "w": g.tensor([d, d], 0.02, True),
+                "b": g.tensor([d], 0.01, True),
+                "lnw": g.tensor([d], 1.0, True),
+                "lnb": g.tensor([d], 0.01, True),
+            }
+        )
     out.append({"emb": g.tensor([VOCAB, d], 0.02, True), "head_w": g.tensor([VOCAB, d], 0.02, True)})
     return out
 
 
-def render(layers: int, step: int, rank: int, mode: str, fault_layer: int, fault_scale: float,
-           indent: int | None) -> tuple[str, dict, dict]:
+def render(
+    layers: int, step: int, rank: int, mode: str, fault_layer: int, fault_scale: float, indent: int | None
+) -> tuple[str, dict, dict]:
     """dump.json text, construct dict and stack groups of one step/rank.
 
     mode: 'ref' (reference values), 'at' (the fault step and rank: forward from fault_layer on and all backward
@@ -138,11 +165,22 @@ def render(layers: int, step: int, rank: int, mode: str, fault_layer: int, fault
     tokens = a.ints([BATCH, SEQ], VOCAB)
     x = a.tensor(act, 1.0, True)
     emb = P[-1]["emb"]
-    add("Functional.embedding.0.forward",
-        {"input_args": [tokens, emb, None, None, scalar("float", 2.0), scalar("bool", False), scalar("bool", False)],
-         "input_kwargs": {}, "output": [x]}, "Module.emb.Embedding.forward.0", "embedding")
-    add("Module.emb.Embedding.forward.0", {"input_args": [tokens], "input_kwargs": {}, "output": [x],
-                                           "parameters": {"weight": emb}}, None, "Module.Embedding")
+    add(
+        "Functional.embedding.0.forward",
+        {
+            "input_args": [tokens, emb, None, None, scalar("float", 2.0), scalar("bool", False), scalar("bool", False)],
+            "input_kwargs": {},
+            "output": [x],
+        },
+        "Module.emb.Embedding.forward.0",
+        "embedding",
+    )
+    add(
+        "Module.emb.Embedding.forward.0",
+        {"input_args": [tokens], "input_kwargs": {}, "output": [x], "parameters": {"weight": emb}},
+        None,
+        "Module.Embedding",
+    )
     counters = {"layer_norm": 0, "add": 0, "mul": 0}
     extra_keys: list[tuple[str, str]] = []
     for L in range(layers):
@@ -151,21 +189,31 @@ def render(layers: int, step: int, rank: int, mode: str, fault_layer: int, fault
         p = P[L]
         mod = f"Module.layers.{L}.fc.Linear.forward.0"
         y = a.tensor(act, 1.0, True)
-        add(f"Functional.linear.{L}.forward",
-            {"input_args": [x, p["w"], p["b"]], "input_kwargs": {}, "output": [y]}, mod, "linear")
-        add(mod, {"input_args": [x], "input_kwargs": {}, "output": [y],
-                  "parameters": {"weight": p["w"], "bias": p["b"]}}, None, "Module.Linear")
+        add(
+            f"Functional.linear.{L}.forward",
+            {"input_args": [x, p["w"], p["b"]], "input_kwargs": {}, "output": [y]},
+            mod,
+            "linear",
+        )
+        add(
+            mod,
+            {"input_args": [x], "input_kwargs": {}, "output": [y], "parameters": {"weight": p["w"], "bias": p["b"]}},
+            None,
+            "Module.Linear",
+        )
         h = a.tensor(act, 0.7, True)
-        add(f"Functional.gelu.{L}.forward", {"input_args": [y], "input_kwargs": {}, "output": [h]},
-            None, "gelu")
+        add(f"Functional.gelu.{L}.forward", {"input_args": [y], "input_kwargs": {}, "output": [h]}, None, "gelu")
         kind = KINDS[L % 4]
         n = counters[kind]
         counters[kind] += 1
         out = a.tensor(act, 1.0, True)
         if kind == "layer_norm":
             key = f"Functional.layer_norm.{n}.forward"
-            rec = {"input_args": [h, [scalar("int", d)], p["lnw"], p["lnb"], scalar("float", 1e-05)],
-                   "input_kwargs": {}, "output": [out]}
+            rec = {
+                "input_args": [h, [scalar("int", d)], p["lnw"], p["lnb"], scalar("float", 1e-05)],
+                "input_kwargs": {},
+                "output": [out],
+            }
         elif kind == "add":
             key = f"Torch.add.{n}.forward"
             rec = {"input_args": [x, h], "input_kwargs": {"alpha": scalar("int", 1)}, "output": [out]}
@@ -178,26 +226,46 @@ def render(layers: int, step: int, rank: int, mode: str, fault_layer: int, fault
     # head and loss
     hp = P[layers]
     logits = a.tensor([BATCH, SEQ, VOCAB], 2.0, True)
-    add(f"Functional.linear.{layers}.forward", {"input_args": [x, P[-1]["head_w"], None], "input_kwargs": {},
-                                                "output": [logits]}, "Module.head.Linear.forward.0", "linear")
-    add("Module.head.Linear.forward.0", {"input_args": [x], "input_kwargs": {}, "output": [logits],
-                                         "parameters": {"weight": P[-1]["head_w"]}}, None, "Module.Linear")
+    add(
+        f"Functional.linear.{layers}.forward",
+        {"input_args": [x, P[-1]["head_w"], None], "input_kwargs": {}, "output": [logits]},
+        "Module.head.Linear.forward.0",
+        "linear",
+    )
+    add(
+        "Module.head.Linear.forward.0",
+        {"input_args": [x], "input_kwargs": {}, "output": [logits], "parameters": {"weight": P[-1]["head_w"]}},
+        None,
+        "Module.Linear",
+    )
     labels = a.ints([BATCH, SEQ], VOCAB)
     loss = a.tensor([], 1.0, True)
     loss["shape"] = []
-    add("Functional.cross_entropy.0.forward",
-        {"input_args": [logits, labels], "input_kwargs": {"ignore_index": scalar("int", -100),
-                                                          "reduction": scalar("str", "mean"),
-                                                          "label_smoothing": scalar("float", 0.0)},
-         "output": [loss]}, None, "cross_entropy")
+    add(
+        "Functional.cross_entropy.0.forward",
+        {
+            "input_args": [logits, labels],
+            "input_kwargs": {
+                "ignore_index": scalar("int", -100),
+                "reduction": scalar("str", "mean"),
+                "label_smoothing": scalar("float", 0.0),
+            },
+            "output": [loss],
+        },
+        None,
+        "cross_entropy",
+    )
     del hp
     # backward (reverse order); gradients change whenever the loss did
     b = Gen(15_485_863 * step + 32_452_843 * rank + 5, fault_scale if mode in ("at", "after") else 1.0)
     g = b.tensor([BATCH, SEQ, VOCAB], 1e-3, False)
     add("Functional.cross_entropy.0.backward", {"input": [b.tensor([], 1.0, False)], "output": [g, None]})
     gx = b.tensor(act, 1e-3, False)
-    add(f"Functional.linear.{layers}.backward",
-        {"input": [g], "output": [None, gx, b.tensor([d, VOCAB], 1e-3, False)]}, "Module.head.Linear.backward.0")
+    add(
+        f"Functional.linear.{layers}.backward",
+        {"input": [g], "output": [None, gx, b.tensor([d, VOCAB], 1e-3, False)]},
+        "Module.head.Linear.backward.0",
+    )
     add("Module.head.Linear.parameters_grad.0", {"weight": [b.tensor([VOCAB, d], 1e-3, False)]})
     add("Module.head.Linear.backward.0", {"input": [g], "output": [gx]})
     for L in reversed(range(layers)):
@@ -221,8 +289,11 @@ def render(layers: int, step: int, rank: int, mode: str, fault_layer: int, fault
         add(f"Module.layers.{L}.fc.Linear.parameters_grad.0", {"bias": [gb], "weight": [gw]})
         add(modb, {"input": [gy], "output": [gxin]})
         gx = gxin
-    add("Functional.embedding.0.backward", {"input": [gx], "output": [b.tensor([VOCAB, d], 1e-3, False)]},
-        "Module.emb.Embedding.backward.0")
+    add(
+        "Functional.embedding.0.backward",
+        {"input": [gx], "output": [b.tensor([VOCAB, d], 1e-3, False)]},
+        "Module.emb.Embedding.backward.0",
+    )
     add("Module.emb.Embedding.parameters_grad.0", {"weight": [b.tensor([VOCAB, d], 1e-3, False)]})
     add("Module.emb.Embedding.backward.0", {"input": [gx], "output": [None]})
     doc = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None, "data": data}
@@ -238,21 +309,28 @@ def count_rows(record: dict) -> int:
         if isinstance(v, list):
             return sum(walk(x) for x in v)
         return 1
+
     return sum(walk(v) for v in record.values())
 
 
 def stack_doc(stacks: dict[str, list[str]]) -> dict:
     out = {}
     for i, (site, keys) in enumerate(stacks.items()):
-        frames = [(f"File /opt/venv/lib/python3.11/site-packages/torch/nn/functional.py, line {2000 + i}, in {site}, "
-                   f"\n return torch._C._nn.{site}(input)"), *FRAMES]
+        frames = [
+            (
+                f"File /opt/venv/lib/python3.11/site-packages/torch/nn/functional.py, line {2000 + i}, in {site}, "
+                f"\n return torch._C._nn.{site}(input)"
+            ),
+            *FRAMES,
+        ]
         out[str(i)] = [keys, frames]
     return out
 
 
 # ---------------------------------------------------------------- large tensor files (tensor-mode ingest rate)
-def tensor_dump(out: Path, units: int = 4, files_per_unit: int = 16, mb_per_file: int = 16, seed: int = 0,
-                log=print) -> dict:
+def tensor_dump(
+    out: Path, units: int = 4, files_per_unit: int = 16, mb_per_file: int = 16, seed: int = 0, log=print
+) -> dict:
     """An msprobe tensor-mode dump of large fp32 tensors: `units` rank folders of `files_per_unit` files.
 
     Each record `Functional.linear.<i>.forward` has one output leaf with statistics and a data_name; the
@@ -285,19 +363,45 @@ def tensor_dump(out: Path, units: int = 4, files_per_unit: int = 16, mb_per_file
                 np.save(d / "dump_tensor_data" / name, arr)
             total += arr.nbytes
             a64 = arr.astype(np.float64)
-            data[key] = {"input_args": [], "input_kwargs": {}, "output": [
-                {"type": "torch.Tensor", "dtype": FLOAT, "shape": [rows, cols], "Max": float(arr.max()),
-                 "Min": float(arr.min()), "Mean": float(a64.mean()), "Norm": float(np.linalg.norm(a64)),
-                 "requires_grad": False, "data_name": name}]}
-        doc = {"task": "tensor", "level": "L1", "framework": "pytorch",
-               "dump_data_dir": str(d / "dump_tensor_data"), "data": data}
+            data[key] = {
+                "input_args": [],
+                "input_kwargs": {},
+                "output": [
+                    {
+                        "type": "torch.Tensor",
+                        "dtype": FLOAT,
+                        "shape": [rows, cols],
+                        "Max": float(arr.max()),
+                        "Min": float(arr.min()),
+                        "Mean": float(a64.mean()),
+                        "Norm": float(np.linalg.norm(a64)),
+                        "requires_grad": False,
+                        "data_name": name,
+                    }
+                ],
+            }
+        doc = {
+            "task": "tensor",
+            "level": "L1",
+            "framework": "pytorch",
+            "dump_data_dir": str(d / "dump_tensor_data"),
+            "data": data,
+        }
         (d / "dump.json").write_text(json.dumps(doc, indent=1))
-    manifest = {"generator": "bench/synth.py tensor_dump", "units": units, "files_per_unit": files_per_unit,
-                "mb_per_file": mb_per_file, "format": ext, "tensor_bytes": total,
-                "generated_s": round(time.perf_counter() - t0, 1)}
+    manifest = {
+        "generator": "bench/synth.py tensor_dump",
+        "units": units,
+        "files_per_unit": files_per_unit,
+        "mb_per_file": mb_per_file,
+        "format": ext,
+        "tensor_bytes": total,
+        "generated_s": round(time.perf_counter() - t0, 1),
+    }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    log(f"synth tensors {out}: {units} x {files_per_unit} files of {mb_per_file} MB ({ext}), "
-        f"{total / 1e9:.2f} GB in {manifest['generated_s']} s")
+    log(
+        f"synth tensors {out}: {units} x {files_per_unit} files of {mb_per_file} MB ({ext}), "
+        f"{total / 1e9:.2f} GB in {manifest['generated_s']} s"
+    )
     return manifest
 
 
@@ -325,12 +429,25 @@ def _link_or_copy(src: Path, dst: Path, copy: bool) -> None:
     shutil.copyfile(src, dst)
 
 
-def generate(out: Path, layers: int, steps: int, ranks: int, fault_step: int, fault_rank: int, fault_layer: int,
-             fault_scale: float = 1.01, jobs: int | None = None, indent: int | None = None, copy: bool = False,
-             log=print) -> dict:
+def generate(
+    out: Path,
+    layers: int,
+    steps: int,
+    ranks: int,
+    fault_step: int,
+    fault_rank: int,
+    fault_layer: int,
+    fault_scale: float = 1.01,
+    jobs: int | None = None,
+    indent: int | None = None,
+    copy: bool = False,
+    log=print,
+) -> dict:
     if not (0 <= fault_step < steps and 0 <= fault_rank < ranks and 0 <= fault_layer < layers):
-        raise SystemExit("the fault must lie inside the run: 0 <= fault-step < steps, 0 <= fault-rank < ranks, "
-                         "0 <= fault-layer < layers")
+        raise SystemExit(
+            "the fault must lie inside the run: 0 <= fault-step < steps, 0 <= fault-rank < ranks, "
+            "0 <= fault-layer < layers"
+        )
     t0 = time.perf_counter()
     if out.exists():
         shutil.rmtree(out)
@@ -351,8 +468,7 @@ def generate(out: Path, layers: int, steps: int, ranks: int, fault_step: int, fa
                 links.append((step, rank))
             else:
                 mode = "at" if step == fault_step else "after"
-                tasks.append((str(out), "target", step, rank, mode, layers, fault_layer, fault_scale, indent,
-                              str(aux)))
+                tasks.append((str(out), "target", step, rank, mode, layers, fault_layer, fault_scale, indent, str(aux)))
     n_jobs = max(1, jobs or os.cpu_count() or 1)
     done = 0
     with ProcessPoolExecutor(max_workers=n_jobs) as pool:
@@ -368,19 +484,34 @@ def generate(out: Path, layers: int, steps: int, ranks: int, fault_step: int, fa
             _link_or_copy(src / name, dst / name, copy)
     dump_bytes = sum(p.stat().st_size for p in (out / "ref").rglob("dump.json"))
     manifest = {
-        "generator": "bench/synth.py", "layers": layers, "steps": steps, "ranks": ranks, "hidden": HIDDEN,
-        "records_per_file": records, "rows_per_file": rows, "files_per_side": steps * ranks,
-        "rows_per_side": rows * steps * ranks, "dump_json_bytes_per_side": dump_bytes, "indent": indent,
+        "generator": "bench/synth.py",
+        "layers": layers,
+        "steps": steps,
+        "ranks": ranks,
+        "hidden": HIDDEN,
+        "records_per_file": records,
+        "rows_per_file": rows,
+        "files_per_side": steps * ranks,
+        "rows_per_side": rows * steps * ranks,
+        "dump_json_bytes_per_side": dump_bytes,
+        "indent": indent,
         "fault": {"step": fault_step, "rank": fault_rank, "layer": fault_layer, "scale": fault_scale},
-        "expected": {"step": fault_step, "rank": fault_rank, "first_divergence_op": f"Functional.linear.{fault_layer}.forward",
-                     "first_divergence_name": f"Functional.linear.{fault_layer}.forward.output.0",
-                     "culprit_kind": "op"},
-        "generated_s": round(time.perf_counter() - t0, 1), "hard_links": not copy,
+        "expected": {
+            "step": fault_step,
+            "rank": fault_rank,
+            "first_divergence_op": f"Functional.linear.{fault_layer}.forward",
+            "first_divergence_name": f"Functional.linear.{fault_layer}.forward.output.0",
+            "culprit_kind": "op",
+        },
+        "generated_s": round(time.perf_counter() - t0, 1),
+        "hard_links": not copy,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    log(f"synth {out}: {layers} layers x {steps} steps x {ranks} ranks, {rows} rows per file, "
+    log(
+        f"synth {out}: {layers} layers x {steps} steps x {ranks} ranks, {rows} rows per file, "
         f"{manifest['rows_per_side']:,} rows per side, {dump_bytes / 1e9:.2f} GB dump.json per side, "
-        f"in {manifest['generated_s']} s")
+        f"in {manifest['generated_s']} s"
+    )
     return manifest
 
 
@@ -397,8 +528,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", "-j", type=int, default=None)
     ap.add_argument("--indent", type=int, default=None, help="JSON indent (msprobe uses 1; slow)")
     ap.add_argument("--copy", action="store_true", help="write copies instead of hard links for equal files")
-    ap.add_argument("--tensors", metavar="UNITSxFILESxMB", default=None,
-                    help="instead: a tensor-mode dump of large fp32 files, e.g. 4x16x16 (4 ranks x 16 files x 16 MB)")
+    ap.add_argument(
+        "--tensors",
+        metavar="UNITSxFILESxMB",
+        default=None,
+        help="instead: a tensor-mode dump of large fp32 files, e.g. 4x16x16 (4 ranks x 16 files x 16 MB)",
+    )
     a = ap.parse_args(argv)
     if a.tensors:
         units, files, mb = (int(v) for v in a.tensors.lower().split("x"))

@@ -9,11 +9,21 @@ from .render import finding_line, num, output_options, render, rows_out, text, t
 
 
 def _common(fn):
-    fn = click.option("--map", "maps", multiple=True, type=click.Path(exists=True, dir_okay=False),
-                      help="msprobe-style mapping YAML (-dm data rows, -cm module or -am API renames, or an "
-                           "-lm layer mapping), repeatable.")(fn)
-    fn = click.option("--tol", "tol", multiple=True, metavar="[DTYPE=]VALUE",
-                      help="Relative-L2 tolerance, for all dtypes or one (repeatable), e.g. --tol bfloat16=2e-2.")(fn)
+    fn = click.option(
+        "--map",
+        "maps",
+        multiple=True,
+        type=click.Path(exists=True, dir_okay=False),
+        help="msprobe-style mapping YAML (-dm data rows, -cm module or -am API renames, or an "
+        "-lm layer mapping), repeatable.",
+    )(fn)
+    fn = click.option(
+        "--tol",
+        "tol",
+        multiple=True,
+        metavar="[DTYPE=]VALUE",
+        help="Relative-L2 tolerance, for all dtypes or one (repeatable), e.g. --tol bfloat16=2e-2.",
+    )(fn)
     fn = click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank (repeatable).")(fn)
     fn = click.option("--step", "steps", type=int, multiple=True, help="Only this step (repeatable).")(fn)
     fn = click.option("--exact", is_flag=True, help="Read both runs' tensor files for exact (msprobe) metrics.")(fn)
@@ -27,8 +37,13 @@ def compare_options(steps, ranks, tol, exact, maps) -> dict:
     from dumpstore.analysis.mapping import load_mapping
     from dumpstore.analysis.tolerance import Tolerances
 
-    return {"steps": list(steps) or None, "ranks": list(ranks) or None, "tolerances": Tolerances.parse(tol),
-            "exact": exact, "mapping": load_mapping(maps)}
+    return {
+        "steps": list(steps) or None,
+        "ranks": list(ranks) or None,
+        "tolerances": Tolerances.parse(tol),
+        "exact": exact,
+        "mapping": load_mapping(maps),
+    }
 
 
 def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
@@ -41,16 +56,39 @@ def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
 @click.command()
 @_common
 @click.option("--top", type=click.IntRange(min=0), default=20, show_default=True, help="Rows to show (0: all).")
-@click.option("--by", default="severity", show_default=True,
-              type=click.Choice(["severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine"]), help="Sort metric.")
+@click.option(
+    "--by",
+    default="severity",
+    show_default=True,
+    type=click.Choice(["severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine"]),
+    help="Sort metric.",
+)
 @click.option("--direction", type=click.Choice(["forward", "backward", "parameters_grad"]), default=None)
 @click.option("--module", default=None, help="Only records in modules whose name contains this.")
 @click.option("--op-type", default=None, help="Only ops whose type contains this (linear, softmax, ...).")
 @click.option("--io", default=None, type=click.Choice(["input", "output", "parameters", "parameters_grad"]))
 @output_options
 @engine_options
-def compare(store, target, ref, exact, steps, ranks, tol, maps, top, by, direction, module, op_type, io, fmt,
-            engine, address, batch):
+def compare(
+    store,
+    target,
+    ref,
+    exact,
+    steps,
+    ranks,
+    tol,
+    maps,
+    top,
+    by,
+    direction,
+    module,
+    op_type,
+    io,
+    fmt,
+    engine,
+    address,
+    batch,
+):
     """Rank aligned tensors by mismatch (worst first), with the threshold each verdict used."""
     from dumpstore.analysis.rank import rank_rows
 
@@ -59,8 +97,15 @@ def compare(store, target, ref, exact, steps, ranks, tol, maps, top, by, directi
         from dumpstore.analysis.distributed import ranked
         from dumpstore.store import open_store
 
-        table = ranked(open_store(store), target, ref, rank_options=ranking, address=address, batch=batch,
-                       **compare_options(steps, ranks, tol, exact, maps))
+        table = ranked(
+            open_store(store),
+            target,
+            ref,
+            rank_options=ranking,
+            address=address,
+            batch=batch,
+            **compare_options(steps, ranks, tol, exact, maps),
+        )
     else:
         table = rank_rows(run_compare(store, target, ref, steps, ranks, tol, exact, maps), **ranking)
     click.echo(render(table.to_arrow(), fmt))
@@ -70,8 +115,11 @@ def compare(store, target, ref, exact, steps, ranks, tol, maps, top, by, directi
 @_common
 @output_options
 @click.option("--check", is_flag=True, help="Exit 3 when the runs diverge.")
-@click.option("--no-cache", is_flag=True,
-              help="Recompute even when the store holds this verdict for the same ingests (see README, memo).")
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Recompute even when the store holds this verdict for the same ingests (see README, memo).",
+)
 @engine_options
 def divergence(store, target, ref, exact, steps, ranks, tol, maps, fmt, check, no_cache, engine, address, batch):
     """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops.
@@ -84,8 +132,21 @@ def divergence(store, target, ref, exact, steps, ranks, tol, maps, fmt, check, n
         raise SystemExit(3)
 
 
-FINDING_COLUMNS = ["finding", "step", "rank", "op", "name", "kind", "metric", "value", "threshold", "source", "dtype",
-                   "severity", "detail"]
+FINDING_COLUMNS = [
+    "finding",
+    "step",
+    "rank",
+    "op",
+    "name",
+    "kind",
+    "metric",
+    "value",
+    "threshold",
+    "source",
+    "dtype",
+    "severity",
+    "detail",
+]
 
 
 def verdict_out(v: dict, fmt: str) -> str:
@@ -93,14 +154,18 @@ def verdict_out(v: dict, fmt: str) -> str:
     if fmt == "json":
         return to_json(v)
     if fmt == "csv":
-        rows = [{"finding": label, **f} for label, f in (("first_divergence", v["first_divergence"]),
-                                                          ("culprit", v["culprit"])) if f is not None]
+        rows = [
+            {"finding": label, **f}
+            for label, f in (("first_divergence", v["first_divergence"]), ("culprit", v["culprit"]))
+            if f is not None
+        ]
         return rows_out(FINDING_COLUMNS, rows, "csv")
     return verdict_text(v)
 
 
-def verdict(store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: bool = True,
-            cluster: dict | None = None) -> dict:
+def verdict(
+    store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: bool = True, cluster: dict | None = None
+) -> dict:
     """The divergence verdict as a dict (the library's memoized answer; `cluster`: screened on Ray)."""
     from dumpstore.analysis.tolerance import Tolerances
     from dumpstore.analysis.verdict import Question, answer
@@ -116,8 +181,10 @@ def noise_line(v: dict) -> str:
     if over:
         line += f": {over} tensors over their tolerance, none standing out"
     if n.get("largest_amplification") is not None:
-        line += (f"; largest amplification {num(n['largest_amplification'])}x at step {n['step']} rank {n['rank']}"
-                 f" {n['op']} (p{round(100 * n['quantile'])} {num(n['amplification_quantile'])}x)")
+        line += (
+            f"; largest amplification {num(n['largest_amplification'])}x at step {n['step']} rank {n['rank']}"
+            f" {n['op']} (p{round(100 * n['quantile'])} {num(n['amplification_quantile'])}x)"
+        )
     return line
 
 
@@ -125,11 +192,15 @@ def verdict_text(v: dict) -> str:
     """The verdict for the terminal: coverage and precision, the two verdict lines, the timeline, ranks, unmatched
     records; every line terminal-safe."""
     p, c = v["precision"], v["coverage"]
-    lines = [f"target {v['target']} vs reference {v['ref']}: steps {c['common_steps']}, ranks {c['common_ranks']}; "
-             f"compute precision {p['target']} vs {p['ref']} (judged at {p['floor']})"]
+    lines = [
+        f"target {v['target']} vs reference {v['ref']}: steps {c['common_steps']}, ranks {c['common_ranks']}; "
+        f"compute precision {p['target']} vs {p['ref']} (judged at {p['floor']})"
+    ]
     if p["target"] != p["ref"]:
-        lines.append(f"mixed precision: the runs compute in {p['target']} and {p['ref']}; every tensor is judged "
-                     f"at the {p['floor']} tolerance")
+        lines.append(
+            f"mixed precision: the runs compute in {p['target']} and {p['ref']}; every tensor is judged "
+            f"at the {p['floor']} tolerance"
+        )
     for side in ("target", "ref"):
         extra = sorted(set(c[f"{side}_steps"]) - set(c["common_steps"]))
         if extra:
@@ -139,9 +210,11 @@ def verdict_text(v: dict) -> str:
     if v["first_divergence"] is None and v["culprit"] is None:
         lines.append(noise_line(v))
     for s in v["steps"]:
-        lines.append(f"  step {s['step']}: {s['compared']} compared, {s['diverged']} diverged, "
-                     f"{s['unmatched']} unmatched, max rel_l2 {num(s['max_err'])}, "
-                     f"first {s['first_divergence'] or '-'}")
+        lines.append(
+            f"  step {s['step']}: {s['compared']} compared, {s['diverged']} diverged, "
+            f"{s['unmatched']} unmatched, max rel_l2 {num(s['max_err'])}, "
+            f"first {s['first_divergence'] or '-'}"
+        )
     if len(v["ranks"]) > 1:
         for r in v["ranks"]:
             flag = "  <- disagrees with its peers" if r["disagrees_with_peers"] else ""
@@ -149,8 +222,10 @@ def verdict_text(v: dict) -> str:
             lines.append(f"  rank {r['rank']}: {r['diverged']} diverged, first {first}{flag}")
     if v["unmatched"]:
         first = v["unmatched"][0]
-        lines.append(f"unmatched: {len(v['unmatched'])} records in one run only (first: step {first['step']} "
-                     f"rank {first['rank']} {first['op']}, only in the {first['side']})")
+        lines.append(
+            f"unmatched: {len(v['unmatched'])} records in one run only (first: step {first['step']} "
+            f"rank {first['rank']} {first['op']}, only in the {first['side']})"
+        )
     return "\n".join(text(line) for line in lines)
 
 
@@ -159,8 +234,13 @@ def verdict_text(v: dict) -> str:
 @click.option("--ref", default=None, help="Reference run: what it also has is not overflow.")
 @click.option("--step", "steps", type=int, multiple=True, help="Only this step (repeatable).")
 @click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank (repeatable).")
-@click.option("--top", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Dirty tensors listed (0: all; --json and --csv list all).")
+@click.option(
+    "--top",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Dirty tensors listed (0: all; --json and --csv list all).",
+)
 @store_option
 @output_options
 @engine_options
@@ -168,12 +248,13 @@ def overflow(run, ref, steps, ranks, top, store, fmt, engine, address, batch):
     """NaN, +-Inf and saturated (+-finfo.max) values and the op that produced them first.
 
     --json prints one object; --csv one row per dirty tensor."""
-    from dumpstore.analysis.overflow import overflow as scan
+    from dumpstore.analysis._overflow import overflow as scan
     from dumpstore.store import open_store
 
     cluster = {}
     if engine == "ray":
         from dumpstore.analysis.distributed import overflow as scan  # noqa: F811
+
         cluster = {"address": address, "batch": batch}
     rep = scan(open_store(store), run, ref=ref, steps=list(steps) or None, ranks=list(ranks) or None, **cluster)
     if fmt == "json":
@@ -187,8 +268,10 @@ def overflow(run, ref, steps, ranks, top, store, fmt, engine, address, batch):
 def overflow_text(rep, top: int) -> str:
     """The first overflow (the verdict line), the counts, and the first `top` dirty tensors (0: all)."""
     head = finding_line("FIRST OVERFLOW", rep.first_overflow)
-    lines = [head + (f"  (beyond reference {text(rep.ref)})" if rep.ref else ""),
-             f"{len(rep.producers)} producers (clean inputs, dirty output); {rep.tensors.height} dirty tensors"]
+    lines = [
+        head + (f"  (beyond reference {text(rep.ref)})" if rep.ref else ""),
+        f"{len(rep.producers)} producers (clean inputs, dirty output); {rep.tensors.height} dirty tensors",
+    ]
     if rep.tensors.height:
         shown = rep.tensors if top == 0 else rep.tensors.head(top)
         lines.append(render(shown.to_arrow(), "table"))

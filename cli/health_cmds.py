@@ -19,7 +19,7 @@ def checklist(target, ref, store, fmt):
     """First questions: same data, initial weights, structure, scalar arguments, precision, steps, ranks?
 
     --json prints one object, one key per check; --csv one row per check."""
-    from dumpstore.analysis.checklist import checklist as run_checklist
+    from dumpstore.analysis._checklist import checklist as run_checklist
     from dumpstore.store import open_store
 
     cl = run_checklist(open_store(store), target, ref)
@@ -41,8 +41,13 @@ FINDING_COLUMNS = ["watchpoint", "step", "rank", "op", "name", "param", "value",
 @click.command()
 @click.option("--run", "run", required=True, help="Run to watch.")
 @_STORE
-@click.option("--top", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Findings listed per watchpoint (0: all; --json and --csv list all).")
+@click.option(
+    "--top",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Findings listed per watchpoint (0: all; --json and --csv list all).",
+)
 @output_options
 def health(run, store, top, fmt):
     """Watchpoints over steps: overflow, gradient explosion/vanishing, weight change, activations, loss.
@@ -50,7 +55,7 @@ def health(run, store, top, fmt):
     --json prints one object; --csv one row per finding."""
     from dataclasses import asdict
 
-    from dumpstore.analysis.health import health as run_health
+    from dumpstore.analysis._health import health as run_health
     from dumpstore.store import open_store
 
     rep = run_health(open_store(store), run)
@@ -84,8 +89,10 @@ def health_text(rep, top: int) -> str:
         shown = found if top <= 0 else found[:top]
         more = f" (first {len(shown)})" if len(shown) < len(found) else ""
         lines.append(f"\n{w}: {len(found)} findings{more}")
-        cells = [[str(f.step), str(f.rank), f.param or f.name or f.op, num(f.value), num(f.threshold),
-                  f.detail or ""] for f in shown]
+        cells = [
+            [str(f.step), str(f.rank), f.param or f.name or f.op, num(f.value), num(f.threshold), f.detail or ""]
+            for f in shown
+        ]
         cols = ["step", "rank", "tensor", "value", "threshold", "detail"]
         lines.append(format_table(cols, cells, max_width=100))
     return "\n".join(lines)

@@ -54,8 +54,13 @@ def main() -> None:
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="PATH...")
-@click.option("--run", "runs", required=True, multiple=True,
-              help="Name of the run in the store (re-ingest replaces it); one --run per PATH, in order.")
+@click.option(
+    "--run",
+    "runs",
+    required=True,
+    multiple=True,
+    help="Name of the run in the store (re-ingest replaces it); one --run per PATH, in order.",
+)
 @store_option
 @click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: CPU count).")
 @click.option("--sample-k", type=int, default=None, help="Sample size per tensor (default 64).")
@@ -63,31 +68,44 @@ def main() -> None:
 @click.option("--no-tensors", is_flag=True, help="Do not read tensor files; keep the dumper's statistics only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ingest summary as JSON (a list for several runs).")
 @engine_options
-def ingest(paths: tuple[Path, ...], runs: tuple[str, ...], store: Path | None, jobs: int | None,
-           sample_k: int | None, sketch_m: int | None, no_tensors: bool, as_json: bool, engine: str,
-           address: str | None, batch: int | None) -> None:
+def ingest(
+    paths: tuple[Path, ...],
+    runs: tuple[str, ...],
+    store: Path | None,
+    jobs: int | None,
+    sample_k: int | None,
+    sketch_m: int | None,
+    no_tensors: bool,
+    as_json: bool,
+    engine: str,
+    address: str | None,
+    batch: int | None,
+) -> None:
     """Ingest an msprobe dump (root, step or rank folder, dump.json) or a folder of .npy/.pt files.
 
     Several dumps at once (`ingest ref_dir target_dir --run ref --run target`) are ingested side by side,
     sharing the workers."""
-    from dumpstore.ingest import IngestOptions
+    from dumpstore._ingest import IngestOptions
     from dumpstore.summary import DEFAULT_SAMPLE_K, DEFAULT_SKETCH_M
 
     if len(paths) != len(runs):
         raise click.UsageError(f"{len(paths)} paths but {len(runs)} --run names: give one --run per PATH")
     if len(set(runs)) != len(runs):
         raise click.UsageError("each --run name may appear once")
-    opts = IngestOptions(sample_k=sample_k or DEFAULT_SAMPLE_K, sketch_m=sketch_m or DEFAULT_SKETCH_M,
-                         load_tensors=not no_tensors)
+    opts = IngestOptions(
+        sample_k=sample_k or DEFAULT_SAMPLE_K, sketch_m=sketch_m or DEFAULT_SKETCH_M, load_tensors=not no_tensors
+    )
     if engine == "ray":  # one run after the other, each over the whole cluster
-        from dumpstore.ingest import ingest as do_ingest
+        from dumpstore._ingest import ingest as do_ingest
 
         eng = {"address": address, "batch": batch}
         with _Progress(f"ingest {runs[0]}") as bar:
-            results = [do_ingest(p, r, store=store, options=opts, progress=bar.update, engine="ray",
-                                 engine_options=eng) for p, r in zip(paths, runs)]
+            results = [
+                do_ingest(p, r, store=store, options=opts, progress=bar.update, engine="ray", engine_options=eng)
+                for p, r in zip(paths, runs)
+            ]
     elif len(paths) == 1:
-        from dumpstore.ingest import ingest as do_ingest
+        from dumpstore._ingest import ingest as do_ingest
 
         with _Progress(f"ingest {runs[0]}") as bar:
             results = [do_ingest(paths[0], runs[0], store=store, options=opts, jobs=jobs, progress=bar.update)]
@@ -97,13 +115,18 @@ def ingest(paths: tuple[Path, ...], runs: tuple[str, ...], store: Path | None, j
         click.echo(to_json([r.__dict__ for r in results] if len(results) > 1 else results[0].__dict__))
         return
     for res in results:
-        click.echo(f"run {res.run}: {res.records} records, {res.rows} rows ({res.tensors} tensors, "
-                   f"{res.tensor_files} tensor files) from {res.units} dump files; steps {_span(res.steps)}, "
-                   f"ranks {_span(res.ranks)}")
+        click.echo(
+            f"run {res.run}: {res.records} records, {res.rows} rows ({res.tensors} tensors, "
+            f"{res.tensor_files} tensor files) from {res.units} dump files; steps {_span(res.steps)}, "
+            f"ranks {_span(res.ranks)}"
+        )
         if res.errors:
-            click.echo(f"warning: {res.errors} leaves could not be read fully (stored with an error); "
-                       f"first: {text(res.first_error)}; list them: dumpstore query \"select name, error from tensors "
-                       f"where run='{res.run}' and error is not null\"", err=True)
+            click.echo(
+                f"warning: {res.errors} leaves could not be read fully (stored with an error); "
+                f'first: {text(res.first_error)}; list them: dumpstore query "select name, error from tensors '
+                f"where run='{res.run}' and error is not null\"",
+                err=True,
+            )
 
 
 def _ingest_several(paths, runs, store, opts, jobs: int | None) -> list:
@@ -112,7 +135,7 @@ def _ingest_several(paths, runs, store, opts, jobs: int | None) -> list:
     import os
     from concurrent.futures import ProcessPoolExecutor
 
-    from dumpstore.ingest import ingest as do_ingest
+    from dumpstore._ingest import ingest as do_ingest
     from dumpstore.workers import worker_init
 
     total = jobs or os.cpu_count() or 1
@@ -174,22 +197,45 @@ def runs(store: Path | None, fmt: str) -> None:
 
     table = open_store(store).runs()
     if fmt == "table":
-        table = table.select(["run", "framework", "task", "level", "steps", "ranks", "n_records", "n_rows",
-                              "n_tensor_files", "n_errors", "created_at"])
+        table = table.select(
+            [
+                "run",
+                "framework",
+                "task",
+                "level",
+                "steps",
+                "ranks",
+                "n_records",
+                "n_rows",
+                "n_tensor_files",
+                "n_errors",
+                "created_at",
+            ]
+        )
     click.echo(render(table, fmt))
 
 
 @main.command()
 @click.argument("sql")
 @store_option
-@click.option("--memory-limit", default=None, metavar="SIZE",
-              help="DuckDB memory limit: 4GB, 512MB or a share of the RAM such as 25% (default: 50%).")
+@click.option(
+    "--memory-limit",
+    default=None,
+    metavar="SIZE",
+    help="DuckDB memory limit: 4GB, 512MB or a share of the RAM such as 25% (default: 50%).",
+)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="DuckDB threads (default: one per core).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
-              help="Stop the query after this many seconds (default: no limit).")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Stop the query after this many seconds (default: no limit).",
+)
 @output_options
-def query(sql: str, store: Path | None, memory_limit: str | None, threads: int | None, timeout: float | None,
-          fmt: str) -> None:
+def query(
+    sql: str, store: Path | None, memory_limit: str | None, threads: int | None, timeout: float | None, fmt: str
+) -> None:
     """Run one read-only SQL statement (DuckDB) over the views tensors, runs, stacks.
 
     Only a SELECT (WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE) or EXPLAIN of one runs; files outside the store
@@ -206,7 +252,7 @@ def query(sql: str, store: Path | None, memory_limit: str | None, threads: int |
 @click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: CPU count).")
 def upgrade(store: Path | None, jobs: int | None) -> None:
     """Re-ingest the runs of a store written by an older dumpstore from their dump folders."""
-    from dumpstore.ingest import upgrade as do_upgrade
+    from dumpstore._ingest import upgrade as do_upgrade
 
     with _Progress("upgrade") as bar:
         done = do_upgrade(store, jobs=jobs, progress=bar.update)
@@ -227,6 +273,7 @@ from .health_cmds import checklist, health  # noqa: E402
 
 main.add_command(checklist)
 main.add_command(health)
+
 
 class _NoPandas:
     """Import finder refusing pandas.  pyarrow imports pandas (~0.5 s, ~50 MB) on the first array it builds, only

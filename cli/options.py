@@ -11,16 +11,29 @@ STORE_HELP = "Store folder (default: $DUMPSTORE_STORE or ./dumpstore_store)."
 
 def store_option(fn):
     # no file_okay=False: a store path that is a file gets the library's one-line error, not click's usage text
-    return click.option("--store", type=click.Path(path_type=Path), default=None, envvar="DUMPSTORE_STORE",
-                        help=STORE_HELP)(fn)
+    return click.option(
+        "--store", type=click.Path(path_type=Path), default=None, envvar="DUMPSTORE_STORE", help=STORE_HELP
+    )(fn)
 
 
 def engine_options(fn):
     """--engine local|ray, --address, --batch: where the work runs (see README, Ray)."""
-    fn = click.option("--batch", type=click.IntRange(min=1), default=None,
-                      help="--engine ray: (step, rank) units per Ray task (default: by cluster size, at most 32).")(fn)
-    fn = click.option("--address", default=None,
-                      help="--engine ray: the cluster to join (e.g. auto, ray://head:10001; default: a local Ray).")(fn)
-    return click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-                        help="local: processes on this machine; ray: tasks on a Ray cluster (pip install "
-                        "'dumpstore[ray]'; the store on a file system every node reaches).")(fn)
+    fn = click.option(
+        "--batch",
+        type=click.IntRange(min=1),
+        default=None,
+        help="--engine ray: (step, rank) units per Ray task (default: by cluster size, at most 32).",
+    )(fn)
+    fn = click.option(
+        "--address",
+        default=None,
+        help="--engine ray: the cluster to join (e.g. auto, ray://head:10001; default: a local Ray).",
+    )(fn)
+    return click.option(
+        "--engine",
+        type=click.Choice(["local", "ray"]),
+        default="local",
+        show_default=True,
+        help="local: processes on this machine; ray: tasks on a Ray cluster (pip install "
+        "'dumpstore[ray]'; the store on a file system every node reaches).",
+    )(fn)

@@ -50,8 +50,9 @@ def text(v: Any) -> str:
 
 def _escape(m: re.Match) -> str:
     ch = m.group(0)
-    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100
-                                                               else f"\\u{ord(ch):04x}")
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch) or (
+        f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+    )
 
 
 def cell(v: Any) -> str:
@@ -123,7 +124,6 @@ def finding_line(label: str, f: dict[str, Any] | None) -> str:
     cmp = ""
     if f.get("value") is not None and f.get("threshold") is not None:
         rel = ">" if f["value"] > f["threshold"] else "<="
-        cmp = (f"  {f['metric']}={num(f['value'])} {rel} tol={num(f['threshold'])} "
-               f"({f['dtype']}, {f['source']})")
+        cmp = f"  {f['metric']}={num(f['value'])} {rel} tol={num(f['threshold'])} ({f['dtype']}, {f['source']})"
     detail = f"  [{f['detail']}]" if f.get("detail") else ""
     return text(f"{label} ({f['kind']}): {where}{leaf}{cmp}{detail}")

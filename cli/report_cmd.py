@@ -12,12 +12,23 @@ from .compare_cmds import _common
 from .render import finding_line
 
 
-def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple[int, ...], ranks: tuple[int, ...],
-            tol: tuple[str, ...], maps: tuple[str, ...], html_path: Path | None, csv_path: Path | None) -> None:
+def _report(
+    store: Path | None,
+    target: str,
+    ref: str,
+    exact: bool,
+    steps: tuple[int, ...],
+    ranks: tuple[int, ...],
+    tol: tuple[str, ...],
+    maps: tuple[str, ...],
+    html_path: Path | None,
+    csv_path: Path | None,
+) -> None:
     """Write a shareable report of TARGET against REF: --html (one self-contained page) and/or --csv."""
     if html_path is None and csv_path is None:
-        raise click.UsageError("nothing to write: give --html PATH, --csv PATH or both "
-                               "(e.g. --html report.html --csv report.csv)")
+        raise click.UsageError(
+            "nothing to write: give --html PATH, --csv PATH or both (e.g. --html report.html --csv report.csv)"
+        )
     from dumpstore.analysis.report import analyze, plotly_js, write_csv, write_report_html
     from dumpstore.store import open_store
 
@@ -27,8 +38,17 @@ def _report(store: Path | None, target: str, ref: str, exact: bool, steps: tuple
     from dumpstore.analysis.tolerance import Tolerances
 
     with _Stages() as progress:
-        data = analyze(st, target, ref, steps=list(steps) or None, ranks=list(ranks) or None,
-                       tolerances=Tolerances.parse(tol), exact=exact, maps=tuple(maps), progress=progress)
+        data = analyze(
+            st,
+            target,
+            ref,
+            steps=list(steps) or None,
+            ranks=list(ranks) or None,
+            tolerances=Tolerances.parse(tol),
+            exact=exact,
+            maps=tuple(maps),
+            progress=progress,
+        )
     v = data.verdict.to_dict()
     click.echo(finding_line("FIRST DIVERGENCE", v["first_divergence"]))
     if v["first_divergence"] is not None:
@@ -71,10 +91,19 @@ class _Stages:
             click.echo(f"\r{'':<60}\r", nl=False, err=True)
 
 
-_html = click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Write one self-contained HTML page (verdict, charts, training curves, every compared "
-                          "row, stack, runs).")
-_csv = click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                    help="Write one CSV row per aligned leaf: msprobe's column names plus dumpstore's.")
+_html = click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write one self-contained HTML page (verdict, charts, training curves, every compared row, stack, runs).",
+)
+_csv = click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write one CSV row per aligned leaf: msprobe's column names plus dumpstore's.",
+)
 
 report = click.command(name="report")(_common(_csv(_html(_report))))

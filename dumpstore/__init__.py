@@ -6,16 +6,57 @@
     from dumpstore.analysis import compare_runs, divergence
     verdict = divergence(compare_runs(st, "target", "ref"))
 
-Exports are imported on first use (dumpstore/_lazy.py): `import dumpstore` does not load pyarrow or DuckDB.
+The exports are imported on first use (PEP 562 module `__getattr__`): `import dumpstore` loads neither pyarrow
+nor DuckDB.  Modules named like the function they export are private (`dumpstore._ingest`), so
+`dumpstore.ingest` is always the function.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import DumpFormatError, DumpstoreError, QueryError, StoreError
 
 __version__ = "0.1.0"
 
-from ._lazy import lazy_exports  # noqa: E402
-from .errors import DumpFormatError, DumpstoreError, QueryError, StoreError  # noqa: E402
+_EXPORTS = {
+    "IngestOptions": "_ingest",
+    "IngestResult": "_ingest",
+    "ingest": "_ingest",
+    "run_query": "query",
+    "Store": "store",
+    "open_store": "store",
+}
 
-lazy_exports(__name__, {"IngestOptions": "ingest", "IngestResult": "ingest", "ingest": "ingest",
-                        "run_query": "query", "Store": "store", "open_store": "store"})
+if TYPE_CHECKING:
+    from ._ingest import IngestOptions, IngestResult, ingest
+    from .query import run_query
+    from .store import Store, open_store
 
-__all__ = ["DumpFormatError", "DumpstoreError", "IngestOptions", "IngestResult", "QueryError", "Store",
-           "StoreError", "__version__", "ingest", "open_store", "run_query"]
+__all__ = [
+    "DumpFormatError",
+    "DumpstoreError",
+    "IngestOptions",
+    "IngestResult",
+    "QueryError",
+    "Store",
+    "StoreError",
+    "__version__",
+    "ingest",
+    "open_store",
+    "run_query",
+]
+
+
+def __getattr__(name: str) -> Any:
+    sub = _EXPORTS.get(name)
+    if sub is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{sub}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -15,20 +15,50 @@ COMPLEX_DTYPES = ("complex32", "complex64", "complex128")
 
 _ALIASES = {
     # torch
-    "half": "float16", "float": "float32", "double": "float64", "long": "int64", "int": "int32",
-    "short": "int16", "bfloat16": "bfloat16", "bool": "bool", "cfloat": "complex64", "cdouble": "complex128",
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "long": "int64",
+    "int": "int32",
+    "short": "int16",
+    "bfloat16": "bfloat16",
+    "bool": "bool",
+    "cfloat": "complex64",
+    "cdouble": "complex128",
     # MindSpore
-    "float16": "float16", "float32": "float32", "float64": "float64", "bfloat16_": "bfloat16",
-    "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
-    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
-    "complex64": "complex64", "complex128": "complex128",
+    "float16": "float16",
+    "float32": "float32",
+    "float64": "float64",
+    "bfloat16_": "bfloat16",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "complex64": "complex64",
+    "complex128": "complex128",
 }
 
 # eps (2**-mantissa bits), finfo.max for the float dtypes we judge.
-EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52,
-       "float8_e4m3fn": 2.0**-3, "float8_e5m2": 2.0**-2}
-FINFO_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
-             "float64": 1.7976931348623157e308, "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+EPS = {
+    "float16": 2.0**-10,
+    "bfloat16": 2.0**-7,
+    "float32": 2.0**-23,
+    "float64": 2.0**-52,
+    "float8_e4m3fn": 2.0**-3,
+    "float8_e5m2": 2.0**-2,
+}
+FINFO_MAX = {
+    "float16": 65504.0,
+    "bfloat16": 3.3895313892515355e38,
+    "float32": 3.4028234663852886e38,
+    "float64": 1.7976931348623157e308,
+    "float8_e4m3fn": 448.0,
+    "float8_e5m2": 57344.0,
+}
 
 
 def canonical(name: object) -> str:
@@ -50,7 +80,7 @@ def _canonical(name: str) -> str:
     s = raw
     for prefix in ("torch_npu.", "torch.", "mindspore.", "ms.", "numpy.", "np."):
         if s.startswith(prefix):
-            s = s[len(prefix):]
+            s = s[len(prefix) :]
             break
     low = s.lower()
     if low in _ALIASES:

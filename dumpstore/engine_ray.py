@@ -23,9 +23,9 @@ from typing import Any
 from .errors import DumpstoreError
 from .layout import Unit
 
-RETRIES = 2          # tries after the first of a task whose worker died or that hit an OSError
-MAX_BATCH = 32       # units per task at most, by default
-_TASKS_PER_CPU = 4   # tasks per cluster CPU, by default, so that uneven units still balance
+RETRIES = 2  # tries after the first of a task whose worker died or that hit an OSError
+MAX_BATCH = 32  # units per task at most, by default
+_TASKS_PER_CPU = 4  # tasks per cluster CPU, by default, so that uneven units still balance
 
 Locator = Callable[[list[Unit], list[str]], dict[int, str]]
 
@@ -55,12 +55,19 @@ class session:
         ray = ray_module()
         if not ray.is_initialized():
             try:
-                ray.init(address=self.address or "local", include_dashboard=False, logging_level="ERROR",
-                         log_to_driver=False, configure_logging=False)
+                ray.init(
+                    address=self.address or "local",
+                    include_dashboard=False,
+                    logging_level="ERROR",
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 where = self.address or "a local instance"
-                raise EngineError(f"cannot start or join Ray at {where}: {' '.join(str(exc).split())[:300]}; "
-                                  "check --address (ray status on the head node prints it)") from None
+                raise EngineError(
+                    f"cannot start or join Ray at {where}: {' '.join(str(exc).split())[:300]}; "
+                    "check --address (ray status on the head node prints it)"
+                ) from None
             self.started = True
         return ray
 
@@ -69,9 +76,19 @@ class session:
             ray_module().shutdown()
 
 
-def run_units(st, run: str, ingest_id: str, units: list[Unit], opts, *, address: str | None = None,
-              batch: int | None = None, retries: int = RETRIES, locate: Locator | None = None,
-              progress: Callable[[int, int], None] | None = None) -> list:
+def run_units(
+    st,
+    run: str,
+    ingest_id: str,
+    units: list[Unit],
+    opts,
+    *,
+    address: str | None = None,
+    batch: int | None = None,
+    retries: int = RETRIES,
+    locate: Locator | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list:
     """Ingest `units` on Ray (see the module docstring); their `UnitResult`s in the order of `units`."""
     with session(address) as ray:
         nodes = _alive_nodes(ray)
@@ -97,7 +114,7 @@ def plan_batches(units: Sequence[Unit], homes: dict[int, str], size: int) -> lis
     groups: dict[str | None, list[int]] = {}
     for i in range(len(units)):
         groups.setdefault(homes.get(i), []).append(i)
-    return [(node, idx[j:j + size]) for node, idx in groups.items() for j in range(0, len(idx), size)]
+    return [(node, idx[j : j + size]) for node, idx in groups.items() for j in range(0, len(idx), size)]
 
 
 def _affinity(node_id: str):
@@ -155,7 +172,7 @@ def _ingest_batch(units: list[Unit], root: str, run: str, ingest_id: str, opts) 
     """Task: ingest each unit of the batch with the local engine's code; (node id, their UnitResults)."""
     import ray
 
-    from .ingest import _ingest_unit
+    from ._ingest import _ingest_unit
 
     return ray.get_runtime_context().get_node_id(), [_ingest_unit(u, root, run, ingest_id, opts) for u in units]
 
@@ -201,9 +218,11 @@ def _failure(exc: Exception, unit: Unit, run: str) -> DumpstoreError:
         return type(cause)(str(cause))
     text = " ".join(str(cause or exc).split())
     head = text.split(" Traceback")[0][:300]
-    return EngineError(f"ingest of run {run!r} on Ray failed at step {unit.step} rank {unit.rank} "
-                       f"({unit_folder(unit)}): {type(cause or exc).__name__}: {head}; nothing was published "
-                       "(the catalog is unchanged); fix the cause and ingest again")
+    return EngineError(
+        f"ingest of run {run!r} on Ray failed at step {unit.step} rank {unit.rank} "
+        f"({unit_folder(unit)}): {type(cause or exc).__name__}: {head}; nothing was published "
+        "(the catalog is unchanged); fix the cause and ingest again"
+    )
 
 
 def remove_ingest_files(root: Path, run: str, ingest_id: str) -> int:

@@ -1,11 +1,11 @@
 """The one exception root of dumpstore; the CLI turns it into `Error: ...` and exit 1.
 
-    DumpstoreError
-     ├── DumpFormatError   a dump file is malformed (names file, record, fix)
-     ├── StoreError        the store is missing, locked, or of another schema version
-     └── QueryError        a query was refused or failed
-          └── SelectionError  a step, rank or run selector matches nothing
-    DumpstoreWarning       (a UserWarning) something done on the user's behalf, e.g. a stale lock taken over
+DumpstoreError
+ ├── DumpFormatError   a dump file is malformed (names file, record, fix)
+ ├── StoreError        the store is missing, locked, or of another schema version
+ └── QueryError        a query was refused or failed
+      └── SelectionError  a step, rank or run selector matches nothing
+DumpstoreWarning       (a UserWarning) something done on the user's behalf, e.g. a stale lock taken over
 """
 
 from __future__ import annotations

@@ -22,12 +22,12 @@ _INT64_MAX = (1 << 63) - 1  # step and rank are int64 partition columns
 class Unit:
     """One ingest unit: a dump.json (or debug.json) or a plain folder of tensor files, for one step and rank."""
 
-    path: Path          # dump.json / debug.json, or the folder of tensor files
-    kind: str           # "dump" or "files"
+    path: Path  # dump.json / debug.json, or the folder of tensor files
+    kind: str  # "dump" or "files"
     step: int
     rank: int
     rank_dir: str
-    source: str         # '' / graph / pynative
+    source: str  # '' / graph / pynative
 
 
 def find_units(root: str | os.PathLike) -> list[Unit]:
@@ -43,8 +43,10 @@ def find_units(root: str | os.PathLike) -> list[Unit]:
     units = [_unit(p, k, p.parent if k == "dump" else p) for p, k in found]
     units = _drop_proc_beside_rank(units)
     if not units:
-        raise DumpFormatError(f"{root}: no dump.json, debug.json or .pt/.npy tensor files found; "
-                              "point at an msprobe dump root, a step/rank folder, or a dump.json")
+        raise DumpFormatError(
+            f"{root}: no dump.json, debug.json or .pt/.npy tensor files found; "
+            "point at an msprobe dump root, a step/rank folder, or a dump.json"
+        )
     units = _assign_proc_ranks(units)
     _check_unique(units)
     return sorted(units, key=lambda u: (u.source, u.step, u.rank, u.rank_dir, str(u.path)))
@@ -72,10 +74,10 @@ def _unit(path: Path, kind: str, folder: Path) -> Unit:
     for part in parts:
         if part in _SPLITS:
             source = part
-        elif (m := _STEP.match(part)):
+        elif m := _STEP.match(part):
             step = _number(m[1], folder)
     name = folder.name
-    if (m := _RANK.match(name)):
+    if m := _RANK.match(name):
         rank, rank_dir = _number(m[1], folder), name
     elif _PROC.match(name):
         rank, rank_dir = -1, name
@@ -117,5 +119,6 @@ def _check_unique(units: list[Unit]) -> None:
         if key in seen:
             raise DumpFormatError(
                 f"{u.path}: step {u.step} rank {u.rank} appears twice (also {seen[key].path}); "
-                "ingest one dump tree per run, or point at one of the folders")
+                "ingest one dump tree per run, or point at one of the folders"
+            )
         seen[key] = u

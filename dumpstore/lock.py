@@ -124,8 +124,10 @@ def hold(path: Path, what: str) -> Iterator[dict[str, Any] | None]:
     try:
         stale = _read_owner(fd)
         if stale is not None:
-            notice(f"{what}: taking over the lock of {_describe(stale)}, which ended without releasing it; "
-                   "cleaning up what it left")
+            notice(
+                f"{what}: taking over the lock of {_describe(stale)}, which ended without releasing it; "
+                "cleaning up what it left"
+            )
         _write_owner(fd)
         yield stale
     finally:
@@ -143,6 +145,8 @@ def _wait_message(path: Path, what: str) -> str:
     finally:
         os.close(fd)
     if owner and owner_gone(owner):
-        return (f"waiting: {what}: the lock is held by processes left behind by {_describe(owner)}, which has "
-                f"ended (workers of an older dumpstore?); end them to continue (fuser {path})")
+        return (
+            f"waiting: {what}: the lock is held by processes left behind by {_describe(owner)}, which has "
+            f"ended (workers of an older dumpstore?); end them to continue (fuser {path})"
+        )
     return f"waiting: {what}: held by {_describe(owner)}"

@@ -39,10 +39,16 @@ _MUTATORS = {"APPEND": 1, "SETITEM": 2, "BUILD": 1, "APPENDS": -1, "SETITEMS": -
 _PUTS = {"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"}
 _GETS = {"GET", "BINGET", "LONG_BINGET"}
 # opcode byte -> (name, argument size or kind, MARK position in its inputs or -1, inputs, outputs)
-_OPS = {ord(code): (op.name, None if op.arg is None else op.arg.n,
-                    next((i for i, x in enumerate(op.stack_before) if x.name == "mark"), -1),
-                    len(op.stack_before), len(op.stack_after))
-        for code, op in pickletools.code2op.items()}
+_OPS = {
+    ord(code): (
+        op.name,
+        None if op.arg is None else op.arg.n,
+        next((i for i, x in enumerate(op.stack_before) if x.name == "mark"), -1),
+        len(op.stack_before),
+        len(op.stack_after),
+    )
+    for code, op in pickletools.code2op.items()  # type: ignore[attr-defined]
+}
 _LENGTH = {-2: struct.Struct("<B"), -3: struct.Struct("<i"), -4: struct.Struct("<I"), -5: struct.Struct("<Q")}
 
 
@@ -110,20 +116,20 @@ class _Scan:
     def _take(self, n: int) -> memoryview:
         if self.pos + n > len(self.data):
             raise ValueError("pickle is truncated")
-        out = self.data[self.pos:self.pos + n]
+        out = self.data[self.pos : self.pos + n]
         self.pos += n
         return out
 
     def _line(self) -> bytes:
         start = self.pos
         while True:
-            chunk = bytes(self.data[self.pos:self.pos + 4096])
+            chunk = bytes(self.data[self.pos : self.pos + 4096])
             if not chunk:
                 raise ValueError("pickle is truncated")
             at = chunk.find(b"\n")
             if at >= 0:
                 self.pos += at + 1
-                return bytes(self.data[start:self.pos - 1])
+                return bytes(self.data[start : self.pos - 1])
             self.pos += len(chunk)
 
     # -- the stack -------------------------------------------------------------------------------------------
@@ -179,8 +185,9 @@ class _Scan:
             node.weight += item.weight
             node.depth = max(node.depth, item.depth + 1)
         if node.weight > MAX_WEIGHT:
-            raise PickleBudgetError(f"pickle describes more than {MAX_WEIGHT} objects (shared parts counted "
-                                    "at every use)")
+            raise PickleBudgetError(
+                f"pickle describes more than {MAX_WEIGHT} objects (shared parts counted at every use)"
+            )
         if node.depth > MAX_NEST:
             raise PickleBudgetError(f"pickle nests more than {MAX_NEST} levels")
 

@@ -44,24 +44,50 @@ _KEY_RE = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 # canonical dtype -> numpy code of one stored element (byte order added at read time)
 _STORED_CODE = {
-    "float16": "f2", "bfloat16": "u2", "float32": "f4", "float64": "f8",
-    "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
-    "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8", "bool": "u1",
-    "complex32": "f2", "complex64": "c8", "complex128": "c16",
-    "float8_e4m3fn": "u1", "float8_e5m2": "u1", "float8_e4m3fnuz": "u1", "float8_e5m2fnuz": "u1",
+    "float16": "f2",
+    "bfloat16": "u2",
+    "float32": "f4",
+    "float64": "f8",
+    "int8": "i1",
+    "int16": "i2",
+    "int32": "i4",
+    "int64": "i8",
+    "uint8": "u1",
+    "uint16": "u2",
+    "uint32": "u4",
+    "uint64": "u8",
+    "bool": "u1",
+    "complex32": "f2",
+    "complex64": "c8",
+    "complex128": "c16",
+    "float8_e4m3fn": "u1",
+    "float8_e5m2": "u1",
+    "float8_e4m3fnuz": "u1",
+    "float8_e5m2fnuz": "u1",
 }
 _ITEMSIZE = {name: (4 if name == "complex32" else int(code[1:])) for name, code in _STORED_CODE.items()}
 _LEGACY_STORAGES = {
-    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
-    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
-    "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
-    "ComplexDoubleStorage": "complex128", "ComplexFloatStorage": "complex64",
+    "DoubleStorage": "float64",
+    "FloatStorage": "float32",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+    "ComplexDoubleStorage": "complex128",
+    "ComplexFloatStorage": "complex64",
 }
-_NUMPY_CODES = frozenset({"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8",
-                          "c16"})
+_NUMPY_CODES = frozenset({"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16"})
 # float8 formats: (exponent bits, mantissa bits, exponent bias, NaN/Inf convention)
-_FP8 = {"float8_e4m3fn": (4, 3, 7, "fn"), "float8_e5m2": (5, 2, 15, "ieee"),
-        "float8_e4m3fnuz": (4, 3, 8, "fnuz"), "float8_e5m2fnuz": (5, 2, 16, "fnuz")}
+_FP8 = {
+    "float8_e4m3fn": (4, 3, 7, "fn"),
+    "float8_e5m2": (5, 2, 15, "ieee"),
+    "float8_e4m3fnuz": (4, 3, 8, "fnuz"),
+    "float8_e5m2fnuz": (5, 2, 16, "fnuz"),
+}
 
 
 class _Bad(Exception):
@@ -76,8 +102,9 @@ class _Inert:
     __slots__ = ()
 
     def __setstate__(self, state: object) -> None:
-        raise _Bad(f"refused to load: pickle sets state on {type(self).__name__.lstrip('_')}; "
-                   "only plain tensors are accepted")
+        raise _Bad(
+            f"refused to load: pickle sets state on {type(self).__name__.lstrip('_')}; only plain tensors are accepted"
+        )
 
 
 class _StorageType(_Inert):
@@ -133,8 +160,16 @@ class _Tensor(_Inert):
 
     __slots__ = ("conj", "dtype", "neg", "offset", "size", "storage", "stride")
 
-    def __init__(self, storage: _Storage, offset: int, size: tuple[int, ...], stride: tuple[int, ...],
-                 dtype: str, conj: bool, neg: bool) -> None:
+    def __init__(
+        self,
+        storage: _Storage,
+        offset: int,
+        size: tuple[int, ...],
+        stride: tuple[int, ...],
+        dtype: str,
+        conj: bool,
+        neg: bool,
+    ) -> None:
         self.storage, self.offset, self.size, self.stride = storage, offset, size, stride
         self.dtype, self.conj, self.neg = dtype, conj, neg
 
@@ -187,7 +222,7 @@ def _shape(value: object, what: str) -> tuple[int, ...]:
     return dims
 
 
-def _brief(value: object, limit: int) -> str:
+def _brief(value: Any, limit: int) -> str:
     """A bounded rendering of an untrusted value: never walks a container or prints a huge number."""
     if value is None or type(value) in (bool, float):
         text = repr(value)
@@ -196,9 +231,12 @@ def _brief(value: object, limit: int) -> str:
     elif type(value) in (str, bytes, bytearray):
         text = repr(value[:limit])
     elif type(value) in (tuple, list, dict, set, frozenset):
-        flat = type(value) in (tuple, list) and len(value) <= _MAX_NDIM and all(  # type: ignore[arg-type]
-            v is None or type(v) in (bool, float) or (type(v) is int and v.bit_length() <= 64) for v in value)
-        text = repr(value) if flat else f"<{type(value).__name__} of {len(value)} items>"  # type: ignore[arg-type]
+        flat = (
+            type(value) in (tuple, list)
+            and len(value) <= _MAX_NDIM
+            and all(v is None or type(v) in (bool, float) or (type(v) is int and v.bit_length() <= 64) for v in value)
+        )
+        text = repr(value) if flat else f"<{type(value).__name__} of {len(value)} items>"
     else:
         text = f"<{type(value).__name__.lstrip('_')}>"
     return text[:limit]
@@ -234,8 +272,9 @@ def _metadata(value: object) -> tuple[bool, bool]:
     return value.get("conj") is True, value.get("neg") is True
 
 
-def _make_tensor(storage: object, offset: object, size: object, stride: object, dtype: str | None,
-                 metadata: object = None) -> _Tensor:
+def _make_tensor(
+    storage: object, offset: object, size: object, stride: object, dtype: str | None, metadata: object = None
+) -> _Tensor:
     if not isinstance(storage, _Storage):
         raise _Bad("corrupt pickle: tensor rebuilt from something other than a storage")
     dims, strides = _shape(size, "size"), _shape(stride, "stride")
@@ -249,14 +288,28 @@ def _rebuild_tensor(storage: object, offset: object, size: object, stride: objec
     return _make_tensor(storage, offset, size, stride, None)
 
 
-def _rebuild_tensor_v2(storage: object, offset: object, size: object, stride: object,
-                       _requires_grad: object = None, _hooks: object = None,
-                       metadata: object = None) -> _Tensor:
+def _rebuild_tensor_v2(
+    storage: object,
+    offset: object,
+    size: object,
+    stride: object,
+    _requires_grad: object = None,
+    _hooks: object = None,
+    metadata: object = None,
+) -> _Tensor:
     return _make_tensor(storage, offset, size, stride, None, metadata)
 
 
-def _rebuild_tensor_v3(storage: object, offset: object, size: object, stride: object, _requires_grad: object,
-                       _hooks: object, dtype: object, metadata: object = None) -> _Tensor:
+def _rebuild_tensor_v3(
+    storage: object,
+    offset: object,
+    size: object,
+    stride: object,
+    _requires_grad: object,
+    _hooks: object,
+    dtype: object,
+    metadata: object = None,
+) -> _Tensor:
     if not isinstance(dtype, _TorchDType):
         raise _Bad("corrupt pickle: _rebuild_tensor_v3 without a torch dtype")
     return _make_tensor(storage, offset, size, stride, dtype.name, metadata)
@@ -392,7 +445,7 @@ def _central_directory(data: np.ndarray) -> dict[str, _Entry] | None:
     sig, disk, cd_disk, n_disk, n_total, cd_size, cd_off, comment = _EOCD.unpack_from(raw, end)
     if sig != b"PK\x05\x06" or disk or cd_disk or n_disk != n_total or comment:
         return None
-    if end >= _LOC64.size + _EOCD64.size and bytes(raw[end - _LOC64.size:end - _LOC64.size + 4]) == b"PK\x06\x07":
+    if end >= _LOC64.size + _EOCD64.size and bytes(raw[end - _LOC64.size : end - _LOC64.size + 4]) == b"PK\x06\x07":
         # torch.save always writes zip64 end records (locator, then record, right before the end record)
         _sig, loc_disk, rec_off, n_disks = _LOC64.unpack_from(raw, end - _LOC64.size)
         end -= _LOC64.size + _EOCD64.size
@@ -412,10 +465,20 @@ def _central_directory(data: np.ndarray) -> dict[str, _Entry] | None:
             return None
         sig, flags, method, crc, csize, usize, name_len, extra_len, comment_len, disk, offset = unpack(directory, pos)
         name_end = pos + head + name_len
-        name = directory[pos + head:name_end]
-        if (sig != b"PK\x01\x02" or method != zipfile.ZIP_STORED or flags & 1 or csize != usize or extra_len
-                or comment_len or disk or name_end > cd_size or offset + usize > cd_off or not name.isascii()
-                or b"\x00" in name):
+        name = directory[pos + head : name_end]
+        if (
+            sig != b"PK\x01\x02"
+            or method != zipfile.ZIP_STORED
+            or flags & 1
+            or csize != usize
+            or extra_len
+            or comment_len
+            or disk
+            or name_end > cd_size
+            or offset + usize > cd_off
+            or not name.isascii()
+            or b"\x00" in name
+        ):
             return None
         text = name.decode()
         members[text] = _Entry(text, crc, usize, offset)
@@ -425,10 +488,10 @@ def _central_directory(data: np.ndarray) -> dict[str, _Entry] | None:
     return members
 
 
-def _view(whole: np.ndarray, info: _Entry, want: int) -> np.ndarray:
+def _view(whole: np.ndarray, info: _Entry | zipfile.ZipInfo, want: int) -> np.ndarray:
     """The first `want` bytes of a stored member of a zip held in memory, as a view (aligned) or a copy."""
     at = info.header_offset
-    header = whole[at:at + 30].tobytes()
+    header = whole[at : at + 30].tobytes()
     if len(header) < 30 or header[:4] != b"PK\x03\x04":
         raise _Bad(f"zip member {info.filename} has a bad local header")
     name_len, extra_len = struct.unpack("<HH", header[26:30])
@@ -436,7 +499,7 @@ def _view(whole: np.ndarray, info: _Entry, want: int) -> np.ndarray:
     got = max(0, min(want, whole.size - start))
     if got != want:
         raise _Bad(f"zip member {info.filename} is truncated ({got} of {want} bytes)")
-    buf = whole[start:start + want]
+    buf = whole[start : start + want]
     return buf if start % 16 == 0 else buf.copy()  # torch.save aligns storages to 64 bytes
 
 
@@ -479,8 +542,7 @@ class _Archive:
             self.zip = zipfile.ZipFile(self.src)
         except zipfile.BadZipFile as exc:
             if head == b"\x80\x02":
-                raise _Bad("legacy (non-zip) torch.save format is not supported; "
-                           "re-save with torch >= 1.6") from None
+                raise _Bad("legacy (non-zip) torch.save format is not supported; re-save with torch >= 1.6") from None
             raise _Bad(f"not a zip file, or truncated ({_one_line(exc)})") from None
         return self.zip.NameToInfo
 
@@ -514,8 +576,10 @@ class _Archive:
             return self._stored(info, want)
         packed = max(1, getattr(info, "compress_size", 0))
         if want > _INFLATE_FREE and want > _MAX_RATIO * packed:
-            raise _Bad(f"zip member {name} would expand {packed} compressed bytes to {want} (more than "
-                       f"{_MAX_RATIO}x: a zip bomb?); torch.save stores members uncompressed, save the tensor again")
+            raise _Bad(
+                f"zip member {name} would expand {packed} compressed bytes to {want} (more than "
+                f"{_MAX_RATIO}x: a zip bomb?); torch.save stores members uncompressed, save the tensor again"
+            )
         return self._inflate(info, want)
 
     def _stored(self, info: zipfile.ZipInfo | _Entry, want: int) -> np.ndarray:
@@ -549,7 +613,7 @@ class _Archive:
                 chunk = f.read(min(_CHUNK, want - done))
                 if not chunk:
                     raise _Bad(f"zip member {info.filename} is truncated ({done} of {want} bytes)")
-                view[done:done + len(chunk)] = chunk
+                view[done : done + len(chunk)] = chunk
                 done += len(chunk)
         return buf
 
@@ -609,15 +673,18 @@ def _check_view(t: _Tensor, max_bytes: int) -> int:
     numel = math.prod(t.size)
     out_bytes = numel * _out_dtype(t.dtype).itemsize
     if out_bytes > max_bytes:
-        raise _Bad(f"tensor of shape {list(t.size)} ({out_bytes} bytes as {_out_dtype(t.dtype)}) "
-                   f"exceeds max_bytes={max_bytes}")
+        raise _Bad(
+            f"tensor of shape {list(t.size)} ({out_bytes} bytes as {_out_dtype(t.dtype)}) exceeds max_bytes={max_bytes}"
+        )
     if numel == 0:
         return 0
     extent = t.offset + sum((n - 1) * s for n, s in zip(t.size, t.stride)) + 1
     held = t.storage.nbytes // _ITEMSIZE[t.dtype]
     if extent > held:
-        raise _Bad(f"storage too small: {t.dtype} shape {list(t.size)} stride {list(t.stride)} "
-                   f"offset {t.offset} needs {extent} elements, storage {t.storage.key} holds {held}")
+        raise _Bad(
+            f"storage too small: {t.dtype} shape {list(t.size)} stride {list(t.stride)} "
+            f"offset {t.offset} needs {extent} elements, storage {t.storage.key} holds {held}"
+        )
     return numel
 
 
@@ -633,9 +700,9 @@ def _gather(raw: np.ndarray, t: _Tensor, order: str, numel: int) -> np.ndarray:
     sdtype = _storage_dtype(t.dtype, order)
     flat = np.frombuffer(raw, dtype=sdtype, count=len(raw) // sdtype.itemsize)
     if _is_contiguous(t.size, t.stride):
-        return flat[t.offset:t.offset + numel].reshape(t.size)
+        return flat[t.offset : t.offset + numel].reshape(t.size)
     strides = tuple(s * sdtype.itemsize for s in t.stride)
-    view = np.lib.stride_tricks.as_strided(flat[t.offset:], shape=t.size, strides=strides, writeable=False)
+    view = np.lib.stride_tricks.as_strided(flat[t.offset :], shape=t.size, strides=strides, writeable=False)
     return np.ascontiguousarray(view)
 
 
@@ -662,8 +729,7 @@ def _tensor_array(archive: _Archive, t: _Tensor, max_bytes: int) -> np.ndarray:
     if numel == 0:
         return np.empty(t.size, _out_dtype(t.dtype))
     if t.storage.nbytes > max_bytes:
-        raise _Bad(f"storage {t.storage.key} claims {t.storage.nbytes} bytes, "
-                   f"more than max_bytes={max_bytes}")
+        raise _Bad(f"storage {t.storage.key} claims {t.storage.nbytes} bytes, more than max_bytes={max_bytes}")
     raw = archive.read(f"{archive.prefix}data/{t.storage.key}", max_bytes, t.storage.nbytes)
     out = _decode(_gather(raw, t, archive.order, numel), t.dtype)
     if t.conj:
@@ -683,9 +749,24 @@ def _numpy_array(arr: np.ndarray, max_bytes: int) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------------------------
 
-_CORRUPT = (zipfile.BadZipFile, zipfile.LargeZipFile, pickle.UnpicklingError, EOFError, ValueError, TypeError,
-            KeyError, IndexError, AttributeError, OverflowError, UnicodeError, struct.error, zlib.error,
-            NotImplementedError, RuntimeError, MemoryError)  # what corrupt bytes make zipfile, pickle, numpy raise
+_CORRUPT = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    pickle.UnpicklingError,
+    EOFError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    OverflowError,
+    UnicodeError,
+    struct.error,
+    zlib.error,
+    NotImplementedError,
+    RuntimeError,
+    MemoryError,
+)  # what corrupt bytes make zipfile, pickle, numpy raise
 
 
 def _unpickle(data: bytes | memoryview) -> object:

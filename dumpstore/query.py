@@ -33,12 +33,18 @@ class Limits:
     """Bounds on one query: DuckDB's memory limit and threads, and a wall-clock time limit in seconds."""
 
     memory_limit: str | None = None  # a DuckDB size ('4GB', '512MB') or a share of RAM ('50%'); None: half the RAM
-    threads: int | None = None       # None: DuckDB's default (one per core)
-    timeout: float | None = None     # None: no time limit
+    threads: int | None = None  # None: DuckDB's default (one per core)
+    timeout: float | None = None  # None: no time limit
 
 
-def connect(store: Store, *, runs: list[str] | None = None, locked: bool = True, limits: Limits | None = None,
-            temp_dir: str | None = None) -> duckdb.DuckDBPyConnection:
+def connect(
+    store: Store,
+    *,
+    runs: list[str] | None = None,
+    locked: bool = True,
+    limits: Limits | None = None,
+    temp_dir: str | None = None,
+) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the store's views; `locked` forbids files outside the store.
 
     `limits` bounds memory and threads; `temp_dir` is where DuckDB may spill (default `.tmp` in the working
@@ -54,11 +60,14 @@ def connect(store: Store, *, runs: list[str] | None = None, locked: bool = True,
         _empty_view(con, "tensors", TENSOR_SCHEMA, ["run:VARCHAR", "step:BIGINT", "rank:BIGINT"])
     stacks = store.stack_files(catalog)
     if stacks:
-        con.execute(f"CREATE VIEW stacks AS SELECT * FROM read_parquet({_literal_list(stacks)}, "
-                    "hive_partitioning=true, hive_types={'run': 'VARCHAR'})")
+        con.execute(
+            f"CREATE VIEW stacks AS SELECT * FROM read_parquet({_literal_list(stacks)}, "
+            "hive_partitioning=true, hive_types={'run': 'VARCHAR'})"
+        )
     else:
         _empty_view(con, "stacks", STACK_SCHEMA, ["run:VARCHAR"])
-    from dumpstore.analysis.views import create_views
+    from .views import create_views
+
     create_views(con)
     if temp_dir is not None:
         con.execute(f"SET temp_directory = '{temp_dir.replace(chr(39), chr(39) * 2)}'")
@@ -110,14 +119,16 @@ def read_only_statement(sql: str) -> str:
     covers WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE) is accepted, and EXPLAIN [ANALYZE] of one."""
     statements = _parse(sql)
     if len(statements) != 1:
-        raise QueryError(f"give exactly one SQL statement ({len(statements)} given): dumpstore query runs one "
-                         f"read-only statement ({_READ_ONLY})")
+        raise QueryError(
+            f"give exactly one SQL statement ({len(statements)} given): dumpstore query runs one "
+            f"read-only statement ({_READ_ONLY})"
+        )
     st = statements[0]
     if st.type == duckdb.StatementType.SELECT:
         return st.query
     if st.type == duckdb.StatementType.EXPLAIN:
         inner = _EXPLAIN.match(st.query)
-        body = _parse(st.query[inner.end():]) if inner else []
+        body = _parse(st.query[inner.end() :]) if inner else []
         if len(body) == 1 and body[0].type == duckdb.StatementType.SELECT:
             return st.query
         raise QueryError(f"EXPLAIN is allowed of one SELECT only: dumpstore query is read-only ({_READ_ONLY})")
@@ -163,8 +174,9 @@ def _run(con: duckdb.DuckDBPyConnection, statement: str, timeout: float | None) 
     try:
         return fetch_arrow(con, statement)
     except duckdb.InterruptException:
-        raise QueryError(f"the query ran past its time limit of {timeout:g} s and was stopped "
-                         "(raise --timeout, or narrow the query)") from None
+        raise QueryError(
+            f"the query ran past its time limit of {timeout:g} s and was stopped (raise --timeout, or narrow the query)"
+        ) from None
     except duckdb.Error as exc:
         raise QueryError(_one_line(exc)) from None
     finally:

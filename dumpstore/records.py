@@ -10,8 +10,12 @@ from .dtypes import FINFO_MAX, canonical, is_float
 
 MAX_DEPTH = 400
 # (section, io) in msprobe's row order: a module record's parameters rows come before its output rows
-_ORDER_FORWARD = (("input_args", "input"), ("input_kwargs", "input"), ("parameters", "parameters"),
-                  ("output", "output"))
+_ORDER_FORWARD = (
+    ("input_args", "input"),
+    ("input_kwargs", "input"),
+    ("parameters", "parameters"),
+    ("output", "output"),
+)
 _ORDER_BACKWARD = (("input", "input"), ("output", "output"))
 _KNOWN_FORWARD = frozenset(s for s, _ in _ORDER_FORWARD) | {"is_recompute"}
 _KNOWN_BACKWARD = frozenset(s for s, _ in _ORDER_BACKWARD) | {"is_recompute"}
@@ -23,11 +27,42 @@ _SAT_LIMIT = {d: v * (1 - 1e-7) for d, v in FINFO_MAX.items() if is_float(d)}
 _INF = math.inf
 
 # What leaf_columns returns, in this order; the other columns of a row describe its record and place.
-LEAF_COLUMNS = ("kind", "value_type", "value", "scalar_value", "dtype", "dtype_raw", "shape", "numel",
-                "requires_grad", "min", "max", "mean", "norm", "stats_source", "nan_count", "posinf_count",
-                "neginf_count", "zero_count", "sat_count", "has_nan", "has_posinf", "has_neginf", "has_sat",
-                "dump_max", "dump_min", "dump_mean", "dump_norm", "checksum", "checksum_kind", "data_name",
-                "file_status", "sample", "sketch", "error")
+LEAF_COLUMNS = (
+    "kind",
+    "value_type",
+    "value",
+    "scalar_value",
+    "dtype",
+    "dtype_raw",
+    "shape",
+    "numel",
+    "requires_grad",
+    "min",
+    "max",
+    "mean",
+    "norm",
+    "stats_source",
+    "nan_count",
+    "posinf_count",
+    "neginf_count",
+    "zero_count",
+    "sat_count",
+    "has_nan",
+    "has_posinf",
+    "has_neginf",
+    "has_sat",
+    "dump_max",
+    "dump_min",
+    "dump_mean",
+    "dump_norm",
+    "checksum",
+    "checksum_kind",
+    "data_name",
+    "file_status",
+    "sample",
+    "sketch",
+    "error",
+)
 
 
 def record_leaves(key: str, record: Any, direction: str) -> list[Leaf]:
@@ -162,21 +197,49 @@ def _tensor_leaf(leaf: dict, tensor_task: bool = True) -> tuple:
         # while Max/Min are NaN exactly when a NaN is present (torch semantics) and +-inf when an Inf is
         has_nan, has_posinf, has_neginf = mx != mx or mn != mn, mx == _INF, mn == -_INF
         fmax = _SAT_LIMIT.get(dtype)
-        has_sat = fmax is not None and ((abs(mx) >= fmax and mx != _INF and mx != -_INF)
-                                        or (abs(mn) >= fmax and mn != _INF and mn != -_INF))
+        has_sat = fmax is not None and (
+            (abs(mx) >= fmax and mx != _INF and mx != -_INF) or (abs(mn) >= fmax and mn != _INF and mn != -_INF)
+        )
     checksum = _checksum(md5)
     bad_name = "data_name" in leaf and (type(dn) is not str or (not dn and tensor_task))
     if bad_name and err is None:
         err = f"data_name {_brief(dn)} is not a file name; expected the name of the leaf's tensor file"
-    return ("tensor", str(get("type", "")), None, None,  # kind, value_type, value, scalar_value
-            dtype, None if dtype_raw is None else str(dtype_raw), shape, numel,
-            rg if rg is True or rg is False else None,
-            mn, mx, mean, norm, "none" if no_stats else "dump",
-            None, None, None, None, None,  # nan_count .. sat_count: known only from a tensor file
-            has_nan, has_posinf, has_neginf, has_sat, mx, mn, mean, norm,
-            checksum, None if checksum is None else "xor" if checksum.startswith("0x") else "crc32",
-            None if bad_name or dn is None else dn, "error" if bad_name else "none",  # data_name, file_status
-            None, None, err)  # sample, sketch, error
+    return (
+        "tensor",
+        str(get("type", "")),
+        None,
+        None,  # kind, value_type, value, scalar_value
+        dtype,
+        None if dtype_raw is None else str(dtype_raw),
+        shape,
+        numel,
+        rg if rg is True or rg is False else None,
+        mn,
+        mx,
+        mean,
+        norm,
+        "none" if no_stats else "dump",
+        None,
+        None,
+        None,
+        None,
+        None,  # nan_count .. sat_count: known only from a tensor file
+        has_nan,
+        has_posinf,
+        has_neginf,
+        has_sat,
+        mx,
+        mn,
+        mean,
+        norm,
+        checksum,
+        None if checksum is None else "xor" if checksum.startswith("0x") else "crc32",
+        None if bad_name or dn is None else dn,
+        "error" if bad_name else "none",  # data_name, file_status
+        None,
+        None,
+        err,
+    )  # sample, sketch, error
 
 
 def _brief(value: Any) -> str:
@@ -208,6 +271,5 @@ def _shape(value: Any) -> tuple[list[int] | None, int | None, str | None]:
         else:
             if numel < _INT64_LIMIT and (numel or max(value) < _INT64_LIMIT):
                 return value, numel, None
-            return None, None, (f"invalid shape {value!r:.200}: a dimension or the element count does not fit "
-                                "in int64")
+            return None, None, (f"invalid shape {value!r:.200}: a dimension or the element count does not fit in int64")
     return None, None, f"invalid shape {value!r:.200}: expected a list of non-negative integers"

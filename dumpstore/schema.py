@@ -63,13 +63,15 @@ TENSOR_FIELDS: list[tuple[str, pa.DataType, str]] = [
 
 TENSOR_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in TENSOR_FIELDS])
 
-STACK_SCHEMA = pa.schema([
-    pa.field("ingest_id", pa.string()),
-    pa.field("step", pa.int64()),
-    pa.field("rank", pa.int64()),
-    pa.field("stack_id", pa.int32()),
-    pa.field("frames", pa.list_(pa.string())),
-])
+STACK_SCHEMA = pa.schema(
+    [
+        pa.field("ingest_id", pa.string()),
+        pa.field("step", pa.int64()),
+        pa.field("rank", pa.int64()),
+        pa.field("stack_id", pa.int32()),
+        pa.field("frames", pa.list_(pa.string())),
+    ]
+)
 
 RUN_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("run", pa.string(), "run name given to ingest"),

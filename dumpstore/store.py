@@ -46,9 +46,11 @@ class Store:
         versions = set(table.column("schema_version").to_pylist()) if "schema_version" in table.schema.names else {0}
         old = sorted(v for v in versions if v != SCHEMA_VERSION)
         if old:
-            raise StoreError(f"{self.root}: store written with schema version {old[0]}, this dumpstore reads "
-                             f"version {SCHEMA_VERSION}; run `dumpstore upgrade --store {self.root}` to re-ingest "
-                             "its runs from their dump folders, or ingest them into a new store")
+            raise StoreError(
+                f"{self.root}: store written with schema version {old[0]}, this dumpstore reads "
+                f"version {SCHEMA_VERSION}; run `dumpstore upgrade --store {self.root}` to re-ingest "
+                "its runs from their dump folders, or ingest them into a new store"
+            )
         return table
 
     def raw_runs(self) -> list[dict[str, Any]]:
@@ -66,8 +68,10 @@ class Store:
             if row["run"] == run:
                 return row
         known = ", ".join(self.run_names()) or "none"
-        raise StoreError(f"run {run!r} is not in store {self.root} (runs: {known}); "
-                         f"ingest it first: dumpstore ingest PATH --run {run}")
+        raise StoreError(
+            f"run {run!r} is not in store {self.root} (runs: {known}); "
+            f"ingest it first: dumpstore ingest PATH --run {run}"
+        )
 
     @contextmanager
     def _lock(self, name: str, what: str) -> Iterator[dict[str, Any] | None]:
@@ -169,7 +173,7 @@ class Store:
             if not base.exists():
                 continue
             for path in base.rglob("part-*.parquet"):
-                ingest_id = path.name[5:5 + _ID_LEN]
+                ingest_id = path.name[5 : 5 + _ID_LEN]
                 if ingest_id != keep and (only is None or ingest_id == only):
                     _unlink_quietly(path)
             _remove_empty_dirs(base)
@@ -280,8 +284,12 @@ def _unlink_quietly(path: Path) -> None:
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-_WRITE_ERRORS = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
-                 "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
+_WRITE_ERRORS = {
+    "No space left on device": errno.ENOSPC,
+    "Disk quota exceeded": errno.EDQUOT,
+    "Read-only file system": errno.EROFS,
+    "Permission denied": errno.EACCES,
+}
 
 
 @contextmanager
@@ -309,13 +317,19 @@ def _write_errno(exc: OSError) -> int | None:
 def _write_message(root: Path, code: int) -> str:
     if code in _FULL:
         what = "has no free inodes" if _no_inodes(root) else "is full" if code == errno.ENOSPC else "is over quota"
-        return (f"{root}: the store's file system {what}; nothing was ingested (the store is unchanged); free space "
-                "there (df -h / df -i) or pick another --store")
+        return (
+            f"{root}: the store's file system {what}; nothing was ingested (the store is unchanged); free space "
+            "there (df -h / df -i) or pick another --store"
+        )
     if code == errno.EROFS:
-        return (f"{root}: the store is on a read-only file system; nothing was ingested; remount it read-write "
-                "or pick another --store")
-    return f"{root}: no permission to write into the store; nothing was ingested; fix its permissions or pick " \
-           "another --store"
+        return (
+            f"{root}: the store is on a read-only file system; nothing was ingested; remount it read-write "
+            "or pick another --store"
+        )
+    return (
+        f"{root}: no permission to write into the store; nothing was ingested; fix its permissions or pick "
+        "another --store"
+    )
 
 
 def _no_inodes(root: Path) -> bool:
@@ -334,7 +348,9 @@ def open_store(path: str | os.PathLike | None = None, *, create: bool = False) -
         raise StoreError(f"{root}: exists and is not a folder; pick another --store")
     if not root.exists():
         if not create:
-            raise StoreError(f"{root}: no store here; ingest a dump first (dumpstore ingest PATH --run NAME), "
-                             f"or point --store / ${ENV_STORE} at an existing store")
+            raise StoreError(
+                f"{root}: no store here; ingest a dump first (dumpstore ingest PATH --run NAME), "
+                f"or point --store / ${ENV_STORE} at an existing store"
+            )
         root.mkdir(parents=True, exist_ok=True)
     return Store(root)

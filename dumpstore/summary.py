@@ -71,7 +71,7 @@ class Stats:
 
 def _blocks(flat: np.ndarray):
     for start in range(0, flat.size, _BLOCK):
-        yield flat[start:start + _BLOCK]
+        yield flat[start : start + _BLOCK]
 
 
 def tensor_stats(arr: np.ndarray, dtype: str) -> Stats:
@@ -79,8 +79,9 @@ def tensor_stats(arr: np.ndarray, dtype: str) -> Stats:
     return summarize(arr, dtype, 0, 1)[0]
 
 
-def summarize(arr: np.ndarray, dtype: str, k: int = DEFAULT_SAMPLE_K,
-              m: int = DEFAULT_SKETCH_M) -> tuple[Stats, np.ndarray, np.ndarray]:
+def summarize(
+    arr: np.ndarray, dtype: str, k: int = DEFAULT_SAMPLE_K, m: int = DEFAULT_SKETCH_M
+) -> tuple[Stats, np.ndarray, np.ndarray]:
     """(statistics, sample, sketch) of a tensor in one pass: as `tensor_stats`, `sample` and `sketch`.
 
     Each element is widened to float64 once. Tensors up to `_FUSED_MIN` elements are widened whole; larger ones
@@ -125,7 +126,7 @@ def _reduce(flat: np.ndarray, m: int) -> tuple[float, float, float, float, int, 
         np.copyto(b64, flat, casting="unsafe")
         total, sumsq = float(np.add.reduce(b64)), 0.0
         for i in range(0, n, _DOT):  # BLAS dots below OpenBLAS's threading threshold
-            c = b64[i:i + _DOT]
+            c = b64[i : i + _DOT]
             sumsq += float(np.dot(c, c))
         lo, hi = float(np.minimum.reduce(b64)), float(np.maximum.reduce(b64))
         zero = _SCRATCH.eq[:n]
@@ -190,7 +191,7 @@ class _Fused:
         out = self.out
         out *= _H
         folded = out.reshape(PERIOD // self.m, self.m).sum(axis=0)  # a new array: `out` is scratch
-        return total, sumsq, lo, hi, self.zeros, folded[:min(self.m, n)]
+        return total, sumsq, lo, hi, self.zeros, folded[: min(self.m, n)]
 
     def _walk(self, off: int, n: int) -> float:
         """numpy's pairwise_sum split: halves rounded down to a multiple of 8, down to leaves of <= _LEAF."""
@@ -201,17 +202,17 @@ class _Fused:
         return self._walk(off, half) + self._walk(off + half, n - half)
 
     def _leaf(self, off: int, n: int) -> float:
-        src = self.flat[off:off + n]
+        src = self.flat[off : off + n]
         whole = n == _LEAF and off % _LEAF == 0 and off // _LEAF < self.full  # one full sketch row
         b = self.buf if n == _LEAF else self.buf[:n]
         np.copyto(b, src, casting="unsafe")
         s = float(np.add.reduce(b))
         if whole and off < self.dots.shape[0] * _DOT:
             i = off // _DOT
-            np.matmul(self.rows, self.cols, out=self.dots[i:i + _LEAF // _DOT])
+            np.matmul(self.rows, self.cols, out=self.dots[i : i + _LEAF // _DOT])
         else:
             for i in range(0, n, _DOT):  # dots below OpenBLAS's threading threshold
-                c = b[i:i + _DOT]
+                c = b[i : i + _DOT]
                 self.sumsq += float(np.dot(c, c))
         v = src if self.native else b
         lo, hi = np.minimum.reduce(v), np.maximum.reduce(v)
@@ -234,14 +235,14 @@ class _Fused:
         while off < end:
             row = off // PERIOD
             stop = min(end, (row + 1) * PERIOD)
-            piece = b[off - base:stop - base]
+            piece = b[off - base : stop - base]
             col = off - row * PERIOD
             if row < self.full:
-                seg = self.part[col:col + piece.size]
+                seg = self.part[col : col + piece.size]
                 (np.add if self.row_sign[row] else np.subtract)(seg, piece, out=seg)
             else:  # the tail: added to the total after all rows, with its row's sign
                 self._flush()
-                seg = self.out[col:col + piece.size]
+                seg = self.out[col : col + piece.size]
                 seg += (1.0 if self.row_sign[row] else -1.0) * piece
             off = stop
 
@@ -330,24 +331,24 @@ def _fold64(b64: np.ndarray, n: int, m: int) -> np.ndarray:
             return np.multiply(b64, _H0[:n])
         signed = np.multiply(b64, _H0[:n], out=b64)
         rows = n // m
-        folded = signed[:rows * m].reshape(rows, m).sum(axis=0)
-        folded[:n - rows * m] += signed[rows * m:]  # the last, partial row (zero padded, as it were)
+        folded = signed[: rows * m].reshape(rows, m).sum(axis=0)
+        folded[: n - rows * m] += signed[rows * m :]  # the last, partial row (zero padded, as it were)
         return folded
     out = np.zeros(PERIOD, dtype=np.float64)
     full = n // PERIOD
     rows_per_block = max(1, _BLOCK // PERIOD)
     for r0 in range(0, full, rows_per_block):
         r1 = min(full, r0 + rows_per_block)
-        block = b64[r0 * PERIOD:r1 * PERIOD].reshape(r1 - r0, PERIOD)
+        block = b64[r0 * PERIOD : r1 * PERIOD].reshape(r1 - r0, PERIOD)
         # einsum, not BLAS: single-threaded and the same sum order whatever the thread settings (a BLAS gemv
         # spawns threads that oversubscribe the cores when ingest workers run side by side)
         out += np.einsum("r,rp->p", _signs(np.arange(r0, r1, dtype=np.uint64), 2), block)
-    tail = b64[full * PERIOD:]
+    tail = b64[full * PERIOD :]
     if tail.size:
-        out[:tail.size] += _signs(np.array([full], dtype=np.uint64), 2)[0] * tail
+        out[: tail.size] += _signs(np.array([full], dtype=np.uint64), 2)[0] * tail
     out *= _H
     folded = out.reshape(PERIOD // m, m).sum(axis=0)
-    return folded[:min(m, n)]
+    return folded[: min(m, n)]
 
 
 def fold_sketch(sk: np.ndarray, m: int) -> np.ndarray:

@@ -90,8 +90,10 @@ def _check_npy_size(path: Path, fh: BinaryIO) -> None:
     shape, _fortran, dtype = read(fh)
     need, have = math.prod(shape) * dtype.itemsize, os.fstat(fh.fileno()).st_size - fh.tell()
     if need > have:
-        raise DumpFormatError(f"{path}: truncated .npy file: its header claims shape {list(shape)} of {dtype} "
-                              f"({need} bytes), the file holds {have}")
+        raise DumpFormatError(
+            f"{path}: truncated .npy file: its header claims shape {list(shape)} of {dtype} "
+            f"({need} bytes), the file holds {have}"
+        )
     fh.seek(0)
 
 

@@ -66,50 +66,166 @@ NEUTRAL_PYTHON = "/usr/local"
 CASES = [
     # name, task, ref, steps, world_size, faults, description
     ("ref_stats", "statistics", None, 3, 1, {}, "fp32 reference run, no fault."),
-    ("weight_1pct_stats", "statistics", "ref_stats", 3, 1,
-     {"weight_scale": {"layers.1.fc1.weight": 1.01}},
-     "Parameter layers.1.fc1.weight multiplied by 1.01 before step 0."),
-    ("gelu_tanh_stats", "statistics", "ref_stats", 3, 1, {"gelu_tanh": [1]},
-     "Layer 1's GELU computed with approximate='tanh' instead of the exact erf form."),
-    ("ln_eps_stats", "statistics", "ref_stats", 3, 1, {"ln2_eps": {0: 1e-2}},
-     "Layer 0's second LayerNorm uses eps=1e-2 instead of 1e-5."),
-    ("no_mask_stats", "statistics", "ref_stats", 3, 1, {"no_mask": [1]},
-     "Layer 1's attention runs without the causal mask (no masked_fill call)."),
-    ("overflow_stats", "statistics", "ref_stats", 3, 1, {"overflow_fc2": 1},
-     "Layer 1's fc2 weight scaled so that its fp32 linear output overflows to inf "
-     "from finite inputs; NaN/Inf then propagate."),
-    ("saturation_stats", "statistics", "ref_stats", 3, 1, {"saturate_fc2": 1},
-     "Simulated Ascend saturation mode: layer 1's fc1 unit 0 is made constant (zero weights, "
-     "bias 16 -> gelu 16) and fc2 rows 0/1 map it to exactly +finfo.max / -finfo.max, so the "
-     "fc2 linear outputs saturated values (no inf) from clean inputs."),
-    ("bf16_stats", "statistics", "ref_stats", 3, 1, {"bf16": True},
-     "Whole forward (and loss) under torch.autocast('cpu', dtype=torch.bfloat16); no fault."),
-    ("lr_stats", "statistics", "ref_stats", 3, 1, {"lr": 1.0},
-     "SGD learning rate 1.0 instead of 0.1: forward/backward of step 0 identical, the step-0 "
-     "optimizer updates (Tensor.add_ with alpha=-lr) differ, the model differs from step 1 on."),
-    ("extra_gelu_stats", "statistics", "ref_stats", 3, 1, {"extra_gelu": [0]},
-     "One extra F.gelu call on layer 0's ln1 output whose result is discarded: renumbers later "
-     "gelu records, changes no values."),
+    (
+        "weight_1pct_stats",
+        "statistics",
+        "ref_stats",
+        3,
+        1,
+        {"weight_scale": {"layers.1.fc1.weight": 1.01}},
+        "Parameter layers.1.fc1.weight multiplied by 1.01 before step 0.",
+    ),
+    (
+        "gelu_tanh_stats",
+        "statistics",
+        "ref_stats",
+        3,
+        1,
+        {"gelu_tanh": [1]},
+        "Layer 1's GELU computed with approximate='tanh' instead of the exact erf form.",
+    ),
+    (
+        "ln_eps_stats",
+        "statistics",
+        "ref_stats",
+        3,
+        1,
+        {"ln2_eps": {0: 1e-2}},
+        "Layer 0's second LayerNorm uses eps=1e-2 instead of 1e-5.",
+    ),
+    (
+        "no_mask_stats",
+        "statistics",
+        "ref_stats",
+        3,
+        1,
+        {"no_mask": [1]},
+        "Layer 1's attention runs without the causal mask (no masked_fill call).",
+    ),
+    (
+        "overflow_stats",
+        "statistics",
+        "ref_stats",
+        3,
+        1,
+        {"overflow_fc2": 1},
+        "Layer 1's fc2 weight scaled so that its fp32 linear output overflows to inf "
+        "from finite inputs; NaN/Inf then propagate.",
+    ),
+    (
+        "saturation_stats",
+        "statistics",
+        "ref_stats",
+        3,
+        1,
+        {"saturate_fc2": 1},
+        "Simulated Ascend saturation mode: layer 1's fc1 unit 0 is made constant (zero weights, "
+        "bias 16 -> gelu 16) and fc2 rows 0/1 map it to exactly +finfo.max / -finfo.max, so the "
+        "fc2 linear outputs saturated values (no inf) from clean inputs.",
+    ),
+    (
+        "bf16_stats",
+        "statistics",
+        "ref_stats",
+        3,
+        1,
+        {"bf16": True},
+        "Whole forward (and loss) under torch.autocast('cpu', dtype=torch.bfloat16); no fault.",
+    ),
+    (
+        "lr_stats",
+        "statistics",
+        "ref_stats",
+        3,
+        1,
+        {"lr": 1.0},
+        "SGD learning rate 1.0 instead of 0.1: forward/backward of step 0 identical, the step-0 "
+        "optimizer updates (Tensor.add_ with alpha=-lr) differ, the model differs from step 1 on.",
+    ),
+    (
+        "extra_gelu_stats",
+        "statistics",
+        "ref_stats",
+        3,
+        1,
+        {"extra_gelu": [0]},
+        "One extra F.gelu call on layer 0's ln1 output whose result is discarded: renumbers later "
+        "gelu records, changes no values.",
+    ),
     ("ref_tensor", "tensor", None, 1, 1, {}, "fp32 reference run, no fault (tensor mode)."),
-    ("weight_1pct_tensor", "tensor", "ref_tensor", 1, 1,
-     {"weight_scale": {"layers.1.fc1.weight": 1.01}},
-     "Parameter layers.1.fc1.weight multiplied by 1.01 before step 0 (tensor mode)."),
-    ("bf16_tensor", "tensor", "ref_tensor", 1, 1, {"bf16": True},
-     "Whole forward (and loss) under CPU autocast bf16; no fault (tensor mode)."),
-    ("gelu_tanh_tensor", "tensor", "ref_tensor", 1, 1, {"gelu_tanh": [1]},
-     "Layer 1's GELU computed with approximate='tanh' (tensor mode)."),
-    ("ref_2rank_stats", "statistics", None, 2, 2, {},
-     "2-process gloo run (no DDP, plain per-rank model, each rank its own batch), fp32 reference."),
-    ("rank1_fault_stats", "statistics", "ref_2rank_stats", 2, 2,
-     {"rank_weight_scale": {1: {"layers.1.fc1.weight": 1.01}}},
-     "2-process run; only rank 1 multiplies layers.1.fc1.weight by 1.01 before step 0."),
-    ("data_batch_stats", "statistics", "ref_stats", 3, 1, {"data_step0_seed": DATA_SEED + 1},
-     "Step 0's token ids come from another data batch (labels and steps 1-2 unchanged)."),
-    ("init_weight_stats", "statistics", "ref_stats", 3, 1, {"reinit": {"layers.0.qkv": SEED + 1}},
-     "layers.0.qkv re-initialised (reset_parameters) with another seed before step 0."),
-    ("grad_explode_stats", "statistics", "ref_stats", 3, 1, {"loss_scale": [1, 1e4]},
-     "From step 1 the loss is scaled by 1e4 before backward and the gradients are never unscaled: "
-     "gradients explode at step 1, the step-1 update is 1e4 times too large."),
+    (
+        "weight_1pct_tensor",
+        "tensor",
+        "ref_tensor",
+        1,
+        1,
+        {"weight_scale": {"layers.1.fc1.weight": 1.01}},
+        "Parameter layers.1.fc1.weight multiplied by 1.01 before step 0 (tensor mode).",
+    ),
+    (
+        "bf16_tensor",
+        "tensor",
+        "ref_tensor",
+        1,
+        1,
+        {"bf16": True},
+        "Whole forward (and loss) under CPU autocast bf16; no fault (tensor mode).",
+    ),
+    (
+        "gelu_tanh_tensor",
+        "tensor",
+        "ref_tensor",
+        1,
+        1,
+        {"gelu_tanh": [1]},
+        "Layer 1's GELU computed with approximate='tanh' (tensor mode).",
+    ),
+    (
+        "ref_2rank_stats",
+        "statistics",
+        None,
+        2,
+        2,
+        {},
+        "2-process gloo run (no DDP, plain per-rank model, each rank its own batch), fp32 reference.",
+    ),
+    (
+        "rank1_fault_stats",
+        "statistics",
+        "ref_2rank_stats",
+        2,
+        2,
+        {"rank_weight_scale": {1: {"layers.1.fc1.weight": 1.01}}},
+        "2-process run; only rank 1 multiplies layers.1.fc1.weight by 1.01 before step 0.",
+    ),
+    (
+        "data_batch_stats",
+        "statistics",
+        "ref_stats",
+        3,
+        1,
+        {"data_step0_seed": DATA_SEED + 1},
+        "Step 0's token ids come from another data batch (labels and steps 1-2 unchanged).",
+    ),
+    (
+        "init_weight_stats",
+        "statistics",
+        "ref_stats",
+        3,
+        1,
+        {"reinit": {"layers.0.qkv": SEED + 1}},
+        "layers.0.qkv re-initialised (reset_parameters) with another seed before step 0.",
+    ),
+    (
+        "grad_explode_stats",
+        "statistics",
+        "ref_stats",
+        3,
+        1,
+        {"loss_scale": [1, 1e4]},
+        "From step 1 the loss is scaled by 1e4 before backward and the gradients are never unscaled: "
+        "gradients explode at step 1, the step-1 update is 1e4 times too large.",
+    ),
 ]
 
 # Cross-device noise cases (issue 11): a small GPT-style model with separate q/k/v projections that carry biases,
@@ -129,13 +245,20 @@ XDEV_FAULTS = [
     # name stem, faults, description
     ("clean", {}, "no fault: device B's kernels only"),
     ("clean2", {"device": XDEV_B2}, "no fault: device B's kernels with another split (chunk 16, reversed)"),
-    ("weight5pct", {"weight_scale": {"layers.0.wv.weight": 1.05}},
-     "layers.0.wv.weight multiplied by 1.05 at init, under device B's noise"),
+    (
+        "weight5pct",
+        {"weight_scale": {"layers.0.wv.weight": 1.05}},
+        "layers.0.wv.weight multiplied by 1.05 at init, under device B's noise",
+    ),
     ("no_mask", {"no_mask": [1]}, "layer 1's attention without the causal mask (no masked_fill call), under noise"),
     ("ln_eps", {"ln2_eps": {0: 1e-2}}, "layer 0's ln2 eps 1e-2 instead of 1e-5, under noise"),
     ("gelu_tanh", {"gelu_tanh": [1]}, "layer 1's F.gelu called with approximate='tanh', under noise"),
-    ("lr", {"lr": 0.011}, "AdamW learning rate 0.011 instead of 0.01 (+10 %; the optimizer runs outside msprobe's "
-     "start/stop window, so no record carries the learning rate), under noise"),
+    (
+        "lr",
+        {"lr": 0.011},
+        "AdamW learning rate 0.011 instead of 0.01 (+10 %; the optimizer runs outside msprobe's "
+        "start/stop window, so no record carries the learning rate), under noise",
+    ),
 ]
 # tensor mode costs ~1.9 MB per step and case (~370 .pt files): only the pairs whose verdict needs tensor data
 # (false alarms on the clean pair, the optimizer's update sizes) and only the steps they need
@@ -144,14 +267,32 @@ XDEV_TENSOR = ("clean", "weight5pct", "no_mask", "ln_eps", "gelu_tanh", "lr")
 XDEV_CASES = []
 for _task, _sfx in (("statistics", "stats"), ("tensor", "tensor")):
     _ref = "xdev_ref_" + _sfx
-    XDEV_CASES.append((_ref, _task, None, XDEV_STEPS[_task], 1, {"xdev": True},
-                       "Cross-device reference (device A): small GPT, bf16 autocast, no fault."))
+    XDEV_CASES.append(
+        (
+            _ref,
+            _task,
+            None,
+            XDEV_STEPS[_task],
+            1,
+            {"xdev": True},
+            "Cross-device reference (device A): small GPT, bf16 autocast, no fault.",
+        )
+    )
     for _stem, _f, _desc in XDEV_FAULTS:
         if _task == "tensor" and _stem not in XDEV_TENSOR:
             continue
         _faults = dict({"xdev": True, "device": XDEV_B1}, **_f)
-        XDEV_CASES.append(("xdev_%s_%s" % (_stem, _sfx), _task, _ref, XDEV_STEPS[_task], 1, _faults,
-                           "Device B (bf16 kernels rounding differently): %s." % _desc))
+        XDEV_CASES.append(
+            (
+                "xdev_%s_%s" % (_stem, _sfx),
+                _task,
+                _ref,
+                XDEV_STEPS[_task],
+                1,
+                _faults,
+                "Device B (bf16 kernels rounding differently): %s." % _desc,
+            )
+        )
 CASE_BY_NAME = {c[0]: c for c in CASES + XDEV_CASES}
 
 
@@ -231,7 +372,7 @@ def build_model(faults, rank=0):
         if "saturate_fc2" in faults:
             blk = model.layers[faults["saturate_fc2"]]
             blk.fc1.weight[0].zero_()
-            blk.fc1.bias[0] = 16.0           # fc1 unit 0 == 16 for every token; gelu(16) == 16 exactly
+            blk.fc1.bias[0] = 16.0  # fc1 unit 0 == 16 for every token; gelu(16) == 16 exactly
             blk.fc2.weight[0:2].zero_()
             blk.fc2.bias[0:2] = 0.0
             blk.fc2.weight[0, 0] = fmax / 16  # 16 * (fmax / 16) == +fmax exactly
@@ -241,6 +382,7 @@ def build_model(faults, rank=0):
 
 def make_batches(steps, rank, faults=None):
     import torch
+
     g = torch.Generator().manual_seed(DATA_SEED + rank)
     out = []
     for _ in range(steps):
@@ -324,6 +466,7 @@ def run_case_process(name, scratch):
         run_training(name, 0, 1, init_file)
     else:
         import torch.multiprocessing as mp
+
         mp.spawn(_spawn_entry, args=(name, world_size, init_file), nprocs=world_size, join=True)
 
 
@@ -422,8 +565,18 @@ def xdev_kernels(chunk, reverse):
 
     def split_sum(x, dim, keepdim):
         rows = x.shape[dim]
-        parts = [cast(cast(aten.sum.dim_IntList(cast(aten.slice.Tensor(x, dim, lo, min(lo + chunk, rows)), f32),
-                                                [dim], keepdim), bf16), f32) for lo in range(0, rows, chunk)]
+        parts = [
+            cast(
+                cast(
+                    aten.sum.dim_IntList(
+                        cast(aten.slice.Tensor(x, dim, lo, min(lo + chunk, rows)), f32), [dim], keepdim
+                    ),
+                    bf16,
+                ),
+                f32,
+            )
+            for lo in range(0, rows, chunk)
+        ]
         return cast(add_up(parts), bf16)
 
     class DeviceB(TorchDispatchMode):
@@ -433,11 +586,18 @@ def xdev_kernels(chunk, reverse):
                 return cast(split_mm(args[0], args[1], func is aten.bmm.default), bf16)
             if func is aten.addmm.default and args[1].dtype == bf16:
                 beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-                acc = aten.add.Tensor(aten.mul.Tensor(cast(args[0], f32), beta),
-                                      aten.mul.Tensor(split_mm(args[1], args[2], False), alpha))
+                acc = aten.add.Tensor(
+                    aten.mul.Tensor(cast(args[0], f32), beta), aten.mul.Tensor(split_mm(args[1], args[2], False), alpha)
+                )
                 return cast(acc, bf16)
-            if func is aten.sum.dim_IntList and args[0].dtype == bf16 and kwargs.get("dtype") is None \
-                    and len(args) >= 2 and args[1] is not None and len(args[1]) == 1:
+            if (
+                func is aten.sum.dim_IntList
+                and args[0].dtype == bf16
+                and kwargs.get("dtype") is None
+                and len(args) >= 2
+                and args[1] is not None
+                and len(args[1]) == 1
+            ):
                 keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
                 return split_sum(args[0], args[1][0] % args[0].dim(), keepdim)
             return func(*args, **kwargs)
@@ -463,8 +623,10 @@ def run_xdev_training(name, init_file):
     model = build_xdev_model(faults)
     optimizer = torch.optim.AdamW(model.parameters(), lr=faults.get("lr", XD_LR))
     g = torch.Generator().manual_seed(DATA_SEED)
-    batches = [(torch.randint(0, XD_VOCAB, (BATCH, SEQ), generator=g),
-                torch.randint(0, XD_VOCAB, (BATCH,), generator=g)) for _ in range(steps)]
+    batches = [
+        (torch.randint(0, XD_VOCAB, (BATCH, SEQ), generator=g), torch.randint(0, XD_VOCAB, (BATCH,), generator=g))
+        for _ in range(steps)
+    ]
     dev = faults.get("device")
     kernels = xdev_kernels(dev["chunk"], dev["reverse"]) if dev else contextlib.nullcontext()
     debugger = PrecisionDebugger(config_path=config_path)
@@ -487,6 +649,7 @@ def run_xdev_training(name, init_file):
 # ============================================================================
 def path_replacements(scratch):
     import sysconfig
+
     reps = []
     purelib = sysconfig.get_paths()["purelib"]
     rel = os.path.relpath(purelib, sys.prefix)  # lib/python3.11/site-packages
@@ -533,7 +696,7 @@ def neutralise(case_dir, scratch):
                     value, q, tail = rest.partition('"')
                     for old, rep in reps:
                         if value.startswith(old + "/"):
-                            value = rep + value[len(old):]
+                            value = rep + value[len(old) :]
                             break
                     with open(p, "w", encoding="utf-8") as f:
                         f.write(head + sep + value + q + tail)
@@ -549,9 +712,14 @@ def generate(names, out_dir):
             env.setdefault("OMP_NUM_THREADS", "1")
             env.setdefault("MKL_NUM_THREADS", "1")
             env["PYTHONHASHSEED"] = "0"
-            res = subprocess.run([sys.executable, os.path.abspath(__file__), "--run-case", name,
-                                  "--scratch", scratch], env=env, cwd=scratch,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            res = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--run-case", name, "--scratch", scratch],
+                env=env,
+                cwd=scratch,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             if res.returncode != 0:
                 print(res.stdout[-6000:])
                 raise SystemExit("case %s failed (rc %d)" % (name, res.returncode))
@@ -607,8 +775,7 @@ class Dump:
 
     def find(self, step, rank, prefix, parent, nth=0):
         """nth record (in dump.json order) named prefix.* whose construct parent is parent."""
-        hits = [k for k in self.data(step, rank)
-                if k.startswith(prefix + ".") and self.parent(step, rank, k) == parent]
+        hits = [k for k in self.data(step, rank) if k.startswith(prefix + ".") and self.parent(step, rank, k) == parent]
         if len(hits) <= nth:
             raise AssertionError("%s: no %s under %s at step %d rank %d" % (self.name, prefix, parent, step, rank))
         return hits[nth]
@@ -660,6 +827,7 @@ def _load_pt(path):
     global _TORCH
     if _TORCH is None:
         import torch
+
         _TORCH = torch
     return _TORCH.load(path, weights_only=True)
 
@@ -676,8 +844,9 @@ def outputs_differ_tensor(rec, ref_rec, tdir, rdir):
             if ta.dtype != tb.dtype or ta.shape != tb.shape:
                 return True
             if ta.is_floating_point():
-                if not _TORCH.equal(_TORCH.nan_to_num(ta, nan=0.0), _TORCH.nan_to_num(tb, nan=0.0)) or \
-                        not _TORCH.equal(ta.isnan(), tb.isnan()):
+                if not _TORCH.equal(_TORCH.nan_to_num(ta, nan=0.0), _TORCH.nan_to_num(tb, nan=0.0)) or not _TORCH.equal(
+                    ta.isnan(), tb.isnan()
+                ):
                     return True
             elif not _TORCH.equal(ta, tb):
                 return True
@@ -763,8 +932,7 @@ def construction_truth(tgt, ref):
         e["culprit"] = {"step": 0, "rank": 0, "op": op, "kind": "scalar"}  # a keyword in the target only
         assert tgt.data(0, 0)[op]["input_kwargs"] == {"approximate": {"type": "str", "value": "tanh"}}
         assert ref.data(0, 0)[op]["input_kwargs"] == {}
-        extra["scalar_argument"] = {"op": op, "name": op + ".input.approximate", "value": "tanh",
-                                    "ref_value": None}
+        extra["scalar_argument"] = {"op": op, "name": op + ".input.approximate", "value": "tanh", "ref_value": None}
     elif name == "ln_eps_stats":
         op = tgt.find(0, 0, "Functional.layer_norm", L(0, "ln2.LayerNorm"))
         e["first_divergence"] = {"step": 0, "rank": 0, "op": op}
@@ -794,14 +962,12 @@ def construction_truth(tgt, ref):
         e["first_divergence"] = {"step": 0, "rank": 0, "op": fc1}
         e["culprit"] = {"step": 0, "rank": 0, "op": fc1, "kind": "parameter"}
         e["first_overflow"] = {"step": 0, "rank": 0, "op": fc2, "kind": "saturated"}
-        extra["parameter"] = ["layers.1.fc1.weight", "layers.1.fc1.bias", "layers.1.fc2.weight",
-                              "layers.1.fc2.bias"]
+        extra["parameter"] = ["layers.1.fc1.weight", "layers.1.fc1.bias", "layers.1.fc2.weight", "layers.1.fc2.bias"]
     elif name.startswith("bf16"):
         # the first record whose output autocast computed in bf16
         first_bf16 = None
         for k, rec in tgt.data(0, 0).items():
-            if any(isinstance(l, dict) and l.get("dtype") == "torch.bfloat16"
-                   for _, l in iter_leaves(out_part(rec))):
+            if any(isinstance(l, dict) and l.get("dtype") == "torch.bfloat16" for _, l in iter_leaves(out_part(rec))):
                 first_bf16 = k
                 break
         e["first_divergence"] = {"step": 0, "rank": 0, "op": first_bf16}
@@ -825,8 +991,9 @@ def construction_truth(tgt, ref):
         assert n_t == n_r + 1
         # renumbered real gelus carry the ref's values unchanged
         for i in range(n_r):
-            assert _same(out_part(t0["Functional.gelu.%d.forward" % (i + 1)]),
-                         out_part(r0["Functional.gelu.%d.forward" % i]))
+            assert _same(
+                out_part(t0["Functional.gelu.%d.forward" % (i + 1)]), out_part(r0["Functional.gelu.%d.forward" % i])
+            )
         e["first_divergence"] = {"step": 0, "rank": 0, "op": gel}
         e["culprit"] = {"step": 0, "rank": 0, "op": gel, "kind": "missing_or_extra", "side": "target"}
         extra["renumbered"] = {"Functional.gelu.%d" % (i + 1): "Functional.gelu.%d" % i for i in range(n_r)}
@@ -858,19 +1025,24 @@ def build_catalog(out_dir):
     dumps = {name: Dump(out_dir, name) for name in CASE_BY_NAME}
     cat = []
     for name, task, refname, steps, world, _faults, desc in CASES:
-        entry = {"name": name, "path": name, "mode": task, "ref": refname,
-                 "steps": list(range(steps)), "ranks": list(range(world)), "fault": desc}
+        entry = {
+            "name": name,
+            "path": name,
+            "mode": task,
+            "ref": refname,
+            "steps": list(range(steps)),
+            "ranks": list(range(world)),
+            "fault": desc,
+        }
         if refname is None:
             entry["expected"] = None
         else:
             tgt, ref = dumps[name], dumps[refname]
             truth, extra = construction_truth(tgt, ref)
-            found = {"first_divergence": first_divergence(tgt, ref),
-                     "first_overflow": first_overflow(tgt, ref)}
+            found = {"first_divergence": first_divergence(tgt, ref), "first_overflow": first_overflow(tgt, ref)}
             for k in ("first_divergence", "first_overflow"):
                 if found[k] != truth[k]:
-                    raise AssertionError("%s: %s by construction %r, from the dumps %r"
-                                         % (name, k, truth[k], found[k]))
+                    raise AssertionError("%s: %s by construction %r, from the dumps %r" % (name, k, truth[k], found[k]))
             entry["expected"] = dict(truth)
             entry["expected"].update(extra)
             if name in CHECKLIST_CASES:
@@ -890,7 +1062,7 @@ def build_catalog(out_dir):
 # ============================================================================
 def xdev_truth(tgt, ref, clean):
     """Answers known by construction for one device-B case; `clean` is the same device's fault-free run."""
-    stem = tgt.name[len("xdev_"):].rsplit("_", 1)[0]
+    stem = tgt.name[len("xdev_") :].rsplit("_", 1)[0]
     L = lambda i, sub: "Module.layers.%d.%s.forward.0" % (i, sub)
     blk = lambda i: "Module.layers.%d.Block.forward.0" % i
     # device B rounds differently from the first bf16 matmul on (layer 0's q projection); which record is the
@@ -934,8 +1106,13 @@ def xdev_truth(tgt, ref, clean):
         op = tgt.find(1, 0, "Functional.embedding", "Module.emb.Embedding.forward.0")
         assert op == next(iter(tgt.data(1, 0)))
         e["culprit"] = {"step": 1, "rank": 0, "op": op, "kind": "optimizer"}
-        extra["optimizer"] = {"name": "AdamW", "lr": 0.011, "ref_lr": XD_LR, "update_ratio": 1.1,
-                              "between_steps": [0, 1]}
+        extra["optimizer"] = {
+            "name": "AdamW",
+            "lr": 0.011,
+            "ref_lr": XD_LR,
+            "update_ratio": 1.1,
+            "between_steps": [0, 1],
+        }
         at = {"step": 1, "rank": 0, "op": op}
     else:
         assert stem in ("clean", "clean2"), stem
@@ -947,8 +1124,9 @@ def xdev_truth(tgt, ref, clean):
         # later record of that step differs (statistics of a bf16 output can hide a change below its rounding)
         got = first_divergence(tgt, clean)
         order = list(tgt.data(at["step"], 0))
-        assert got and got["step"] == at["step"] and order.index(got["op"]) >= order.index(at["op"]), \
+        assert got and got["step"] == at["step"] and order.index(got["op"]) >= order.index(at["op"]), (
             "%s against %s: first difference %r, the fault is at %r" % (tgt.name, clean.name, got, at)
+        )
         extra["against_clean"] = {"case": clean.name, "first_difference": got}
     return e, extra
 
@@ -962,8 +1140,16 @@ def build_xdev_catalog(out_dir):
     dumps = {c[0]: Dump(out_dir, c[0]) for c in XDEV_CASES}
     cat = []
     for name, task, refname, steps, world, faults, desc in XDEV_CASES:
-        entry = {"name": name, "path": name, "mode": task, "ref": refname, "steps": list(range(steps)),
-                 "ranks": list(range(world)), "fault": desc, "kernels": xdev_device(faults)}
+        entry = {
+            "name": name,
+            "path": name,
+            "mode": task,
+            "ref": refname,
+            "steps": list(range(steps)),
+            "ranks": list(range(world)),
+            "fault": desc,
+            "kernels": xdev_device(faults),
+        }
         if refname is None:
             entry["expected"] = None
             cat.append(entry)
@@ -993,8 +1179,16 @@ def build_xdev_catalog(out_dir):
 # ============================================================================
 CHECKLIST_CASES = ("data_batch_stats", "init_weight_stats", "lr_stats", "grad_explode_stats")
 STATS = ("Max", "Min", "Mean", "Norm")
-LOSS_OPS = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
-            "binary_cross_entropy_with_logits", "kl_div"}
+LOSS_OPS = {
+    "cross_entropy",
+    "nll_loss",
+    "mse_loss",
+    "l1_loss",
+    "smooth_l1_loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "kl_div",
+}
 INT_DTYPES = {"torch.int8", "torch.int16", "torch.int32", "torch.int64", "torch.uint8"}
 EXPLODE, VANISH, UPDATE, GROWTH, GROWTH_STEPS, NEAR_MAX = 10.0, 1e-7, 0.1, 0.2, 3, 0.5
 MASK_OPS = ("masked_fill", "where", "fill", "full", "triu", "tril")
@@ -1051,13 +1245,11 @@ def input_leaves(key, rec):
 def output_leaves(key, rec):
     if direction(key) == "parameters_grad":
         return [(key + "." + p[0], leaf) for p, leaf in iter_leaves(rec)]
-    return [(key + ".output." + ".".join(str(p) for p in path), leaf)
-            for path, leaf in iter_leaves(rec.get("output"))]
+    return [(key + ".output." + ".".join(str(p) for p in path), leaf) for path, leaf in iter_leaves(rec.get("output"))]
 
 
 def forward_keys(d, step, rank):
-    return [k for k in d.data(step, rank)
-            if direction(k) == "forward" and d.parent(step, rank, k) != "optimizer"]
+    return [k for k in d.data(step, rank) if direction(k) == "forward" and d.parent(step, rank, k) != "optimizer"]
 
 
 # -- checklist ---------------------------------------------------------------------------------------------
@@ -1136,9 +1328,14 @@ def check_structure(tgt, ref):
                 shapes += sum(1 for x, y in zip(a, b) if x.get("shape") != y.get("shape"))
                 dtypes += sum(1 for x, y in zip(a, b) if x.get("dtype") != y.get("dtype"))
     differs = t_only or r_only or shapes or dtypes
-    return {"status": "differs" if differs else "pass", "target_only_records": t_only,
-            "ref_only_records": r_only,
-            "shape_differences": shapes, "dtype_differences": dtypes, "first": first}
+    return {
+        "status": "differs" if differs else "pass",
+        "target_only_records": t_only,
+        "ref_only_records": r_only,
+        "shape_differences": shapes,
+        "dtype_differences": dtypes,
+        "first": first,
+    }
 
 
 def scalar_text(leaf):
@@ -1160,22 +1357,29 @@ def check_scalars(tgt, ref):
                     vb = scalar_text(b[n]) if n in b else "(absent)"
                     if va == vb or (a.get(n) is None and b.get(n) is None):
                         continue
-                    g = (counter_free(key), n[len(key) + 1:], va, vb)
+                    g = (counter_free(key), n[len(key) + 1 :], va, vb)
                     hit = next((x for x in groups if x["key"] == g), None)
                     if hit is None:
-                        groups.append({"key": g, "count": 0, "first": {"step": step, "rank": rank, "op": key,
-                                                                       "name": n}})
+                        groups.append(
+                            {"key": g, "count": 0, "first": {"step": step, "rank": rank, "op": key, "name": n}}
+                        )
                         hit = groups[-1]
                     hit["count"] += 1
     if not groups:
         return {"status": "pass"}
     g = groups[0]
-    return {"status": "differs", "first": g["first"], "arg": g["key"][1], "value": g["key"][2],
-            "ref_value": g["key"][3], "count": g["count"], "distinct": len(groups)}
+    return {
+        "status": "differs",
+        "first": g["first"],
+        "arg": g["key"][1],
+        "value": g["key"][2],
+        "ref_value": g["key"][3],
+        "count": g["count"],
+        "distinct": len(groups),
+    }
 
 
-FLOAT_EPS = {"torch.float16": 2.0 ** -10, "torch.bfloat16": 2.0 ** -7, "torch.float32": 2.0 ** -23,
-             "torch.float64": 2.0 ** -52}
+FLOAT_EPS = {"torch.float16": 2.0**-10, "torch.bfloat16": 2.0**-7, "torch.float32": 2.0**-23, "torch.float64": 2.0**-52}
 
 
 def compute_dtype(d):
@@ -1194,10 +1398,14 @@ def compute_dtype(d):
 def checklist_answers(tgt, ref):
     pt, pr = compute_dtype(tgt), compute_dtype(ref)
     same_cov = tgt.nsteps == ref.nsteps and tgt.world == ref.world
-    return {"data": check_data(tgt, ref), "weights": check_weights(tgt, ref),
-            "structure": check_structure(tgt, ref), "scalars": check_scalars(tgt, ref),
-            "precision": {"status": "pass" if pt == pr else "differs", "target": pt, "ref": pr},
-            "coverage": {"status": "pass" if same_cov else "differs"}}
+    return {
+        "data": check_data(tgt, ref),
+        "weights": check_weights(tgt, ref),
+        "structure": check_structure(tgt, ref),
+        "scalars": check_scalars(tgt, ref),
+        "precision": {"status": "pass" if pt == pr else "differs", "target": pt, "ref": pr},
+        "coverage": {"status": "pass" if same_cov else "differs"},
+    }
 
 
 # -- health ------------------------------------------------------------------------------------------------
@@ -1271,8 +1479,12 @@ def weight_findings(d):
                     if p is None:
                         continue
                     name = key + ".parameters." + pname
-                    diffs = [abs(w["Norm"] - p["Norm"]), abs(w["Mean"] - p["Mean"]) * math.sqrt(numel(w)),
-                             abs(w["Max"] - p["Max"]), abs(w["Min"] - p["Min"])]
+                    diffs = [
+                        abs(w["Norm"] - p["Norm"]),
+                        abs(w["Mean"] - p["Mean"]) * math.sqrt(numel(w)),
+                        abs(w["Max"] - p["Max"]),
+                        abs(w["Min"] - p["Min"]),
+                    ]
                     if all(finite(x) for x in (w["Norm"], w["Max"], w["Min"])) and stats_equal(w, p):
                         frozen.append(((step, rank, i, 0), key, name))
                     elif len(w["shape"]) >= 2 and p["Norm"] and max(diffs) / p["Norm"] > UPDATE:
@@ -1369,8 +1581,14 @@ def health_answers(d):
     series = loss_series(d)
     out = {"loss": [v for _, _, _, _, v in series]}
     found = {}
-    for part in (overflow_findings(d), grad_findings(d), weight_findings(d), activation_findings(d),
-                 near_max_findings(d), loss_findings(d, series)):
+    for part in (
+        overflow_findings(d),
+        grad_findings(d),
+        weight_findings(d),
+        activation_findings(d),
+        near_max_findings(d),
+        loss_findings(d, series),
+    ):
         found.update(part)
     out["findings"] = found
     return out
@@ -1417,8 +1635,17 @@ def main():
         generate(names, out_dir)
     cat, xcat = build_catalog(out_dir), build_xdev_catalog(out_dir)
     with open(os.path.join(out_dir, "catalog.json"), "w") as f:
-        json.dump({"generator": "sample_dumps/generate.py", "msprobe": "26.2.0", "torch": "2.13.0",
-                   "cases": cat, "device_noise_cases": xcat}, f, indent=1)
+        json.dump(
+            {
+                "generator": "sample_dumps/generate.py",
+                "msprobe": "26.2.0",
+                "torch": "2.13.0",
+                "cases": cat,
+                "device_noise_cases": xcat,
+            },
+            f,
+            indent=1,
+        )
         f.write("\n")
     print("catalog.json written with %d cases and %d device-noise cases" % (len(cat), len(xcat)))
 

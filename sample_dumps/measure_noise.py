@@ -70,12 +70,29 @@ def measure(store, cases, exact):
             if name not in ingested:
                 cli("ingest", os.path.join(HERE, name), "--run", name, "--store", store, "--jobs", "1")
                 ingested.add(name)
-        args = ["divergence", "--target", case["name"], "--ref", case["ref"], "--store", store, "--json",
-                "--no-cache"] + (["--exact"] if exact else [])
+        args = [
+            "divergence",
+            "--target",
+            case["name"],
+            "--ref",
+            case["ref"],
+            "--store",
+            store,
+            "--json",
+            "--no-cache",
+        ] + (["--exact"] if exact else [])
         verdict = json.loads(cli(*args))
         exp, got = case["expected"]["culprit"], verdict.get("culprit")
-        rows.append({"pair": case["name"], "mode": case["mode"], "expected": where(exp), "got": where(got),
-                     "outcome": outcome(exp, got), "got_detail": got})
+        rows.append(
+            {
+                "pair": case["name"],
+                "mode": case["mode"],
+                "expected": where(exp),
+                "got": where(got),
+                "outcome": outcome(exp, got),
+                "got_detail": got,
+            }
+        )
     return rows
 
 
@@ -86,9 +103,15 @@ def table(rows):
     lines += [" | ".join(r[c].ljust(width[c]) for c in cols) for r in rows]
     faults = [r for r in rows if r["expected"] != "-"]
     clean = [r for r in rows if r["expected"] == "-"]
-    lines.append("faults found (step and op): %d of %d; false alarms on clean pairs: %d of %d"
-                 % (sum(r["outcome"].startswith("hit") for r in faults), len(faults),
-                    sum(r["outcome"] == "false alarm" for r in clean), len(clean)))
+    lines.append(
+        "faults found (step and op): %d of %d; false alarms on clean pairs: %d of %d"
+        % (
+            sum(r["outcome"].startswith("hit") for r in faults),
+            len(faults),
+            sum(r["outcome"] == "false alarm" for r in clean),
+            len(clean),
+        )
+    )
     return "\n".join(lines)
 
 
@@ -108,8 +131,9 @@ def rel_errors(case, ref, step):
     import torch
 
     def load(c, leaf):
-        return torch.load(os.path.join(HERE, c, "step%d" % step, "rank0", "dump_tensor_data", leaf["data_name"]),
-                          weights_only=True)
+        return torch.load(
+            os.path.join(HERE, c, "step%d" % step, "rank0", "dump_tensor_data", leaf["data_name"]), weights_only=True
+        )
 
     def data(c):
         with open(os.path.join(HERE, c, "step%d" % step, "rank0", "dump.json")) as f:
@@ -148,6 +172,7 @@ def _stat_leaves(obj, path=()):
 
 def norm_errors(case, ref, step):
     """(|Norm_t - Norm_r| / Norm_r, tensor name, Norm_r) of every float tensor of one step of a statistics pair."""
+
     def data(c):
         with open(os.path.join(HERE, c, "step%d" % step, "rank0", "dump.json")) as f:
             return json.load(f)["data"]
@@ -170,16 +195,20 @@ def spread(cases, top=3):
             errs = norm_errors(case["name"], case["ref"], step)
             v = [e[0] for e in errs]
             q50, q90, q99 = (quantile(v, f) for f in (0.5, 0.9, 0.99))
-            lines.append("%s step %d: |dNorm|/Norm of %d tensors, median %.2e, p90 %.2e, p99 %.2e, > 2^-6: %d"
-                         % (case["name"], step, len(v), q50, q90, q99, sum(x > 2 ** -6 for x in v)))
+            lines.append(
+                "%s step %d: |dNorm|/Norm of %d tensors, median %.2e, p90 %.2e, p99 %.2e, > 2^-6: %d"
+                % (case["name"], step, len(v), q50, q90, q99, sum(x > 2**-6 for x in v))
+            )
             lines += ["    %.3g  %s  (ref norm %.3g)" % e for e in errs[-top:]]
     for case in (c for c in cases if c["mode"] == "tensor"):
         for step in case["steps"]:
             errs = rel_errors(case["name"], case["ref"], step)
             v = [e[0] for e in errs]
             q50, q90, q99 = (quantile(v, f) for f in (0.5, 0.9, 0.99))
-            lines.append("%s step %d: %d tensors, median %.2e, p90 %.2e, p99 %.2e, > 2^-6: %d"
-                         % (case["name"], step, len(v), q50, q90, q99, sum(x > 2 ** -6 for x in v)))
+            lines.append(
+                "%s step %d: %d tensors, median %.2e, p90 %.2e, p99 %.2e, > 2^-6: %d"
+                % (case["name"], step, len(v), q50, q90, q99, sum(x > 2**-6 for x in v))
+            )
             lines += ["    %.3g  %s  (ref norm %.3g)" % e for e in errs[-top:]]
     return "\n".join(lines)
 

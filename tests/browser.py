@@ -16,9 +16,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--no-default-browser-check",
-         "--disable-extensions", "--hide-scrollbars", "--mute-audio", "--enable-logging=stderr", "--v=0")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--enable-logging=stderr",
+    "--v=0",
+)
 CONSOLE_ERROR = re.compile(r"Uncaught|CONSOLE.*(error|Error|violates)|Refused to", re.IGNORECASE)
 
 _state: dict[str, str | None] = {}
@@ -38,8 +50,10 @@ def chromium() -> str | None:
     path = _find()
     if path is None:
         if os.geteuid() != 0 or shutil.which("apt-get") is None:
-            _state["why"] = ("headless Chromium not found (/usr/bin/chromium) and not root with apt-get; "
-                             "install it: apt-get install -y chromium")
+            _state["why"] = (
+                "headless Chromium not found (/usr/bin/chromium) and not root with apt-get; "
+                "install it: apt-get install -y chromium"
+            )
         else:
             env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
             for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
@@ -60,8 +74,8 @@ def why_no_chromium() -> str:
 
 @dataclass
 class Page:
-    dom: str              # document.documentElement.outerHTML after scripts ran (virtual time budget)
-    stderr: str           # Chromium's log, including console messages
+    dom: str  # document.documentElement.outerHTML after scripts ran (virtual time budget)
+    stderr: str  # Chromium's log, including console messages
     console_errors: list[str]
     screenshot: Path | None
 
@@ -70,16 +84,27 @@ def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def load(html_file: Path, *, screenshot: Path | None = None, window: tuple[int, int] = (1400, 2000),
-         budget_ms: int = 5000, timeout: float = 60.0) -> Page:
+def load(
+    html_file: Path,
+    *,
+    screenshot: Path | None = None,
+    window: tuple[int, int] = (1400, 2000),
+    budget_ms: int = 5000,
+    timeout: float = 60.0,
+) -> Page:
     """Open `html_file` in headless Chromium: dump the DOM and, if asked, write a PNG screenshot."""
     exe = chromium()
     if exe is None:
         raise RuntimeError(why_no_chromium())
     url = Path(html_file).resolve().as_uri()
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
-        base = [exe, *FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}",
-                f"--window-size={window[0]},{window[1]}"]
+        base = [
+            exe,
+            *FLAGS,
+            f"--user-data-dir={profile}",
+            f"--virtual-time-budget={budget_ms}",
+            f"--window-size={window[0]},{window[1]}",
+        ]
         if screenshot is not None:  # one run does both: the DOM on stdout, the PNG after the budget
             base.append(f"--screenshot={screenshot}")
         res = _run(base + ["--dump-dom", url], timeout)

@@ -12,11 +12,15 @@ import pytest
 
 def _leaf(arr: np.ndarray, data_name: str | None, dtype: str | None = None) -> dict[str, Any]:
     a64 = arr.astype(np.float64)
-    leaf: dict[str, Any] = {"type": "torch.Tensor", "dtype": dtype or f"torch.{arr.dtype.name}",
-                            "shape": list(arr.shape)}
+    leaf: dict[str, Any] = {
+        "type": "torch.Tensor",
+        "dtype": dtype or f"torch.{arr.dtype.name}",
+        "shape": list(arr.shape),
+    }
     if arr.size:
-        leaf.update(Max=float(a64.max()), Min=float(a64.min()), Mean=float(a64.mean()),
-                    Norm=float(np.sqrt((a64 * a64).sum())))
+        leaf.update(
+            Max=float(a64.max()), Min=float(a64.min()), Mean=float(a64.mean()), Norm=float(np.sqrt((a64 * a64).sum()))
+        )
     else:
         leaf.update(Max=None, Min=None, Mean=None, Norm=None)
     leaf["requires_grad"] = False
@@ -32,12 +36,14 @@ class DumpWriter:
         self.root = root
         self.task = task
 
-    def write(self, records: dict[str, dict[str, list]], *, step: int = 0, rank: int = 0,
-              construct: dict | None = None) -> Path:
+    def write(
+        self, records: dict[str, dict[str, list]], *, step: int = 0, rank: int = 0, construct: dict | None = None
+    ) -> Path:
         d = self.root / f"step{step}" / f"rank{rank}"
         (d / "dump_tensor_data").mkdir(parents=True, exist_ok=True)
-        data = {key: {sec: self._section(key, sec, vals, d) for sec, vals in rec.items()}
-                for key, rec in records.items()}
+        data = {
+            key: {sec: self._section(key, sec, vals, d) for sec, vals in rec.items()} for key, rec in records.items()
+        }
         doc = {"task": self.task, "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}
         (d / "dump.json").write_text(json.dumps(doc, indent=1))
         (d / "construct.json").write_text(json.dumps(construct or {}))
@@ -61,6 +67,7 @@ class DumpWriter:
 def dump_writer(tmp_path: Path):
     def make(name: str = "dump", task: str = "tensor") -> DumpWriter:
         return DumpWriter(tmp_path / name, task)
+
     return make
 
 
@@ -77,7 +84,7 @@ def _no_env_store(monkeypatch):
 @pytest.fixture(scope="session")
 def sample_store(tmp_path_factory):
     """Every case of sample_dumps/catalog.json ingested once, as run <case name>; tests only read it."""
-    from dumpstore.ingest import ingest
+    from dumpstore._ingest import ingest
     from dumpstore.store import open_store
     from helpers import SAMPLES, sample_cases
 

@@ -36,23 +36,75 @@ import numpy as np
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_dumps"
 TENSOR_SRC = SAMPLES / "ref_tensor" / "step0" / "rank0"
 STATS_SRC = SAMPLES / "ref_stats" / "step0" / "rank0"
-TENSOR_RECORDS = ("Functional.embedding.0.forward", "Functional.layer_norm.0.forward",
-                  "Module.layers.0.qkv.Linear.forward.0", "Functional.layer_norm.0.backward",
-                  "Module.head.Linear.parameters_grad.0", "Tensor.add_.0.forward")
-STATS_RECORDS = ("Functional.embedding.0.forward", "Module.emb.Embedding.forward.0",
-                 "Functional.layer_norm.0.forward", "Functional.linear.0.forward",
-                 "Functional.linear.8.backward", "Module.head.Linear.parameters_grad.0")
+TENSOR_RECORDS = (
+    "Functional.embedding.0.forward",
+    "Functional.layer_norm.0.forward",
+    "Module.layers.0.qkv.Linear.forward.0",
+    "Functional.layer_norm.0.backward",
+    "Module.head.Linear.parameters_grad.0",
+    "Tensor.add_.0.forward",
+)
+STATS_RECORDS = (
+    "Functional.embedding.0.forward",
+    "Module.emb.Embedding.forward.0",
+    "Functional.layer_norm.0.forward",
+    "Functional.linear.0.forward",
+    "Functional.linear.8.backward",
+    "Module.head.Linear.parameters_grad.0",
+)
 CANARY = 12345.0
 TENSOR_UNIT = Path("step0") / "rank0"
 STATS_UNIT = Path("step1") / "rank0"
 CANARY_TENSORS = "canary_tensors"  # copied into a case's canary/dump_tensor_data by the mutations that need it
 BOM = b"\xef\xbb\xbf"
 
-WEIRD_STRINGS = ["", " ", "x", "NaN", "1.0", "-inf", "<script>alert(1)</script>", "a\x00b", "line\nbreak",
-                 "tab\tcr\r", "\udcff", "\ud800", "é✓漢", "../../etc/passwd", "%s%n", "x" * 10000]
-JSON_VALUES: list[Any] = [None, True, False, 0, -1, 1, 2 ** 31, 2 ** 63, 10 ** 30, -(10 ** 30), 10 ** 400, 1.5,
-                          -0.0, 1e308, 5e-324, math.nan, math.inf, -math.inf, [], [1, 2], [None], [[[]]], {},
-                          {"a": 1}, {"type": "int", "value": 1}, {"type": [1]}, *WEIRD_STRINGS]
+WEIRD_STRINGS = [
+    "",
+    " ",
+    "x",
+    "NaN",
+    "1.0",
+    "-inf",
+    "<script>alert(1)</script>",
+    "a\x00b",
+    "line\nbreak",
+    "tab\tcr\r",
+    "\udcff",
+    "\ud800",
+    "é✓漢",
+    "../../etc/passwd",
+    "%s%n",
+    "x" * 10000,
+]
+JSON_VALUES: list[Any] = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    2**31,
+    2**63,
+    10**30,
+    -(10**30),
+    10**400,
+    1.5,
+    -0.0,
+    1e308,
+    5e-324,
+    math.nan,
+    math.inf,
+    -math.inf,
+    [],
+    [1, 2],
+    [None],
+    [[[]]],
+    {},
+    {"a": 1},
+    {"type": "int", "value": 1},
+    {"type": [1]},
+    *WEIRD_STRINGS,
+]
 
 
 # ------------------------------------------------------------------------------------------ .pt files
@@ -72,18 +124,31 @@ def _tuple(items: list[bytes]) -> bytes:
     return b"(" + b"".join(items) + b"t"
 
 
-_STORAGES = {"float16": "HalfStorage", "float32": "FloatStorage", "float64": "DoubleStorage",
-             "int8": "CharStorage", "int16": "ShortStorage", "int32": "IntStorage", "int64": "LongStorage",
-             "uint8": "ByteStorage", "bool": "BoolStorage"}
+_STORAGES = {
+    "float16": "HalfStorage",
+    "float32": "FloatStorage",
+    "float64": "DoubleStorage",
+    "int8": "CharStorage",
+    "int16": "ShortStorage",
+    "int32": "IntStorage",
+    "int64": "LongStorage",
+    "uint8": "ByteStorage",
+    "bool": "BoolStorage",
+}
 
 
 def tensor_pickle(storage: str, numel: int, size: list[int], stride: list[int], offset: int = 0) -> bytes:
     """data.pkl of torch.save(tensor), written opcode by opcode (any size/stride/offset, no torch needed)."""
-    pid = _tuple([_text("storage"), b"ctorch\n" + storage.encode() + b"\n", _text("0"), _text("cpu"),
-                  _long(numel)])
-    return (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n(" + pid + b"Q" + _long(offset)
-            + _tuple([_long(d) for d in size]) + _tuple([_long(d) for d in stride])
-            + b"\x89ccollections\nOrderedDict\n)RtR.")
+    pid = _tuple([_text("storage"), b"ctorch\n" + storage.encode() + b"\n", _text("0"), _text("cpu"), _long(numel)])
+    return (
+        b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n("
+        + pid
+        + b"Q"
+        + _long(offset)
+        + _tuple([_long(d) for d in size])
+        + _tuple([_long(d) for d in stride])
+        + b"\x89ccollections\nOrderedDict\n)RtR."
+    )
 
 
 def write_pt_zip(path: Path, pkl: bytes, data: bytes) -> None:
@@ -127,11 +192,29 @@ def make_template(dest: Path) -> Path:
         write_pt(dest / CANARY_TENSORS / pt.name, np.full(arr.shape, CANARY, arr.dtype))
     write_pt(canary / "secret.pt", canary_array([4]))
     np.save(canary / "secret.npy", canary_array([4]))
-    leaf = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": CANARY, "Min": CANARY,
-            "Mean": CANARY, "Norm": CANARY, "requires_grad": False, "data_name": "secret.pt"}
-    (canary / "dump.json").write_text(json.dumps(
-        {"task": "tensor", "level": "L1", "framework": "pytorch", "dump_data_dir": None,
-         "data": {"Functional.canary.0.forward": {"input_args": [leaf], "output": [leaf]}}}, indent=1))
+    leaf = {
+        "type": "torch.Tensor",
+        "dtype": "torch.float32",
+        "shape": [4],
+        "Max": CANARY,
+        "Min": CANARY,
+        "Mean": CANARY,
+        "Norm": CANARY,
+        "requires_grad": False,
+        "data_name": "secret.pt",
+    }
+    (canary / "dump.json").write_text(
+        json.dumps(
+            {
+                "task": "tensor",
+                "level": "L1",
+                "framework": "pytorch",
+                "dump_data_dir": None,
+                "data": {"Functional.canary.0.forward": {"input_args": [leaf], "output": [leaf]}},
+            },
+            indent=1,
+        )
+    )
     (canary / "stack.json").write_text(json.dumps({"0": [["Functional.canary.0.forward"], ["CANARY"]]}))
     (canary / "construct.json").write_text(json.dumps({"Functional.embedding.0.forward": "CANARY"}))
     return dest
@@ -225,8 +308,9 @@ def _record_rows(key: str, record: Any) -> int:
     if kind == "parameters_grad":  # {param: [leaf]}: the one-element list adds no level
         return sum(count_values(v[0] if isinstance(v, list) and len(v) == 1 else v) for v in record.values())
     known = BACKWARD if kind == "backward" else FORWARD
-    return sum(_section_rows(v) if k in known else count_values(v) for k, v in record.items()
-               if k != "is_recompute")  # is_recompute is a flag of the record, not a leaf
+    return sum(
+        _section_rows(v) if k in known else count_values(v) for k, v in record.items() if k != "is_recompute"
+    )  # is_recompute is a flag of the record, not a leaf
 
 
 def expected_rows(doc: Any) -> int:
@@ -247,25 +331,104 @@ NEST_DEPTHS = (50, 399, 400, 401, 402, 500, 700)
 VALUE_DEPTHS = (100, 400, 700, 850)
 TEXT_DEPTHS = (990, 3000, 100000)
 ENCODINGS = ("bom", "utf16", "utf32", "latin1-byte", "cesu-surrogate", "empty", "whitespace", "trailing", "nul")
-JSON_FILE_KINDS = ("fifo", "dir", "missing", "sparse-5GiB", "link-passwd", "link-canary", "link-dangling",
-                   "link-loop", "link-relative-canary", "dev-zero")
+JSON_FILE_KINDS = (
+    "fifo",
+    "dir",
+    "missing",
+    "sparse-5GiB",
+    "link-passwd",
+    "link-canary",
+    "link-dangling",
+    "link-loop",
+    "link-relative-canary",
+    "dev-zero",
+)
 PT_DAMAGE = ("truncate", "zero", "random", "bitflip", "zeros", "append", "head-only")
-PT_FILE_KINDS = ("missing", "dir", "fifo", "link-canary", "link-relative-canary", "link-dev-zero", "link-dangling",
-                 "link-loop", "link-sibling")
-PT_CONTENTS = ("npy-in-pt", "other-file", "float64", "bool", "int8", "0-d", "empty", "nan-inf", "huge-claim",
-               "stride0-bomb", "negative-stride", "offset-past-end", "pickle-dict", "pickle-exec", "pickle-list",
-               "legacy", "two-archives")
-NPY_KINDS = ("renamed-pt", "renamed-keep-name", "float64", "object", "string", "structured", "fortran",
-             "big-endian", "0-d", "huge-header", "truncated", "bad-header", "v3-header", "complex", "bool", "float16")
+PT_FILE_KINDS = (
+    "missing",
+    "dir",
+    "fifo",
+    "link-canary",
+    "link-relative-canary",
+    "link-dev-zero",
+    "link-dangling",
+    "link-loop",
+    "link-sibling",
+)
+PT_CONTENTS = (
+    "npy-in-pt",
+    "other-file",
+    "float64",
+    "bool",
+    "int8",
+    "0-d",
+    "empty",
+    "nan-inf",
+    "huge-claim",
+    "stride0-bomb",
+    "negative-stride",
+    "offset-past-end",
+    "pickle-dict",
+    "pickle-exec",
+    "pickle-list",
+    "legacy",
+    "two-archives",
+)
+NPY_KINDS = (
+    "renamed-pt",
+    "renamed-keep-name",
+    "float64",
+    "object",
+    "string",
+    "structured",
+    "fortran",
+    "big-endian",
+    "0-d",
+    "huge-header",
+    "truncated",
+    "bad-header",
+    "v3-header",
+    "complex",
+    "bool",
+    "float16",
+)
 TENSOR_DIR_KINDS = ("file", "missing", "link-canary", "link-relative-canary", "empty", "link-self", "nested")
-DIR_NAMES = ("proc4242", "proc1", "rank99999999999999999999", "rank9223372036854775808", "rank2147483648", "rank-1",
-             "rank1\n", "rank\u0663", "rank 1", "RANK1", "rank\udcff", "step99999999999999999999",
-             "step9223372036854775807", "step2147483648", "step1\n", "graph", "pynative", "dump_tensor_data",
-             "\udcff\udcfe")
+DIR_NAMES = (
+    "proc4242",
+    "proc1",
+    "rank99999999999999999999",
+    "rank9223372036854775808",
+    "rank2147483648",
+    "rank-1",
+    "rank1\n",
+    "rank\u0663",
+    "rank 1",
+    "RANK1",
+    "rank\udcff",
+    "step99999999999999999999",
+    "step9223372036854775807",
+    "step2147483648",
+    "step1\n",
+    "graph",
+    "pynative",
+    "dump_tensor_data",
+    "\udcff\udcfe",
+)
 MOVES = ("graph-pynative", "nested-step", "under-nonutf8", "under-newline", "deep")
-STRAYS = ("pt-in-root", "pt-in-step", "nonutf8-plain-folder", "nonutf8-in-tensor-dir", "link-to-canary-dir",
-          "link-step-to-canary", "empty-step", "empty-rank", "fifo-in-rank", "debug-json", "debug-json-bare",
-          "plain-folder-links")
+STRAYS = (
+    "pt-in-root",
+    "pt-in-step",
+    "nonutf8-plain-folder",
+    "nonutf8-in-tensor-dir",
+    "link-to-canary-dir",
+    "link-step-to-canary",
+    "empty-step",
+    "empty-rank",
+    "fifo-in-rank",
+    "debug-json",
+    "debug-json-bare",
+    "plain-folder-links",
+)
 
 
 class Tree:
@@ -283,8 +446,11 @@ class Tree:
 
     # -- documents --------------------------------------------------------------------------------
     def dump_docs(self) -> list[tuple[Path, dict]]:
-        return [(p, d) for p, d in self.docs.items() if p.name == "dump.json" and isinstance(d, dict)
-                and isinstance(d.get("data"), dict)]
+        return [
+            (p, d)
+            for p, d in self.docs.items()
+            if p.name == "dump.json" and isinstance(d, dict) and isinstance(d.get("data"), dict)
+        ]
 
     def pick_dump(self, tensor_first: bool = False) -> tuple[Path, dict] | None:
         docs = self.dump_docs()
@@ -303,8 +469,11 @@ class Tree:
         found = self.pick_dump(tensor_first=with_file)
         if not found:
             return []
-        return [d for d in iter_dicts(found[1]["data"]) if "dtype" in d and "shape" in d
-                and (not with_file or isinstance(d.get("data_name"), str))]
+        return [
+            d
+            for d in iter_dicts(found[1]["data"])
+            if "dtype" in d and "shape" in d and (not with_file or isinstance(d.get("data_name"), str))
+        ]
 
     def pick_leaf(self, with_file: bool = False) -> dict | None:
         leaves = self.tensor_leaves(with_file)
@@ -400,8 +569,8 @@ Apply = Callable[[Tree], str]
 @dataclass(frozen=True)
 class Mutation:
     name: str
-    phase: int        # 0 documents, 1 JSON files as bytes, 2 tensor files, 3 layout (applied in this order)
-    fatal_ok: bool    # the ingest may end in a one-line error instead of a run with per-leaf errors
+    phase: int  # 0 documents, 1 JSON files as bytes, 2 tensor files, 3 layout (applied in this order)
+    fatal_ok: bool  # the ingest may end in a one-line error instead of a run with per-leaf errors
     apply: Apply
     variants: tuple = ()  # what Tree.choose picks from; each gets a case of its own
 
@@ -414,6 +583,7 @@ def mutation(phase: int, fatal_ok: bool = False, variants: tuple = ()) -> Callab
         name = fn.__name__.lstrip("_")
         MUTATIONS[name] = Mutation(name, phase, fatal_ok, fn, variants)
         return fn
+
     return register
 
 
@@ -508,14 +678,30 @@ def _record_key_weird(t: Tree) -> str:
     if not found:
         return "no record"
     data, key = found
-    new = t.rng.choice([*WEIRD_STRINGS, "Functional.linear.99999999999999999999.forward",
-                        "Module.a.B.forward.99999999999999999999", "Module.a.parameters_grad.99999999999",
-                        "Module.a.B.parameters_grad", "x.0.debug", "my\nvar.3.debug", "Module..forward.0",
-                        ".forward", "Functional.linear.-1.forward", "Functional.linear.\u0663.forward",
-                        "Functional.linear." + "9" * 5000 + ".forward", "Module.a.B.forward." + "9" * 5000,
-                        "x." + "9" * 5000 + ".debug", "Module.a.parameters_grad." + "9" * 5000,
-                        "Functional." + "0." * 20000 + "forward", "Module." + "a." * 20000 + "backward.x",
-                        key + "\x00", key + ".backward", "Module." + key])
+    new = t.rng.choice(
+        [
+            *WEIRD_STRINGS,
+            "Functional.linear.99999999999999999999.forward",
+            "Module.a.B.forward.99999999999999999999",
+            "Module.a.parameters_grad.99999999999",
+            "Module.a.B.parameters_grad",
+            "x.0.debug",
+            "my\nvar.3.debug",
+            "Module..forward.0",
+            ".forward",
+            "Functional.linear.-1.forward",
+            "Functional.linear.\u0663.forward",
+            "Functional.linear." + "9" * 5000 + ".forward",
+            "Module.a.B.forward." + "9" * 5000,
+            "x." + "9" * 5000 + ".debug",
+            "Module.a.parameters_grad." + "9" * 5000,
+            "Functional." + "0." * 20000 + "forward",
+            "Module." + "a." * 20000 + "backward.x",
+            key + "\x00",
+            key + ".backward",
+            "Module." + key,
+        ]
+    )
     record = data.pop(key)
     data[new] = record
     return f"record {key} renamed {_short(new)}"
@@ -605,8 +791,10 @@ def _leaf_field(t: Tree) -> str:
     if leaf is None:
         return "no tensor leaf"
     out = []
-    for key in t.rng.sample(["type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad", "md5",
-                             "data_name"], t.rng.randint(1, 3)):
+    for key in t.rng.sample(
+        ["type", "dtype", "shape", "Max", "Min", "Mean", "Norm", "requires_grad", "md5", "data_name"],
+        t.rng.randint(1, 3),
+    ):
         leaf[key] = _val(t)
         out.append(f"{key}={_short(leaf[key])}")
     return ", ".join(out)
@@ -628,8 +816,10 @@ def _leaf_extra_keys(t: Tree) -> str:
     leaf = t.pick_leaf()
     if leaf is None:
         return "no tensor leaf"
-    keys = [t.rng.choice([*WEIRD_STRINGS, "value", "class_type", "tensor", "placements", "is_nan"])
-            for _ in range(t.rng.randint(1, 3))]
+    keys = [
+        t.rng.choice([*WEIRD_STRINGS, "value", "class_type", "tensor", "placements", "is_nan"])
+        for _ in range(t.rng.randint(1, 3))
+    ]
     for k in keys:
         leaf[k] = _val(t)
     return f"leaf with extra keys {_short(keys)}"
@@ -640,10 +830,28 @@ def _leaf_dtype(t: Tree) -> str:
     leaf = t.pick_leaf()
     if leaf is None:
         return "no tensor leaf"
-    leaf["dtype"] = t.rng.choice(["unknown", "torch.int64", "torch.int8", "torch.bfloat16", "torch.float16",
-                                  "torch.float64", "Float32", "BFloat16", "int", "float", "torch.bool",
-                                  "torch.complex64", "torch.float8_e4m3fn", "torch_npu.HiFloat8Tensor",
-                                  None, 5, "", "<class 'numpy.float32'>"])
+    leaf["dtype"] = t.rng.choice(
+        [
+            "unknown",
+            "torch.int64",
+            "torch.int8",
+            "torch.bfloat16",
+            "torch.float16",
+            "torch.float64",
+            "Float32",
+            "BFloat16",
+            "int",
+            "float",
+            "torch.bool",
+            "torch.complex64",
+            "torch.float8_e4m3fn",
+            "torch_npu.HiFloat8Tensor",
+            None,
+            5,
+            "",
+            "<class 'numpy.float32'>",
+        ]
+    )
     return f"dtype={_short(leaf['dtype'])}"
 
 
@@ -653,10 +861,31 @@ def _leaf_shape(t: Tree) -> str:
     if leaf is None:
         return "no tensor leaf"
     shape = leaf.get("shape") if isinstance(leaf.get("shape"), list) else [1]
-    leaf["shape"] = t.rng.choice([[-1], [2, -8], [1.5], [2.0, 8.0], [10 ** 8, 10 ** 7], [10 ** 15],
-                                  [2 ** 62, 4], [2 ** 63], [2 ** 64], [], [0], [1, 0, 3], "2,8", [[2]],
-                                  [True, 2], [None], 10 ** 20, list(reversed(shape)), shape + [1],
-                                  shape[1:], [math.prod(d for d in shape if isinstance(d, int))]])
+    leaf["shape"] = t.rng.choice(
+        [
+            [-1],
+            [2, -8],
+            [1.5],
+            [2.0, 8.0],
+            [10**8, 10**7],
+            [10**15],
+            [2**62, 4],
+            [2**63],
+            [2**64],
+            [],
+            [0],
+            [1, 0, 3],
+            "2,8",
+            [[2]],
+            [True, 2],
+            [None],
+            10**20,
+            list(reversed(shape)),
+            shape + [1],
+            shape[1:],
+            [math.prod(d for d in shape if isinstance(d, int))],
+        ]
+    )
     return f"shape={_short(leaf['shape'])}"
 
 
@@ -667,8 +896,25 @@ def _leaf_stats(t: Tree) -> str:
         return "no tensor leaf"
     out = []
     for key in t.rng.sample(["Max", "Min", "Mean", "Norm"], t.rng.randint(1, 4)):
-        leaf[key] = t.rng.choice([math.nan, math.inf, -math.inf, "1.0", "NaN", "inf", 1e308, -1e308, -0.0,
-                                  10 ** 400, -(10 ** 400), True, None, [1.0], {"v": 1}])
+        leaf[key] = t.rng.choice(
+            [
+                math.nan,
+                math.inf,
+                -math.inf,
+                "1.0",
+                "NaN",
+                "inf",
+                1e308,
+                -1e308,
+                -0.0,
+                10**400,
+                -(10**400),
+                True,
+                None,
+                [1.0],
+                {"v": 1},
+            ]
+        )
         out.append(f"{key}={_short(leaf[key])}")
     return ", ".join(out)
 
@@ -678,8 +924,9 @@ def _leaf_md5(t: Tree) -> str:
     leaf = t.pick_leaf()
     if leaf is None:
         return "no tensor leaf"
-    leaf["md5"] = t.rng.choice([12345678, "", "0x", "0x" + "f" * 100, "zzzz", None, ["ab"], {"a": 1}, 1.5,
-                                "\udcff", "6fe579d0"])
+    leaf["md5"] = t.rng.choice(
+        [12345678, "", "0x", "0x" + "f" * 100, "zzzz", None, ["ab"], {"a": 1}, 1.5, "\udcff", "6fe579d0"]
+    )
     return f"md5={_short(leaf['md5'])}"
 
 
@@ -691,12 +938,35 @@ def _scalar_leaves(t: Tree) -> str:
     out = []
     for _ in range(t.rng.randint(1, 3)):
         parent, k = t.rng.choice(slots)
-        kind = t.rng.choice(["int", "float", "bool", "str", "slice", "ellipsis", "torch.Size", "torch.dtype",
-                             "torch.device", "torch.ProcessGroup", "float64", "", "torch.Tensor", None, 5])
+        kind = t.rng.choice(
+            [
+                "int",
+                "float",
+                "bool",
+                "str",
+                "slice",
+                "ellipsis",
+                "torch.Size",
+                "torch.dtype",
+                "torch.device",
+                "torch.ProcessGroup",
+                "float64",
+                "",
+                "torch.Tensor",
+                None,
+                5,
+            ]
+        )
         leaf: dict[str, Any] = {"type": kind, "value": _val(t)}
         if t.rng.random() < 0.3:
-            leaf = {"class_type": "torch.distributed.P2POp", "tensor": t.leaf_copy(), "op": _val(t),
-                    "peer": _val(t), "tag": 0, "group_id": "1"}
+            leaf = {
+                "class_type": "torch.distributed.P2POp",
+                "tensor": t.leaf_copy(),
+                "op": _val(t),
+                "peer": _val(t),
+                "tag": 0,
+                "group_id": "1",
+            }
         elif t.rng.random() < 0.3:
             leaf = {"type": "torch.ProcessGroup", "group_ranks": _val(t), "group_id": _val(t)}
         parent[k] = leaf
@@ -725,11 +995,36 @@ def _weird_index_keys(t: Tree) -> str:
     return f"input_kwargs keys {_short(list(keys))}"
 
 
-_ESCAPES = ["../../../../canary/{c}", "../../../canary/{c}", "../canary/{c}", "{abs}",
-            "dump_tensor_data/../../../../canary/{c}", "./{c}", "sub/{c}", "..\\..\\..\\..\\canary\\{c}",
-            "~/{c}", "%2e%2e/%2e%2e/canary/{c}", "file://{abs}", "/etc/passwd", "/dev/zero",
-            "/proc/self/environ", "..", ".", "", "a\x00b.pt", "x" * 300 + ".pt", "x" * 5000, "{c}\n",
-            "\udcff\udcfe.pt", "\ud800.pt", "secret.txt", "CON", "dump.json", "../dump.json", "../stack.json"]
+_ESCAPES = [
+    "../../../../canary/{c}",
+    "../../../canary/{c}",
+    "../canary/{c}",
+    "{abs}",
+    "dump_tensor_data/../../../../canary/{c}",
+    "./{c}",
+    "sub/{c}",
+    "..\\..\\..\\..\\canary\\{c}",
+    "~/{c}",
+    "%2e%2e/%2e%2e/canary/{c}",
+    "file://{abs}",
+    "/etc/passwd",
+    "/dev/zero",
+    "/proc/self/environ",
+    "..",
+    ".",
+    "",
+    "a\x00b.pt",
+    "x" * 300 + ".pt",
+    "x" * 5000,
+    "{c}\n",
+    "\udcff\udcfe.pt",
+    "\ud800.pt",
+    "secret.txt",
+    "CON",
+    "dump.json",
+    "../dump.json",
+    "../stack.json",
+]
 
 
 @mutation(0, variants=_ESCAPES)
@@ -737,7 +1032,7 @@ def _data_name_escape(t: Tree) -> str:
     leaf = t.pick_leaf(with_file=True)
     if leaf is None:
         return "no leaf with a file"
-    name = "secret-%d.pt" % t.rng.randrange(10 ** 6)
+    name = "secret-%d.pt" % t.rng.randrange(10**6)
     target = t.canary_for(leaf, name)
     leaf["data_name"] = t.choose(_ESCAPES).format(c=name, abs=target)
     if t.rng.random() < 0.3:  # a canary inside the rank folder, outside dump_tensor_data
@@ -752,8 +1047,9 @@ def _data_name_other(t: Tree) -> str:
     files = t.tensor_files()
     if leaf is None or not files:
         return "no leaf with a file"
-    leaf["data_name"] = t.rng.choice([p.name for p in files] + ["missing.pt", "missing.npy", "x.PT", "x.NPY",
-                                                                "x.pth", "noext"])
+    leaf["data_name"] = t.rng.choice(
+        [p.name for p in files] + ["missing.pt", "missing.npy", "x.PT", "x.NPY", "x.pth", "noext"]
+    )
     return f"data_name={_short(leaf['data_name'])} (another or no file)"
 
 
@@ -798,8 +1094,24 @@ def _json_garbage(t: Tree) -> str:
     path, raw = _json_bytes(t)
     if path is None:
         return "no JSON"
-    junk = t.rng.choice([b"{", b"}", b",", b"\x00", b"\xff\xfe", b"]]", b'"', b"NaN", b"Infinity", b"-",
-                         b"\n}\n{", b"//c", b"'x'", b"\\u12"])
+    junk = t.rng.choice(
+        [
+            b"{",
+            b"}",
+            b",",
+            b"\x00",
+            b"\xff\xfe",
+            b"]]",
+            b'"',
+            b"NaN",
+            b"Infinity",
+            b"-",
+            b"\n}\n{",
+            b"//c",
+            b"'x'",
+            b"\\u12",
+        ]
+    )
     at = t.rng.randrange(len(raw) + 1)
     path.write_bytes(raw[:at] + junk + raw[at:])
     return f"{path.name}: {junk!r} inserted at {at}"
@@ -812,11 +1124,17 @@ def _json_encoding(t: Tree) -> str:
         return "no JSON"
     how = t.choose(ENCODINGS)
     text = raw.decode()
-    new = {"bom": lambda: BOM + raw, "utf16": lambda: text.encode("utf-16"), "utf32": lambda: text.encode("utf-32"),
-           "latin1-byte": lambda: raw.replace(b'"', b'"\xe9', 1),
-           "cesu-surrogate": lambda: raw.replace(b'"', b'"\xed\xa0\x80', 1),
-           "empty": lambda: b"", "whitespace": lambda: b" \n\t ", "trailing": lambda: raw + b"\n{}\n",
-           "nul": lambda: raw + b"\x00"}[how]()
+    new = {
+        "bom": lambda: BOM + raw,
+        "utf16": lambda: text.encode("utf-16"),
+        "utf32": lambda: text.encode("utf-32"),
+        "latin1-byte": lambda: raw.replace(b'"', b'"\xe9', 1),
+        "cesu-surrogate": lambda: raw.replace(b'"', b'"\xed\xa0\x80', 1),
+        "empty": lambda: b"",
+        "whitespace": lambda: b" \n\t ",
+        "trailing": lambda: raw + b"\n{}\n",
+        "nul": lambda: raw + b"\x00",
+    }[how]()
     path.write_bytes(new)
     return f"{path.name}: {how}"
 
@@ -826,9 +1144,22 @@ def _json_numbers(t: Tree) -> str:
     path, raw = _json_bytes(t)
     if path is None:
         return "no JSON"
-    token = t.rng.choice([b"NaN", b"Infinity", b"-Infinity", b"1e999", b"-1e999", b"9" * 5000, b"9" * 400,
-                          b"1e-999", b"-0", b"0.0000000000000000000000000001", b"123456789012345678901234567890"])
-    new = raw.replace(b'"Max": ', b'"Max": ' + token + b", \"_was\": ", 1)
+    token = t.rng.choice(
+        [
+            b"NaN",
+            b"Infinity",
+            b"-Infinity",
+            b"1e999",
+            b"-1e999",
+            b"9" * 5000,
+            b"9" * 400,
+            b"1e-999",
+            b"-0",
+            b"0.0000000000000000000000000001",
+            b"123456789012345678901234567890",
+        ]
+    )
+    new = raw.replace(b'"Max": ', b'"Max": ' + token + b', "_was": ', 1)
     path.write_bytes(new)
     return f"{path.name}: Max={token[:20]!r}"
 
@@ -897,11 +1228,29 @@ def _aux_json_content(t: Tree) -> str:
         return "no unit"
     path = t.rng.choice(units) / t.rng.choice(["stack.json", "construct.json"])
     key = "Functional.embedding.0.forward"
-    value = t.rng.choice([[], "x", 1, None, {"0": 5}, {"0": [[1, 2], [3]]}, {"0": [[key], "frames"]},
-                          {"0": [[{"a": 1}], [None]]}, {"0": [[key], [{"f": 1}, ["x"], "\udcff"]]},
-                          {key: ["File \udcff, line 1"]}, {"0": [[key, key], ["a\nb"] * 3]},
-                          {key: 5}, {key: [1, 2]}, {key: []}, {key: {"a": "b"}}, {key: "\udcff"},
-                          {key: "a\x00\nb"}, {key: key}, {"x" * 5000: "y" * 5000}])
+    value = t.rng.choice(
+        [
+            [],
+            "x",
+            1,
+            None,
+            {"0": 5},
+            {"0": [[1, 2], [3]]},
+            {"0": [[key], "frames"]},
+            {"0": [[{"a": 1}], [None]]},
+            {"0": [[key], [{"f": 1}, ["x"], "\udcff"]]},
+            {key: ["File \udcff, line 1"]},
+            {"0": [[key, key], ["a\nb"] * 3]},
+            {key: 5},
+            {key: [1, 2]},
+            {key: []},
+            {key: {"a": "b"}},
+            {key: "\udcff"},
+            {key: "a\x00\nb"},
+            {key: key},
+            {"x" * 5000: "y" * 5000},
+        ]
+    )
     t.docs.pop(path, None)
     path.write_text(json.dumps(value))
     return f"{path.relative_to(t.root)} = {_short(value)}"
@@ -918,7 +1267,7 @@ def _pt_damage(t: Tree) -> str:
     raw = path.read_bytes()
     how = t.choose(PT_DAMAGE)
     if how == "truncate":
-        raw = raw[:t.rng.randrange(len(raw))]
+        raw = raw[: t.rng.randrange(len(raw))]
     elif how == "zero":
         raw = b""
     elif how == "random":
@@ -1001,7 +1350,7 @@ def _pt_content(t: Tree) -> str:
     elif how == "nan-inf":
         write_pt(path, np.array([np.nan, np.inf, -np.inf, 3.4e38], np.float32))
     elif how == "huge-claim":
-        write_pt_zip(path, tensor_pickle("FloatStorage", 10 ** 15, [10 ** 8, 10 ** 7], [10 ** 7, 1]), bytes(16))
+        write_pt_zip(path, tensor_pickle("FloatStorage", 10**15, [10**8, 10**7], [10**7, 1]), bytes(16))
     elif how == "stride0-bomb":  # 4 bytes on disk, 4 GiB once expanded
         write_pt_zip(path, tensor_pickle("FloatStorage", 1, [1 << 30], [0]), bytes(4))
     elif how == "negative-stride":
@@ -1039,8 +1388,11 @@ def _npy_files(t: Tree) -> str:
     src = t.tensor_dir() / str(leaf["data_name"])
     how = t.choose(NPY_KINDS)
     rng = np.random.default_rng(t.rng.randrange(1 << 30))
-    shape = tuple(leaf["shape"]) if isinstance(leaf.get("shape"), list) and all(
-        type(d) is int and 0 <= d < 100 for d in leaf["shape"]) else (3,)
+    shape = (
+        tuple(leaf["shape"])
+        if isinstance(leaf.get("shape"), list) and all(type(d) is int and 0 <= d < 100 for d in leaf["shape"])
+        else (3,)
+    )
     leaf["data_name"] = name
     try:
         if how in ("renamed-pt", "renamed-keep-name"):
@@ -1066,20 +1418,25 @@ def _npy_files(t: Tree) -> str:
             np.save(path, np.float32(2.5))
         elif how == "huge-header":
             with open(path, "wb") as fh:
-                np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False,
-                                                          "shape": t.rng.choice([(10 ** 12,), (1 << 31, 4)])})
+                np.lib.format.write_array_header_1_0(
+                    fh, {"descr": "<f4", "fortran_order": False, "shape": t.rng.choice([(10**12,), (1 << 31, 4)])}
+                )
                 fh.write(bytes(16))
         elif how == "truncated":
             np.save(path, rng.standard_normal(shape).astype(np.float32))
-            path.write_bytes(path.read_bytes()[:t.rng.randrange(1, 140)])
+            path.write_bytes(path.read_bytes()[: t.rng.randrange(1, 140)])
         elif how == "bad-header":
             path.write_bytes(b"\x93NUMPY\x01\x00\x20\x00{'descr': __import__('os'), }    \n")
         elif how == "v3-header":
             header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }".ljust(63) + b"\n"
             path.write_bytes(b"\x93NUMPY\x03\x00" + struct.pack("<I", len(header)) + header + bytes(8))
         else:
-            np.save(path, rng.standard_normal(shape).astype({"complex": np.complex64, "bool": np.bool_,
-                                                             "float16": np.float16, "float64": np.float64}[how]))
+            np.save(
+                path,
+                rng.standard_normal(shape).astype(
+                    {"complex": np.complex64, "bool": np.bool_, "float16": np.float16, "float64": np.float64}[how]
+                ),
+            )
     finally:
         t.flush_all()
     return f"{name}: {how}"
@@ -1235,8 +1592,9 @@ def _ingest_path(t: Tree) -> str:
     if not units:
         return "root"
     unit = t.rng.choice(units)
-    t.ingest_path = t.rng.choice([unit, unit.parent, unit / "dump.json", unit / "dump_tensor_data",
-                                  unit / "stack.json"])
+    t.ingest_path = t.rng.choice(
+        [unit, unit.parent, unit / "dump.json", unit / "dump_tensor_data", unit / "stack.json"]
+    )
     return f"ingest {t.ingest_path.relative_to(t.base)}"
 
 
@@ -1261,8 +1619,9 @@ class Case:
 
     def build(self, template: Path, dest: Path) -> Built:
         """Copy the template to `dest` and apply this case's mutations (deterministic for a seed)."""
-        shutil.copytree(template, dest, symlinks=True,
-                        ignore=lambda d, _: [CANARY_TENSORS] if d == str(template) else [])
+        shutil.copytree(
+            template, dest, symlinks=True, ignore=lambda d, _: [CANARY_TENSORS] if d == str(template) else []
+        )
         tree = Tree(dest, random.Random(self.seed), self.force, template)
         muts = sorted((MUTATIONS[m] for m in self.mutations), key=lambda m: m.phase)
         done = []

@@ -13,6 +13,7 @@ SAMPLES = ROOT / "sample_dumps"
 
 def count_leaves(doc: dict) -> int:
     """Leaves of a dump.json counted independently of dumpstore: null, or an object with a 'type'."""
+
     def walk(v) -> int:
         if v is None:
             return 1
@@ -23,6 +24,7 @@ def count_leaves(doc: dict) -> int:
         if isinstance(v, list):
             return sum(walk(x) for x in v)
         return 1
+
     total = 0
     for key, rec in doc["data"].items():
         if key.endswith(".debug"):
@@ -49,4 +51,3 @@ def sample_cases() -> list[dict]:
         return []
     doc = json.loads(cat.read_text())
     return doc["cases"] if isinstance(doc, dict) else doc
-

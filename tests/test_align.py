@@ -7,11 +7,11 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
+from dumpstore._ingest import ingest
 from dumpstore.analysis.compare import compare_runs
 from dumpstore.analysis.mapping import Mapping, load_mapping
 from dumpstore.cli.main import main
 from dumpstore.errors import DumpstoreError
-from dumpstore.ingest import ingest
 from dumpstore.store import open_store
 from helpers import MSPROBE, SAMPLES
 
@@ -37,9 +37,11 @@ def test_mindspore_target_pairs_with_pytorch_reference(store_dir):
     ingest(MSPROBE / "ms_statistics", "ms", store=store_dir, jobs=1)
     ingest(MSPROBE / "v26_md5", "pt", store=store_dir, jobs=1)
     pairs = _pairs(compare_runs(open_store(store_dir), "ms", "pt"))
-    for t, r in [("Cell.layers.0.fc1.Dense.forward.0", "Module.layers.0.fc1.Linear.forward.0"),
-                 ("MintFunctional.softmax.0.forward", "Functional.softmax.0.forward"),
-                 ("Cell.head.Dense.parameters_grad.0", "Module.head.Linear.parameters_grad.0")]:
+    for t, r in [
+        ("Cell.layers.0.fc1.Dense.forward.0", "Module.layers.0.fc1.Linear.forward.0"),
+        ("MintFunctional.softmax.0.forward", "Functional.softmax.0.forward"),
+        ("Cell.head.Dense.parameters_grad.0", "Module.head.Linear.parameters_grad.0"),
+    ]:
         assert (t, r) in pairs
 
 
@@ -56,18 +58,25 @@ def _attention_dump(dump_writer, name, api, scale):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 8)).astype(np.float32)
     w = dump_writer(name)
-    w.write({"Functional.linear.0.forward": {"input_args": [x], "output": [x * 2]},
-             f"{api}.0.forward": {"input_args": [x * 2], "output": [x * 2 * scale]}})
+    w.write(
+        {
+            "Functional.linear.0.forward": {"input_args": [x], "output": [x * 2]},
+            f"{api}.0.forward": {"input_args": [x * 2], "output": [x * 2 * scale]},
+        }
+    )
     return w.root
 
 
-@pytest.mark.parametrize("yaml_text", [
-    "Functional.my_attention: NPU.npu_fusion_attention\n",
-    "api:\n  Functional.my_attention: NPU.npu_fusion_attention\n",
-    "- ms_api: Functional.my_attention\n  pt_api: NPU.npu_fusion_attention\n",
-    "Functional.my_attention.0.forward.input.0: NPU.npu_fusion_attention.0.forward.input.0\n"
-    "Functional.my_attention.0.forward.output.0: NPU.npu_fusion_attention.0.forward.output.0\n",
-])
+@pytest.mark.parametrize(
+    "yaml_text",
+    [
+        "Functional.my_attention: NPU.npu_fusion_attention\n",
+        "api:\n  Functional.my_attention: NPU.npu_fusion_attention\n",
+        "- ms_api: Functional.my_attention\n  pt_api: NPU.npu_fusion_attention\n",
+        "Functional.my_attention.0.forward.input.0: NPU.npu_fusion_attention.0.forward.input.0\n"
+        "Functional.my_attention.0.forward.output.0: NPU.npu_fusion_attention.0.forward.output.0\n",
+    ],
+)
 def test_mapping_file_pairs_renamed_api(dump_writer, store_dir, tmp_path, yaml_text):
     ingest(_attention_dump(dump_writer, "t", "Functional.my_attention", 1.5), "t", store=store_dir, jobs=1)
     ingest(_attention_dump(dump_writer, "r", "NPU.npu_fusion_attention", 1.0), "r", store=store_dir, jobs=1)
@@ -80,8 +89,9 @@ def test_mapping_file_pairs_renamed_api(dump_writer, store_dir, tmp_path, yaml_t
     out = mapped.rows.filter(pl.col("name") == "Functional.my_attention.0.forward.output.0").row(0, named=True)
     assert out["ref_name"] == "NPU.npu_fusion_attention.0.forward.output.0"
     assert out["status"] == "diverged" and out["err"] == pytest.approx(0.5, rel=1e-6)
-    res = CliRunner().invoke(main, ["divergence", "--target", "t", "--ref", "r", "--store", str(store_dir),
-                                    "--map", str(f), "--json"])
+    res = CliRunner().invoke(
+        main, ["divergence", "--target", "t", "--ref", "r", "--store", str(store_dir), "--map", str(f), "--json"]
+    )
     assert '"op": "Functional.my_attention.0.forward"' in res.output
 
 
@@ -94,6 +104,7 @@ def test_bad_mapping_file_is_one_line_error(tmp_path):
 
 def test_proc_folders_pair_across_runs(store_dir, tmp_path):
     import shutil
+
     src = MSPROBE / "v26_md5"
     other = tmp_path / "copy"
     shutil.copytree(src, other)

@@ -10,24 +10,53 @@ import dumpstore.analysis
 
 
 def test_dumpstore_all():
-    assert sorted(dumpstore.__all__) == ["DumpFormatError", "DumpstoreError", "IngestOptions", "IngestResult",
-                                         "QueryError", "Store", "StoreError", "__version__", "ingest",
-                                         "open_store", "run_query"]
+    assert sorted(dumpstore.__all__) == [
+        "DumpFormatError",
+        "DumpstoreError",
+        "IngestOptions",
+        "IngestResult",
+        "QueryError",
+        "Store",
+        "StoreError",
+        "__version__",
+        "ingest",
+        "open_store",
+        "run_query",
+    ]
     assert callable(dumpstore.ingest) and callable(dumpstore.open_store)
 
 
 def test_analysis_all():
     assert sorted(dumpstore.analysis.__all__) == [
-        "Checklist", "Comparison", "Finding", "HealthReport", "Mapping", "OverflowReport", "Question",
-        "Thresholds", "Tolerances", "Verdict", "answer", "checklist", "compare_runs", "divergence",
-        "divergence_by_steps", "health", "load_mapping", "overflow", "rank_rows"]
+        "Checklist",
+        "Comparison",
+        "Finding",
+        "HealthReport",
+        "Mapping",
+        "OverflowReport",
+        "Question",
+        "Thresholds",
+        "Tolerances",
+        "Verdict",
+        "answer",
+        "checklist",
+        "compare_runs",
+        "divergence",
+        "divergence_by_steps",
+        "health",
+        "load_mapping",
+        "overflow",
+        "rank_rows",
+    ]
     for name in dumpstore.analysis.__all__:
         assert getattr(dumpstore.analysis, name) is not None
 
 
 def test_library_neither_prints_nor_imports_click_or_torch():
-    code = ("import sys, dumpstore, dumpstore.analysis, dumpstore.analysis.report\n"
-            "assert 'click' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)\n")
+    code = (
+        "import sys, dumpstore, dumpstore.analysis, dumpstore.analysis.report\n"
+        "assert 'click' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner, Result
 
+from dumpstore._ingest import ingest
 from dumpstore.cli.main import main
 from dumpstore.errors import StoreError
-from dumpstore.ingest import ingest
 from helpers import count_leaves
 
 LINEAR = "Functional.linear.0.forward"
@@ -48,11 +48,15 @@ def assert_error(result: Result, *needles: object) -> str:
 def good_dump(dump_writer) -> Path:
     """A valid tensor dump with 5 leaves (4 tensors with .npy files, 1 int); returns its dump.json."""
     w = dump_writer()
-    return w.write({
-        LINEAR: {"input_args": [np.arange(6, dtype=np.float32).reshape(2, 3), {"type": "int", "value": 3}],
-                 "output": [np.ones(3, np.float32)]},
-        RELU: {"input_args": [np.array([-1.0, 2.0], np.float32)], "output": [np.array([0.0, 2.0], np.float32)]},
-    })
+    return w.write(
+        {
+            LINEAR: {
+                "input_args": [np.arange(6, dtype=np.float32).reshape(2, 3), {"type": "int", "value": 3}],
+                "output": [np.ones(3, np.float32)],
+            },
+            RELU: {"input_args": [np.array([-1.0, 2.0], np.float32)], "output": [np.array([0.0, 2.0], np.float32)]},
+        }
+    )
 
 
 def mutate(dump_json: Path, fn: Callable[[dict], Any]) -> dict:
@@ -106,16 +110,19 @@ def save_npy_file(path: Path, values: np.ndarray) -> Path:
 # --------------------------------------------------------------------------------- fatal: whole-file errors
 
 
-@pytest.mark.parametrize("text", [
-    pytest.param(None, id="truncated"),
-    pytest.param("{nope", id="invalid-json"),
-    pytest.param("[1, 2, 3]", id="json-list"),
-    pytest.param('{"task": "tensor", "data": [1]}', id="data-not-object"),
-    pytest.param('{"task": "tensor", "data": "x"}', id="data-string"),
-    pytest.param('{"task": "tensor", "level": "L1"}', id="no-data"),
-    pytest.param('{"data": {"Functional.a.0.forward": {"input_args": [' + "9" * 5000 + "]}}}", id="int-too-long"),
-    pytest.param("", id="empty-file"),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(None, id="truncated"),
+        pytest.param("{nope", id="invalid-json"),
+        pytest.param("[1, 2, 3]", id="json-list"),
+        pytest.param('{"task": "tensor", "data": [1]}', id="data-not-object"),
+        pytest.param('{"task": "tensor", "data": "x"}', id="data-string"),
+        pytest.param('{"task": "tensor", "level": "L1"}', id="no-data"),
+        pytest.param('{"data": {"Functional.a.0.forward": {"input_args": [' + "9" * 5000 + "]}}}", id="int-too-long"),
+        pytest.param("", id="empty-file"),
+    ],
+)
 def test_unreadable_dump_json(dump_writer, store_dir, text):
     dump_json = good_dump(dump_writer)
     full = dump_json.read_text()
@@ -138,7 +145,9 @@ def test_bad_rank_in_parallel_ingest_keeps_earlier_run(dump_writer, store_dir):
     bad.write_text(bad.read_text()[:40])
     assert_error(cli("ingest", w.root, "--run", "r", "--store", store_dir, "-j", "2"), bad)
     assert q(store_dir, "select rank, count(*) n from tensors where run='r' group by rank order by rank") == [
-        {"rank": 0, "n": 1}, {"rank": 1, "n": 1}]
+        {"rank": 0, "n": 1},
+        {"rank": 1, "n": 1},
+    ]
     assert ok.exists()
 
 
@@ -183,8 +192,9 @@ def test_query_store_that_does_not_exist(tmp_path):
     assert not (tmp_path / "nostore").exists()
 
 
-@pytest.mark.parametrize("sql", ["selec 1", "select * from no_such_table", "select 1; select 2",
-                                 "select 'unterminated"])
+@pytest.mark.parametrize(
+    "sql", ["selec 1", "select * from no_such_table", "select 1; select 2", "select 'unterminated"]
+)
 def test_invalid_sql(dump_writer, store_dir, sql):
     assert cli("ingest", good_dump(dump_writer), "--run", "r", "--store", store_dir).exit_code == 0
     assert_error(cli("query", sql, "--store", store_dir))
@@ -217,9 +227,9 @@ def test_json_numbers_out_of_column_range(dump_writer, store_dir):
 
     def edit(d: dict) -> None:
         d["data"][huge] = d["data"].pop(LINEAR)
-        relu_in(d)["Max"] = 10 ** 400
-        d["data"][RELU]["output"][0]["shape"] = [2 ** 40, 2 ** 40]
-        d["data"][huge]["input_args"][1]["value"] = -(10 ** 400)
+        relu_in(d)["Max"] = 10**400
+        d["data"][RELU]["output"][0]["shape"] = [2**40, 2**40]
+        d["data"][huge]["input_args"][1]["value"] = -(10**400)
 
     doc = mutate(dump_json, edit)
     [bad] = ingest_with_errors(dump_json, store_dir, count_leaves(doc), 1)
@@ -403,10 +413,13 @@ def test_lone_surrogates_in_json_strings_are_stored_escaped(dump_writer, store_d
     assert q(store_dir, "select count(*) n from tensors") == [{"n": count_leaves(doc)}]
     rows = q(store_dir, "select name from tensors where record like 'Functional.x%' order by leaf")
     # bytes of a non-UTF-8 file name (\udc80-\udcff alone) read \xNN, any other lone surrogate \uXXXX
-    assert [r["name"] for r in rows] == ["Functional.x\\ud800.0.forward.input.0",
-                                         "Functional.x\\ud800.0.forward.input.k\\udcfe"]
+    assert [r["name"] for r in rows] == [
+        "Functional.x\\ud800.0.forward.input.0",
+        "Functional.x\\ud800.0.forward.input.k\\udcfe",
+    ]
     assert {r["module"] for r in q(store_dir, f"select module from tensors where record = '{RELU}'")} == {
-        "Module.\\xff.forward.0"}
+        "Module.\\xff.forward.0"
+    }
     assert q(store_dir, "select frames from stacks") == [{"frames": ["File \\xff, line 1"]}]
 
 
@@ -419,14 +432,17 @@ def test_file_names_that_are_not_utf8(dump_writer, tmp_path, store_dir):
     res = cli("ingest", folder, "--run", "plain", "--store", store_dir, "-j", "1")
     assert res.exit_code == 0, res.output
     assert q(store_dir, "select name, numel from tensors order by name") == [
-        {"name": "\\xff\\xfe", "numel": 4}, {"name": "ok", "numel": 3}]
+        {"name": "\\xff\\xfe", "numel": 4},
+        {"name": "ok", "numel": 3},
+    ]
     dump_json = good_dump(dump_writer)
     os.rename(tensor_dir(dump_json) / f"{RELU}.input.0.npy", tensor_dir(dump_json) / "\udce9.npy")
     doc = mutate(dump_json, lambda d: relu_in(d).__setitem__("data_name", "\udce9.npy"))
     res = cli("ingest", dump_json, "--run", "r", "--store", store_dir, "-j", "1")
     assert res.exit_code == 0 and "warning" not in res.output, res.output
     assert q(store_dir, f"select data_name, file_status from tensors where name = '{RELU}.input.0'") == [
-        {"data_name": "\\xe9.npy", "file_status": "loaded"}]
+        {"data_name": "\\xe9.npy", "file_status": "loaded"}
+    ]
     assert q(store_dir, "select count(*) n from tensors where run = 'r'") == [{"n": count_leaves(doc)}]
 
 
@@ -435,8 +451,18 @@ def test_step_or_rank_number_beyond_int64(dump_writer, store_dir, folder):
     dump_json = good_dump(dump_writer)
     level = dump_json.parent if folder.startswith("rank") else dump_json.parent.parent
     moved = level.rename(level.parent / folder)
-    assert_error(cli("ingest", dump_json.parent.parent.parent if folder.startswith("rank") else moved.parent,
-                     "--run", "r", "--store", store_dir), folder, "int64")
+    assert_error(
+        cli(
+            "ingest",
+            dump_json.parent.parent.parent if folder.startswith("rank") else moved.parent,
+            "--run",
+            "r",
+            "--store",
+            store_dir,
+        ),
+        folder,
+        "int64",
+    )
 
 
 @pytest.mark.parametrize("target", ["/etc/passwd", "outside"])
@@ -446,8 +472,9 @@ def test_linked_dump_json_is_not_read(dump_writer, store_dir, tmp_path, target):
     outside.write_text(dump_json.read_text().replace('"Max": 2.0', '"Max": 12345.0'))  # a valid dump elsewhere
     dump_json.unlink()
     dump_json.symlink_to(target if target.startswith("/") else outside)
-    assert_error(cli("ingest", dump_json.parent.parent.parent, "--run", "r", "--store", store_dir), dump_json,
-                 "is a link")
+    assert_error(
+        cli("ingest", dump_json.parent.parent.parent, "--run", "r", "--store", store_dir), dump_json, "is a link"
+    )
 
 
 def test_linked_stack_and_construct_json_are_not_read(dump_writer, store_dir, tmp_path):
@@ -474,7 +501,7 @@ def test_npy_header_claiming_more_than_the_file_holds(dump_writer, store_dir):
     dump_json = good_dump(dump_writer)
     npy = tensor_dir(dump_json) / f"{RELU}.output.0.npy"
     with open(npy, "wb") as fh:
-        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": (10 ** 12,)})
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": (10**12,)})
         fh.write(bytes(16))
     [bad] = ingest_with_errors(dump_json, store_dir, count_leaves(json.loads(dump_json.read_text())), 1)
     assert bad["file_status"] == "error" and "claims shape [1000000000000]" in bad["error"]
@@ -516,14 +543,15 @@ def test_call_counter_too_long_for_python(dump_writer, store_dir):
     res = cli("ingest", dump_json, "--run", "r", "--store", store_dir, "-j", "1")
     assert res.exit_code == 0 and "warning" not in res.output, res.output
     assert q(store_dir, "select count(*) n, count(call) c from tensors where length(record) > 5000") == [
-        {"n": count_leaves({"data": {key: doc["data"][key]}}), "c": 0}]
+        {"n": count_leaves({"data": {key: doc["data"][key]}}), "c": 0}
+    ]
 
 
 def test_tensor_folder_swapped_for_a_link_between_ingests(dump_writer, tmp_path, store_dir):
     """The folder check of resolve() is cached per ingest, never across ingests."""
     import shutil
 
-    from dumpstore.ingest import ingest
+    from dumpstore._ingest import ingest
     from dumpstore.query import run_query
     from dumpstore.store import open_store
 

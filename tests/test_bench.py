@@ -10,8 +10,12 @@ from helpers import ROOT
 
 
 def test_tiny_bench_finds_every_injected_fault(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--tiny", "--data", str(tmp_path)],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--tiny", "--data", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((tmp_path / "results.json").read_text())
     rows = doc["rows"]

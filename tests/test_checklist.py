@@ -8,16 +8,17 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dumpstore.analysis.checklist import CHECKS, checklist
+from dumpstore._ingest import ingest
+from dumpstore.analysis._checklist import CHECKS, checklist
 from dumpstore.cli.main import main
-from dumpstore.ingest import ingest
 from dumpstore.store import open_store
 from helpers import SAMPLES
 
 CATALOG = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text())["cases"]}
 DECLARED = [c for c in CATALOG.values() if c["expected"] and "checklist" in c["expected"]]
-SCALAR_CASES = [c for c in CATALOG.values() if c["expected"] and "scalar_argument" in c["expected"]
-                and c["mode"] == "statistics"]
+SCALAR_CASES = [
+    c for c in CATALOG.values() if c["expected"] and "scalar_argument" in c["expected"] and c["mode"] == "statistics"
+]
 
 
 @pytest.fixture
@@ -26,8 +27,7 @@ def store(sample_store):
 
 
 def test_declared_cases_exist():
-    assert {c["name"] for c in DECLARED} >= {"data_batch_stats", "init_weight_stats", "lr_stats",
-                                             "grad_explode_stats"}
+    assert {c["name"] for c in DECLARED} >= {"data_batch_stats", "init_weight_stats", "lr_stats", "grad_explode_stats"}
 
 
 @pytest.mark.parametrize("case", DECLARED, ids=lambda c: c["name"])
@@ -44,8 +44,11 @@ def test_evidence_names_the_tensor_and_step(store, case):
     exp = case["expected"]["checklist"]
     if exp["data"]["status"] == "differs":
         first = got["data"].first
-        assert (first["step"], first["rank"], first["name"]) == (exp["data"]["step"], exp["data"]["rank"],
-                                                                 exp["data"]["name"])
+        assert (first["step"], first["rank"], first["name"]) == (
+            exp["data"]["step"],
+            exp["data"]["rank"],
+            exp["data"]["name"],
+        )
         assert first["name"] in got["data"].evidence
     assert [it["param"] for it in got["weights"].items] == exp["weights"]["params"]
     for param in exp["weights"]["params"]:
@@ -54,8 +57,9 @@ def test_evidence_names_the_tensor_and_step(store, case):
     for k in ("target_only_records", "ref_only_records", "shape_differences", "dtype_differences"):
         assert s.counts[k] == exp["structure"][k]
     if exp["structure"]["first"]:
-        assert (s.first["step"], s.first["rank"], s.first["op"]) == tuple(exp["structure"]["first"][k]
-                                                                          for k in ("step", "rank", "op"))
+        assert (s.first["step"], s.first["rank"], s.first["op"]) == tuple(
+            exp["structure"]["first"][k] for k in ("step", "rank", "op")
+        )
     if exp["scalars"]["status"] == "differs":
         g = got["scalars"].items[0]
         assert g["first"]["name"] == exp["scalars"]["first"]["name"]
@@ -101,8 +105,14 @@ def test_steps_and_ranks_in_one_run(store):
 
 def _leaf(arr: np.ndarray, requires_grad: bool, stats: bool = True) -> dict:
     a = arr.astype(np.float64)
-    leaf = {"type": "torch.Tensor", "dtype": f"torch.{arr.dtype.name}", "shape": list(arr.shape),
-            "Max": float(a.max()), "Min": float(a.min()), "requires_grad": requires_grad}
+    leaf = {
+        "type": "torch.Tensor",
+        "dtype": f"torch.{arr.dtype.name}",
+        "shape": list(arr.shape),
+        "Max": float(a.max()),
+        "Min": float(a.min()),
+        "requires_grad": requires_grad,
+    }
     if stats:
         leaf.update(Mean=float(a.mean()), Norm=float(np.linalg.norm(a)))
     else:
@@ -113,10 +123,18 @@ def _leaf(arr: np.ndarray, requires_grad: bool, stats: bool = True) -> dict:
 def _write(root, tokens: np.ndarray, weight: np.ndarray) -> None:
     d = root / "step0" / "rank0"
     d.mkdir(parents=True)
-    rec = {"input_args": [_leaf(tokens, False, stats=False), _leaf(weight, True)], "input_kwargs": {},
-           "output": [_leaf(weight[tokens], True)]}
-    doc = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None,
-           "data": {"Functional.embedding.0.forward": rec}}
+    rec = {
+        "input_args": [_leaf(tokens, False, stats=False), _leaf(weight, True)],
+        "input_kwargs": {},
+        "output": [_leaf(weight[tokens], True)],
+    }
+    doc = {
+        "task": "statistics",
+        "level": "L1",
+        "framework": "pytorch",
+        "dump_data_dir": None,
+        "data": {"Functional.embedding.0.forward": rec},
+    }
     (d / "dump.json").write_text(json.dumps(doc))
     (d / "construct.json").write_text("{}")
 
@@ -150,6 +168,5 @@ def test_cli_json_and_table(store):
     res = runner.invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "initial weights" in res.output and "layers.0.qkv.weight" in res.output
-    bad = runner.invoke(main, ["checklist", "--target", "nope", "--ref", "ref_stats",
-                               "--store", str(store.root)])
+    bad = runner.invoke(main, ["checklist", "--target", "nope", "--ref", "ref_stats", "--store", str(store.root)])
     assert bad.exit_code == 1 and "nope" in bad.output

@@ -17,12 +17,14 @@ def test_ingest_runs_query_roundtrip(store_dir):
     r = CliRunner()
     res = r.invoke(main, ["ingest", str(MSPROBE / "v26_L0"), "--run", "l0", "--store", str(store_dir)])
     assert res.exit_code == 0, res.output
-    assert res.output == ("run l0: 43 records, 110 rows (110 tensors, 0 tensor files) from 1 dump files; "
-                          "steps 0, ranks 0\n")
+    assert res.output == (
+        "run l0: 43 records, 110 rows (110 tensors, 0 tensor files) from 1 dump files; steps 0, ranks 0\n"
+    )
     out = json.loads(r.invoke(main, ["runs", "--json", "--store", str(store_dir)]).output)
     assert [(o["run"], o["n_rows"], o["level"], o["dump_mode"]) for o in out] == [("l0", 110, "L0", "statistics")]
-    res = r.invoke(main, ["query", "select count(*) as n from tensors where run='l0'", "--csv",
-                          "--store", str(store_dir)])
+    res = r.invoke(
+        main, ["query", "select count(*) as n from tensors where run='l0'", "--csv", "--store", str(store_dir)]
+    )
     assert res.output == "n\n110\n"
 
 
@@ -36,11 +38,13 @@ def test_store_from_environment(store_dir, monkeypatch):
 def test_query_refuses_writes_and_outside_files(store_dir):
     r = CliRunner()
     r.invoke(main, ["ingest", str(MSPROBE / "v26_L0"), "--run", "x", "--store", str(store_dir)])
-    for sql, msg in [("copy (select 1) to '/tmp/x.csv'", "Error: COPY is not allowed"),
-                     ("attach '/tmp/x.db'", "Error: ATTACH is not allowed"),
-                     ("install httpfs", "Error: INSTALL is not allowed"),
-                     ("select * from read_csv('/etc/passwd')", "Error: Permission Error"),
-                     ("select 1; select 2", "Error: give exactly one SQL statement")]:
+    for sql, msg in [
+        ("copy (select 1) to '/tmp/x.csv'", "Error: COPY is not allowed"),
+        ("attach '/tmp/x.db'", "Error: ATTACH is not allowed"),
+        ("install httpfs", "Error: INSTALL is not allowed"),
+        ("select * from read_csv('/etc/passwd')", "Error: Permission Error"),
+        ("select 1; select 2", "Error: give exactly one SQL statement"),
+    ]:
         res = r.invoke(main, ["query", sql, "--store", str(store_dir)])
         assert res.exit_code == 1 and res.output.startswith(msg), (sql, res.output)
 
@@ -48,17 +52,24 @@ def test_query_refuses_writes_and_outside_files(store_dir):
 def test_missing_store_is_one_line_error(tmp_path):
     res = CliRunner().invoke(main, ["runs", "--store", str(tmp_path / "nope")])
     assert res.exit_code == 1
-    assert res.output == (f"Error: {tmp_path / 'nope'}: no store here; ingest a dump first (dumpstore ingest PATH "
-                          "--run NAME), or point --store / $DUMPSTORE_STORE at an existing store\n")
+    assert res.output == (
+        f"Error: {tmp_path / 'nope'}: no store here; ingest a dump first (dumpstore ingest PATH "
+        "--run NAME), or point --store / $DUMPSTORE_STORE at an existing store\n"
+    )
 
 
 def test_help_and_queries_do_not_import_torch(store_dir):
     CliRunner().invoke(main, ["ingest", str(MSPROBE / "v26_L0"), "--run", "x", "--store", str(store_dir)])
-    code = ("import sys; from dumpstore.cli.main import main\n"
-            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules, 'torch imported'\n")
-    for args in (["--help"], ["query", "select count(*) from tensors", "--store", str(store_dir)],
-                 ["ingest", str(MSPROBE / "ms_tensor"), "--run", "t", "--store", str(store_dir)]):
+    code = (
+        "import sys; from dumpstore.cli.main import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    for args in (
+        ["--help"],
+        ["query", "select count(*) from tensors", "--store", str(store_dir)],
+        ["ingest", str(MSPROBE / "ms_tensor"), "--run", "t", "--store", str(store_dir)],
+    ):
         proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
 
@@ -72,11 +83,15 @@ def test_every_command_documented_in_readme():
 
 def test_console_script_never_imports_pandas(store_dir):
     """pyarrow imports pandas on its first array (half a second); the `dumpstore` script refuses it."""
-    code = ("import sys; from dumpstore.cli.main import run\n"
-            "try:\n    run()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "print('PANDAS', 'pandas' in sys.modules)\n")
-    for args in (["ingest", str(MSPROBE / "ms_tensor"), "--run", "t", "--store", str(store_dir)],
-                 ["divergence", "--target", "t", "--ref", "t", "--store", str(store_dir), "--no-cache"]):
+    code = (
+        "import sys; from dumpstore.cli.main import run\n"
+        "try:\n    run()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('PANDAS', 'pandas' in sys.modules)\n"
+    )
+    for args in (
+        ["ingest", str(MSPROBE / "ms_tensor"), "--run", "t", "--store", str(store_dir)],
+        ["divergence", "--target", "t", "--ref", "t", "--store", str(store_dir), "--no-cache"],
+    ):
         proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip().endswith("PANDAS False"), proc.stdout[-500:]
@@ -86,8 +101,21 @@ def test_ingest_several_dumps_at_once(store_dir, tmp_path):
     """`ingest A B --run a --run b` stores exactly what two separate ingests store."""
     from helpers import SAMPLES
 
-    res = CliRunner().invoke(main, ["ingest", str(SAMPLES / "ref_stats"), str(SAMPLES / "lr_stats"),
-                                    "--run", "ref", "--run", "lr", "--store", str(store_dir), "--json"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "ingest",
+            str(SAMPLES / "ref_stats"),
+            str(SAMPLES / "lr_stats"),
+            "--run",
+            "ref",
+            "--run",
+            "lr",
+            "--store",
+            str(store_dir),
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     summaries = json.loads(res.output)
     assert [s["run"] for s in summaries] == ["ref", "lr"]
@@ -107,7 +135,19 @@ def test_ingest_several_dumps_errors(store_dir):
     assert res.exit_code == 2 and "one --run per PATH" in res.output
     res = CliRunner().invoke(main, ["ingest", "a", "b", "--run", "x", "--run", "x", "--store", str(store_dir)])
     assert res.exit_code == 2 and "once" in res.output
-    res = CliRunner().invoke(main, ["ingest", str(SAMPLES / "ref_stats"), str(store_dir / "missing"), "--run", "ok",
-                                    "--run", "bad", "--store", str(store_dir)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "ingest",
+            str(SAMPLES / "ref_stats"),
+            str(store_dir / "missing"),
+            "--run",
+            "ok",
+            "--run",
+            "bad",
+            "--store",
+            str(store_dir),
+        ],
+    )
     assert res.exit_code == 1
     assert res.output.count("\n") == 1 and "missing" in res.output and "(ingested: ok)" in res.output

@@ -7,9 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from dumpstore.analysis._divergence import divergence
+from dumpstore.analysis._overflow import overflow
 from dumpstore.analysis.compare import compare_runs
-from dumpstore.analysis.divergence import divergence
-from dumpstore.analysis.overflow import overflow
 from dumpstore.cli.main import main
 from helpers import SAMPLES
 
@@ -99,23 +99,37 @@ def test_divergence_cli_json_and_check(store):
 
 
 def test_compare_cli_ranks_worst_first(store):
-    res = CliRunner().invoke(main, ["compare", "--target", "gelu_tanh_tensor", "--ref", "ref_tensor", "--store",
-                                    str(store.root), "--top", "3", "--json"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "compare",
+            "--target",
+            "gelu_tanh_tensor",
+            "--ref",
+            "ref_tensor",
+            "--store",
+            str(store.root),
+            "--top",
+            "3",
+            "--json",
+        ],
+    )
     rows = json.loads(res.output)
     assert len(rows) == 3 and rows[0]["severity"] >= rows[1]["severity"] >= rows[2]["severity"]
     assert all(r["status"] == "diverged" for r in rows)
 
 
 def test_overflow_cli_json(store):
-    res = CliRunner().invoke(main, ["overflow", "--run", "overflow_stats", "--ref", "ref_stats", "--store",
-                                    str(store.root), "--json"])
+    res = CliRunner().invoke(
+        main, ["overflow", "--run", "overflow_stats", "--ref", "ref_stats", "--store", str(store.root), "--json"]
+    )
     out = json.loads(res.output)
     assert out["first_overflow"]["op"] == "Functional.linear.7.forward" and out["first_overflow"]["kind"] == "inf"
 
 
 @pytest.mark.parametrize("name", ["lr_stats", "grad_explode_stats", "rank1_fault_stats", "weight_1pct_stats"])
 def test_divergence_in_step_batches_equals_all_at_once(store, name):
-    from dumpstore.analysis.divergence import divergence_by_steps
+    from dumpstore.analysis._divergence import divergence_by_steps
 
     case = next(c for c in PAIRS if c["name"] == name)
     whole = _verdict(store, case).to_dict()

@@ -28,10 +28,10 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from dumpstore._ingest import IngestOptions, ingest
 from dumpstore.analysis import metrics
 from dumpstore.analysis.compare import compare_runs
 from dumpstore.analysis.exact import MSPROBE_COLUMNS, NEW_SCHEMA
-from dumpstore.ingest import IngestOptions, ingest
 from dumpstore.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,8 +60,16 @@ def _msprobe_cli() -> str | None:
 def _start_msprobe(cli: str, target: str, out: Path) -> subprocess.Popen:
     """`msprobe compare` of step 0: it pairs the rank folders of two step folders (a rank folder is refused)."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [cli, "compare", "-tp", str(SAMPLES / target / "step0"), "-gp", str(SAMPLES / REF / "step0"),
-           "-o", str(out / "result")]
+    cmd = [
+        cli,
+        "compare",
+        "-tp",
+        str(SAMPLES / target / "step0"),
+        "-gp",
+        str(SAMPLES / REF / "step0"),
+        "-o",
+        str(out / "result"),
+    ]
     with open(out / "msprobe.log", "wb") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=out)
 
@@ -99,16 +107,24 @@ def _read_msprobe_csv(path: Path) -> dict[str, dict]:
     rows: dict[str, dict] = {}
     for rec in df.to_dict("records"):
         names = ast.literal_eval(rec["Data_name"])
-        rows[rec["NPU Name"]] = {"files": all(n != "-1" for n in names),
-                                 "cells": [rec[c] for c in metrics.TENSOR_COLUMNS]}
+        rows[rec["NPU Name"]] = {
+            "files": all(n != "-1" for n in names),
+            "cells": [rec[c] for c in metrics.TENSOR_COLUMNS],
+        }
     assert len(rows) == len(df), f"{path}: NPU Name is not unique"
     return rows
 
 
 @pytest.fixture(scope="module")
 def msprobe_runs(request, tmp_path_factory):
-    wanted = [t for t in TARGETS if any(it.get_closest_marker("msprobe") and it.module is request.module
-                                        and t in it.name for it in request.session.items)]
+    wanted = [
+        t
+        for t in TARGETS
+        if any(
+            it.get_closest_marker("msprobe") and it.module is request.module and t in it.name
+            for it in request.session.items
+        )
+    ]
     runs = MsprobeRuns(_msprobe_cli(), wanted, tmp_path_factory.mktemp("msprobe"))
     yield runs
     runs.close()
@@ -136,9 +152,14 @@ def sketch_cmp(store) -> dict[str, pl.DataFrame]:
 
 
 def _candidates(rows: pl.DataFrame) -> pl.Expr:
-    return ((pl.col("kind") == "tensor") & (pl.col("ref_kind") == "tensor") & pl.col("data_name").is_not_null()
-            & pl.col("ref_data_name").is_not_null() & (pl.col("file_status") == "loaded")
-            & (pl.col("ref_file_status") == "loaded"))
+    return (
+        (pl.col("kind") == "tensor")
+        & (pl.col("ref_kind") == "tensor")
+        & pl.col("data_name").is_not_null()
+        & pl.col("ref_data_name").is_not_null()
+        & (pl.col("file_status") == "loaded")
+        & (pl.col("ref_file_status") == "loaded")
+    )
 
 
 def _step0(rows: pl.DataFrame) -> pl.DataFrame:
@@ -154,8 +175,10 @@ def _number(cell: str) -> float | None:
 
 def _check_cells(rows: pl.DataFrame, expected: dict[str, dict], label: str) -> float:
     """Our msprobe_* cells against msprobe's; returns the worst relative difference of numeric cells."""
-    ours = {r["name"]: [r[c] for c in MSPROBE_COLUMNS.values()]
-            for r in _step0(rows).select(["name", *MSPROBE_COLUMNS.values()]).iter_rows(named=True)}
+    ours = {
+        r["name"]: [r[c] for c in MSPROBE_COLUMNS.values()]
+        for r in _step0(rows).select(["name", *MSPROBE_COLUMNS.values()]).iter_rows(named=True)
+    }
     problems, worst, checked = [], 0.0, 0
     for name, exp in expected.items():
         got = ours.get(name)
@@ -188,8 +211,10 @@ def test_cells_match_msprobe(target, exact_cmp, msprobe_runs) -> None:
 
 
 def _fingerprint(target: str) -> dict[str, str]:
-    return {side: hashlib.sha256((SAMPLES / run / "step0" / "rank0" / "dump.json").read_bytes()).hexdigest()
-            for side, run in (("target", target), ("golden", REF))}
+    return {
+        side: hashlib.sha256((SAMPLES / run / "step0" / "rank0" / "dump.json").read_bytes()).hexdigest()
+        for side, run in (("target", target), ("golden", REF))
+    }
 
 
 def test_cells_match_checked_in_expected(exact_cmp) -> None:
@@ -199,8 +224,10 @@ def test_cells_match_checked_in_expected(exact_cmp) -> None:
     assert data["target"] == EXPECTED_TARGET and data["golden"] == REF
     assert data["columns"] == list(metrics.TENSOR_COLUMNS)
     if data["dump_json_sha256"] != _fingerprint(EXPECTED_TARGET):
-        pytest.fail(f"sample_dumps/{EXPECTED_TARGET} or {REF} changed since {EXPECTED.name} was written; "
-                    "regenerate it: DUMPSTORE_REGEN=1 pytest tests/test_exact.py -k regenerate")
+        pytest.fail(
+            f"sample_dumps/{EXPECTED_TARGET} or {REF} changed since {EXPECTED.name} was written; "
+            "regenerate it: DUMPSTORE_REGEN=1 pytest tests/test_exact.py -k regenerate"
+        )
     _check_cells(exact_cmp[EXPECTED_TARGET], data["rows"], f"{EXPECTED.name}")
 
 
@@ -208,11 +235,15 @@ def test_cells_match_checked_in_expected(exact_cmp) -> None:
 @pytest.mark.skipif(os.environ.get("DUMPSTORE_REGEN") != "1", reason="set DUMPSTORE_REGEN=1 to regenerate")
 def test_regenerate_expected_weight_1pct_tensor(msprobe_runs) -> None:
     rows = msprobe_runs.csv_rows(EXPECTED_TARGET)
-    data = {"generator": "DUMPSTORE_REGEN=1 pytest tests/test_exact.py -k regenerate",
-            "msprobe": metadata.version("mindstudio-probe"),
-            "command": f"msprobe compare -tp sample_dumps/{EXPECTED_TARGET}/step0 -gp sample_dumps/{REF}/step0",
-            "target": EXPECTED_TARGET, "golden": REF, "dump_json_sha256": _fingerprint(EXPECTED_TARGET),
-            "columns": list(metrics.TENSOR_COLUMNS)}
+    data = {
+        "generator": "DUMPSTORE_REGEN=1 pytest tests/test_exact.py -k regenerate",
+        "msprobe": metadata.version("mindstudio-probe"),
+        "command": f"msprobe compare -tp sample_dumps/{EXPECTED_TARGET}/step0 -gp sample_dumps/{REF}/step0",
+        "target": EXPECTED_TARGET,
+        "golden": REF,
+        "dump_json_sha256": _fingerprint(EXPECTED_TARGET),
+        "columns": list(metrics.TENSOR_COLUMNS),
+    }
     lines = [json.dumps(data, indent=1)[:-2] + ',\n "rows": {']
     lines.append(",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in rows.items()))
     EXPECTED.parent.mkdir(parents=True, exist_ok=True)
@@ -232,13 +263,19 @@ def test_exact_rows_and_untouched_rows(target, exact_cmp, sketch_cmp) -> None:
     assert hit.height >= 300 and rest.height > 0
     # rows without two tensor files: unchanged, new columns null
     order = [*KEYS, "ref_name"]
-    assert_frame_equal(rest.select(sk.columns).sort(order, nulls_last=True),
-                       sk.filter(~_candidates(sk)).sort(order, nulls_last=True), check_exact=True)
+    assert_frame_equal(
+        rest.select(sk.columns).sort(order, nulls_last=True),
+        sk.filter(~_candidates(sk)).sort(order, nulls_last=True),
+        check_exact=True,
+    )
     assert rest.select(pl.all_horizontal([pl.col(c).is_null() for c in NEW_SCHEMA]).all()).item()
     # rows with two files: exact values and a fresh verdict
     assert set(hit["err_source"]) == {"exact"} and set(hit["err_bound"]) == {0.0}
-    assert hit.select(pl.all_horizontal([pl.col(c).is_not_null() for c in
-                                         ("msprobe_cosine", "msprobe_message", "err", "severity")]).all()).item()
+    assert hit.select(
+        pl.all_horizontal(
+            [pl.col(c).is_not_null() for c in ("msprobe_cosine", "msprobe_message", "err", "severity")]
+        ).all()
+    ).item()
     for r in hit.iter_rows(named=True):
         if r["tol"] > 0:
             assert r["severity"] == pytest.approx(r["err"] / r["tol"], rel=1e-12)
@@ -256,8 +293,9 @@ def test_exact_rows_and_untouched_rows(target, exact_cmp, sketch_cmp) -> None:
 
 def test_masked_fill_output_compares_finite_part(exact_cmp) -> None:
     """The causal mask's -inf sits at the same positions in both runs: no mismatch, finite part compared."""
-    rows = exact_cmp["weight_1pct_tensor"].filter(pl.col("name").str.starts_with("Tensor.masked_fill.")
-                                                  & pl.col("name").str.contains(r"forward\.output\.0$"))
+    rows = exact_cmp["weight_1pct_tensor"].filter(
+        pl.col("name").str.starts_with("Tensor.masked_fill.") & pl.col("name").str.contains(r"forward\.output\.0$")
+    )
     assert rows.height >= 1
     for r in rows.iter_rows(named=True):
         assert r["has_neginf"] and r["err_source"] == "exact" and not r["nonfinite_mismatch"]
@@ -277,7 +315,6 @@ def small_sketch_store(tmp_path_factory):
         for run in (REF, *SKETCH_TARGETS):
             ingest(SAMPLES / run, run, store=path, options=IngestOptions(sketch_m=SMALL_M))
     return open_store(path)
-
 
 
 def _sketch_vs_exact(sk: pl.DataFrame, ex: pl.DataFrame, m: int) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -330,9 +367,15 @@ def test_unreadable_files_keep_sketch_values(tmp_path) -> None:
     tensors = tmp_path / EXPECTED_TARGET / "step0" / "rank0" / "dump_tensor_data"
     (tensors / gone).unlink()
     (tensors / broken).write_bytes(b"not a torch file")
-    shutil.copyfile(SAMPLES / REF / "step0" / "rank0" / "dump_tensor_data"
-                    / before.filter(_candidates(before) & (pl.col("numel") == 16))["ref_data_name"][0],
-                    tensors / reshaped)
+    shutil.copyfile(
+        SAMPLES
+        / REF
+        / "step0"
+        / "rank0"
+        / "dump_tensor_data"
+        / before.filter(_candidates(before) & (pl.col("numel") == 16))["ref_data_name"][0],
+        tensors / reshaped,
+    )
     rows = compare_runs(open_store(st), EXPECTED_TARGET, REF, exact=True).rows
     for name, why in ((gone, "missing"), (broken, ""), (reshaped, "changed since ingest")):
         r = rows.filter(pl.col("data_name") == name).row(0, named=True)
@@ -354,8 +397,11 @@ def test_unreadable_files_keep_sketch_values(tmp_path) -> None:
 def test_plain_tensor_folders(tmp_path) -> None:
     """Plain folders of .npy files (no dump.json) are found again too."""
     rng = np.random.default_rng(7)
-    a = {"x": rng.standard_normal((4, 300)).astype(np.float32), "y": rng.standard_normal(5).astype(np.float32),
-         "z": np.array([2.5], np.float32)}
+    a = {
+        "x": rng.standard_normal((4, 300)).astype(np.float32),
+        "y": rng.standard_normal(5).astype(np.float32),
+        "z": np.array([2.5], np.float32),
+    }
     b = {"x": a["x"] * np.float32(1.001), "y": a["y"].copy(), "z": np.array([2.0], np.float32)}
     for run, arrays in (("t", a), ("r", b)):
         (tmp_path / run).mkdir()
@@ -386,5 +432,6 @@ def test_worker_processes_give_the_same_rows(store, exact_cmp, monkeypatch) -> N
     from dumpstore.analysis.rules import apply_small_values
 
     # (the sketch rows carry their own small-value notes in `detail`)
-    assert_frame_equal(apply_small_values(serial).drop("detail"), exact_cmp[target].drop("detail"),
-                       check_column_order=False)
+    assert_frame_equal(
+        apply_small_values(serial).drop("detail"), exact_cmp[target].drop("detail"), check_column_order=False
+    )

@@ -28,8 +28,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from dumpstore._ingest import IngestOptions, ingest
 from dumpstore.errors import DumpstoreError
-from dumpstore.ingest import IngestOptions, ingest
 from dumpstore.layout import find_units
 from dumpstore.query import run_query
 from dumpstore.store import Store, open_store
@@ -80,11 +80,25 @@ class _Watch:
             if real.startswith(self.forbidden):
                 self.hits.append(f"opened {real!r}")
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+                isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
+            )
             if writing and not self._in_store(real):
                 self.hits.append(f"opened {real!r} for writing")
-        elif event in ("os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.symlink", "os.link", "os.truncate",
-                       "os.chmod", "os.chown", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile"):
+        elif event in (
+            "os.remove",
+            "os.rename",
+            "os.mkdir",
+            "os.rmdir",
+            "os.symlink",
+            "os.link",
+            "os.truncate",
+            "os.chmod",
+            "os.chown",
+            "os.utime",
+            "shutil.rmtree",
+            "shutil.move",
+            "shutil.copyfile",
+        ):
             for a in args:
                 if isinstance(a, (str, bytes, os.PathLike)):
                     real = os.path.realpath(os.fsdecode(a))
@@ -142,9 +156,11 @@ def snapshot(top: Path, skip: Path) -> dict[str, tuple]:
 
 
 def _diff(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
-    return ([f"created {p!r}" for p in sorted(after.keys() - before.keys())]
-            + [f"removed {p!r}" for p in sorted(before.keys() - after.keys())]
-            + [f"changed {p!r}" for p in sorted(before.keys() & after.keys()) if before[p] != after[p]])
+    return (
+        [f"created {p!r}" for p in sorted(after.keys() - before.keys())]
+        + [f"removed {p!r}" for p in sorted(before.keys() - after.keys())]
+        + [f"changed {p!r}" for p in sorted(before.keys() & after.keys()) if before[p] != after[p]]
+    )
 
 
 # ------------------------------------------------------------------------------------------- the oracle
@@ -157,8 +173,11 @@ def expected_by_unit(path: Path) -> dict[tuple[str, int, int], int]:
         if unit.kind == "dump":
             n = expected_rows(unit_doc(unit.path))
         else:
-            n = sum(1 for p in unit.path.iterdir() if p.suffix.lower() in TENSOR_SUFFIXES
-                    and (p.is_symlink() or not p.is_dir()))
+            n = sum(
+                1
+                for p in unit.path.iterdir()
+                if p.suffix.lower() in TENSOR_SUFFIXES and (p.is_symlink() or not p.is_dir())
+            )
         out[(unit.source, unit.step, unit.rank)] = n
     return out
 
@@ -181,8 +200,10 @@ def _groups_parquet(st: Store) -> list[dict]:
         step, rank = (int(Path(part).parents[i].name.split("=", 1)[1]) for i in (1, 0))
         cols = ["source", "error", "max", "min", "dump_max", "dump_min", "mean", "sample"]
         for row in pq.read_table(part, columns=cols).to_pylist():
-            g = groups.setdefault((row["source"], step, rank), {"source": row["source"], "step": step,
-                                                                "rank": rank, "n": 0, "e": 0, "canary": 0})
+            g = groups.setdefault(
+                (row["source"], step, rank),
+                {"source": row["source"], "step": step, "rank": rank, "n": 0, "e": 0, "canary": 0},
+            )
             g["n"] += 1
             g["e"] += row["error"] is not None
             g["canary"] += CANARY in [row[c] for c in cols[2:7]] + (row["sample"] or [])
@@ -226,8 +247,13 @@ def run_library_case(case: Case, template: Path, work: Path) -> None:
     try:
         with _WATCH.watching(built.canary, store) as hits, time_limit(CASE_SECONDS, what):
             try:
-                res = ingest(built.ingest_path, "r", store=store, jobs=1,
-                             options=IngestOptions(load_tensors=case.seed[-1] != "7"))
+                res = ingest(
+                    built.ingest_path,
+                    "r",
+                    store=store,
+                    jobs=1,
+                    options=IngestOptions(load_tensors=case.seed[-1] != "7"),
+                )
             except DumpstoreError as exc:
                 res = exc
     except CaseTimeout:
@@ -253,8 +279,19 @@ def run_cli_case(case: Case, template: Path, work: Path) -> None:
     store = work / "store"
     before = snapshot(work, store)
     what = f"{case.name} [{built.description}]"
-    cmd = [sys.executable, "-m", "dumpstore.cli.main", "ingest", os.fsencode(built.ingest_path), "--run", "r",
-           "--store", str(store), "-j", "2" if case.seed[-1] in "05" else "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dumpstore.cli.main",
+        "ingest",
+        os.fsencode(built.ingest_path),
+        "--run",
+        "r",
+        "--store",
+        str(store),
+        "-j",
+        "2" if case.seed[-1] in "05" else "1",
+    ]
     cmd += ["--no-tensors"] if case.seed.endswith("3") else []
     try:
         proc = subprocess.run(cmd, capture_output=True, timeout=CLI_SECONDS, cwd=work)
@@ -337,8 +374,12 @@ def test_crafted_pt_matches_torch(template: Path, tmp_path: Path) -> None:
 
     from fuzz import write_pt
 
-    for arr in (np.arange(6, dtype=np.float32).reshape(2, 3), np.full((2, 8), CANARY, np.int64),
-                np.array(2.5, np.float64), np.zeros((0, 4), np.float32)):
+    for arr in (
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        np.full((2, 8), CANARY, np.int64),
+        np.array(2.5, np.float64),
+        np.zeros((0, 4), np.float32),
+    ):
         write_pt(tmp_path / "t.pt", arr)
         got = torch.load(tmp_path / "t.pt", weights_only=True).numpy()
         assert got.dtype == arr.dtype and np.array_equal(got, arr)
@@ -371,5 +412,4 @@ def test_the_guards_see_a_read_and_a_write_outside(template: Path, tmp_path: Pat
     next(iter(doc["data"].values()))["input_args"][1]["Max"] = CANARY
     dump_json.write_text(json.dumps(doc))
     res = ingest(built.ingest_path, "r", store=store, jobs=1)
-    assert check_store(built, store, res.rows, res.errors) == [
-        "a canary value from outside the dump is in the store"]
+    assert check_store(built, store, res.rows, res.errors) == ["a canary value from outside the dump is in the store"]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dumpstore.analysis.health import WATCHPOINTS, Thresholds, health
+from dumpstore._ingest import ingest
+from dumpstore.analysis._health import WATCHPOINTS, Thresholds, health
 from dumpstore.cli.main import main
-from dumpstore.ingest import ingest
 from dumpstore.query import run_query
 from dumpstore.store import open_store
 from helpers import SAMPLES
@@ -57,8 +57,11 @@ def test_overflow_and_values_near_dtype_max(store):
     case = CATALOG["overflow_stats"]["expected"]
     rep = health(store, "overflow_stats")
     f = rep.first("overflow")
-    assert (f.step, f.op, f.value) == (case["first_overflow"]["step"], case["first_overflow"]["op"],
-                                       case["first_overflow"]["kind"])
+    assert (f.step, f.op, f.value) == (
+        case["first_overflow"]["step"],
+        case["first_overflow"]["op"],
+        case["first_overflow"]["kind"],
+    )
     near = rep.first("near_dtype_max")
     assert near.param == case["parameter"] and near.value >= near.threshold
     assert rep.counts["loss_nonfinite"] == 3 and all(math.isnan(s["value"]) for s in rep.loss)
@@ -67,16 +70,19 @@ def test_overflow_and_values_near_dtype_max(store):
 def test_views_expose_the_same_numbers(store):
     loss = run_query(store, "select step, value from loss where run = 'grad_explode_stats' order by step")
     assert loss.column("value").to_pylist() == [s["value"] for s in health(store, "grad_explode_stats").loss]
-    wc = run_query(store, "select ratio_est from weight_change where run = 'lr_stats' and step = 1 "
-                          "and param = 'head.weight'").column("ratio_est").to_pylist()
+    wc = (
+        run_query(
+            store, "select ratio_est from weight_change where run = 'lr_stats' and step = 1 and param = 'head.weight'"
+        )
+        .column("ratio_est")
+        .to_pylist()
+    )
     assert len(wc) == 1 and wc[0] > 0.1
-    g = run_query(store, "select count(*) as n from grad_norms where run = 'ref_stats' "
-                         "and kind = 'parameter'")
+    g = run_query(store, "select count(*) as n from grad_norms where run = 'ref_stats' and kind = 'parameter'")
     assert g.column("n").to_pylist() == [29 * 3]
     layers = run_query(store, "select distinct layer from layer_grad_norms where run = 'ref_stats'")
     assert "layers.0.qkv" in layers.column("layer").to_pylist()
-    p = run_query(store, "select param from param_stats where run = 'ref_stats' and step = 0 "
-                         "order by seq, leaf")
+    p = run_query(store, "select param from param_stats where run = 'ref_stats' and step = 0 order by seq, leaf")
     assert p.column("param").to_pylist()[0] == "emb.weight"
 
 
@@ -87,18 +93,25 @@ def test_cli_json_and_text(store):
     out = json.loads(res.output)
     assert out["counts"]["grad_explosion"] > 0 and out["thresholds"]["explode_factor"] == 10.0
     assert all({"step", "rank", "op", "value", "threshold"} <= set(f) for f in out["findings"])
-    res = runner.invoke(main, ["health", "--run", "grad_explode_stats", "--store", str(store.root),
-                               "--top", "2"])
+    res = runner.invoke(main, ["health", "--run", "grad_explode_stats", "--store", str(store.root), "--top", "2"])
     assert res.exit_code == 0 and "grad_explosion" in res.output and "loss (rank 0" in res.output
 
 
 # -- each rule on a synthetic run -----------------------------------------------------------------------
 
+
 def _leaf(arr: np.ndarray, requires_grad: bool = False) -> dict:
     a = arr.astype(np.float64)
-    return {"type": "torch.Tensor", "dtype": f"torch.{arr.dtype.name}", "shape": list(arr.shape),
-            "Max": float(a.max()), "Min": float(a.min()), "Mean": float(a.mean()),
-            "Norm": float(np.linalg.norm(a)), "requires_grad": requires_grad}
+    return {
+        "type": "torch.Tensor",
+        "dtype": f"torch.{arr.dtype.name}",
+        "shape": list(arr.shape),
+        "Max": float(a.max()),
+        "Min": float(a.min()),
+        "Mean": float(a.mean()),
+        "Norm": float(np.linalg.norm(a)),
+        "requires_grad": requires_grad,
+    }
 
 
 def _write_run(root, steps: list[dict[str, np.ndarray]]) -> None:
@@ -107,17 +120,25 @@ def _write_run(root, steps: list[dict[str, np.ndarray]]) -> None:
         d = root / f"step{s}" / "rank0"
         d.mkdir(parents=True)
         data = {
-            "Functional.linear.0.forward": {"input_args": [_leaf(t["x"]), _leaf(t["weight"], True)],
-                                            "input_kwargs": {}, "output": [_leaf(t["act"], True)]},
-            "Module.fc.Linear.forward.0": {"input_args": [_leaf(t["x"])], "input_kwargs": {},
-                                           "output": [_leaf(t["act"], True)],
-                                           "parameters": {"weight": _leaf(t["weight"], True)}},
-            "Functional.relu.0.forward": {"input_args": [_leaf(t["act"], True)], "input_kwargs": {},
-                                          "output": [_leaf(t["zero"], True)]},
+            "Functional.linear.0.forward": {
+                "input_args": [_leaf(t["x"]), _leaf(t["weight"], True)],
+                "input_kwargs": {},
+                "output": [_leaf(t["act"], True)],
+            },
+            "Module.fc.Linear.forward.0": {
+                "input_args": [_leaf(t["x"])],
+                "input_kwargs": {},
+                "output": [_leaf(t["act"], True)],
+                "parameters": {"weight": _leaf(t["weight"], True)},
+            },
+            "Functional.relu.0.forward": {
+                "input_args": [_leaf(t["act"], True)],
+                "input_kwargs": {},
+                "output": [_leaf(t["zero"], True)],
+            },
             "Module.fc.Linear.parameters_grad.0": {"weight": [_leaf(t["grad"])]},
         }
-        doc = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None,
-               "data": data}
+        doc = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None, "data": data}
         (d / "dump.json").write_text(json.dumps(doc))
         parents = {"Functional.linear.0.forward": "Module.fc.Linear.forward.0"}
         (d / "construct.json").write_text(json.dumps(parents))
@@ -130,12 +151,12 @@ def synthetic(tmp_path):
     w = rng.standard_normal((4, 4)).astype(np.float32)
     steps = []
     for s in range(5):
-        act = (x @ w.T * 1.3**s).astype(np.float32)          # grows 30 % per step
+        act = (x @ w.T * 1.3**s).astype(np.float32)  # grows 30 % per step
         grad = (w * 1e-3).astype(np.float32)
         if s == 3:
-            grad = grad * 1e3                                  # explodes at step 3
+            grad = grad * 1e3  # explodes at step 3
         if s == 4:
-            grad = grad * 1e-6                                 # vanishes at step 4
+            grad = grad * 1e-6  # vanishes at step 4
         act16 = act.astype(np.float16) if s < 4 else np.full((2, 4), 40000, np.float16)  # near fp16 max at 4
         steps.append({"x": x, "weight": w, "act": act16, "grad": grad, "zero": np.zeros((2, 4), np.float32)})
     _write_run(tmp_path / "run", steps)
@@ -171,27 +192,38 @@ def test_thresholds_are_parameters(synthetic):
 
 # -- loss spikes of a negative loss ------------------------------------------------------------------------
 
+
 def _loss_run(root, losses: list[float]) -> None:
     """One rank; per step one cross_entropy call whose 0-d output is the loss."""
     for s, value in enumerate(losses):
         d = root / f"step{s}" / "rank0"
         d.mkdir(parents=True)
-        leaf = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [], "Max": value, "Min": value,
-                "Mean": value, "Norm": abs(value), "requires_grad": True}
+        leaf = {
+            "type": "torch.Tensor",
+            "dtype": "torch.float32",
+            "shape": [],
+            "Max": value,
+            "Min": value,
+            "Mean": value,
+            "Norm": abs(value),
+            "requires_grad": True,
+        }
         logits = _leaf(np.arange(8, dtype=np.float32).reshape(2, 4))
-        data = {"Functional.cross_entropy.0.forward": {"input_args": [logits], "input_kwargs": {},
-                                                        "output": [leaf]}}
+        data = {"Functional.cross_entropy.0.forward": {"input_args": [logits], "input_kwargs": {}, "output": [leaf]}}
         doc = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}
         (d / "dump.json").write_text(json.dumps(doc))
 
 
-@pytest.mark.parametrize(("losses", "spikes"), [
-    ([-10.0, -10.0, -2.0], []),                # closer to zero: the loss improved in size, no spike
-    ([-10.0, -10.0, -10.5], []),
-    ([-10.0, -10.0, 100.0], [(2, 80.0)]),      # median -10 + 9 x 10 = 80
-    ([1.0, 1.0, 9.0], []),
-    ([1.0, 1.0, 11.0], [(2, 10.0)]),           # positive losses: 10 x the median, as before
-])
+@pytest.mark.parametrize(
+    ("losses", "spikes"),
+    [
+        ([-10.0, -10.0, -2.0], []),  # closer to zero: the loss improved in size, no spike
+        ([-10.0, -10.0, -10.5], []),
+        ([-10.0, -10.0, 100.0], [(2, 80.0)]),  # median -10 + 9 x 10 = 80
+        ([1.0, 1.0, 9.0], []),
+        ([1.0, 1.0, 11.0], [(2, 10.0)]),  # positive losses: 10 x the median, as before
+    ],
+)
 def test_loss_spike_of_negative_losses(tmp_path, losses, spikes):
     _loss_run(tmp_path / "run", losses)
     ingest(tmp_path / "run", "neg", store=tmp_path / "s", jobs=1)

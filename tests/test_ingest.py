@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from dumpstore._ingest import ingest
 from dumpstore.errors import DumpFormatError
-from dumpstore.ingest import ingest
 from dumpstore.query import run_query
 from dumpstore.store import open_store
 from dumpstore.summary import sample_positions
@@ -31,15 +31,27 @@ def test_row_count_equals_leaves_in_json(dataset, store_dir):
 
 def test_identity_columns_statistics_dump(store_dir):
     ingest(MSPROBE / "v8_statistics", "v8", store=store_dir, jobs=1)
-    rows = _q(store_dir, "select * from tensors where run='v8' and record='Functional.layer_norm.0.forward' "
-                         "order by leaf")
+    rows = _q(
+        store_dir, "select * from tensors where run='v8' and record='Functional.layer_norm.0.forward' order by leaf"
+    )
     assert [r["name"] for r in rows] == [
-        "Functional.layer_norm.0.forward.input.0", "Functional.layer_norm.0.forward.input.1.0",
-        "Functional.layer_norm.0.forward.input.2", "Functional.layer_norm.0.forward.input.3",
-        "Functional.layer_norm.0.forward.input.4", "Functional.layer_norm.0.forward.output.0"]
+        "Functional.layer_norm.0.forward.input.0",
+        "Functional.layer_norm.0.forward.input.1.0",
+        "Functional.layer_norm.0.forward.input.2",
+        "Functional.layer_norm.0.forward.input.3",
+        "Functional.layer_norm.0.forward.input.4",
+        "Functional.layer_norm.0.forward.output.0",
+    ]
     r0, eps = rows[0], rows[4]
     assert (r0["step"], r0["rank"], r0["rank_dir"], r0["prefix"], r0["api"], r0["call"], r0["direction"]) == (
-        0, 0, "rank0", "Functional", "layer_norm", 0, "forward")
+        0,
+        0,
+        "rank0",
+        "Functional",
+        "layer_norm",
+        0,
+        "forward",
+    )
     assert r0["module"] == "Module.layers.0.ln1.LayerNorm.forward.0"
     assert r0["is_recompute"] is False
     assert r0["stats_source"] == "dump" and r0["dtype"] == "float32" and r0["shape"] == [4, 8, 32]
@@ -50,25 +62,36 @@ def test_identity_columns_statistics_dump(store_dir):
 def test_parameters_grad_names_both_generations(store_dir):
     ingest(MSPROBE / "v8_statistics", "v8", store=store_dir, jobs=1)
     ingest(MSPROBE / "v26_md5", "v26", store=store_dir, jobs=1)
-    names = {r["run"]: r["name"] for r in _q(
-        store_dir,
-        "select run, name from tensors where direction='parameters_grad' and name like '%head.Linear%weight'")}
-    assert names == {"v8": "Module.head.Linear.parameters_grad.weight",
-                     "v26": "Module.head.Linear.parameters_grad.0.weight"}
+    names = {
+        r["run"]: r["name"]
+        for r in _q(
+            store_dir,
+            "select run, name from tensors where direction='parameters_grad' and name like '%head.Linear%weight'",
+        )
+    }
+    assert names == {
+        "v8": "Module.head.Linear.parameters_grad.weight",
+        "v26": "Module.head.Linear.parameters_grad.0.weight",
+    }
 
 
 def test_nan_and_inf_tokens_become_flags(store_dir):
     ingest(MSPROBE / "v8_nan", "nan", store=store_dir, jobs=1)
-    rows = _q(store_dir, "select name, max, min, mean, has_nan, has_posinf, has_neginf from tensors "
-                         "where run='nan' and has_posinf order by leaf limit 1")
+    rows = _q(
+        store_dir,
+        "select name, max, min, mean, has_nan, has_posinf, has_neginf from tensors "
+        "where run='nan' and has_posinf order by leaf limit 1",
+    )
     assert rows and rows[0]["max"] == math.inf and rows[0]["has_posinf"] is True
 
 
 def test_checksums_kept(store_dir):
     ingest(MSPROBE / "v26_md5", "md5", store=store_dir, jobs=1)
     ingest(MSPROBE / "v26_xor", "xor", store=store_dir, jobs=1)
-    kinds = _q(store_dir, "select run, checksum_kind, count(*) n from tensors where checksum is not null "
-                          "group by all order by run")
+    kinds = _q(
+        store_dir,
+        "select run, checksum_kind, count(*) n from tensors where checksum is not null group by all order by run",
+    )
     assert [(k["run"], k["checksum_kind"]) for k in kinds] == [("md5", "crc32"), ("xor", "xor")]
     xor = _q(store_dir, "select checksum, min, stats_source from tensors where run='xor' and kind='tensor' limit 1")[0]
     assert xor["checksum"].startswith("0x") and xor["min"] is None and xor["stats_source"] == "none"
@@ -95,9 +118,12 @@ def test_mindspore_tensor_stats_match_numpy(store_dir):
 
 def test_module_and_stack_from_side_files(store_dir):
     ingest(MSPROBE / "ms_statistics", "ms", store=store_dir, jobs=1)
-    rows = _q(store_dir, "select t.record, t.module, s.frames from tensors t join stacks s "
-                         "on t.run=s.run and t.step=s.step and t.rank=s.rank and t.stack_id=s.stack_id "
-                         "where t.run='ms' and t.step=0 and t.record='Cell.layers.0.fc1.Dense.forward.0' limit 1")
+    rows = _q(
+        store_dir,
+        "select t.record, t.module, s.frames from tensors t join stacks s "
+        "on t.run=s.run and t.step=s.step and t.rank=s.rank and t.stack_id=s.stack_id "
+        "where t.run='ms' and t.step=0 and t.record='Cell.layers.0.fc1.Dense.forward.0' limit 1",
+    )
     assert rows and rows[0]["module"] == "Cell.layers.0.TinyBlock.forward.0"
     assert any("File " in f for f in rows[0]["frames"])
 
@@ -107,8 +133,12 @@ def test_entry_points_step_rank_file(store_dir):
     f = dump_files(ds)[1]
     for run, path in (("root", ds), ("step", f.parent.parent), ("rank", f.parent), ("file", f)):
         ingest(path, run, store=store_dir, jobs=1)
-    got = {r["run"]: (r["n"], r["steps"]) for r in _q(
-        store_dir, "select run, count(*) n, list(distinct step order by step) steps from tensors group by run")}
+    got = {
+        r["run"]: (r["n"], r["steps"])
+        for r in _q(
+            store_dir, "select run, count(*) n, list(distinct step order by step) steps from tensors group by run"
+        )
+    }
     full = got["root"][0]
     assert got["root"][1] == [0, 1]
     assert got["step"] == got["rank"] == got["file"] == (full // 2, [1])
@@ -164,5 +194,6 @@ def test_tensor_files_read_in_parallel_give_same_rows(store_dir, tmp_path):
     assert (a.rows, a.tensor_files, a.errors, a.first_error) == (b.rows, b.tensor_files, b.errors, b.first_error)
     assert a.errors == 1
     cols = "leaf, name, kind, dtype, min, max, mean, norm, nan_count, zero_count, sample, sketch, file_status, error"
-    assert (_q(store_dir, f"select {cols} from tensors where run='serial' order by leaf")
-            == _q(store_dir, f"select {cols} from tensors where run='parallel' order by leaf"))
+    assert _q(store_dir, f"select {cols} from tensors where run='serial' order by leaf") == _q(
+        store_dir, f"select {cols} from tensors where run='parallel' order by leaf"
+    )

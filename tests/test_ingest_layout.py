@@ -10,11 +10,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from dumpstore.ingest import ingest
+from dumpstore._ingest import ingest
 from dumpstore.records import LEAF_COLUMNS, leaf_columns
 from helpers import MSPROBE
 
-ingest_module = importlib.import_module("dumpstore.ingest")  # the module (dumpstore.ingest is also the function)
+ingest_module = importlib.import_module("dumpstore._ingest")  # the module (dumpstore.ingest is also the function)
 
 
 def _described(leaf) -> dict:
@@ -24,27 +24,61 @@ def _described(leaf) -> dict:
 
 
 def test_tensor_leaf_columns_by_name():
-    leaf = {"type": "torch.Tensor", "dtype": "torch.bfloat16", "shape": [2, 3], "Max": 3.5e38, "Min": -math.inf,
-            "Mean": 1, "Norm": None, "requires_grad": True, "data_name": "x.pt", "md5": "0x1f"}
+    leaf = {
+        "type": "torch.Tensor",
+        "dtype": "torch.bfloat16",
+        "shape": [2, 3],
+        "Max": 3.5e38,
+        "Min": -math.inf,
+        "Mean": 1,
+        "Norm": None,
+        "requires_grad": True,
+        "data_name": "x.pt",
+        "md5": "0x1f",
+    }
     assert _described(leaf) == {
-        "kind": "tensor", "value_type": "torch.Tensor", "dtype": "bfloat16", "dtype_raw": "torch.bfloat16",
-        "shape": [2, 3], "numel": 6, "requires_grad": True, "min": -math.inf, "max": 3.5e38, "mean": 1.0,
-        "stats_source": "dump", "has_nan": False, "has_posinf": False, "has_neginf": True, "has_sat": True,
-        "dump_max": 3.5e38, "dump_min": -math.inf, "dump_mean": 1.0, "checksum": "0x1f", "checksum_kind": "xor",
-        "data_name": "x.pt", "file_status": "none"}
+        "kind": "tensor",
+        "value_type": "torch.Tensor",
+        "dtype": "bfloat16",
+        "dtype_raw": "torch.bfloat16",
+        "shape": [2, 3],
+        "numel": 6,
+        "requires_grad": True,
+        "min": -math.inf,
+        "max": 3.5e38,
+        "mean": 1.0,
+        "stats_source": "dump",
+        "has_nan": False,
+        "has_posinf": False,
+        "has_neginf": True,
+        "has_sat": True,
+        "dump_max": 3.5e38,
+        "dump_min": -math.inf,
+        "dump_mean": 1.0,
+        "checksum": "0x1f",
+        "checksum_kind": "xor",
+        "data_name": "x.pt",
+        "file_status": "none",
+    }
 
 
 def test_scalar_null_and_bad_shape_leaf_columns_by_name():
     assert _described({"type": "float", "value": -math.inf}) == {
-        "kind": "scalar", "value_type": "float", "value": "-Infinity", "scalar_value": -math.inf,
-        "stats_source": "none", "file_status": "none"}
+        "kind": "scalar",
+        "value_type": "float",
+        "value": "-Infinity",
+        "scalar_value": -math.inf,
+        "stats_source": "none",
+        "file_status": "none",
+    }
     assert _described({"type": "slice", "value": [1, None]})["value"] == "[1, null]"
     assert _described(None) == {"kind": "null", "stats_source": "none", "file_status": "none"}
     bad = _described({"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2, 1 << 62]})
     assert bad["error"].endswith("a dimension or the element count does not fit in int64")
     assert "shape" not in bad and "numel" not in bad
     assert _described({"type": "torch.Tensor", "dtype": "x", "shape": [0, 1 << 63]})["error"].startswith(
-        "invalid shape")
+        "invalid shape"
+    )
     assert _described({"type": "torch.Tensor", "dtype": "x", "shape": []})["numel"] == 1
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from dumpstore._ingest import ingest
 from dumpstore.cli.main import main
-from dumpstore.ingest import ingest
 from helpers import SAMPLES
 
-div_module = importlib.import_module("dumpstore.analysis.divergence")  # the module, not the function
+div_module = importlib.import_module("dumpstore.analysis._divergence")  # the module, not the function
 
 # `dumpstore divergence ARGS` in a fresh interpreter, then which heavy libraries it imported.
 _PROBE = """
@@ -41,8 +41,9 @@ def computed(monkeypatch) -> list[str]:
 
 
 def _divergence(store: Path, *args: str) -> dict:
-    res = CliRunner().invoke(main, ["divergence", "--target", "target", "--ref", "ref", "--store", str(store),
-                                    "--json", *args])
+    res = CliRunner().invoke(
+        main, ["divergence", "--target", "target", "--ref", "ref", "--store", str(store), "--json", *args]
+    )
     assert res.exit_code == 0, res.output
     return json.loads(res.output)
 
@@ -62,8 +63,24 @@ def test_second_ask_is_answered_from_the_memo_without_heavy_imports(pair, comput
     assert computed == ["target/ref"]
     assert _divergence(pair, "--no-cache") == first
     assert len(computed) == 2
-    proc = subprocess.run([sys.executable, "-c", _PROBE, "divergence", "--target", "target", "--ref", "ref",
-                           "--store", str(pair), "--json"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PROBE,
+            "divergence",
+            "--target",
+            "target",
+            "--ref",
+            "ref",
+            "--store",
+            str(pair),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     out, _, imported = proc.stdout.rpartition("IMPORTED ")
     assert json.loads(out) == first

@@ -36,9 +36,7 @@ EXPECTED = Path(__file__).parent / "data" / "metrics_expected.json"
 STAT_KEYS = ("Max", "Min", "Mean", "Norm")
 DIFF_COLS = ("Max diff", "Min diff", "Mean diff", "L2norm diff")
 REL_COLS = ("MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr")
-PLAIN = (
-    ("max_diff", "max_rel"), ("min_diff", "min_rel"), ("mean_diff", "mean_rel"), ("norm_diff", "norm_rel")
-)
+PLAIN = (("max_diff", "max_rel"), ("min_diff", "min_rel"), ("mean_diff", "mean_rel"), ("norm_diff", "norm_rel"))
 F32, F16 = np.float32, np.float16
 NAN, INF = float("nan"), float("inf")
 
@@ -111,15 +109,53 @@ def _tensor_cases() -> list[tuple[str, np.ndarray, np.ndarray]]:
 def _stat_pairs() -> list[tuple[Any, Any]]:
     """(npu, bench) statistic values covering every case of §5.5 and the quirks found in CalcStatsDiff."""
     return [
-        (1.5, 1.5), (NAN, NAN), (INF, INF), (-INF, -INF), (None, None), ("N/A", "N/A"),  # equal -> 0, 0
-        (1.0, 0.99), (-2.5, 3.25), (0.0, 1.0), (3.0, 0.0), (0.0, -0.0),  # numbers; bench 0 -> inf
-        (NAN, 1.0), (1.0, NAN), (NAN, INF), (-INF, NAN),  # NaN either side -> Nan
-        (INF, 1.0), (INF, -INF), (-INF, 1.0), (-INF, INF), (1.0, INF), (1.0, -INF),  # infinities
-        ("N/A", 1.0), (1.0, "N/A"), ("N/A", NAN), ("N/A", "npu:0"), ("N/A", None),  # N/A either side
-        ("npu:0", 1.0), (1.0, "cuda:0"), ("npu:0", "cpu"), ("abc", 1.0), ("abc", "abd"), (None, 1.0),
-        (True, True), (True, False), (True, 1.0), (False, 0),  # booleans are text, not numbers
-        (3, 2), (3, 3.0), (7, 0), ("2.5", 1.0), ("1.5", 1.5), ("inf", INF), ("nan", NAN), ("-inf", 1.0),
-        (1e308, -1e308), (0.30000000000000004, 0.1), (-1e-30, 1e-30),
+        (1.5, 1.5),
+        (NAN, NAN),
+        (INF, INF),
+        (-INF, -INF),
+        (None, None),
+        ("N/A", "N/A"),  # equal -> 0, 0
+        (1.0, 0.99),
+        (-2.5, 3.25),
+        (0.0, 1.0),
+        (3.0, 0.0),
+        (0.0, -0.0),  # numbers; bench 0 -> inf
+        (NAN, 1.0),
+        (1.0, NAN),
+        (NAN, INF),
+        (-INF, NAN),  # NaN either side -> Nan
+        (INF, 1.0),
+        (INF, -INF),
+        (-INF, 1.0),
+        (-INF, INF),
+        (1.0, INF),
+        (1.0, -INF),  # infinities
+        ("N/A", 1.0),
+        (1.0, "N/A"),
+        ("N/A", NAN),
+        ("N/A", "npu:0"),
+        ("N/A", None),  # N/A either side
+        ("npu:0", 1.0),
+        (1.0, "cuda:0"),
+        ("npu:0", "cpu"),
+        ("abc", 1.0),
+        ("abc", "abd"),
+        (None, 1.0),
+        (True, True),
+        (True, False),
+        (True, 1.0),
+        (False, 0),  # booleans are text, not numbers
+        (3, 2),
+        (3, 3.0),
+        (7, 0),
+        ("2.5", 1.0),
+        ("1.5", 1.5),
+        ("inf", INF),
+        ("nan", NAN),
+        ("-inf", 1.0),
+        (1e308, -1e308),
+        (0.30000000000000004, 0.1),
+        (-1e-30, 1e-30),
     ]
 
 
@@ -147,9 +183,7 @@ def _msprobe_tensor(npu: np.ndarray, bench: np.ndarray) -> tuple[list[str | floa
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         checked = ValidateTensor().check_tensor(CompareResult(n, b))
-        cells, message = compare_ops_apply(
-            checked.n_value, checked.b_value, checked.error_flag, checked.err_msg
-        )
+        cells, message = compare_ops_apply(checked.n_value, checked.b_value, checked.error_flag, checked.err_msg)
     return [c if isinstance(c, str) else float(c) for c in cells], message
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from dumpstore._ingest import ingest
 from dumpstore.analysis.compare import compare_runs
 from dumpstore.analysis.msprobe_csv import columns, stat_relative_error
 from dumpstore.analysis.report import CSV_COLUMNS, write_csv
-from dumpstore.ingest import ingest
 from dumpstore.store import open_store
 from helpers import DATA, MSPROBE, SAMPLES
 
@@ -37,10 +37,16 @@ def _md5_dump(step: str) -> Path:
 
 # pair -> (target dump.json, reference dump.json, the columns checked)
 PAIRS = {
-    "weight_1pct_stats": (SAMPLES / "weight_1pct_stats/step0/rank0/dump.json",
-                          SAMPLES / "ref_stats/step0/rank0/dump.json", STATS),
-    "overflow_stats": (SAMPLES / "overflow_stats/step0/rank0/dump.json",
-                       SAMPLES / "ref_stats/step0/rank0/dump.json", STATS),
+    "weight_1pct_stats": (
+        SAMPLES / "weight_1pct_stats/step0/rank0/dump.json",
+        SAMPLES / "ref_stats/step0/rank0/dump.json",
+        STATS,
+    ),
+    "overflow_stats": (
+        SAMPLES / "overflow_stats/step0/rank0/dump.json",
+        SAMPLES / "ref_stats/step0/rank0/dump.json",
+        STATS,
+    ),
     "md5_step1_vs_step0": (_md5_dump("step1"), _md5_dump("step0"), MD5),
     # hand-made: a null Mean against 1.0, bool Min True against False, a null Norm (msprobe: 'Diff')
     "null_bool_stats": (PAIR_DATA / "null_bool/t/dump.json", PAIR_DATA / "null_bool/r/dump.json", STATS),
@@ -95,8 +101,12 @@ def msprobe_runs(tmp_path_factory):
     for pair, (tgt, ref, _) in PAIRS.items():
         (base / pair).mkdir()
         with open(base / pair / "log", "wb") as log:
-            procs[pair] = subprocess.Popen([cli, "compare", "-tp", str(tgt), "-gp", str(ref), "-o", str(base / pair)],
-                                           stdout=log, stderr=subprocess.STDOUT, cwd=base)
+            procs[pair] = subprocess.Popen(
+                [cli, "compare", "-tp", str(tgt), "-gp", str(ref), "-o", str(base / pair)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=base,
+            )
     for pair, p in procs.items():
         assert p.wait(timeout=300) == 0, (base / pair / "log").read_text(errors="replace")[-2000:]
     return base
@@ -116,26 +126,42 @@ def test_mode_cells_match_msprobe_now(pair, msprobe_runs, tmp_path):
 def test_regenerate_expected(msprobe_runs):
     from importlib import metadata
 
-    doc = {"msprobe": metadata.version("mindstudio-probe"),
-           "command": "msprobe compare -tp <target dump.json> -gp <reference dump.json>",
-           "pairs": {pair: _msprobe_cells(pair, msprobe_runs / pair) for pair in sorted(PAIRS)}}
+    doc = {
+        "msprobe": metadata.version("mindstudio-probe"),
+        "command": "msprobe compare -tp <target dump.json> -gp <reference dump.json>",
+        "pairs": {pair: _msprobe_cells(pair, msprobe_runs / pair) for pair in sorted(PAIRS)},
+    }
     EXPECTED.write_text(json.dumps(doc, sort_keys=True) + "\n")
 
 
 def test_columns_per_mode():
     stats, md5 = columns(CSV_COLUMNS, "statistics"), columns(CSV_COLUMNS, "md5")
     at = stats.index("MaxRelativeErr")
-    assert stats[at:at + 4] == STATS
-    assert md5[md5.index("Requires_grad Consistent") - 2:md5.index("Requires_grad Consistent")] == MD5[:2]
+    assert stats[at : at + 4] == STATS
+    assert md5[md5.index("Requires_grad Consistent") - 2 : md5.index("Requires_grad Consistent")] == MD5[:2]
     assert columns(CSV_COLUMNS, "tensor") == CSV_COLUMNS
 
 
-@pytest.mark.parametrize("npu, bench, cell", [
-    (1.0, 1.0, "0"), (None, None, "0"), (float("nan"), float("nan"), "0"), (1.5, 0, "inf"), (1.0, 0.5, "100.0%"),
-    (None, 1.0, "Diff"), (float("nan"), 1.0, "Nan"), (float("inf"), 1.0, "inf"), (1.0, float("inf"), "-inf"),
-    (float("-inf"), 2.0, "-inf"),
-    (1.0, float("-inf"), "inf"), (True, False, "Diff"), ("cpu:0", "npu:0", "N/A"), ("cpu:0", 3, "Diff"),
-    (2.0, 4.0, "50.0%")])
+@pytest.mark.parametrize(
+    "npu, bench, cell",
+    [
+        (1.0, 1.0, "0"),
+        (None, None, "0"),
+        (float("nan"), float("nan"), "0"),
+        (1.5, 0, "inf"),
+        (1.0, 0.5, "100.0%"),
+        (None, 1.0, "Diff"),
+        (float("nan"), 1.0, "Nan"),
+        (float("inf"), 1.0, "inf"),
+        (1.0, float("inf"), "-inf"),
+        (float("-inf"), 2.0, "-inf"),
+        (1.0, float("-inf"), "inf"),
+        (True, False, "Diff"),
+        ("cpu:0", "npu:0", "N/A"),
+        ("cpu:0", 3, "Diff"),
+        (2.0, 4.0, "50.0%"),
+    ],
+)
 def test_stat_relative_error_cases(npu, bench, cell):
     """msprobe 26.x CalcStatsDiff, case by case (MSPROBE_FORMAT.md 5.5)."""
     assert stat_relative_error(npu, bench) == cell

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from dumpstore._ingest import ingest
 from dumpstore.errors import DumpFormatError
 from dumpstore.framework import detect_framework
-from dumpstore.ingest import ingest
 from dumpstore.query import run_query
 from dumpstore.store import open_store
 from helpers import DATA, count_leaves
@@ -84,15 +84,25 @@ def test_debug_json_list_bare_and_null_records(store_dir):
     ingest(MSTT / "generated/debug_save", "d", store=store_dir, jobs=1)
     got = run_query(open_store(store_dir), "select name, kind, shape from tensors where run='d' order by leaf")
     rows = [(r["name"], r["kind"], r["shape"]) for r in got.to_pylist()]
-    assert rows[:4] == [("pair_list.0.debug.0", "tensor", [5, 2]), ("pair_list.0.debug.1", "tensor", []),
-                        ("pair_list_grad.0.debug.0", "null", None), ("pair_list_grad.0.debug.1", "null", None)]
-    assert [r[0] for r in rows[4:9]] == ["nested.0.debug.x.0", "nested.0.debug.x.1.k", "nested.0.debug.s",
-                                         "nested.0.debug.t.0", "nested.0.debug.t.1"]
+    assert rows[:4] == [
+        ("pair_list.0.debug.0", "tensor", [5, 2]),
+        ("pair_list.0.debug.1", "tensor", []),
+        ("pair_list_grad.0.debug.0", "null", None),
+        ("pair_list_grad.0.debug.1", "null", None),
+    ]
+    assert [r[0] for r in rows[4:9]] == [
+        "nested.0.debug.x.0",
+        "nested.0.debug.x.1.k",
+        "nested.0.debug.s",
+        "nested.0.debug.t.0",
+        "nested.0.debug.t.1",
+    ]
     assert rows[-2:] == [("bare.0.debug", "tensor", []), ("bare_grad.0.debug", "null", None)]
 
 
-@pytest.mark.parametrize("rel, framework", [("no_framework/ms", "mindspore"), ("no_framework/pt", "pytorch"),
-                                            ("no_framework/neither", None)])
+@pytest.mark.parametrize(
+    "rel, framework", [("no_framework/ms", "mindspore"), ("no_framework/pt", "pytorch"), ("no_framework/neither", None)]
+)
 def test_detect_framework_as_msprobe(rel, framework):
     """msprobe's own expectations (core_ut/common/test_utils.py): ms, pt, and an error (None here)."""
     assert detect_framework(json.loads((MSTT / rel / "dump.json").read_text())) == framework
@@ -100,8 +110,12 @@ def test_detect_framework_as_msprobe(rel, framework):
 
 def test_framework_field_wins_and_leaves_decide_without_it():
     assert detect_framework({"framework": "pytorch", "data": {"a": {"type": "mindspore.Tensor"}}}) == "pytorch"
-    assert detect_framework({"data": {"a": {"input_args": [{"type": "int", "value": 1},
-                                                           {"type": "torch.Size", "value": [2]}]}}}) == "pytorch"
+    assert (
+        detect_framework(
+            {"data": {"a": {"input_args": [{"type": "int", "value": 1}, {"type": "torch.Size", "value": [2]}]}}}
+        )
+        == "pytorch"
+    )
 
 
 def test_catalog_framework_detected_from_leaves(store_dir):
@@ -117,4 +131,5 @@ def test_md5_integer_kept_and_empty_md5_not_a_checksum(store_dir):
     ingest(MSTT / "code_built/ms_compare_npu", "e", store=store_dir, jobs=1)
     got = run_query(open_store(store_dir), "select run, checksum, checksum_kind from tensors order by run, leaf")
     assert got.to_pylist() == [{"run": "e", "checksum": None, "checksum_kind": None}] * 2 + [
-        {"run": "i", "checksum": "123456", "checksum_kind": "crc32"}]
+        {"run": "i", "checksum": "123456", "checksum_kind": "crc32"}
+    ]

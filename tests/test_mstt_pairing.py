@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from dumpstore._ingest import ingest
 from dumpstore.analysis.compare import compare_runs
 from dumpstore.analysis.mapping import load_mapping
 from dumpstore.errors import DumpstoreError
-from dumpstore.ingest import ingest
 from dumpstore.store import open_store
 from helpers import DATA
 
@@ -50,8 +50,12 @@ def test_without_layer_mapping_no_pair_of_unmatchable_shapes(ms_pt_store):
     pairs = cmp.rows.filter(cmp.rows["name"].is_not_null() & cmp.rows["ref_name"].is_not_null())
     for shape, ref_shape, name, ref in pairs.select("shape", "ref_shape", "name", "ref_name").iter_rows():
         same_record = name.rsplit(".", 2)[0] == ref.rsplit(".", 2)[0]
-        assert same_record or [d for d in (shape or []) if d != 1] == [d for d in (ref_shape or []) if d != 1], \
-            (name, ref, shape, ref_shape)
+        assert same_record or [d for d in (shape or []) if d != 1] == [d for d in (ref_shape or []) if d != 1], (
+            name,
+            ref,
+            shape,
+            ref_shape,
+        )
     assert _target_pairs(cmp)["Tensor.__add__.0.forward.output.0"] != "Tensor.__add__.1.forward.output.0"
 
 
@@ -76,14 +80,21 @@ def test_layer_mapping_resources_fixture(store_dir):
     ingest(res / "pytorch", "pt", store=store_dir, jobs=1)
     cmp = compare_runs(open_store(store_dir), "ms", "pt", mapping=load_mapping([res / "layer_mapping.yaml"]))
     got = {t: r for t, r in cmp.records.select("t_record", "r_record").iter_rows() if t is not None}
-    assert got == {"Cell.network_with_loss.module.language_model.embedding.word_embeddings.VocabParallelEmbedding."
-                   "forward.0": "Module.module.module.language_model.embedding.word_embeddings.VocabParallelEmbedding."
-                   "forward.0"}
+    assert got == {
+        "Cell.network_with_loss.module.language_model.embedding.word_embeddings.VocabParallelEmbedding."
+        "forward.0": "Module.module.module.language_model.embedding.word_embeddings.VocabParallelEmbedding.forward.0"
+    }
     assert cmp.rows.filter(cmp.rows["match"] == "layer_mapping").height == 2
 
 
-@pytest.mark.parametrize("rel, kind", [("common/cell_mapping.yaml", "module"), ("visualization/mapping.yaml", "data"),
-                                       ("layer_mapping_ut/layer_mapping.yaml", "layer")])
+@pytest.mark.parametrize(
+    "rel, kind",
+    [
+        ("common/cell_mapping.yaml", "module"),
+        ("visualization/mapping.yaml", "data"),
+        ("layer_mapping_ut/layer_mapping.yaml", "layer"),
+    ],
+)
 def test_corpus_mapping_files_load_as_their_kind(rel, kind):
     m = load_mapping([DATA / "mstt" / rel])
     assert [k for k in ("module", "api", "data", "layer") if getattr(m, k)] == [kind]

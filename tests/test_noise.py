@@ -66,9 +66,12 @@ def test_argument_difference_is_a_finding_even_when_outputs_agree(dump_writer, s
     first = {"Functional.relu.0.forward": {"input_args": [x], "output": [np.maximum(x, 0)]}}
 
     def ln(eps: float) -> dict:
-        return {"Functional.layer_norm.0.forward": {
-            "input_args": [np.maximum(x, 0), {"type": "int", "value": 8}, w, b, {"type": "float", "value": eps}],
-            "output": [y]}}
+        return {
+            "Functional.layer_norm.0.forward": {
+                "input_args": [np.maximum(x, 0), {"type": "int", "value": 8}, w, b, {"type": "float", "value": eps}],
+                "output": [y],
+            }
+        }
 
     v = _verdict(_ingest_pair(dump_writer, store_dir, mode, first | ln(1e-5), first | ln(1e-6)))
     assert v.culprit is not None and v.culprit.kind == "scalar"

@@ -55,8 +55,9 @@ print(json.dumps({"error": error, "grown_kib": grown, "seconds": time.perf_count
 
 def _read_in_child(path: Path, timeout: float = 60) -> dict:
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"reading {path.name} did not finish in {timeout} s")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -29,14 +29,32 @@ DATA_PT = Path(__file__).resolve().parent / "data" / "pt"
 SHARED_PT = Path("/work/shared/msprobe_examples/v26.2.0/ref_tensor/step0/rank0/dump_tensor_data")
 
 # what msprobe can dump (float16 … float8_e5m2), then the other dtypes torch.save writes for plain tensors
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
-          torch.int64, torch.uint8, torch.bool, torch.complex64, torch.float8_e4m3fn, torch.float8_e5m2,
-          torch.complex128, torch.complex32, torch.uint16, torch.uint32, torch.uint64,
-          torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
-WIDENED = {torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
-           torch.float8_e5m2fnuz}
-FAST = settings(max_examples=100, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+DTYPES = [
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.complex128,
+    torch.complex32,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+]
+WIDENED = {torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
+FAST = settings(
+    max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 SPECIAL = [0.0, -0.0, 1.5, -2.25, float("nan"), float("inf"), -float("inf"), 1e-3, 300.0, 65504.0, 1e-7, 3.0]
 
 
@@ -122,8 +140,13 @@ def _pickle(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-def _write_zip(path: Path, pkl: bytes, members: dict[str, bytes], byteorder: bytes = b"little",
-               compression: int = zipfile.ZIP_STORED) -> Path:
+def _write_zip(
+    path: Path,
+    pkl: bytes,
+    members: dict[str, bytes],
+    byteorder: bytes = b"little",
+    compression: int = zipfile.ZIP_STORED,
+) -> Path:
     with zipfile.ZipFile(path, "w", compression) as z:
         z.writestr("archive/data.pkl", pkl)
         z.writestr("archive/byteorder", byteorder)
@@ -133,8 +156,7 @@ def _write_zip(path: Path, pkl: bytes, members: dict[str, bytes], byteorder: byt
     return path
 
 
-def _crafted(path: Path, offset: Any, size: Any, stride: Any, numel: int = 12,
-             member_bytes: int = 48) -> Path:
+def _crafted(path: Path, offset: Any, size: Any, stride: Any, numel: int = 12, member_bytes: int = 48) -> Path:
     tensor = _FakeTensor(_FakeStorage("0", numel), offset, size, stride)
     data = np.arange(member_bytes // 4, dtype="<f4").tobytes()
     return _write_zip(path, _pickle(tensor), {"0": data})
@@ -227,25 +249,44 @@ def test_compressed_and_large_files(tmp_path: Path) -> None:
     np.testing.assert_array_equal(got, big.numpy())
 
 
-@pytest.mark.parametrize("arr", [np.arange(6).reshape(2, 3), np.zeros((2, 3), np.float16).T,
-                                 np.array(3.5), np.arange(4, dtype=">i4"), np.array([True, False]),
-                                 np.array([1 + 2j], np.complex64), np.float64(2.5)],
-                         ids=["int64", "fortran_f16", "0d", "big_endian", "bool", "complex", "scalar"])
+@pytest.mark.parametrize(
+    "arr",
+    [
+        np.arange(6).reshape(2, 3),
+        np.zeros((2, 3), np.float16).T,
+        np.array(3.5),
+        np.arange(4, dtype=">i4"),
+        np.array([True, False]),
+        np.array([1 + 2j], np.complex64),
+        np.float64(2.5),
+    ],
+    ids=["int64", "fortran_f16", "0d", "big_endian", "bool", "complex", "scalar"],
+)
 def test_numpy_payload(tmp_path: Path, arr: np.ndarray) -> None:
     got, dtype = read_pt(_save(tmp_path / "n.pt", arr))
     assert dtype == np.asarray(arr).dtype.name and got.dtype.isnative and got.flags.c_contiguous
     np.testing.assert_array_equal(got, arr)
 
 
-@pytest.mark.parametrize("arr", [np.array([1, "a"], dtype=object), np.zeros(2, dtype=[("a", "<f4")]),
-                                 np.array(["ab"])], ids=["object", "structured", "str"])
+@pytest.mark.parametrize(
+    "arr",
+    [np.array([1, "a"], dtype=object), np.zeros(2, dtype=[("a", "<f4")]), np.array(["ab"])],
+    ids=["object", "structured", "str"],
+)
 def test_numpy_payload_refused(tmp_path: Path, arr: np.ndarray) -> None:
     with pytest.raises(DumpFormatError, match=r"n\.pt: refused to load: "):
         read_pt(_save(tmp_path / "n.pt", arr))
 
 
-_FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
-           torch.float8_e4m3fn, torch.float8_e5m2]
+_FLOATS = [
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
 _INTS = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool]
 
 
@@ -290,8 +331,10 @@ def test_all_shared_example_files() -> None:
 
 def test_reader_does_not_import_torch() -> None:
     path = next(DATA_PT.glob("*.pt"))
-    code = (f"import sys; from dumpstore.ptfile import read_pt; read_pt({str(path)!r}); "
-            "assert 'torch' not in sys.modules and 'pickle' in sys.modules")
+    code = (
+        f"import sys; from dumpstore.ptfile import read_pt; read_pt({str(path)!r}); "
+        "assert 'torch' not in sys.modules and 'pickle' in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -314,8 +357,10 @@ class _Evals:
 def test_pickle_running_a_shell_command_is_refused(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     path = _save(tmp_path / "evil.pt", _RunsShell(marker))
-    message = (r"evil\.pt: refused to load: pickle references (posix|nt|os)\.system; "
-               "only plain tensors are accepted")
+    message = (
+        r"evil\.pt: refused to load: pickle references (posix|nt|os)\.system; "
+        "only plain tensors are accepted"
+    )
     with pytest.raises(DumpFormatError, match=message):
         read_pt(path)
     assert not marker.exists()
@@ -335,10 +380,13 @@ def test_build_on_allowed_global_is_refused(tmp_path: Path) -> None:
         read_pt(_write_zip(tmp_path / "b.pt", pkl, {}))
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", r"not a zip file, or truncated"),
-    (bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8)), "not a zip file, or truncated"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", r"not a zip file, or truncated"),
+        (bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8)), "not a zip file, or truncated"),
+    ],
+)
 def test_not_a_zip(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "junk.pt"
     path.write_bytes(content)
@@ -397,21 +445,34 @@ def test_crafted_file_reads_when_claims_are_true(tmp_path: Path) -> None:
     np.testing.assert_array_equal(got, np.array([[2, 4, 6], [3, 5, 7]], np.float32))  # storage[2 + i + 2j]
 
 
-@pytest.mark.parametrize("offset, size, stride, numel, member, message", [
-    (0, (4, 4), (4, 1), 12, 48, (r"storage too small: float32 shape \[4, 4\] stride \[4, 1\] offset 0 "
-                                 r"needs 16 elements, storage 0 holds 12")),
-    (10, (3,), (1,), 12, 48, "storage too small"),
-    (0, (3,), (6,), 12, 48, "storage too small"),
-    (0, (12,), (1,), 12, 20, r"zip member archive/data/0 holds 20 bytes, pickle claims 48"),
-    (0, (-1, 3), (3, 1), 12, 48, r"corrupt pickle: size \[-1, 3\] holds a negative or non-int entry"),
-    (0, (3,), (-1,), 12, 48, "corrupt pickle: stride"),
-    (-1, (3,), (1,), 12, 48, "corrupt pickle: storage offset -1"),
-    (0, (3, 4), (1,), 12, 48, "differ in length"),
-    (0, ("3",), (1,), 12, 48, "non-int"),
-    (0, (1,) * 65, (1,) * 65, 12, 48, "at most 64 ints"),
-])
-def test_inconsistent_claims(tmp_path: Path, offset: Any, size: Any, stride: Any, numel: int, member: int,
-                             message: str) -> None:
+@pytest.mark.parametrize(
+    "offset, size, stride, numel, member, message",
+    [
+        (
+            0,
+            (4, 4),
+            (4, 1),
+            12,
+            48,
+            (
+                r"storage too small: float32 shape \[4, 4\] stride \[4, 1\] offset 0 "
+                r"needs 16 elements, storage 0 holds 12"
+            ),
+        ),
+        (10, (3,), (1,), 12, 48, "storage too small"),
+        (0, (3,), (6,), 12, 48, "storage too small"),
+        (0, (12,), (1,), 12, 20, r"zip member archive/data/0 holds 20 bytes, pickle claims 48"),
+        (0, (-1, 3), (3, 1), 12, 48, r"corrupt pickle: size \[-1, 3\] holds a negative or non-int entry"),
+        (0, (3,), (-1,), 12, 48, "corrupt pickle: stride"),
+        (-1, (3,), (1,), 12, 48, "corrupt pickle: storage offset -1"),
+        (0, (3, 4), (1,), 12, 48, "differ in length"),
+        (0, ("3",), (1,), 12, 48, "non-int"),
+        (0, (1,) * 65, (1,) * 65, 12, 48, "at most 64 ints"),
+    ],
+)
+def test_inconsistent_claims(
+    tmp_path: Path, offset: Any, size: Any, stride: Any, numel: int, member: int, message: str
+) -> None:
     path = _crafted(tmp_path / "c.pt", offset, size, stride, numel, member)
     with pytest.raises(DumpFormatError, match=rf"c\.pt: (corrupt pickle: )?.*{message}"):
         read_pt(path)
@@ -473,8 +534,7 @@ def test_tensor_in_a_container_is_not_a_tensor(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
-@pytest.mark.parametrize("kind, rebuild", [("sparse", "_rebuild_sparse_tensor"),
-                                           ("quantized", "_rebuild_qtensor")])
+@pytest.mark.parametrize("kind, rebuild", [("sparse", "_rebuild_sparse_tensor"), ("quantized", "_rebuild_qtensor")])
 def test_unsupported_tensor_kinds_are_refused(tmp_path: Path, kind: str, rebuild: str) -> None:
     x = torch.ones(2)
     x = x.to_sparse() if kind == "sparse" else torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
@@ -483,10 +543,13 @@ def test_unsupported_tensor_kinds_are_refused(tmp_path: Path, kind: str, rebuild
 
 
 @FAST
-@given(edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
-       cut=st.none() | st.integers(0, 10**6))
-def test_fuzzed_pickle_only_raises_dump_format_error(tmp_path: Path, edits: list[tuple[int, int]],
-                                                     cut: int | None) -> None:
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
+    cut=st.none() | st.integers(0, 10**6),
+)
+def test_fuzzed_pickle_only_raises_dump_format_error(
+    tmp_path: Path, edits: list[tuple[int, int]], cut: int | None
+) -> None:
     members = _members(_save(tmp_path / "f.pt", torch.arange(6.0).reshape(2, 3).t()))
     pkl = bytearray(members["archive/data.pkl"])
     for pos, value in edits:
@@ -514,8 +577,7 @@ def test_pickle_claiming_huge_bytes_object_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
-def test_small_files_parse_their_own_directory_like_zipfile(tmp_path: Path, monkeypatch: Any,
-                                                            dtype: Any) -> None:
+def test_small_files_parse_their_own_directory_like_zipfile(tmp_path: Path, monkeypatch: Any, dtype: Any) -> None:
     """A torch.save file (zip64 end records) takes the in-memory path; zipfile reads it the same."""
     from dumpstore import ptfile
 
@@ -552,7 +614,7 @@ def test_lying_central_directory_is_one_error(tmp_path: Path, field: int, value:
     raw = bytearray(path.read_bytes())
     entry = raw.index(b"PK\x01\x02", raw.index(b"PK\x01\x02") + 1)  # the second member's directory entry
     width = 2 if field == 28 else 4
-    raw[entry + field:entry + field + width] = value.to_bytes(width, "little")
+    raw[entry + field : entry + field + width] = value.to_bytes(width, "little")
     path.write_bytes(bytes(raw))
     try:
         got, _dtype = read_pt(path)

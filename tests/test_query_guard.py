@@ -78,18 +78,21 @@ def test_refused_statements_change_nothing(store, sql, error):
     assert _query(store, "select run from runs", "--csv").output == "run\nx\n"
 
 
-@pytest.mark.parametrize(("sql", "csv"), [
-    ("/* ' */ ; SELECT 42 AS n", "n\n42\n"),   # DuckDB's parser: one statement (the empty one is no statement)
-    ("-- why\nSELECT count(*) AS n FROM tensors", "n\n110\n"),
-    ("WITH a AS (SELECT 2 AS n) SELECT * FROM a;", "n\n2\n"),
-    ("FROM runs SELECT run", "run\nx\n"),
-    ("VALUES (7)", "col0\n7\n"),
-    ("SELECT * FROM (DESCRIBE runs) WHERE column_name = 'run'", None),
-    ("SUMMARIZE SELECT 1 AS a", None),
-    ("SHOW TABLES", None),
-    ("EXPLAIN SELECT * FROM runs", None),
-    ("/* plan */ EXPLAIN ANALYZE SELECT count(*) FROM tensors", None),
-])
+@pytest.mark.parametrize(
+    ("sql", "csv"),
+    [
+        ("/* ' */ ; SELECT 42 AS n", "n\n42\n"),  # DuckDB's parser: one statement (the empty one is no statement)
+        ("-- why\nSELECT count(*) AS n FROM tensors", "n\n110\n"),
+        ("WITH a AS (SELECT 2 AS n) SELECT * FROM a;", "n\n2\n"),
+        ("FROM runs SELECT run", "run\nx\n"),
+        ("VALUES (7)", "col0\n7\n"),
+        ("SELECT * FROM (DESCRIBE runs) WHERE column_name = 'run'", None),
+        ("SUMMARIZE SELECT 1 AS a", None),
+        ("SHOW TABLES", None),
+        ("EXPLAIN SELECT * FROM runs", None),
+        ("/* plan */ EXPLAIN ANALYZE SELECT count(*) FROM tensors", None),
+    ],
+)
 def test_read_only_statements_run(store, sql, csv):
     res = _query(store, sql, "--csv")
     assert res.exit_code == 0, res.output
@@ -117,15 +120,16 @@ def _mib(text: str) -> float:
 def test_memory_limit_and_threads(store):
     ram_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
     # DuckDB prints one decimal (5.8 GiB)
-    assert _mib(_setting(store, "memory_limit")) == pytest.approx(ram_mib / 2, rel=0.03)   # default: half the RAM
+    assert _mib(_setting(store, "memory_limit")) == pytest.approx(ram_mib / 2, rel=0.03)  # default: half the RAM
     assert _mib(_setting(store, "memory_limit", "--memory-limit", "25%")) == pytest.approx(ram_mib / 4, rel=0.03)
     assert _setting(store, "memory_limit", "--memory-limit", "256MiB") == "256.0 MiB"
     assert _setting(store, "threads", "--threads", "1") == "1"
     assert memory_limit("2GB") == "2GB" and memory_limit("512") == "512B"
     for bad in ("lots", "0", "150%", "-1GB", "4 parsecs"):
         res = _query(store, "select 1", "--memory-limit", bad)
-        assert res.exit_code == 1 and res.output == (f"Error: memory limit {bad!r} is not a size: give e.g. 4GB, "
-                                                     "512MB or 50% (of the RAM)\n"), res.output
+        assert res.exit_code == 1 and res.output == (
+            f"Error: memory limit {bad!r} is not a size: give e.g. 4GB, 512MB or 50% (of the RAM)\n"
+        ), res.output
     assert _query(store, "select 1", "--threads", "0").exit_code == 2
     assert _query(store, "select 1", "--timeout", "-1").exit_code == 2
 
@@ -138,8 +142,9 @@ def test_a_query_too_big_for_its_memory_limit_is_one_line(store):
 def test_timeout_interrupts_the_query(store):
     res = _query(store, "SELECT sum(hash(i)) FROM range(1000000000000) t(i)", "--timeout", "0.5", "--threads", "1")
     assert res.exit_code == 1
-    assert res.output == ("Error: the query ran past its time limit of 0.5 s and was stopped (raise --timeout, or "
-                          "narrow the query)\n")
+    assert res.output == (
+        "Error: the query ran past its time limit of 0.5 s and was stopped (raise --timeout, or narrow the query)\n"
+    )
 
 
 def test_library_limits(store):
@@ -154,8 +159,15 @@ def test_spills_to_a_private_temporary_folder_not_the_working_directory(store):
 
     spill = _setting(store, "temp_directory")
     assert spill.startswith(os.path.join(tempfile.gettempdir(), "dumpstore-query-")) and not os.path.exists(spill)
-    res = _query(store, "SELECT count(DISTINCT hash(i)) AS n FROM range(3000000) t(i)", "--memory-limit", "30MB",
-                 "--threads", "1", "--csv")
+    res = _query(
+        store,
+        "SELECT count(DISTINCT hash(i)) AS n FROM range(3000000) t(i)",
+        "--memory-limit",
+        "30MB",
+        "--threads",
+        "1",
+        "--csv",
+    )
     assert res.exit_code == 0 and res.output == "n\n3000000\n", res.output
 
 

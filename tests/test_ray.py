@@ -20,22 +20,41 @@ ray = pytest.importorskip("ray")
 
 from click.testing import CliRunner  # noqa: E402
 
+from dumpstore._ingest import ingest  # noqa: E402
 from dumpstore.analysis import distributed, divergence_by_steps, overflow, rank_rows  # noqa: E402
 from dumpstore.analysis.compare import compare_runs  # noqa: E402
 from dumpstore.cli.main import main  # noqa: E402
 from dumpstore.engine_ray import EngineError  # noqa: E402
-from dumpstore.ingest import ingest  # noqa: E402
 from dumpstore.query import run_query  # noqa: E402
 from dumpstore.store import open_store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_dumps"
 # every stored column of a leaf that ingest computes, hashed per row and combined order-free per run
-CHECKSUM = ("select run, count(*) as n, bit_xor(hash(step, rank, source, seq, leaf, record, name, io, index_path, "
-            "kind, dtype, shape, numel, min, max, mean, norm, nan_count, stats_source, error, stack_id, module)) "
-            "as h from tensors group by run order by run")
-_SAME = ("run", "framework", "task", "level", "dump_mode", "generation", "steps", "ranks", "n_files", "n_records",
-         "n_rows", "n_tensors", "n_tensor_files", "n_errors", "sample_k", "sketch_m", "source_path")
+CHECKSUM = (
+    "select run, count(*) as n, bit_xor(hash(step, rank, source, seq, leaf, record, name, io, index_path, "
+    "kind, dtype, shape, numel, min, max, mean, norm, nan_count, stats_source, error, stack_id, module)) "
+    "as h from tensors group by run order by run"
+)
+_SAME = (
+    "run",
+    "framework",
+    "task",
+    "level",
+    "dump_mode",
+    "generation",
+    "steps",
+    "ranks",
+    "n_files",
+    "n_records",
+    "n_rows",
+    "n_tensors",
+    "n_tensor_files",
+    "n_errors",
+    "sample_k",
+    "sketch_m",
+    "source_path",
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,8 +75,17 @@ def _synth():
 
 def _job(root: Path, ranks: int) -> dict:
     """A synthetic statistics job: 2 layers, 2 steps, a fault on one rank at step 1."""
-    return _synth().generate(root / "dumps", layers=2, steps=2, ranks=ranks, fault_step=1, fault_rank=ranks * 3 // 8,
-                             fault_layer=1, jobs=1, log=lambda *a: None)
+    return _synth().generate(
+        root / "dumps",
+        layers=2,
+        steps=2,
+        ranks=ranks,
+        fault_step=1,
+        fault_rank=ranks * 3 // 8,
+        fault_layer=1,
+        jobs=1,
+        log=lambda *a: None,
+    )
 
 
 def _stores(root: Path) -> tuple:
@@ -93,7 +121,11 @@ def _check_same(man: dict, local, on_ray) -> None:
     assert v_ray == v_local
     first, exp = v_ray["first_divergence"], man["expected"]
     assert (first["step"], first["rank"], first["op"], first["name"]) == (
-        exp["step"], exp["rank"], exp["first_divergence_op"], exp["first_divergence_name"])
+        exp["step"],
+        exp["rank"],
+        exp["first_divergence_op"],
+        exp["first_divergence_name"],
+    )
     assert v_ray["culprit"]["kind"] == exp["culprit_kind"] and v_ray["culprit"]["op"] == exp["first_divergence_op"]
 
 
@@ -146,15 +178,18 @@ def test_cli_engine_ray(tmp_path, samples):
     store = str(tmp_path / "s")
     runner = CliRunner()
     for path, run in (("ref_2rank_stats", "ref"), ("rank1_fault_stats", "t")):
-        res = runner.invoke(main, ["ingest", str(SAMPLES / path), "--run", run, "--store", store, "--engine", "ray",
-                                   "--batch", "1"])
+        res = runner.invoke(
+            main, ["ingest", str(SAMPLES / path), "--run", run, "--store", store, "--engine", "ray", "--batch", "1"]
+        )
         assert res.exit_code == 0, res.output
     args = ["--target", "t", "--ref", "ref", "--store", store, "--no-cache"]
     on_ray = runner.invoke(main, ["divergence", *args, "--engine", "ray"])
     local = runner.invoke(main, ["divergence", *args])
     assert on_ray.exit_code == 0 and on_ray.output == local.output and "FIRST DIVERGENCE" in local.output
-    over = [runner.invoke(main, ["overflow", "--run", "t", "--store", store, "--json", *e])
-            for e in ([], ["--engine", "ray"])]
+    over = [
+        runner.invoke(main, ["overflow", "--run", "t", "--store", store, "--json", *e])
+        for e in ([], ["--engine", "ray"])
+    ]
     assert over[0].exit_code == over[1].exit_code == 0 and over[0].output == over[1].output
 
 
@@ -165,8 +200,10 @@ def test_unknown_engine_is_refused(tmp_path):
 
 
 def test_nothing_imports_ray_unless_asked():
-    code = ("import sys, dumpstore.ingest, dumpstore.cli.main, dumpstore.analysis.divergence, "
-            "dumpstore.analysis.overflow\nassert 'ray' not in sys.modules, 'ray imported'\n")
+    code = (
+        "import sys, dumpstore.ingest, dumpstore.cli.main, dumpstore.analysis.divergence, "
+        "dumpstore.analysis.overflow\nassert 'ray' not in sys.modules, 'ray imported'\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
@@ -191,8 +228,9 @@ def _ingest_while_killing(dumps: Path, store: Path, times: int, retries: int):
     t = threading.Thread(target=_kill_ingest_workers, args=(stop, times, killed))
     t.start()
     try:
-        return ingest(dumps, "target", store=store, engine="ray",
-                      engine_options={"batch": 4, "retries": retries}), killed
+        return ingest(
+            dumps, "target", store=store, engine="ray", engine_options={"batch": 4, "retries": retries}
+        ), killed
     finally:
         stop.set()
         t.join()

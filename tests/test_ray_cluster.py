@@ -12,14 +12,15 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from dumpstore import engine_ray  # noqa: E402
-from dumpstore.ingest import IngestOptions, ingest  # noqa: E402
+from dumpstore._ingest import IngestOptions, ingest  # noqa: E402
 from dumpstore.layout import find_units  # noqa: E402
 from dumpstore.query import run_query  # noqa: E402
 from dumpstore.store import open_store  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_dumps" / "ref_2rank_stats"
-CHECKSUM = ("select count(*), bit_xor(hash(step, rank, seq, leaf, name, dtype, shape, min, max, mean, norm)) "
-            "from tensors")
+CHECKSUM = (
+    "select count(*), bit_xor(hash(step, rank, seq, leaf, name, dtype, shape, min, max, mean, norm)) from tensors"
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,11 @@ def test_ingest_on_three_nodes_equals_local(nodes, tmp_path):
 
     on_ray = ingest(SAMPLE, "r", store=tmp_path / "ray", engine="ray", engine_options={"batch": 1, "locate": spread})
     local = ingest(SAMPLE, "r", store=tmp_path / "local", jobs=1)
-    assert (on_ray.rows, on_ray.records, on_ray.steps, on_ray.ranks) == (local.rows, local.records, local.steps,
-                                                                         local.ranks)
+    assert (on_ray.rows, on_ray.records, on_ray.steps, on_ray.ranks) == (
+        local.rows,
+        local.records,
+        local.steps,
+        local.ranks,
+    )
     sums = [run_query(open_store(tmp_path / d), CHECKSUM).to_pylist() for d in ("ray", "local")]
     assert sums[0] == sums[1] and list(sums[0][0].values())[0] == local.rows

@@ -32,8 +32,14 @@ def test_readme_examples_run(tmp_path):
     (out_dir / "sample_dumps").symlink_to(ROOT / "sample_dumps")
     for command, expected in steps:
         args = shlex.split(command)[1:]
-        proc = subprocess.run([sys.executable, "-m", "dumpstore.cli.main", *args], cwd=out_dir, env=env,
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "dumpstore.cli.main", *args],
+            cwd=out_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         ok = (3,) if "--check" in args else (0,)
         assert proc.returncode in ok, (command, proc.stderr)
         for line in expected:

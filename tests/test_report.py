@@ -30,9 +30,9 @@ import pytest
 from click.testing import CliRunner
 
 import browser
+from dumpstore._ingest import ingest
 from dumpstore.analysis import msprobe_csv, report
-from dumpstore.analysis.divergence import divergence
-from dumpstore.ingest import ingest
+from dumpstore.analysis._divergence import divergence
 from dumpstore.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,19 +42,36 @@ CATALOG = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text
 RUNS = ("ref_stats", "weight_1pct_stats", "ref_tensor", "weight_1pct_tensor", "ref_2rank_stats", "rank1_fault_stats")
 TENSOR_PAIR = ("weight_1pct_tensor", "ref_tensor")
 
-TEXT_SHARED = ("NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
-               "NPU Requires_grad", "Bench Requires_grad", "Requires_grad Consistent", "Data_name")
-STAT_SHARED = ("NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean",
-               "Bench l2norm")
-METRICS = ("Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
-           "Five Thousandths Err Ratio")
+TEXT_SHARED = (
+    "NPU Name",
+    "Bench Name",
+    "NPU Dtype",
+    "Bench Dtype",
+    "NPU Tensor Shape",
+    "Bench Tensor Shape",
+    "NPU Requires_grad",
+    "Bench Requires_grad",
+    "Requires_grad Consistent",
+    "Data_name",
+)
+STAT_SHARED = ("NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean", "Bench l2norm")
+METRICS = ("Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio", "Five Thousandths Err Ratio")
 # records whose rows go into the checked-in expected file: int/bool/0-d tensors, null, int/float/bool/-inf
 # arguments, the faulty linear (forward, backward, its module and its weight's gradient) and the optimizer
-EXPECTED_OPS = ("Functional.embedding.0.forward", "Functional.layer_norm.0.forward", "Tensor.masked_fill.0.forward",
-                "Functional.softmax.0.forward", "Functional.linear.6.forward", "Module.layers.1.fc1.Linear.forward.0",
-                "Functional.gelu.1.forward", "Tensor.mean.0.forward", "Functional.cross_entropy.0.forward",
-                "Functional.linear.6.backward", "Module.layers.1.fc1.Linear.parameters_grad",
-                "Tensor.add_.0.forward")
+EXPECTED_OPS = (
+    "Functional.embedding.0.forward",
+    "Functional.layer_norm.0.forward",
+    "Tensor.masked_fill.0.forward",
+    "Functional.softmax.0.forward",
+    "Functional.linear.6.forward",
+    "Module.layers.1.fc1.Linear.forward.0",
+    "Functional.gelu.1.forward",
+    "Tensor.mean.0.forward",
+    "Functional.cross_entropy.0.forward",
+    "Functional.linear.6.backward",
+    "Module.layers.1.fc1.Linear.parameters_grad",
+    "Tensor.add_.0.forward",
+)
 REL_TOL, ABS_TOL = 1e-6, 1e-9
 HAS_EXACT = importlib.util.find_spec("dumpstore.analysis.exact") is not None
 PAGE_BOUND = 1_500_000  # bytes: the HTML page on the samples (issue 16)
@@ -80,8 +97,16 @@ class Msprobe:
 
     def start(self) -> None:
         target, ref = TENSOR_PAIR
-        cmd = [self.cli, "compare", "-tp", str(SAMPLES / target / "step0"), "-gp", str(SAMPLES / ref / "step0"),
-               "-o", str(self.out / "result")]
+        cmd = [
+            self.cli,
+            "compare",
+            "-tp",
+            str(SAMPLES / target / "step0"),
+            "-gp",
+            str(SAMPLES / ref / "step0"),
+            "-o",
+            str(self.out / "result"),
+        ]
         with open(self.out / "msprobe.log", "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.out)
 
@@ -126,6 +151,7 @@ def reports(store):
         if (target, ref, exact) not in cache:
             cache[(target, ref, exact)] = report.analyze(store, target, ref, exact=exact)
         return cache[(target, ref, exact)]
+
     return get
 
 
@@ -152,8 +178,11 @@ def test_csv_columns_numbers_and_shapes(reports, store, tmp_path) -> None:
     assert n == len(df) == data.cmp.rows.height
     rel_errs = ("MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr")  # msprobe's text cells
     assert list(df.columns) == list(msprobe_csv.columns(report.CSV_COLUMNS, "statistics"))
-    for col in STAT_SHARED + tuple(m for m in METRICS if m not in rel_errs) + (
-            "Max diff", "Min diff", "Mean diff", "L2norm diff", "rel_l2", "tol", "severity", "err_bound"):
+    for col in (
+        STAT_SHARED
+        + tuple(m for m in METRICS if m not in rel_errs)
+        + ("Max diff", "Min diff", "Mean diff", "L2norm diff", "rel_l2", "tol", "severity", "err_bound")
+    ):
         assert df[col].dtype.kind == "f", f"{col} is {df[col].dtype}, not numbers"
     for col in ("step", "rank", "seq"):
         assert df[col].dtype.kind == "i", col
@@ -195,8 +224,9 @@ def _same(a: float | None, b: float | None) -> bool:
     return a == b or math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
 
 
-def _check_shared(ours: dict[str, dict[str, str]], expected: dict[str, dict[str, str]], label: str,
-                  metrics: bool, min_rows: int) -> None:
+def _check_shared(
+    ours: dict[str, dict[str, str]], expected: dict[str, dict[str, str]], label: str, metrics: bool, min_rows: int
+) -> None:
     problems, compared = [], 0
     for name, exp in expected.items():
         got = ours.get(name)
@@ -222,22 +252,27 @@ def _our_tensor_csv(reports, store, tmp_path, exact: bool) -> dict[str, dict[str
 
 
 def _fingerprint() -> dict[str, str]:
-    return {side: hashlib.sha256((SAMPLES / run / "step0" / "rank0" / "dump.json").read_bytes()).hexdigest()
-            for side, run in zip(("target", "golden"), TENSOR_PAIR)}
+    return {
+        side: hashlib.sha256((SAMPLES / run / "step0" / "rank0" / "dump.json").read_bytes()).hexdigest()
+        for side, run in zip(("target", "golden"), TENSOR_PAIR)
+    }
 
 
 def test_csv_shared_columns_match_checked_in_expected(reports, store, tmp_path) -> None:
     data = json.loads(EXPECTED.read_text())
     assert (data["target"], data["golden"]) == TENSOR_PAIR
     if data["dump_json_sha256"] != _fingerprint():
-        pytest.fail(f"sample_dumps changed since {EXPECTED.name} was written; regenerate it: "
-                    "DUMPSTORE_REGEN=1 pytest tests/test_report.py -k regenerate")
+        pytest.fail(
+            f"sample_dumps changed since {EXPECTED.name} was written; regenerate it: "
+            "DUMPSTORE_REGEN=1 pytest tests/test_report.py -k regenerate"
+        )
     expected = {r["NPU Name"]: r for r in (dict(zip(data["columns"], cells)) for cells in data["rows"])}
     assert len(expected) == len(data["rows"]) >= 40
     _check_shared(_our_tensor_csv(reports, store, tmp_path, False), expected, EXPECTED.name, False, len(expected))
     if HAS_EXACT:
-        _check_shared(_our_tensor_csv(reports, store, tmp_path, True), expected, EXPECTED.name + " (exact)",
-                      True, len(expected))
+        _check_shared(
+            _our_tensor_csv(reports, store, tmp_path, True), expected, EXPECTED.name + " (exact)", True, len(expected)
+        )
 
 
 @pytest.mark.msprobe
@@ -260,10 +295,15 @@ def test_regenerate_expected(msprobe) -> None:
     cols = list(TEXT_SHARED + STAT_SHARED + METRICS)
     keep = [r for n, r in rows.items() if any(n.startswith(op + ".") for op in EXPECTED_OPS)]
     target, ref = TENSOR_PAIR
-    head = {"generator": "DUMPSTORE_REGEN=1 pytest tests/test_report.py -k regenerate",
-            "msprobe": metadata.version("mindstudio-probe"),
-            "command": f"msprobe compare -tp sample_dumps/{target}/step0 -gp sample_dumps/{ref}/step0",
-            "target": target, "golden": ref, "dump_json_sha256": _fingerprint(), "columns": cols}
+    head = {
+        "generator": "DUMPSTORE_REGEN=1 pytest tests/test_report.py -k regenerate",
+        "msprobe": metadata.version("mindstudio-probe"),
+        "command": f"msprobe compare -tp sample_dumps/{target}/step0 -gp sample_dumps/{ref}/step0",
+        "target": target,
+        "golden": ref,
+        "dump_json_sha256": _fingerprint(),
+        "columns": cols,
+    }
     body = ",\n".join("  " + json.dumps([r[c] for c in cols]) for r in keep)
     EXPECTED.write_text(json.dumps(head, indent=1)[:-2] + ',\n "rows": [\n' + body + "\n ]\n}\n")
 
@@ -486,20 +526,24 @@ def test_cli_report(store, tmp_path) -> None:
     res = runner.invoke(main, base)
     assert res.exit_code == 2 and "give --html PATH, --csv PATH or both" in res.output
     html_path, csv_path = tmp_path / "r.html", tmp_path / "r.csv"
-    res = runner.invoke(main, base + ["--html", str(html_path), "--csv", str(csv_path), "--step", "1",
-                                      "--tol", "float32=1e-4"])
+    res = runner.invoke(
+        main, base + ["--html", str(html_path), "--csv", str(csv_path), "--step", "1", "--tol", "float32=1e-4"]
+    )
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()  # progress, if any, goes to stderr
     # the verdict lines of `divergence` (cli/render.py: one verdict-line format)
     # (the first divergence is where the culprit shows: an earlier output 1.13e-4 over a 1e-4 tolerance stands
     # out of nothing)
-    assert lines[0] == ("FIRST DIVERGENCE (value): step 1 rank 0  Functional.linear.6.forward  output.0  "
-                        "rel_l2=0.00921 > tol=0.0001 (float32, stats)")
+    assert lines[0] == (
+        "FIRST DIVERGENCE (value): step 1 rank 0  Functional.linear.6.forward  output.0  "
+        "rel_l2=0.00921 > tol=0.0001 (float32, stats)"
+    )
     assert lines[1].startswith("CULPRIT (parameter): step 1 rank 0  Functional.linear.6.forward")
     assert lines[2] == f"wrote {csv_path} (453 rows)"
     assert lines[3].startswith(f"wrote {html_path} (") and html_path.stat().st_size > 1_000_000
-    res = runner.invoke(main, ["report", "--store", str(store.root), "--target", "nope", "--ref", "ref_stats",
-                               "--csv", str(csv_path)])
+    res = runner.invoke(
+        main, ["report", "--store", str(store.root), "--target", "nope", "--ref", "ref_stats", "--csv", str(csv_path)]
+    )
     assert res.exit_code == 1 and "Error: run 'nope' is not in store" in res.output
 
 
@@ -515,8 +559,12 @@ def test_report_page_with_curves_and_bound(reports, store, tmp_path) -> None:
     assert size == path.stat().st_size <= PAGE_BOUND
     loss = _page_data(path.read_text())["figures"]["loss"]["data"]
     want = {(x["rank"], x["step"]): x["value"] for x in data.health.loss}
-    assert sorted({t["name"] for t in loss}) == ["reference, rank 0", "reference, rank 1", "target, rank 0",
-                                                 "target, rank 1"]
+    assert sorted({t["name"] for t in loss}) == [
+        "reference, rank 0",
+        "reference, rank 1",
+        "target, rank 0",
+        "target, rank 1",
+    ]
     for t in loss:
         rank = int(t["name"].rsplit(" ", 1)[1])
         assert len(t["y"]) == len(t["x"]) == len([k for k in want if k[0] == rank]) >= 2
@@ -539,8 +587,17 @@ def _synth():
 
 
 def _synth_store(root: Path, layers: int, steps: int, ranks: int):
-    man = _synth().generate(root / "dumps", layers=layers, steps=steps, ranks=ranks, fault_step=steps // 2,
-                            fault_rank=ranks - 1, fault_layer=layers * 2 // 3, jobs=1, log=lambda *a: None)
+    man = _synth().generate(
+        root / "dumps",
+        layers=layers,
+        steps=steps,
+        ranks=ranks,
+        fault_step=steps // 2,
+        fault_rank=ranks - 1,
+        fault_layer=layers * 2 // 3,
+        jobs=1,
+        log=lambda *a: None,
+    )
     for side in ("ref", "target"):
         ingest(root / "dumps" / side, side, store=root / "store", jobs=1)
     return open_store(root / "store"), man
@@ -563,7 +620,7 @@ window.addEventListener('load', function () {
 def _find_row_in_page(path: Path, want: dict) -> list[list[str]]:
     """Load the page with _FIND_DRIVER asking for `want`; the table rows shown, as lists of cell texts."""
     _with_driver(path, _FIND_DRIVER)
-    text = path.read_text().replace("<body>", f"<body data-want=\"{html.escape(json.dumps(want))}\">", 1)
+    text = path.read_text().replace("<body>", f'<body data-want="{html.escape(json.dumps(want))}">', 1)
     path.write_text(text)
     page = browser.load(path, budget_ms=20000, timeout=300)
     assert _js_errors(page.dom) == "" and not page.console_errors, _js_errors(page.dom)
@@ -578,9 +635,18 @@ def _deep_row(data: report.ReportData) -> dict:
     io, dtype = t["cols"]["io"], t["cols"]["dtype"]
     i = max(j for j in range(t["n"]) if t["dicts"]["io"][io[j]] == "output" and dtype[j] is not None)
     d = lambda c: t["dicts"][c][t["cols"][c][i]]  # noqa: E731
-    return {"name": d("op") + "." + d("leaf"), "op": d("op"), "leaf": d("leaf"), "step": str(t["cols"]["step"][i]),
-            "rank": str(t["cols"]["rank"][i]), "type": d("type"), "dtype": d("dtype"), "status": d("status"),
-            "index": i, "n": t["n"]}
+    return {
+        "name": d("op") + "." + d("leaf"),
+        "op": d("op"),
+        "leaf": d("leaf"),
+        "step": str(t["cols"]["step"][i]),
+        "rank": str(t["cols"]["rank"][i]),
+        "type": d("type"),
+        "dtype": d("dtype"),
+        "status": d("status"),
+        "index": i,
+        "n": t["n"],
+    }
 
 
 def _check_synth_page(data: report.ReportData, man: dict, store, path: Path) -> None:
@@ -618,8 +684,14 @@ def test_html_synthetic_300_layers_in_chromium(tmp_path) -> None:
 def test_progress_is_reported_by_callback(store, tmp_path) -> None:
     calls: list[tuple[str, int, int]] = []
     data = report.analyze(store, "weight_1pct_stats", "ref_stats", steps=[0], progress=lambda *a: calls.append(a))
-    assert calls == [("compare", 0, 5), ("divergence", 1, 5), ("overflow", 2, 5), ("checklist", 3, 5),
-                     ("health", 4, 5), ("analysed", 5, 5)]
+    assert calls == [
+        ("compare", 0, 5),
+        ("divergence", 1, 5),
+        ("overflow", 2, 5),
+        ("checklist", 3, 5),
+        ("health", 4, 5),
+        ("analysed", 5, 5),
+    ]
     calls.clear()
     n = report.write_csv(data.cmp, tmp_path / "r.csv", store=store, progress=lambda *a: calls.append(a))
     assert n == data.cmp.rows.height and calls == [("csv", n, n)]  # one call per 50,000 rows and one at the end
@@ -629,10 +701,9 @@ def test_progress_is_reported_by_callback(store, tmp_path) -> None:
     assert calls == [("html", i, 4) for i in range(5)]
 
 
-
 def test_health_findings_marked_on_the_curves(reports) -> None:
     """A loss spike and a gradient explosion (as health reports them) are drawn where the curves are."""
-    from dumpstore.analysis.health import HealthFinding
+    from dumpstore.analysis._health import HealthFinding
     from dumpstore.analysis.report import figures
 
     data = reports("weight_1pct_stats", "ref_stats")
@@ -642,15 +713,18 @@ def test_health_findings_marked_on_the_curves(reports) -> None:
     name_of = {t["name"]: t for t in grads["data"]}
     param = "Module.layers.1.fc2.Linear.parameters_grad.0.weight"
     assert "layers.1.fc2.weight (target)" in name_of
-    found = [HealthFinding("loss_spike", loss["step"], 0, loss["op"], None, loss["value"], 1.0),
-             HealthFinding("grad_explosion", 2, 0, "Module.layers.1.fc2.Linear.parameters_grad", param, 9.0, 1.0),
-             HealthFinding("grad_explosion", 2, 0, "x", "not.a.plotted.parameter", 9.0, 1.0)]
+    found = [
+        HealthFinding("loss_spike", loss["step"], 0, loss["op"], None, loss["value"], 1.0),
+        HealthFinding("grad_explosion", 2, 0, "Module.layers.1.fc2.Linear.parameters_grad", param, 9.0, 1.0),
+        HealthFinding("grad_explosion", 2, 0, "x", "not.a.plotted.parameter", 9.0, 1.0),
+    ]
     marks = [t for t in figures.loss_figure(rows, data.health.loss, found)["data"] if t["name"].startswith("health")]
     assert [(t["name"], t["x"], t["y"]) for t in marks] == [("health: loss_spike", [loss["step"]], [loss["value"]])]
     marks = [t for t in figures.grad_figure(rows, 0, findings=found)["data"] if t["name"].startswith("health")]
     target = name_of["layers.1.fc2.weight (target)"]
-    assert [(t["name"], t["x"], t["y"]) for t in marks] == [("health: grad_explosion", [2],
-                                                             [target["y"][target["x"].index(2)]])]
+    assert [(t["name"], t["x"], t["y"]) for t in marks] == [
+        ("health: grad_explosion", [2], [target["y"][target["x"].index(2)]])
+    ]
 
 
 # clicks (plotly's event) the culprit's point on the error chart; the table then shows that op's rows at that step
@@ -680,8 +754,12 @@ def test_html_chart_point_opens_its_rows(reports, store, tmp_path) -> None:
     name, rows = json.loads(html.unescape(got.group(1)))
     c = data.verdict.culprit
     assert name == c.op
-    want = data.cmp.rows.filter((pl.col("record") == c.op) & (pl.col("step") == c.step) & (pl.col("rank") == c.rank)
-                                & (pl.col("kind") != "null"))
+    want = data.cmp.rows.filter(
+        (pl.col("record") == c.op)
+        & (pl.col("step") == c.step)
+        & (pl.col("rank") == c.rank)
+        & (pl.col("kind") != "null")
+    )
     assert rows and set(rows) == {f"{c.step}|{c.rank}|{c.op}"} and len(rows) == want.height
 
 
@@ -691,8 +769,10 @@ def test_unwritable_report_path_is_one_line_error(reports, store, tmp_path) -> N
     data = reports("weight_1pct_stats", "ref_stats")
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    for write in (lambda p: report.write_csv(data.cmp, p, store=store),
-                  lambda p: report.write_html(data.cmp, data.verdict, data.overflow, store, p)):
+    for write in (
+        lambda p: report.write_csv(data.cmp, p, store=store),
+        lambda p: report.write_html(data.cmp, data.verdict, data.overflow, store, p),
+    ):
         with pytest.raises(DumpstoreError, match=r"file/r\.out: cannot write the report \(.*\); pick another path"):
             write(blocker / "r.out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -19,16 +19,18 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from dumpstore import summary
+from dumpstore._ingest import IngestOptions, ingest
 from dumpstore.dtypes import finfo_max
-from dumpstore.ingest import IngestOptions, ingest
 from dumpstore.query import run_query
 from dumpstore.store import open_store
 
 SETTINGS = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 NUMPY_DTYPES = ("float16", "float32", "float64", "int8", "int32", "int64", "bool")
 SHAPES = ((), (0,), (0, 3), (1,), (7,), (3, 4), (2, 3, 5), (40,))
-COLUMNS = ("name, dtype, shape, numel, min, max, mean, norm, nan_count, posinf_count, neginf_count, zero_count, "
-           "sat_count, sample, sketch, file_status, stats_source, error")
+COLUMNS = (
+    "name, dtype, shape, numel, min, max, mean, norm, nan_count, posinf_count, neginf_count, zero_count, "
+    "sat_count, sample, sketch, file_status, stats_source, error"
+)
 
 
 def _torch():
@@ -116,8 +118,11 @@ options = st.builds(IngestOptions, sample_k=st.sampled_from([1, 5, 64]), sketch_
 
 
 @SETTINGS
-@given(arrays=st.lists(tensors(), min_size=1, max_size=4), fmts=st.lists(st.sampled_from(["npy", "pt"]),
-                                                                          min_size=4, max_size=4), opts=options)
+@given(
+    arrays=st.lists(tensors(), min_size=1, max_size=4),
+    fmts=st.lists(st.sampled_from(["npy", "pt"]), min_size=4, max_size=4),
+    opts=options,
+)
 def test_plain_folder_roundtrip(arrays, fmts, opts):
     if "pt" in fmts:
         _torch()
@@ -135,13 +140,25 @@ def test_plain_folder_roundtrip(arrays, fmts, opts):
 
 
 def _leaf(dtype: str, values: np.ndarray, data_name: str) -> dict[str, Any]:
-    return {"type": "torch.Tensor", "dtype": f"torch.{dtype}", "shape": list(values.shape), "Max": None,
-            "Min": None, "Mean": None, "Norm": None, "requires_grad": False, "data_name": data_name}
+    return {
+        "type": "torch.Tensor",
+        "dtype": f"torch.{dtype}",
+        "shape": list(values.shape),
+        "Max": None,
+        "Min": None,
+        "Mean": None,
+        "Norm": None,
+        "requires_grad": False,
+        "data_name": data_name,
+    }
 
 
 @SETTINGS
-@given(arrays=st.lists(tensors(), min_size=1, max_size=4), fmts=st.lists(st.sampled_from(["npy", "pt"]),
-                                                                          min_size=4, max_size=4), opts=options)
+@given(
+    arrays=st.lists(tensors(), min_size=1, max_size=4),
+    fmts=st.lists(st.sampled_from(["npy", "pt"]), min_size=4, max_size=4),
+    opts=options,
+)
 def test_msprobe_dump_roundtrip(arrays, fmts, opts):
     if "pt" in fmts:
         _torch()

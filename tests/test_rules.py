@@ -12,9 +12,16 @@ from dumpstore.analysis import rules as R
 
 
 def _bound(t: list[float | None], r: list[float | None], n: int = 4, nonfinite: bool = False) -> float | None:
-    df = pl.DataFrame({**{s: [v] for s, v in zip(R.STATS, t)}, **{f"ref_{s}": [v] for s, v in zip(R.STATS, r)},
-                       "numel": [n], "ref_numel": [n], "nonfinite_mismatch": [nonfinite]},
-                      schema_overrides={s: pl.Float64 for s in R.STATS} | {f"ref_{s}": pl.Float64 for s in R.STATS})
+    df = pl.DataFrame(
+        {
+            **{s: [v] for s, v in zip(R.STATS, t)},
+            **{f"ref_{s}": [v] for s, v in zip(R.STATS, r)},
+            "numel": [n],
+            "ref_numel": [n],
+            "nonfinite_mismatch": [nonfinite],
+        },
+        schema_overrides={s: pl.Float64 for s in R.STATS} | {f"ref_{s}": pl.Float64 for s in R.STATS},
+    )
     return R.stats_columns(df)["_st_err"][0]
 
 
@@ -24,12 +31,12 @@ def test_statistics_bound_by_norm_takes_the_largest_difference():
 
 
 def test_statistics_bound_edge_cases():
-    assert _bound([0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]) == 0.0        # 0/0: equal
-    assert _bound([0.0, 1.0, 0.5, 1.0], [0.0, 0.0, 0.0, 0.0]) == math.inf   # reference all zero
-    assert _bound([1.0, 3.0, None, None], [1.0, 2.0, None, None]) == 0.5    # no norms: range of the reference
-    assert _bound([None] * 4, [None] * 4) is None                            # nothing known
+    assert _bound([0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]) == 0.0  # 0/0: equal
+    assert _bound([0.0, 1.0, 0.5, 1.0], [0.0, 0.0, 0.0, 0.0]) == math.inf  # reference all zero
+    assert _bound([1.0, 3.0, None, None], [1.0, 2.0, None, None]) == 0.5  # no norms: range of the reference
+    assert _bound([None] * 4, [None] * 4) is None  # nothing known
     nan = float("nan")
-    assert _bound([nan, nan, nan, nan], [nan, nan, nan, nan]) == 0.0         # equal non-finite statistics
+    assert _bound([nan, nan, nan, nan], [nan, nan, nan, nan]) == 0.0  # equal non-finite statistics
     assert _bound([0.0, 1.0, 0.5, math.inf], [0.0, 1.0, 0.5, 1.0]) == math.inf
 
 
@@ -38,8 +45,9 @@ def test_status_and_severity_rules_serve_numpy_polars_and_floats():
     np.testing.assert_array_equal(R.exceeds(np.array([0.1, 0.3]), np.array([0.2, 0.2])), [False, True])
     df = pl.DataFrame({"err": [0.3], "tol": [0.2], "nonfinite_mismatch": [False]})
     assert df.select(R.diverges(pl.col("err"), pl.col("tol"), pl.col("nonfinite_mismatch"))).item()
-    np.testing.assert_array_equal(R.severity(np.array([0.4, 0.0, 1.0]), np.array([0.2, 0.0, 0.0])),
-                                  [2.0, 0.0, math.inf])
+    np.testing.assert_array_equal(
+        R.severity(np.array([0.4, 0.0, 1.0]), np.array([0.2, 0.0, 0.0])), [2.0, 0.0, math.inf]
+    )
 
 
 def test_compute_precision_is_the_least_precise_common_dtype():

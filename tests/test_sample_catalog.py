@@ -150,8 +150,11 @@ def test_tensor_cases_have_pt_files(name):
     for step in c["steps"]:
         for rank in c["ranks"]:
             d = _rank_dir(c, step, rank)
-            names = [l["data_name"] for l in _leaves(_dump(c, step, rank)["data"])
-                     if isinstance(l, dict) and "data_name" in l]
+            names = [
+                l["data_name"]
+                for l in _leaves(_dump(c, step, rank)["data"])
+                if isinstance(l, dict) and "data_name" in l
+            ]
             assert names, d
             for n in names:
                 assert n.endswith(".pt")

@@ -44,8 +44,16 @@ def _leaves(obj):
 def test_cases_present_in_both_modes():
     assert {c["mode"] for c in CASES} == {"statistics", "tensor"}
     stats = {c["name"][: -len("_stats")] for c in CASES if c["mode"] == "statistics"}
-    assert {"xdev_ref", "xdev_clean", "xdev_clean2", "xdev_weight5pct", "xdev_no_mask", "xdev_ln_eps",
-            "xdev_gelu_tanh", "xdev_lr"} == stats
+    assert {
+        "xdev_ref",
+        "xdev_clean",
+        "xdev_clean2",
+        "xdev_weight5pct",
+        "xdev_no_mask",
+        "xdev_ln_eps",
+        "xdev_gelu_tanh",
+        "xdev_lr",
+    } == stats
     assert len(BY_NAME) == len(CASES)
 
 
@@ -61,8 +69,9 @@ def test_refs_and_steps(name):
     assert set(c["kernels"]) == {"chunk", "reverse"}
     for step in c["steps"]:
         dump = _data(c, step)
-        assert dump and all(os.path.isfile(os.path.join(_dir(c, step), fn))
-                            for fn in ("dump.json", "stack.json", "construct.json"))
+        assert dump and all(
+            os.path.isfile(os.path.join(_dir(c, step), fn)) for fn in ("dump.json", "stack.json", "construct.json")
+        )
     assert not os.path.exists(os.path.join(_dir(c, len(c["steps"])), "dump.json"))
 
 
@@ -101,7 +110,7 @@ def test_scalar_arguments_are_in_the_dumps(name):
     c = BY_NAME[name]
     sa = c["expected"]["scalar_argument"]
     assert sa["op"] == c["expected"]["culprit"]["op"]
-    arg = sa["name"][len(sa["op"] + ".input."):]
+    arg = sa["name"][len(sa["op"] + ".input.") :]
     rec, ref_rec = _data(c, 0)[sa["op"]], _data(BY_NAME[c["ref"]], 0)[sa["op"]]
     if arg.isdigit():
         assert rec["input_args"][int(arg)]["value"] == sa["value"]

@@ -11,11 +11,11 @@ import numpy as np
 import polars as pl
 import pytest
 
+from dumpstore._ingest import ingest
+from dumpstore.analysis._divergence import divergence, divergence_by_steps, divergence_in_batches
 from dumpstore.analysis.compare import compare_runs
-from dumpstore.analysis.divergence import divergence, divergence_by_steps, divergence_in_batches
 from dumpstore.analysis.screen import pair_rows, screen
 from dumpstore.analysis.tolerance import Tolerances
-from dumpstore.ingest import ingest
 from dumpstore.store import open_store
 from helpers import ROOT, SAMPLES
 
@@ -54,15 +54,27 @@ def test_screen_pairs_equal_pair_metrics(sample_store, case):
             assert unit[:2] in scr.complex_units
             continue
         assert (want["match"] == "exact").all() and got.height == want.height
-        joined = want.join(got.with_columns(pl.lit(unit[0], pl.Int64).alias("step"),
-                                            pl.lit(unit[1], pl.Int64).alias("rank"),
-                                            pl.lit(unit[2]).alias("source")),
-                           on=KEY, how="inner", suffix="_screen")
+        joined = want.join(
+            got.with_columns(
+                pl.lit(unit[0], pl.Int64).alias("step"),
+                pl.lit(unit[1], pl.Int64).alias("rank"),
+                pl.lit(unit[2]).alias("source"),
+            ),
+            on=KEY,
+            how="inner",
+            suffix="_screen",
+        )
         assert joined.height == want.height
         for row in joined.iter_rows(named=True):
             for col in ("err", "tol", "status"):
-                assert _same(row[col], row[f"{col}_screen"]), (row["record"], row["io"], row["index_path"], col,
-                                                             row[col], row[f"{col}_screen"])
+                assert _same(row[col], row[f"{col}_screen"]), (
+                    row["record"],
+                    row["io"],
+                    row["index_path"],
+                    col,
+                    row[col],
+                    row[f"{col}_screen"],
+                )
         checked += joined.height
     if not scr.complex_units:
         assert checked == exact.height
@@ -103,8 +115,17 @@ def _synth():
 @pytest.fixture(scope="module")
 def synth_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("synth")
-    man = _synth().generate(root / "dumps", layers=20, steps=4, ranks=2, fault_step=1, fault_rank=1,
-                            fault_layer=12, jobs=1, log=lambda *a: None)
+    man = _synth().generate(
+        root / "dumps",
+        layers=20,
+        steps=4,
+        ranks=2,
+        fault_step=1,
+        fault_rank=1,
+        fault_layer=12,
+        jobs=1,
+        log=lambda *a: None,
+    )
     store = root / "store"
     for side in ("ref", "target"):
         ingest(root / "dumps" / side, side, store=store, jobs=1)
@@ -130,8 +151,12 @@ def test_synthetic_multi_step_multi_rank(synth_store):
 def test_synthetic_options(synth_store):
     """Steps, ranks and tolerances narrow the screen as they narrow compare_runs."""
     store, _ = synth_store
-    for opts in ({"steps": [2, 3]}, {"ranks": [0]}, {"tolerances": Tolerances.parse(["1e-1"])},
-                 {"steps": [1], "ranks": [1], "tolerances": Tolerances.parse(["float32=1e-2"])}):
+    for opts in (
+        {"steps": [2, 3]},
+        {"ranks": [0]},
+        {"tolerances": Tolerances.parse(["1e-1"])},
+        {"steps": [1], "ranks": [1], "tolerances": Tolerances.parse(["float32=1e-2"])},
+    ):
         whole = divergence(compare_runs(store, "target", "ref", **opts)).to_dict()
         assert divergence_by_steps(store, "target", "ref", **opts).to_dict() == whole, opts
 
@@ -143,11 +168,17 @@ def test_repeated_leaf_keys_fall_back(dump_writer, store_dir):
     x, y = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
     for name, scale in (("ref", 1.0), ("target", 1.5)):
         w = dump_writer(name, task="statistics")
-        w.write({"Functional.relu.0.forward": {"input_args": [x], "input": [y], "output": [np.maximum(x, 0) * scale]},
-                 "Functional.gelu.0.forward": {"input_args": [x], "output": [x * scale]}})
+        w.write(
+            {
+                "Functional.relu.0.forward": {"input_args": [x], "input": [y], "output": [np.maximum(x, 0) * scale]},
+                "Functional.gelu.0.forward": {"input_args": [x], "output": [x * scale]},
+            }
+        )
         ingest(w.root, name, store=store_dir, jobs=1)
     store = open_store(store_dir)
     scr = screen(store, "target", "ref", [0], [0], Tolerances())
     assert scr.complex_units == [(0, 0)]
-    assert (divergence_by_steps(store, "target", "ref").to_dict()
-            == divergence(compare_runs(store, "target", "ref")).to_dict())
+    assert (
+        divergence_by_steps(store, "target", "ref").to_dict()
+        == divergence(compare_runs(store, "target", "ref")).to_dict()
+    )

@@ -18,8 +18,8 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
+from dumpstore._ingest import ingest
 from dumpstore.errors import DumpFormatError
-from dumpstore.ingest import ingest
 from dumpstore.store import open_store
 from helpers import MSPROBE, SAMPLES
 
@@ -33,10 +33,13 @@ def _live_rows(store: Path) -> int:
 def _raw_counts(store: Path) -> dict[str, int]:
     """Rows of tensors/ as three Parquet readers that know nothing of dumpstore count them."""
     tree = store / "tensors"
-    out = {"pyarrow": pads.dataset(tree, format="parquet", partitioning="hive").count_rows(),
-           "polars": pl.scan_parquet(f"{tree}/**/*.parquet", hive_partitioning=True).select(pl.len()).collect().item()}
-    out["duckdb"] = duckdb.sql(f"select count(*) from read_parquet('{tree}/**/*.parquet', hive_partitioning=1)"
-                               ).fetchall()[0][0]
+    out = {
+        "pyarrow": pads.dataset(tree, format="parquet", partitioning="hive").count_rows(),
+        "polars": pl.scan_parquet(f"{tree}/**/*.parquet", hive_partitioning=True).select(pl.len()).collect().item(),
+    }
+    out["duckdb"] = duckdb.sql(
+        f"select count(*) from read_parquet('{tree}/**/*.parquet', hive_partitioning=1)"
+    ).fetchall()[0][0]
     return out
 
 
@@ -77,8 +80,12 @@ def test_reader_of_the_replaced_catalog_still_finds_its_files(store_dir):
 
 
 def _divergence(store: Path) -> subprocess.Popen:
-    return subprocess.Popen(CLI + ["divergence", "--target", "target", "--ref", "ref", "--exact", "--no-cache",
-                                   "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        CLI + ["divergence", "--target", "target", "--ref", "ref", "--exact", "--no-cache", "--store", str(store)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_divergence_exact_survives_reingests_meanwhile(store_dir):
@@ -104,13 +111,16 @@ def tmpfs(tmp_path):
     mnt = tmp_path / "fs"
     mnt.mkdir()
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,nr_inodes=4096", "tmpfs", str(mnt)],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=16m,nr_inodes=4096", "tmpfs", str(mnt)], capture_output=True, text=True
+        )
     except FileNotFoundError:
         pytest.skip("no mount command on this machine")
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or 'not permitted'}); "
-                    "the full-disk tests need root and mount permission")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({done.stderr.strip() or 'not permitted'}); "
+            "the full-disk tests need root and mount permission"
+        )
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 
@@ -121,13 +131,20 @@ def _remount(mnt: Path, options: str) -> None:
 
 def _snapshot(store: Path) -> dict[str, bytes]:
     """Every visible file of the store (hidden staging and locks aside) with its bytes."""
-    return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*"))
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(store).parts)}
+    return {
+        str(p.relative_to(store)): p.read_bytes()
+        for p in sorted(store.rglob("*"))
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(store).parts)
+    }
 
 
 def _ingest_cli(src: Path, run: str, store: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(CLI + ["ingest", str(src), "--run", run, "--store", str(store), "-j", "2"],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        CLI + ["ingest", str(src), "--run", run, "--store", str(store), "-j", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _fill(mnt: Path) -> Path:
@@ -181,23 +198,25 @@ def test_read_only_store_is_one_line_and_leaves_the_store_as_it_was(tmpfs):
     _remount(tmpfs, "rw")
 
 
-@pytest.mark.parametrize("data_name, shown", [(7, "7"), (["a.pt"], "<list of 1 items>"), ("", '""'),
-                                              (None, "null")])
+@pytest.mark.parametrize("data_name, shown", [(7, "7"), (["a.pt"], "<list of 1 items>"), ("", '""'), (None, "null")])
 def test_malformed_data_name_is_an_error_row(store_dir, dump_writer, data_name, shown):
     """A data_name that is not a non-empty string is a counted error row naming the value, not dropped silently."""
     import json
 
     import numpy as np
 
-    path = dump_writer().write({"Functional.relu.0.forward": {"input_args": [np.ones(3, np.float32)],
-                                                              "output": [np.ones(3, np.float32)]}})
+    path = dump_writer().write(
+        {"Functional.relu.0.forward": {"input_args": [np.ones(3, np.float32)], "output": [np.ones(3, np.float32)]}}
+    )
     doc = json.loads(path.read_text())
     doc["data"]["Functional.relu.0.forward"]["output"][0]["data_name"] = data_name
     path.write_text(json.dumps(doc))
     res = ingest(path.parent, "r", store=store_dir, jobs=1)
     assert (res.rows, res.errors) == (2, 1)
-    assert res.first_error == (f"Functional.relu.0.forward.output.0: data_name {shown} is not a file name; "
-                               "expected the name of the leaf's tensor file")
+    assert res.first_error == (
+        f"Functional.relu.0.forward.output.0: data_name {shown} is not a file name; "
+        "expected the name of the leaf's tensor file"
+    )
     assert open_store(store_dir).run_info("r")["n_errors"] == 1
 
 

@@ -14,21 +14,25 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from dumpstore._ingest import ingest
 from dumpstore.cli.main import main
 from dumpstore.errors import StoreError
-from dumpstore.ingest import ingest
 from dumpstore.query import run_query
 from dumpstore.store import open_store
 from helpers import MSPROBE, SAMPLES
 
-DATASET = SAMPLES / "ref_stats"          # 3 dump files
+DATASET = SAMPLES / "ref_stats"  # 3 dump files
 INGEST = [sys.executable, "-m", "dumpstore.cli.main", "ingest"]
 
 
 def _rows(store_dir, run: str) -> list[tuple]:
-    return [tuple(r.values()) for r in run_query(open_store(store_dir), (
-        f"select step, rank, leaf, name, min, max from tensors where run='{run}' order by step, rank, leaf"
-    )).to_pylist()]
+    return [
+        tuple(r.values())
+        for r in run_query(
+            open_store(store_dir),
+            (f"select step, rank, leaf, name, min, max from tensors where run='{run}' order by step, rank, leaf"),
+        ).to_pylist()
+    ]
 
 
 def test_sigkill_at_random_points_leaves_run_absent_or_complete(store_dir, tmp_path):
@@ -37,8 +41,12 @@ def test_sigkill_at_random_points_leaves_run_absent_or_complete(store_dir, tmp_p
     rng = random.Random(1234)
     outcomes = set()
     for _ in range(8):
-        proc = subprocess.Popen(INGEST + [str(DATASET), "--run", "victim", "--store", str(store_dir), "-j", "2"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            INGEST + [str(DATASET), "--run", "victim", "--store", str(store_dir), "-j", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         time.sleep(rng.uniform(0.2, 1.6))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -56,9 +64,15 @@ def test_sigkill_at_random_points_leaves_run_absent_or_complete(store_dir, tmp_p
 
 
 def test_two_concurrent_ingests_both_land(store_dir):
-    procs = [subprocess.Popen(INGEST + [str(DATASET), "--run", name, "--store", str(store_dir), "-j", "1"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name in ("a", "b")]
+    procs = [
+        subprocess.Popen(
+            INGEST + [str(DATASET), "--run", name, "--store", str(store_dir), "-j", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("a", "b")
+    ]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
@@ -67,8 +81,15 @@ def test_two_concurrent_ingests_both_land(store_dir):
 
 
 def test_same_run_twice_at_once_serializes(store_dir):
-    procs = [subprocess.Popen(INGEST + [str(DATASET), "--run", "same", "--store", str(store_dir), "-j", "1"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            INGEST + [str(DATASET), "--run", "same", "--store", str(store_dir), "-j", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     errs = [p.communicate(timeout=120)[1] for p in procs]
     assert all(p.returncode == 0 for p in procs), errs
     ingest(DATASET, "ref", store=store_dir, jobs=1)
@@ -78,8 +99,11 @@ def test_same_run_twice_at_once_serializes(store_dir):
 def test_query_during_reingest_sees_old_or_new(store_dir):
     ingest(MSPROBE / "v26_L0", "x", store=store_dir, jobs=1)  # 110 rows
     old = run_query(open_store(store_dir), "select count(*) n from tensors where run='x'").to_pylist()[0]["n"]
-    proc = subprocess.Popen(INGEST + [str(DATASET), "--run", "x", "--store", str(store_dir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        INGEST + [str(DATASET), "--run", "x", "--store", str(store_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     seen = set()
     while proc.poll() is None:
         seen.add(run_query(open_store(store_dir), "select count(*) n from tensors where run='x'").to_pylist()[0]["n"])
@@ -100,8 +124,11 @@ def test_old_schema_says_how_to_upgrade_and_upgrade_works(store_dir):
     ingest(MSPROBE / "v26_L0", "x", store=store_dir, jobs=1)
     before = _rows(store_dir, "x")
     _age_catalog(store_dir, 0)
-    with pytest.raises(StoreError, match=r"schema version 0, this dumpstore reads version 1; run `dumpstore "
-                                         r"upgrade --store"):
+    with pytest.raises(
+        StoreError,
+        match=r"schema version 0, this dumpstore reads version 1; run `dumpstore "
+        r"upgrade --store",
+    ):
         open_store(store_dir).runs()
     res = CliRunner().invoke(main, ["runs", "--store", str(store_dir)])
     assert res.exit_code == 1 and res.output.startswith("Error: ") and res.output.count("\n") == 1
@@ -141,8 +168,12 @@ def test_sigkill_of_main_process_only_frees_the_run(store_dir, tmp_path):
     ingest of that run completes, with a one-line notice that it took over the lock, and the store holds it."""
     ds = _many_units(tmp_path)
     for _attempt in range(3):
-        proc = subprocess.Popen(INGEST + [str(ds), "--run", "victim", "--store", str(store_dir), "-j", "2"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            INGEST + [str(ds), "--run", "victim", "--store", str(store_dir), "-j", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 60
         while not (workers := _children(proc.pid)) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -161,8 +192,12 @@ def test_sigkill_of_main_process_only_frees_the_run(store_dir, tmp_path):
     for w in survivors:  # do not leave them behind whatever the outcome
         os.kill(w, signal.SIGKILL)
     assert not survivors, "workers outlived their killed parent"
-    again = subprocess.run(INGEST + [str(ds), "--run", "victim", "--store", str(store_dir), "-j", "2"],
-                           capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        INGEST + [str(ds), "--run", "victim", "--store", str(store_dir), "-j", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert again.returncode == 0, again.stderr
     st = open_store(store_dir)
     assert st.run_names() == ["victim"] and st.run_info("victim")["steps"] == list(range(12))
@@ -181,11 +216,18 @@ def test_stale_lock_is_taken_over_with_one_notice(store_dir):
     locks = store_dir / ".locks"
     locks.mkdir(parents=True)
     (locks / "run-r.lock").write_text(
-        '{"pid": %d, "host": "%s", "start": null}' % (gone.pid, __import__("socket").gethostname()))
-    res = subprocess.run(INGEST + [str(DATASET), "--run", "r", "--store", str(store_dir), "-j", "1"],
-                         capture_output=True, text=True, timeout=60)
+        '{"pid": %d, "host": "%s", "start": null}' % (gone.pid, __import__("socket").gethostname())
+    )
+    res = subprocess.run(
+        INGEST + [str(DATASET), "--run", "r", "--store", str(store_dir), "-j", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
-    assert res.stderr == (f"warning: ingest of run 'r' into {store_dir}: taking over the lock of process "
-                          f"{gone.pid} on {__import__('socket').gethostname()}, which ended without releasing it; "
-                          "cleaning up what it left\n")
+    assert res.stderr == (
+        f"warning: ingest of run 'r' into {store_dir}: taking over the lock of process "
+        f"{gone.pid} on {__import__('socket').gethostname()}, which ended without releasing it; "
+        "cleaning up what it left\n"
+    )
     assert (locks / "run-r.lock").read_text() == ""  # released cleanly

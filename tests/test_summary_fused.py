@@ -15,8 +15,22 @@ from dumpstore import summary
 from dumpstore.summary import PERIOD
 
 BLOCK = summary._BLOCK
-SIZES = [1, 100, 512, 513, 4097, PERIOD - 1, PERIOD, PERIOD + 1, 3 * PERIOD + 5, 200_003, BLOCK, BLOCK + 1,
-         BLOCK + 3 * PERIOD + 17, 3 * BLOCK - 3]
+SIZES = [
+    1,
+    100,
+    512,
+    513,
+    4097,
+    PERIOD - 1,
+    PERIOD,
+    PERIOD + 1,
+    3 * PERIOD + 5,
+    200_003,
+    BLOCK,
+    BLOCK + 1,
+    BLOCK + 3 * PERIOD + 17,
+    3 * BLOCK - 3,
+]
 
 
 def _bits(x: float | None) -> int | None:
@@ -28,7 +42,7 @@ def _reference(a: np.ndarray, dtype: str, m: int):
     block results, counts, and the sketch as a scatter-add of signed elements into buckets i mod m."""
     flat = np.abs(a.ravel()) if a.dtype.kind == "c" else a.ravel().astype(np.float64)
     flat = flat.astype(np.float64)
-    blocks = [flat[i:i + BLOCK] for i in range(0, flat.size, BLOCK)]
+    blocks = [flat[i : i + BLOCK] for i in range(0, flat.size, BLOCK)]
     total = 0.0
     for b in blocks:
         total += float(b.sum())
@@ -39,7 +53,7 @@ def _reference(a: np.ndarray, dtype: str, m: int):
     with np.errstate(all="ignore"):
         sk = np.bincount((idx % np.uint64(m)).astype(np.int64), weights=sign * flat, minlength=min(m, flat.size))
         norm = float(np.sqrt(np.sum(flat * flat)))
-    return total, lo, hi, int(np.count_nonzero(flat == 0)), norm, sk[:min(m, flat.size)]
+    return total, lo, hi, int(np.count_nonzero(flat == 0)), norm, sk[: min(m, flat.size)]
 
 
 def _cases(n: int, rng: np.random.Generator):
@@ -58,7 +72,7 @@ def _cases(n: int, rng: np.random.Generator):
         yield "float32", y
         y = np.abs(f32)
         y[::3] = -0.0
-        y[n // 2:] = 0.0  # min is a zero, both signs present
+        y[n // 2 :] = 0.0  # min is a zero, both signs present
         yield "float32", y
         y = -np.abs(f32)
         y[1::3] = 0.0
@@ -82,8 +96,12 @@ def test_summarize_matches_definitions(n: int) -> None:
         assert np.array_equal(smp, flat[summary.sample_positions(n, 64)].astype(np.float64))
         assert np.array_equal(sk, summary.sketch(a, 512))
         st = summary.tensor_stats(a, dtype)
-        assert (_bits(st.min), _bits(st.max), _bits(st.mean), st.zero_count) == \
-            (_bits(s.min), _bits(s.max), _bits(s.mean), s.zero_count)
+        assert (_bits(st.min), _bits(st.max), _bits(st.mean), st.zero_count) == (
+            _bits(s.min),
+            _bits(s.max),
+            _bits(s.mean),
+            s.zero_count,
+        )
 
 
 @pytest.mark.parametrize("n", [PERIOD + 1, BLOCK + 3 * PERIOD + 17])

@@ -35,4 +35,3 @@ __all__ = [
     "write_csv",
     "write_html",
 ]
-

@@ -37,8 +37,15 @@ from ..compare import Comparison
 from .data import fetch
 from .text import fmt
 
-__all__ = ["CSV_COLUMNS", "DUMPSTORE_COLUMNS", "MSPROBE_COLUMNS", "RESULT_OF_STATUS", "csv_rows", "iter_csv_rows",
-           "write_csv"]
+__all__ = [
+    "CSV_COLUMNS",
+    "DUMPSTORE_COLUMNS",
+    "MSPROBE_COLUMNS",
+    "RESULT_OF_STATUS",
+    "csv_rows",
+    "iter_csv_rows",
+    "write_csv",
+]
 
 N_A = "N/A"
 PROGRESS_ROWS = 50_000
@@ -46,16 +53,53 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 MSPROBE_COLUMNS: tuple[str, ...] = (
-    "NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
-    "NPU Requires_grad", "Bench Requires_grad",
-    "Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio", "Five Thousandths Err Ratio",
-    "Max diff", "Min diff", "Mean diff", "L2norm diff",
-    "NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean", "Bench l2norm",
-    "Requires_grad Consistent", "Result", "Err_message", "NPU_Stack_Info", "Data_name",
+    "NPU Name",
+    "Bench Name",
+    "NPU Dtype",
+    "Bench Dtype",
+    "NPU Tensor Shape",
+    "Bench Tensor Shape",
+    "NPU Requires_grad",
+    "Bench Requires_grad",
+    "Cosine",
+    "EucDist",
+    "MaxAbsErr",
+    "MaxRelativeErr",
+    "One Thousandth Err Ratio",
+    "Five Thousandths Err Ratio",
+    "Max diff",
+    "Min diff",
+    "Mean diff",
+    "L2norm diff",
+    "NPU max",
+    "NPU min",
+    "NPU mean",
+    "NPU l2norm",
+    "Bench max",
+    "Bench min",
+    "Bench mean",
+    "Bench l2norm",
+    "Requires_grad Consistent",
+    "Result",
+    "Err_message",
+    "NPU_Stack_Info",
+    "Data_name",
 )
 DUMPSTORE_COLUMNS: tuple[str, ...] = (
-    "step", "rank", "seq", "op", "io", "match", "rel_l2", "err_source", "err_bound", "tol", "tol_dtype",
-    "severity", "status", "detail",
+    "step",
+    "rank",
+    "seq",
+    "op",
+    "io",
+    "match",
+    "rel_l2",
+    "err_source",
+    "err_bound",
+    "tol",
+    "tol_dtype",
+    "severity",
+    "status",
+    "detail",
 )
 CSV_COLUMNS: tuple[str, ...] = MSPROBE_COLUMNS + DUMPSTORE_COLUMNS
 
@@ -68,19 +112,62 @@ _METRIC_SOURCES = {
     "One Thousandth Err Ratio": ("msprobe_one_thousandth", "one_thousandth"),
     "Five Thousandths Err Ratio": ("msprobe_five_thousandth", "five_thousandth"),
 }
-RESULT_OF_STATUS = {"pass": "pass", "diverged": "error", "error": "error", "unmatched": "warning",
-                    "unknown": "warning"}
+RESULT_OF_STATUS = {"pass": "pass", "diverged": "error", "error": "error", "unmatched": "warning", "unknown": "warning"}
 _STATS = (("max", "max"), ("min", "min"), ("mean", "mean"), ("norm", "l2norm"))
 
-_SIDE_INPUTS = ("name", "kind", "dtype", "dtype_raw", "value_type", "value", "scalar_value", "shape", "checksum",
-                "requires_grad", "data_name", "record", "seq", "io", "stack_id", "max", "min", "mean", "norm",
-                "dump_max", "dump_min", "dump_mean", "dump_norm")
-_CSV_INPUTS = frozenset(_SIDE_INPUTS + tuple(c for pair in _METRIC_SOURCES.values() for c in pair) + (
-    "step", "rank", "source", "match", "err", "err_source", "err_bound", "tol", "tol_dtype", "severity", "status",
-    "detail", "nonfinite_mismatch", "max_diff", "min_diff", "mean_diff", "norm_diff", "msprobe_message"))
+_SIDE_INPUTS = (
+    "name",
+    "kind",
+    "dtype",
+    "dtype_raw",
+    "value_type",
+    "value",
+    "scalar_value",
+    "shape",
+    "checksum",
+    "requires_grad",
+    "data_name",
+    "record",
+    "seq",
+    "io",
+    "stack_id",
+    "max",
+    "min",
+    "mean",
+    "norm",
+    "dump_max",
+    "dump_min",
+    "dump_mean",
+    "dump_norm",
+)
+_CSV_INPUTS = frozenset(
+    _SIDE_INPUTS
+    + tuple(c for pair in _METRIC_SOURCES.values() for c in pair)
+    + (
+        "step",
+        "rank",
+        "source",
+        "match",
+        "err",
+        "err_source",
+        "err_bound",
+        "tol",
+        "tol_dtype",
+        "severity",
+        "status",
+        "detail",
+        "nonfinite_mismatch",
+        "max_diff",
+        "min_diff",
+        "mean_diff",
+        "norm_diff",
+        "msprobe_message",
+    )
+)
 
-RAW_SQL = ("SELECT step, rank, source, leaf, dtype_raw, dump_max, dump_min, dump_mean, dump_norm "
-           "FROM tensors WHERE run = $run")
+RAW_SQL = (
+    "SELECT step, rank, source, leaf, dtype_raw, dump_max, dump_min, dump_mean, dump_norm FROM tensors WHERE run = $run"
+)
 STACKS_SQL = "SELECT step, rank, stack_id, frames FROM stacks WHERE run = $run"
 STACK_SQL = "SELECT frames FROM stacks WHERE run = $run AND step = $step AND rank = $rank AND stack_id = $sid"
 
@@ -177,18 +264,32 @@ def _csv_row(r: dict[str, Any]) -> dict[str, Any]:
     for col, (exact_col, own_col) in _METRIC_SOURCES.items():
         d[col] = _metric_value(r, exact_col, own_col)
     for stat, label in (("max", "Max"), ("min", "Min"), ("mean", "Mean"), ("norm", "L2norm")):
-        d[f"{label} diff"] = _stat_diff(d[f"NPU {'l2norm' if stat == 'norm' else stat}"],
-                                        d[f"Bench {'l2norm' if stat == 'norm' else stat}"], r.get(f"{stat}_diff"))
-    d["Requires_grad Consistent"] = (t_here and r_here and d["NPU Requires_grad"] == d["Bench Requires_grad"])
+        d[f"{label} diff"] = _stat_diff(
+            d[f"NPU {'l2norm' if stat == 'norm' else stat}"],
+            d[f"Bench {'l2norm' if stat == 'norm' else stat}"],
+            r.get(f"{stat}_diff"),
+        )
+    d["Requires_grad Consistent"] = t_here and r_here and d["NPU Requires_grad"] == d["Bench Requires_grad"]
     d["Result"] = RESULT_OF_STATUS.get(r["status"] or "", N_A)
     d["Err_message"] = json.dumps(_messages(r, d))
     d["NPU_Stack_Info"] = N_A
     d["Data_name"] = str([_data_name(r.get("data_name"), t_here), _data_name(r.get("ref_data_name"), r_here)])
-    d.update(step=r["step"], rank=r["rank"], seq=r.get("seq") if r.get("seq") is not None else r.get("ref_seq"),
-             op=r.get("record") or r.get("ref_record"), io=r.get("io") or r.get("ref_io"), match=r.get("match"),
-             rel_l2=r.get("err"), err_source=r.get("err_source"), err_bound=r.get("err_bound"), tol=r.get("tol"),
-             tol_dtype=r.get("tol_dtype"), severity=r.get("severity"), status=r.get("status"),
-             detail=r.get("detail"))
+    d.update(
+        step=r["step"],
+        rank=r["rank"],
+        seq=r.get("seq") if r.get("seq") is not None else r.get("ref_seq"),
+        op=r.get("record") or r.get("ref_record"),
+        io=r.get("io") or r.get("ref_io"),
+        match=r.get("match"),
+        rel_l2=r.get("err"),
+        err_source=r.get("err_source"),
+        err_bound=r.get("err_bound"),
+        tol=r.get("tol"),
+        tol_dtype=r.get("tol_dtype"),
+        severity=r.get("severity"),
+        status=r.get("status"),
+        detail=r.get("detail"),
+    )
     return d
 
 
@@ -263,13 +364,18 @@ def _messages(r: dict, d: dict) -> list[str]:
         if r.get("nonfinite_mismatch"):
             out.append(f"error: {r.get('detail') or 'non-finite values differ'}")
         else:
-            out.append(f"error: rel_l2 {fmt(r.get('err'))} > tol {fmt(r.get('tol'))} ({r.get('tol_dtype')}), "
-                       f"from {r.get('err_source')}" + (f"; {r['detail']}" if r.get("detail") else ""))
+            out.append(
+                f"error: rel_l2 {fmt(r.get('err'))} > tol {fmt(r.get('tol'))} ({r.get('tol_dtype')}), "
+                f"from {r.get('err_source')}" + (f"; {r['detail']}" if r.get("detail") else "")
+            )
     elif status == "error":
         out.append(f"error: {r.get('detail') or 'leaf could not be read'}")
     elif status == "unmatched":
-        out.append("warning: No bench data matched." if r.get("name") is not None
-                   else "warning: only in the reference (bench); no target data matched.")
+        out.append(
+            "warning: No bench data matched."
+            if r.get("name") is not None
+            else "warning: only in the reference (bench); no target data matched."
+        )
     elif status == "unknown":
         out.append("warning: not comparable from what was dumped (no norm, sketch or checksum on both sides)")
     if r.get("msprobe_message"):
@@ -281,4 +387,3 @@ def _messages(r: dict, d: dict) -> list[str]:
 
 def _data_name(name: str | None, here: bool) -> str:
     return name if (here and name) else "-1"
-

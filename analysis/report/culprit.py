@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..divergence import Finding
+from .._divergence import Finding
 from .text import fmt
 
 __all__ = ["culprit_words", "parameter_name"]
@@ -27,16 +27,19 @@ def culprit_words(rows: pl.DataFrame, f: Finding) -> str:
         if f.kind == "parameter":
             pname = parameter_name(rows, f.step, f.rank, leaf)
             what = f"The parameter {pname}" if pname else f"The trainable tensor {leaf}"
-            return (f"{what} differs between the runs{how}: {f.op} reads it as {short} and no earlier op produced "
-                    "it. Check how each run initialises, loads or updates it.")
-        return (f"The input {short} of {f.op} differs{how} and no earlier op produced it: the two runs are fed "
-                "different data. Check the data pipeline and its seed.")
+            return (
+                f"{what} differs between the runs{how}: {f.op} reads it as {short} and no earlier op produced "
+                "it. Check how each run initialises, loads or updates it."
+            )
+        return (
+            f"The input {short} of {f.op} differs{how} and no earlier op produced it: the two runs are fed "
+            "different data. Check the data pipeline and its seed."
+        )
     if f.kind == "scalar":
         return f"The argument {ev.get('scalar') or '?'} of {f.op} differs between the runs ({f.detail or 'value'})."
     if f.kind == "op":
         why = ev.get("reason") or "inputs agree, output diverges"
-        return (f"The op {f.op} itself: {why}. Check its kernel, dtype and compute precision on the target "
-                "device.")
+        return f"The op {f.op} itself: {why}. Check its kernel, dtype and compute precision on the target device."
     if f.kind in ("extra_op", "missing_op"):
         return f"The op {f.op} runs in one run only ({f.detail or f.kind})."
     return f"{f.op}: {f.detail or f.kind}."
@@ -64,8 +67,11 @@ def parameter_name(rows: pl.DataFrame, step: int, rank: int, leaf: str) -> str |
         return _dotted(src)
     if not src.get("_module") or any(src.get(s) is None for s in _STATS):
         return None
-    same = here.filter((pl.col("_io") == "parameters") & (pl.col("_op") == src["_module"])
-                       & pl.all_horizontal([pl.col(s) == src[s] for s in _STATS]))
+    same = here.filter(
+        (pl.col("_io") == "parameters")
+        & (pl.col("_op") == src["_module"])
+        & pl.all_horizontal([pl.col(s) == src[s] for s in _STATS])
+    )
     return _dotted(same.row(0, named=True)) if same.height == 1 else None
 
 

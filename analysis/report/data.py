@@ -8,11 +8,11 @@ from typing import Any
 
 import polars as pl
 
-from ..checklist import Checklist, checklist
+from .._checklist import Checklist, checklist
+from .._divergence import divergence
+from .._health import HealthReport, health
+from .._overflow import OverflowReport, overflow
 from ..compare import Comparison, compare_runs
-from ..divergence import divergence
-from ..health import HealthReport, health
-from ..overflow import OverflowReport, overflow
 from ..tolerance import Tolerances
 from ..verdict import Question, Verdict, answer
 
@@ -30,9 +30,19 @@ class ReportData:
     health: HealthReport | None = None
 
 
-def analyze(store, target: str, ref: str, *, steps: list[int] | None = None, ranks: list[int] | None = None,
-            tolerances: Tolerances | None = None, exact: bool = False, mapping: Any = None,
-            maps: tuple[str, ...] = (), progress: Callable[[str, int, int], None] | None = None) -> ReportData:
+def analyze(
+    store,
+    target: str,
+    ref: str,
+    *,
+    steps: list[int] | None = None,
+    ranks: list[int] | None = None,
+    tolerances: Tolerances | None = None,
+    exact: bool = False,
+    mapping: Any = None,
+    maps: tuple[str, ...] = (),
+    progress: Callable[[str, int, int], None] | None = None,
+) -> ReportData:
     """Compare `target` with `ref`, find the first divergence and culprit, and scan `target` for overflow.
 
     Arguments as for `compare_runs`; name mappings either as files (`maps`, msprobe's forms: the verdict then
@@ -41,13 +51,21 @@ def analyze(store, target: str, ref: str, *, steps: list[int] | None = None, ran
     """
     tell = progress or (lambda stage, done, total: None)
     tell("compare", 0, 5)
-    q = Question(target, ref, tuple(steps) if steps else None, tuple(ranks) if ranks else None,
-                 tolerances or Tolerances(), tuple(maps), exact)
+    q = Question(
+        target,
+        ref,
+        tuple(steps) if steps else None,
+        tuple(ranks) if ranks else None,
+        tolerances or Tolerances(),
+        tuple(maps),
+        exact,
+    )
     from_files = mapping is None
     if from_files:
         mapping = q.compare_options()["mapping"]
-    cmp = compare_runs(store, target, ref, steps=steps, ranks=ranks, tolerances=tolerances, exact=exact,
-                       mapping=mapping)
+    cmp = compare_runs(
+        store, target, ref, steps=steps, ranks=ranks, tolerances=tolerances, exact=exact, mapping=mapping
+    )
     tell("divergence", 1, 5)
     verdict = answer(store, q, comparison=cmp) if from_files else divergence(cmp)
     tell("overflow", 2, 5)

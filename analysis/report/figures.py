@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import polars as pl
@@ -16,22 +17,35 @@ from ..order import OUTPUT_IO
 from ..verdict import Verdict
 from .text import esc, fmt
 
-__all__ = ["BACKWARD", "MAX_HEAT_COLUMNS", "MAX_POINTS", "focus", "grad_figure", "heat_figure", "line_figure",
-           "loss_figure", "per_op", "prepared"]
+__all__ = [
+    "BACKWARD",
+    "MAX_HEAT_COLUMNS",
+    "MAX_POINTS",
+    "focus",
+    "grad_figure",
+    "heat_figure",
+    "line_figure",
+    "loss_figure",
+    "per_op",
+    "prepared",
+]
 
 BACKWARD = ("backward", "parameters_grad")
-MAX_POINTS = 2000         # points per chart trace before downsampling (max per bucket)
-MAX_HEAT_COLUMNS = 300    # ops per heat map row before grouping ops into layers
-MAX_HEAT_BINS = 240       # columns at most: consecutive columns are merged beyond this
-MAX_HEAT_LABELS = 60      # columns named under the axis; beyond, names show on hover only
+MAX_POINTS = 2000  # points per chart trace before downsampling (max per bucket)
+MAX_HEAT_COLUMNS = 300  # ops per heat map row before grouping ops into layers
+MAX_HEAT_BINS = 240  # columns at most: consecutive columns are merged beyond this
+MAX_HEAT_LABELS = 60  # columns named under the axis; beyond, names show on hover only
 
 
 def prepared(rows: pl.DataFrame) -> pl.DataFrame:
     """cmp.rows with each key taken from whichever side has it (_op, _dir, _io, _seq, _name, _module)."""
     return rows.with_columns(
-        pl.coalesce("record", "ref_record").alias("_op"), pl.coalesce("direction", "ref_direction").alias("_dir"),
-        pl.coalesce("io", "ref_io").alias("_io"), pl.coalesce("seq", "ref_seq").alias("_seq"),
-        pl.coalesce("name", "ref_name").alias("_name"), pl.coalesce("module", "ref_module").alias("_module"),
+        pl.coalesce("record", "ref_record").alias("_op"),
+        pl.coalesce("direction", "ref_direction").alias("_dir"),
+        pl.coalesce("io", "ref_io").alias("_io"),
+        pl.coalesce("seq", "ref_seq").alias("_seq"),
+        pl.coalesce("name", "ref_name").alias("_name"),
+        pl.coalesce("module", "ref_module").alias("_module"),
     )
 
 
@@ -43,14 +57,24 @@ def per_op(rows: pl.DataFrame) -> pl.DataFrame:
     def worst(c: str) -> pl.Expr:
         return pl.col(c).sort_by(by_sev, descending=True).first()
 
-    return (outs.group_by(["step", "rank", "source", "_op"], maintain_order=True).agg(
-        pl.col("_seq").min().alias("seq"), pl.col("_dir").first().alias("direction"),
-        pl.col("_module").first().alias("module"), worst("err").alias("err"), worst("tol").alias("tol"),
-        worst("tol_dtype").alias("tol_dtype"), worst("_name").alias("leaf_name"),
-        worst("err_source").alias("err_source"), pl.col("severity").max().alias("severity"),
-        (pl.col("status") == "diverged").any().alias("diverged"),
-        (pl.col("status") == "unmatched").all().alias("unmatched"),
-    ).rename({"_op": "op"}).sort(["step", "rank", "source", "seq"], nulls_last=True))
+    return (
+        outs.group_by(["step", "rank", "source", "_op"], maintain_order=True)
+        .agg(
+            pl.col("_seq").min().alias("seq"),
+            pl.col("_dir").first().alias("direction"),
+            pl.col("_module").first().alias("module"),
+            worst("err").alias("err"),
+            worst("tol").alias("tol"),
+            worst("tol_dtype").alias("tol_dtype"),
+            worst("_name").alias("leaf_name"),
+            worst("err_source").alias("err_source"),
+            pl.col("severity").max().alias("severity"),
+            (pl.col("status") == "diverged").any().alias("diverged"),
+            (pl.col("status") == "unmatched").all().alias("unmatched"),
+        )
+        .rename({"_op": "op"})
+        .sort(["step", "rank", "source", "seq"], nulls_last=True)
+    )
 
 
 def focus(verdict: Verdict, per_op: pl.DataFrame) -> tuple[int, int]:
@@ -85,14 +109,15 @@ def _downsample(idx: list[int], keep: set[int], ys: list[float | None], max_poin
     size = math.ceil(len(idx) / max_points)
     out = {i for i in idx if i in keep}
     for s in range(0, len(idx), size):
-        bucket = [i for i in idx[s:s + size] if ys[i] is not None]
+        bucket = [i for i in idx[s : s + size] if ys[i] is not None]
         if bucket:
             out.add(max(bucket, key=lambda i: ys[i]))  # type: ignore[arg-type,return-value]
     return sorted(out)
 
 
-def line_figure(per_op: pl.DataFrame, verdict: Verdict, rank: int, max_points: int,
-                op_index: dict[str, int] | None = None) -> dict[str, Any]:
+def line_figure(
+    per_op: pl.DataFrame, verdict: Verdict, rank: int, max_points: int, op_index: dict[str, int] | None = None
+) -> dict[str, Any]:
     """rel_l2 per op along execution order (steps in order, dump order within a step), log scale.
 
     Each point's customdata is [step, index of its op in `op_index`] (the page's table filters on a click).
@@ -104,8 +129,18 @@ def line_figure(per_op: pl.DataFrame, verdict: Verdict, rank: int, max_points: i
     marks = _marks(verdict, rank)
     keep = {i for i, o in enumerate(ops) if (o["step"], o["op"]) in marks}
     traces, sampled = [], False
-    group = ["only in one run (at the top)" if o["unmatched"] else "inf (at the top)" if o["err"] == math.inf
-             else ZERO if o["err"] == 0 else "backward" if o["direction"] in BACKWARD else "forward" for o in ops]
+    group = [
+        "only in one run (at the top)"
+        if o["unmatched"]
+        else "inf (at the top)"
+        if o["err"] == math.inf
+        else ZERO
+        if o["err"] == 0
+        else "backward"
+        if o["direction"] in BACKWARD
+        else "forward"
+        for o in ops
+    ]
     for o in ops:
         o["_k"] = (op_index or {}).get(o["op"])
     for label, marker in _LINE_GROUPS.items():
@@ -117,34 +152,69 @@ def line_figure(per_op: pl.DataFrame, verdict: Verdict, rank: int, max_points: i
         traces.append(_scatter(label, [ops[i] for i in shown], [ys[i] for i in shown], shown, marker))
     tol_idx = list(range(len(ops)))
     if len(tol_idx) > 2 * max_points:
-        tol_idx = tol_idx[::math.ceil(len(tol_idx) / (2 * max_points))]
-    traces.insert(0, {"type": "scatter", "mode": "lines", "name": "tolerance", "x": tol_idx,
-                      "y": [ops[i]["tol"] if ops[i]["tol"] else None for i in tol_idx],
-                      "line": {"color": "#888", "dash": "dot", "width": 1, "shape": "hvh"},
-                      "hoverinfo": "skip", "connectgaps": True})
-    annotations = []
+        tol_idx = tol_idx[:: math.ceil(len(tol_idx) / (2 * max_points))]
+    traces.insert(
+        0,
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": "tolerance",
+            "x": tol_idx,
+            "y": [ops[i]["tol"] if ops[i]["tol"] else None for i in tol_idx],
+            "line": {"color": "#888", "dash": "dot", "width": 1, "shape": "hvh"},
+            "hoverinfo": "skip",
+            "connectgaps": True,
+        },
+    )
+    annotations: list[dict[str, Any]] = []
     for (step, op), (label, symbol, color) in marks.items():
         hit = [i for i, o in enumerate(ops) if o["step"] == step and o["op"] == op]
-        if not hit or ys[hit[0]] is None:
+        y = ys[hit[0]] if hit else None
+        if y is None:
             continue
         i = hit[0]
-        traces.append(_scatter(label, [ops[i]], [ys[i]], [i], {"color": color, "size": 16, "symbol": symbol,
-                                                             "line": {"color": "#000", "width": 1}}))
-        annotations.append({"x": i, "y": math.log10(ys[i]), "text": esc(f"{label}: {op}"), "showarrow": True,
-                            "arrowhead": 2, "ax": 40,
-                            "ay": (40 if ys[i] >= ceil / 10 else -40) * (1 + 0.6 * len(annotations)),
-                            "font": {"color": color}, "bgcolor": "rgba(255,255,255,0.85)"})
+        traces.append(
+            _scatter(
+                label,
+                [ops[i]],
+                [ys[i]],
+                [i],
+                {"color": color, "size": 16, "symbol": symbol, "line": {"color": "#000", "width": 1}},
+            )
+        )
+        annotations.append(
+            {
+                "x": i,
+                "y": math.log10(y),
+                "text": esc(f"{label}: {op}"),
+                "showarrow": True,
+                "arrowhead": 2,
+                "ax": 40,
+                "ay": (40 if y >= ceil / 10 else -40) * (1 + 0.6 * len(annotations)),
+                "font": {"color": color},
+                "bgcolor": "rgba(255,255,255,0.85)",
+            }
+        )
     shapes = _step_lines(ops, annotations)
     title = f"Relative L2 error along execution order (rank {rank}; exact zeros as open circles at the bottom)"
     if sampled:
         title += f" — downsampled to the max of each bucket (≤ {max_points} points per trace)"
-    layout = {"title": {"text": esc(title), "font": {"size": 14}}, "height": 420,
-              "margin": {"l": 70, "r": 20, "t": 50, "b": 50},
-              "xaxis": {"title": {"text": "op in execution order"}, "zeroline": False},
-              "yaxis": {"title": {"text": "relative L2 error"}, "type": "log", "exponentformat": "e",
-                        "range": [math.log10(floor) - 0.2, math.log10(ceil) + 0.2]},
-              "legend": {"orientation": "h", "y": -0.18}, "annotations": annotations, "shapes": shapes,
-              "hovermode": "closest"}
+    layout = {
+        "title": {"text": esc(title), "font": {"size": 14}},
+        "height": 420,
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 50},
+        "xaxis": {"title": {"text": "op in execution order"}, "zeroline": False},
+        "yaxis": {
+            "title": {"text": "relative L2 error"},
+            "type": "log",
+            "exponentformat": "e",
+            "range": [math.log10(floor) - 0.2, math.log10(ceil) + 0.2],
+        },
+        "legend": {"orientation": "h", "y": -0.18},
+        "annotations": annotations,
+        "shapes": shapes,
+        "hovermode": "closest",
+    }
     return {"data": traces, "layout": layout, "rank": rank}
 
 
@@ -169,12 +239,31 @@ def _marks(verdict: Verdict, rank: int) -> dict[tuple[int, str], tuple[str, str,
 
 
 def _scatter(name: str, ops: list[dict], ys: list, xs: list[int], marker: dict, mode: str = "markers") -> dict:
-    text = [esc(f"{o['op']} (step {o['step']})") + "<br>" + esc(_leaf(o["leaf_name"], o["op"])) + " rel_l2 "
-            + fmt(o["err"]) + " (" + esc(o["err_source"]) + "), tol " + fmt(o["tol"]) + " " + esc(o["tol_dtype"])
-            for o in ops]
-    return {"type": "scatter", "mode": mode, "name": name, "x": xs, "y": ys, "text": text,
-            "customdata": [[o["step"], o.get("_k")] for o in ops],
-            "hovertemplate": "%{text}<extra>" + esc(name) + "</extra>", "marker": marker}
+    text = [
+        esc(f"{o['op']} (step {o['step']})")
+        + "<br>"
+        + esc(_leaf(o["leaf_name"], o["op"]))
+        + " rel_l2 "
+        + fmt(o["err"])
+        + " ("
+        + esc(o["err_source"])
+        + "), tol "
+        + fmt(o["tol"])
+        + " "
+        + esc(o["tol_dtype"])
+        for o in ops
+    ]
+    return {
+        "type": "scatter",
+        "mode": mode,
+        "name": name,
+        "x": xs,
+        "y": ys,
+        "text": text,
+        "customdata": [[o["step"], o.get("_k")] for o in ops],
+        "hovertemplate": "%{text}<extra>" + esc(name) + "</extra>",
+        "marker": marker,
+    }
 
 
 def _leaf(name: str | None, op: str) -> str:
@@ -187,11 +276,31 @@ def _step_lines(ops: list[dict], annotations: list[dict]) -> list[dict]:
     for i, o in enumerate(ops):
         if o["step"] != last:
             if last is not None:
-                shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": i - 0.5, "x1": i - 0.5,
-                               "y0": 0, "y1": 1, "line": {"color": "#bbb", "width": 1}})
-            annotations.append({"x": i, "y": 1.0, "xref": "x", "yref": "paper", "text": f"step {o['step']}",
-                                "showarrow": False, "xanchor": "left", "yanchor": "bottom",
-                                "font": {"size": 10, "color": "#666"}})
+                shapes.append(
+                    {
+                        "type": "line",
+                        "xref": "x",
+                        "yref": "paper",
+                        "x0": i - 0.5,
+                        "x1": i - 0.5,
+                        "y0": 0,
+                        "y1": 1,
+                        "line": {"color": "#bbb", "width": 1},
+                    }
+                )
+            annotations.append(
+                {
+                    "x": i,
+                    "y": 1.0,
+                    "xref": "x",
+                    "yref": "paper",
+                    "text": f"step {o['step']}",
+                    "showarrow": False,
+                    "xanchor": "left",
+                    "yanchor": "bottom",
+                    "font": {"size": 10, "color": "#666"},
+                }
+            )
             last = o["step"]
     return shapes
 
@@ -217,9 +326,9 @@ def _binned(cols: dict[str, int], col_of) -> tuple[dict[str, int], Any]:
         return cols, col_of
     names = list(cols)
     size = math.ceil(len(names) / MAX_HEAT_BINS)
-    label_of = {}
+    label_of: dict[Any, Any] = {}
     for a in range(0, len(names), size):
-        group = names[a:a + size]
+        group = names[a : a + size]
         label = group[0] if len(group) == 1 else f"{group[0]} … {group[-1]}"
         label_of.update((n, label) for n in group)
     binned = {label: i for i, label in enumerate(dict.fromkeys(label_of.values()))}
@@ -235,7 +344,7 @@ def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> d
     by_layer = n_ops > MAX_HEAT_COLUMNS
     col_of = (lambda r: _layer(r["module"], r["op"], r["direction"])) if by_layer else (lambda r: r["op"])
     cols: dict[str, int] = {}
-    for r in sorted(recs, key=lambda r: (r["seq"] if r["seq"] is not None else 0)):
+    for r in sorted(recs, key=lambda r: r["seq"] if r["seq"] is not None else 0):
         cols.setdefault(col_of(r), len(cols))
     merged = len(cols) > MAX_HEAT_BINS
     cols, col_of = _binned(cols, col_of)
@@ -250,37 +359,60 @@ def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> d
             raw[i][j] = r["err"]
             z[i][j] = math.log10(_clamp(r["err"], floor, ceil))  # type: ignore[arg-type]
     labels = [esc(c) for c in cols]
-    shown = [[None if v is None else (fmt(v) if not math.isfinite(v) else float(f"{v:.3g}")) for v in row]
-             for row in raw]
-    data: list[dict[str, Any]] = [{
-        "type": "heatmap", "z": [[None if v is None else round(v, 3) for v in row] for row in z], "x": labels,
-        "y": [f"{axis} {v}" for v in rows], "customdata": shown,
-        "hovertemplate": "%{y}<br>%{x}<br>rel_l2 %{customdata}<extra></extra>", "colorscale": "Viridis",
-        "hoverongaps": False,
-        "colorbar": {"title": {"text": "log10<br>rel_l2"}, "thickness": 14}}]
+    shown = [
+        [None if v is None else (fmt(v) if not math.isfinite(v) else float(f"{v:.3g}")) for v in row] for row in raw
+    ]
+    data: list[dict[str, Any]] = [
+        {
+            "type": "heatmap",
+            "z": [[None if v is None else round(v, 3) for v in row] for row in z],
+            "x": labels,
+            "y": [f"{axis} {v}" for v in rows],
+            "customdata": shown,
+            "hovertemplate": "%{y}<br>%{x}<br>rel_l2 %{customdata}<extra></extra>",
+            "colorscale": "Viridis",
+            "hoverongaps": False,
+            "colorbar": {"title": {"text": "log10<br>rel_l2"}, "thickness": 14},
+        }
+    ]
     c = verdict.culprit or verdict.first_divergence
     if c is not None and c.op in cols and (c.step if axis == "step" else c.rank) in row_i:
-        data.append({"type": "scatter", "mode": "markers", "name": "culprit", "showlegend": False,
-                     "x": [esc(c.op)], "y": [f"{axis} {c.step if axis == 'step' else c.rank}"],
-                     "marker": {"symbol": "star", "size": 14, "color": "#d62728", "line": {"color": "#fff",
-                                                                                           "width": 1}},
-                     "hovertemplate": esc(f"culprit: {c.op}") + "<extra></extra>"})
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": "culprit",
+                "showlegend": False,
+                "x": [esc(c.op)],
+                "y": [f"{axis} {c.step if axis == 'step' else c.rank}"],
+                "marker": {"symbol": "star", "size": 14, "color": "#d62728", "line": {"color": "#fff", "width": 1}},
+                "hovertemplate": esc(f"culprit: {c.op}") + "<extra></extra>",
+            }
+        )
     what = "layer" if by_layer else "op"
     what = f"{what} (consecutive {what}s merged, max)" if merged else what
     few = len(cols) <= MAX_HEAT_LABELS
     title = title.format(cols=what) + ("" if few else "; column names on hover")
-    layout = {"title": {"text": esc(title), "font": {"size": 14}},
-              "height": 230 + max(130, 34 * len(rows)), "margin": {"l": 70, "r": 20, "t": 50, "b": 160 if few else 30},
-              "xaxis": {"type": "category", "tickangle": -60, "tickfont": {"size": 11}, "automargin": True,
-                        "showticklabels": few},
-              "yaxis": {"type": "category", "autorange": "reversed"}}
+    layout = {
+        "title": {"text": esc(title), "font": {"size": 14}},
+        "height": 230 + max(130, 34 * len(rows)),
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 160 if few else 30},
+        "xaxis": {
+            "type": "category",
+            "tickangle": -60,
+            "tickfont": {"size": 11},
+            "automargin": True,
+            "showticklabels": few,
+        },
+        "yaxis": {"type": "category", "autorange": "reversed"},
+    }
     return {"data": data, "layout": layout}
 
 
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
 
-def loss_figure(rows: pl.DataFrame, loss: list[dict[str, Any]], findings: list = ()) -> dict[str, Any] | None:
+def loss_figure(rows: pl.DataFrame, loss: list[dict[str, Any]], findings: Sequence[Any] = ()) -> dict[str, Any] | None:
     """Loss per step, one colour per rank: the target (solid, from health) and the reference (dashed).
 
     The reference's value is the aligned output of the same loss op: its dumped mean (a 0-d loss is its mean).
@@ -289,56 +421,94 @@ def loss_figure(rows: pl.DataFrame, loss: list[dict[str, Any]], findings: list =
     if not loss:
         return None
     keys = pl.DataFrame(loss).select("step", "rank", pl.col("op").alias("_op"), pl.col("value").cast(pl.Float64))
-    ref = (rows.filter(pl.col("_io") == "output").join(keys, on=["step", "rank", "_op"])
-           .group_by("step", "rank").agg(pl.col("ref_mean").first()))
+    ref = (
+        rows.filter(pl.col("_io") == "output")
+        .join(keys, on=["step", "rank", "_op"])
+        .group_by("step", "rank")
+        .agg(pl.col("ref_mean").first())
+    )
     both = keys.join(ref, on=["step", "rank"], how="left").sort("rank", "step")
     traces = []
     for i, ((rank,), part) in enumerate(both.group_by("rank", maintain_order=True)):
         color = _PALETTE[i % len(_PALETTE)]
         for label, col, dash in (("target", "value", "solid"), ("reference", "ref_mean", "dash")):
-            traces.append({"type": "scatter", "mode": "lines+markers", "name": f"{label}, rank {rank}",
-                           "x": part["step"].to_list(), "y": part[col].to_list(),
-                           "line": {"color": color, "dash": dash}, "marker": {"size": 5}})
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines+markers",
+                    "name": f"{label}, rank {rank}",
+                    "x": part["step"].to_list(),
+                    "y": part[col].to_list(),
+                    "line": {"color": color, "dash": dash},
+                    "marker": {"size": 5},
+                }
+            )
     at = {(r, st): v for r, st, v in keys.select("rank", "step", "value").iter_rows()}
     on_loss = [f for f in findings if f.watchpoint.startswith("loss")]
     traces += _finding_marks(on_loss, lambda f: at.get((f.rank, f.step)))
-    layout = {"title": {"text": "Loss per step: target (solid) and reference (dashed), per rank",
-                        "font": {"size": 14}}, "height": 340, "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
-              "xaxis": {"title": {"text": "step"}, "dtick": 1}, "yaxis": {"title": {"text": "loss"}},
-              "hovermode": "x unified"}
+    layout = {
+        "title": {"text": "Loss per step: target (solid) and reference (dashed), per rank", "font": {"size": 14}},
+        "height": 340,
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+        "xaxis": {"title": {"text": "step"}, "dtick": 1},
+        "yaxis": {"title": {"text": "loss"}},
+        "hovermode": "x unified",
+    }
     return {"data": traces, "layout": layout}
 
 
-def grad_figure(rows: pl.DataFrame, rank: int, top: int = 6, findings: list = ()) -> dict[str, Any] | None:
+def grad_figure(rows: pl.DataFrame, rank: int, top: int = 6, findings: Sequence[Any] = ()) -> dict[str, Any] | None:
     """Gradient L2 norm per step of the `top` parameters whose gradients differ most, target and reference.
 
     Health findings on those gradients (`grad_explosion`, `grad_vanishing`) are marked on the target's curve.
     """
-    grads = rows.filter((pl.col("_io") == "parameters_grad") & (pl.col("rank") == rank)
-                        & (pl.coalesce("kind", "ref_kind") == "tensor"))
+    grads = rows.filter(
+        (pl.col("_io") == "parameters_grad") & (pl.col("rank") == rank) & (pl.coalesce("kind", "ref_kind") == "tensor")
+    )
     if grads.height == 0:
         return None
-    worst = (grads.group_by("_name").agg(pl.col("err").fill_nan(None).max().alias("_worst"), pl.col("_seq").min())
-             .sort(["_worst", "_seq"], descending=[True, False], nulls_last=True).head(top))
+    worst = (
+        grads.group_by("_name")
+        .agg(pl.col("err").fill_nan(None).max().alias("_worst"), pl.col("_seq").min())
+        .sort(["_worst", "_seq"], descending=[True, False], nulls_last=True)
+        .head(top)
+    )
     traces = []
     for i, name in enumerate(worst["_name"].to_list()):
         part = grads.filter(pl.col("_name") == name).sort("step")
         color = _PALETTE[i % len(_PALETTE)]
         label = esc(_param_label(name))
         for side, col, dash in (("target", "norm", "solid"), ("reference", "ref_norm", "dash")):
-            traces.append({"type": "scatter", "mode": "lines+markers", "name": f"{label} ({side})",
-                           "legendgroup": label, "x": part["step"].to_list(), "y": part[col].to_list(),
-                           "line": {"color": color, "dash": dash}, "marker": {"size": 5}})
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines+markers",
+                    "name": f"{label} ({side})",
+                    "legendgroup": label,
+                    "x": part["step"].to_list(),
+                    "y": part[col].to_list(),
+                    "line": {"color": color, "dash": dash},
+                    "marker": {"size": 5},
+                }
+            )
     shown = set(worst["_name"].to_list())
     norms = {(n, st): v for n, st, v in grads.select("_name", "step", "norm").iter_rows()}
-    traces += _finding_marks([f for f in findings if f.watchpoint.startswith("grad_") and f.rank == rank
-                              and f.name in shown], lambda f: norms.get((f.name, f.step)))
-    layout = {"title": {"text": f"Gradient norm per step, rank {rank}: the {worst.height} parameters whose gradients "
-                                "differ most (target solid, reference dashed)", "font": {"size": 14}},
-              "height": 380, "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
-              "xaxis": {"title": {"text": "step"}, "dtick": 1},
-              "yaxis": {"title": {"text": "‖grad‖₂"}, "type": "log", "exponentformat": "e"},
-              "hovermode": "x unified"}
+    traces += _finding_marks(
+        [f for f in findings if f.watchpoint.startswith("grad_") and f.rank == rank and f.name in shown],
+        lambda f: norms.get((f.name, f.step)),
+    )
+    layout = {
+        "title": {
+            "text": f"Gradient norm per step, rank {rank}: the {worst.height} parameters whose gradients "
+            "differ most (target solid, reference dashed)",
+            "font": {"size": 14},
+        },
+        "height": 380,
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+        "xaxis": {"title": {"text": "step"}, "dtick": 1},
+        "yaxis": {"title": {"text": "‖grad‖₂"}, "type": "log", "exponentformat": "e"},
+        "hovermode": "x unified",
+    }
     return {"data": traces, "layout": layout}
 
 
@@ -349,11 +519,21 @@ def _finding_marks(findings: list, y_of) -> list[dict[str, Any]]:
         y = y_of(f)
         if y is not None:
             by.setdefault(f.watchpoint, []).append((f, y))
-    return [{"type": "scatter", "mode": "markers", "name": f"health: {w}", "x": [f.step for f, _ in hits],
-             "y": [y for _, y in hits], "marker": {"symbol": "x", "size": 12, "color": "#d62728"},
-             "text": [esc(f"{f.watchpoint} at step {f.step}, rank {f.rank}: {f.detail or f.name or f.op}")
-                      for f, _ in hits], "hovertemplate": "%{text}<extra></extra>"}
-            for w, hits in by.items()]
+    return [
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": f"health: {w}",
+            "x": [f.step for f, _ in hits],
+            "y": [y for _, y in hits],
+            "marker": {"symbol": "x", "size": 12, "color": "#d62728"},
+            "text": [
+                esc(f"{f.watchpoint} at step {f.step}, rank {f.rank}: {f.detail or f.name or f.op}") for f, _ in hits
+            ],
+            "hovertemplate": "%{text}<extra></extra>",
+        }
+        for w, hits in by.items()
+    ]
 
 
 def _param_label(name: str) -> str:
@@ -362,8 +542,9 @@ def _param_label(name: str) -> str:
     return f"{m.group(1)}.{m.group(2)}" if m else name
 
 
-def update_figure(target: pl.DataFrame | None, ref: pl.DataFrame | None, rank: int,
-                  top: int = 6) -> dict[str, Any] | None:
+def update_figure(
+    target: pl.DataFrame | None, ref: pl.DataFrame | None, rank: int, top: int = 6
+) -> dict[str, Any] | None:
     """Update ratio ‖w_t − w_prev‖ / ‖w_prev‖ per step of the `top` parameters whose ratios differ most.
 
     `target`, `ref`: rows of the store's weight_change view (step, rank, param, ratio); the ratio is from
@@ -371,27 +552,49 @@ def update_figure(target: pl.DataFrame | None, ref: pl.DataFrame | None, rank: i
     """
     if target is None or ref is None or target.height == 0:
         return None
-    both = (target.filter(pl.col("rank") == rank)
-            .join(ref.filter(pl.col("rank") == rank).rename({"ratio": "ref_ratio"}), on=["step", "rank", "param"],
-                  how="left").sort("step"))
+    both = (
+        target.filter(pl.col("rank") == rank)
+        .join(
+            ref.filter(pl.col("rank") == rank).rename({"ratio": "ref_ratio"}), on=["step", "rank", "param"], how="left"
+        )
+        .sort("step")
+    )
     if both.height == 0:
         return None
     gap = (pl.col("ratio") - pl.col("ref_ratio")).abs().fill_nan(None)
-    worst = (both.group_by("param").agg(gap.max().alias("_gap"), pl.col("ratio").max().alias("_top"))
-             .sort(["_gap", "_top", "param"], descending=[True, True, False], nulls_last=True).head(top))
+    worst = (
+        both.group_by("param")
+        .agg(gap.max().alias("_gap"), pl.col("ratio").max().alias("_top"))
+        .sort(["_gap", "_top", "param"], descending=[True, True, False], nulls_last=True)
+        .head(top)
+    )
     traces = []
     for i, name in enumerate(worst["param"].to_list()):
         part = both.filter(pl.col("param") == name)
         color = _PALETTE[i % len(_PALETTE)]
         for side, col, dash in (("target", "ratio", "solid"), ("reference", "ref_ratio", "dash")):
-            traces.append({"type": "scatter", "mode": "lines+markers", "name": f"{esc(name)} ({side})",
-                           "legendgroup": esc(name), "x": part["step"].to_list(), "y": part[col].to_list(),
-                           "line": {"color": color, "dash": dash}, "marker": {"size": 5}})
-    layout = {"title": {"text": f"Update ratio ‖w − w_prev‖ / ‖w_prev‖ per step, rank {rank}: the {worst.height} "
-                                "parameters whose updates differ most (target solid, reference dashed)",
-                        "font": {"size": 14}},
-              "height": 380, "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
-              "xaxis": {"title": {"text": "step"}, "dtick": 1},
-              "yaxis": {"title": {"text": "update ratio"}, "type": "log", "exponentformat": "e"},
-              "hovermode": "x unified"}
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines+markers",
+                    "name": f"{esc(name)} ({side})",
+                    "legendgroup": esc(name),
+                    "x": part["step"].to_list(),
+                    "y": part[col].to_list(),
+                    "line": {"color": color, "dash": dash},
+                    "marker": {"size": 5},
+                }
+            )
+    layout = {
+        "title": {
+            "text": f"Update ratio ‖w − w_prev‖ / ‖w_prev‖ per step, rank {rank}: the {worst.height} "
+            "parameters whose updates differ most (target solid, reference dashed)",
+            "font": {"size": 14},
+        },
+        "height": 380,
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+        "xaxis": {"title": {"text": "step"}, "dtick": 1},
+        "yaxis": {"title": {"text": "update ratio"}, "type": "log", "exponentformat": "e"},
+        "hovermode": "x unified",
+    }
     return {"data": traces, "layout": layout}

@@ -27,10 +27,10 @@ import polars as pl
 
 from dumpstore.errors import DumpstoreError
 
-from ..checklist import Checklist
+from .._checklist import Checklist
+from .._health import HealthReport
+from .._overflow import OverflowReport
 from ..compare import Comparison
-from ..health import HealthReport
-from ..overflow import OverflowReport
 from ..verdict import Verdict
 from . import sections
 from .data import ReportData, fetch
@@ -65,29 +65,50 @@ def plotly_js() -> str:
     try:
         text = asset("plotly-report.min.js")
     except OSError as exc:
-        raise DumpstoreError(f"the HTML report's plotly.js (dumpstore/analysis/report/assets/plotly-report.min.js) "
-                             f"cannot be read ({exc}); reinstall dumpstore, or write only --csv") from None
+        raise DumpstoreError(
+            f"the HTML report's plotly.js (dumpstore/analysis/report/assets/plotly-report.min.js) "
+            f"cannot be read ({exc}); reinstall dumpstore, or write only --csv"
+        ) from None
     # never end the <script> element early (the file has no such text today; the hash covers the result)
     return re.sub(r"</(script)", r"<\\/\1", text, flags=re.IGNORECASE)
 
 
-def write_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowReport | None, store,
-               path: str | Path, **options: Any) -> int:
+def write_html(
+    cmp: Comparison, verdict: Verdict, overflow_report: OverflowReport | None, store, path: str | Path, **options: Any
+) -> int:
     """Write render_html(...) to `path`; returns the file size in bytes (options: see render_html)."""
     return write_text(render_html(cmp, verdict, overflow_report, store, **options), path)
 
 
 def write_report_html(data: ReportData, store, path: str | Path, **options: Any) -> int:
     """The HTML page of `analyze(...)`, with the checklist and health sections (options: see render_html)."""
-    return write_text(render_html(data.cmp, data.verdict, data.overflow, store, checklist_report=data.checklist,
-                                  health_report=data.health, **options), path)
+    return write_text(
+        render_html(
+            data.cmp,
+            data.verdict,
+            data.overflow,
+            store,
+            checklist_report=data.checklist,
+            health_report=data.health,
+            **options,
+        ),
+        path,
+    )
 
 
-def render_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowReport | None = None, store=None,
-                *, max_table_rows: int = MAX_TABLE_ROWS, max_points: int = MAX_POINTS,
-                generated_at: str | None = None, checklist_report: Checklist | None = None,
-                health_report: HealthReport | None = None,
-                progress: Callable[[str, int, int], None] | None = None) -> str:
+def render_html(
+    cmp: Comparison,
+    verdict: Verdict,
+    overflow_report: OverflowReport | None = None,
+    store=None,
+    *,
+    max_table_rows: int = MAX_TABLE_ROWS,
+    max_points: int = MAX_POINTS,
+    generated_at: str | None = None,
+    checklist_report: Checklist | None = None,
+    health_report: HealthReport | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> str:
     """One self-contained HTML page: verdict, charts, curves, every compared row, culprit's stack, run metadata.
 
     `max_table_rows`: rows per page of the table (all rows are in the page); `max_points`: points per chart trace;
@@ -126,8 +147,10 @@ def render_html(cmp: Comparison, verdict: Verdict, overflow_report: OverflowRepo
     return page
 
 
-UPDATES_SQL = ("SELECT step, rank, param, coalesce(ratio_sketch, ratio_est) AS ratio FROM weight_change "
-               "WHERE run = $run AND prev_step = step - 1")
+UPDATES_SQL = (
+    "SELECT step, rank, param, coalesce(ratio_sketch, ratio_est) AS ratio FROM weight_change "
+    "WHERE run = $run AND prev_step = step - 1"
+)
 
 
 def _update_figure(cmp: Comparison, store, rank: int) -> dict | None:
@@ -153,15 +176,25 @@ def _figures(rows: pl.DataFrame, verdict: Verdict, table: dict, max_points: int)
         return line_figure(ops, verdict, r, max_points, op_index)
 
     def by_step(r: int) -> dict | None:
-        return heat_figure(ops.filter(pl.col("rank") == r), "step", verdict,
-                           f"rel_l2 by step and {{cols}} (rank {r}, max over output leaves)")
+        return heat_figure(
+            ops.filter(pl.col("rank") == r),
+            "step",
+            verdict,
+            f"rel_l2 by step and {{cols}} (rank {r}, max over output leaves)",
+        )
 
     def by_rank(s: int) -> dict | None:
-        return heat_figure(ops.filter(pl.col("step") == s), "rank", verdict,
-                           f"rel_l2 by rank and {{cols}} (step {s}, max over output leaves)")
+        return heat_figure(
+            ops.filter(pl.col("step") == s),
+            "rank",
+            verdict,
+            f"rel_l2 by rank and {{cols}} (step {s}, max over output leaves)",
+        )
 
     figs: dict[str, Any] = {"line": line(focus_rank)}
-    plan = [("line", "rank", ranks, focus_rank, line)]
+    plan: list[tuple[str, str, list[Any], int, Callable[[int], dict | None]]] = [
+        ("line", "rank", ranks, focus_rank, line)
+    ]
     if len(steps) > 1:
         figs["steps"] = by_step(focus_rank)
         plan.append(("steps", "rank", ranks, focus_rank, by_step))
@@ -184,8 +217,13 @@ def _json_for_script(obj: Any) -> str:
         text = json.dumps(obj, allow_nan=False, separators=(",", ":"))
     except ValueError:  # NaN or Infinity somewhere: copy with them as null (the walk is slow on big pages)
         text = json.dumps(_finite(obj), allow_nan=False, separators=(",", ":"))
-    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+    return (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
 
 
 def _finite(v: Any) -> Any:
@@ -207,10 +245,21 @@ def _page(title: str, when: str, body: str, data: dict) -> str:
     from dumpstore import __version__
 
     plotly, guard, main = plotly_js(), asset("guard.js"), asset("main.js")
-    csp = (f"default-src 'none'; script-src {_sha(guard)} {_sha(plotly)} {_sha(main)}; "
-           "style-src 'unsafe-inline'; img-src data: blob:; font-src data:; connect-src 'none'; "
-           "base-uri 'none'; form-action 'none'")
-    slots = {"csp": csp, "title": esc(title), "css": asset("report.css"), "guard_js": guard, "when": esc(when),
-             "version": esc(__version__), "body": body, "data": _json_for_script(data), "plotly": plotly,
-             "main_js": main}
+    csp = (
+        f"default-src 'none'; script-src {_sha(guard)} {_sha(plotly)} {_sha(main)}; "
+        "style-src 'unsafe-inline'; img-src data: blob:; font-src data:; connect-src 'none'; "
+        "base-uri 'none'; form-action 'none'"
+    )
+    slots = {
+        "csp": csp,
+        "title": esc(title),
+        "css": asset("report.css"),
+        "guard_js": guard,
+        "when": esc(when),
+        "version": esc(__version__),
+        "body": body,
+        "data": _json_for_script(data),
+        "plotly": plotly,
+        "main_js": main,
+    }
     return _SLOT.sub(lambda m: slots[m.group(1)], asset("page.html"))

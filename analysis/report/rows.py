@@ -29,23 +29,42 @@ TEXT_COLUMNS: dict[str, pl.Expr] = {
     "detail": pl.col("detail"),
 }
 NUMBER_COLUMNS: dict[str, str] = {
-    "err": "err", "tol": "tol", "sev": "severity", "bound": "err_bound", "cos": "cosine", "mae": "max_abs_err",
-    "t_max": "max", "t_min": "min", "t_mean": "mean", "t_norm": "norm",
-    "r_max": "ref_max", "r_min": "ref_min", "r_mean": "ref_mean", "r_norm": "ref_norm",
+    "err": "err",
+    "tol": "tol",
+    "sev": "severity",
+    "bound": "err_bound",
+    "cos": "cosine",
+    "mae": "max_abs_err",
+    "t_max": "max",
+    "t_min": "min",
+    "t_mean": "mean",
+    "t_norm": "norm",
+    "r_max": "ref_max",
+    "r_min": "ref_min",
+    "r_mean": "ref_mean",
+    "r_norm": "ref_norm",
 }
 
 
 def table_data(rows: pl.DataFrame) -> dict[str, Any]:
     """{"n": rows, "cols": {name: values}, "dicts": {text column: [strings]}} over `prepared` rows."""
     order = pl.col("status").replace_strict(STATUS_ORDER, default=5, return_dtype=pl.Int32)
-    df = (rows.filter(pl.col("status").is_not_null() & (pl.col("kind").is_null() | (pl.col("kind") != "null")))
-          .with_columns(order.alias("_order"), pl.col("severity").fill_nan(None).alias("_sev"))
-          .sort(["_order", "_sev", "step", "rank", "_seq"], descending=[False, True, False, False, False],
-                nulls_last=True))
-    df = df.select(pl.col("step"), pl.col("rank"),
-                   *[e.alias(k) for k, e in TEXT_COLUMNS.items()],
-                   *[(pl.col(c) if c in df.columns else pl.lit(None, pl.Float64)).cast(pl.Float64).alias(k)
-                     for k, c in NUMBER_COLUMNS.items()])
+    df = (
+        rows.filter(pl.col("status").is_not_null() & (pl.col("kind").is_null() | (pl.col("kind") != "null")))
+        .with_columns(order.alias("_order"), pl.col("severity").fill_nan(None).alias("_sev"))
+        .sort(
+            ["_order", "_sev", "step", "rank", "_seq"], descending=[False, True, False, False, False], nulls_last=True
+        )
+    )
+    df = df.select(
+        pl.col("step"),
+        pl.col("rank"),
+        *[e.alias(k) for k, e in TEXT_COLUMNS.items()],
+        *[
+            (pl.col(c) if c in df.columns else pl.lit(None, pl.Float64)).cast(pl.Float64).alias(k)
+            for k, c in NUMBER_COLUMNS.items()
+        ],
+    )
     df = df.with_columns(pl.col("leaf").str.strip_prefix(pl.col("op") + "."))
     cols: dict[str, list] = {"step": df["step"].to_list(), "rank": df["rank"].to_list()}
     dicts: dict[str, list[str]] = {}
@@ -74,5 +93,6 @@ def _numbers(s: pl.Series) -> list[float | str | None]:
     values = s.to_list()
     if s.is_finite().fill_null(True).all():
         return values
-    return [v if v is None or math.isfinite(v) else ("nan" if math.isnan(v) else "inf" if v > 0 else "-inf")
-            for v in values]
+    return [
+        v if v is None or math.isfinite(v) else ("nan" if math.isnan(v) else "inf" if v > 0 else "-inf") for v in values
+    ]

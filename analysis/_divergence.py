@@ -43,7 +43,8 @@ def _ordered(rows: pl.DataFrame, records: pl.DataFrame | None = None) -> pl.Data
     target record (`records`: the record pairs) and `_paired` says the record exists in both runs."""
     if records is not None:
         pairs = records.filter(pl.col("t_record").is_not_null() & pl.col("r_record").is_not_null()).select(
-            "step", "rank", "source", pl.col("r_record").alias("ref_record"), pl.col("t_record").alias("_t_record"))
+            "step", "rank", "source", pl.col("r_record").alias("ref_record"), pl.col("t_record").alias("_t_record")
+        )
         rows = rows.join(pairs, on=["step", "rank", "source", "ref_record"], how="left", nulls_equal=True)
     else:
         rows = rows.with_columns(pl.lit(None, pl.String).alias("_t_record"))
@@ -52,7 +53,8 @@ def _ordered(rows: pl.DataFrame, records: pl.DataFrame | None = None) -> pl.Data
         pl.coalesce(pl.col("direction"), pl.col("ref_direction")).alias("_direction"),
         pl.coalesce(pl.col("record"), pl.col("_t_record"), pl.col("ref_record")).alias("_record"),
         (pl.col("how").is_not_null() | pl.col("_t_record").is_not_null()).alias("_paired"),
-        pl.coalesce(pl.col("io"), pl.col("ref_io")).alias("_io")).drop("_t_record")
+        pl.coalesce(pl.col("io"), pl.col("ref_io")).alias("_io"),
+    ).drop("_t_record")
     return with_phase(rows, "_seq", "_direction").sort(ORDER + ["_seq", "leaf"], nulls_last=True)
 
 
@@ -67,27 +69,51 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
     is_in = pl.col("_io").is_in(INPUT_IO)
     div = pl.col("status") == "diverged"
     tensor = pl.col("kind") == "tensor"
-    scalar_arg = is_in & (pl.col("kind") == "scalar") & (pl.col("ref_kind") == "scalar") & ~(
-        pl.col("value").str.contains(_DEVICE).fill_null(False) & pl.col("ref_value").str.contains(_DEVICE)
-        .fill_null(False))
-    one_sided = is_in & pl.col("match").is_in(["target_only", "ref_only"]) & pl.col("_paired") & (
-        pl.coalesce(pl.col("kind"), pl.col("ref_kind")).is_in(["scalar", "null"]))
+    scalar_arg = (
+        is_in
+        & (pl.col("kind") == "scalar")
+        & (pl.col("ref_kind") == "scalar")
+        & ~(
+            pl.col("value").str.contains(_DEVICE).fill_null(False)
+            & pl.col("ref_value").str.contains(_DEVICE).fill_null(False)
+        )
+    )
+    one_sided = (
+        is_in
+        & pl.col("match").is_in(["target_only", "ref_only"])
+        & pl.col("_paired")
+        & (pl.coalesce(pl.col("kind"), pl.col("ref_kind")).is_in(["scalar", "null"]))
+    )
     keys = ["step", "rank", "source", "_record"]
-    recs = rows.group_by(keys, maintain_order=True).agg(
-        pl.col("_phase").first(), pl.col("_seq").first(), pl.col("_direction").first(),
-        (div & is_out).any().alias("out_div"), (div & is_in).any().alias("in_div"),
-        pl.col("err").filter(is_out & tensor).max().alias("out_err"),
-        pl.col("err").filter(is_in & tensor).max().alias("in_err"),
-        pl.col("tol").filter(is_out & tensor).max().alias("tol"),
-        pl.col("tol_dtype").filter(is_out & tensor).first().alias("tol_dtype"),
-        pl.col("err").filter(scalar_arg).max().alias("arg_err"), one_sided.any().alias("arg_one_sided"),
-        ((pl.col("api") == pl.col("ref_api")) & (pl.col("prefix") == pl.col("ref_prefix"))).fill_null(False).any()
-        .alias("same_call"), pl.col("match").first(),
-    ).sort(["step", "_phase", "rank", "source", "_seq"])
+    recs = (
+        rows.group_by(keys, maintain_order=True)
+        .agg(
+            pl.col("_phase").first(),
+            pl.col("_seq").first(),
+            pl.col("_direction").first(),
+            (div & is_out).any().alias("out_div"),
+            (div & is_in).any().alias("in_div"),
+            pl.col("err").filter(is_out & tensor).max().alias("out_err"),
+            pl.col("err").filter(is_in & tensor).max().alias("in_err"),
+            pl.col("tol").filter(is_out & tensor).max().alias("tol"),
+            pl.col("tol_dtype").filter(is_out & tensor).first().alias("tol_dtype"),
+            pl.col("err").filter(scalar_arg).max().alias("arg_err"),
+            one_sided.any().alias("arg_one_sided"),
+            ((pl.col("api") == pl.col("ref_api")) & (pl.col("prefix") == pl.col("ref_prefix")))
+            .fill_null(False)
+            .any()
+            .alias("same_call"),
+            pl.col("match").first(),
+        )
+        .sort(["step", "_phase", "rank", "source", "_seq"])
+    )
     arg_tol = pl.max_horizontal(pl.col("tol").fill_null(0.0), pl.lit(R.VALUE_RTOL))
     # arguments compare only between calls of the same API (a mapped MindSpore/PyTorch pair has other signatures)
-    recs = recs.with_columns((((pl.col("arg_err") > arg_tol).fill_null(False) | pl.col("arg_one_sided"))
-                              & pl.col("same_call")).alias("arg_diff"))
+    recs = recs.with_columns(
+        (((pl.col("arg_err") > arg_tol).fill_null(False) | pl.col("arg_one_sided")) & pl.col("same_call")).alias(
+            "arg_diff"
+        )
+    )
     return record_measures(recs)
 
 
@@ -100,8 +126,19 @@ def divergence(cmp: Comparison) -> Verdict:
     first, culprit = _settle(_earliest(_extra_op(rows), shown), found, unmatched)
     counts = {s: int(n) for s, n in rows.group_by("status").len().iter_rows() if s is not None}
     quiet = first is None and culprit is None
-    return Verdict(cmp.target, cmp.ref, first, culprit, _timeline(rows), _rank_view(rows),
-                   unmatched, cmp.precision, counts, cmp.coverage, noise.summary(recs) if quiet else {})
+    return Verdict(
+        cmp.target,
+        cmp.ref,
+        first,
+        culprit,
+        _timeline(rows),
+        _rank_view(rows),
+        unmatched,
+        cmp.precision,
+        counts,
+        cmp.coverage,
+        noise.summary(recs) if quiet else {},
+    )
 
 
 def _earliest(*found: tuple[Finding, tuple] | None) -> tuple[Finding, tuple] | None:
@@ -114,8 +151,9 @@ def _public(f: tuple[Finding, tuple] | Finding | None) -> Finding | None:
     return f[0] if isinstance(f, tuple) else f
 
 
-def _settle(first: tuple[Finding, tuple] | None, culprit: tuple[Finding, tuple] | None,
-            unmatched: list[dict[str, Any]]) -> tuple[Finding | None, Finding | None]:
+def _settle(
+    first: tuple[Finding, tuple] | None, culprit: tuple[Finding, tuple] | None, unmatched: list[dict[str, Any]]
+) -> tuple[Finding | None, Finding | None]:
     """An extra op that is the first divergence is its own culprit when no diverged op is; without any
     divergence, the first record in one run only is both."""
     f, c = _public(first), _public(culprit)
@@ -129,9 +167,20 @@ def _settle(first: tuple[Finding, tuple] | None, culprit: tuple[Finding, tuple] 
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
-    return Finding(step=row["step"], rank=row["rank"], op=row["_record"], name=row.get("name") or row.get("ref_name"),
-                   kind=kind or _row_kind(row), metric="rel_l2", value=row["err"], threshold=row["tol"],
-                   source=row["err_source"], dtype=row["tol_dtype"], severity=row["severity"], detail=row["detail"])
+    return Finding(
+        step=row["step"],
+        rank=row["rank"],
+        op=row["_record"],
+        name=row.get("name") or row.get("ref_name"),
+        kind=kind or _row_kind(row),
+        metric="rel_l2",
+        value=row["err"],
+        threshold=row["tol"],
+        source=row["err_source"],
+        dtype=row["tol_dtype"],
+        severity=row["severity"],
+        detail=row["detail"],
+    )
 
 
 def _row_kind(row: dict[str, Any]) -> str:
@@ -152,21 +201,23 @@ def _extra_op(rows: pl.DataFrame) -> tuple[Finding, tuple] | None:
     if not hit.height:
         return None
     row = hit.row(0, named=True)
-    return Finding(row["step"], row["rank"], row["_record"], None, "extra_op",
-                   detail="record only in the target"), order_key(row)
+    return Finding(
+        row["step"], row["rank"], row["_record"], None, "extra_op", detail="record only in the target"
+    ), order_key(row)
 
 
 def _first_over_tol(rows: pl.DataFrame) -> Finding | None:
     """The first target record that differs: an output over its tolerance, or a record the reference lacks
     (the per-step and per-rank views; the verdict's first divergence also asks that it stands out)."""
-    hit = rows.filter(((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO))
-                      | ((pl.col("match") == "target_only") & pl.col("how").is_null())).head(1)
+    hit = rows.filter(
+        ((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO))
+        | ((pl.col("match") == "target_only") & pl.col("how").is_null())
+    ).head(1)
     if not hit.height:
         return None
     row = hit.row(0, named=True)
     if row["match"] == "target_only":
-        return Finding(row["step"], row["rank"], row["_record"], None, "extra_op",
-                       detail="record only in the target")
+        return Finding(row["step"], row["rank"], row["_record"], None, "extra_op", detail="record only in the target")
     return _finding(row)
 
 
@@ -187,12 +238,19 @@ class _Producers:
     def __init__(self, rows: pl.DataFrame, prefix: str):
         self.prefix = prefix
         col = f"_fp_{prefix or 't'}"
-        outs = (rows.filter(pl.col(f"{prefix}io").is_in(OUTPUT_IO) & (pl.col(f"{prefix}kind") == "tensor")
-                            & pl.col(col).is_not_null())
-                .sort(f"{prefix}seq").group_by(col, maintain_order=True)
-                .agg(pl.col(f"{prefix}seq").first(), pl.col(f"{prefix}record").first()))
-        self.first = dict(zip(outs[col].to_list(), zip(outs[f"{prefix}seq"].to_list(),
-                                                      outs[f"{prefix}record"].to_list())))
+        outs = (
+            rows.filter(
+                pl.col(f"{prefix}io").is_in(OUTPUT_IO)
+                & (pl.col(f"{prefix}kind") == "tensor")
+                & pl.col(col).is_not_null()
+            )
+            .sort(f"{prefix}seq")
+            .group_by(col, maintain_order=True)
+            .agg(pl.col(f"{prefix}seq").first(), pl.col(f"{prefix}record").first())
+        )
+        self.first = dict(
+            zip(outs[col].to_list(), zip(outs[f"{prefix}seq"].to_list(), outs[f"{prefix}record"].to_list()))
+        )
 
     def producer(self, r: dict[str, Any]) -> str | None:
         hit = self.first.get(r.get(f"_fp_{self.prefix or 't'}"))
@@ -205,11 +263,14 @@ class _Producers:
 Found = tuple[Finding, tuple]  # a finding and its place in execution order
 
 
-def _culprit(rows: pl.DataFrame, recs: pl.DataFrame, cmp: Comparison, noise: NoiseModel, batch: int = 64
-             ) -> tuple[Found | None, Found | None]:
+def _culprit(
+    rows: pl.DataFrame, recs: pl.DataFrame, cmp: Comparison, noise: NoiseModel, batch: int = 64
+) -> tuple[Found | None, Found | None]:
     """(culprit, first divergence): the first finding in execution order, and where it shows in the target."""
-    only = {(r["step"], r["rank"], r["source"], r["t_record"] or r["r_record"]): r["how"]
-            for r in cmp.records.filter(pl.col("how").is_in(["target_only", "ref_only"])).iter_rows(named=True)}
+    only = {
+        (r["step"], r["rank"], r["source"], r["t_record"] or r["r_record"]): r["how"]
+        for r in cmp.records.filter(pl.col("how").is_in(["target_only", "ref_only"])).iter_rows(named=True)
+    }
     steps = sorted(set(recs["step"].to_list()))
     keys = ["rank", "source", "_record"]
     for i, step in enumerate(steps):
@@ -227,8 +288,16 @@ def _culprit(rows: pl.DataFrame, recs: pl.DataFrame, cmp: Comparison, noise: Noi
             leaves = step_rows.join(chunk.select(keys), on=keys, how="semi")
             by_rec = leaves.partition_by(keys, as_dict=True, maintain_order=True)
             for rec in chunk.iter_rows(named=True):
-                judge = _Judge(rec, by_rec[(rec["rank"], rec["source"], rec["_record"])], t_prod, r_prod, only,
-                               cmp, noise, first_step=steps[0])
+                judge = _Judge(
+                    rec,
+                    by_rec[(rec["rank"], rec["source"], rec["_record"])],
+                    t_prod,
+                    r_prod,
+                    only,
+                    cmp,
+                    noise,
+                    first_step=steps[0],
+                )
                 found = judge.verdict()
                 if found is not None:
                     return found
@@ -240,28 +309,47 @@ def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, before: int, after: int) 
     the later step that takes an updated parameter; the first divergence is the later step's first diverged
     output."""
     step_rows = rows.filter(pl.col("step") == after).with_columns(_fingerprint(""))
-    weights = step_rows.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor")
-                               & (pl.col("requires_grad").fill_null(False) | (pl.col("_io") == "parameters")))
+    weights = step_rows.filter(
+        pl.col("_io").is_in(INPUT_IO)
+        & (pl.col("kind") == "tensor")
+        & (pl.col("requires_grad").fill_null(False) | (pl.col("_io") == "parameters"))
+    )
     if not weights.filter(pl.col("status") == "diverged").height:
         return None
     produced = _Producers(step_rows, "")
-    params = weights.filter(pl.Series([produced.producer(r) is None for r in weights.iter_rows(named=True)],
-                                      dtype=pl.Boolean))
+    params = weights.filter(
+        pl.Series([produced.producer(r) is None for r in weights.iter_rows(named=True)], dtype=pl.Boolean)
+    )
     ev = update_evidence(rows, before, after, params)
     if ev is None or not ev["differs"]:
         return None
     shows = params.row(0, named=True)
     key = order_key(shows)
-    text = (f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.3g}x (median) as far as "
-            f"in the reference between steps {before} and {after}: learning rate or optimizer differs")
-    culprit = Finding(after, shows["rank"], shows["_record"], shows["name"], "optimizer", metric="update_ratio",
-                      value=ev["median_ratio"], detail=text, evidence={k: v for k, v in ev.items() if k != "differs"})
+    text = (
+        f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.3g}x (median) as far as "
+        f"in the reference between steps {before} and {after}: learning rate or optimizer differs"
+    )
+    culprit = Finding(
+        after,
+        shows["rank"],
+        shows["_record"],
+        shows["name"],
+        "optimizer",
+        metric="update_ratio",
+        value=ev["median_ratio"],
+        detail=text,
+        evidence={k: v for k, v in ev.items() if k != "differs"},
+    )
     first = recs.filter((pl.col("step") == after) & pl.col("out_div")).head(1)
     if first.height:
         r = first.row(0, named=True)
-        out = rows.filter((pl.col("step") == after) & (pl.col("rank") == r["rank"])
-                          & (pl.col("_record") == r["_record"]) & (pl.col("status") == "diverged")
-                          & pl.col("_io").is_in(OUTPUT_IO)).row(0, named=True)
+        out = rows.filter(
+            (pl.col("step") == after)
+            & (pl.col("rank") == r["rank"])
+            & (pl.col("_record") == r["_record"])
+            & (pl.col("status") == "diverged")
+            & pl.col("_io").is_in(OUTPUT_IO)
+        ).row(0, named=True)
         return (culprit, key), (_finding(out), order_key(r))
     return (culprit, key), (replace(culprit, evidence={}), key)
 
@@ -269,8 +357,17 @@ def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, before: int, after: int) 
 class _Judge:
     """Whether one candidate record (diverged output or differing argument) is the culprit."""
 
-    def __init__(self, rec: dict, leaves: pl.DataFrame, t_prod: _Producers, r_prod: _Producers, only: dict,
-                 cmp: Comparison, noise: NoiseModel, first_step: int):
+    def __init__(
+        self,
+        rec: dict,
+        leaves: pl.DataFrame,
+        t_prod: _Producers,
+        r_prod: _Producers,
+        only: dict,
+        cmp: Comparison,
+        noise: NoiseModel,
+        first_step: int,
+    ):
         self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
         self.cmp, self.noise, self.first_step = cmp, noise, first_step
         self.key = order_key(rec)
@@ -290,11 +387,15 @@ class _Judge:
         return _finding(out.row(0, named=True))
 
     def _argument(self) -> tuple[Found, Found]:
-        leaves = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (
-            (pl.col("kind") == "scalar") | (pl.col("ref_kind") == "scalar") | pl.col("match").is_in(
-                ["target_only", "ref_only"])))
-        arg = leaves.filter((pl.col("err") > 0) | pl.col("match").is_in(["target_only", "ref_only"])).row(
-            0, named=True)
+        leaves = self.leaves.filter(
+            pl.col("_io").is_in(INPUT_IO)
+            & (
+                (pl.col("kind") == "scalar")
+                | (pl.col("ref_kind") == "scalar")
+                | pl.col("match").is_in(["target_only", "ref_only"])
+            )
+        )
+        arg = leaves.filter((pl.col("err") > 0) | pl.col("match").is_in(["target_only", "ref_only"])).row(0, named=True)
         if arg["match"] in ("target_only", "ref_only"):
             side = "target" if arg["match"] == "target_only" else "reference"
             value = arg["value"] if side == "target" else arg["ref_value"]
@@ -302,8 +403,9 @@ class _Judge:
         else:
             detail = arg["detail"] or f"value {arg['value']} vs {arg['ref_value']}"
         name = arg["name"] or arg["ref_name"]
-        culprit = Finding(arg["step"], arg["rank"], self.rec["_record"], name, "scalar", detail=detail,
-                          evidence={"scalar": name})
+        culprit = Finding(
+            arg["step"], arg["rank"], self.rec["_record"], name, "scalar", detail=detail, evidence={"scalar": name}
+        )
         outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
         if outs.height:
             out = _finding(outs.row(0, named=True), "scalar")
@@ -315,8 +417,9 @@ class _Judge:
     def _numeric(self) -> Finding | None:
         rec, leaves = self.rec, self.leaves
         out = leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged")).row(0, named=True)
-        bad_in = leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("status") == "diverged")
-                               & (pl.col("kind") == "tensor"))
+        bad_in = leaves.filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("status") == "diverged") & (pl.col("kind") == "tensor")
+        )
         if bad_in.height == 0 and rec["fresh"]:
             return self._fresh(out)
         for leaf in bad_in.iter_rows(named=True):
@@ -330,8 +433,14 @@ class _Judge:
         if bar is not None and amp <= bar:
             return None
         q = "" if bar is None else f"; this pair's p{round(100 * QUANTILE)} before it is {bar / STAND_OUT:.3g}x"
-        return _with_evidence(_finding(out, "op"), input_err=rec["in_err"], amplification=amp, noise_bar=bar,
-                              reason="error amplification stands out", detail=f"amplification {amp:.3g}x{q}")
+        return _with_evidence(
+            _finding(out, "op"),
+            input_err=rec["in_err"],
+            amplification=amp,
+            noise_bar=bar,
+            reason="error amplification stands out",
+            detail=f"amplification {amp:.3g}x{q}",
+        )
 
     def _fresh(self, out: dict[str, Any]) -> Finding | None:
         """Inputs agree, the output diverges: an op creating error, if more than the pair's fresh ops do."""
@@ -340,33 +449,56 @@ class _Judge:
         bar = self.noise.bar(rec["_direction"], True, self.key)
         if bar is not None and value is not None and value <= bar:
             return None
-        one_sided = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(
-            ["target_only", "ref_only"]))
-        args = [f"{r['name'] or r['ref_name']} ({'target' if r['match'] == 'target_only' else 'reference'} only"
-                f": {r['value'] if r['match'] == 'target_only' else r['ref_value']})"
-                for r in one_sided.iter_rows(named=True)]
-        q = "" if bar is None else (f"; fresh ops' p{round(100 * QUANTILE)} error before it is "
-                                    f"{bar / STAND_OUT:.3g}")
-        return _with_evidence(_finding(out, "op"), input_err=rec["in_err"], reason="inputs agree, output diverges",
-                              noise_bar=bar, arguments_in_one_run=args or None,
-                              detail=None if out["detail"] else f"inputs agree, output diverges{q}")
+        one_sided = self.leaves.filter(
+            pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(["target_only", "ref_only"])
+        )
+        args = [
+            f"{r['name'] or r['ref_name']} ({'target' if r['match'] == 'target_only' else 'reference'} only"
+            f": {r['value'] if r['match'] == 'target_only' else r['ref_value']})"
+            for r in one_sided.iter_rows(named=True)
+        ]
+        q = "" if bar is None else (f"; fresh ops' p{round(100 * QUANTILE)} error before it is {bar / STAND_OUT:.3g}")
+        return _with_evidence(
+            _finding(out, "op"),
+            input_err=rec["in_err"],
+            reason="inputs agree, output diverges",
+            noise_bar=bar,
+            arguments_in_one_run=args or None,
+            detail=None if out["detail"] else f"inputs agree, output diverges{q}",
+        )
 
     def _producer(self, leaf: dict[str, Any], out: dict[str, Any]) -> Finding | None:
         """A diverged input: produced by an op in one run only, or by no op (a weight or data)."""
         tp, rp = self.t_prod.producer(leaf), self.r_prod.producer(leaf)
         key = (leaf["step"], leaf["rank"], leaf["source"])
         if rp and self.only.get(key + (rp,)) == "ref_only":
-            return Finding(leaf["step"], leaf["rank"], _forward_of(rp, key, self.only, "ref_only"), None,
-                           "missing_op", detail=f"only in the reference; its output feeds {leaf['name']}")
+            return Finding(
+                leaf["step"],
+                leaf["rank"],
+                _forward_of(rp, key, self.only, "ref_only"),
+                None,
+                "missing_op",
+                detail=f"only in the reference; its output feeds {leaf['name']}",
+            )
         if tp and self.only.get(key + (tp,)) == "target_only":
-            return Finding(leaf["step"], leaf["rank"], _forward_of(tp, key, self.only, "target_only"), None,
-                           "extra_op", detail=f"only in the target; its output feeds {leaf['name']}")
+            return Finding(
+                leaf["step"],
+                leaf["rank"],
+                _forward_of(tp, key, self.only, "target_only"),
+                None,
+                "extra_op",
+                detail=f"only in the target; its output feeds {leaf['name']}",
+            )
         if tp is None and rp is None:
             kind = "parameter" if leaf.get("requires_grad") or leaf["_io"] == "parameters" else "input"
             if kind == "parameter" and leaf["step"] != self.first_step:
                 return None  # later weights carry the optimizer's noise; the optimizer rule judges the update
-            return _with_evidence(_finding(out, kind), differing=leaf["name"], input_err=leaf["err"],
-                                  detail=f"{leaf['name']} differs and no earlier op produced it")
+            return _with_evidence(
+                _finding(out, kind),
+                differing=leaf["name"],
+                input_err=leaf["err"],
+                detail=f"{leaf['name']} differs and no earlier op produced it",
+            )
         return None
 
 
@@ -387,13 +519,22 @@ def _with_evidence(f: Finding, detail: str | None = None, **evidence: Any) -> Fi
 
 
 def _unmatched(records: pl.DataFrame) -> list[dict[str, Any]]:
-    un = records.filter(pl.col("how").is_in(["target_only", "ref_only"])).sort(["step", "rank", "source"],
-                                                                              maintain_order=True)
+    un = records.filter(pl.col("how").is_in(["target_only", "ref_only"])).sort(
+        ["step", "rank", "source"], maintain_order=True
+    )
     out = []
     for r in un.iter_rows(named=True):
         side = "target" if r["how"] == "target_only" else "reference"
-        out.append({"step": r["step"], "rank": r["rank"], "source": r["source"], "op": r["t_record"] or r["r_record"],
-                    "side": side, "kind": "extra_op" if side == "target" else "missing_op"})
+        out.append(
+            {
+                "step": r["step"],
+                "rank": r["rank"],
+                "source": r["source"],
+                "op": r["t_record"] or r["r_record"],
+                "side": side,
+                "kind": "extra_op" if side == "target" else "missing_op",
+            }
+        )
     return out
 
 
@@ -401,10 +542,16 @@ def _timeline(rows: pl.DataFrame) -> list[dict[str, Any]]:
     out = []
     for (step,), g in rows.group_by(["step"], maintain_order=True):
         fd = _first_over_tol(g)
-        out.append({"step": step, "compared": int((g["status"].is_in(["pass", "diverged"])).sum()),
-                    "diverged": int((g["status"] == "diverged").sum()),
-                    "unmatched": int((g["status"] == "unmatched").sum()),
-                    "max_err": _finite_max(g), "first_divergence": fd.op if fd else None})
+        out.append(
+            {
+                "step": step,
+                "compared": int((g["status"].is_in(["pass", "diverged"])).sum()),
+                "diverged": int((g["status"] == "diverged").sum()),
+                "unmatched": int((g["status"] == "unmatched").sum()),
+                "max_err": _finite_max(g),
+                "first_divergence": fd.op if fd else None,
+            }
+        )
     return sorted(out, key=lambda s: s["step"])
 
 
@@ -417,9 +564,15 @@ def _rank_view(rows: pl.DataFrame) -> list[dict[str, Any]]:
     out = []
     for (rank,), g in rows.group_by(["rank"], maintain_order=True):
         fd = _first_over_tol(g)
-        out.append({"rank": rank, "diverged": int((g["status"] == "diverged").sum()),
-                    "max_err": _finite_max(g), "first_divergence": fd.op if fd else None,
-                    "first_step": fd.step if fd else None})
+        out.append(
+            {
+                "rank": rank,
+                "diverged": int((g["status"] == "diverged").sum()),
+                "max_err": _finite_max(g),
+                "first_divergence": fd.op if fd else None,
+                "first_step": fd.step if fd else None,
+            }
+        )
     return _peers(out)
 
 
@@ -435,8 +588,16 @@ def _peers(out: list[dict[str, Any]]) -> list[dict[str, Any]]:
 MAX_ROWS_IN_MEMORY = 250_000  # leaf rows per run compared at once by divergence_by_steps (~1 GB)
 
 
-def divergence_by_steps(store, target: str, ref: str, *, steps: list[int] | None = None,
-                        max_rows: int = MAX_ROWS_IN_MEMORY, screener: Any = None, **compare_options: Any) -> Verdict:
+def divergence_by_steps(
+    store,
+    target: str,
+    ref: str,
+    *,
+    steps: list[int] | None = None,
+    max_rows: int = MAX_ROWS_IN_MEMORY,
+    screener: Any = None,
+    **compare_options: Any,
+) -> Verdict:
     """`divergence(compare_runs(...))` for runs of any size: memory is bounded by a batch, not by the runs.
 
     Runs of at most `max_rows` rows are compared in one piece.  For larger ones the screen (analysis/screen.py)
@@ -460,8 +621,15 @@ def divergence_by_steps(store, target: str, ref: str, *, steps: list[int] | None
         return divergence_in_batches(store, target, ref, steps=steps, max_rows=max_rows, **compare_options)
 
 
-def divergence_in_batches(store, target: str, ref: str, *, steps: list[int] | None = None,
-                          max_rows: int = MAX_ROWS_IN_MEMORY, **compare_options: Any) -> Verdict:
+def divergence_in_batches(
+    store,
+    target: str,
+    ref: str,
+    *,
+    steps: list[int] | None = None,
+    max_rows: int = MAX_ROWS_IN_MEMORY,
+    **compare_options: Any,
+) -> Verdict:
     """`divergence(compare_runs(...))` over batches of steps, every step compared exactly (the slow way).
 
     The verdict is the same: steps are compared in order, the first divergence and culprit come from the first
@@ -470,19 +638,31 @@ def divergence_in_batches(store, target: str, ref: str, *, steps: list[int] | No
     from .compare import compare_runs
 
     t_info, r_info = store.run_info(target), store.run_info(ref)
-    common = sorted(set(t_info["steps"]) & set(r_info["steps"]) & (set(steps) if steps is not None else set(
-        t_info["steps"])))
+    common = sorted(
+        set(t_info["steps"]) & set(r_info["steps"]) & (set(steps) if steps is not None else set(t_info["steps"]))
+    )
     per_step = max(t_info["n_rows"], r_info["n_rows"]) / max(len(t_info["steps"]), 1)
     size = max(1, int(max_rows // max(per_step, 1)))
-    parts = [divergence(compare_runs(store, target, ref, steps=common[i:i + size], **compare_options))
-             for i in range(0, len(common), size)] or [divergence(compare_runs(store, target, ref, steps=[],
-                                                                               **compare_options))]
+    parts = [
+        divergence(compare_runs(store, target, ref, steps=common[i : i + size], **compare_options))
+        for i in range(0, len(common), size)
+    ] or [divergence(compare_runs(store, target, ref, steps=[], **compare_options))]
     return _merge(parts)
 
 
-def _screened(store, target: str, ref: str, *, steps: list[int] | None, max_rows: int,
-              ranks: list[int] | None = None, tolerances: Tolerances | None = None, exact: bool = False,
-              mapping: Any = None, screener: Any = None) -> Verdict:
+def _screened(
+    store,
+    target: str,
+    ref: str,
+    *,
+    steps: list[int] | None,
+    max_rows: int,
+    ranks: list[int] | None = None,
+    tolerances: Tolerances | None = None,
+    exact: bool = False,
+    mapping: Any = None,
+    screener: Any = None,
+) -> Verdict:
     from .compare import builtin_mindspore_names, compare_runs, coverage
     from .screen import Unsupported, screen
 
@@ -509,8 +689,16 @@ def _screened(store, target: str, ref: str, *, steps: list[int] | None, max_rows
         these = {u for u in complex_units | (hits if culprit is None else set()) if u[0] == step}
         prev = max((x for x in steps_c if x < step), default=None)
         context = {(prev, k) for _, k in these} if culprit is None and prev is not None else set()
-        cmp = compare_runs(store, target, ref, steps=steps_c, ranks=ranks_c, tolerances=tol,
-                           units=sorted(these | context), precision=scr.precision)
+        cmp = compare_runs(
+            store,
+            target,
+            ref,
+            steps=steps_c,
+            ranks=ranks_c,
+            tolerances=tol,
+            units=sorted(these | context),
+            precision=scr.precision,
+        )
         v = divergence(cmp)
         if culprit is None and (v.culprit is not None or v.first_divergence is not None):
             first, culprit, noise = v.first_divergence, v.culprit, v.noise
@@ -527,53 +715,90 @@ def _screened(store, target: str, ref: str, *, steps: list[int] | None, max_rows
     allu = pl.concat([units] + [u.cast(units.schema) for u in summaries], how="vertical")  # type: ignore[arg-type]
     allu = allu.filter(pl.col("rows") > 0)
     counts = {s: int(allu[s].sum()) for s in STATUSES if allu[s].sum()}
-    return Verdict(target, ref, first, culprit, _timeline_of_units(allu), _rank_view_of_units(allu), unmatched,
-                   scr.precision, counts, cov, noise)
+    return Verdict(
+        target,
+        ref,
+        first,
+        culprit,
+        _timeline_of_units(allu),
+        _rank_view_of_units(allu),
+        unmatched,
+        scr.precision,
+        counts,
+        cov,
+        noise,
+    )
 
 
 def _unit_summaries(rows: pl.DataFrame) -> pl.DataFrame:
     """Per (step, rank, source) of ordered rows: rows, counts by status, largest err, first differing record
     (as `_first_over_tol` picks it) with its phase, seq and leaf, differing non-tensor arguments; the screen's
     `units` columns."""
-    cand = (((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO))
-            | ((pl.col("match") == "target_only") & pl.col("how").is_null()))
+    cand = ((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO)) | (
+        (pl.col("match") == "target_only") & pl.col("how").is_null()
+    )
     args = (pl.col("status") == "diverged") & pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "scalar")
     return rows.group_by(["step", "rank", "source"], maintain_order=True).agg(
-        pl.len().alias("rows"), args.sum().alias("args"),
+        pl.len().alias("rows"),
+        args.sum().alias("args"),
         *[(pl.col("status") == s).sum().alias(s) for s in STATUSES],
         pl.col("err").max().alias("max_err"),
         pl.col("_phase").filter(cand).first().alias("first_phase"),
         pl.col("_seq").filter(cand).first().alias("first_seq"),
         pl.col("leaf").filter(cand).first().alias("first_leaf"),
-        pl.col("_record").filter(cand).first().alias("first_record"))
+        pl.col("_record").filter(cand).first().alias("first_record"),
+    )
 
 
 def _timeline_of_units(units: pl.DataFrame) -> list[dict[str, Any]]:
     """`_timeline` from unit summaries."""
-    first = (units.filter(pl.col("first_seq").is_not_null())
-             .sort(["step", "first_phase", "rank", "source", "first_seq", "first_leaf"])
-             .group_by("step", maintain_order=True).agg(pl.col("first_record").first()))
+    first = (
+        units.filter(pl.col("first_seq").is_not_null())
+        .sort(["step", "first_phase", "rank", "source", "first_seq", "first_leaf"])
+        .group_by("step", maintain_order=True)
+        .agg(pl.col("first_record").first())
+    )
     ops = dict(first.iter_rows())
-    agg = units.group_by("step").agg(pl.col("pass").sum(), pl.col("diverged").sum(), pl.col("unmatched").sum(),
-                                     pl.col("max_err").max()).sort("step")
-    return [{"step": r["step"], "compared": int(r["pass"] + r["diverged"]), "diverged": int(r["diverged"]),
-             "unmatched": int(r["unmatched"]), "max_err": None if r["max_err"] is None else float(r["max_err"]),
-             "first_divergence": ops.get(r["step"])} for r in agg.iter_rows(named=True)]
+    agg = (
+        units.group_by("step")
+        .agg(pl.col("pass").sum(), pl.col("diverged").sum(), pl.col("unmatched").sum(), pl.col("max_err").max())
+        .sort("step")
+    )
+    return [
+        {
+            "step": r["step"],
+            "compared": int(r["pass"] + r["diverged"]),
+            "diverged": int(r["diverged"]),
+            "unmatched": int(r["unmatched"]),
+            "max_err": None if r["max_err"] is None else float(r["max_err"]),
+            "first_divergence": ops.get(r["step"]),
+        }
+        for r in agg.iter_rows(named=True)
+    ]
 
 
 def _rank_view_of_units(units: pl.DataFrame) -> list[dict[str, Any]]:
     """`_rank_view` from unit summaries."""
-    first = (units.filter(pl.col("first_seq").is_not_null())
-             .sort(["rank", "step", "first_phase", "source", "first_seq", "first_leaf"])
-             .group_by("rank", maintain_order=True).agg(pl.col("first_record").first(), pl.col("step").first()))
+    first = (
+        units.filter(pl.col("first_seq").is_not_null())
+        .sort(["rank", "step", "first_phase", "source", "first_seq", "first_leaf"])
+        .group_by("rank", maintain_order=True)
+        .agg(pl.col("first_record").first(), pl.col("step").first())
+    )
     firsts = {r: (op, step) for r, op, step in first.iter_rows()}
     agg = units.group_by("rank").agg(pl.col("diverged").sum(), pl.col("max_err").max())
     out = []
     for r in agg.iter_rows(named=True):
         op, step = firsts.get(r["rank"], (None, None))
-        out.append({"rank": r["rank"], "diverged": int(r["diverged"]),
-                    "max_err": None if r["max_err"] is None else float(r["max_err"]),
-                    "first_divergence": op, "first_step": step})
+        out.append(
+            {
+                "rank": r["rank"],
+                "diverged": int(r["diverged"]),
+                "max_err": None if r["max_err"] is None else float(r["max_err"]),
+                "first_divergence": op,
+                "first_step": step,
+            }
+        )
     return _peers(out)
 
 
@@ -588,8 +813,10 @@ def _merge(parts: list[Verdict]) -> Verdict:
     ranks: dict[int, dict[str, Any]] = {}
     for p in parts:
         for r in p.ranks:
-            cur = ranks.setdefault(r["rank"], {"rank": r["rank"], "diverged": 0, "max_err": None,
-                                               "first_divergence": None, "first_step": None})
+            cur = ranks.setdefault(
+                r["rank"],
+                {"rank": r["rank"], "diverged": 0, "max_err": None, "first_divergence": None, "first_step": None},
+            )
             cur["diverged"] += r["diverged"]
             if r["max_err"] is not None and (cur["max_err"] is None or r["max_err"] > cur["max_err"]):
                 cur["max_err"] = r["max_err"]
@@ -598,8 +825,21 @@ def _merge(parts: list[Verdict]) -> Verdict:
     floors = [p.precision for p in parts]
     precision = max(floors, key=lambda f: eps(f["floor"]))
     base = first or parts[0]
-    noise = base.noise if first is not None else max(
-        (p.noise for p in parts), key=lambda n: n.get("largest_amplification") or 0.0)
-    return Verdict(base.target, base.ref, base.first_divergence, base.culprit,
-                   [s for p in parts for s in p.steps], _peers(list(ranks.values())),
-                   [u for p in parts for u in p.unmatched], precision, counts, base.coverage, noise)
+    noise = (
+        base.noise
+        if first is not None
+        else max((p.noise for p in parts), key=lambda n: n.get("largest_amplification") or 0.0)
+    )
+    return Verdict(
+        base.target,
+        base.ref,
+        base.first_divergence,
+        base.culprit,
+        [s for p in parts for s in p.steps],
+        _peers(list(ranks.values())),
+        [u for p in parts for u in p.unmatched],
+        precision,
+        counts,
+        base.coverage,
+        noise,
+    )

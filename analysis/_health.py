@@ -3,7 +3,7 @@
 In the spirit of MindSpore Insight's watchpoints, from one run's dumps alone (no reference).  Default
 thresholds (`Thresholds`), all overridable:
 
-  overflow           NaN, +-Inf or +-finfo.max produced by an op from clean inputs (analysis/overflow.py; a
+  overflow           NaN, +-Inf or +-finfo.max produced by an op from clean inputs (analysis/_overflow.py; a
                      -Inf-only output of a masking op such as masked_fill is not counted, nor parameters_grad
                      records, which have no inputs to call clean)
   grad_explosion     a gradient norm (parameters_grad leaves and backward outputs, per tensor) above
@@ -41,12 +41,22 @@ from dumpstore.dtypes import FINFO_MAX, FLOAT_DTYPES
 from dumpstore.names import parse_record
 from dumpstore.query import connect, fetch_arrow
 from dumpstore.store import Store
+from dumpstore.views import MODULE_PATH as _MODULE_PATH
 
-from .overflow import overflow
-from .views import MODULE_PATH as _MODULE_PATH
+from ._overflow import overflow
 
-WATCHPOINTS = ("overflow", "grad_explosion", "grad_vanishing", "weight_change", "weight_frozen",
-               "activation_growth", "all_zero", "near_dtype_max", "loss_nonfinite", "loss_spike")
+WATCHPOINTS = (
+    "overflow",
+    "grad_explosion",
+    "grad_vanishing",
+    "weight_change",
+    "weight_frozen",
+    "activation_growth",
+    "all_zero",
+    "near_dtype_max",
+    "loss_nonfinite",
+    "loss_spike",
+)
 
 
 @dataclass(frozen=True)
@@ -96,8 +106,10 @@ class HealthReport:
         return asdict(self)
 
 
-_HISTORY = ("median(CASE WHEN isfinite({col}) THEN {col} END) OVER (PARTITION BY {keys} ORDER BY step "
-            "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)")
+_HISTORY = (
+    "median(CASE WHEN isfinite({col}) THEN {col} END) OVER (PARTITION BY {keys} ORDER BY step "
+    "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
+)
 
 GRAD_EXPLOSION_SQL = f"""
 WITH g AS (SELECT *, {_HISTORY.format(col="norm", keys="rank, source, kind, tensor")} AS history
@@ -161,19 +173,25 @@ def health(store: Store, run: str, *, thresholds: Thresholds | None = None) -> H
     con = connect(store, runs=[run])
     try:
         loss = _df(con, LOSS_SQL, {"run": run})
-        found = (_grad_findings(con, run, th) + _weight_findings(con, run, th)
-                 + _growth_findings(con, run, th) + _zero_findings(con, run)
-                 + _near_max_findings(con, run, th) + _loss_findings(loss, th))
+        found = (
+            _grad_findings(con, run, th)
+            + _weight_findings(con, run, th)
+            + _growth_findings(con, run, th)
+            + _zero_findings(con, run)
+            + _near_max_findings(con, run, th)
+            + _loss_findings(loss, th)
+        )
     finally:
         con.close()
     found += _overflow_findings(store, run)
     found.sort(key=lambda x: x[0])
     findings = [f for _, f in found]
     counts = {w: sum(1 for f in findings if f.watchpoint == w) for w in WATCHPOINTS}
-    series = [{"step": r["step"], "rank": r["rank"], "op": r["record"], "value": r["value"]}
-              for r in loss.iter_rows(named=True)]
-    return HealthReport(run, list(info["steps"]), list(info["ranks"]), asdict(th), series, findings, counts,
-                        rules(th))
+    series = [
+        {"step": r["step"], "rank": r["rank"], "op": r["record"], "value": r["value"]}
+        for r in loss.iter_rows(named=True)
+    ]
+    return HealthReport(run, list(info["steps"]), list(info["ranks"]), asdict(th), series, findings, counts, rules(th))
 
 
 def rules(th: Thresholds) -> dict[str, str]:
@@ -184,13 +202,14 @@ def rules(th: Thresholds) -> dict[str, str]:
         "grad_vanishing": f"gradient norm < {th.vanish_norm:g}",
         "weight_change": f"estimated update ratio |dw|/|w| > {th.update_ratio:g} (parameters with >= 2 dims)",
         "weight_frozen": "parameter statistics identical at consecutive steps (not updating)",
-        "activation_growth": (f"forward output norm up > {th.growth:.0%} per step, {th.growth_steps} times "
-                              "in a row"),
+        "activation_growth": (f"forward output norm up > {th.growth:.0%} per step, {th.growth_steps} times in a row"),
         "all_zero": "float forward output entirely zero",
         "near_dtype_max": f"finite |x| >= {th.near_max:g} x finfo(dtype).max",
         "loss_nonfinite": "loss is NaN or +-Inf",
-        "loss_spike": (f"loss > {th.explode_factor:g} x median of the earlier steps (a negative median: "
-                       f"median + {th.explode_factor - 1:g} x |median|)"),
+        "loss_spike": (
+            f"loss > {th.explode_factor:g} x median of the earlier steps (a negative median: "
+            f"median + {th.explode_factor - 1:g} x |median|)"
+        ),
     }
 
 
@@ -208,15 +227,31 @@ def _order(r: dict[str, Any]) -> tuple:
 def _grad_findings(con, run: str, th: Thresholds) -> list[_Found]:
     out: list[_Found] = []
     for r in _df(con, GRAD_EXPLOSION_SQL, {"run": run, "factor": th.explode_factor}).iter_rows(named=True):
-        f = HealthFinding("grad_explosion", r["step"], r["rank"], r["record"], r["name"], r["value"],
-                          th.explode_factor * r["history"], _param(r),
-                          f"{r['kind']} gradient norm {r['value']:.4g} > {th.explode_factor:g} x median "
-                          f"{r['history']:.4g} of the earlier steps")
+        f = HealthFinding(
+            "grad_explosion",
+            r["step"],
+            r["rank"],
+            r["record"],
+            r["name"],
+            r["value"],
+            th.explode_factor * r["history"],
+            _param(r),
+            f"{r['kind']} gradient norm {r['value']:.4g} > {th.explode_factor:g} x median "
+            f"{r['history']:.4g} of the earlier steps",
+        )
         out.append((_order(r), f))
     for r in _df(con, GRAD_VANISHING_SQL, {"run": run, "limit": th.vanish_norm}).iter_rows(named=True):
-        f = HealthFinding("grad_vanishing", r["step"], r["rank"], r["record"], r["name"], r["value"],
-                          th.vanish_norm, _param(r),
-                          f"{r['kind']} gradient norm {r['value']:.4g} < {th.vanish_norm:g}")
+        f = HealthFinding(
+            "grad_vanishing",
+            r["step"],
+            r["rank"],
+            r["record"],
+            r["name"],
+            r["value"],
+            th.vanish_norm,
+            _param(r),
+            f"{r['kind']} gradient norm {r['value']:.4g} < {th.vanish_norm:g}",
+        )
         out.append((_order(r), f))
     return out
 
@@ -231,14 +266,29 @@ def _weight_findings(con, run: str, th: Thresholds) -> list[_Found]:
         how = "from the sketches" if r["from_sketch"] else "estimated from statistics (a lower bound)"
         span = f"between steps {r['prev_step']} and {r['step']}"
         if r["frozen"]:
-            f = HealthFinding("weight_frozen", r["step"], r["rank"], r["record"], r["name"], 0.0, 0.0,
-                              r["param"], f"{r['param']} unchanged {span} (identical statistics): "
-                              "not updating")
+            f = HealthFinding(
+                "weight_frozen",
+                r["step"],
+                r["rank"],
+                r["record"],
+                r["name"],
+                0.0,
+                0.0,
+                r["param"],
+                f"{r['param']} unchanged {span} (identical statistics): not updating",
+            )
         elif r["ndim"] >= 2 and r["value"] is not None and r["value"] > th.update_ratio:
-            f = HealthFinding("weight_change", r["step"], r["rank"], r["record"], r["name"], r["value"],
-                              th.update_ratio, r["param"],
-                              f"{r['param']} update ratio {r['value']:.3g} > {th.update_ratio:g} {span}, "
-                              f"{how}")
+            f = HealthFinding(
+                "weight_change",
+                r["step"],
+                r["rank"],
+                r["record"],
+                r["name"],
+                r["value"],
+                th.update_ratio,
+                r["param"],
+                f"{r['param']} update ratio {r['value']:.3g} > {th.update_ratio:g} {span}, {how}",
+            )
         else:
             continue
         out.append((_order(r), f))
@@ -252,10 +302,18 @@ def _growth_findings(con, run: str, th: Thresholds) -> list[_Found]:
         hit = _growing_run(g.to_dicts(), th.growth_steps)
         if hit is not None:
             r, total, start = hit
-            f = HealthFinding("activation_growth", r["step"], r["rank"], r["record"], r["name"], total,
-                              (1 + th.growth) ** th.growth_steps, None,
-                              f"norm grew by > {th.growth:.0%} at every step from step {start} to "
-                              f"{r['step']} (x{total:.3g} in total)")
+            f = HealthFinding(
+                "activation_growth",
+                r["step"],
+                r["rank"],
+                r["record"],
+                r["name"],
+                total,
+                (1 + th.growth) ** th.growth_steps,
+                None,
+                f"norm grew by > {th.growth:.0%} at every step from step {start} to "
+                f"{r['step']} (x{total:.3g} in total)",
+            )
             out.append((_order(r), f))
     return out
 
@@ -277,8 +335,9 @@ def _growing_run(rows: list[dict[str, Any]], need: int) -> tuple[dict[str, Any],
 def _zero_findings(con, run: str) -> list[_Found]:
     out: list[_Found] = []
     for r in _df(con, ALL_ZERO_SQL, {"run": run}).iter_rows(named=True):
-        f = HealthFinding("all_zero", r["step"], r["rank"], r["record"], r["name"], 0.0, None, None,
-                          "every element is zero")
+        f = HealthFinding(
+            "all_zero", r["step"], r["rank"], r["record"], r["name"], 0.0, None, None, "every element is zero"
+        )
         out.append((_order(r), f))
     return out
 
@@ -286,9 +345,17 @@ def _zero_findings(con, run: str) -> list[_Found]:
 def _near_max_findings(con, run: str, th: Thresholds) -> list[_Found]:
     out: list[_Found] = []
     for r in _df(con, NEAR_MAX_SQL, {"run": run, "frac": th.near_max}).iter_rows(named=True):
-        f = HealthFinding("near_dtype_max", r["step"], r["rank"], r["record"], r["name"], r["value"],
-                          r["threshold"], r["param"],
-                          f"|x| up to {r['value']:.4g} >= {th.near_max:g} x finfo({r['dtype']}).max")
+        f = HealthFinding(
+            "near_dtype_max",
+            r["step"],
+            r["rank"],
+            r["record"],
+            r["name"],
+            r["value"],
+            r["threshold"],
+            r["param"],
+            f"|x| up to {r['value']:.4g} >= {th.near_max:g} x finfo({r['dtype']}).max",
+        )
         out.append((_order(r), f))
     return out
 
@@ -297,11 +364,29 @@ def _loss_findings(loss: pl.DataFrame, th: Thresholds) -> list[_Found]:
     out: list[_Found] = []
     for r in loss.iter_rows(named=True):
         if r["nonfinite"]:
-            f = HealthFinding("loss_nonfinite", r["step"], r["rank"], r["record"], r["name"], r["value"],
-                              "finite", None, f"loss is {r['value']}")
+            f = HealthFinding(
+                "loss_nonfinite",
+                r["step"],
+                r["rank"],
+                r["record"],
+                r["name"],
+                r["value"],
+                "finite",
+                None,
+                f"loss is {r['value']}",
+            )
         elif r["history"] and r["value"] is not None and r["value"] > spike_threshold(r["history"], th):
-            f = HealthFinding("loss_spike", r["step"], r["rank"], r["record"], r["name"], r["value"],
-                              spike_threshold(r["history"], th), None, _spike_detail(r["value"], r["history"], th))
+            f = HealthFinding(
+                "loss_spike",
+                r["step"],
+                r["rank"],
+                r["record"],
+                r["name"],
+                r["value"],
+                spike_threshold(r["history"], th),
+                None,
+                _spike_detail(r["value"], r["history"], th),
+            )
         else:
             continue
         out.append((_order(r), f))
@@ -318,8 +403,10 @@ def spike_threshold(median: float, th: Thresholds) -> float:
 def _spike_detail(value: float, median: float, th: Thresholds) -> str:
     if median > 0:
         return f"loss {value:.4g} > {th.explode_factor:g} x median {median:.4g} of the earlier steps"
-    return (f"loss {value:.4g} > median {median:.4g} + {th.explode_factor - 1:g} x |median| of the earlier steps "
-            f"= {spike_threshold(median, th):.4g}")
+    return (
+        f"loss {value:.4g} > median {median:.4g} + {th.explode_factor - 1:g} x |median| of the earlier steps "
+        f"= {spike_threshold(median, th):.4g}"
+    )
 
 
 def _overflow_findings(store: Store, run: str) -> list[_Found]:
@@ -331,7 +418,8 @@ def _overflow_findings(store: Store, run: str) -> list[_Found]:
             continue  # a masking -Inf; a gradient record has no inputs to call clean
         counts = {k: p[f"{k}_count"] for k in ("nan", "posinf", "neginf", "sat") if p.get(f"{k}_count")}
         detail = "output holds " + p["kind"] + (f" ({counts})" if counts else "") + " from clean inputs"
-        f = HealthFinding("overflow", p["step"], p["rank"], p["op"], p["name"], p["kind"],
-                          "finite, |x| < finfo.max", None, detail)
+        f = HealthFinding(
+            "overflow", p["step"], p["rank"], p["op"], p["name"], p["kind"], "finite, |x| < finfo.max", None, detail
+        )
         out.append(((p["step"], p["rank"], "", seqs.get((p["step"], p["rank"], p["op"]), 0), 0), f))
     return out

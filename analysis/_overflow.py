@@ -45,8 +45,15 @@ def _kind(row: dict[str, Any]) -> str:
     return "saturated"
 
 
-def overflow(store, run: str, *, ref: str | None = None, steps: list[int] | None = None,
-             ranks: list[int] | None = None, cmp: Comparison | None = None) -> OverflowReport:
+def overflow(
+    store,
+    run: str,
+    *,
+    ref: str | None = None,
+    steps: list[int] | None = None,
+    ranks: list[int] | None = None,
+    cmp: Comparison | None = None,
+) -> OverflowReport:
     """Dirty tensors of `run` (beyond what `ref` has) and their first producers.
 
     `cmp`: the comparison of `run` with `ref` when the caller already has it (it is not computed again).
@@ -58,31 +65,77 @@ def overflow(store, run: str, *, ref: str | None = None, steps: list[int] | None
     else:
         cmp = cmp or compare_runs(store, run, ref, steps=steps, ranks=ranks)
         rows = cmp.rows.filter(pl.col("name").is_not_null())
-        rows = rows.with_columns([(pl.col(f).fill_null(False) & ~pl.col(f"ref_{f}").fill_null(False))
-                                  .alias(f"new_{f[4:]}") for f in _FLAGS])
+        rows = rows.with_columns(
+            [(pl.col(f).fill_null(False) & ~pl.col(f"ref_{f}").fill_null(False)).alias(f"new_{f[4:]}") for f in _FLAGS]
+        )
     new = pl.any_horizontal([pl.col(f"new_{f[4:]}") for f in _FLAGS])
     only_neginf = pl.col("new_neginf") & ~pl.col("new_nan") & ~pl.col("new_posinf") & ~pl.col("new_sat")
     rows = rows.filter(pl.col("kind") == "tensor").with_columns(
         new.alias("dirty"),
-        (only_neginf & pl.col("op_type").is_in(list(_MASK_OPS)) & pl.lit(ref is None)).alias("likely_mask"))
+        (only_neginf & pl.col("op_type").is_in(list(_MASK_OPS)) & pl.lit(ref is None)).alias("likely_mask"),
+    )
     dirty = rows.filter(pl.col("dirty"))
     producers = _producers(rows)
     first = next((p for p in producers if not p["likely_mask"]), None)
-    cols = ["step", "rank", "seq", "record", "name", "io", "dtype", "nan_count", "posinf_count", "neginf_count",
-            "sat_count", "new_nan", "new_posinf", "new_neginf", "new_sat", "likely_mask"]
+    cols = [
+        "step",
+        "rank",
+        "seq",
+        "record",
+        "name",
+        "io",
+        "dtype",
+        "nan_count",
+        "posinf_count",
+        "neginf_count",
+        "sat_count",
+        "new_nan",
+        "new_posinf",
+        "new_neginf",
+        "new_sat",
+        "likely_mask",
+    ]
     return OverflowReport(run, ref, first, producers, dirty.select(cols).sort(["step", "rank", "seq"]))
 
 
 def _producers(rows: pl.DataFrame) -> list[dict[str, Any]]:
     is_out = pl.col("io").is_in(OUTPUT_IO)
     dirty_out = pl.col("dirty") & is_out
-    leaf_cols = ["name", "likely_mask", "new_nan", "new_posinf", "new_neginf", "nan_count", "posinf_count",
-                 "neginf_count", "sat_count"]
-    per = (with_phase(rows).group_by(["step", "rank", "source", "seq", "record"], maintain_order=True)
-           .agg((pl.col("dirty") & ~is_out).any().alias("dirty_in"), dirty_out.any().alias("dirty_out"),
-                pl.col("_phase").first(), *[pl.col(c).filter(dirty_out).first() for c in leaf_cols])
-           .filter(~pl.col("dirty_in") & pl.col("dirty_out"))
-           .sort(ORDER + ["seq"]))
-    return [{"step": p["step"], "rank": p["rank"], "op": p["record"], "name": p["name"], "kind": _kind(p),
-             "likely_mask": bool(p["likely_mask"]), "nan_count": p["nan_count"], "posinf_count": p["posinf_count"],
-             "neginf_count": p["neginf_count"], "sat_count": p["sat_count"]} for p in per.iter_rows(named=True)]
+    leaf_cols = [
+        "name",
+        "likely_mask",
+        "new_nan",
+        "new_posinf",
+        "new_neginf",
+        "nan_count",
+        "posinf_count",
+        "neginf_count",
+        "sat_count",
+    ]
+    per = (
+        with_phase(rows)
+        .group_by(["step", "rank", "source", "seq", "record"], maintain_order=True)
+        .agg(
+            (pl.col("dirty") & ~is_out).any().alias("dirty_in"),
+            dirty_out.any().alias("dirty_out"),
+            pl.col("_phase").first(),
+            *[pl.col(c).filter(dirty_out).first() for c in leaf_cols],
+        )
+        .filter(~pl.col("dirty_in") & pl.col("dirty_out"))
+        .sort(ORDER + ["seq"])
+    )
+    return [
+        {
+            "step": p["step"],
+            "rank": p["rank"],
+            "op": p["record"],
+            "name": p["name"],
+            "kind": _kind(p),
+            "likely_mask": bool(p["likely_mask"]),
+            "nan_count": p["nan_count"],
+            "posinf_count": p["posinf_count"],
+            "neginf_count": p["neginf_count"],
+            "sat_count": p["sat_count"],
+        }
+        for p in per.iter_rows(named=True)
+    ]

@@ -38,9 +38,25 @@ _GROUP_BYTES = 32 << 20  # ... and about this much Arrow data (tensor rows carry
 _ZSTD_LEVEL = 3
 # Dictionary-encode only the columns that repeat a few values (names, numbers and statistics rarely repeat:
 # their dictionaries cost time and make the file larger)
-_DICTIONARY_COLUMNS = ["ingest_id", "rank_dir", "source", "prefix", "api", "op_type", "direction", "module", "io",
-                       "index_path", "kind", "value_type", "dtype", "dtype_raw", "stats_source", "checksum_kind",
-                       "file_status"]
+_DICTIONARY_COLUMNS = [
+    "ingest_id",
+    "rank_dir",
+    "source",
+    "prefix",
+    "api",
+    "op_type",
+    "direction",
+    "module",
+    "io",
+    "index_path",
+    "kind",
+    "value_type",
+    "dtype",
+    "dtype_raw",
+    "stats_source",
+    "checksum_kind",
+    "file_status",
+]
 _INT32_MAX = (1 << 31) - 1
 MAX_DUMP_JSON_BYTES = 4 << 30
 _MIN_FILE_CAP = 1 << 20  # tensor files may always expand to this much (a small view of a larger storage)
@@ -82,10 +98,17 @@ class IngestResult:
     ranks: list[int]
 
 
-def ingest(path: str | os.PathLike, run: str, *, store: str | os.PathLike | None = None,
-           options: IngestOptions | None = None, jobs: int | None = None,
-           progress: Callable[[int, int], None] | None = None, engine: str = "local",
-           engine_options: dict[str, Any] | None = None) -> IngestResult:
+def ingest(
+    path: str | os.PathLike,
+    run: str,
+    *,
+    store: str | os.PathLike | None = None,
+    options: IngestOptions | None = None,
+    jobs: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    engine: str = "local",
+    engine_options: dict[str, Any] | None = None,
+) -> IngestResult:
     """Ingest every dump under `path` as run `run`; replaces an earlier run of that name atomically.
 
     `engine`: 'local' (a process pool on this machine) or 'ray' (tasks on a Ray cluster writing into a store
@@ -106,8 +129,7 @@ def ingest(path: str | os.PathLike, run: str, *, store: str | os.PathLike | None
                 if engine == "ray":
                     from .engine_ray import run_units as ray_units
 
-                    results = ray_units(st, run, ingest_id, units, opts, progress=progress,
-                                        **(engine_options or {}))
+                    results = ray_units(st, run, ingest_id, units, opts, progress=progress, **(engine_options or {}))
                 else:
                     results = _run_units(st, run, ingest_id, units, opts, jobs, progress)
                 total = _combine(run, ingest_id, results)
@@ -134,8 +156,15 @@ def one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
-def _run_units(st: Store, run: str, ingest_id: str, units: list[Unit], opts: IngestOptions,
-               jobs: int | None, progress: Callable[[int, int], None] | None) -> list[UnitResult]:
+def _run_units(
+    st: Store,
+    run: str,
+    ingest_id: str,
+    units: list[Unit],
+    opts: IngestOptions,
+    jobs: int | None,
+    progress: Callable[[int, int], None] | None,
+) -> list[UnitResult]:
     tasks = [(u, str(st.root), run, ingest_id, opts) for u in units]
     n_jobs = max(1, min(jobs or os.cpu_count() or 1, len(tasks)))
     results: list[UnitResult] = []
@@ -170,8 +199,9 @@ def _maybe_pool(workers: int) -> Iterator[ProcessPoolExecutor | None]:
         yield pool
 
 
-def _ingest_unit(unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOptions,
-                 files_pool: ProcessPoolExecutor | None = None) -> UnitResult:
+def _ingest_unit(
+    unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOptions, files_pool: ProcessPoolExecutor | None = None
+) -> UnitResult:
     forget_folders()
     res = UnitResult(unit.step, unit.rank)
     part = staging_dir(root, run, ingest_id) / "tensors" / f"step={unit.step}" / f"rank={unit.rank}"
@@ -196,15 +226,24 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _write_unit(unit: Unit, out: Path, root: str, run: str, ingest_id: str, opts: IngestOptions, res: UnitResult,
-                files_pool: ProcessPoolExecutor | None) -> None:
+def _write_unit(
+    unit: Unit,
+    out: Path,
+    root: str,
+    run: str,
+    ingest_id: str,
+    opts: IngestOptions,
+    res: UnitResult,
+    files_pool: ProcessPoolExecutor | None,
+) -> None:
     if unit.kind == "dump":
         rows, stacks = _dump_rows(unit, opts, res, defer=files_pool is not None)
     else:
         rows, stacks = _file_rows(unit, opts, res), []
     constants = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
-    with pq.ParquetWriter(out, TENSOR_SCHEMA, compression="zstd", compression_level=_ZSTD_LEVEL,
-                          use_dictionary=_DICTIONARY_COLUMNS) as writer:
+    with pq.ParquetWriter(
+        out, TENSOR_SCHEMA, compression="zstd", compression_level=_ZSTD_LEVEL, use_dictionary=_DICTIONARY_COLUMNS
+    ) as writer:
         groups = _RowGroups(writer)
         while batch := list(islice(rows, _BATCH_ROWS)):
             _attach_deferred(batch, unit, opts, res, files_pool)
@@ -219,15 +258,31 @@ def _write_stacks(root: Path, run: str, ingest_id: str, unit: Unit, stacks: list
     d.mkdir(parents=True, exist_ok=True)
     name = f"part-{ingest_id}-{unit.step}-{unit.rank}{'-' + unit.source if unit.source else ''}.parquet"
     n = len(stacks)
-    columns = {"ingest_id": [ingest_id] * n, "step": [unit.step] * n, "rank": [unit.rank] * n,
-               "stack_id": range(n), "frames": stacks}
-    pq.write_table(pa.Table.from_arrays(_arrays(columns, STACK_SCHEMA), schema=STACK_SCHEMA), d / name,
-                   compression="zstd")
+    columns: dict[str, Any] = {
+        "ingest_id": [ingest_id] * n,
+        "step": [unit.step] * n,
+        "rank": [unit.rank] * n,
+        "stack_id": range(n),
+        "frames": stacks,
+    }
+    pq.write_table(
+        pa.Table.from_arrays(_arrays(columns, STACK_SCHEMA), schema=STACK_SCHEMA), d / name, compression="zstd"
+    )
 
 
 # A row is a tuple of these columns: the record's, the leaf's place in it, then what describes the leaf.
-_RECORD_COLUMNS = ("seq", "record", "prefix", "api", "op_type", "call", "direction", "module", "is_recompute",
-                   "stack_id")
+_RECORD_COLUMNS = (
+    "seq",
+    "record",
+    "prefix",
+    "api",
+    "op_type",
+    "call",
+    "direction",
+    "module",
+    "is_recompute",
+    "stack_id",
+)
 ROW_COLUMNS = _RECORD_COLUMNS + ("io", "index_path", "name", "leaf") + LEAF_COLUMNS
 _DATA_NAME = ROW_COLUMNS.index("data_name")
 
@@ -235,7 +290,7 @@ _DATA_NAME = ROW_COLUMNS.index("data_name")
 def _batch_table(batch: list[tuple | dict[str, Any]], constants: dict[str, str], res: UnitResult) -> pa.Table:
     """A non-empty batch of rows (tuples in ROW_COLUMNS order, or dicts of rows that read a tensor file) as a table
     of TENSOR_SCHEMA, counted into `res`."""
-    rows = [r if type(r) is tuple else tuple(r.get(c) for c in ROW_COLUMNS) for r in batch]
+    rows = [r if isinstance(r, tuple) else tuple(r.get(c) for c in ROW_COLUMNS) for r in batch]
     columns = dict(zip(ROW_COLUMNS, zip(*rows)))
     _count(columns, res)
     n = len(rows)
@@ -308,8 +363,10 @@ def read_json(path: Path) -> Any:
         with open(path, "rb") as fh:
             return json.loads(fh.read())
     except json.JSONDecodeError as exc:
-        raise DumpFormatError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno} ({exc.msg}); "
-                              "the file may be truncated: copy it again or re-run the dump") from None
+        raise DumpFormatError(
+            f"{path}: invalid JSON at line {exc.lineno} column {exc.colno} ({exc.msg}); "
+            "the file may be truncated: copy it again or re-run the dump"
+        ) from None
     except UnicodeDecodeError:
         raise DumpFormatError(f"{path}: not UTF-8 text; expected msprobe's JSON") from None
     except ValueError as exc:  # e.g. an integer literal longer than Python's digit limit
@@ -337,8 +394,13 @@ _DEFER = "_defer"
 _FILE_FIELDS = ("data_name", "dtype", "shape", "numel")
 
 
-def _attach_deferred(batch: list[tuple | dict[str, Any]], unit: Unit, opts: IngestOptions, res: UnitResult,
-                     pool: ProcessPoolExecutor | None) -> None:
+def _attach_deferred(
+    batch: list[tuple | dict[str, Any]],
+    unit: Unit,
+    opts: IngestOptions,
+    res: UnitResult,
+    pool: ProcessPoolExecutor | None,
+) -> None:
     """Read the batch's deferred tensor files in the pool, in order."""
     todo = [r for r in batch if type(r) is dict and r.pop(_DEFER, False)]
     if not todo or pool is None:
@@ -362,16 +424,19 @@ def _dump_rows(unit: Unit, opts: IngestOptions, res: UnitResult, *, defer: bool 
     if unit.path.name == "debug.json" and isinstance(doc, dict) and "data" not in doc:
         doc = {"data": doc, "level": "debug"}
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
-        raise DumpFormatError(f"{unit.path}: expected an object with a 'data' object of records "
-                              "(msprobe dump.json); is this the right file?")
+        raise DumpFormatError(
+            f"{unit.path}: expected an object with a 'data' object of records "
+            "(msprobe dump.json); is this the right file?"
+        )
     res.files = 1
     res.meta = {k: doc.get(k) for k in ("task", "level", "framework") if isinstance(doc.get(k), str)}
     if "framework" not in res.meta and (found := detect_framework(doc)):
         res.meta["framework"] = found
     construct = _aux_json(unit.path.parent / "construct.json", res)
     stack_ids, stacks = _stack_index(_aux_json(unit.path.parent / "stack.json", res))
-    return _record_rows(unit, doc, construct if isinstance(construct, dict) else {}, stack_ids, opts, res,
-                        defer), stacks
+    return _record_rows(
+        unit, doc, construct if isinstance(construct, dict) else {}, stack_ids, opts, res, defer
+    ), stacks
 
 
 def _stack_index(doc: Any) -> tuple[dict[str, int], list[list[str]]]:
@@ -397,8 +462,15 @@ def _parent(construct: dict, key: str) -> str | None:
     return parent if isinstance(parent, str) else None
 
 
-def _record_rows(unit: Unit, doc: dict, construct: dict, stack_ids: dict[str, int],
-                 opts: IngestOptions, res: UnitResult, defer: bool = False) -> Iterator[tuple | dict[str, Any]]:
+def _record_rows(
+    unit: Unit,
+    doc: dict,
+    construct: dict,
+    stack_ids: dict[str, int],
+    opts: IngestOptions,
+    res: UnitResult,
+    defer: bool = False,
+) -> Iterator[tuple | dict[str, Any]]:
     """The unit's rows: tuples in ROW_COLUMNS order; a dict where the row reads a tensor file."""
     leaf_no = 0
     tensor_task = doc.get("task") not in ("statistics", "md5", "overflow_check")
@@ -407,8 +479,18 @@ def _record_rows(unit: Unit, doc: dict, construct: dict, stack_ids: dict[str, in
         key = str(key)
         rn = parse_record(key)
         recompute = record.get("is_recompute") if isinstance(record, dict) else None
-        ident = (seq, key, rn.prefix, rn.api, rn.op_type, _int32(rn.call), rn.direction, _parent(construct, key),
-                 recompute if isinstance(recompute, bool) else None, stack_ids.get(key))
+        ident = (
+            seq,
+            key,
+            rn.prefix,
+            rn.api,
+            rn.op_type,
+            _int32(rn.call),
+            rn.direction,
+            _parent(construct, key),
+            recompute if isinstance(recompute, bool) else None,
+            stack_ids.get(key),
+        )
         for io, index, name, leaf in record_leaves(key, record, rn.direction):
             row = (*ident, io, index, name, leaf_no, *leaf_columns(leaf, tensor_task))
             leaf_no += 1
@@ -418,8 +500,9 @@ def _record_rows(unit: Unit, doc: dict, construct: dict, stack_ids: dict[str, in
                 yield row
 
 
-def _tensor_file_row(row: dict[str, Any], unit: Unit, opts: IngestOptions, res: UnitResult,
-                     defer: bool) -> dict[str, Any]:
+def _tensor_file_row(
+    row: dict[str, Any], unit: Unit, opts: IngestOptions, res: UnitResult, defer: bool
+) -> dict[str, Any]:
     if defer:  # read later, in parallel, by _attach_deferred
         row[_DEFER] = True
     else:
@@ -439,8 +522,10 @@ def _count(columns: dict[str, Sequence[Any]], res: UnitResult) -> None:
     res.tensors += kinds.count("tensor")
     if any(columns["checksum_kind"]):
         res.meta["checksum"] = next(k for k in reversed(columns["checksum_kind"]) if k)
-    if columns["is_recompute"].count(None) < len(kinds) or ("parameters_grad" in columns["direction"] and any(
-            d == "parameters_grad" and c is None for d, c in zip(columns["direction"], columns["call"]))):
+    if columns["is_recompute"].count(None) < len(kinds) or (
+        "parameters_grad" in columns["direction"]
+        and any(d == "parameters_grad" and c is None for d, c in zip(columns["direction"], columns["call"]))
+    ):
         res.meta["generation"] = "8.x"
     if any(errors):
         errors = columns["error"] = [one_line(e) if e else e for e in errors]
@@ -483,8 +568,7 @@ def _mismatch(row: dict[str, Any], arr, stored: str) -> str | None:
     dtype = row.get("dtype")
     # MindSpore saves bf16 as float32 .npy while dump.json says BFloat16
     if dtype and stored != dtype and not (dtype == "bfloat16" and stored == "float32"):
-        if dtype in ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
-                     "uint8", "bool"):
+        if dtype in ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"):
             return f"tensor file has dtype {stored} but dump.json says {dtype}"
     return None
 
@@ -492,31 +576,55 @@ def _mismatch(row: dict[str, Any], arr, stored: str) -> str | None:
 def fill_from_array(row: dict[str, Any], arr, dtype: str, opts: IngestOptions) -> None:
     """Exact statistics, sample and sketch of a full tensor (stats_source='tensor')."""
     s, sample, sketch = summary.summarize(arr, dtype, opts.sample_k, opts.sketch_m)  # one pass over the data
-    row.update(min=s.min, max=s.max, mean=s.mean, norm=s.norm, nan_count=s.nan_count,
-               posinf_count=s.posinf_count, neginf_count=s.neginf_count, zero_count=s.zero_count,
-               sat_count=s.sat_count, has_nan=s.nan_count > 0, has_posinf=s.posinf_count > 0,
-               has_neginf=s.neginf_count > 0, has_sat=s.sat_count > 0, stats_source="tensor",
-               sample=sample.tolist(), sketch=sketch.tolist())
+    row.update(
+        min=s.min,
+        max=s.max,
+        mean=s.mean,
+        norm=s.norm,
+        nan_count=s.nan_count,
+        posinf_count=s.posinf_count,
+        neginf_count=s.neginf_count,
+        zero_count=s.zero_count,
+        sat_count=s.sat_count,
+        has_nan=s.nan_count > 0,
+        has_posinf=s.posinf_count > 0,
+        has_neginf=s.neginf_count > 0,
+        has_sat=s.sat_count > 0,
+        stats_source="tensor",
+        sample=sample.tolist(),
+        sketch=sketch.tolist(),
+    )
 
 
 def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
     # links and other non-folders with a tensor suffix become error rows, not silent gaps
-    files = sorted(p for p in unit.path.iterdir() if p.suffix.lower() in (".pt", ".npy")
-                   and (p.is_symlink() or not p.is_dir()))
+    files = sorted(
+        p for p in unit.path.iterdir() if p.suffix.lower() in (".pt", ".npy") and (p.is_symlink() or not p.is_dir())
+    )
     for seq, path in enumerate(files):
         res.files += 1
         res.records += 1
-        row: dict[str, Any] = {"seq": seq, "leaf": seq, "record": path.stem, "prefix": "file", "api": path.stem,
-                               "op_type": path.stem, "direction": "tensor", "io": "tensor", "index_path": "",
-                               "name": path.stem, "kind": "tensor", "data_name": path.name,
-                               "value_type": path.suffix.lstrip(".")}
+        row: dict[str, Any] = {
+            "seq": seq,
+            "leaf": seq,
+            "record": path.stem,
+            "prefix": "file",
+            "api": path.stem,
+            "op_type": path.stem,
+            "direction": "tensor",
+            "io": "tensor",
+            "index_path": "",
+            "name": path.stem,
+            "kind": "tensor",
+            "data_name": path.name,
+            "value_type": path.suffix.lstrip("."),
+        }
         try:
             if path.is_symlink():
                 raise DumpFormatError(f"{path}: tensor file is a link; refusing to read it (copy the file instead)")
             arr, stored = load(path)
             res.tensor_files += 1
-            row.update(dtype=stored, dtype_raw=stored, shape=list(arr.shape), numel=int(arr.size),
-                       file_status="loaded")
+            row.update(dtype=stored, dtype_raw=stored, shape=list(arr.shape), numel=int(arr.size), file_status="loaded")
             fill_from_array(row, arr, stored, opts)
         except DumpFormatError as exc:
             row.update(file_status="error", error=str(exc), stats_source="none")
@@ -525,33 +633,65 @@ def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
 
 def _combine(run: str, ingest_id: str, results: list[UnitResult]) -> IngestResult:
     first = next((r.first_error for r in results if r.first_error), None)
-    return IngestResult(run, ingest_id, len(results), sum(r.records for r in results), sum(r.rows for r in results),
-                        sum(r.tensors for r in results), sum(r.tensor_files for r in results),
-                        sum(r.errors for r in results), first, sorted({r.step for r in results}),
-                        sorted({r.rank for r in results}))
+    return IngestResult(
+        run,
+        ingest_id,
+        len(results),
+        sum(r.records for r in results),
+        sum(r.rows for r in results),
+        sum(r.tensors for r in results),
+        sum(r.tensor_files for r in results),
+        sum(r.errors for r in results),
+        first,
+        sorted({r.step for r in results}),
+        sorted({r.rank for r in results}),
+    )
 
 
-def _catalog_row(run: str, ingest_id: str, path, units: list[Unit], results: list[UnitResult],
-                 total: IngestResult, opts: IngestOptions) -> dict[str, Any]:
+def _catalog_row(
+    run: str,
+    ingest_id: str,
+    path,
+    units: list[Unit],
+    results: list[UnitResult],
+    total: IngestResult,
+    opts: IngestOptions,
+) -> dict[str, Any]:
     from datetime import datetime, timezone
 
     from . import __version__
     from .schema import SCHEMA_VERSION
 
     metas = [r.meta for r in results if r.meta]
+
     def joined(key: str, default: str) -> str:
         vals = sorted({utf8(str(m[key])) for m in metas if m.get(key)})
         return ",".join(vals) if vals else default
+
     task = joined("task", "files" if all(u.kind == "files" for u in units) else "")
-    return {"run": run, "ingest_id": ingest_id, "schema_version": SCHEMA_VERSION,
-            "source_path": utf8(str(Path(path).resolve())), "framework": joined("framework", "files"), "task": task,
-            "level": joined("level", ""), "dump_mode": _dump_mode(task, metas), "generation": _generation(metas),
-            "steps": total.steps,
-            "ranks": total.ranks, "n_files": sum(r.files for r in results) + total.tensor_files,
-            "n_records": total.records, "n_rows": total.rows, "n_tensors": total.tensors,
-            "n_tensor_files": total.tensor_files, "n_errors": total.errors, "sample_k": opts.sample_k,
-            "sketch_m": opts.sketch_m, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "dumpstore_version": __version__}
+    return {
+        "run": run,
+        "ingest_id": ingest_id,
+        "schema_version": SCHEMA_VERSION,
+        "source_path": utf8(str(Path(path).resolve())),
+        "framework": joined("framework", "files"),
+        "task": task,
+        "level": joined("level", ""),
+        "dump_mode": _dump_mode(task, metas),
+        "generation": _generation(metas),
+        "steps": total.steps,
+        "ranks": total.ranks,
+        "n_files": sum(r.files for r in results) + total.tensor_files,
+        "n_records": total.records,
+        "n_rows": total.rows,
+        "n_tensors": total.tensors,
+        "n_tensor_files": total.tensor_files,
+        "n_errors": total.errors,
+        "sample_k": opts.sample_k,
+        "sketch_m": opts.sketch_m,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "dumpstore_version": __version__,
+    }
 
 
 def _dump_mode(task: str, metas: list[dict[str, Any]]) -> str:
@@ -570,8 +710,12 @@ def _generation(metas: list[dict[str, Any]]) -> str:
     return "8.x" if any(m.get("generation") == "8.x" for m in metas) else "26.x"
 
 
-def upgrade(store: str | os.PathLike | None = None, *, jobs: int | None = None,
-            progress: Callable[[int, int], None] | None = None) -> list[IngestResult]:
+def upgrade(
+    store: str | os.PathLike | None = None,
+    *,
+    jobs: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[IngestResult]:
     """Re-ingest every run of a store written by an older schema from the dump folder it came from."""
     from .schema import SCHEMA_VERSION
 
@@ -579,11 +723,23 @@ def upgrade(store: str | os.PathLike | None = None, *, jobs: int | None = None,
     old = [r for r in st.raw_runs() if r.get("schema_version") != SCHEMA_VERSION]
     missing = [r["run"] for r in old if not Path(str(r.get("source_path"))).exists()]
     if missing:
-        raise StoreError(f"{st.root}: cannot upgrade runs {', '.join(missing)}: their dump folders are gone; "
-                         "ingest them again from a copy into a new store")
+        raise StoreError(
+            f"{st.root}: cannot upgrade runs {', '.join(missing)}: their dump folders are gone; "
+            "ingest them again from a copy into a new store"
+        )
     keep = [r for r in st.raw_runs() if r.get("schema_version") == SCHEMA_VERSION]
     st.rewrite_catalog(keep)
-    return [ingest(r["source_path"], r["run"], store=st.root, jobs=jobs, progress=progress,
-                   options=IngestOptions(sample_k=r.get("sample_k") or summary.DEFAULT_SAMPLE_K,
-                                         sketch_m=r.get("sketch_m") or summary.DEFAULT_SKETCH_M))
-            for r in old]
+    return [
+        ingest(
+            r["source_path"],
+            r["run"],
+            store=st.root,
+            jobs=jobs,
+            progress=progress,
+            options=IngestOptions(
+                sample_k=r.get("sample_k") or summary.DEFAULT_SAMPLE_K,
+                sketch_m=r.get("sketch_m") or summary.DEFAULT_SKETCH_M,
+            ),
+        )
+        for r in old
+    ]

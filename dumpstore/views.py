@@ -21,21 +21,48 @@ from __future__ import annotations
 import duckdb
 
 LOSS_OPS = (
-    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
-    "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "ctc_loss", "poisson_nll_loss",
-    "gaussian_nll_loss", "margin_ranking_loss", "soft_margin_loss", "multilabel_soft_margin_loss",
-    "cosine_embedding_loss", "crossentropyloss", "nllloss", "mseloss", "l1loss", "smoothl1loss", "huberloss",
-    "bceloss", "bcewithlogitsloss", "kldivloss", "ctcloss", "softmax_cross_entropy_with_logits",
-    "softmaxcrossentropywithlogits", "sparse_softmax_cross_entropy_with_logits",
+    "cross_entropy",
+    "nll_loss",
+    "mse_loss",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "kl_div",
+    "ctc_loss",
+    "poisson_nll_loss",
+    "gaussian_nll_loss",
+    "margin_ranking_loss",
+    "soft_margin_loss",
+    "multilabel_soft_margin_loss",
+    "cosine_embedding_loss",
+    "crossentropyloss",
+    "nllloss",
+    "mseloss",
+    "l1loss",
+    "smoothl1loss",
+    "huberloss",
+    "bceloss",
+    "bcewithlogitsloss",
+    "kldivloss",
+    "ctcloss",
+    "softmax_cross_entropy_with_logits",
+    "softmaxcrossentropywithlogits",
+    "sparse_softmax_cross_entropy_with_logits",
     "sparsesoftmaxcrossentropywithlogits",
 )
 
 # module path of a Module/Cell record: api minus its class name (layers.0.qkv.Linear -> layers.0.qkv)
-MODULE_PATH = ("CASE WHEN op_type IS NOT NULL AND api LIKE '%.' || op_type "
-                "THEN left(api, length(api) - length(op_type) - 1) ELSE api END")
+MODULE_PATH = (
+    "CASE WHEN op_type IS NOT NULL AND api LIKE '%.' || op_type "
+    "THEN left(api, length(api) - length(op_type) - 1) ELSE api END"
+)
 # module path of the parent module record (Module.layers.0.fc1.Linear.forward.0 -> layers.0.fc1)
-_PARENT_PATH = (r"nullif(regexp_extract(module, "
-                r"'^(?:Module|Cell)\.(.+)\.[^.]+\.(?:forward|backward)\.\d+$', 1), '')")
+_PARENT_PATH = (
+    r"nullif(regexp_extract(module, "
+    r"'^(?:Module|Cell)\.(.+)\.[^.]+\.(?:forward|backward)\.\d+$', 1), '')"
+)
 
 PARAM_STATS = f"""
 CREATE OR REPLACE VIEW param_stats AS

@@ -45,13 +45,36 @@ from .tolerance import Tolerances
 STATS = ("min", "max", "mean", "norm")
 KEYS = ("step", "rank", "source")
 CHECKS = ("data", "weights", "structure", "scalars", "precision", "coverage")
-TITLES = {"data": "data (first inputs per step)", "weights": "initial weights",
-          "structure": "structure (ops, shapes, dtypes)", "scalars": "scalar arguments",
-          "precision": "mixed precision", "coverage": "steps and ranks"}
+TITLES = {
+    "data": "data (first inputs per step)",
+    "weights": "initial weights",
+    "structure": "structure (ops, shapes, dtypes)",
+    "scalars": "scalar arguments",
+    "precision": "mixed precision",
+    "coverage": "steps and ranks",
+}
 MAX_ITEMS = 50
 MIXED_SOURCE_RTOL = 1e-5  # float64 statistics from tensor files vs the dumper's float32 ones: rounding only
-_SIDE_COLS = ("seq", "leaf", "record", "api", "op_type", "module", "direction", "io", "index_path", "name",
-              "kind", "dtype", "shape", "requires_grad", "min", "max", "mean", "norm")
+_SIDE_COLS = (
+    "seq",
+    "leaf",
+    "record",
+    "api",
+    "op_type",
+    "module",
+    "direction",
+    "io",
+    "index_path",
+    "name",
+    "kind",
+    "dtype",
+    "shape",
+    "requires_grad",
+    "min",
+    "max",
+    "mean",
+    "norm",
+)
 
 
 @dataclass
@@ -60,7 +83,7 @@ class Check:
 
     key: str
     title: str
-    status: str                      # pass / differs / unknown
+    status: str  # pass / differs / unknown
     evidence: str
     first: dict[str, Any] | None = None
     items: list[dict[str, Any]] = field(default_factory=list)
@@ -82,15 +105,22 @@ class Checklist:
         return {c.key: asdict(c) for c in self.checks}
 
 
-def checklist(store: Store, target: str, ref: str, *, tolerances: Tolerances | None = None,
-              cmp: Comparison | None = None) -> Checklist:
+def checklist(
+    store: Store, target: str, ref: str, *, tolerances: Tolerances | None = None, cmp: Comparison | None = None
+) -> Checklist:
     """Answer the six checks for `target` against `ref` (pass `cmp` to reuse an existing comparison)."""
     cmp = cmp or compare_runs(store, target, ref, tolerances=tolerances)
     rows = cmp.rows.with_row_index("_i")
     sides = {p: _side(rows, p) for p in ("", "ref_")}
     inputs = {p: _unproduced_inputs(s) for p, s in sides.items()}
-    checks = [_data(rows, inputs), _weights(rows, sides, inputs), _structure(cmp), _scalars(cmp),
-              _precision(cmp), _coverage(cmp)]
+    checks = [
+        _data(rows, inputs),
+        _weights(rows, sides, inputs),
+        _structure(cmp),
+        _scalars(cmp),
+        _precision(cmp),
+        _coverage(cmp),
+    ]
     if not cmp.coverage["common_steps"] or not cmp.coverage["common_ranks"]:
         for c in checks[:-1]:
             c.status, c.evidence = "unknown", "no common step and rank to compare"
@@ -98,6 +128,7 @@ def checklist(store: Store, target: str, ref: str, *, tolerances: Tolerances | N
 
 
 # -- shared helpers ---------------------------------------------------------------------------------------
+
 
 def _side(rows: pl.DataFrame, p: str) -> pl.DataFrame:
     """One run's leaves with unprefixed column names, keeping the pair index `_i`."""
@@ -124,8 +155,12 @@ def _unproduced_inputs(side: pl.DataFrame) -> pl.DataFrame:
         fp = _fingerprint(r)
         if fp is not None and r["seq"] is not None:
             first_out[fp] = min(first_out.get(fp, r["seq"]), r["seq"])
-    ins = side.filter((pl.col("direction") == "forward") & (pl.col("io") == "input")
-                      & (pl.col("kind") == "tensor") & (pl.col("module").fill_null("") != "optimizer"))
+    ins = side.filter(
+        (pl.col("direction") == "forward")
+        & (pl.col("io") == "input")
+        & (pl.col("kind") == "tensor")
+        & (pl.col("module").fill_null("") != "optimizer")
+    )
     ins = ins.sort([*KEYS, "seq", "leaf"])
     keep, seen = [], set()
     for r in ins.iter_rows(named=True):
@@ -172,8 +207,12 @@ def _pair_diff(r: dict[str, Any]) -> tuple[bool | None, dict[str, Any]]:
 
 
 def _where(r: dict[str, Any]) -> dict[str, Any]:
-    return {"step": r["step"], "rank": r["rank"], "op": r["record"] or r["ref_record"],
-            "name": r["name"] or r["ref_name"]}
+    return {
+        "step": r["step"],
+        "rank": r["rank"],
+        "op": r["record"] or r["ref_record"],
+        "name": r["name"] or r["ref_name"],
+    }
 
 
 def _diff_text(why: dict[str, Any]) -> str:
@@ -195,6 +234,7 @@ def _by_index(rows: pl.DataFrame, idx: list[int]) -> list[dict[str, Any]]:
 
 # -- data --------------------------------------------------------------------------------------------------
 
+
 def _data_leaves(inputs: pl.DataFrame) -> dict[tuple, tuple[str | None, list[int]]]:
     """Per (step, rank, source): the first forward record with data inputs, the data leaves' pair indices."""
     data = inputs.filter(pl.col("requires_grad").fill_null(False).not_())
@@ -215,15 +255,25 @@ def _data(rows: pl.DataFrame, inputs: dict[str, pl.DataFrame]) -> Check:
     bad = [it for it in items if it["status"] == "differs"]
     if bad:
         first = bad[0]["first"]
-        ev = (f"step {first['step']} rank {first['rank']}  {first['name']}: {first['why']}"
-              f"{' (inferred)' if bad[0].get('inferred') else ''}; {len(bad)} of {len(items)} step/rank(s) "
-              "differ")
+        ev = (
+            f"step {first['step']} rank {first['rank']}  {first['name']}: {first['why']}"
+            f"{' (inferred)' if bad[0].get('inferred') else ''}; {len(bad)} of {len(items)} step/rank(s) "
+            "differ"
+        )
         counts = {"differs": len(bad), "checked": len(items)}
         return Check("data", TITLES["data"], "differs", ev, first, items, counts)
     if not items or any(it["status"] == "unknown" for it in items):
-        return Check("data", TITLES["data"], "unknown",
-                     "no data inputs with statistics found" if not items else "some steps have no comparable "
-                     "statistics for their data inputs", None, items, {"checked": len(items)})
+        return Check(
+            "data",
+            TITLES["data"],
+            "unknown",
+            "no data inputs with statistics found"
+            if not items
+            else "some steps have no comparable statistics for their data inputs",
+            None,
+            items,
+            {"checked": len(items)},
+        )
     names = sorted({n for it in items for n in it["leaves"]})
     compared = sorted({c for it in items for c in it["compared"]})
     steps = sorted({it["step"] for it in items})
@@ -233,8 +283,14 @@ def _data(rows: pl.DataFrame, inputs: dict[str, pl.DataFrame]) -> Check:
 
 def _data_group(rows: pl.DataFrame, key: tuple, record: str | None, idx: list[int]) -> dict[str, Any]:
     pairs = _by_index(rows, idx)
-    item: dict[str, Any] = {"step": key[0], "rank": key[1], "source": key[2], "record": record,
-                            "leaves": [r["name"] or r["ref_name"] for r in pairs], "compared": []}
+    item: dict[str, Any] = {
+        "step": key[0],
+        "rank": key[1],
+        "source": key[2],
+        "record": record,
+        "leaves": [r["name"] or r["ref_name"] for r in pairs],
+        "compared": [],
+    }
     verdicts = [(r, *_pair_diff(r)) for r in pairs]
     for r, differs, why in verdicts:
         item["compared"] = sorted(set(item["compared"]) | set(why.get("compared", [])))
@@ -248,9 +304,15 @@ def _data_group(rows: pl.DataFrame, key: tuple, record: str | None, idx: list[in
     inferred = _inferred(rows, key, record, set(idx))
     if inferred is not None:
         r, out_row, why = inferred
-        item.update(status="differs", inferred=True,
-                    first={**_where(r), "why": f"statistics equal ({', '.join(item['compared'])}), but "
-                           f"{out_row['name']} differs ({why}) while the other inputs are identical"})
+        item.update(
+            status="differs",
+            inferred=True,
+            first={
+                **_where(r),
+                "why": f"statistics equal ({', '.join(item['compared'])}), but "
+                f"{out_row['name']} differs ({why}) while the other inputs are identical",
+            },
+        )
         return item
     item["status"] = "pass"
     return item
@@ -258,13 +320,20 @@ def _data_group(rows: pl.DataFrame, key: tuple, record: str | None, idx: list[in
 
 def _inferred(rows: pl.DataFrame, key: tuple, record: str | None, data_idx: set[int]):
     """Data equal by their (weak) statistics, yet the consuming record's output differs, weights identical."""
-    rec = rows.filter((pl.col("step") == key[0]) & (pl.col("rank") == key[1]) & (pl.col("source") == key[2])
-                      & (pl.coalesce(pl.col("record"), pl.col("ref_record")) == record))
+    rec = rows.filter(
+        (pl.col("step") == key[0])
+        & (pl.col("rank") == key[1])
+        & (pl.col("source") == key[2])
+        & (pl.coalesce(pl.col("record"), pl.col("ref_record")) == record)
+    )
     if rec.height == 0:
         return None
     out = [r for r in rec.filter(pl.col("io") == "output").to_dicts() if r["kind"] == "tensor"]
-    others = [r for r in rec.filter(pl.col("io").is_in(["input", "parameters"])).to_dicts()
-              if r["kind"] == "tensor" and r["_i"] not in data_idx]
+    others = [
+        r
+        for r in rec.filter(pl.col("io").is_in(["input", "parameters"])).to_dicts()
+        if r["kind"] == "tensor" and r["_i"] not in data_idx
+    ]
     if any(_pair_diff(r)[0] is not False for r in others):
         return None
     for r in out:
@@ -277,6 +346,7 @@ def _inferred(rows: pl.DataFrame, key: tuple, record: str | None, data_idx: set[
 
 # -- weights -----------------------------------------------------------------------------------------------
 
+
 def _module_path(api: str | None, op_type: str | None) -> str:
     if api and op_type and api.endswith("." + op_type):
         return api[: -len(op_type) - 1]
@@ -285,8 +355,7 @@ def _module_path(api: str | None, op_type: str | None) -> str:
 
 def _weight_leaves(side: pl.DataFrame, inputs: pl.DataFrame, step: int) -> dict[int, str]:
     """Pair index -> parameter name at `step`: module parameters, else (L1) the unproduced grad inputs."""
-    params = side.filter((pl.col("step") == step) & (pl.col("io") == "parameters")
-                         & (pl.col("kind") == "tensor"))
+    params = side.filter((pl.col("step") == step) & (pl.col("io") == "parameters") & (pl.col("kind") == "tensor"))
     out: dict[int, str] = {}
     seen_names: set[tuple] = set()
     seen_fp: set[tuple | None] = set()
@@ -323,9 +392,16 @@ def _weights(rows: pl.DataFrame, sides: dict[str, pl.DataFrame], inputs: dict[st
         if differs is None:
             unknown += 1
         elif differs:
-            items.append({**_where(r), "param": names[r["_i"]], "why": _diff_text(why),
-                          "rel_l2": r.get("err"), "err_source": r.get("err_source"),
-                          "norm_ratio": r.get("norm_ratio")})
+            items.append(
+                {
+                    **_where(r),
+                    "param": names[r["_i"]],
+                    "why": _diff_text(why),
+                    "rel_l2": r.get("err"),
+                    "err_source": r.get("err_source"),
+                    "norm_ratio": r.get("norm_ratio"),
+                }
+            )
     counts = {"parameters": len(pairs), "differ": len(items), "unknown": unknown}
     if items:
         f = items[0]
@@ -335,8 +411,9 @@ def _weights(rows: pl.DataFrame, sides: dict[str, pl.DataFrame], inputs: dict[st
     if not pairs or unknown:
         ev = f"{unknown} of {len(pairs)} parameters have no statistics" if pairs else "no parameters found"
         return Check("weights", TITLES["weights"], "unknown", ev, None, [], counts)
-    return Check("weights", TITLES["weights"], "pass", f"{len(pairs)} parameters identical at step {step}",
-                 None, [], counts)
+    return Check(
+        "weights", TITLES["weights"], "pass", f"{len(pairs)} parameters identical at step {step}", None, [], counts
+    )
 
 
 def _rel(it: dict[str, Any]) -> str:
@@ -348,6 +425,7 @@ def _rel(it: dict[str, Any]) -> str:
 
 
 # -- structure, scalars, precision, coverage --------------------------------------------------------------
+
 
 def _by_design(cmp: Comparison) -> pl.Expr:
     p = cmp.precision
@@ -363,10 +441,12 @@ def _matched_tensors(cmp: Comparison) -> pl.DataFrame:
 def _one_run_leaves(cmp: Comparison, kinds: tuple[str, ...]) -> pl.DataFrame:
     """Leaves of records present in both runs that exist in one run only (an extra or missing argument)."""
     paired = cmp.records.filter(pl.col("t_record").is_not_null() & pl.col("r_record").is_not_null())
-    t_only = cmp.rows.filter(pl.col("ref_name").is_null() & pl.col("r_record").is_not_null()
-                             & pl.col("kind").is_in(list(kinds)))
+    t_only = cmp.rows.filter(
+        pl.col("ref_name").is_null() & pl.col("r_record").is_not_null() & pl.col("kind").is_in(list(kinds))
+    )
     r_only = cmp.rows.filter(pl.col("name").is_null() & pl.col("ref_kind").is_in(list(kinds))).join(
-        paired.select([*KEYS, pl.col("r_record").alias("ref_record")]), on=[*KEYS, "ref_record"], how="semi")
+        paired.select([*KEYS, pl.col("r_record").alias("ref_record")]), on=[*KEYS, "ref_record"], how="semi"
+    )
     return pl.concat([t_only, r_only], how="vertical")
 
 
@@ -377,29 +457,48 @@ def _structure(cmp: Comparison) -> Check:
     shapes = t.filter(pl.col("shape") != pl.col("ref_shape"))
     dtypes = t.filter((pl.col("dtype") != pl.col("ref_dtype")) & ~_by_design(cmp))
     extra_args = _one_run_leaves(cmp, ("tensor",))
-    counts = {"target_only_records": int((un["how"] == "target_only").sum()),
-              "ref_only_records": int((un["how"] == "ref_only").sum()),
-              "renumbered_records": int((cmp.records["how"] == "sequence").sum()),
-              "shape_differences": shapes.height, "dtype_differences": dtypes.height,
-              "tensor_args_in_one_run": extra_args.height}
-    items = [{"step": r["step"], "rank": r["rank"], "op": r["t_record"] or r["r_record"],
-              "only_in": "target" if r["how"] == "target_only" else "reference"}
-             for r in un.head(MAX_ITEMS).to_dicts()]
+    counts = {
+        "target_only_records": int((un["how"] == "target_only").sum()),
+        "ref_only_records": int((un["how"] == "ref_only").sum()),
+        "renumbered_records": int((cmp.records["how"] == "sequence").sum()),
+        "shape_differences": shapes.height,
+        "dtype_differences": dtypes.height,
+        "tensor_args_in_one_run": extra_args.height,
+    }
+    items = [
+        {
+            "step": r["step"],
+            "rank": r["rank"],
+            "op": r["t_record"] or r["r_record"],
+            "only_in": "target" if r["how"] == "target_only" else "reference",
+        }
+        for r in un.head(MAX_ITEMS).to_dicts()
+    ]
     for df, what in ((shapes, "shape"), (dtypes, "dtype")):
         items += [{**_where(r), what: [r[what], r[f"ref_{what}"]]} for r in df.head(MAX_ITEMS).to_dicts()]
-    items += [{**_where(r), "only_in": "target" if r["name"] else "reference"}
-              for r in extra_args.head(MAX_ITEMS).to_dicts()]
+    items += [
+        {**_where(r), "only_in": "target" if r["name"] else "reference"} for r in extra_args.head(MAX_ITEMS).to_dicts()
+    ]
     differing = {k: v for k, v in counts.items() if v and k != "renumbered_records"}
     if not differing:
         n = cmp.records.height
-        return Check("structure", TITLES["structure"], "pass",
-                     f"same {n} records (per step and rank), shapes and dtypes", None, [], counts)
+        return Check(
+            "structure",
+            TITLES["structure"],
+            "pass",
+            f"same {n} records (per step and rank), shapes and dtypes",
+            None,
+            [],
+            counts,
+        )
     first = items[0]
-    ev = (f"{counts['target_only_records']} records only in the target, {counts['ref_only_records']} only in "
-          f"the reference; {counts['shape_differences']} shape and {counts['dtype_differences']} dtype "
-          f"differences; {counts['tensor_args_in_one_run']} tensor arguments in one run only; first: "
-          f"step {first['step']} rank {first['rank']} {first.get('name') or first['op']} "
-          f"{_struct_what(first)}")
+    ev = (
+        f"{counts['target_only_records']} records only in the target, {counts['ref_only_records']} only in "
+        f"the reference; {counts['shape_differences']} shape and {counts['dtype_differences']} dtype "
+        f"differences; {counts['tensor_args_in_one_run']} tensor arguments in one run only; first: "
+        f"step {first['step']} rank {first['rank']} {first.get('name') or first['op']} "
+        f"{_struct_what(first)}"
+    )
     return Check("structure", TITLES["structure"], "differs", ev, first, items, counts)
 
 
@@ -412,8 +511,11 @@ def _struct_what(it: dict[str, Any]) -> str:
 
 def _scalar_rows(cmp: Comparison) -> tuple[pl.DataFrame, int]:
     values = ["scalar", "null"]
-    both = cmp.rows.filter(pl.col("kind").is_in(values) & pl.col("ref_kind").is_in(values)
-                           & ((pl.col("kind") == "scalar") | (pl.col("ref_kind") == "scalar")))
+    both = cmp.rows.filter(
+        pl.col("kind").is_in(values)
+        & pl.col("ref_kind").is_in(values)
+        & ((pl.col("kind") == "scalar") | (pl.col("ref_kind") == "scalar"))
+    )
     differ = both.filter(pl.col("value").fill_null("") != pl.col("ref_value").fill_null(""))
     both_nan = (pl.col("scalar_value").is_nan() & pl.col("ref_scalar_value").is_nan()).fill_null(False)
     differ = differ.filter(~both_nan)
@@ -430,8 +532,10 @@ def _scalars(cmp: Comparison) -> Check:
         arg = f"{r['io'] or r['ref_io']}.{r['index_path'] or r['ref_index_path']}"
         value, ref_value = _scalar_value(r, ""), _scalar_value(r, "ref_")
         key = (strip_call(rec), arg, value, ref_value)
-        g = groups.setdefault(key, {"op": strip_call(rec), "arg": arg, "value": value, "ref_value": ref_value,
-                                    "count": 0, "first": _where(r)})
+        g = groups.setdefault(
+            key,
+            {"op": strip_call(rec), "arg": arg, "value": value, "ref_value": ref_value, "count": 0, "first": _where(r)},
+        )
         g["count"] += 1
     items = list(groups.values())
     counts = {"scalar_arguments": n, "differ": rows.height, "distinct": len(items)}
@@ -439,9 +543,11 @@ def _scalars(cmp: Comparison) -> Check:
         status = "pass" if n else "unknown"
         ev = f"{n} scalar arguments identical" if n else "no scalar arguments in the aligned records"
         return Check("scalars", TITLES["scalars"], status, ev, None, [], counts)
-    listed = "; ".join(f"{g['op']} {g['arg']}: {g['value']} vs {g['ref_value']} ({g['count']} calls, first "
-                       f"step {g['first']['step']} rank {g['first']['rank']} {g['first']['op']})"
-                       for g in items[:5])
+    listed = "; ".join(
+        f"{g['op']} {g['arg']}: {g['value']} vs {g['ref_value']} ({g['count']} calls, first "
+        f"step {g['first']['step']} rank {g['first']['rank']} {g['first']['op']})"
+        for g in items[:5]
+    )
     first = {**items[0]["first"], "value": items[0]["value"], "ref_value": items[0]["ref_value"]}
     return Check("scalars", TITLES["scalars"], "differs", listed, first, items[:MAX_ITEMS], counts)
 
@@ -461,9 +567,11 @@ def _precision(cmp: Comparison) -> Check:
         return Check("precision", TITLES["precision"], "pass", ev, None, [], counts)
     first = _where(by_design.row(0, named=True)) if by_design.height else None
     where = f" (first: step {first['step']} rank {first['rank']} {first['name']})" if first else ""
-    ev = (f"the target computes in {p['target']} and the reference in {p['ref']} (mixed precision by design, "
-          f"e.g. autocast): {by_design.height} tensors differ in dtype {p['target']} vs {p['ref']}{where}; "
-          f"values are judged at the {p['floor']} tolerance")
+    ev = (
+        f"the target computes in {p['target']} and the reference in {p['ref']} (mixed precision by design, "
+        f"e.g. autocast): {by_design.height} tensors differ in dtype {p['target']} vs {p['ref']}{where}; "
+        f"values are judged at the {p['floor']} tolerance"
+    )
     return Check("precision", TITLES["precision"], "differs", ev, first, [dict(p)], counts)
 
 
@@ -482,4 +590,3 @@ def _coverage(cmp: Comparison) -> Check:
     parts = [f"{k} only in the {e['only_in']}: {e[k]}" for e in extra for k in ("steps", "ranks") if k in e]
     ev = "; ".join(parts) + f" (compared: steps {c['common_steps']}, ranks {c['common_ranks']})"
     return Check("coverage", TITLES["coverage"], "differs", ev, extra[0], extra, counts)
-

@@ -29,6 +29,7 @@ where):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -106,21 +107,35 @@ class Checklist:
 
 
 def checklist(
-    store: Store, target: str, ref: str, *, tolerances: Tolerances | None = None, cmp: Comparison | None = None
+    store: Store,
+    target: str,
+    ref: str,
+    *,
+    tolerances: Tolerances | None = None,
+    cmp: Comparison | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> Checklist:
-    """Answer the six checks for `target` against `ref` (pass `cmp` to reuse an existing comparison)."""
+    """Answer the six checks for `target` against `ref` (pass `cmp` to reuse an existing comparison).
+    `progress(stage, done, total)` is called as the comparison and each check start, and at the end."""
+    tell = progress or (lambda stage, done, total: None)
+    tell("compare", 0, 7)
     cmp = cmp or compare_runs(store, target, ref, tolerances=tolerances)
     rows = cmp.rows.with_row_index("_i")
     sides = {p: _side(rows, p) for p in ("", "ref_")}
     inputs = {p: _unproduced_inputs(s) for p, s in sides.items()}
-    checks = [
-        _data(rows, inputs),
-        _weights(rows, sides, inputs),
-        _structure(cmp),
-        _scalars(cmp),
-        _precision(cmp),
-        _coverage(cmp),
+    steps: list[tuple[str, Callable[[], Check]]] = [
+        ("data", lambda: _data(rows, inputs)),
+        ("weights", lambda: _weights(rows, sides, inputs)),
+        ("structure", lambda: _structure(cmp)),
+        ("scalars", lambda: _scalars(cmp)),
+        ("precision", lambda: _precision(cmp)),
+        ("coverage", lambda: _coverage(cmp)),
     ]
+    checks = []
+    for i, (name, check) in enumerate(steps, 1):
+        tell(name, i, 7)
+        checks.append(check())
+    tell("done", 7, 7)
     if not cmp.coverage["common_steps"] or not cmp.coverage["common_ranks"]:
         for c in checks[:-1]:
             c.status, c.evidence = "unknown", "no common step and rank to compare"

@@ -32,6 +32,7 @@ thresholds (`Thresholds`), all overridable:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -166,23 +167,37 @@ ORDER BY step, rank, source, seq
 """
 
 
-def health(store: Store, run: str, *, thresholds: Thresholds | None = None) -> HealthReport:
-    """Every watchpoint over all steps and ranks of `run`, findings in execution order."""
+def health(
+    store: Store,
+    run: str,
+    *,
+    thresholds: Thresholds | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> HealthReport:
+    """Every watchpoint over all steps and ranks of `run`, findings in execution order.  `progress(stage, done,
+    total)` is called as each watchpoint group starts, and at the end."""
     th = thresholds or Thresholds()
+    tell = progress or (lambda stage, done, total: None)
     info = store.run_info(run)
     con = connect(store, runs=[run])
     try:
+        tell("loss", 0, 7)
         loss = _df(con, LOSS_SQL, {"run": run})
-        found = (
-            _grad_findings(con, run, th)
-            + _weight_findings(con, run, th)
-            + _growth_findings(con, run, th)
-            + _zero_findings(con, run)
-            + _near_max_findings(con, run, th)
-            + _loss_findings(loss, th)
-        )
+        groups: list[tuple[str, Callable[[], list]]] = [
+            ("gradients", lambda: _grad_findings(con, run, th)),
+            ("weights", lambda: _weight_findings(con, run, th)),
+            ("activations", lambda: _growth_findings(con, run, th)),
+            ("all-zero", lambda: _zero_findings(con, run)),
+            ("near max", lambda: _near_max_findings(con, run, th)),
+            ("loss", lambda: _loss_findings(loss, th)),
+        ]
+        found = []
+        for i, (name, group) in enumerate(groups, 1):
+            tell(name, i, 7)
+            found += group()
     finally:
         con.close()
+    tell("overflow", 7, 7)
     found += _overflow_findings(store, run)
     found.sort(key=lambda x: x[0])
     findings = [f for _, f in found]

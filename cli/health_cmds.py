@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .options import store_option
-from .render import format_table, num, output_options, rows_out, text, to_json
+from .render import Stages, format_table, num, output_options, rows_out, text, to_json
 
 _STORE = store_option
 
@@ -22,7 +22,8 @@ def checklist(target, ref, store, fmt):
     from dumpstore.analysis._checklist import checklist as run_checklist
     from dumpstore.store import open_store
 
-    cl = run_checklist(open_store(store), target, ref)
+    with Stages("checklist") as progress:
+        cl = run_checklist(open_store(store), target, ref, progress=progress)
     if fmt == "json":
         click.echo(to_json(cl.to_dict()))
         return
@@ -58,7 +59,8 @@ def health(run, store, top, fmt):
     from dumpstore.analysis._health import health as run_health
     from dumpstore.store import open_store
 
-    rep = run_health(open_store(store), run)
+    with Stages("health") as progress:
+        rep = run_health(open_store(store), run, progress=progress)
     if fmt == "json":
         click.echo(to_json(rep.to_dict()))
     elif fmt == "csv":

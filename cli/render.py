@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -127,3 +129,32 @@ def finding_line(label: str, f: dict[str, Any] | None) -> str:
         cmp = f"  {f['metric']}={num(f['value'])} {rel} tol={num(f['threshold'])} ({f['dtype']}, {f['source']})"
     detail = f"  [{f['detail']}]" if f.get("detail") else ""
     return text(f"{label} ({f['kind']}): {where}{leaf}{cmp}{detail}")
+
+
+class Stages:
+    """Progress on stderr: one line redrawn on a terminal, else a line when a stage runs past EVERY seconds."""
+
+    EVERY = 5.0
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self.t0 = self.last = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.drawn = False
+
+    def __enter__(self) -> Stages:
+        return self
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        text = f"{self.command}: {stage} {done}/{total} ({now - self.t0:.0f} s)"
+        if self.tty:
+            click.echo(f"\r{text:<60}", nl=False, err=True)
+            self.drawn = True
+        elif now - self.last >= self.EVERY:
+            click.echo(text, err=True)
+            self.last = now
+
+    def __exit__(self, *exc: object) -> None:
+        if self.drawn:
+            click.echo(f"\r{'':<60}\r", nl=False, err=True)

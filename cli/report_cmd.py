@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 
 import click
 
 from .compare_cmds import _common
-from .render import finding_line
+from .render import Stages, finding_line
 
 
 def _report(
@@ -37,7 +35,7 @@ def _report(
     st = open_store(store)
     from dumpstore.analysis.tolerance import Tolerances
 
-    with _Stages() as progress:
+    with Stages("report") as progress:
         data = analyze(
             st,
             target,
@@ -54,41 +52,13 @@ def _report(
     if v["first_divergence"] is not None:
         click.echo(finding_line("CULPRIT", v["culprit"]))
     if csv_path is not None:
-        with _Stages() as progress:
+        with Stages("report") as progress:
             n = write_csv(data.cmp, csv_path, store=st, progress=progress)
         click.echo(f"wrote {csv_path} ({n} rows)")
     if html_path is not None:
-        with _Stages() as progress:
+        with Stages("report") as progress:
             size = write_report_html(data, st, html_path, progress=progress)
         click.echo(f"wrote {html_path} ({size / 1e6:.1f} MB, self-contained)")
-
-
-class _Stages:
-    """Progress on stderr: one line redrawn on a terminal, else a line when a stage runs past EVERY seconds."""
-
-    EVERY = 5.0
-
-    def __init__(self) -> None:
-        self.t0 = self.last = time.monotonic()
-        self.tty = sys.stderr.isatty()
-        self.drawn = False
-
-    def __enter__(self) -> _Stages:
-        return self
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        text = f"report: {stage} {done}/{total} ({now - self.t0:.0f} s)"
-        if self.tty:
-            click.echo(f"\r{text:<60}", nl=False, err=True)
-            self.drawn = True
-        elif now - self.last >= self.EVERY:
-            click.echo(text, err=True)
-            self.last = now
-
-    def __exit__(self, *exc: object) -> None:
-        if self.drawn:
-            click.echo(f"\r{'':<60}\r", nl=False, err=True)
 
 
 _html = click.option(

@@ -170,3 +170,19 @@ def test_cli_json_and_table(store):
     assert "initial weights" in res.output and "layers.0.qkv.weight" in res.output
     bad = runner.invoke(main, ["checklist", "--target", "nope", "--ref", "ref_stats", "--store", str(store.root)])
     assert bad.exit_code == 1 and "nope" in bad.output
+
+
+def test_progress_is_reported_per_check(store):
+    calls: list[tuple[str, int, int]] = []
+    checklist(store, "weight_1pct_stats", "ref_stats", progress=lambda *a: calls.append(a))
+    assert [s for s, _, _ in calls] == [
+        "compare",
+        "data",
+        "weights",
+        "structure",
+        "scalars",
+        "precision",
+        "coverage",
+        "done",
+    ]
+    assert calls[-1] == ("done", 7, 7)

@@ -231,3 +231,10 @@ def test_loss_spike_of_negative_losses(tmp_path, losses, spikes):
     assert [s["value"] for s in rep.loss] == pytest.approx(losses)
     found = [(f.step, f.threshold) for f in rep.findings if f.watchpoint == "loss_spike"]
     assert found == [(s, pytest.approx(t)) for s, t in spikes]
+
+
+def test_progress_is_reported_per_watchpoint_group(store):
+    calls: list[tuple[str, int, int]] = []
+    health(store, "ref_stats", progress=lambda stage, done, total: calls.append((stage, done, total)))
+    assert calls[0] == ("loss", 0, 7) and calls[-1] == ("overflow", 7, 7)
+    assert [d for _, d, _ in calls] == list(range(8))

@@ -60,3 +60,19 @@ def test_library_neither_prints_nor_imports_click_or_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
+
+
+def test_exported_names_stay_the_functions_after_their_modules_are_imported():
+    code = (
+        "import importlib, inspect, dumpstore, dumpstore.analysis as a\n"
+        "for m in ('dumpstore._ingest', 'dumpstore.analysis._divergence', 'dumpstore.analysis._checklist',\n"
+        "          'dumpstore.analysis._health', 'dumpstore.analysis._overflow'):\n"
+        "    importlib.import_module(m)\n"
+        "assert inspect.isfunction(dumpstore.ingest), dumpstore.ingest\n"
+        "for name in ('divergence', 'checklist', 'health', 'overflow'):\n"
+        "    assert inspect.isfunction(getattr(a, name)), name\n"
+        "import dumpstore.analysis._divergence as mod\n"
+        "assert inspect.ismodule(mod)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

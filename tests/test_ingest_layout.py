@@ -14,7 +14,7 @@ from dumpstore._ingest import ingest
 from dumpstore.records import LEAF_COLUMNS, leaf_columns
 from helpers import MSPROBE
 
-ingest_module = importlib.import_module("dumpstore._ingest")  # the module (dumpstore.ingest is also the function)
+ingest_module = importlib.import_module("dumpstore._ingest")  # the module (dumpstore.ingest is the function)
 
 
 def _described(leaf) -> dict:

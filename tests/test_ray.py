@@ -201,8 +201,8 @@ def test_unknown_engine_is_refused(tmp_path):
 
 def test_nothing_imports_ray_unless_asked():
     code = (
-        "import sys, dumpstore.ingest, dumpstore.cli.main, dumpstore.analysis.divergence, "
-        "dumpstore.analysis.overflow\nassert 'ray' not in sys.modules, 'ray imported'\n"
+        "import sys, dumpstore._ingest, dumpstore.cli.main, dumpstore.analysis._divergence, "
+        "dumpstore.analysis._overflow\nassert 'ray' not in sys.modules, 'ray imported'\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -687,6 +687,8 @@ def _screened(
     summaries, detailed = [], set()
     for step in sorted({s for s, _ in complex_units | hits}):
         these = {u for u in complex_units | (hits if culprit is None else set()) if u[0] == step}
+        if not these:  # found already: later steps only for their units that need alignment
+            continue
         prev = max((x for x in steps_c if x < step), default=None)
         context = {(prev, k) for _, k in these} if culprit is None and prev is not None else set()
         cmp = compare_runs(

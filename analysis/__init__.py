@@ -7,8 +7,9 @@ so `dumpstore.analysis.divergence` is always the function.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dumpstore._exports import lazy_exports
 
 _EXPORTS = {
     "Checklist": "_checklist",
@@ -66,14 +67,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    sub = _EXPORTS.get(name)
-    if sub is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{sub}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -23,6 +23,7 @@ When no value diverges but records exist in one run only, the first of them is t
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 import polars as pl
@@ -118,7 +119,11 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
 
 
 def divergence(cmp: Comparison) -> Verdict:
-    rows = _ordered(cmp.rows, cmp.records)
+    return _verdict_of(_ordered(cmp.rows, cmp.records), cmp)
+
+
+def _verdict_of(rows: pl.DataFrame, cmp: Comparison) -> Verdict:
+    """The verdict of a comparison whose rows are in execution order (`_ordered`)."""
     recs = _record_table(rows)
     noise = NoiseModel.fit(recs)
     unmatched = _unmatched(cmp.records)
@@ -274,18 +279,18 @@ def _culprit(
     steps = sorted(set(recs["step"].to_list()))
     keys = ["rank", "source", "_record"]
     for i, step in enumerate(steps):
+        view = _StepView(rows, step)
         if i:
-            found = _optimizer(rows, recs, steps[i - 1], step)
+            found = _optimizer(rows, recs, view, steps[i - 1])
             if found is not None:
                 return found
         candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff")))
         if not candidates.height:
             continue
-        step_rows = rows.filter(pl.col("step") == step).with_columns(_fingerprint(""), _fingerprint("ref_"))
-        t_prod, r_prod = _Producers(step_rows, ""), _Producers(step_rows, "ref_")
+        t_prod, r_prod = view.producers(""), view.producers("ref_")
         for start in range(0, candidates.height, batch):
             chunk = candidates.slice(start, batch)
-            leaves = step_rows.join(chunk.select(keys), on=keys, how="semi")
+            leaves = view.rows.join(chunk.select(keys), on=keys, how="semi")
             by_rec = leaves.partition_by(keys, as_dict=True, maintain_order=True)
             for rec in chunk.iter_rows(named=True):
                 judge = _Judge(
@@ -304,11 +309,29 @@ def _culprit(
     return None, None
 
 
-def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, before: int, after: int) -> tuple[Found, Found] | None:
+class _StepView:
+    """One step's ordered rows with both runs' fingerprints, and each run's producers, built on first use and
+    shared by the optimizer rule and the walk over the step's candidates."""
+
+    def __init__(self, rows: pl.DataFrame, step: int):
+        self.step, self._all = step, rows
+        self._producers: dict[str, _Producers] = {}
+
+    @cached_property
+    def rows(self) -> pl.DataFrame:
+        return self._all.filter(pl.col("step") == self.step).with_columns(_fingerprint(""), _fingerprint("ref_"))
+
+    def producers(self, prefix: str) -> _Producers:
+        if prefix not in self._producers:
+            self._producers[prefix] = _Producers(self.rows, prefix)
+        return self._producers[prefix]
+
+
+def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: int) -> tuple[Found, Found] | None:
     """The update between two agreeing steps as culprit (see analysis/noise.py), located at the first record of
     the later step that takes an updated parameter; the first divergence is the later step's first diverged
     output."""
-    step_rows = rows.filter(pl.col("step") == after).with_columns(_fingerprint(""))
+    after, step_rows = view.step, view.rows
     weights = step_rows.filter(
         pl.col("_io").is_in(INPUT_IO)
         & (pl.col("kind") == "tensor")
@@ -316,7 +339,7 @@ def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, before: int, after: int) 
     )
     if not weights.filter(pl.col("status") == "diverged").height:
         return None
-    produced = _Producers(step_rows, "")
+    produced = view.producers("")
     params = weights.filter(
         pl.Series([produced.producer(r) is None for r in weights.iter_rows(named=True)], dtype=pl.Boolean)
     )
@@ -343,9 +366,8 @@ def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, before: int, after: int) 
     first = recs.filter((pl.col("step") == after) & pl.col("out_div")).head(1)
     if first.height:
         r = first.row(0, named=True)
-        out = rows.filter(
-            (pl.col("step") == after)
-            & (pl.col("rank") == r["rank"])
+        out = step_rows.filter(
+            (pl.col("rank") == r["rank"])
             & (pl.col("_record") == r["_record"])
             & (pl.col("status") == "diverged")
             & pl.col("_io").is_in(OUTPUT_IO)
@@ -701,13 +723,14 @@ def _screened(
             units=sorted(these | context),
             precision=scr.precision,
         )
-        v = divergence(cmp)
+        rows = _ordered(cmp.rows, cmp.records)
+        v = _verdict_of(rows, cmp)
         if culprit is None and (v.culprit is not None or v.first_divergence is not None):
             first, culprit, noise = v.first_divergence, v.culprit, v.noise
         elif not noise or (v.noise.get("largest_amplification") or 0) > (noise.get("largest_amplification") or 0):
             noise = noise if culprit is not None else v.noise
-        unmatched += [u for u in _unmatched(cmp.records) if u["step"] == step]
-        summaries.append(_unit_summaries(_ordered(cmp.rows).filter(pl.col("step") == step)))
+        unmatched += [u for u in v.unmatched if u["step"] == step]
+        summaries.append(_unit_summaries(rows.filter(pl.col("step") == step)))
         detailed |= these
     if culprit is None and first is None and unmatched:
         first, culprit = _settle(None, None, unmatched)

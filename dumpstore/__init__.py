@@ -13,9 +13,9 @@ nor DuckDB.  Modules named like the function they export are private (`dumpstore
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._exports import lazy_exports
 from .errors import DumpFormatError, DumpstoreError, QueryError, StoreError
 
 __version__ = "0.1.0"
@@ -49,14 +49,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    sub = _EXPORTS.get(name)
-    if sub is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{sub}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

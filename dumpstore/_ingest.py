@@ -16,8 +16,10 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import ujson
 
 from . import summary
 from .errors import DumpFormatError, StoreError
@@ -25,7 +27,7 @@ from .framework import detect_framework
 from .layout import Unit, find_units
 from .names import parse_record
 from .ptfile import DEFAULT_MAX_BYTES
-from .records import LEAF_COLUMNS, leaf_columns, record_leaves
+from .records import LEAF_COLUMNS, leaf_column_lists, record_leaves
 from .schema import STACK_SCHEMA, TENSOR_SCHEMA
 from .store import Store, open_store, staging_dir, store_errors
 from .tensorfile import forget_folders, load, resolve
@@ -237,16 +239,15 @@ def _write_unit(
     files_pool: ProcessPoolExecutor | None,
 ) -> None:
     if unit.kind == "dump":
-        rows, stacks = _dump_rows(unit, opts, res, defer=files_pool is not None)
+        batches, stacks = _dump_batches(unit, opts, res, files_pool)
     else:
-        rows, stacks = _file_rows(unit, opts, res), []
+        batches, stacks = _file_batches(unit, opts, res, files_pool), []
     constants = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
     with pq.ParquetWriter(
         out, TENSOR_SCHEMA, compression="zstd", compression_level=_ZSTD_LEVEL, use_dictionary=_DICTIONARY_COLUMNS
     ) as writer:
         groups = _RowGroups(writer)
-        while batch := list(islice(rows, _BATCH_ROWS)):
-            _attach_deferred(batch, unit, opts, res, files_pool)
+        for batch in batches:
             groups.add(_batch_table(batch, constants, res))
         groups.close()
     if stacks:
@@ -270,7 +271,7 @@ def _write_stacks(root: Path, run: str, ingest_id: str, unit: Unit, stacks: list
     )
 
 
-# A row is a tuple of these columns: the record's, the leaf's place in it, then what describes the leaf.
+# A row's columns: the record's, the leaf's place in it, then what describes the leaf.
 _RECORD_COLUMNS = (
     "seq",
     "record",
@@ -284,29 +285,51 @@ _RECORD_COLUMNS = (
     "stack_id",
 )
 ROW_COLUMNS = _RECORD_COLUMNS + ("io", "index_path", "name", "leaf") + LEAF_COLUMNS
-_DATA_NAME = ROW_COLUMNS.index("data_name")
+_LIST_COLUMNS = ("sample", "sketch")  # float lists: numpy arrays or Python lists per row
+Batch = dict[str, Any]  # column -> a list of Python values (None = null), or an Arrow array
 
 
-def _batch_table(batch: list[tuple | dict[str, Any]], constants: dict[str, str], res: UnitResult) -> pa.Table:
-    """A non-empty batch of rows (tuples in ROW_COLUMNS order, or dicts of rows that read a tensor file) as a table
-    of TENSOR_SCHEMA, counted into `res`."""
-    rows = [r if isinstance(r, tuple) else tuple(r.get(c) for c in ROW_COLUMNS) for r in batch]
-    columns = dict(zip(ROW_COLUMNS, zip(*rows)))
-    _count(columns, res)
-    n = len(rows)
-    columns.update({c: [v] * n for c, v in constants.items()})
+def _batch_table(batch: Batch, constants: dict[str, str | None], res: UnitResult) -> pa.Table:
+    """A non-empty batch (every column of ROW_COLUMNS) as a table of TENSOR_SCHEMA, counted into `res`."""
+    _count(batch, res)
+    n = len(batch["kind"])
+    columns = {**batch, **{c: pa.repeat(pa.scalar(v, TENSOR_SCHEMA.field(c).type), n) for c, v in constants.items()}}
     return pa.Table.from_arrays(_arrays(columns, TENSOR_SCHEMA), schema=TENSOR_SCHEMA)
 
 
-def _arrays(columns: dict[str, Sequence[Any]], schema: pa.Schema) -> list[pa.Array]:
-    """The columns (Python values, None = null) as Arrow arrays in the schema's order."""
+def _arrays(columns: dict[str, Any], schema: pa.Schema) -> list[pa.Array]:
+    """The columns (Arrow arrays, or lists of Python values with None = null) as Arrow arrays in the schema's
+    order."""
     out = []
     for f in schema:
-        try:
-            out.append(pa.array(columns[f.name], f.type))
-        except UnicodeEncodeError:  # lone surrogates: JSON \udcxx escapes, file names that are not UTF-8
-            out.append(pa.array([utf8(v) for v in columns[f.name]], f.type))
+        values = columns[f.name]
+        if isinstance(values, pa.Array):
+            out.append(values)
+        elif f.name in _LIST_COLUMNS:
+            out.append(_float_lists(values, f.type))
+        else:
+            out.append(_array(values, f.type))
     return out
+
+
+def _array(values: Sequence[Any], type_: pa.DataType) -> pa.Array:
+    try:
+        return pa.array(values, type_)
+    except UnicodeEncodeError:  # lone surrogates: JSON \udcxx escapes, file names that are not UTF-8
+        return pa.array([utf8(v) for v in values], type_)
+
+
+def _float_lists(values: Sequence[Any], type_: pa.DataType) -> pa.Array:
+    """A list<float64> array from per-row 1-D numpy arrays or lists (None = null), through one concatenation."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return pa.nulls(len(values), type_)
+    lengths = np.fromiter((0 if v is None else len(v) for v in values), np.int32, len(values))
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate([np.asarray(v, np.float64) for v in present]) if offsets[-1] else np.zeros(0)
+    mask = None if len(present) == len(values) else pa.array([v is None for v in values])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float64()), type=type_, mask=mask)
 
 
 class _RowGroups:
@@ -361,7 +384,7 @@ def read_json(path: Path) -> Any:
         if size > MAX_DUMP_JSON_BYTES:
             raise DumpFormatError(f"{path}: {size} bytes is larger than the {MAX_DUMP_JSON_BYTES} byte limit")
         with open(path, "rb") as fh:
-            return json.loads(fh.read())
+            return parse_json(fh.read())
     except json.JSONDecodeError as exc:
         raise DumpFormatError(
             f"{path}: invalid JSON at line {exc.lineno} column {exc.colno} ({exc.msg}); "
@@ -375,6 +398,15 @@ def read_json(path: Path) -> Any:
         raise DumpFormatError(f"{path}: JSON nested too deeply") from None
     except OSError as exc:
         raise DumpFormatError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def parse_json(data: bytes) -> Any:
+    """JSON text (bare NaN / Infinity / -Infinity allowed) as Python values: ujson (C, 1.4x faster than json on a
+    dump.json), or json where ujson refuses the text, so that json's error (with its line and column) is raised."""
+    try:
+        return ujson.loads(data)
+    except (ujson.JSONDecodeError, ValueError, OverflowError, TypeError):
+        return json.loads(data)
 
 
 def _aux_json(path: Path, res: UnitResult) -> Any:
@@ -419,7 +451,7 @@ def _summarize_file(job: tuple[str, dict[str, Any], IngestOptions]) -> tuple[dic
     return {k: v for k, v in row.items() if k not in _FILE_FIELDS}, res.tensor_files
 
 
-def _dump_rows(unit: Unit, opts: IngestOptions, res: UnitResult, *, defer: bool = False):
+def _dump_batches(unit: Unit, opts: IngestOptions, res: UnitResult, files_pool: ProcessPoolExecutor | None):
     doc = read_json(unit.path)
     if unit.path.name == "debug.json" and isinstance(doc, dict) and "data" not in doc:
         doc = {"data": doc, "level": "debug"}
@@ -434,9 +466,9 @@ def _dump_rows(unit: Unit, opts: IngestOptions, res: UnitResult, *, defer: bool 
         res.meta["framework"] = found
     construct = _aux_json(unit.path.parent / "construct.json", res)
     stack_ids, stacks = _stack_index(_aux_json(unit.path.parent / "stack.json", res))
-    return _record_rows(
-        unit, doc, construct if isinstance(construct, dict) else {}, stack_ids, opts, res, defer
-    ), stacks
+    records = _record_batches(doc, construct if isinstance(construct, dict) else {}, stack_ids, res)
+    tensor_task = doc.get("task") not in ("statistics", "md5", "overflow_check")
+    return (_leaf_batch(b, tensor_task, unit, opts, res, files_pool) for b in records), stacks
 
 
 def _stack_index(doc: Any) -> tuple[dict[str, int], list[list[str]]]:
@@ -462,42 +494,95 @@ def _parent(construct: dict, key: str) -> str | None:
     return parent if isinstance(parent, str) else None
 
 
-def _record_rows(
-    unit: Unit,
-    doc: dict,
-    construct: dict,
-    stack_ids: dict[str, int],
-    opts: IngestOptions,
-    res: UnitResult,
-    defer: bool = False,
-) -> Iterator[tuple | dict[str, Any]]:
-    """The unit's rows: tuples in ROW_COLUMNS order; a dict where the row reads a tensor file."""
-    leaf_no = 0
-    tensor_task = doc.get("task") not in ("statistics", "md5", "overflow_check")
+@dataclass
+class _Records:
+    """A batch of whole records: one row of record columns per record, and its leaves (io, index, name, value)."""
+
+    first_leaf: int
+    idents: list[tuple] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    leaves: list[tuple[str, str, str, Any]] = field(default_factory=list)
+
+
+def _record_batches(doc: dict, construct: dict, stack_ids: dict[str, int], res: UnitResult) -> Iterator[_Records]:
+    """The dump's records with at least one leaf, in batches of about _BATCH_ROWS leaves."""
+    batch = _Records(0)
     for seq, (key, record) in enumerate(doc.get("data", {}).items()):
         res.records += 1
         key = str(key)
         rn = parse_record(key)
+        leaves = record_leaves(key, record, rn.direction)
+        if not leaves:
+            continue
         recompute = record.get("is_recompute") if isinstance(record, dict) else None
-        ident = (
-            seq,
-            key,
-            rn.prefix,
-            rn.api,
-            rn.op_type,
-            _int32(rn.call),
-            rn.direction,
-            _parent(construct, key),
-            recompute if isinstance(recompute, bool) else None,
-            stack_ids.get(key),
+        batch.idents.append(
+            (
+                seq,
+                key,
+                rn.prefix,
+                rn.api,
+                rn.op_type,
+                _int32(rn.call),
+                rn.direction,
+                _parent(construct, key),
+                recompute if isinstance(recompute, bool) else None,
+                stack_ids.get(key),
+            )
         )
-        for io, index, name, leaf in record_leaves(key, record, rn.direction):
-            row = (*ident, io, index, name, leaf_no, *leaf_columns(leaf, tensor_task))
-            leaf_no += 1
-            if row[_DATA_NAME] and opts.load_tensors:  # only tensor leaves have a data_name
-                yield _tensor_file_row(dict(zip(ROW_COLUMNS, row)), unit, opts, res, defer)
-            else:
-                yield row
+        batch.counts.append(len(leaves))
+        batch.leaves.extend(leaves)
+        if len(batch.leaves) >= _BATCH_ROWS:
+            yield batch
+            batch = _Records(batch.first_leaf + len(batch.leaves))
+    if batch.leaves:
+        yield batch
+
+
+def _leaf_batch(
+    recs: _Records,
+    tensor_task: bool,
+    unit: Unit,
+    opts: IngestOptions,
+    res: UnitResult,
+    files_pool: ProcessPoolExecutor | None,
+) -> Batch:
+    """The columns of a batch of records' leaves (tensor files read and summarised where the dump names them)."""
+    ios, index_paths, names, values = (list(c) for c in zip(*recs.leaves))
+    cols: Batch = leaf_column_lists(values, tensor_task)
+    cols.update(io=ios, index_path=index_paths, name=names)
+    cols["leaf"] = pa.array(np.arange(recs.first_leaf, recs.first_leaf + len(values)), pa.int32())
+    take = pa.array(np.repeat(np.arange(len(recs.counts), dtype=np.int32), recs.counts))
+    for c, per_record in zip(_RECORD_COLUMNS, zip(*recs.idents)):
+        cols[c] = _array(per_record, TENSOR_SCHEMA.field(c).type).take(take)
+    if any(r[8] is not None or (r[6] == "parameters_grad" and r[5] is None) for r in recs.idents):
+        res.meta["generation"] = "8.x"  # is_recompute, or gradients without a call number
+    if opts.load_tensors:
+        _read_tensor_files(cols, unit, opts, res, files_pool)
+    return cols
+
+
+def _read_tensor_files(
+    cols: Batch, unit: Unit, opts: IngestOptions, res: UnitResult, files_pool: ProcessPoolExecutor | None
+) -> None:
+    """Summarise the tensor file of every leaf that names one into the batch's columns."""
+    at = [i for i, dn in enumerate(cols["data_name"]) if dn]
+    if not at:
+        return
+    rows = [
+        _tensor_file_row({c: cols[c][i] for c in _FILE_FIELDS}, unit, opts, res, files_pool is not None) for i in at
+    ]
+    _attach_deferred(rows, unit, opts, res, files_pool)
+    for i, row in zip(at, rows):
+        for c, v in row.items():
+            cols[c][i] = v
+
+
+def _file_batches(unit: Unit, opts: IngestOptions, res: UnitResult, files_pool: ProcessPoolExecutor | None):
+    """The batches of a folder of plain tensor files."""
+    rows = _file_rows(unit, opts, res)
+    while batch := list(islice(rows, _BATCH_ROWS)):
+        _attach_deferred(batch, unit, opts, res, files_pool)
+        yield {c: [r.get(c) for r in batch] for c in ROW_COLUMNS}
 
 
 def _tensor_file_row(
@@ -515,18 +600,13 @@ def _int32(value: int | None) -> int | None:
     return value if value is not None and value <= _INT32_MAX else None
 
 
-def _count(columns: dict[str, Sequence[Any]], res: UnitResult) -> None:
+def _count(columns: Batch, res: UnitResult) -> None:
     """Count a batch's rows, tensors and errors into `res` (and make its errors one line)."""
     kinds, errors = columns["kind"], columns["error"]
     res.rows += len(kinds)
     res.tensors += kinds.count("tensor")
     if any(columns["checksum_kind"]):
         res.meta["checksum"] = next(k for k in reversed(columns["checksum_kind"]) if k)
-    if columns["is_recompute"].count(None) < len(kinds) or (
-        "parameters_grad" in columns["direction"]
-        and any(d == "parameters_grad" and c is None for d, c in zip(columns["direction"], columns["call"]))
-    ):
-        res.meta["generation"] = "8.x"
     if any(errors):
         errors = columns["error"] = [one_line(e) if e else e for e in errors]
         res.errors += sum(1 for e in errors if e)

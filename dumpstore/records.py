@@ -273,3 +273,120 @@ def _shape(value: Any) -> tuple[list[int] | None, int | None, str | None]:
                 return value, numel, None
             return None, None, (f"invalid shape {value!r:.200}: a dimension or the element count does not fit in int64")
     return None, None, f"invalid shape {value!r:.200}: expected a list of non-negative integers"
+
+
+_NO_FIELDS: dict[str, Any] = {}
+
+
+def leaf_column_lists(leaves: list[Any], tensor_task: bool = True) -> dict[str, list]:
+    """LEAF_COLUMNS of many leaves as one list per column: item i of each list is leaf_columns(leaves[i]).
+
+    Tensor leaves (the bulk of a dump) go through one list comprehension per column instead of a tuple per leaf;
+    the other leaves (scalars, nulls, malformed values) are patched in from leaf_columns."""
+    is_tensor = [type(v) is dict and "dtype" in v and "shape" in v for v in leaves]
+    ds = [v if t else _NO_FIELDS for v, t in zip(leaves, is_tensor)]
+    n = len(leaves)
+    mx, mn, mean, norm = ([_float(d.get(k)) for d in ds] for k in ("Max", "Min", "Mean", "Norm"))
+    dtype_raw = [d.get("dtype") for d in ds]
+    dtype = _canonical_list(dtype_raw)
+    shape, numel, error = _shape_lists([d.get("shape") for d in ds])
+    data_name, file_status = _data_names(ds, error, tensor_task)
+    checksum = [None if m is None else _checksum(m) for m in (d.get("md5") for d in ds)]
+    cols: dict[str, list] = {
+        "kind": ["tensor"] * n,
+        "value_type": [v if type(v) is str else str(v) for v in (d.get("type", "") for d in ds)],
+        "dtype": dtype,
+        "dtype_raw": [v if v is None or type(v) is str else str(v) for v in dtype_raw],
+        "shape": shape,
+        "numel": numel,
+        "requires_grad": [v if v is True or v is False else None for v in (d.get("requires_grad") for d in ds)],
+        "min": mn,
+        "max": mx,
+        "mean": mean,
+        "norm": norm,
+        "stats_source": [
+            "none" if a is None and b is None and c is None and e is None else "dump"
+            for a, b, c, e in zip(mx, mn, mean, norm)
+        ],
+        **_flag_lists(mx, mn, dtype),
+        "dump_max": list(mx),
+        "dump_min": list(mn),
+        "dump_mean": list(mean),
+        "dump_norm": list(norm),
+        "checksum": checksum,
+        "checksum_kind": [None if c is None else "xor" if c.startswith("0x") else "crc32" for c in checksum],
+        "data_name": data_name,
+        "file_status": file_status,
+        "error": error,
+    }
+    for c in LEAF_COLUMNS:  # value, scalar_value, the counts, sample, sketch: known only for other leaves
+        if c not in cols:
+            cols[c] = [None] * n
+    _patch_others(cols, leaves, is_tensor, tensor_task)
+    return cols
+
+
+def _float(v: Any) -> float | None:
+    return v if type(v) is float or v is None else _num(v)
+
+
+def _canonical_list(raw: list[Any]) -> list[str]:
+    seen: dict[str, str] = {}
+    out = []
+    for v in raw:
+        if type(v) is str:
+            c = seen.get(v)
+            if c is None:
+                c = seen[v] = canonical(v)
+            out.append(c)
+        else:
+            out.append(canonical(v))
+    return out
+
+
+def _shape_lists(raw: list[Any]) -> tuple[list, list, list]:
+    """shape, numel and error lists (see _shape)."""
+    if not raw:
+        return [], [], []
+    shape, numel, error = zip(*[_shape(v) for v in raw])
+    return list(shape), list(numel), list(error)
+
+
+def _data_names(ds: list[dict], error: list[str | None], tensor_task: bool) -> tuple[list, list]:
+    """data_name and file_status lists; a data_name that is not a file name sets `error` (when it has none)."""
+    data_name = [d.get("data_name") for d in ds]
+    status = ["none"] * len(ds)
+    for i, dn in enumerate(data_name):
+        if dn is not None and type(dn) is str and (dn or not tensor_task):
+            continue
+        if dn is None and "data_name" not in ds[i]:
+            continue
+        status[i], data_name[i] = "error", None  # present but not a usable file name
+        if error[i] is None:
+            error[i] = f"data_name {_brief(dn)} is not a file name; expected the name of the leaf's tensor file"
+    return data_name, status
+
+
+def _flag_lists(mx: list, mn: list, dtype: list[str]) -> dict[str, list]:
+    """has_nan / has_posinf / has_neginf / has_sat from Max and Min (see _tensor_leaf)."""
+    both = [a is not None and b is not None for a, b in zip(mx, mn)]
+    return {
+        "has_nan": [(a != a or b != b) if k else None for a, b, k in zip(mx, mn, both)],
+        "has_posinf": [a == _INF if k else None for a, k in zip(mx, both)],
+        "has_neginf": [b == -_INF if k else None for b, k in zip(mn, both)],
+        "has_sat": [_saturated(a, b, _SAT_LIMIT.get(d)) if k else None for a, b, d, k in zip(mx, mn, dtype, both)],
+    }
+
+
+def _saturated(mx: float, mn: float, fmax: float | None) -> bool:
+    return fmax is not None and (
+        (abs(mx) >= fmax and mx != _INF and mx != -_INF) or (abs(mn) >= fmax and mn != _INF and mn != -_INF)
+    )
+
+
+def _patch_others(cols: dict[str, list], leaves: list[Any], is_tensor: list[bool], tensor_task: bool) -> None:
+    lists = [cols[c] for c in LEAF_COLUMNS]
+    for i, t in enumerate(is_tensor):
+        if not t:
+            for col, v in zip(lists, leaf_columns(leaves[i], tensor_task)):
+                col[i] = v

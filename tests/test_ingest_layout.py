@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import json
 import math
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from dumpstore._ingest import ingest
-from dumpstore.records import LEAF_COLUMNS, leaf_columns
-from helpers import MSPROBE
+from dumpstore.names import parse_record
+from dumpstore.records import LEAF_COLUMNS, leaf_column_lists, leaf_columns, record_leaves
+from helpers import MSPROBE, SAMPLES
 
 ingest_module = importlib.import_module("dumpstore._ingest")  # the module (dumpstore.ingest is the function)
 
@@ -111,3 +113,36 @@ def test_garbage_collector_left_as_found(tmp_path, enabled):
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+_ODD_LEAVES = [
+    None,
+    {"type": "int", "value": 3},
+    {"type": "float", "value": -math.inf},
+    {"dtype": "x", "shape": [1, -2]},
+    {"dtype": ["a"], "shape": [2, 3], "Max": 1, "Min": True, "Mean": None, "Norm": 10**400},
+    {"dtype": "torch.float16", "shape": [], "Max": 65504.0, "Min": -1.0, "data_name": ""},
+    {"dtype": "torch.float16", "shape": [], "data_name": None},
+    {"dtype": "torch.float16", "shape": [], "data_name": 5, "md5": "0xab"},
+    {"dtype": "torch.bfloat16", "shape": [3], "md5": 17, "Max": math.nan, "Min": -math.inf, "type": 7},
+    {"dtype": "torch.float32", "shape": [2], "Max": math.inf, "Min": 3.4028234663852886e38, "requires_grad": 1},
+    {"type": {"a": 1}},
+    {"shape": [1]},
+    {"dtype": "torch.int64", "shape": [2, 1 << 62]},
+]
+
+
+@pytest.mark.parametrize("tensor_task", [True, False])
+def test_leaf_column_lists_equal_leaf_columns_leaf_by_leaf(tensor_task):
+    """The columnar builder of the ingest gives every leaf exactly the columns leaf_columns gives it."""
+    leaves = list(_ODD_LEAVES)
+    for name in ("overflow_stats", "ref_tensor", "saturation_stats"):
+        doc = json.loads((SAMPLES / name / "step0" / "rank0" / "dump.json").read_text())
+        for key, record in doc["data"].items():
+            leaves += [leaf for *_, leaf in record_leaves(key, record, parse_record(key).direction)]
+    leaves += _ODD_LEAVES
+    cols = leaf_column_lists(leaves, tensor_task)
+    assert sorted(cols) == sorted(LEAF_COLUMNS) and {len(v) for v in cols.values()} == {len(leaves)}
+    for i, leaf in enumerate(leaves):
+        got = tuple(cols[c][i] for c in LEAF_COLUMNS)
+        assert got == leaf_columns(leaf, tensor_task), (i, leaf)

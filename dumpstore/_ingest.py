@@ -551,9 +551,8 @@ def _leaf_batch(
     cols: Batch = leaf_column_lists(values, tensor_task)
     cols.update(io=ios, index_path=index_paths, name=names)
     cols["leaf"] = pa.array(np.arange(recs.first_leaf, recs.first_leaf + len(values)), pa.int32())
-    take = pa.array(np.repeat(np.arange(len(recs.counts), dtype=np.int32), recs.counts))
-    for c, per_record in zip(_RECORD_COLUMNS, zip(*recs.idents)):
-        cols[c] = _array(per_record, TENSOR_SCHEMA.field(c).type).take(take)
+    for c, per_record in zip(_RECORD_COLUMNS, zip(*recs.idents)):  # np.repeat: Arrow's take loads pyarrow.compute
+        cols[c] = _array(np.repeat(np.array(per_record, dtype=object), recs.counts), TENSOR_SCHEMA.field(c).type)
     if any(r[8] is not None or (r[6] == "parameters_grad" and r[5] is None) for r in recs.idents):
         res.meta["generation"] = "8.x"  # is_recompute, or gradients without a call number
     if opts.load_tensors:

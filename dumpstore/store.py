@@ -32,16 +32,33 @@ class Store:
 
     def __init__(self, root: Path):
         self.root = root
+        self._catalog: tuple[tuple[int, ...], pa.Table, list[dict[str, Any]]] | None = None
 
     # -- catalog -------------------------------------------------------------------------------------
     def runs(self) -> pa.Table:
-        import pyarrow.parquet as pq
+        return self._read_catalog()[0]
 
-        from .schema import RUN_SCHEMA, SCHEMA_VERSION
+    def _read_catalog(self) -> tuple[pa.Table, list[dict[str, Any]]]:
+        """The catalog as a table and as rows; read again only when the file was replaced (a command asks for it
+        a dozen times)."""
+        from .schema import RUN_SCHEMA
 
         path = self.root / CATALOG
-        if not path.exists():
-            return RUN_SCHEMA.empty_table()
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return RUN_SCHEMA.empty_table(), []
+        key = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if self._catalog is None or self._catalog[0] != key:
+            table = self._checked_catalog(path)
+            self._catalog = key, table, table.to_pylist()
+        return self._catalog[1], self._catalog[2]
+
+    def _checked_catalog(self, path: Path) -> pa.Table:
+        import pyarrow.parquet as pq
+
+        from .schema import SCHEMA_VERSION
+
         table = pq.ParquetFile(path).read()
         versions = set(table.column("schema_version").to_pylist()) if "schema_version" in table.schema.names else {0}
         old = sorted(v for v in versions if v != SCHEMA_VERSION)
@@ -64,9 +81,9 @@ class Store:
         return [str(r) for r in self.runs().column("run").to_pylist()]
 
     def run_info(self, run: str) -> dict[str, Any]:
-        for row in self.runs().to_pylist():
+        for row in self._read_catalog()[1]:
             if row["run"] == run:
-                return row
+                return dict(row)
         known = ", ".join(self.run_names()) or "none"
         raise StoreError(
             f"run {run!r} is not in store {self.root} (runs: {known}); "

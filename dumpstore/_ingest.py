@@ -173,10 +173,11 @@ def _run_units(
     if progress:
         progress(0, len(tasks))
     if n_jobs == 1:
-        spare = (jobs or os.cpu_count() or 1) if len(tasks) == 1 and opts.load_tensors else 1
+        cores = (jobs or os.cpu_count() or 1) if len(tasks) == 1 else 1
+        spare = cores if opts.load_tensors else 1
         with _maybe_pool(spare) as files_pool:  # one dump file: its tensor files are read in parallel
             for t in tasks:
-                results.append(_ingest_unit(*t, files_pool=files_pool))
+                results.append(_ingest_unit(*t, files_pool=files_pool, cores=cores))
                 if progress:
                     progress(len(results), len(tasks))
         return results
@@ -202,7 +203,13 @@ def _maybe_pool(workers: int) -> Iterator[ProcessPoolExecutor | None]:
 
 
 def _ingest_unit(
-    unit: Unit, root: str, run: str, ingest_id: str, opts: IngestOptions, files_pool: ProcessPoolExecutor | None = None
+    unit: Unit,
+    root: str,
+    run: str,
+    ingest_id: str,
+    opts: IngestOptions,
+    files_pool: ProcessPoolExecutor | None = None,
+    cores: int = 1,
 ) -> UnitResult:
     forget_folders()
     res = UnitResult(unit.step, unit.rank)
@@ -211,7 +218,7 @@ def _ingest_unit(
     suffix = f"-{unit.source}" if unit.source else ""
     out = part / f"part-{ingest_id}{suffix}.parquet"
     with _gc_paused():
-        _write_unit(unit, out, root, run, ingest_id, opts, res, files_pool)
+        _write_unit(unit, out, root, run, ingest_id, opts, res, files_pool, cores)
     return res
 
 
@@ -237,18 +244,20 @@ def _write_unit(
     opts: IngestOptions,
     res: UnitResult,
     files_pool: ProcessPoolExecutor | None,
+    cores: int = 1,
 ) -> None:
-    if unit.kind == "dump":
-        batches, stacks = _dump_batches(unit, opts, res, files_pool)
-    else:
-        batches, stacks = _file_batches(unit, opts, res, files_pool), []
     constants = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
+    if unit.kind == "dump":
+        tables, stacks = _dump_tables(unit, opts, res, files_pool, constants, cores)
+    else:
+        batches = _file_batches(unit, opts, res, files_pool)
+        tables, stacks = (_batch_table(b, constants, res) for b in batches), []
     with pq.ParquetWriter(
         out, TENSOR_SCHEMA, compression="zstd", compression_level=_ZSTD_LEVEL, use_dictionary=_DICTIONARY_COLUMNS
     ) as writer:
         groups = _RowGroups(writer)
-        for batch in batches:
-            groups.add(_batch_table(batch, constants, res))
+        for table in tables:
+            groups.add(table)
         groups.close()
     if stacks:
         _write_stacks(Path(root), run, ingest_id, unit, stacks)
@@ -451,7 +460,27 @@ def _summarize_file(job: tuple[str, dict[str, Any], IngestOptions]) -> tuple[dic
     return {k: v for k, v in row.items() if k not in _FILE_FIELDS}, res.tensor_files
 
 
-def _dump_batches(unit: Unit, opts: IngestOptions, res: UnitResult, files_pool: ProcessPoolExecutor | None):
+def _dump_tables(
+    unit: Unit,
+    opts: IngestOptions,
+    res: UnitResult,
+    files_pool: ProcessPoolExecutor | None,
+    constants: dict[str, str | None],
+    cores: int,
+) -> tuple[Iterator[pa.Table], list[list[str]]]:
+    doc, construct, stack_ids, stacks = _open_dump(unit, res)
+    tensor_task = doc.get("task") not in ("statistics", "md5", "overflow_check")
+    job = _Slices(list(doc["data"].items()), construct, stack_ids, tensor_task, unit, opts, constants)
+    if cores > 1 and len(job.records) >= _SPLIT_MIN_RECORDS and not (tensor_task and opts.load_tensors):
+        return _split_tables(job, cores, res), stacks
+    batches = _record_batches(job.records, 0, construct, stack_ids, res)
+    return (
+        _batch_table(_leaf_batch(b, tensor_task, unit, opts, res, files_pool), constants, res) for b in batches
+    ), stacks
+
+
+def _open_dump(unit: Unit, res: UnitResult) -> tuple[dict, dict, dict[str, int], list[list[str]]]:
+    """The unit's dump.json (checked to hold a 'data' object), construct.json and stack.json."""
     doc = read_json(unit.path)
     if unit.path.name == "debug.json" and isinstance(doc, dict) and "data" not in doc:
         doc = {"data": doc, "level": "debug"}
@@ -466,9 +495,73 @@ def _dump_batches(unit: Unit, opts: IngestOptions, res: UnitResult, files_pool: 
         res.meta["framework"] = found
     construct = _aux_json(unit.path.parent / "construct.json", res)
     stack_ids, stacks = _stack_index(_aux_json(unit.path.parent / "stack.json", res))
-    records = _record_batches(doc, construct if isinstance(construct, dict) else {}, stack_ids, res)
-    tensor_task = doc.get("task") not in ("statistics", "md5", "overflow_check")
-    return (_leaf_batch(b, tensor_task, unit, opts, res, files_pool) for b in records), stacks
+    return doc, construct if isinstance(construct, dict) else {}, stack_ids, stacks
+
+
+# A statistics dump with this many records is turned into rows by `cores` processes at once when the run has fewer
+# units than cores (the other cores would idle): forked workers inherit the parsed JSON, nothing is pickled to them.
+_SPLIT_MIN_RECORDS = 4096
+
+
+@dataclass
+class _Slices:
+    records: list[tuple[Any, Any]]
+    construct: dict
+    stack_ids: dict[str, int]
+    tensor_task: bool
+    unit: Unit
+    opts: IngestOptions
+    constants: dict[str, str | None]
+
+    def table(self, part: int, parts: int) -> tuple[pa.Table | None, UnitResult]:
+        """Rows of the part-th of `parts` equal runs of records (leaf numbers from 0: the caller shifts them)."""
+        lo, hi = len(self.records) * part // parts, len(self.records) * (part + 1) // parts
+        res = UnitResult(self.unit.step, self.unit.rank)
+        batches = _record_batches(self.records[lo:hi], lo, self.construct, self.stack_ids, res)
+        tables = [
+            _batch_table(_leaf_batch(b, self.tensor_task, self.unit, self.opts, res, None), self.constants, res)
+            for b in batches
+        ]
+        return (pa.concat_tables(tables) if tables else None), res
+
+
+_FORKED: _Slices | None = None  # what forked workers of _split_tables read
+
+
+def _forked_part(part: int, parts: int) -> tuple[pa.Table | None, UnitResult]:
+    assert _FORKED is not None
+    return _FORKED.table(part, parts)
+
+
+def _split_tables(job: _Slices, cores: int, res: UnitResult) -> Iterator[pa.Table]:
+    """The dump's tables built by `cores` processes: this one takes the first part, forked workers the others."""
+    import multiprocessing
+
+    global _FORKED
+    _FORKED = job
+    try:
+        fork = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(cores - 1, mp_context=fork, initializer=worker_init, initargs=(os.getpid(),)) as pool:
+            futures = [pool.submit(_forked_part, i, cores) for i in range(1, cores)]
+            parts = [job.table(0, cores)] + [f.result() for f in futures]
+    finally:
+        _FORKED = None
+    leaf = TENSOR_SCHEMA.get_field_index("leaf")
+    for table, part_res in parts:
+        if table is not None:
+            shifted = pa.array(table.column(leaf).to_numpy() + res.rows, pa.int32())
+            yield table.set_column(leaf, TENSOR_SCHEMA.field(leaf), shifted)
+        _merge(res, part_res)
+
+
+def _merge(res: UnitResult, part: UnitResult) -> None:
+    """Add a part's counts to the unit's (its first error only if the unit has none yet)."""
+    res.records += part.records
+    res.rows += part.rows
+    res.tensors += part.tensors
+    res.errors += part.errors
+    res.first_error = res.first_error or part.first_error
+    res.meta.update({k: v for k, v in part.meta.items() if k in ("checksum", "generation")})
 
 
 def _stack_index(doc: Any) -> tuple[dict[str, int], list[list[str]]]:
@@ -504,10 +597,12 @@ class _Records:
     leaves: list[tuple[str, str, str, Any]] = field(default_factory=list)
 
 
-def _record_batches(doc: dict, construct: dict, stack_ids: dict[str, int], res: UnitResult) -> Iterator[_Records]:
-    """The dump's records with at least one leaf, in batches of about _BATCH_ROWS leaves."""
+def _record_batches(
+    records: list[tuple[Any, Any]], first_seq: int, construct: dict, stack_ids: dict[str, int], res: UnitResult
+) -> Iterator[_Records]:
+    """The records (numbered from first_seq) with at least one leaf, in batches of about _BATCH_ROWS leaves."""
     batch = _Records(0)
-    for seq, (key, record) in enumerate(doc.get("data", {}).items()):
+    for seq, (key, record) in enumerate(records, first_seq):
         res.records += 1
         key = str(key)
         rn = parse_record(key)

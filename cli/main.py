@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -291,6 +292,10 @@ def run() -> None:
     """The `dumpstore` console script."""
     if "pandas" not in sys.modules:
         sys.meta_path.insert(0, _NoPandas())
+    # One OpenBLAS thread: importing numpy starts one per core otherwise (20-60 ms of every command), and dumpstore's
+    # parallelism is its own (processes, Polars' pool); its dot products are chunked below OpenBLAS's threading size.
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     main()
 
 

@@ -22,6 +22,7 @@ When no value diverges but records exist in one run only, the first of them is t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from functools import cached_property
 from typing import Any
@@ -562,7 +563,7 @@ def _unmatched(records: pl.DataFrame) -> list[dict[str, Any]]:
 
 def _timeline(rows: pl.DataFrame) -> list[dict[str, Any]]:
     out = []
-    for (step,), g in rows.group_by(["step"], maintain_order=True):
+    for step, g in _groups(rows, "step"):
         fd = _first_over_tol(g)
         out.append(
             {
@@ -577,6 +578,15 @@ def _timeline(rows: pl.DataFrame) -> list[dict[str, Any]]:
     return sorted(out, key=lambda s: s["step"])
 
 
+def _groups(rows: pl.DataFrame, key: str) -> Iterator[tuple[Any, pl.DataFrame]]:
+    """(value, rows) for each value of `key` in order of appearance; one value needs no partition (a copy)."""
+    if rows[key].n_unique() == 1:
+        yield rows[key][0], rows
+        return
+    for (value,), g in rows.group_by([key], maintain_order=True):
+        yield value, g
+
+
 def _finite_max(g: pl.DataFrame) -> float | None:
     v = g.filter(pl.col("err").is_not_null())["err"].max()
     return float(v) if isinstance(v, (int, float)) else None
@@ -584,7 +594,7 @@ def _finite_max(g: pl.DataFrame) -> float | None:
 
 def _rank_view(rows: pl.DataFrame) -> list[dict[str, Any]]:
     out = []
-    for (rank,), g in rows.group_by(["rank"], maintain_order=True):
+    for rank, g in _groups(rows, "rank"):
         fd = _first_over_tol(g)
         out.append(
             {

@@ -28,7 +28,7 @@ from .ptfile import DEFAULT_MAX_BYTES
 from .records import LEAF_COLUMNS, leaf_columns, record_leaves
 from .schema import STACK_SCHEMA, TENSOR_SCHEMA
 from .store import Store, open_store, staging_dir, store_errors
-from .tensorfile import forget_folders, load, resolve
+from .tensorfile import TENSOR_DIR, MissingFile, forget_folders, load, load_leaf
 from .workers import worker_init
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -537,18 +537,17 @@ def _count(columns: dict[str, Sequence[Any]], res: UnitResult) -> None:
 
 def _attach_tensor(row: dict[str, Any], dump_dir: Path, opts: IngestOptions, res: UnitResult) -> None:
     try:
-        path = resolve(dump_dir, row["data_name"])
-        if not path.exists():
-            row.update(file_status="missing", error=f"tensor file {path} is missing")
-            return
-        arr, stored = load(path, max_bytes=_max_bytes(row))
+        arr, stored = load_leaf(dump_dir, row["data_name"], max_bytes=_max_bytes(row))
+    except MissingFile as exc:
+        row.update(file_status="missing", error=str(exc))
+        return
     except DumpFormatError as exc:
         row.update(file_status="error", error=str(exc))
         return
     res.tensor_files += 1
     problem = _mismatch(row, arr, stored)
     if problem:
-        row.update(file_status="error", error=f"{path}: {problem}")
+        row.update(file_status="error", error=f"{os.path.join(dump_dir, TENSOR_DIR, row['data_name'])}: {problem}")
         return
     row["file_status"] = "loaded"
     fill_from_array(row, arr, row.get("dtype") or stored, opts)
@@ -574,7 +573,7 @@ def _mismatch(row: dict[str, Any], arr, stored: str) -> str | None:
 
 
 def fill_from_array(row: dict[str, Any], arr, dtype: str, opts: IngestOptions) -> None:
-    """Exact statistics, sample and sketch of a full tensor (stats_source='tensor')."""
+    """Exact statistics, sample and sketch (1-D float64 numpy arrays) of a full tensor (stats_source='tensor')."""
     s, sample, sketch = summary.summarize(arr, dtype, opts.sample_k, opts.sketch_m)  # one pass over the data
     row.update(
         min=s.min,
@@ -591,8 +590,8 @@ def fill_from_array(row: dict[str, Any], arr, dtype: str, opts: IngestOptions) -
         has_neginf=s.neginf_count > 0,
         has_sat=s.sat_count > 0,
         stats_source="tensor",
-        sample=sample.tolist(),
-        sketch=sketch.tolist(),
+        sample=sample,  # 1-D float64 arrays: Arrow takes them without a Python float per value
+        sketch=sketch,
     )
 
 

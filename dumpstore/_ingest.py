@@ -8,14 +8,16 @@ import os
 import re
 import stat
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -238,6 +240,8 @@ def _write_unit(
 ) -> None:
     if unit.kind == "dump":
         rows, stacks = _dump_rows(unit, opts, res, defer=files_pool is not None)
+        if files_pool is not None:
+            rows = _read_ahead(rows, unit, opts, res, files_pool)
     else:
         rows, stacks = _file_rows(unit, opts, res), []
     constants = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
@@ -394,6 +398,80 @@ _DEFER = "_defer"
 _FILE_FIELDS = ("data_name", "dtype", "shape", "numel")
 
 
+_CHUNK_FILES = 64  # tensor files read by one worker call (amortises the inter-process round trip)
+_AHEAD_CHUNKS = 64  # chunks submitted before the oldest is waited for: the workers read while the rows are built
+
+
+def _read_ahead(
+    rows: Iterator[tuple | dict[str, Any]], unit: Unit, opts: IngestOptions, res: UnitResult, pool: ProcessPoolExecutor
+) -> Iterator[tuple | dict[str, Any]]:
+    """`rows` in order, each deferred tensor row filled by the pool; chunks of its files are submitted as soon as
+    they are seen, up to `_AHEAD_CHUNKS` ahead of the rows handed on (the workers read while the rows are built
+    and turned into Arrow)."""
+    dump_dir = str(unit.path.parent)
+    pending: deque[tuple[list[tuple | dict[str, Any]], list[dict[str, Any]], Future]] = deque()
+    segment: list[tuple | dict[str, Any]] = []
+    chunk: list[dict[str, Any]] = []
+    for row in rows:
+        segment.append(row)
+        if type(row) is dict and row.pop(_DEFER, False):
+            chunk.append(row)
+            if len(chunk) == _CHUNK_FILES:
+                pending.append((segment, chunk, pool.submit(_summarize_files, _chunk_job(dump_dir, chunk, opts))))
+                segment, chunk = [], []
+                if len(pending) > _AHEAD_CHUNKS:
+                    yield from _filled(*pending.popleft(), res)
+    if chunk:
+        pending.append((segment, chunk, pool.submit(_summarize_files, _chunk_job(dump_dir, chunk, opts))))
+        segment = []
+    while pending:
+        yield from _filled(*pending.popleft(), res)
+    yield from segment
+
+
+def _chunk_job(dump_dir: str, chunk: list[dict[str, Any]], opts: IngestOptions) -> tuple:
+    return dump_dir, [tuple(r.get(k) for k in _FILE_FIELDS) for r in chunk], opts
+
+
+def _filled(
+    segment: list[tuple | dict[str, Any]], chunk: list[dict[str, Any]], future: Future, res: UnitResult
+) -> list[tuple | dict[str, Any]]:
+    """The segment's rows once the worker has filled its chunk of tensor rows."""
+    updates, values, lengths, n_files = future.result()
+    res.tensor_files += n_files
+    ends = np.cumsum(lengths).tolist()
+    starts = [0, *ends[:-1]]
+    for i, (row, upd) in enumerate(zip(chunk, updates)):
+        row.update(upd)
+        if "sample" in upd:  # loaded: its sample and sketch are views of the chunk's one buffer
+            row["sample"] = values[starts[2 * i] : ends[2 * i]]
+            row["sketch"] = values[starts[2 * i + 1] : ends[2 * i + 1]]
+    return segment
+
+
+def _summarize_files(job: tuple[str, list[tuple], IngestOptions]) -> tuple[list[dict[str, Any]], Any, list[int], int]:
+    """Worker: load a chunk of tensor files and summarise each (the columns _attach_tensor sets).
+
+    Returns per file the updated columns (sample and sketch as None), the samples and sketches concatenated into one
+    float64 buffer (one pickled array instead of two per file), their lengths in order, and the files loaded."""
+    dump_dir, chunk, opts = job
+    res, path = UnitResult(0, 0), Path(dump_dir)
+    updates: list[dict[str, Any]] = []
+    parts: list[Any] = []
+    empty = np.zeros(0)
+    for fields in chunk:
+        row = dict(zip(_FILE_FIELDS, fields))
+        _attach_tensor(row, path, opts, res)
+        sample, sketch = row.pop("sample", None), row.pop("sketch", None)
+        parts += (empty, empty) if sample is None else (sample, sketch)
+        upd = {k: v for k, v in row.items() if k not in _FILE_FIELDS}
+        if sample is not None:
+            upd["sample"] = None
+        updates.append(upd)
+    lengths = [p.size for p in parts]
+    return updates, np.concatenate(parts) if parts else empty, lengths, res.tensor_files
+
+
 def _attach_deferred(
     batch: list[tuple | dict[str, Any]],
     unit: Unit,
@@ -401,22 +479,14 @@ def _attach_deferred(
     res: UnitResult,
     pool: ProcessPoolExecutor | None,
 ) -> None:
-    """Read the batch's deferred tensor files in the pool, in order."""
+    """Read the batch's deferred tensor files (those `_read_ahead` has not read) in the pool, in order."""
     todo = [r for r in batch if type(r) is dict and r.pop(_DEFER, False)]
     if not todo or pool is None:
         return
-    jobs = [(str(unit.path.parent), {k: r.get(k) for k in _FILE_FIELDS}, opts) for r in todo]
-    for row, (updates, n_files) in zip(todo, pool.map(_summarize_file, jobs, chunksize=32)):
-        row.update(updates)
-        res.tensor_files += n_files
-
-
-def _summarize_file(job: tuple[str, dict[str, Any], IngestOptions]) -> tuple[dict[str, Any], int]:
-    """Worker: load one tensor file and compute its summary (the columns _attach_tensor sets)."""
-    dump_dir, fields, opts = job
-    row, res = dict(fields), UnitResult(0, 0)
-    _attach_tensor(row, Path(dump_dir), opts, res)
-    return {k: v for k, v in row.items() if k not in _FILE_FIELDS}, res.tensor_files
+    dump_dir = str(unit.path.parent)
+    for i in range(0, len(todo), _CHUNK_FILES):
+        chunk = todo[i : i + _CHUNK_FILES]
+        _filled([], chunk, pool.submit(_summarize_files, _chunk_job(dump_dir, chunk, opts)), res)
 
 
 def _dump_rows(unit: Unit, opts: IngestOptions, res: UnitResult, *, defer: bool = False):

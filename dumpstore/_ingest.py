@@ -8,8 +8,9 @@ import os
 import re
 import stat
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
@@ -30,7 +31,7 @@ from .ptfile import DEFAULT_MAX_BYTES
 from .records import LEAF_COLUMNS, leaf_column_lists, record_leaves
 from .schema import STACK_SCHEMA, TENSOR_SCHEMA
 from .store import Store, open_store, staging_dir, store_errors
-from .tensorfile import forget_folders, load, resolve
+from .tensorfile import TENSOR_DIR, MissingFile, forget_folders, load, load_leaf
 from .workers import worker_init
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -435,6 +436,53 @@ _DEFER = "_defer"
 _FILE_FIELDS = ("data_name", "dtype", "shape", "numel")
 
 
+_CHUNK_FILES = 64  # tensor files read by one worker call (amortises the inter-process round trip)
+_AHEAD_BATCHES = 2  # batches whose files are being read while the next one is built (the workers never idle)
+
+
+def _chunk_job(dump_dir: str, chunk: list[dict[str, Any]], opts: IngestOptions) -> tuple:
+    return dump_dir, [tuple(r.get(k) for k in _FILE_FIELDS) for r in chunk], opts
+
+
+def _filled(
+    segment: list[tuple | dict[str, Any]], chunk: list[dict[str, Any]], future: Future, res: UnitResult
+) -> list[tuple | dict[str, Any]]:
+    """The segment's rows once the worker has filled its chunk of tensor rows."""
+    updates, values, lengths, n_files = future.result()
+    res.tensor_files += n_files
+    ends = np.cumsum(lengths).tolist()
+    starts = [0, *ends[:-1]]
+    for i, (row, upd) in enumerate(zip(chunk, updates)):
+        row.update(upd)
+        if "sample" in upd:  # loaded: its sample and sketch are views of the chunk's one buffer
+            row["sample"] = values[starts[2 * i] : ends[2 * i]]
+            row["sketch"] = values[starts[2 * i + 1] : ends[2 * i + 1]]
+    return segment
+
+
+def _summarize_files(job: tuple[str, list[tuple], IngestOptions]) -> tuple[list[dict[str, Any]], Any, list[int], int]:
+    """Worker: load a chunk of tensor files and summarise each (the columns _attach_tensor sets).
+
+    Returns per file the updated columns (sample and sketch as None), the samples and sketches concatenated into one
+    float64 buffer (one pickled array instead of two per file), their lengths in order, and the files loaded."""
+    dump_dir, chunk, opts = job
+    res, path = UnitResult(0, 0), Path(dump_dir)
+    updates: list[dict[str, Any]] = []
+    parts: list[Any] = []
+    empty = np.zeros(0)
+    for fields in chunk:
+        row = dict(zip(_FILE_FIELDS, fields))
+        _attach_tensor(row, path, opts, res)
+        sample, sketch = row.pop("sample", None), row.pop("sketch", None)
+        parts += (empty, empty) if sample is None else (sample, sketch)
+        upd = {k: v for k, v in row.items() if k not in _FILE_FIELDS}
+        if sample is not None:
+            upd["sample"] = None
+        updates.append(upd)
+    lengths = [p.size for p in parts]
+    return updates, np.concatenate(parts) if parts else empty, lengths, res.tensor_files
+
+
 def _attach_deferred(
     batch: list[tuple | dict[str, Any]],
     unit: Unit,
@@ -446,18 +494,10 @@ def _attach_deferred(
     todo = [r for r in batch if type(r) is dict and r.pop(_DEFER, False)]
     if not todo or pool is None:
         return
-    jobs = [(str(unit.path.parent), {k: r.get(k) for k in _FILE_FIELDS}, opts) for r in todo]
-    for row, (updates, n_files) in zip(todo, pool.map(_summarize_file, jobs, chunksize=32)):
-        row.update(updates)
-        res.tensor_files += n_files
-
-
-def _summarize_file(job: tuple[str, dict[str, Any], IngestOptions]) -> tuple[dict[str, Any], int]:
-    """Worker: load one tensor file and compute its summary (the columns _attach_tensor sets)."""
-    dump_dir, fields, opts = job
-    row, res = dict(fields), UnitResult(0, 0)
-    _attach_tensor(row, Path(dump_dir), opts, res)
-    return {k: v for k, v in row.items() if k not in _FILE_FIELDS}, res.tensor_files
+    dump_dir = str(unit.path.parent)
+    for i in range(0, len(todo), _CHUNK_FILES):
+        chunk = todo[i : i + _CHUNK_FILES]
+        _filled([], chunk, pool.submit(_summarize_files, _chunk_job(dump_dir, chunk, opts)), res)
 
 
 def _dump_tables(
@@ -474,9 +514,8 @@ def _dump_tables(
     if cores > 1 and len(job.records) >= _SPLIT_MIN_RECORDS and not (tensor_task and opts.load_tensors):
         return _split_tables(job, cores, res), stacks
     batches = _record_batches(job.records, 0, construct, stack_ids, res)
-    return (
-        _batch_table(_leaf_batch(b, tensor_task, unit, opts, res, files_pool), constants, res) for b in batches
-    ), stacks
+    rows = _with_tensor_files((_leaf_batch(b, tensor_task, res) for b in batches), unit, opts, res, files_pool)
+    return (_batch_table(b, constants, res) for b in rows), stacks
 
 
 def _open_dump(unit: Unit, res: UnitResult) -> tuple[dict, dict, dict[str, int], list[list[str]]]:
@@ -518,10 +557,10 @@ class _Slices:
         lo, hi = len(self.records) * part // parts, len(self.records) * (part + 1) // parts
         res = UnitResult(self.unit.step, self.unit.rank)
         batches = _record_batches(self.records[lo:hi], lo, self.construct, self.stack_ids, res)
-        tables = [
-            _batch_table(_leaf_batch(b, self.tensor_task, self.unit, self.opts, res, None), self.constants, res)
-            for b in batches
-        ]
+        rows = _with_tensor_files(
+            (_leaf_batch(b, self.tensor_task, res) for b in batches), self.unit, self.opts, res, None
+        )
+        tables = [_batch_table(b, self.constants, res) for b in rows]
         return (pa.concat_tables(tables) if tables else None), res
 
 
@@ -633,15 +672,8 @@ def _record_batches(
         yield batch
 
 
-def _leaf_batch(
-    recs: _Records,
-    tensor_task: bool,
-    unit: Unit,
-    opts: IngestOptions,
-    res: UnitResult,
-    files_pool: ProcessPoolExecutor | None,
-) -> Batch:
-    """The columns of a batch of records' leaves (tensor files read and summarised where the dump names them)."""
+def _leaf_batch(recs: _Records, tensor_task: bool, res: UnitResult) -> Batch:
+    """The columns of a batch of records' leaves, from the dump alone (see _with_tensor_files)."""
     ios, index_paths, names, values = (list(c) for c in zip(*recs.leaves))
     cols: Batch = leaf_column_lists(values, tensor_task)
     cols.update(io=ios, index_path=index_paths, name=names)
@@ -650,25 +682,48 @@ def _leaf_batch(
         cols[c] = _array(np.repeat(np.array(per_record, dtype=object), recs.counts), TENSOR_SCHEMA.field(c).type)
     if any(r[8] is not None or (r[6] == "parameters_grad" and r[5] is None) for r in recs.idents):
         res.meta["generation"] = "8.x"  # is_recompute, or gradients without a call number
-    if opts.load_tensors:
-        _read_tensor_files(cols, unit, opts, res, files_pool)
     return cols
 
 
-def _read_tensor_files(
-    cols: Batch, unit: Unit, opts: IngestOptions, res: UnitResult, files_pool: ProcessPoolExecutor | None
-) -> None:
-    """Summarise the tensor file of every leaf that names one into the batch's columns."""
-    at = [i for i, dn in enumerate(cols["data_name"]) if dn]
-    if not at:
+_Chunks = list[tuple[list[dict[str, Any]], Future]]
+
+
+def _with_tensor_files(
+    batches: Iterator[Batch], unit: Unit, opts: IngestOptions, res: UnitResult, pool: ProcessPoolExecutor | None
+) -> Iterator[Batch]:
+    """The batches with the tensor file of every leaf that names one summarised into their columns.  With a pool,
+    a batch's files are read by its workers in chunks while the next batches are built (_AHEAD_BATCHES)."""
+    if not opts.load_tensors:
+        yield from batches
         return
-    rows = [
-        _tensor_file_row({c: cols[c][i] for c in _FILE_FIELDS}, unit, opts, res, files_pool is not None) for i in at
-    ]
-    _attach_deferred(rows, unit, opts, res, files_pool)
+    pending: deque[tuple[Batch, list[int], list[dict[str, Any]], _Chunks]] = deque()
+    for cols in batches:
+        at = [i for i, dn in enumerate(cols["data_name"]) if dn]
+        rows = [_tensor_file_row({c: cols[c][i] for c in _FILE_FIELDS}, unit, opts, res, pool is not None) for i in at]
+        pending.append((cols, at, rows, [] if pool is None else _submitted(rows, unit, opts, pool)))
+        if len(pending) > _AHEAD_BATCHES:
+            yield _patched(*pending.popleft(), res)
+    while pending:
+        yield _patched(*pending.popleft(), res)
+
+
+def _submitted(rows: list[dict[str, Any]], unit: Unit, opts: IngestOptions, pool: ProcessPoolExecutor) -> _Chunks:
+    """The rows' files handed to the pool in chunks."""
+    dump_dir = str(unit.path.parent)
+    for r in rows:
+        r.pop(_DEFER, None)
+    chunks = [rows[i : i + _CHUNK_FILES] for i in range(0, len(rows), _CHUNK_FILES)]
+    return [(c, pool.submit(_summarize_files, _chunk_job(dump_dir, c, opts))) for c in chunks]
+
+
+def _patched(cols: Batch, at: list[int], rows: list[dict[str, Any]], chunks: _Chunks, res: UnitResult) -> Batch:
+    """The batch with its tensor rows' summaries (waited for, when read by the pool) in its columns."""
+    for chunk, future in chunks:
+        _filled([], chunk, future, res)
     for i, row in zip(at, rows):
         for c, v in row.items():
             cols[c][i] = v
+    return cols
 
 
 def _file_batches(unit: Unit, opts: IngestOptions, res: UnitResult, files_pool: ProcessPoolExecutor | None):
@@ -711,18 +766,17 @@ def _count(columns: Batch, res: UnitResult) -> None:
 
 def _attach_tensor(row: dict[str, Any], dump_dir: Path, opts: IngestOptions, res: UnitResult) -> None:
     try:
-        path = resolve(dump_dir, row["data_name"])
-        if not path.exists():
-            row.update(file_status="missing", error=f"tensor file {path} is missing")
-            return
-        arr, stored = load(path, max_bytes=_max_bytes(row))
+        arr, stored = load_leaf(dump_dir, row["data_name"], max_bytes=_max_bytes(row))
+    except MissingFile as exc:
+        row.update(file_status="missing", error=str(exc))
+        return
     except DumpFormatError as exc:
         row.update(file_status="error", error=str(exc))
         return
     res.tensor_files += 1
     problem = _mismatch(row, arr, stored)
     if problem:
-        row.update(file_status="error", error=f"{path}: {problem}")
+        row.update(file_status="error", error=f"{os.path.join(dump_dir, TENSOR_DIR, row['data_name'])}: {problem}")
         return
     row["file_status"] = "loaded"
     fill_from_array(row, arr, row.get("dtype") or stored, opts)
@@ -748,7 +802,7 @@ def _mismatch(row: dict[str, Any], arr, stored: str) -> str | None:
 
 
 def fill_from_array(row: dict[str, Any], arr, dtype: str, opts: IngestOptions) -> None:
-    """Exact statistics, sample and sketch of a full tensor (stats_source='tensor')."""
+    """Exact statistics, sample and sketch (1-D float64 numpy arrays) of a full tensor (stats_source='tensor')."""
     s, sample, sketch = summary.summarize(arr, dtype, opts.sample_k, opts.sketch_m)  # one pass over the data
     row.update(
         min=s.min,
@@ -765,8 +819,8 @@ def fill_from_array(row: dict[str, Any], arr, dtype: str, opts: IngestOptions) -
         has_neginf=s.neginf_count > 0,
         has_sat=s.sat_count > 0,
         stats_source="tensor",
-        sample=sample.tolist(),
-        sketch=sketch.tolist(),
+        sample=sample,  # 1-D float64 arrays: Arrow takes them without a Python float per value
+        sketch=sketch,
     )
 
 

@@ -12,6 +12,7 @@ path and the problem.
 from __future__ import annotations
 
 import _compat_pickle
+import errno
 import functools
 import io
 import math
@@ -30,7 +31,7 @@ import numpy as np
 from dumpstore.errors import DumpFormatError
 from dumpstore.picklescan import PickleBudgetError, check_pickle
 
-__all__ = ["DEFAULT_MAX_BYTES", "read_pt"]
+__all__ = ["DEFAULT_MAX_BYTES", "MissingTensorFile", "read_pt"]
 
 DEFAULT_MAX_BYTES = 8 << 30  # cap on the claimed size of a tensor or storage, checked before reading
 _MAX_NDIM = 64
@@ -410,25 +411,18 @@ class _SafeUnpickler(pickle.Unpickler):
 # ------------------------------------------------------------------------------------------------------------
 # The zip container.
 
-
-class _Entry:
-    """A central-directory entry of a plain stored member (what :func:`_central_directory` accepts)."""
-
-    __slots__ = ("CRC", "file_size", "filename", "header_offset")
-    compress_type = zipfile.ZIP_STORED
-    flag_bits = 0
-
-    def __init__(self, filename: str, crc: int, size: int, header_offset: int) -> None:
-        self.filename, self.CRC, self.file_size, self.header_offset = filename, crc, size, header_offset
-
-
 _EOCD = struct.Struct("<4s4H2LH")
 _LOC64 = struct.Struct("<4sLQL")  # zip64 end locator: signature, disk, offset of the zip64 end record, disks
 _EOCD64 = struct.Struct("<4sQ4x2L4Q")  # zip64 end record: signature, size, versions, disks, counts, size, offset
 _CDIR = struct.Struct("<4s4x2H4x3L4H6xL")  # signature, flags, method, crc, sizes, name/extra/comment lengths, disk…
+_LOCAL = struct.Struct("<4s22xHH")  # local header: signature, name and extra lengths
+_CDIR_SIG, _LOCAL_SIG = b"PK\x01\x02", b"PK\x03\x04"
+
+# A plain member found by _central_directory: (CRC-32, size, offset of its local header)
+_Plain = tuple[int, int, int]
 
 
-def _central_directory(data: np.ndarray) -> dict[str, _Entry] | None:
+def _central_directory(data: np.ndarray) -> dict[str, _Plain] | None:
     """Members of a small zip held in memory, from its central directory, when the zip is plain.
 
     Plain is what torch.save writes: the end record at the very end (no comment), zip64 end records right
@@ -437,15 +431,50 @@ def _central_directory(data: np.ndarray) -> dict[str, _Entry] | None:
     directory. Anything else returns None and is left to :mod:`zipfile`, which reads any zip (and words the
     errors).
     """
-    size = data.size
+    end = _directory_end(data.data)
+    if end is None:
+        return None
+    cd_off, cd_end, n_total = end
+    directory = data.data[cd_off:cd_end].tobytes()
+    members: dict[str, _Plain] = {}
+    unpack, head, cd_size, pos = _CDIR.unpack_from, _CDIR.size, cd_end - cd_off, 0
+    for _ in range(n_total):
+        if pos + head > cd_size:
+            return None
+        sig, flags, method, crc, csize, usize, name_len, extra_len, comment_len, disk, offset = unpack(directory, pos)
+        start = pos + head
+        pos = start + name_len
+        if (
+            sig != _CDIR_SIG
+            or method  # not ZIP_STORED
+            or flags & 1
+            or csize != usize
+            or extra_len
+            or comment_len
+            or disk
+            or pos > cd_size
+            or offset + usize > cd_off
+        ):
+            return None
+        name = directory[start:pos]
+        if not name.isascii() or b"\x00" in name:
+            return None
+        members[name.decode()] = (crc, usize, offset)
+    if pos != cd_size or len(members) != n_total:  # trailing bytes, or a name given twice
+        return None
+    return members
+
+
+def _directory_end(raw: memoryview) -> tuple[int, int, int] | None:
+    """(offset, end, entries) of the central directory of a plain zip from its end records, else None."""
+    size = len(raw)
     if size < _EOCD.size:
         return None
-    raw = data.data
     end = size - _EOCD.size
     sig, disk, cd_disk, n_disk, n_total, cd_size, cd_off, comment = _EOCD.unpack_from(raw, end)
     if sig != b"PK\x05\x06" or disk or cd_disk or n_disk != n_total or comment:
         return None
-    if end >= _LOC64.size + _EOCD64.size and bytes(raw[end - _LOC64.size : end - _LOC64.size + 4]) == b"PK\x06\x07":
+    if end >= _LOC64.size + _EOCD64.size and raw[end - _LOC64.size : end - _LOC64.size + 4] == b"PK\x06\x07":
         # torch.save always writes zip64 end records (locator, then record, right before the end record)
         _sig, loc_disk, rec_off, n_disks = _LOC64.unpack_from(raw, end - _LOC64.size)
         end -= _LOC64.size + _EOCD64.size
@@ -456,51 +485,7 @@ def _central_directory(data: np.ndarray) -> dict[str, _Entry] | None:
             return None
     if cd_off + cd_size != end:
         return None
-    directory = bytes(raw[cd_off:end])
-    unpack, head = _CDIR.unpack_from, _CDIR.size
-    members: dict[str, _Entry] = {}
-    pos = 0
-    for _ in range(n_total):
-        if pos + head > cd_size:
-            return None
-        sig, flags, method, crc, csize, usize, name_len, extra_len, comment_len, disk, offset = unpack(directory, pos)
-        name_end = pos + head + name_len
-        name = directory[pos + head : name_end]
-        if (
-            sig != b"PK\x01\x02"
-            or method != zipfile.ZIP_STORED
-            or flags & 1
-            or csize != usize
-            or extra_len
-            or comment_len
-            or disk
-            or name_end > cd_size
-            or offset + usize > cd_off
-            or not name.isascii()
-            or b"\x00" in name
-        ):
-            return None
-        text = name.decode()
-        members[text] = _Entry(text, crc, usize, offset)
-        pos = name_end
-    if pos != cd_size or len(members) != n_total:  # trailing bytes, or a name given twice
-        return None
-    return members
-
-
-def _view(whole: np.ndarray, info: _Entry | zipfile.ZipInfo, want: int) -> np.ndarray:
-    """The first `want` bytes of a stored member of a zip held in memory, as a view (aligned) or a copy."""
-    at = info.header_offset
-    header = whole[at : at + 30].tobytes()
-    if len(header) < 30 or header[:4] != b"PK\x03\x04":
-        raise _Bad(f"zip member {info.filename} has a bad local header")
-    name_len, extra_len = struct.unpack("<HH", header[26:30])
-    start = at + 30 + name_len + extra_len
-    got = max(0, min(want, whole.size - start))
-    if got != want:
-        raise _Bad(f"zip member {info.filename} is truncated ({got} of {want} bytes)")
-    buf = whole[start : start + want]
-    return buf if start % 16 == 0 else buf.copy()  # torch.save aligns storages to 64 bytes
+    return cd_off, end, n_total
 
 
 class _Archive:
@@ -510,33 +495,26 @@ class _Archive:
     members are views of that buffer (no zipfile, no copy). Other files go through :mod:`zipfile`.
     """
 
-    def __init__(self, file: io.RawIOBase) -> None:
-        self.src: io.RawIOBase | io.BufferedIOBase = file
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.src: io.BufferedIOBase | None = None
         self.whole: np.ndarray | None = None
         self.zip: zipfile.ZipFile | None = None
-        self.members = self._open_zip()
+        self.members: dict[str, Any] = self._open_zip(size)
         self.prefix = self._prefix(self.members)
         self.order = self._byteorder(self.prefix + "byteorder" in self.members)
 
-    def _open_zip(self) -> dict[str, Any]:
+    def _open_zip(self, size: int) -> dict[str, Any]:
         """Small files are read in one call and parsed in memory; large ones from the file."""
-        size = os.fstat(self.src.fileno()).st_size
         if size <= _WHOLE_FILE:
-            whole = np.empty(size, np.uint8)
-            got = 0
-            while got < size:
-                step = self.src.readinto(whole.data[got:])
-                if not step:
-                    break
-                got += step
-            whole = whole[:got]
+            whole = _read_all(self.fd, size)
             members = _central_directory(whole)
             if members is not None:
                 self.whole = whole
                 return members
             self.src = io.BytesIO(whole.tobytes())
-        else:
-            self.src = io.BufferedReader(self.src)  # zipfile reads records a few bytes at a time
+        else:  # zipfile reads records a few bytes at a time
+            self.src = io.BufferedReader(io.FileIO(self.fd, "rb", closefd=False))
         head = self.src.read(2)
         try:
             self.zip = zipfile.ZipFile(self.src)
@@ -567,11 +545,14 @@ class _Archive:
         info = self.members.get(name)
         if info is None:
             raise _Bad(f"zip member {name} is missing")
-        want = info.file_size if want is None else want
-        if want > info.file_size:
-            raise _Bad(f"zip member {name} holds {info.file_size} bytes, pickle claims {want}")
+        size = info[1] if self.whole is not None else info.file_size
+        want = size if want is None else want
+        if want > size:
+            raise _Bad(f"zip member {name} holds {size} bytes, pickle claims {want}")
         if want > limit:
             raise _Bad(f"zip member {name} claims {want} bytes, more than max_bytes={limit}")
+        if self.whole is not None:
+            return _view(self.whole, name, info, want)
         if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1:
             return self._stored(info, want)
         packed = max(1, getattr(info, "compress_size", 0))
@@ -582,29 +563,26 @@ class _Archive:
             )
         return self._inflate(info, want)
 
-    def _stored(self, info: zipfile.ZipInfo | _Entry, want: int) -> np.ndarray:
-        """An uncompressed member (what torch.save writes): one seek and read, or a view; CRC checked."""
-        if self.whole is not None:
-            buf = _view(self.whole, info, want)
-        else:
-            self.src.seek(info.header_offset)
-            header = self.src.read(30)
-            if len(header) < 30 or header[:4] != b"PK\x03\x04":
-                raise _Bad(f"zip member {info.filename} has a bad local header")
-            name_len, extra_len = struct.unpack("<HH", header[26:30])
-            self.src.seek(info.header_offset + 30 + name_len + extra_len)
-            buf = np.empty(want, np.uint8)
-            got = self.src.readinto(buf.data)
-            if got != want:
-                raise _Bad(f"zip member {info.filename} is truncated ({got} of {want} bytes)")
+    def _stored(self, info: zipfile.ZipInfo, want: int) -> np.ndarray:
+        """An uncompressed member of a file read through zipfile: one seek and read; CRC checked."""
+        assert self.src is not None  # set whenever zipfile reads the file
+        self.src.seek(info.header_offset)
+        header = self.src.read(30)
+        if len(header) < 30 or header[:4] != _LOCAL_SIG:
+            raise _Bad(f"zip member {info.filename} has a bad local header")
+        name_len, extra_len = struct.unpack("<HH", header[26:30])
+        self.src.seek(info.header_offset + 30 + name_len + extra_len)
+        buf = np.empty(want, np.uint8)
+        got = self.src.readinto(buf.data)
+        if got != want:
+            raise _Bad(f"zip member {info.filename} is truncated ({got} of {want} bytes)")
         if want == info.file_size and zlib.crc32(buf.data) != info.CRC:
             raise _Bad(f"zip member {info.filename} fails its CRC check (corrupt file)")
         return buf
 
     def _inflate(self, info: zipfile.ZipInfo, want: int) -> np.ndarray:
         """Compressed members (not written by torch.save), through zipfile, in bounded chunks."""
-        if self.zip is None:
-            raise _Bad(f"zip member {info.filename} is not stored")  # not reached: such zips go to zipfile
+        assert self.zip is not None  # compressed members only come from zipfile's directory
         buf = np.empty(want, np.uint8)
         view = buf.data
         with self.zip.open(info) as f:
@@ -620,6 +598,38 @@ class _Archive:
     def close(self) -> None:
         if self.zip is not None:
             self.zip.close()
+
+
+def _read_all(fd: int, size: int) -> np.ndarray:
+    """Up to `size` bytes from the start of `fd` into a new writable buffer (fewer if the file is shorter)."""
+    whole = np.empty(size, np.uint8)
+    got = 0
+    while got < size:
+        step = os.preadv(fd, [whole.data[got:]], got)
+        if not step:
+            break
+        got += step
+    return whole[:got]
+
+
+def _view(whole: np.ndarray, name: str, info: _Plain, want: int) -> np.ndarray:
+    """The first `want` bytes of a stored member of a zip held in memory, as a view (aligned) or a copy;
+    the member's CRC is checked when all of it is read."""
+    crc, size, at = info
+    raw = whole.data
+    if at + _LOCAL.size > len(raw):
+        raise _Bad(f"zip member {name} has a bad local header")
+    sig, name_len, extra_len = _LOCAL.unpack_from(raw, at)
+    if sig != _LOCAL_SIG:
+        raise _Bad(f"zip member {name} has a bad local header")
+    start = at + 30 + name_len + extra_len
+    got = max(0, min(want, len(raw) - start))
+    if got != want:
+        raise _Bad(f"zip member {name} is truncated ({got} of {want} bytes)")
+    if want == size and zlib.crc32(raw[start : start + want]) != crc:
+        raise _Bad(f"zip member {name} fails its CRC check (corrupt file)")
+    buf = whole[start : start + want]
+    return buf if start % 16 == 0 else buf.copy()  # torch.save aligns storages to 64 bytes
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -798,18 +808,33 @@ def _load(archive: _Archive, max_bytes: int) -> tuple[np.ndarray, str]:
     raise _Bad(f"object is not a tensor (the pickle holds a {type(obj).__name__.lstrip('_')})")
 
 
-def _read(path: str, max_bytes: int) -> tuple[np.ndarray, str]:
-    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, /dev/zero never end
-        raise _Bad("not a regular file")
-    with open(path, "rb", buffering=0) as file:
-        archive = _Archive(file)
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # a FIFO does not block the open
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _read(path: str, max_bytes: int, follow_links: bool) -> tuple[np.ndarray, str]:
+    """One open, one fstat, one read for a small file (the syscalls a .pt costs)."""
+    fd = os.open(path, _OPEN_FLAGS if follow_links else _OPEN_FLAGS | _NO_FOLLOW)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block, /dev/zero never end
+            raise _Bad("not a regular file")
+        archive = _Archive(fd, info.st_size)
         try:
             return _load(archive, max_bytes)
         finally:
             archive.close()
+    finally:
+        os.close(fd)
 
 
-def read_pt(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> tuple[np.ndarray, str]:
+class MissingTensorFile(DumpFormatError):
+    """The tensor file does not exist (:func:`read_pt`'s error when there is no file at the path)."""
+
+
+def read_pt(
+    path: str | os.PathLike[str], *, max_bytes: int | None = None, follow_links: bool = True
+) -> tuple[np.ndarray, str]:
     """Read one tensor saved by torch.save without importing torch or running pickle code.
 
     Returns (array, dtype) where dtype is the canonical name of the *stored* dtype and array holds
@@ -820,18 +845,22 @@ def read_pt(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> tu
     `max_bytes` (default :data:`DEFAULT_MAX_BYTES`, 8 GiB) caps the claimed size of the tensor and of its
     storage before anything is read. Raises :class:`DumpFormatError` naming `path` for a file that is not
     a plain tensor (or numeric numpy array) saved by torch.save, is corrupt or unreadable, or exceeds
-    `max_bytes`.
+    `max_bytes` (:class:`MissingTensorFile` where there is no file); with `follow_links=False`, for a path
+    that is a symbolic link.
     """
     where = os.fspath(path)
     limit = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
     if limit < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     try:
-        return _read(where, limit)
+        return _read(where, limit, follow_links)
     except _Bad as exc:
         raise DumpFormatError(f"{where}: {exc}") from None
     except OSError as exc:
-        raise DumpFormatError(f"{where}: cannot read tensor file: {exc.strerror or exc}") from exc
+        if exc.errno == errno.ELOOP and not follow_links and os.path.islink(where):
+            raise DumpFormatError(f"{where}: tensor file is a link; refusing to read it") from None
+        kind = MissingTensorFile if exc.errno == errno.ENOENT else DumpFormatError
+        raise kind(f"{where}: cannot read tensor file: {exc.strerror or exc}") from exc
     except _CORRUPT as exc:
         what = f"{type(exc).__name__}: {_one_line(exc)}"
         raise DumpFormatError(f"{where}: corrupt tensor file: {what}") from exc

@@ -27,9 +27,7 @@ def resolve(dump_dir: Path, data_name: str) -> Path:
     Whether dump_tensor_data/ stays inside the dump folder is checked once per folder (cached until
     `forget_folders()`); each file costs one lstat.
     """
-    # a name without "/" is not absolute either
-    if not data_name or "/" in data_name or "\\" in data_name or data_name in (".", "..") or "\x00" in data_name:
-        raise DumpFormatError(f"data_name {data_name!r} is not a plain file name inside {TENSOR_DIR}/")
+    _check_name(data_name)
     base, inside = _tensor_dir(str(dump_dir))
     path = base / data_name
     try:
@@ -40,6 +38,12 @@ def resolve(dump_dir: Path, data_name: str) -> Path:
     if outside:
         raise DumpFormatError(f"{path}: tensor file is a link or lies outside {base}; refusing to read it")
     return path
+
+
+def _check_name(data_name: str) -> None:
+    # a name without "/" is not absolute either
+    if not data_name or "/" in data_name or "\\" in data_name or data_name in (".", "..") or "\x00" in data_name:
+        raise DumpFormatError(f"data_name {data_name!r} is not a plain file name inside {TENSOR_DIR}/")
 
 
 @functools.lru_cache(maxsize=256)
@@ -64,6 +68,37 @@ def load(path: Path, *, max_bytes: int | None = None) -> tuple[np.ndarray, str]:
     if suffix == ".npy":
         return _load_npy(path)
     raise DumpFormatError(f"{path}: unknown tensor file type; expected .pt or .npy")
+
+
+class MissingFile(DumpFormatError):
+    """A leaf's tensor file is not there (`load_leaf`): the leaf is 'missing', not an error."""
+
+
+def load_leaf(dump_dir: Path, data_name: str, *, max_bytes: int | None = None) -> tuple[np.ndarray, str]:
+    """(values, stored dtype) of the file `resolve(dump_dir, data_name)` names, with its checks.
+
+    A .pt file costs one lstat, one open (that refuses a link as well), one fstat and one read. Raises
+    MissingFile when there is no file, DumpFormatError for a link, a name or folder that leads outside the
+    dump, or an unreadable file.
+    """
+    if os.path.splitext(data_name)[1].lower() != ".pt":
+        path = resolve(dump_dir, data_name)
+        if not path.exists():
+            raise MissingFile(f"tensor file {path} is missing")
+        return load(path, max_bytes=max_bytes)
+    _check_name(data_name)
+    base, inside = _tensor_dir(str(dump_dir))
+    where = os.path.join(base, data_name)
+    # a plain name inside a folder that is itself inside the dump: only a link can lead elsewhere (checked before
+    # the open, which refuses links too: nothing is ever opened through one)
+    if not inside or os.path.islink(where):
+        raise DumpFormatError(f"{where}: tensor file is a link or lies outside {base}; refusing to read it")
+    from .ptfile import MissingTensorFile, read_pt
+
+    try:
+        return read_pt(where, max_bytes=max_bytes, follow_links=False)
+    except MissingTensorFile:
+        raise MissingFile(f"tensor file {where} is missing") from None
 
 
 def _load_npy(path: Path) -> tuple[np.ndarray, str]:

@@ -22,6 +22,7 @@ bound of ||p(s+1) - p(s)|| by `rules.stats_bound`), so the rule holds in statist
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,14 +54,15 @@ class NoiseModel:
         fresh: dict[str, list[tuple[tuple, float]]] = {}
         carry: dict[str, list[tuple[tuple, float]]] = {}
         ok = recs.filter(pl.col("out_err").is_not_null() & pl.col("out_err").is_finite())
-        for row in ok.select(
-            "step", "_phase", "rank", "source", "_seq", "_direction", "out_err", "amp", "fresh"
-        ).iter_rows(named=True):
-            key = order_key(row)
-            if row["fresh"]:
-                fresh.setdefault(row["_direction"], []).append((key, row["out_err"]))
-            elif row["amp"] is not None and np.isfinite(row["amp"]):
-                carry.setdefault(row["_direction"], []).append((key, row["amp"]))
+        columns = ("step", "_phase", "rank", pl.col("source").fill_null(""), "_seq", "_direction", "out_err", "amp")
+        for step, phase, rank, source, seq, direction, out_err, amp, is_fresh in ok.select(
+            *columns, "fresh"
+        ).iter_rows():
+            key = (step, phase, rank, source, seq)  # order_key
+            if is_fresh:
+                fresh.setdefault(direction, []).append((key, out_err))
+            elif amp is not None and math.isfinite(amp):
+                carry.setdefault(direction, []).append((key, amp))
         return cls(_sorted(fresh), _sorted(carry))
 
     def bar(self, direction: str, fresh: bool, before: tuple) -> float | None:

@@ -28,9 +28,9 @@ from .layout import Unit, find_units
 from .names import parse_record
 from .ptfile import DEFAULT_MAX_BYTES
 from .records import LEAF_COLUMNS, leaf_columns, record_leaves
-from .schema import STACK_SCHEMA, TENSOR_SCHEMA
+from .schema import STACK_SCHEMA, TENSOR_FILE_COLUMNS, TENSOR_SCHEMA
 from .store import Store, open_store, staging_dir, store_errors
-from .tensorfile import TENSOR_DIR, MissingFile, forget_folders, load, load_leaf
+from .tensorfile import TENSOR_DIR, MissingFile, Stamp, fingerprint, forget_folders, load, load_leaf, stamp
 from .workers import worker_init
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -299,6 +299,7 @@ def _batch_table(batch: list[tuple | dict[str, Any]], constants: dict[str, str],
     _count(columns, res)
     n = len(rows)
     columns.update({c: [v] * n for c, v in constants.items()})
+    columns.update({c: [r.get(c) if type(r) is dict else None for r in batch] for c in TENSOR_FILE_COLUMNS})
     return pa.Table.from_arrays(_arrays(columns, TENSOR_SCHEMA), schema=TENSOR_SCHEMA)
 
 
@@ -607,7 +608,7 @@ def _count(columns: dict[str, Sequence[Any]], res: UnitResult) -> None:
 
 def _attach_tensor(row: dict[str, Any], dump_dir: Path, opts: IngestOptions, res: UnitResult) -> None:
     try:
-        arr, stored = load_leaf(dump_dir, row["data_name"], max_bytes=_max_bytes(row))
+        arr, stored, file_stamp = load_leaf(dump_dir, row["data_name"], max_bytes=_max_bytes(row))
     except MissingFile as exc:
         row.update(file_status="missing", error=str(exc))
         return
@@ -620,7 +621,14 @@ def _attach_tensor(row: dict[str, Any], dump_dir: Path, opts: IngestOptions, res
         row.update(file_status="error", error=f"{os.path.join(dump_dir, TENSOR_DIR, row['data_name'])}: {problem}")
         return
     row["file_status"] = "loaded"
+    _fingerprint(row, arr, stored, file_stamp)
     fill_from_array(row, arr, row.get("dtype") or stored, opts)
+
+
+def _fingerprint(row: dict[str, Any], arr, stored: str, file_stamp: Stamp) -> None:
+    """The loaded tensor's content hash and its file's size and mtime (`--exact` compares equal contents once)."""
+    row["content_hash"] = fingerprint(arr, stored)
+    row["file_size"], row["file_mtime_ns"] = file_stamp
 
 
 def _max_bytes(row: dict[str, Any]) -> int | None:
@@ -691,10 +699,15 @@ def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
         try:
             if path.is_symlink():
                 raise DumpFormatError(f"{path}: tensor file is a link; refusing to read it (copy the file instead)")
+            file_stamp = stamp(path)
             arr, stored = load(path)
             res.tensor_files += 1
             row.update(dtype=stored, dtype_raw=stored, shape=list(arr.shape), numel=int(arr.size), file_status="loaded")
+            _fingerprint(row, arr, stored, file_stamp)
             fill_from_array(row, arr, stored, opts)
+        except OSError as exc:  # the stat: gone since the folder was listed
+            why = f"{path}: cannot read tensor file: {exc.strerror}"
+            row.update(file_status="error", error=why, stats_source="none")
         except DumpFormatError as exc:
             row.update(file_status="error", error=str(exc), stats_source="none")
         yield row

@@ -25,8 +25,11 @@ appended to `detail`.
 
 from __future__ import annotations
 
+import glob
 import math
 import os
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +39,8 @@ import polars as pl
 
 from dumpstore.errors import DumpFormatError, DumpstoreError
 from dumpstore.layout import find_units
-from dumpstore.tensorfile import forget_folders, load, resolve
+from dumpstore.schema import TENSOR_FILE_COLUMNS
+from dumpstore.tensorfile import TENSOR_DIR, MissingFile, forget_folders, load, load_leaf, resolve
 
 from . import metrics
 from . import rules as R
@@ -103,6 +107,7 @@ class _RunFiles:
         self.root = ""
         self.folders: dict[tuple[int, int, str], _Folder] = {}
         self.problem: str | None = None
+        self.bases: dict[Path, str] = {}  # folder -> where its tensor files lie, as text
         try:
             self.root = str(store.run_info(run).get("source_path") or "")
             if not self.root:
@@ -113,8 +118,8 @@ class _RunFiles:
         except (DumpstoreError, OSError) as exc:
             self.problem = f"run {run!r}: dump folder {self.root or '?'} cannot be read again ({_first_line(exc)})"
 
-    def path(self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str) -> Path:
-        """The tensor file of one leaf; raises DumpFormatError saying why it cannot be used."""
+    def _folder(self, step: int, rank: int, source: str | None, rank_dir: str | None) -> _Folder:
+        """The folder of one (step, rank, source) unit; raises DumpFormatError saying why it cannot be used."""
         if self.problem:
             raise DumpFormatError(self.problem)
         folder = self.folders.get((int(step), int(rank), source or ""))
@@ -127,10 +132,52 @@ class _RunFiles:
                 f"run {self.run!r}: step {step} rank {rank} was ingested from {rank_dir}, "
                 f"now lies in {folder.rank_dir}; re-ingest the run"
             )
+        return folder
+
+    def path(self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str) -> Path:
+        """The tensor file of one leaf; raises DumpFormatError saying why it cannot be used."""
+        folder = self._folder(step, rank, source, rank_dir)
         path = resolve(folder.path, data_name) if folder.kind == "dump" else _plain_file(folder.path, data_name)
         if not path.is_file():
             raise DumpFormatError(f"tensor file {path} is missing (moved or deleted since ingest)")
         return path
+
+    def load(
+        self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str
+    ) -> tuple[np.ndarray, str]:
+        """The values of one leaf's tensor file and its path; raises DumpFormatError saying why it cannot be read.
+
+        A .pt file of a dump folder costs the syscalls of `load_leaf` (an lstat, an open that refuses links, an
+        fstat, a read)."""
+        folder = self._folder(step, rank, source, rank_dir)
+        if folder.kind == "dump" and os.path.splitext(data_name)[1].lower() == ".pt":
+            try:
+                arr, _, _ = load_leaf(folder.path, data_name)
+            except MissingFile as exc:
+                raise DumpFormatError(f"{exc} (moved or deleted since ingest)") from None
+            return arr, os.path.join(folder.path, TENSOR_DIR, data_name)
+        path = self.path(step, rank, source, rank_dir, data_name)
+        try:
+            arr, _ = load(path)
+        except OSError as exc:
+            raise DumpFormatError(f"{path}: cannot be read ({_first_line(exc)})") from None
+        return arr, str(path)
+
+    def unchanged(self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str, was) -> bool:
+        """Whether the leaf's file is still a plain file with the size and mtime it had at ingest (`was`).
+
+        One lstat, nothing opened: a file replaced by a link (or anything else) counts as changed."""
+        if was is None or not data_name or "/" in data_name or "\\" in data_name or data_name in (".", ".."):
+            return False
+        try:
+            folder = self._folder(step, rank, source, rank_dir)
+            base = self.bases.get(folder.path)
+            if base is None:
+                base = self.bases[folder.path] = str(folder.path / TENSOR_DIR if folder.kind == "dump" else folder.path)
+            info = os.lstat(os.path.join(base, data_name))
+        except (DumpstoreError, OSError, ValueError):  # ValueError: a NUL in the name
+            return False
+        return stat.S_ISREG(info.st_mode) and (info.st_size, info.st_mtime_ns) == tuple(was)
 
 
 def _plain_file(folder: Path, data_name: str) -> Path:
@@ -157,11 +204,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _load(files: _RunFiles, row: dict[str, Any], side: str) -> np.ndarray:
     p = "" if side == "target" else "ref_"
-    path = files.path(row["step"], row["rank"], row["source"], row.get(f"{p}rank_dir"), row[f"{p}data_name"])
-    try:
-        arr, _ = load(path)
-    except OSError as exc:
-        raise DumpFormatError(f"{path}: cannot be read ({_first_line(exc)})") from None
+    arr, path = files.load(row["step"], row["rank"], row["source"], row.get(f"{p}rank_dir"), row[f"{p}data_name"])
     shape = row.get(f"{p}shape")
     if shape is not None and list(arr.shape) != list(shape):
         raise DumpFormatError(
@@ -192,36 +235,50 @@ def _verdict(m: dict[str, Any]) -> None:
     m["status"] = "diverged" if R.diverges(err, tol, bool(m["nonfinite_mismatch"])) else "pass"
 
 
-def _exact_row(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> dict[str, Any]:
-    """New values of the updated and new columns for one candidate row."""
-    m = {c: row[c] for c in _UPDATED} | {"tol": row["tol"]} | dict.fromkeys(NEW_SCHEMA)
+def _pair_values(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles, same: bool = False) -> dict | str:
+    """What the pair's two tensors give (the row-independent part of `_exact_row`), or why they cannot be read.
+
+    `same`: the two files hold equal contents (equal content hashes), so only the target is read and compared
+    with itself: every metric works on copies of its inputs, so the values are those of the two files."""
     try:
         x = _load(t_files, row, "target")
-        y = _load(r_files, row, "ref")
+        y = x if same else _load(r_files, row, "ref")
         tm = metrics.tensor_metrics(x, y)
     except (DumpFormatError, ValueError) as exc:
-        m["detail"] = _join_detail(m["detail"], f"exact metrics unavailable: {_first_line(exc)}")
-        return m
-    m.update(
-        {col: str(tm.msprobe[name]) for name, col in MSPROBE_COLUMNS.items()},
-        msprobe_message=tm.message,
-        euc_dist=tm.euc_dist,
-        one_thousandth=tm.one_thousandth,
-        five_thousandth=tm.five_thousandth,
-        max_rel_err=tm.max_rel_err,
-    )
+        return f"exact metrics unavailable: {_first_line(exc)}"
     same_size = x.size == y.size and x.size > 0
-    m["cosine"] = tm.cosine if tm.cosine is not None or not same_size else metrics.cosine(x, y)
-    m["max_abs_err"] = tm.max_abs_err if tm.max_abs_err is not None or not same_size else _finite_max_abs(x, y)
-    rl2 = tm.rel_l2 if tm.rel_l2 is not None else (0.0 if x.size == 0 and y.size == 0 else None)
+    return {
+        **{col: str(tm.msprobe[name]) for name, col in MSPROBE_COLUMNS.items()},
+        "msprobe_message": tm.message,
+        "euc_dist": tm.euc_dist,
+        "one_thousandth": tm.one_thousandth,
+        "five_thousandth": tm.five_thousandth,
+        "max_rel_err": tm.max_rel_err,
+        "cosine": tm.cosine if tm.cosine is not None or not same_size else metrics.cosine(x, y),
+        "max_abs_err": tm.max_abs_err if tm.max_abs_err is not None or not same_size else _finite_max_abs(x, y),
+        "rel_l2": tm.rel_l2 if tm.rel_l2 is not None else (0.0 if x.size == 0 and y.size == 0 else None),
+        "nonfinite_mismatch": tm.nonfinite_mismatch,
+    }
+
+
+def _exact_row(row: dict[str, Any], values: dict | str) -> dict[str, Any]:
+    """New values of the updated and new columns for one candidate row, from its pair's `_pair_values`."""
+    m = {c: row[c] for c in _UPDATED} | {"tol": row["tol"]} | dict.fromkeys(NEW_SCHEMA)
+    if isinstance(values, str):
+        m["detail"] = _join_detail(m["detail"], values)
+        return m
+    m.update({c: v for c, v in values.items() if c not in ("rel_l2", "nonfinite_mismatch")})
+    rl2 = values["rel_l2"]
     if rl2 is None:  # msprobe cannot compare the pair (shapes differ): the row's own verdict stands
         return m
-    mismatch = bool(tm.nonfinite_mismatch) or bool(row["nonfinite_mismatch"])
+    mismatch = bool(values["nonfinite_mismatch"]) or bool(row["nonfinite_mismatch"])
     m.update(err=rl2, err_source="exact", err_bound=0.0, nonfinite_mismatch=mismatch)
     if mismatch:
         m["err"] = math.inf
         if not row["nonfinite_mismatch"] or not m["detail"]:
-            m["detail"] = _join_detail(m["detail"], f"NaN/Inf positions differ at {tm.nonfinite_mismatch} elements")
+            m["detail"] = _join_detail(
+                m["detail"], f"NaN/Inf positions differ at {values['nonfinite_mismatch']} elements"
+            )
         m["detail"] = _join_detail(m["detail"], f"rel_l2 over positions finite on both sides {rl2:.6g}")
     _verdict(m)
     return m
@@ -230,24 +287,105 @@ def _exact_row(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> d
 _PARALLEL_MIN = 512  # pairs: below this, starting workers costs more than it saves
 
 
+_Work = tuple[dict[str, Any], bool]  # a row whose files are read, and whether its two files hold equal contents
+
+
 def _exact_rows(
-    rows: list[dict[str, Any]], t_files: _RunFiles, r_files: _RunFiles, jobs: int | None
+    rows: list[dict[str, Any]], groups: list[int], t_files: _RunFiles, r_files: _RunFiles, jobs: int | None
 ) -> list[dict[str, Any]]:
-    """_exact_row for every row, in order; in worker processes (contiguous chunks) when there are many."""
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(rows) // (_PARALLEL_MIN // 2) or 1))
-    if jobs < 2 or len(rows) < _PARALLEL_MIN:
-        return [_exact_row(r, t_files, r_files) for r in rows]
+    """_exact_row for every row, in order; rows of one group (`groups[i]`: the index of the first row of row i's
+    group, whose files hold the same contents) share the values of that first row's files, read once."""
+    first = sorted(set(groups))
+    work = [(rows[i], groups[i] == i and rows[i].get("_same", False)) for i in first]
+    values = dict(zip(first, _pair_values_all(work, t_files, r_files, jobs)))
+    return [_exact_row(r, values[g]) for r, g in zip(rows, groups)]
+
+
+def _pair_values_all(work: list[_Work], t_files: _RunFiles, r_files: _RunFiles, jobs: int | None) -> list:
+    """_pair_values of every pair, in order; in worker processes (contiguous chunks) when there are many."""
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(work) // (_PARALLEL_MIN // 2) or 1))
+    if jobs < 2 or len(work) < _PARALLEL_MIN:
+        return _pair_chunk((work, t_files, r_files))
     from concurrent.futures import ProcessPoolExecutor
 
-    size = -(-len(rows) // (jobs * 4))  # a few chunks per worker evens out slow files
-    chunks = [(rows[i : i + size], t_files, r_files) for i in range(0, len(rows), size)]
+    size = -(-len(work) // (jobs * 4))  # a few chunks per worker evens out slow files
+    chunks = [(work[i : i + size], t_files, r_files) for i in range(0, len(work), size)]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        return [m for part in pool.map(_exact_chunk, chunks) for m in part]
+        return [v for part in pool.map(_pair_chunk, chunks) for v in part]
 
 
-def _exact_chunk(job: tuple[list[dict[str, Any]], _RunFiles, _RunFiles]) -> list[dict[str, Any]]:
-    rows, t_files, r_files = job
-    return [_exact_row(r, t_files, r_files) for r in rows]
+def _pair_chunk(job: tuple[list[_Work], _RunFiles, _RunFiles]) -> list:
+    work, t_files, r_files = job
+    return [_pair_values(r, t_files, r_files, same) for r, same in work]
+
+
+def _content_groups(rows: list[dict[str, Any]], t_files: _RunFiles, r_files: _RunFiles) -> list[int]:
+    """For each row, the index of the first row whose two files hold the same two contents (by content hash);
+    its own index where a hash is unknown (a store written before hashes) or a file changed since ingest.
+
+    A row whose two hashes are equal is marked `_same` (its files are one content: one file is read)."""
+    groups: list[int] = []
+    seen: dict[tuple[bytes, bytes], int] = {}
+    for i, row in enumerate(rows):
+        key = _content_key(row, t_files, r_files)
+        if key is None:
+            groups.append(i)
+            continue
+        groups.append(seen.setdefault(key, i))
+        row["_same"] = key[0] == key[1]
+    return groups
+
+
+def _content_key(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> tuple[bytes, bytes] | None:
+    t_hash, r_hash = row.get("content_hash"), row.get("ref_content_hash")
+    if t_hash is None or r_hash is None:
+        return None
+    where = (row["step"], row["rank"], row["source"])
+    if not (
+        t_files.unchanged(*where, row.get("rank_dir"), row["data_name"], row.get("file_stamp"))
+        and r_files.unchanged(*where, row.get("ref_rank_dir"), row["ref_data_name"], row.get("ref_file_stamp"))
+    ):
+        return None
+    return t_hash, r_hash
+
+
+_PARTITION = re.compile(r"/step=(-?\d+)/rank=(-?\d+)/[^/]+$")
+_HASHED = ["source", "data_name", "file_status", *TENSOR_FILE_COLUMNS]
+
+
+def _file_hashes(store, run: str, units: set[tuple[int, int]]) -> dict[tuple, tuple[bytes, tuple[int, int]]]:
+    """(step, rank, source, data_name) -> (content hash, (size, mtime ns)) of the run's loaded tensor files in
+    `units`, from the store; empty for a store written before content hashes."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq  # ParquetFile, not read_table: that imports pyarrow.dataset (and pandas), 0.4 s
+
+    out: dict[tuple, tuple[bytes, tuple[int, int]]] = {}
+    for pattern in store.tensor_files([run]):
+        for path in sorted(glob.glob(pattern)):
+            m = _PARTITION.search(path)
+            if m is None or (int(m.group(1)), int(m.group(2))) not in units:
+                continue
+            pf = pq.ParquetFile(path)
+            if not set(TENSOR_FILE_COLUMNS) <= set(pf.schema_arrow.names):
+                return {}
+            t = pf.read(columns=_HASHED)
+            t = t.filter(pc.and_(pc.equal(t["file_status"], "loaded"), t["content_hash"].is_valid()))
+            step, rank = int(m.group(1)), int(m.group(2))
+            for source, name, digest, size, mtime in zip(
+                *(t[c].to_pylist() for c in ("source", "data_name", *TENSOR_FILE_COLUMNS))
+            ):
+                out[(step, rank, source or "", name)] = (digest, (size, mtime))
+    return out
+
+
+def _attach_hashes(store, target: str, ref: str, todo: list[dict[str, Any]]) -> None:
+    """Set each row's content hashes and file stamps of both sides (None where the store has none)."""
+    units = {(int(r["step"]), int(r["rank"])) for r in todo}
+    for run, p in ((target, ""), (ref, "ref_")):
+        known = _file_hashes(store, run, units)
+        for r in todo:
+            found = known.get((int(r["step"]), int(r["rank"]), r["source"] or "", r[f"{p}data_name"]))
+            r[f"{p}content_hash"], r[f"{p}file_stamp"] = found if found is not None else (None, None)
 
 
 def _with_null_columns(rows: pl.DataFrame) -> pl.DataFrame:
@@ -283,9 +421,12 @@ def add_exact_metrics(
         return _with_null_columns(rows)
     t_files, r_files = _RunFiles(store, target), _RunFiles(store, ref)
     have = [c for c in _NEEDED if c in picked.columns]
-    todo = [{c: row.get(c) for c in _NEEDED} for row in picked.select(have).iter_rows(named=True)]
+    todo: list[dict[str, Any]] = [{c: row.get(c) for c in _NEEDED} for row in picked.select(have).iter_rows(named=True)]
+    _attach_hashes(store, target, ref, todo)
+    groups = _content_groups(todo, t_files, r_files)
     out = [
-        {"_exact_i": i, **m} for i, m in zip(picked["_exact_i"].to_list(), _exact_rows(todo, t_files, r_files, jobs))
+        {"_exact_i": i, **m}
+        for i, m in zip(picked["_exact_i"].to_list(), _exact_rows(todo, groups, t_files, r_files, jobs))
     ]
     kept = {c: rows.schema[c] for c in _UPDATED if c in rows.columns}
     upd_schema: dict[str, pl.DataType] = {"_exact_i": pl.UInt32(), **kept, **NEW_SCHEMA}

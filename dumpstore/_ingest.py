@@ -29,9 +29,9 @@ from .layout import Unit, find_units
 from .names import parse_record
 from .ptfile import DEFAULT_MAX_BYTES
 from .records import LEAF_COLUMNS, leaf_column_lists, record_leaves
-from .schema import STACK_SCHEMA, TENSOR_SCHEMA
+from .schema import STACK_SCHEMA, TENSOR_FILE_COLUMNS, TENSOR_SCHEMA
 from .store import Store, open_store, staging_dir, store_errors
-from .tensorfile import TENSOR_DIR, MissingFile, forget_folders, load, load_leaf
+from .tensorfile import TENSOR_DIR, MissingFile, Stamp, fingerprint, forget_folders, load, load_leaf, stamp
 from .workers import worker_init
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -300,7 +300,8 @@ Batch = dict[str, Any]  # column -> a list of Python values (None = null), or an
 
 
 def _batch_table(batch: Batch, constants: dict[str, str | None], res: UnitResult) -> pa.Table:
-    """A non-empty batch (every column of ROW_COLUMNS) as a table of TENSOR_SCHEMA, counted into `res`."""
+    """A non-empty batch (every column of ROW_COLUMNS and TENSOR_FILE_COLUMNS) as a table of TENSOR_SCHEMA, counted
+    into `res`."""
     _count(batch, res)
     n = len(batch["kind"])
     columns = {**batch, **{c: pa.repeat(pa.scalar(v, TENSOR_SCHEMA.field(c).type), n) for c, v in constants.items()}}
@@ -676,6 +677,7 @@ def _leaf_batch(recs: _Records, tensor_task: bool, res: UnitResult) -> Batch:
     """The columns of a batch of records' leaves, from the dump alone (see _with_tensor_files)."""
     ios, index_paths, names, values = (list(c) for c in zip(*recs.leaves))
     cols: Batch = leaf_column_lists(values, tensor_task)
+    cols.update({c: [None] * len(values) for c in TENSOR_FILE_COLUMNS})  # set by _with_tensor_files
     cols.update(io=ios, index_path=index_paths, name=names)
     cols["leaf"] = pa.array(np.arange(recs.first_leaf, recs.first_leaf + len(values)), pa.int32())
     for c, per_record in zip(_RECORD_COLUMNS, zip(*recs.idents)):  # np.repeat: Arrow's take loads pyarrow.compute
@@ -731,7 +733,7 @@ def _file_batches(unit: Unit, opts: IngestOptions, res: UnitResult, files_pool: 
     rows = _file_rows(unit, opts, res)
     while batch := list(islice(rows, _BATCH_ROWS)):
         _attach_deferred(batch, unit, opts, res, files_pool)
-        yield {c: [r.get(c) for r in batch] for c in ROW_COLUMNS}
+        yield {c: [r.get(c) for r in batch] for c in ROW_COLUMNS + TENSOR_FILE_COLUMNS}
 
 
 def _tensor_file_row(
@@ -766,7 +768,7 @@ def _count(columns: Batch, res: UnitResult) -> None:
 
 def _attach_tensor(row: dict[str, Any], dump_dir: Path, opts: IngestOptions, res: UnitResult) -> None:
     try:
-        arr, stored = load_leaf(dump_dir, row["data_name"], max_bytes=_max_bytes(row))
+        arr, stored, file_stamp = load_leaf(dump_dir, row["data_name"], max_bytes=_max_bytes(row))
     except MissingFile as exc:
         row.update(file_status="missing", error=str(exc))
         return
@@ -779,7 +781,14 @@ def _attach_tensor(row: dict[str, Any], dump_dir: Path, opts: IngestOptions, res
         row.update(file_status="error", error=f"{os.path.join(dump_dir, TENSOR_DIR, row['data_name'])}: {problem}")
         return
     row["file_status"] = "loaded"
+    _fingerprint(row, arr, stored, file_stamp)
     fill_from_array(row, arr, row.get("dtype") or stored, opts)
+
+
+def _fingerprint(row: dict[str, Any], arr, stored: str, file_stamp: Stamp) -> None:
+    """The loaded tensor's content hash and its file's size and mtime (`--exact` compares equal contents once)."""
+    row["content_hash"] = fingerprint(arr, stored)
+    row["file_size"], row["file_mtime_ns"] = file_stamp
 
 
 def _max_bytes(row: dict[str, Any]) -> int | None:
@@ -850,10 +859,15 @@ def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
         try:
             if path.is_symlink():
                 raise DumpFormatError(f"{path}: tensor file is a link; refusing to read it (copy the file instead)")
+            file_stamp = stamp(path)
             arr, stored = load(path)
             res.tensor_files += 1
             row.update(dtype=stored, dtype_raw=stored, shape=list(arr.shape), numel=int(arr.size), file_status="loaded")
+            _fingerprint(row, arr, stored, file_stamp)
             fill_from_array(row, arr, stored, opts)
+        except OSError as exc:  # the stat: gone since the folder was listed
+            why = f"{path}: cannot read tensor file: {exc.strerror}"
+            row.update(file_status="error", error=why, stats_source="none")
         except DumpFormatError as exc:
             row.update(file_status="error", error=str(exc), stats_source="none")
         yield row

@@ -31,7 +31,7 @@ import numpy as np
 from dumpstore.errors import DumpFormatError
 from dumpstore.picklescan import PickleBudgetError, check_pickle
 
-__all__ = ["DEFAULT_MAX_BYTES", "MissingTensorFile", "read_pt"]
+__all__ = ["DEFAULT_MAX_BYTES", "MissingTensorFile", "read_pt", "read_pt_stamped"]
 
 DEFAULT_MAX_BYTES = 8 << 30  # cap on the claimed size of a tensor or storage, checked before reading
 _MAX_NDIM = 64
@@ -812,7 +812,7 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # a FIF
 _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-def _read(path: str, max_bytes: int, follow_links: bool) -> tuple[np.ndarray, str]:
+def _read(path: str, max_bytes: int, follow_links: bool) -> tuple[np.ndarray, str, tuple[int, int]]:
     """One open, one fstat, one read for a small file (the syscalls a .pt costs)."""
     fd = os.open(path, _OPEN_FLAGS if follow_links else _OPEN_FLAGS | _NO_FOLLOW)
     try:
@@ -821,7 +821,7 @@ def _read(path: str, max_bytes: int, follow_links: bool) -> tuple[np.ndarray, st
             raise _Bad("not a regular file")
         archive = _Archive(fd, info.st_size)
         try:
-            return _load(archive, max_bytes)
+            return (*_load(archive, max_bytes), (info.st_size, info.st_mtime_ns))
         finally:
             archive.close()
     finally:
@@ -848,6 +848,14 @@ def read_pt(
     `max_bytes` (:class:`MissingTensorFile` where there is no file); with `follow_links=False`, for a path
     that is a symbolic link.
     """
+    arr, dtype, _stamp = read_pt_stamped(path, max_bytes=max_bytes, follow_links=follow_links)
+    return arr, dtype
+
+
+def read_pt_stamped(
+    path: str | os.PathLike[str], *, max_bytes: int | None = None, follow_links: bool = True
+) -> tuple[np.ndarray, str, tuple[int, int]]:
+    """:func:`read_pt`, and the (size, mtime in ns) of the file it read (from the fstat it makes anyway)."""
     where = os.fspath(path)
     limit = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
     if limit < 0:

@@ -59,7 +59,18 @@ TENSOR_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("sketch", pa.list_(pa.float64()), "linear signed fold into min(M, numel) buckets"),
     ("stack_id", pa.int32(), "key into the stacks table"),
     ("error", pa.string(), "why this leaf could not be read fully (null when fine)"),
+    (
+        "content_hash",
+        pa.binary(),
+        "blake2b-128 of the loaded tensor (dtype, shape, values): equal hashes, equal tensors",
+    ),
+    ("file_size", pa.int64(), "size in bytes of the tensor file when it was read"),
+    ("file_mtime_ns", pa.int64(), "modification time (ns) of the tensor file when it was read"),
 ]
+
+# Columns set only for leaves whose tensor file was loaded (null in stores written before they existed):
+# `--exact` compares a pair of equal content hashes once and trusts them while size and mtime are unchanged.
+TENSOR_FILE_COLUMNS = ("content_hash", "file_size", "file_mtime_ns")
 
 TENSOR_SCHEMA = pa.schema([pa.field(n, t) for n, t, _ in TENSOR_FIELDS])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -74,8 +75,11 @@ class MissingFile(DumpFormatError):
     """A leaf's tensor file is not there (`load_leaf`): the leaf is 'missing', not an error."""
 
 
-def load_leaf(dump_dir: Path, data_name: str, *, max_bytes: int | None = None) -> tuple[np.ndarray, str]:
-    """(values, stored dtype) of the file `resolve(dump_dir, data_name)` names, with its checks.
+Stamp = tuple[int, int]  # (size, mtime in ns) of a tensor file when it was read
+
+
+def load_leaf(dump_dir: Path, data_name: str, *, max_bytes: int | None = None) -> tuple[np.ndarray, str, Stamp]:
+    """(values, stored dtype, stamp) of the file `resolve(dump_dir, data_name)` names, with its checks.
 
     A .pt file costs one lstat, one open (that refuses a link as well), one fstat and one read. Raises
     MissingFile when there is no file, DumpFormatError for a link, a name or folder that leads outside the
@@ -85,7 +89,9 @@ def load_leaf(dump_dir: Path, data_name: str, *, max_bytes: int | None = None) -
         path = resolve(dump_dir, data_name)
         if not path.exists():
             raise MissingFile(f"tensor file {path} is missing")
-        return load(path, max_bytes=max_bytes)
+        before = stamp(path)
+        arr, stored = load(path, max_bytes=max_bytes)
+        return arr, stored, before
     _check_name(data_name)
     base, inside = _tensor_dir(str(dump_dir))
     where = os.path.join(base, data_name)
@@ -93,12 +99,28 @@ def load_leaf(dump_dir: Path, data_name: str, *, max_bytes: int | None = None) -
     # the open, which refuses links too: nothing is ever opened through one)
     if not inside or os.path.islink(where):
         raise DumpFormatError(f"{where}: tensor file is a link or lies outside {base}; refusing to read it")
-    from .ptfile import MissingTensorFile, read_pt
+    from .ptfile import MissingTensorFile, read_pt_stamped
 
     try:
-        return read_pt(where, max_bytes=max_bytes, follow_links=False)
+        return read_pt_stamped(where, max_bytes=max_bytes, follow_links=False)
     except MissingTensorFile:
         raise MissingFile(f"tensor file {where} is missing") from None
+
+
+def stamp(path: str | os.PathLike[str]) -> Stamp:
+    """(size, mtime in ns) of a file now (raises OSError): a file whose stamp changed may have new contents."""
+    info = os.stat(path)
+    return info.st_size, info.st_mtime_ns
+
+
+def fingerprint(arr: np.ndarray, stored: str) -> bytes:
+    """blake2b-128 of a loaded tensor: its stored dtype, numpy dtype, shape and values (C order).
+
+    Two tensor files with the same fingerprint load into identical arrays, so any comparison of the two is the
+    comparison of one array with itself."""
+    h = hashlib.blake2b(f"{stored}|{arr.dtype.str}|{arr.shape}|".encode(), digest_size=16)
+    h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
+    return h.digest()
 
 
 def _load_npy(path: Path) -> tuple[np.ndarray, str]:

@@ -65,5 +65,7 @@ def test_load_leaf_refuses_links_and_reports_missing_files(tmp_path):
         load_leaf(ds, names[30])
     with pytest.raises(_ingest.DumpFormatError, match="is not a plain file name"):
         load_leaf(ds, "../" + names[31])
-    arr, dtype = load_leaf(ds, names[31])
+    arr, dtype, (size, mtime_ns) = load_leaf(ds, names[31])
     assert dtype == "float32" and arr.flags.writeable and arr.size > 0
+    info = (ds / "dump_tensor_data" / names[31]).stat()
+    assert (size, mtime_ns) == (info.st_size, info.st_mtime_ns)

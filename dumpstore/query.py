@@ -55,7 +55,11 @@ def connect(
     con.execute("CREATE VIEW runs AS SELECT * FROM __runs")
     files = store.tensor_files(runs, catalog)
     if files:
-        con.execute(f"CREATE VIEW tensors AS SELECT * FROM read_parquet({_literal_list(files)}, {_HIVE})")
+        # union_by_name: runs ingested before a column was added (content_hash, file_size, file_mtime_ns) read
+        # it as null instead of failing the glob
+        con.execute(
+            f"CREATE VIEW tensors AS SELECT * FROM read_parquet({_literal_list(files)}, {_HIVE}, union_by_name=true)"
+        )
     else:
         _empty_view(con, "tensors", TENSOR_SCHEMA, ["run:VARCHAR", "step:BIGINT", "rank:BIGINT"])
     stacks = store.stack_files(catalog)

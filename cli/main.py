@@ -296,7 +296,31 @@ def run() -> None:
     # parallelism is its own (processes, Polars' pool); its dot products are chunked below OpenBLAS's threading size.
     if "numpy" not in sys.modules:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    main()
+    from dumpstore import retain
+
+    retain.RETAINED = []
+    try:
+        main()
+    except SystemExit as exc:
+        _exit_now(exc.code)
+    _exit_now(0)
+
+
+def _exit_now(code: object) -> None:
+    """End the process without the interpreter's teardown (freeing every object: ~70 ms after an ingest of a
+    10 MB dump.json), once the output is flushed; a Ray driver exits normally (its shutdown runs at exit)."""
+    if not isinstance(code, int):
+        if code is not None:
+            print(code, file=sys.stderr)
+        code = 0 if code is None else 1
+    if "ray" in sys.modules:
+        sys.exit(code)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):  # output closed early (| head): nothing left to lose
+        code = code or 0
+    os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -29,6 +29,7 @@ from .layout import Unit, find_units
 from .names import parse_record
 from .ptfile import DEFAULT_MAX_BYTES
 from .records import LEAF_COLUMNS, leaf_column_lists, record_leaves
+from .retain import retain
 from .schema import STACK_SCHEMA, TENSOR_FILE_COLUMNS, TENSOR_SCHEMA
 from .store import Store, open_store, staging_dir, store_errors
 from .tensorfile import TENSOR_DIR, MissingFile, Stamp, fingerprint, forget_folders, load, load_leaf, stamp
@@ -510,10 +511,11 @@ def _dump_tables(
     cores: int,
 ) -> tuple[Iterator[pa.Table], list[list[str]]]:
     doc, construct, stack_ids, stacks = _open_dump(unit, res)
+    retain(doc)  # the console script exits without freeing it (dumpstore.retain)
     tensor_task = doc.get("task") not in ("statistics", "md5", "overflow_check")
     job = _Slices(list(doc["data"].items()), construct, stack_ids, tensor_task, unit, opts, constants)
     if cores > 1 and len(job.records) >= _SPLIT_MIN_RECORDS and not (tensor_task and opts.load_tensors):
-        return _split_tables(job, cores, res), stacks
+        return iter(_split_tables(job, cores, res)), stacks
     batches = _record_batches(job.records, 0, construct, stack_ids, res)
     rows = _with_tensor_files((_leaf_batch(b, tensor_task, res) for b in batches), unit, opts, res, files_pool)
     return (_batch_table(b, constants, res) for b in rows), stacks
@@ -539,7 +541,7 @@ def _open_dump(unit: Unit, res: UnitResult) -> tuple[dict, dict, dict[str, int],
 
 
 # A statistics dump with this many records is turned into rows by `cores` processes at once when the run has fewer
-# units than cores (the other cores would idle): forked workers inherit the parsed JSON, nothing is pickled to them.
+# units than cores (the other cores would idle): forked children inherit the parsed JSON, nothing is pickled to them.
 _SPLIT_MIN_RECORDS = 4096
 
 
@@ -565,33 +567,101 @@ class _Slices:
         return (pa.concat_tables(tables) if tables else None), res
 
 
-_FORKED: _Slices | None = None  # what forked workers of _split_tables read
-
-
-def _forked_part(part: int, parts: int) -> tuple[pa.Table | None, UnitResult]:
-    assert _FORKED is not None
-    return _FORKED.table(part, parts)
-
-
-def _split_tables(job: _Slices, cores: int, res: UnitResult) -> Iterator[pa.Table]:
-    """The dump's tables built by `cores` processes: this one takes the first part, forked workers the others."""
-    import multiprocessing
-
-    global _FORKED
-    _FORKED = job
-    try:
-        fork = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(cores - 1, mp_context=fork, initializer=worker_init, initargs=(os.getpid(),)) as pool:
-            futures = [pool.submit(_forked_part, i, cores) for i in range(1, cores)]
-            parts = [job.table(0, cores)] + [f.result() for f in futures]
-    finally:
-        _FORKED = None
+def _split_tables(job: _Slices, cores: int, res: UnitResult) -> list[pa.Table]:
+    """The dump's tables built by `cores` processes: this one takes the first part, forked children the others
+    (each hands its part back through a pipe and leaves at once: no interpreter shutdown over its copy of the
+    parsed JSON).  Done before the Parquet file is opened, so no child holds it."""
+    children = [_fork_part(job, part, cores) for part in range(1, cores)]
+    parts = [job.table(0, cores)] + [_part_of(pid, fd) for pid, fd in children]
     leaf = TENSOR_SCHEMA.get_field_index("leaf")
+    tables = []
     for table, part_res in parts:
         if table is not None:
-            shifted = pa.array(table.column(leaf).to_numpy() + res.rows, pa.int32())
-            yield table.set_column(leaf, TENSOR_SCHEMA.field(leaf), shifted)
+            shifted = pa.chunked_array([_plus(c, res.rows) for c in table.column(leaf).chunks], pa.int32())
+            tables.append(table.set_column(leaf, TENSOR_SCHEMA.field(leaf), shifted))
         _merge(res, part_res)
+    return tables
+
+
+def _plus(chunk: pa.Array, n: int) -> pa.Array:
+    """An int32 array without nulls plus n (from its buffer: to_numpy's first call costs 20 ms of set-up)."""
+    values = np.frombuffer(chunk.buffers()[1], np.int32, len(chunk), chunk.offset * 4)
+    return pa.array(values + np.int32(n), pa.int32())
+
+
+def _fork_part(job: _Slices, part: int, parts: int) -> tuple[int, int]:
+    """Fork a child that builds `part` and writes it to a pipe (see _send): (pid, read end)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write)
+        return pid, read
+    code = 1  # the child: never returns
+    try:
+        os.close(read)
+        worker_init(os.getppid())
+        with os.fdopen(write, "wb") as fh:
+            _send(fh, job, part, parts)
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _send(fh: Any, job: _Slices, part: int, parts: int) -> None:
+    """A part as: 8-byte length of a pickled (ok, counts or exception), that pickle, then the rows as an Arrow IPC
+    stream (half the bytes of a pickled table, and read without a copy)."""
+    import pickle
+
+    import pyarrow.ipc as ipc
+
+    try:
+        table, counts = job.table(part, parts)
+        header = pickle.dumps((True, counts))
+    except BaseException as exc:  # handed to the parent, which raises it
+        table, header = None, pickle.dumps((False, exc if _picklable(exc) else RuntimeError(f"{exc!r}")))
+    fh.write(len(header).to_bytes(8, "little") + header)
+    if table is not None:
+        with ipc.new_stream(fh, table.schema) as out:
+            out.write_table(table)
+
+
+def _picklable(exc: BaseException) -> bool:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return False
+    return True
+
+
+def _reap(pid: int, fd: int) -> None:
+    import signal
+
+    for step in (lambda: os.close(fd), lambda: os.kill(pid, signal.SIGKILL), lambda: os.waitpid(pid, 0)):
+        try:
+            step()
+        except OSError:  # already closed, or already reaped by _part_of
+            pass
+
+
+def _part_of(pid: int, fd: int) -> tuple[pa.Table | None, UnitResult]:
+    """What the child `pid` built (its exception raised here)."""
+    import pickle
+
+    import pyarrow.ipc as ipc
+
+    with os.fdopen(fd, "rb") as fh:
+        payload = fh.read()
+    _, status = os.waitpid(pid, 0)
+    n = int.from_bytes(payload[:8], "little")
+    if status or len(payload) < 8 + n:
+        raise StoreError(f"an ingest worker ended without its rows (wait status {status}); run the ingest again")
+    ok, value = pickle.loads(payload[8 : 8 + n])
+    if not ok:
+        raise value
+    rows = memoryview(payload)[8 + n :]
+    return (ipc.open_stream(pa.py_buffer(rows)).read_all() if len(rows) else None), value
 
 
 def _merge(res: UnitResult, part: UnitResult) -> None:

@@ -571,8 +571,15 @@ def _split_tables(job: _Slices, cores: int, res: UnitResult) -> list[pa.Table]:
     """The dump's tables built by `cores` processes: this one takes the first part, forked children the others
     (each hands its part back through a pipe and leaves at once: no interpreter shutdown over its copy of the
     parsed JSON).  Done before the Parquet file is opened, so no child holds it."""
-    children = [_fork_part(job, part, cores) for part in range(1, cores)]
-    parts = [job.table(0, cores)] + [_part_of(pid, fd) for pid, fd in children]
+    children = deque(_fork_part(job, part, cores) for part in range(1, cores))
+    try:
+        parts = [job.table(0, cores)]
+        while children:
+            parts.append(_part_of(*children.popleft()))  # waits for the child whatever happens
+    except BaseException:
+        for pid, fd in children:  # a child blocked on a full pipe would wait for ever
+            _reap(pid, fd)
+        raise
     leaf = TENSOR_SCHEMA.get_field_index("leaf")
     tables = []
     for table, part_res in parts:
@@ -651,9 +658,11 @@ def _part_of(pid: int, fd: int) -> tuple[pa.Table | None, UnitResult]:
 
     import pyarrow.ipc as ipc
 
-    with os.fdopen(fd, "rb") as fh:
-        payload = fh.read()
-    _, status = os.waitpid(pid, 0)
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            payload = fh.read()
+    finally:  # (a child whose pipe is closed unread gets EPIPE and leaves)
+        _, status = os.waitpid(pid, 0)
     n = int.from_bytes(payload[:8], "little")
     if status or len(payload) < 8 + n:
         raise StoreError(f"an ingest worker ended without its rows (wait status {status}); run the ingest again")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import importlib
 import json
+import os
 import math
 from pathlib import Path
 
@@ -168,3 +169,36 @@ def test_a_lone_statistics_dump_split_over_cores_gives_the_same_rows(tmp_path, m
 
 
 merge = ingest_module._merge
+
+
+@pytest.mark.parametrize("failing_part", [0, 1])
+def test_a_failing_part_of_a_split_dump_fails_the_ingest_in_one_line(tmp_path, monkeypatch, failing_part):
+    """An error in either process of a split build (this one or the forked child) is the ingest's error; nothing
+    is published and no child is left behind."""
+    monkeypatch.setattr(ingest_module, "_SPLIT_MIN_RECORDS", 1)
+    table = ingest_module._Slices.table
+
+    def broken(self, part, parts):
+        if part == failing_part:
+            raise ingest_module.DumpFormatError(f"part {part} is broken")
+        return table(self, part, parts)
+
+    monkeypatch.setattr(ingest_module._Slices, "table", broken)
+    before = _children()
+    with pytest.raises(ingest_module.DumpFormatError, match=f"^part {failing_part} is broken$"):
+        ingest(SAMPLES / "ref_stats" / "step0" / "rank0", "r", store=tmp_path / "s", jobs=2)
+    assert not list((tmp_path / "s").rglob("part-*.parquet"))
+    assert _children() == before  # the forked child was reaped (no zombie, no orphan)
+
+
+def _children() -> set[int]:
+    """Processes (zombies included) whose parent is this one."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid():
+            out.add(int(stat.parent.name))
+    return out

@@ -248,7 +248,7 @@ def _write_unit(
     files_pool: ProcessPoolExecutor | None,
     cores: int = 1,
 ) -> None:
-    constants = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
+    constants: dict[str, str | None] = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
     if unit.kind == "dump":
         tables, stacks = _dump_tables(unit, opts, res, files_pool, constants, cores)
     else:
@@ -324,7 +324,7 @@ def _arrays(columns: dict[str, Any], schema: pa.Schema) -> list[pa.Array]:
     return out
 
 
-def _array(values: Sequence[Any], type_: pa.DataType) -> pa.Array:
+def _array(values: Sequence[Any] | np.ndarray, type_: pa.DataType) -> pa.Array:
     try:
         return pa.array(values, type_)
     except UnicodeEncodeError:  # lone surrogates: JSON \udcxx escapes, file names that are not UTF-8

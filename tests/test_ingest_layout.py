@@ -5,8 +5,8 @@ from __future__ import annotations
 import gc
 import importlib
 import json
-import os
 import math
+import os
 from pathlib import Path
 
 import pyarrow.parquet as pq

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -152,3 +153,16 @@ def test_ingest_several_dumps_errors(store_dir):
     )
     assert res.exit_code == 1
     assert res.output.count("\n") == 1 and "missing" in res.output and "(ingested: ok)" in res.output
+
+
+def test_console_script_exits_normally_under_a_profiler(store_dir, tmp_path):
+    """The script skips the interpreter's teardown (os._exit), except where something reports at exit."""
+    prof = tmp_path / "runs.prof"
+    script = Path(sys.executable).parent / "dumpstore"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cProfile", "-o", str(prof), str(script), "runs", "--store", str(store_dir)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert prof.stat().st_size > 0

@@ -214,6 +214,7 @@ def _ingest_unit(
     cores: int = 1,
 ) -> UnitResult:
     forget_folders()
+    retain(None)  # the previous unit's dump is freed before this one is parsed: one at a time in memory
     res = UnitResult(unit.step, unit.rank)
     part = staging_dir(root, run, ingest_id) / "tensors" / f"step={unit.step}" / f"rank={unit.rank}"
     part.mkdir(parents=True, exist_ok=True)

@@ -235,16 +235,28 @@ def _verdict(m: dict[str, Any]) -> None:
     m["status"] = "diverged" if R.diverges(err, tol, bool(m["nonfinite_mismatch"])) else "pass"
 
 
-def _pair_values(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles, same: bool = False) -> dict | str:
-    """What the pair's two tensors give (the row-independent part of `_exact_row`), or why they cannot be read.
+def _pair_arrays(
+    row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles, same: bool = False
+) -> tuple[np.ndarray, np.ndarray] | str:
+    """The pair's two tensors, or why they cannot be read.
 
     `same`: the two files hold equal contents (equal content hashes), so only the target is read and compared
     with itself: every metric works on copies of its inputs, so the values are those of the two files."""
     try:
         x = _load(t_files, row, "target")
-        y = x if same else _load(r_files, row, "ref")
-        tm = metrics.tensor_metrics(x, y)
+        return x, x if same else _load(r_files, row, "ref")
     except (DumpFormatError, ValueError) as exc:
+        return f"exact metrics unavailable: {_first_line(exc)}"
+
+
+def _pair_values(arrays: tuple[np.ndarray, np.ndarray] | str) -> dict | str:
+    """What the pair's two tensors give (the row-independent part of `_exact_row`), or why there is nothing."""
+    if isinstance(arrays, str):
+        return arrays
+    x, y = arrays
+    try:
+        tm = metrics.tensor_metrics(x, y)
+    except ValueError as exc:
         return f"exact metrics unavailable: {_first_line(exc)}"
     same_size = x.size == y.size and x.size > 0
     return {
@@ -314,9 +326,25 @@ def _pair_values_all(work: list[_Work], t_files: _RunFiles, r_files: _RunFiles, 
         return [v for part in pool.map(_pair_chunk, chunks) for v in part]
 
 
+_LOADED_BYTES = 16 << 20  # pairs are loaded until they hold this much, then compared
+
+
 def _pair_chunk(job: tuple[list[_Work], _RunFiles, _RunFiles]) -> list:
+    """_pair_values of a chunk of pairs, in order. The files are loaded a few pairs at a time (up to
+    `_LOADED_BYTES`) before they are compared: the comparisons run faster after a run of file reads than between
+    them (each read's system calls leave the caches and predictors cold)."""
     work, t_files, r_files = job
-    return [_pair_values(r, t_files, r_files, same) for r, same in work]
+    out: list = []
+    loaded: list = []
+    held = 0
+    for row, same in work:
+        arrays = _pair_arrays(row, t_files, r_files, same)
+        loaded.append(arrays)
+        held += 0 if isinstance(arrays, str) else arrays[0].nbytes + (0 if same else arrays[1].nbytes)
+        if held >= _LOADED_BYTES:
+            out += [_pair_values(a) for a in loaded]
+            loaded, held = [], 0
+    return out + [_pair_values(a) for a in loaded]
 
 
 def _content_groups(rows: list[dict[str, Any]], t_files: _RunFiles, r_files: _RunFiles) -> list[int]:

@@ -239,9 +239,8 @@ def _write_unit(
     files_pool: ProcessPoolExecutor | None,
 ) -> None:
     if unit.kind == "dump":
-        rows, stacks = _dump_rows(unit, opts, res, defer=files_pool is not None)
-        if files_pool is not None:
-            rows = _read_ahead(rows, unit, opts, res, files_pool)
+        rows, stacks = _dump_rows(unit, opts, res, defer=True)
+        rows = _read_ahead(rows, unit, opts, res, files_pool)
     else:
         rows, stacks = _file_rows(unit, opts, res), []
     constants = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
@@ -404,11 +403,15 @@ _AHEAD_CHUNKS = 64  # chunks submitted before the oldest is waited for: the work
 
 
 def _read_ahead(
-    rows: Iterator[tuple | dict[str, Any]], unit: Unit, opts: IngestOptions, res: UnitResult, pool: ProcessPoolExecutor
+    rows: Iterator[tuple | dict[str, Any]],
+    unit: Unit,
+    opts: IngestOptions,
+    res: UnitResult,
+    pool: ProcessPoolExecutor | None,
 ) -> Iterator[tuple | dict[str, Any]]:
     """`rows` in order, each deferred tensor row filled by the pool; chunks of its files are submitted as soon as
     they are seen, up to `_AHEAD_CHUNKS` ahead of the rows handed on (the workers read while the rows are built
-    and turned into Arrow)."""
+    and turned into Arrow). Without a pool each chunk is read here when it is complete."""
     dump_dir = str(unit.path.parent)
     pending: deque[tuple[list[tuple | dict[str, Any]], list[dict[str, Any]], Future]] = deque()
     segment: list[tuple | dict[str, Any]] = []
@@ -418,16 +421,28 @@ def _read_ahead(
         if type(row) is dict and row.pop(_DEFER, False):
             chunk.append(row)
             if len(chunk) == _CHUNK_FILES:
-                pending.append((segment, chunk, pool.submit(_summarize_files, _chunk_job(dump_dir, chunk, opts))))
+                pending.append((segment, chunk, _submit(pool, dump_dir, chunk, opts, res)))
                 segment, chunk = [], []
                 if len(pending) > _AHEAD_CHUNKS:
                     yield from _filled(*pending.popleft(), res)
     if chunk:
-        pending.append((segment, chunk, pool.submit(_summarize_files, _chunk_job(dump_dir, chunk, opts))))
+        pending.append((segment, chunk, _submit(pool, dump_dir, chunk, opts, res)))
         segment = []
     while pending:
         yield from _filled(*pending.popleft(), res)
     yield from segment
+
+
+def _submit(
+    pool: ProcessPoolExecutor | None, dump_dir: str, chunk: list[dict[str, Any]], opts: IngestOptions, res: UnitResult
+) -> Future:
+    """The chunk's files read by the pool; without one, read here (the rows filled, the future done with None)."""
+    if pool is not None:
+        return pool.submit(_summarize_files, _chunk_job(dump_dir, chunk, opts))
+    _fill_rows(chunk, Path(dump_dir), opts, res)
+    done: Future = Future()
+    done.set_result(None)
+    return done
 
 
 def _chunk_job(dump_dir: str, chunk: list[dict[str, Any]], opts: IngestOptions) -> tuple:
@@ -438,7 +453,9 @@ def _filled(
     segment: list[tuple | dict[str, Any]], chunk: list[dict[str, Any]], future: Future, res: UnitResult
 ) -> list[tuple | dict[str, Any]]:
     """The segment's rows once the worker has filled its chunk of tensor rows."""
-    updates, values, lengths, n_files = future.result()
+    if (done := future.result()) is None:  # read in this process: the rows are filled
+        return segment
+    updates, values, lengths, n_files = done
     res.tensor_files += n_files
     ends = np.cumsum(lengths).tolist()
     starts = [0, *ends[:-1]]
@@ -456,14 +473,20 @@ _LOADED_BYTES = 16 << 20  # a worker loads files until they hold this much, then
 def _summarize_files(job: tuple[str, list[tuple], IngestOptions]) -> tuple[list[dict[str, Any]], Any, list[int], int]:
     """Worker: load a chunk of tensor files and summarise each (the columns _attach_tensor sets).
 
-    Files are loaded a few at a time (up to `_LOADED_BYTES`) before they are summarised: the summaries run
-    about a third faster after a run of file reads than between them (each read's system calls leave the caches
-    and predictors cold). Returns per file the updated columns (sample and sketch as None), the samples and
+    Files are loaded a few at a time (`_fill_rows`) before they are summarised: the summaries run about a third
+    faster after a run of file reads than between them (each read's system calls leave the caches and
+    predictors cold). Returns per file the updated columns (sample and sketch as None), the samples and
     sketches concatenated into one float64 buffer (one pickled array instead of two per file), their lengths in
     order, and the files loaded."""
     dump_dir, chunk, opts = job
-    res, path = UnitResult(0, 0), Path(dump_dir)
+    res = UnitResult(0, 0)
     rows = [dict(zip(_FILE_FIELDS, fields)) for fields in chunk]
+    _fill_rows(rows, Path(dump_dir), opts, res)
+    return _packed(rows, res.tensor_files)
+
+
+def _fill_rows(rows: list[dict[str, Any]], path: Path, opts: IngestOptions, res: UnitResult) -> None:
+    """_attach_tensor for each row: files loaded up to `_LOADED_BYTES` at a time, then summarised."""
     loaded: list[tuple[dict[str, Any], _Loaded]] = []
     held = 0
     for row in rows:
@@ -475,7 +498,6 @@ def _summarize_files(job: tuple[str, list[tuple], IngestOptions]) -> tuple[list[
             _fill_all(loaded, opts)
             loaded, held = [], 0
     _fill_all(loaded, opts)
-    return _packed(rows, res.tensor_files)
 
 
 def _fill_all(loaded: list[tuple[dict[str, Any], _Loaded]], opts: IngestOptions) -> None:

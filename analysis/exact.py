@@ -227,12 +227,18 @@ def _join_detail(old: str | None, new: str) -> str:
     return f"{old}; {new}" if old else new
 
 
-def _verdict(m: dict[str, Any]) -> None:
-    err, tol = m["err"], m["tol"]
-    if err is None or tol is None:
+def _verdicts(ms: list[dict[str, Any]]) -> None:
+    """Severity and status of the rows given an exact err (marked `_verdict`), all at once (the rules work on
+    arrays as on floats, element by element)."""
+    todo = [m for m in ms if m.pop("_verdict", False) and m["err"] is not None and m["tol"] is not None]
+    if not todo:
         return
-    m["severity"] = float(R.severity(err, tol))
-    m["status"] = "diverged" if R.diverges(err, tol, bool(m["nonfinite_mismatch"])) else "pass"
+    err = np.array([m["err"] for m in todo], np.float64)
+    tol = np.array([m["tol"] for m in todo], np.float64)
+    severity = R.severity(err, tol).tolist()
+    diverged = R.diverges(err, tol, np.array([bool(m["nonfinite_mismatch"]) for m in todo])).tolist()
+    for m, sev, div in zip(todo, severity, diverged):
+        m["severity"], m["status"] = sev, "diverged" if div else "pass"
 
 
 def _pair_arrays(
@@ -292,7 +298,7 @@ def _exact_row(row: dict[str, Any], values: dict | str) -> dict[str, Any]:
                 m["detail"], f"NaN/Inf positions differ at {values['nonfinite_mismatch']} elements"
             )
         m["detail"] = _join_detail(m["detail"], f"rel_l2 over positions finite on both sides {rl2:.6g}")
-    _verdict(m)
+    m["_verdict"] = True  # severity and status: `_verdicts`
     return m
 
 
@@ -310,7 +316,9 @@ def _exact_rows(
     first = sorted(set(groups))
     work = [(rows[i], groups[i] == i and rows[i].get("_same", False)) for i in first]
     values = dict(zip(first, _pair_values_all(work, t_files, r_files, jobs)))
-    return [_exact_row(r, values[g]) for r, g in zip(rows, groups)]
+    out = [_exact_row(r, values[g]) for r, g in zip(rows, groups)]
+    _verdicts(out)
+    return out
 
 
 def _pair_values_all(work: list[_Work], t_files: _RunFiles, r_files: _RunFiles, jobs: int | None) -> list:

@@ -466,7 +466,7 @@ def add_exact_metrics(
     ]
     kept = {c: rows.schema[c] for c in _UPDATED if c in rows.columns}
     upd_schema: dict[str, pl.DataType] = {"_exact_i": pl.UInt32(), **kept, **NEW_SCHEMA}
-    upd = pl.DataFrame([{c: r.get(c) for c in upd_schema} for r in out], schema=upd_schema, orient="row")
+    upd = pl.DataFrame({c: [r.get(c) for r in out] for c in upd_schema}, schema=upd_schema)
     upd = upd.rename({c: f"_exact_{c}" for c in _UPDATED if c in rows.columns}).with_columns(
         pl.lit(True).alias("_exact_hit")
     )

@@ -227,24 +227,42 @@ def _join_detail(old: str | None, new: str) -> str:
     return f"{old}; {new}" if old else new
 
 
-def _verdict(m: dict[str, Any]) -> None:
-    err, tol = m["err"], m["tol"]
-    if err is None or tol is None:
+def _verdicts(ms: list[dict[str, Any]]) -> None:
+    """Severity and status of the rows given an exact err (marked `_verdict`), all at once (the rules work on
+    arrays as on floats, element by element)."""
+    todo = [m for m in ms if m.pop("_verdict", False) and m["err"] is not None and m["tol"] is not None]
+    if not todo:
         return
-    m["severity"] = float(R.severity(err, tol))
-    m["status"] = "diverged" if R.diverges(err, tol, bool(m["nonfinite_mismatch"])) else "pass"
+    err = np.array([m["err"] for m in todo], np.float64)
+    tol = np.array([m["tol"] for m in todo], np.float64)
+    severity = R.severity(err, tol).tolist()
+    diverged = R.diverges(err, tol, np.array([bool(m["nonfinite_mismatch"]) for m in todo])).tolist()
+    for m, sev, div in zip(todo, severity, diverged):
+        m["severity"], m["status"] = sev, "diverged" if div else "pass"
 
 
-def _pair_values(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles, same: bool = False) -> dict | str:
-    """What the pair's two tensors give (the row-independent part of `_exact_row`), or why they cannot be read.
+def _pair_arrays(
+    row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles, same: bool = False
+) -> tuple[np.ndarray, np.ndarray] | str:
+    """The pair's two tensors, or why they cannot be read.
 
     `same`: the two files hold equal contents (equal content hashes), so only the target is read and compared
     with itself: every metric works on copies of its inputs, so the values are those of the two files."""
     try:
         x = _load(t_files, row, "target")
-        y = x if same else _load(r_files, row, "ref")
-        tm = metrics.tensor_metrics(x, y)
+        return x, x if same else _load(r_files, row, "ref")
     except (DumpFormatError, ValueError) as exc:
+        return f"exact metrics unavailable: {_first_line(exc)}"
+
+
+def _pair_values(arrays: tuple[np.ndarray, np.ndarray] | str) -> dict | str:
+    """What the pair's two tensors give (the row-independent part of `_exact_row`), or why there is nothing."""
+    if isinstance(arrays, str):
+        return arrays
+    x, y = arrays
+    try:
+        tm = metrics.tensor_metrics(x, y)
+    except ValueError as exc:
         return f"exact metrics unavailable: {_first_line(exc)}"
     same_size = x.size == y.size and x.size > 0
     return {
@@ -280,7 +298,7 @@ def _exact_row(row: dict[str, Any], values: dict | str) -> dict[str, Any]:
                 m["detail"], f"NaN/Inf positions differ at {values['nonfinite_mismatch']} elements"
             )
         m["detail"] = _join_detail(m["detail"], f"rel_l2 over positions finite on both sides {rl2:.6g}")
-    _verdict(m)
+    m["_verdict"] = True  # severity and status: `_verdicts`
     return m
 
 
@@ -298,7 +316,9 @@ def _exact_rows(
     first = sorted(set(groups))
     work = [(rows[i], groups[i] == i and rows[i].get("_same", False)) for i in first]
     values = dict(zip(first, _pair_values_all(work, t_files, r_files, jobs)))
-    return [_exact_row(r, values[g]) for r, g in zip(rows, groups)]
+    out = [_exact_row(r, values[g]) for r, g in zip(rows, groups)]
+    _verdicts(out)
+    return out
 
 
 def _pair_values_all(work: list[_Work], t_files: _RunFiles, r_files: _RunFiles, jobs: int | None) -> list:
@@ -314,9 +334,25 @@ def _pair_values_all(work: list[_Work], t_files: _RunFiles, r_files: _RunFiles, 
         return [v for part in pool.map(_pair_chunk, chunks) for v in part]
 
 
+_LOADED_BYTES = 16 << 20  # pairs are loaded until they hold this much, then compared
+
+
 def _pair_chunk(job: tuple[list[_Work], _RunFiles, _RunFiles]) -> list:
+    """_pair_values of a chunk of pairs, in order. The files are loaded a few pairs at a time (up to
+    `_LOADED_BYTES`) before they are compared: the comparisons run faster after a run of file reads than between
+    them (each read's system calls leave the caches and predictors cold)."""
     work, t_files, r_files = job
-    return [_pair_values(r, t_files, r_files, same) for r, same in work]
+    out: list = []
+    loaded: list = []
+    held = 0
+    for row, same in work:
+        arrays = _pair_arrays(row, t_files, r_files, same)
+        loaded.append(arrays)
+        held += 0 if isinstance(arrays, str) else arrays[0].nbytes + (0 if same else arrays[1].nbytes)
+        if held >= _LOADED_BYTES:
+            out += [_pair_values(a) for a in loaded]
+            loaded, held = [], 0
+    return out + [_pair_values(a) for a in loaded]
 
 
 def _content_groups(rows: list[dict[str, Any]], t_files: _RunFiles, r_files: _RunFiles) -> list[int]:
@@ -430,7 +466,7 @@ def add_exact_metrics(
     ]
     kept = {c: rows.schema[c] for c in _UPDATED if c in rows.columns}
     upd_schema: dict[str, pl.DataType] = {"_exact_i": pl.UInt32(), **kept, **NEW_SCHEMA}
-    upd = pl.DataFrame([{c: r.get(c) for c in upd_schema} for r in out], schema=upd_schema, orient="row")
+    upd = pl.DataFrame({c: [r.get(c) for r in out] for c in upd_schema}, schema=upd_schema)
     upd = upd.rename({c: f"_exact_{c}" for c in _UPDATED if c in rows.columns}).with_columns(
         pl.lit(True).alias("_exact_hit")
     )

@@ -435,12 +435,23 @@ def _aux_json(path: Path, res: UnitResult) -> Any:
         return None
 
 
-_DEFER = "_defer"
 _FILE_FIELDS = ("data_name", "dtype", "shape", "numel")
 
 
 _CHUNK_FILES = 64  # tensor files read by one worker call (amortises the inter-process round trip)
 _AHEAD_BATCHES = 2  # batches whose files are being read while the next one is built (the workers never idle)
+
+
+def _submit(
+    pool: ProcessPoolExecutor | None, dump_dir: str, chunk: list[dict[str, Any]], opts: IngestOptions, res: UnitResult
+) -> Future:
+    """The chunk's files read by the pool; without one, read here (the rows filled, the future done with None)."""
+    if pool is not None:
+        return pool.submit(_summarize_files, _chunk_job(dump_dir, chunk, opts))
+    _fill_rows(chunk, Path(dump_dir), opts, res)
+    done: Future = Future()
+    done.set_result(None)
+    return done
 
 
 def _chunk_job(dump_dir: str, chunk: list[dict[str, Any]], opts: IngestOptions) -> tuple:
@@ -451,7 +462,9 @@ def _filled(
     segment: list[tuple | dict[str, Any]], chunk: list[dict[str, Any]], future: Future, res: UnitResult
 ) -> list[tuple | dict[str, Any]]:
     """The segment's rows once the worker has filled its chunk of tensor rows."""
-    updates, values, lengths, n_files = future.result()
+    if (done := future.result()) is None:  # read in this process: the rows are filled
+        return segment
+    updates, values, lengths, n_files = done
     res.tensor_files += n_files
     ends = np.cumsum(lengths).tolist()
     starts = [0, *ends[:-1]]
@@ -463,19 +476,50 @@ def _filled(
     return segment
 
 
-def _summarize_files(job: tuple[str, list[tuple], IngestOptions]) -> tuple[list[dict[str, Any]], Any, list[int], int]:
-    """Worker: load a chunk of tensor files and summarise each (the columns _attach_tensor sets).
+_LOADED_BYTES = 16 << 20  # a worker loads files until they hold this much, then summarises them
 
-    Returns per file the updated columns (sample and sketch as None), the samples and sketches concatenated into one
-    float64 buffer (one pickled array instead of two per file), their lengths in order, and the files loaded."""
+
+def _summarize_files(job: tuple[str, list[tuple], IngestOptions]) -> tuple[list[dict[str, Any]], Any, list[int], int]:
+    """Worker: load a chunk of tensor files and summarise each (the columns _fill_rows sets).
+
+    Files are loaded a few at a time (`_fill_rows`) before they are summarised: the summaries run about a third
+    faster after a run of file reads than between them (each read's system calls leave the caches and
+    predictors cold). Returns per file the updated columns (sample and sketch as None), the samples and
+    sketches concatenated into one float64 buffer (one pickled array instead of two per file), their lengths in
+    order, and the files loaded."""
     dump_dir, chunk, opts = job
-    res, path = UnitResult(0, 0), Path(dump_dir)
+    res = UnitResult(0, 0)
+    rows = [dict(zip(_FILE_FIELDS, fields)) for fields in chunk]
+    _fill_rows(rows, Path(dump_dir), opts, res)
+    return _packed(rows, res.tensor_files)
+
+
+def _fill_rows(rows: list[dict[str, Any]], path: Path, opts: IngestOptions, res: UnitResult) -> None:
+    """Load and summarise each row's tensor file (_load_tensor, _fill_loaded): files loaded up to `_LOADED_BYTES`
+    at a time, then summarised."""
+    loaded: list[tuple[dict[str, Any], _Loaded]] = []
+    held = 0
+    for row in rows:
+        got = _load_tensor(row, path, res)
+        if got is not None:
+            loaded.append((row, got))
+            held += got[0].nbytes
+        if held >= _LOADED_BYTES:
+            _fill_all(loaded, opts)
+            loaded, held = [], 0
+    _fill_all(loaded, opts)
+
+
+def _fill_all(loaded: list[tuple[dict[str, Any], _Loaded]], opts: IngestOptions) -> None:
+    for row, got in loaded:
+        _fill_loaded(row, *got, opts)
+
+
+def _packed(rows: list[dict[str, Any]], n_files: int) -> tuple[list[dict[str, Any]], Any, list[int], int]:
     updates: list[dict[str, Any]] = []
     parts: list[Any] = []
     empty = np.zeros(0)
-    for fields in chunk:
-        row = dict(zip(_FILE_FIELDS, fields))
-        _attach_tensor(row, path, opts, res)
+    for row in rows:
         sample, sketch = row.pop("sample", None), row.pop("sketch", None)
         parts += (empty, empty) if sample is None else (sample, sketch)
         upd = {k: v for k, v in row.items() if k not in _FILE_FIELDS}
@@ -483,24 +527,7 @@ def _summarize_files(job: tuple[str, list[tuple], IngestOptions]) -> tuple[list[
             upd["sample"] = None
         updates.append(upd)
     lengths = [p.size for p in parts]
-    return updates, np.concatenate(parts) if parts else empty, lengths, res.tensor_files
-
-
-def _attach_deferred(
-    batch: list[tuple | dict[str, Any]],
-    unit: Unit,
-    opts: IngestOptions,
-    res: UnitResult,
-    pool: ProcessPoolExecutor | None,
-) -> None:
-    """Read the batch's deferred tensor files in the pool, in order."""
-    todo = [r for r in batch if type(r) is dict and r.pop(_DEFER, False)]
-    if not todo or pool is None:
-        return
-    dump_dir = str(unit.path.parent)
-    for i in range(0, len(todo), _CHUNK_FILES):
-        chunk = todo[i : i + _CHUNK_FILES]
-        _filled([], chunk, pool.submit(_summarize_files, _chunk_job(dump_dir, chunk, opts)), res)
+    return updates, np.concatenate(parts) if parts else empty, lengths, n_files
 
 
 def _dump_tables(
@@ -773,29 +800,29 @@ _Chunks = list[tuple[list[dict[str, Any]], Future]]
 def _with_tensor_files(
     batches: Iterator[Batch], unit: Unit, opts: IngestOptions, res: UnitResult, pool: ProcessPoolExecutor | None
 ) -> Iterator[Batch]:
-    """The batches with the tensor file of every leaf that names one summarised into their columns.  With a pool,
-    a batch's files are read by its workers in chunks while the next batches are built (_AHEAD_BATCHES)."""
+    """The batches with the tensor file of every leaf that names one summarised into their columns, read in chunks
+    (_fill_rows); with a pool, a batch's chunks are read by its workers while the next batches are built."""
     if not opts.load_tensors:
         yield from batches
         return
     pending: deque[tuple[Batch, list[int], list[dict[str, Any]], _Chunks]] = deque()
     for cols in batches:
         at = [i for i, dn in enumerate(cols["data_name"]) if dn]
-        rows = [_tensor_file_row({c: cols[c][i] for c in _FILE_FIELDS}, unit, opts, res, pool is not None) for i in at]
-        pending.append((cols, at, rows, [] if pool is None else _submitted(rows, unit, opts, pool)))
+        rows = [{c: cols[c][i] for c in _FILE_FIELDS} for i in at]
+        pending.append((cols, at, rows, _submitted(rows, unit, opts, res, pool)))
         if len(pending) > _AHEAD_BATCHES:
             yield _patched(*pending.popleft(), res)
     while pending:
         yield _patched(*pending.popleft(), res)
 
 
-def _submitted(rows: list[dict[str, Any]], unit: Unit, opts: IngestOptions, pool: ProcessPoolExecutor) -> _Chunks:
-    """The rows' files handed to the pool in chunks."""
+def _submitted(
+    rows: list[dict[str, Any]], unit: Unit, opts: IngestOptions, res: UnitResult, pool: ProcessPoolExecutor | None
+) -> _Chunks:
+    """The rows' files in chunks: handed to the pool, or (without one) read here at once."""
     dump_dir = str(unit.path.parent)
-    for r in rows:
-        r.pop(_DEFER, None)
     chunks = [rows[i : i + _CHUNK_FILES] for i in range(0, len(rows), _CHUNK_FILES)]
-    return [(c, pool.submit(_summarize_files, _chunk_job(dump_dir, c, opts))) for c in chunks]
+    return [(c, _submit(pool, dump_dir, c, opts, res)) for c in chunks]
 
 
 def _patched(cols: Batch, at: list[int], rows: list[dict[str, Any]], chunks: _Chunks, res: UnitResult) -> Batch:
@@ -812,18 +839,7 @@ def _file_batches(unit: Unit, opts: IngestOptions, res: UnitResult, files_pool: 
     """The batches of a folder of plain tensor files."""
     rows = _file_rows(unit, opts, res)
     while batch := list(islice(rows, _BATCH_ROWS)):
-        _attach_deferred(batch, unit, opts, res, files_pool)
         yield {c: [r.get(c) for r in batch] for c in ROW_COLUMNS + TENSOR_FILE_COLUMNS}
-
-
-def _tensor_file_row(
-    row: dict[str, Any], unit: Unit, opts: IngestOptions, res: UnitResult, defer: bool
-) -> dict[str, Any]:
-    if defer:  # read later, in parallel, by _attach_deferred
-        row[_DEFER] = True
-    else:
-        _attach_tensor(row, unit.path.parent, opts, res)
-    return row
 
 
 def _int32(value: int | None) -> int | None:
@@ -846,20 +862,28 @@ def _count(columns: Batch, res: UnitResult) -> None:
             res.first_error = f"{columns['name'][first]}: {errors[first]}"
 
 
-def _attach_tensor(row: dict[str, Any], dump_dir: Path, opts: IngestOptions, res: UnitResult) -> None:
+_Loaded = tuple[Any, str, Stamp]  # a tensor file's values, stored dtype and stamp
+
+
+def _load_tensor(row: dict[str, Any], dump_dir: Path, res: UnitResult) -> _Loaded | None:
+    """Load the row's tensor file; None (and the row says why) when it is missing, unreadable or disagrees."""
     try:
         arr, stored, file_stamp = load_leaf(dump_dir, row["data_name"], max_bytes=_max_bytes(row))
     except MissingFile as exc:
         row.update(file_status="missing", error=str(exc))
-        return
+        return None
     except DumpFormatError as exc:
         row.update(file_status="error", error=str(exc))
-        return
+        return None
     res.tensor_files += 1
     problem = _mismatch(row, arr, stored)
     if problem:
         row.update(file_status="error", error=f"{os.path.join(dump_dir, TENSOR_DIR, row['data_name'])}: {problem}")
-        return
+        return None
+    return arr, stored, file_stamp
+
+
+def _fill_loaded(row: dict[str, Any], arr, stored: str, file_stamp: Stamp, opts: IngestOptions) -> None:
     row["file_status"] = "loaded"
     _fingerprint(row, arr, stored, file_stamp)
     fill_from_array(row, arr, row.get("dtype") or stored, opts)

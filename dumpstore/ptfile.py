@@ -657,6 +657,7 @@ def _fp8_table(dtype: str) -> np.ndarray:
     return table
 
 
+@functools.cache
 def _out_dtype(dtype: str) -> np.dtype:
     if dtype == "bfloat16" or dtype in _FP8:
         return np.dtype(np.float32)
@@ -698,6 +699,7 @@ def _check_view(t: _Tensor, max_bytes: int) -> int:
     return numel
 
 
+@functools.cache
 def _storage_dtype(dtype: str, order: str) -> np.dtype:
     code = order + _STORED_CODE[dtype]
     if dtype == "complex32":

@@ -124,14 +124,17 @@ def _reduce(flat: np.ndarray, m: int) -> tuple[float, float, float, float, int, 
             return _Fused(flat, m, _SCRATCH).run()
         b64 = _SCRATCH.buf[:n]
         np.copyto(b64, flat, casting="unsafe")
-        total, sumsq = float(np.add.reduce(b64)), 0.0
-        for i in range(0, n, _DOT):  # BLAS dots below OpenBLAS's threading threshold
-            c = b64[i : i + _DOT]
-            sumsq += float(np.dot(c, c))
+        total = float(np.add.reduce(b64))
+        if n <= _DOT:  # one BLAS dot below OpenBLAS's threading threshold
+            sumsq = float(np.dot(b64, b64))
+        else:
+            sumsq = 0.0
+            for i in range(0, n, _DOT):
+                c = b64[i : i + _DOT]
+                sumsq += float(np.dot(c, c))
         lo, hi = float(np.minimum.reduce(b64)), float(np.maximum.reduce(b64))
-        zero = _SCRATCH.eq[:n]
-        np.equal(b64, 0, out=zero)
-        return total, sumsq, lo, hi, int(np.count_nonzero(zero)), _fold64(b64, n, m)
+        zeros = n - int(np.count_nonzero(b64))  # NaN counts as non-zero, -0.0 as zero (as b64 == 0)
+        return total, sumsq, lo, hi, zeros, _fold64(b64, n, m)
 
 
 def _finish(flat: np.ndarray, dtype: str, total: float, sumsq: float, lo: float, hi: float, zeros: int) -> Stats:

@@ -188,3 +188,14 @@ def test_changed_files_are_read_again(tmp_path, monkeypatch):
     assert n_after == n_before + (2 if shared else 1)
     for c in rows.columns:
         assert repr(rows[c].to_list()) == repr(again[c].to_list()), c
+
+
+@pytest.mark.parametrize("loaded", [1, 20_000])
+def test_pairs_compared_after_any_number_of_reads(stores, monkeypatch, loaded):
+    """Pairs are loaded up to a byte budget before they are compared: any budget gives the same rows."""
+    new, _old = stores
+    rows = compare_runs(open_store(new), "weight_1pct_tensor", "ref_tensor", exact=True).rows
+    monkeypatch.setattr(exact, "_LOADED_BYTES", loaded)
+    again = compare_runs(open_store(new), "weight_1pct_tensor", "ref_tensor", exact=True).rows
+    for c in rows.columns:
+        assert repr(rows[c].to_list()) == repr(again[c].to_list()), c

@@ -34,13 +34,14 @@ def _damaged_copy(tmp_path: Path) -> Path:
     return ds
 
 
-@pytest.mark.parametrize("chunk, ahead, batch", [(3, 2, 50), (1, 1, 7), (64, 2, 4096)])
-def test_read_ahead_gives_the_serial_rows(store_dir, tmp_path, monkeypatch, chunk, ahead, batch):
+@pytest.mark.parametrize("chunk, ahead, batch, loaded", [(3, 2, 50, 1), (1, 1, 7, 1 << 30), (64, 2, 4096, 50_000)])
+def test_read_ahead_gives_the_serial_rows(store_dir, tmp_path, monkeypatch, chunk, ahead, batch, loaded):
     ds = _damaged_copy(tmp_path)
     serial = ingest(ds, "serial", store=store_dir, jobs=1)
     monkeypatch.setattr(_ingest, "_CHUNK_FILES", chunk)
     monkeypatch.setattr(_ingest, "_AHEAD_BATCHES", ahead)
     monkeypatch.setattr(_ingest, "_BATCH_ROWS", batch)
+    monkeypatch.setattr(_ingest, "_LOADED_BYTES", loaded)  # summarise after every file, after all, in between
     pooled = ingest(ds, "pooled", store=store_dir, jobs=2)  # one dump file: its tensor files go to the pool
     assert (serial.rows, serial.tensor_files, serial.errors, serial.first_error) == (
         pooled.rows,

@@ -130,7 +130,7 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison) -> Verdict:
     unmatched = _unmatched(cmp.records)
     found, shown = _culprit(rows, recs, cmp, noise)
     first, culprit = _settle(_earliest(_extra_op(rows), shown), found, unmatched)
-    counts = {s: int(n) for s, n in rows.group_by("status").len().iter_rows() if s is not None}
+    counts = {s: int(n) for s, n in rows.group_by("status", maintain_order=True).len().iter_rows() if s is not None}
     quiet = first is None and culprit is None
     return Verdict(
         cmp.target,

@@ -286,12 +286,13 @@ def leaf_column_lists(leaves: list[Any], tensor_task: bool = True) -> dict[str, 
     is_tensor = [type(v) is dict and "dtype" in v and "shape" in v for v in leaves]
     ds = [v if t else _NO_FIELDS for v, t in zip(leaves, is_tensor)]
     n = len(leaves)
-    mx, mn, mean, norm = ([_float(d.get(k)) for d in ds] for k in ("Max", "Min", "Mean", "Norm"))
+    mx, mn, mean, norm = (_floats([d.get(k) for d in ds]) for k in ("Max", "Min", "Mean", "Norm"))
     dtype_raw = [d.get("dtype") for d in ds]
     dtype = _canonical_list(dtype_raw)
     shape, numel, error = _shape_lists([d.get("shape") for d in ds])
     data_name, file_status = _data_names(ds, error, tensor_task)
-    checksum = [None if m is None else _checksum(m) for m in (d.get("md5") for d in ds)]
+    md5 = [d.get("md5") for d in ds]
+    checksum = [None] * n if md5.count(None) == n else [None if m is None else _checksum(m) for m in md5]
     cols: dict[str, list] = {
         "kind": ["tensor"] * n,
         "value_type": [v if type(v) is str else str(v) for v in (d.get("type", "") for d in ds)],
@@ -326,11 +327,21 @@ def leaf_column_lists(leaves: list[Any], tensor_task: bool = True) -> dict[str, 
     return cols
 
 
-def _float(v: Any) -> float | None:
-    return v if type(v) is float or v is None else _num(v)
+def _floats(values: list[Any]) -> list[float | None]:
+    """The statistics as floats (see _num); a list of floats and nulls is taken as it is."""
+    if set(map(type, values)) <= _FLOAT_OR_NONE:
+        return values
+    return [v if type(v) is float or v is None else _num(v) for v in values]
+
+
+_FLOAT_OR_NONE = frozenset((float, type(None)))
+_STR_OR_NONE = frozenset((str, type(None)))
 
 
 def _canonical_list(raw: list[Any]) -> list[str]:
+    if set(map(type, raw)) <= _STR_OR_NONE:  # one canonical() per distinct name
+        names = {v: canonical(v) for v in set(raw)}
+        return [names[v] for v in raw]
     seen: dict[str, str] = {}
     out = []
     for v in raw:
@@ -356,6 +367,8 @@ def _data_names(ds: list[dict], error: list[str | None], tensor_task: bool) -> t
     """data_name and file_status lists; a data_name that is not a file name sets `error` (when it has none)."""
     data_name = [d.get("data_name") for d in ds]
     status = ["none"] * len(ds)
+    if data_name.count(None) == len(ds) and not any("data_name" in d for d in ds):
+        return data_name, status  # no leaf names a file (statistics dumps)
     for i, dn in enumerate(data_name):
         if dn is not None and type(dn) is str and (dn or not tensor_task):
             continue

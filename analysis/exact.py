@@ -87,7 +87,9 @@ _NEEDED = (
     "ref_shape",
     "tol",
     *_UPDATED,
+    *(f"{side}{s}" for side in ("", "ref_") for s in ("min", "max", "mean", "norm", "nan_count")),
 )
+_STATS = ("min", "max", "mean", "norm", "nan_count")  # exact, from the files at ingest
 
 
 @dataclass(frozen=True)
@@ -361,18 +363,20 @@ def _content_groups(rows: list[dict[str, Any]], t_files: _RunFiles, r_files: _Ru
 
     A row whose two hashes are equal is marked `_same` (its files are one content: one file is read)."""
     groups: list[int] = []
-    seen: dict[tuple[bytes, bytes], int] = {}
+    seen: dict[tuple, int] = {}
     for i, row in enumerate(rows):
         key = _content_key(row, t_files, r_files)
         if key is None:
             groups.append(i)
             continue
         groups.append(seen.setdefault(key, i))
-        row["_same"] = key[0] == key[1]
+        row["_same"] = key[0] == key[1] and key[2] == key[3]
     return groups
 
 
-def _content_key(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> tuple[bytes, bytes] | None:
+def _content_key(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> tuple | None:
+    """(target hash, ref hash, target statistics, ref statistics): the content hash is XXH3, not cryptographic, so
+    the exact statistics computed at ingest must agree too (compared as text: a NaN statistic equals a NaN)."""
     t_hash, r_hash = row.get("content_hash"), row.get("ref_content_hash")
     if t_hash is None or r_hash is None:
         return None
@@ -382,7 +386,7 @@ def _content_key(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) ->
         and r_files.unchanged(*where, row.get("ref_rank_dir"), row["ref_data_name"], row.get("ref_file_stamp"))
     ):
         return None
-    return t_hash, r_hash
+    return t_hash, r_hash, repr([row.get(s) for s in _STATS]), repr([row.get(f"ref_{s}") for s in _STATS])
 
 
 _PARTITION = re.compile(r"/step=(-?\d+)/rank=(-?\d+)/[^/]+$")

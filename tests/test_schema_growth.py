@@ -32,3 +32,24 @@ def test_query_and_exact_verdict_over_runs_with_and_without_the_file_columns(tmp
     assert counts.to_pylist() == [{"run": "new", "n": 453, "h": 400}, {"run": "old", "n": 453, "h": 0}]
     exact = verdict.answer(st, verdict.Question(target="new", ref="old", exact=True), use_memo=False)
     assert (exact.first_divergence.op, exact.first_divergence.source) == ("Functional.linear.6.forward", "exact")
+
+
+def test_a_content_hash_collision_does_not_make_different_tensors_equal(tmp_path):
+    """content_hash is XXH3 (not cryptographic): a forged collision (every ref hash set to its target's) must not
+    turn a differing pair into an identical one; the ingest's exact statistics must agree as well."""
+    store = tmp_path / "s"
+    ingest(SAMPLES / "ref_tensor", "ref", store=store)
+    ingest(SAMPLES / "weight_1pct_tensor", "target", store=store)
+    st = open_store(store)
+    honest = verdict.answer(st, verdict.Question(target="target", ref="ref", exact=True), use_memo=False)
+    target_files = [f for f in store.rglob("run=target/**/part-*.parquet") if "tensors" in f.parts]
+    hashes = pq.read_table(target_files[0]).select(["leaf", "content_hash"])
+    for f in store.rglob("run=ref/**/part-*.parquet"):
+        table = pq.read_table(f)
+        if "tensors" in f.parts and "content_hash" in table.column_names:
+            assert table["leaf"].equals(hashes["leaf"])  # same records, same leaves in both runs
+            i = table.column_names.index("content_hash")
+            pq.write_table(table.set_column(i, table.schema.field(i), hashes["content_hash"]), f)
+    forged = verdict.answer(open_store(store), verdict.Question(target="target", ref="ref", exact=True), use_memo=False)
+    assert forged.first_divergence == honest.first_divergence and forged.culprit == honest.culprit
+    assert forged.first_divergence.op == "Functional.linear.6.forward"

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import stat
+import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -545,7 +546,12 @@ def _dump_tables(
     retain(doc)  # the console script exits without freeing it (dumpstore.retain)
     tensor_task = doc.get("task") not in ("statistics", "md5", "overflow_check")
     job = _Slices(list(doc["data"].items()), construct, stack_ids, tensor_task, unit, opts, constants)
-    if cores > 1 and len(job.records) >= _SPLIT_MIN_RECORDS and not (tensor_task and opts.load_tensors):
+    if (
+        cores > 1
+        and len(job.records) >= _SPLIT_MIN_RECORDS
+        and not (tensor_task and opts.load_tensors)
+        and threading.active_count() == 1  # fork only a single-threaded process (a lock held by another thread
+    ):  # would stay held in the child)
         return iter(_split_tables(job, cores, res)), stacks
     batches = _record_batches(job.records, 0, construct, stack_ids, res)
     rows = _with_tensor_files((_leaf_batch(b, tensor_task, res) for b in batches), unit, opts, res, files_pool)

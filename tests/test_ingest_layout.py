@@ -202,3 +202,20 @@ def _children() -> set[int]:
         if int(fields[1]) == os.getpid():
             out.add(int(stat.parent.name))
     return out
+
+
+def test_a_process_with_other_threads_is_not_forked(tmp_path, monkeypatch):
+    """A library user's process with threads builds a lone dump in one process (no fork under held locks)."""
+    import threading
+
+    monkeypatch.setattr(ingest_module, "_SPLIT_MIN_RECORDS", 1)
+    monkeypatch.setattr(ingest_module, "_split_tables", lambda *a: pytest.fail("forked with a thread running"))
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        res = ingest(SAMPLES / "ref_stats" / "step0" / "rank0", "r", store=tmp_path / "s", jobs=2)
+    finally:
+        stop.set()
+        other.join()
+    assert res.rows > 0 and res.errors == 0

@@ -25,10 +25,8 @@ appended to `detail`.
 
 from __future__ import annotations
 
-import glob
 import math
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +42,7 @@ from dumpstore.tensorfile import TENSOR_DIR, MissingFile, forget_folders, load, 
 
 from . import metrics
 from . import rules as R
+from .load import run_files
 
 MSPROBE_COLUMNS: dict[str, str] = {
     metrics.COSINE: "msprobe_cosine",
@@ -75,6 +74,7 @@ _UPDATED = (
     "status",
     "detail",
 )
+_STATS = ("min", "max", "mean", "norm", "nan_count")  # exact, from the files at ingest
 _NEEDED = (
     "step",
     "rank",
@@ -87,9 +87,9 @@ _NEEDED = (
     "ref_shape",
     "tol",
     *_UPDATED,
-    *(f"{side}{s}" for side in ("", "ref_") for s in ("min", "max", "mean", "norm", "nan_count")),
+    *_STATS,
+    *(f"ref_{s}" for s in _STATS),
 )
-_STATS = ("min", "max", "mean", "norm", "nan_count")  # exact, from the files at ingest
 
 
 @dataclass(frozen=True)
@@ -389,32 +389,21 @@ def _content_key(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) ->
     return t_hash, r_hash, repr([row.get(s) for s in _STATS]), repr([row.get(f"ref_{s}") for s in _STATS])
 
 
-_PARTITION = re.compile(r"/step=(-?\d+)/rank=(-?\d+)/[^/]+$")
 _HASHED = ["source", "data_name", "file_status", *TENSOR_FILE_COLUMNS]
 
 
 def _file_hashes(store, run: str, units: set[tuple[int, int]]) -> dict[tuple, tuple[bytes, tuple[int, int]]]:
     """(step, rank, source, data_name) -> (content hash, (size, mtime ns)) of the run's loaded tensor files in
     `units`, from the store; empty for a store written before content hashes."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq  # ParquetFile, not read_table: that imports pyarrow.dataset (and pandas), 0.4 s
-
     out: dict[tuple, tuple[bytes, tuple[int, int]]] = {}
-    for pattern in store.tensor_files([run]):
-        for path in sorted(glob.glob(pattern)):
-            m = _PARTITION.search(path)
-            if m is None or (int(m.group(1)), int(m.group(2))) not in units:
-                continue
-            pf = pq.ParquetFile(path)
-            if not set(TENSOR_FILE_COLUMNS) <= set(pf.schema_arrow.names):
-                return {}
-            t = pf.read(columns=_HASHED)
-            t = t.filter(pc.and_(pc.equal(t["file_status"], "loaded"), t["content_hash"].is_valid()))
-            step, rank = int(m.group(1)), int(m.group(2))
-            for source, name, digest, size, mtime in zip(
-                *(t[c].to_pylist() for c in ("source", "data_name", *TENSOR_FILE_COLUMNS))
-            ):
-                out[(step, rank, source or "", name)] = (digest, (size, mtime))
+    for path, step, rank in run_files(store, run, units=units):
+        if not set(TENSOR_FILE_COLUMNS) <= set(pl.read_parquet_schema(path)):
+            return {}
+        t = pl.read_parquet(path, columns=_HASHED).filter(
+            (pl.col("file_status") == "loaded") & pl.col("content_hash").is_not_null()
+        )
+        for source, name, digest, size, mtime in t.select("source", "data_name", *TENSOR_FILE_COLUMNS).iter_rows():
+            out[(step, rank, source or "", name)] = (digest, (size, mtime))
     return out
 
 

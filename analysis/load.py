@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import polars as pl
@@ -38,6 +39,20 @@ def load_run(
     order."""
     info = store.run_info(run)
     sketches = sketches and bool(info.get("n_tensor_files"))
+    files = run_files(store, run, steps=steps, ranks=ranks, units=units)
+    return _load_files(files, sketches)
+
+
+def run_files(
+    store: Store,
+    run: str,
+    *,
+    steps: list[int] | None = None,
+    ranks: list[int] | None = None,
+    units: Iterable[tuple[int, int]] | None = None,
+) -> list[tuple[str, int, int]]:
+    """(path, step, rank) of the live ingest's Parquet files of `run`, optionally only some steps/ranks, or only
+    some (step, rank) pairs."""
     want = None if units is None else {(int(s), int(k)) for s, k in units}
     files = []
     for pattern in store.tensor_files([run]):
@@ -52,7 +67,7 @@ def load_run(
                 and (want is None or (step, rank) in want)
             ):
                 files.append((path, step, rank))
-    return _load_files(files, sketches)
+    return files
 
 
 def _load_files(files: list[tuple[str, int, int]], sketches: bool) -> pl.DataFrame:

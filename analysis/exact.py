@@ -38,7 +38,7 @@ import polars as pl
 from dumpstore.errors import DumpFormatError, DumpstoreError
 from dumpstore.layout import find_units
 from dumpstore.schema import TENSOR_FILE_COLUMNS
-from dumpstore.tensorfile import TENSOR_DIR, MissingFile, forget_folders, load, load_leaf, resolve
+from dumpstore.tensorfile import TENSOR_DIR, MissingFile, forget_folders, load, load_leaf, loaded_in_batches, resolve
 
 from . import metrics
 from . import rules as R
@@ -336,25 +336,19 @@ def _pair_values_all(work: list[_Work], t_files: _RunFiles, r_files: _RunFiles, 
         return [v for part in pool.map(_pair_chunk, chunks) for v in part]
 
 
-_LOADED_BYTES = 16 << 20  # pairs are loaded until they hold this much, then compared
-
-
 def _pair_chunk(job: tuple[list[_Work], _RunFiles, _RunFiles]) -> list:
-    """_pair_values of a chunk of pairs, in order. The files are loaded a few pairs at a time (up to
-    `_LOADED_BYTES`) before they are compared: the comparisons run faster after a run of file reads than between
-    them (each read's system calls leave the caches and predictors cold)."""
+    """_pair_values of a chunk of pairs, in order, their files loaded a few pairs at a time
+    (tensorfile.loaded_in_batches)."""
     work, t_files, r_files = job
-    out: list = []
-    loaded: list = []
-    held = 0
-    for row, same in work:
-        arrays = _pair_arrays(row, t_files, r_files, same)
-        loaded.append(arrays)
-        held += 0 if isinstance(arrays, str) else arrays[0].nbytes + (0 if same else arrays[1].nbytes)
-        if held >= _LOADED_BYTES:
-            out += [_pair_values(a) for a in loaded]
-            loaded, held = [], 0
-    return out + [_pair_values(a) for a in loaded]
+    batches = loaded_in_batches(work, lambda w: _pair_arrays(w[0], t_files, r_files, w[1]), _pair_bytes)
+    return [_pair_values(arrays) for batch in batches for _, arrays in batch]
+
+
+def _pair_bytes(arrays: tuple[np.ndarray, np.ndarray] | str) -> int:
+    if isinstance(arrays, str):
+        return 0
+    x, y = arrays
+    return x.nbytes + (0 if y is x else y.nbytes)  # one read when the two files hold one content
 
 
 def _content_groups(rows: list[dict[str, Any]], t_files: _RunFiles, r_files: _RunFiles) -> list[int]:

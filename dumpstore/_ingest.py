@@ -34,7 +34,17 @@ from .records import LEAF_COLUMNS, leaf_column_lists, record_leaves
 from .retain import retain
 from .schema import STACK_SCHEMA, TENSOR_FILE_COLUMNS, TENSOR_SCHEMA
 from .store import Store, open_store, staging_dir, store_errors
-from .tensorfile import TENSOR_DIR, MissingFile, Stamp, fingerprint, forget_folders, load, load_leaf, stamp
+from .tensorfile import (
+    TENSOR_DIR,
+    MissingFile,
+    Stamp,
+    fingerprint,
+    forget_folders,
+    load,
+    load_leaf,
+    loaded_in_batches,
+    stamp,
+)
 from .workers import worker_init
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -257,7 +267,7 @@ def _write_unit(
     if unit.kind == "dump":
         tables, stacks = _dump_tables(unit, opts, res, files_pool, constants, cores)
     else:
-        batches = _file_batches(unit, opts, res, files_pool)
+        batches = _file_batches(unit, opts, res)
         tables, stacks = (_batch_table(b, constants, res) for b in batches), []
     with pq.ParquetWriter(
         out, TENSOR_SCHEMA, compression="zstd", compression_level=_ZSTD_LEVEL, use_dictionary=_DICTIONARY_COLUMNS
@@ -462,12 +472,10 @@ def _chunk_job(dump_dir: str, chunk: list[dict[str, Any]], opts: IngestOptions) 
     return dump_dir, [tuple(r.get(k) for k in _FILE_FIELDS) for r in chunk], opts
 
 
-def _filled(
-    segment: list[tuple | dict[str, Any]], chunk: list[dict[str, Any]], future: Future, res: UnitResult
-) -> list[tuple | dict[str, Any]]:
-    """The segment's rows once the worker has filled its chunk of tensor rows."""
+def _filled(chunk: list[dict[str, Any]], future: Future, res: UnitResult) -> None:
+    """Fill the chunk's tensor rows with what the worker computed (waited for)."""
     if (done := future.result()) is None:  # read in this process: the rows are filled
-        return segment
+        return
     updates, values, lengths, n_files = done
     res.tensor_files += n_files
     ends = np.cumsum(lengths).tolist()
@@ -477,19 +485,12 @@ def _filled(
         if "sample" in upd:  # loaded: its sample and sketch are views of the chunk's one buffer
             row["sample"] = values[starts[2 * i] : ends[2 * i]]
             row["sketch"] = values[starts[2 * i + 1] : ends[2 * i + 1]]
-    return segment
-
-
-_LOADED_BYTES = 16 << 20  # a worker loads files until they hold this much, then summarises them
 
 
 def _summarize_files(job: tuple[str, list[tuple], IngestOptions]) -> tuple[list[dict[str, Any]], Any, list[int], int]:
-    """Worker: load a chunk of tensor files and summarise each (the columns _fill_rows sets).
-
-    Files are loaded a few at a time (`_fill_rows`) before they are summarised: the summaries run about a third
-    faster after a run of file reads than between them (each read's system calls leave the caches and
-    predictors cold). Returns per file the updated columns (sample and sketch as None), the samples and
-    sketches concatenated into one float64 buffer (one pickled array instead of two per file), their lengths in
+    """Worker: load a chunk of tensor files and summarise each (the columns _fill_rows sets), the files a few at a
+    time before they are summarised. Returns per file the updated columns (sample and sketch as None), the samples
+    and sketches concatenated into one float64 buffer (one pickled array instead of two per file), their lengths in
     order, and the files loaded."""
     dump_dir, chunk, opts = job
     res = UnitResult(0, 0)
@@ -499,24 +500,16 @@ def _summarize_files(job: tuple[str, list[tuple], IngestOptions]) -> tuple[list[
 
 
 def _fill_rows(rows: list[dict[str, Any]], path: Path, opts: IngestOptions, res: UnitResult) -> None:
-    """Load and summarise each row's tensor file (_load_tensor, _fill_loaded): files loaded up to `_LOADED_BYTES`
-    at a time, then summarised."""
-    loaded: list[tuple[dict[str, Any], _Loaded]] = []
-    held = 0
-    for row in rows:
-        got = _load_tensor(row, path, res)
-        if got is not None:
-            loaded.append((row, got))
-            held += got[0].nbytes
-        if held >= _LOADED_BYTES:
-            _fill_all(loaded, opts)
-            loaded, held = [], 0
-    _fill_all(loaded, opts)
+    """Load and summarise each row's tensor file (_load_tensor, _fill_loaded), a few files at a time
+    (tensorfile.loaded_in_batches)."""
+    for batch in loaded_in_batches(rows, lambda row: _load_tensor(row, path, res), _loaded_bytes):
+        for row, got in batch:
+            if got is not None:
+                _fill_loaded(row, *got, opts)
 
 
-def _fill_all(loaded: list[tuple[dict[str, Any], _Loaded]], opts: IngestOptions) -> None:
-    for row, got in loaded:
-        _fill_loaded(row, *got, opts)
+def _loaded_bytes(got: _Loaded | None) -> int:
+    return 0 if got is None else got[0].nbytes
 
 
 def _packed(rows: list[dict[str, Any]], n_files: int) -> tuple[list[dict[str, Any]], Any, list[int], int]:
@@ -837,14 +830,14 @@ def _submitted(
 def _patched(cols: Batch, at: list[int], rows: list[dict[str, Any]], chunks: _Chunks, res: UnitResult) -> Batch:
     """The batch with its tensor rows' summaries (waited for, when read by the pool) in its columns."""
     for chunk, future in chunks:
-        _filled([], chunk, future, res)
+        _filled(chunk, future, res)
     for i, row in zip(at, rows):
         for c, v in row.items():
             cols[c][i] = v
     return cols
 
 
-def _file_batches(unit: Unit, opts: IngestOptions, res: UnitResult, files_pool: ProcessPoolExecutor | None):
+def _file_batches(unit: Unit, opts: IngestOptions, res: UnitResult):
     """The batches of a folder of plain tensor files."""
     rows = _file_rows(unit, opts, res)
     while batch := list(islice(rows, _BATCH_ROWS)):
@@ -975,9 +968,8 @@ def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
             file_stamp = stamp(path)
             arr, stored = load(path)
             res.tensor_files += 1
-            row.update(dtype=stored, dtype_raw=stored, shape=list(arr.shape), numel=int(arr.size), file_status="loaded")
-            _fingerprint(row, arr, stored, file_stamp)
-            fill_from_array(row, arr, stored, opts)
+            row.update(dtype=stored, dtype_raw=stored, shape=list(arr.shape), numel=int(arr.size))
+            _fill_loaded(row, arr, stored, file_stamp, opts)
         except OSError as exc:  # the stat: gone since the folder was listed
             why = f"{path}: cannot read tensor file: {exc.strerror}"
             row.update(file_status="error", error=why, stats_source="none")

@@ -13,6 +13,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
+from dumpstore import tensorfile
 from dumpstore._ingest import ingest
 from dumpstore.analysis import exact
 from dumpstore.analysis.compare import compare_runs
@@ -195,7 +196,7 @@ def test_pairs_compared_after_any_number_of_reads(stores, monkeypatch, loaded):
     """Pairs are loaded up to a byte budget before they are compared: any budget gives the same rows."""
     new, _old = stores
     rows = compare_runs(open_store(new), "weight_1pct_tensor", "ref_tensor", exact=True).rows
-    monkeypatch.setattr(exact, "_LOADED_BYTES", loaded)
+    monkeypatch.setattr(tensorfile, "LOADED_BYTES", loaded)
     again = compare_runs(open_store(new), "weight_1pct_tensor", "ref_tensor", exact=True).rows
     for c in rows.columns:
         assert repr(rows[c].to_list()) == repr(again[c].to_list()), c

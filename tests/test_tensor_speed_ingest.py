@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dumpstore import _ingest
+from dumpstore import _ingest, tensorfile
 from dumpstore._ingest import ingest
 from dumpstore.query import run_query
 from dumpstore.store import open_store
@@ -41,7 +41,7 @@ def test_read_ahead_gives_the_serial_rows(store_dir, tmp_path, monkeypatch, chun
     monkeypatch.setattr(_ingest, "_CHUNK_FILES", chunk)
     monkeypatch.setattr(_ingest, "_AHEAD_BATCHES", ahead)
     monkeypatch.setattr(_ingest, "_BATCH_ROWS", batch)
-    monkeypatch.setattr(_ingest, "_LOADED_BYTES", loaded)  # summarise after every file, after all, in between
+    monkeypatch.setattr(tensorfile, "LOADED_BYTES", loaded)  # summarise after every file, after all, in between
     pooled = ingest(ds, "pooled", store=store_dir, jobs=2)  # one dump file: its tensor files go to the pool
     assert (serial.rows, serial.tensor_files, serial.errors, serial.first_error) == (
         pooled.rows,

@@ -118,4 +118,4 @@ def _verdict(df: pl.DataFrame) -> list[pl.Expr | pl.Series]:
     unmatched = c("match").is_in(["target_only", "ref_only"])
     status = R.pair_status(unmatched, R.unreadable_kind(), R.has_error_text())
     sev = R.severity(df["err"].cast(pl.Float64).to_numpy(), df["tol"].cast(pl.Float64).to_numpy())
-    return [pl.Series("severity", sev, dtype=pl.Float64).fill_nan(None), status.alias("status")]
+    return [R.nullable("severity", sev), status.alias("status")]

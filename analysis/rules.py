@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from dumpstore.arrays import to_polars
 from dumpstore.dtypes import EPS, INT_DTYPES, eps
 
 from .tolerance import Tolerances
@@ -224,14 +225,15 @@ def stats_columns(df: pl.DataFrame) -> dict[str, pl.Series]:
     r_null = {s: df[f"ref_{s}"].is_null().to_numpy() for s in STATS}
     n = df.select(sqrt_numel()).to_series().to_numpy()
     err, known = stats_bound(t, r, t_null, r_null, n, df["nonfinite_mismatch"].to_numpy())
-    out = {f"{s}_diff": _nullable(f"{s}_diff", stat_diff(t[s], r[s])) for s in STATS}
-    out["_st_err"] = _nullable("_st_err", np.where(known, err, np.nan))
+    out = {f"{s}_diff": nullable(f"{s}_diff", stat_diff(t[s], r[s])) for s in STATS}
+    out["_st_err"] = nullable("_st_err", np.where(known, err, np.nan))
     return out
 
 
-def _nullable(name: str, values: np.ndarray) -> pl.Series:
+def nullable(name: str, values: np.ndarray) -> pl.Series:
     """NaN as null (no rule here yields NaN for a known value)."""
-    return pl.Series(name, values, dtype=pl.Float64).fill_nan(None)
+    values = np.asarray(values, np.float64)
+    return to_polars(name, values, nulls=np.isnan(values))
 
 
 # ------------------------------------------------------------------------------------------------ sketch, scalar
@@ -393,7 +395,7 @@ def apply_small_values(rows: pl.DataFrame) -> pl.DataFrame:
     err, ctx, small = small_value_err(
         _f64(rows, "err"), _f64(rows, "norm"), _f64(rows, "ref_norm"), _f64(rows, "ref_numel"), tensor, group, judged
     )
-    out = rows.with_columns(_nullable("err", err), _nullable("context_rms", ctx), pl.Series("small_value", small))
+    out = rows.with_columns(nullable("err", err), nullable("context_rms", ctx), to_polars("small_value", small))
     if not small.any():
         return out
     unmatched = c("match").is_in(["target_only", "ref_only"])
@@ -404,7 +406,7 @@ def apply_small_values(rows: pl.DataFrame) -> pl.DataFrame:
         c("context_rms").round_sig_figs(3),
     )
     return out.with_columns(
-        pl.Series("severity", severity(err, _f64(rows, "tol"))).fill_nan(None),
+        nullable("severity", severity(err, _f64(rows, "tol"))),
         when(c("small_value"))
         .then(pair_status(unmatched, unreadable_kind(), has_error_text()))
         .otherwise(c("status"))

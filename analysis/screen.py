@@ -39,6 +39,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from dumpstore.arrays import to_polars
 from dumpstore.dtypes import FLOAT_DTYPES
 
 from . import rules as R
@@ -684,7 +685,7 @@ def _pair_rows(
     stats = _stats(t, r, sketches)
     (err,), (ok,), (code,) = _judge([((t.step, t.rank, t.source), order, ordnp, static, stnp, stats)], sketches)
     return keys.with_columns(
-        pl.Series("err", err).set(pl.Series(~ok), None),  # type: ignore[arg-type]
+        to_polars("err", np.asarray(err, np.float64), nulls=~ok),
         static["tol"],
-        pl.Series("status", np.array(STATUSES)[code]),
+        pl.Series("status", STATUSES, pl.String).gather(to_polars("code", np.asarray(code, np.uint32))),
     )

@@ -25,6 +25,7 @@ import ujson
 
 from . import retain as _retained
 from . import summary
+from .arrays import to_arrow
 from .errors import DumpFormatError, StoreError
 from .framework import detect_framework
 from .layout import Unit, find_units
@@ -355,8 +356,8 @@ def _float_lists(values: Sequence[Any], type_: pa.DataType) -> pa.Array:
     offsets = np.zeros(len(values) + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
     flat = np.concatenate([np.asarray(v, np.float64) for v in present]) if offsets[-1] else np.zeros(0)
-    mask = None if len(present) == len(values) else pa.array([v is None for v in values])
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float64()), type=type_, mask=mask)
+    nulls = None if len(present) == len(values) else np.fromiter((v is None for v in values), np.bool_, len(values))
+    return to_arrow(offsets, type_, nulls, child=to_arrow(flat, pa.float64()))
 
 
 class _RowGroups:
@@ -623,7 +624,7 @@ def _split_tables(job: _Slices, cores: int, res: UnitResult) -> list[pa.Table]:
 def _plus(chunk: pa.Array, n: int) -> pa.Array:
     """An int32 array without nulls plus n (from its buffer: to_numpy's first call costs 20 ms of set-up)."""
     values = np.frombuffer(chunk.buffers()[1], np.int32, len(chunk), chunk.offset * 4)
-    return pa.array(values + np.int32(n), pa.int32())
+    return to_arrow(values + np.int32(n), pa.int32())
 
 
 def _fork_part(job: _Slices, part: int, parts: int) -> tuple[int, int]:
@@ -788,9 +789,10 @@ def _leaf_batch(recs: _Records, tensor_task: bool, res: UnitResult) -> Batch:
     cols: Batch = leaf_column_lists(values, tensor_task)
     cols.update({c: [None] * len(values) for c in TENSOR_FILE_COLUMNS})  # set by _with_tensor_files
     cols.update(io=ios, index_path=index_paths, name=names)
-    cols["leaf"] = pa.array(np.arange(recs.first_leaf, recs.first_leaf + len(values)), pa.int32())
+    cols["leaf"] = to_arrow(np.arange(recs.first_leaf, recs.first_leaf + len(values)), pa.int32())
     for c, per_record in zip(_RECORD_COLUMNS, zip(*recs.idents)):  # np.repeat: Arrow's take loads pyarrow.compute
-        cols[c] = _array(np.repeat(np.array(per_record, dtype=object), recs.counts), TENSOR_SCHEMA.field(c).type)
+        repeated = np.repeat(np.array(per_record, dtype=object), recs.counts).tolist()  # a list: see dumpstore.arrays
+        cols[c] = _array(repeated, TENSOR_SCHEMA.field(c).type)
     if any(r[8] is not None or (r[6] == "parameters_grad" and r[5] is None) for r in recs.idents):
         res.meta["generation"] = "8.x"  # is_recompute, or gradients without a call number
     return cols

@@ -82,21 +82,27 @@ def test_every_command_documented_in_readme():
         assert CliRunner().invoke(main, [name, "--help"]).exit_code == 0
 
 
-def test_console_script_never_imports_pandas(store_dir):
-    """pyarrow imports pandas on its first array (half a second); the `dumpstore` script refuses it."""
+def test_console_script_never_imports_what_answers_do_not_need(store_dir):
+    """pyarrow imports pandas on its first array (half a second); `pa.array(ndarray)` and `pl.Series(ndarray)`
+    import numpy.ma (20-60 ms), `pl.from_arrow` pyarrow.compute (45-65 ms): the `dumpstore` script needs none."""
+    unwanted = ("pandas", "numpy.ma", "pyarrow.compute")
     code = (  # the script ends by os._exit: what is loaded is printed then
         "import os, sys; from dumpstore.cli.main import run\n"
-        "end = os._exit\n"
-        "os._exit = lambda c: (print('PANDAS', 'pandas' in sys.modules), sys.stdout.flush(), end(c))\n"
+        f"end, unwanted = os._exit, {unwanted!r}\n"
+        "os._exit = lambda c: (print('LOADED', [m for m in unwanted if m in sys.modules]), sys.stdout.flush(), end(c))"
+        "\n"
         "run()\n"
     )
     for args in (
         ["ingest", str(MSPROBE / "ms_tensor"), "--run", "t", "--store", str(store_dir)],
+        ["ingest", str(ROOT / "sample_dumps" / "ref_stats"), "--run", "ref", "--store", str(store_dir)],
+        ["ingest", str(ROOT / "sample_dumps" / "weight_1pct_stats"), "--run", "target", "--store", str(store_dir)],
         ["divergence", "--target", "t", "--ref", "t", "--store", str(store_dir), "--no-cache"],
+        ["divergence", "--target", "target", "--ref", "ref", "--store", str(store_dir), "--no-cache"],
     ):
         proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.strip().endswith("PANDAS False"), proc.stdout[-500:]
+        assert proc.stdout.strip().endswith("LOADED []"), (args[0], proc.stdout[-500:])
 
 
 def test_ingest_several_dumps_at_once(store_dir, tmp_path):

@@ -34,7 +34,7 @@ from dumpstore.dtypes import eps
 from . import rules as R
 from .compare import Comparison
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, record_measures, update_evidence
-from .order import INPUT_IO, ORDER, OUTPUT_IO, with_phase
+from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
 from .rules import STATUSES
 from .tolerance import Tolerances
 from .verdict import Finding, Verdict
@@ -57,7 +57,7 @@ def _ordered(rows: pl.DataFrame, records: pl.DataFrame | None = None) -> pl.Data
         (pl.col("how").is_not_null() | pl.col("_t_record").is_not_null()).alias("_paired"),
         pl.coalesce(pl.col("io"), pl.col("ref_io")).alias("_io"),
     ).drop("_t_record")
-    return with_phase(rows, "_seq", "_direction").sort(ORDER + ["_seq", "leaf"], nulls_last=True)
+    return sort_rows(with_phase(rows, "_seq", "_direction"), ORDER + ["_seq", "leaf"], nulls_last=True)
 
 
 _DEVICE = r"^(cpu|cuda|npu|xpu|mps|meta|hpu)(:\d+)?$"
@@ -203,25 +203,30 @@ def _row_kind(row: dict[str, Any]) -> str:
 
 def _extra_op(rows: pl.DataFrame) -> tuple[Finding, tuple] | None:
     """The first record the reference does not have, in the target's order."""
-    hit = rows.filter((pl.col("match") == "target_only") & pl.col("how").is_null()).head(1)
-    if not hit.height:
+    row = _first_row(rows, (pl.col("match") == "target_only") & pl.col("how").is_null())
+    if row is None:
         return None
-    row = hit.row(0, named=True)
     return Finding(
         row["step"], row["rank"], row["_record"], None, "extra_op", detail="record only in the target"
     ), order_key(row)
 
 
+def _first_row(rows: pl.DataFrame, where: pl.Expr) -> dict[str, Any] | None:
+    """The first row where `where` holds (rows.filter copies every column of every hit: these frames are wide)."""
+    at = rows.select(where.arg_true().first()).item()
+    return None if at is None else rows.row(at, named=True)
+
+
 def _first_over_tol(rows: pl.DataFrame) -> Finding | None:
     """The first target record that differs: an output over its tolerance, or a record the reference lacks
     (the per-step and per-rank views; the verdict's first divergence also asks that it stands out)."""
-    hit = rows.filter(
+    row = _first_row(
+        rows,
         ((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO))
-        | ((pl.col("match") == "target_only") & pl.col("how").is_null())
-    ).head(1)
-    if not hit.height:
+        | ((pl.col("match") == "target_only") & pl.col("how").is_null()),
+    )
+    if row is None:
         return None
-    row = hit.row(0, named=True)
     if row["match"] == "target_only":
         return Finding(row["step"], row["rank"], row["_record"], None, "extra_op", detail="record only in the target")
     return _finding(row)
@@ -245,7 +250,8 @@ class _Producers:
         self.prefix = prefix
         col = f"_fp_{prefix or 't'}"
         outs = (
-            rows.filter(
+            rows.lazy()  # lazy: only the columns used are filtered and sorted
+            .filter(
                 pl.col(f"{prefix}io").is_in(OUTPUT_IO)
                 & (pl.col(f"{prefix}kind") == "tensor")
                 & pl.col(col).is_not_null()
@@ -253,6 +259,7 @@ class _Producers:
             .sort(f"{prefix}seq")
             .group_by(col, maintain_order=True)
             .agg(pl.col(f"{prefix}seq").first(), pl.col(f"{prefix}record").first())
+            .collect()
         )
         self.first = dict(
             zip(outs[col].to_list(), zip(outs[f"{prefix}seq"].to_list(), outs[f"{prefix}record"].to_list()))
@@ -320,7 +327,8 @@ class _StepView:
 
     @cached_property
     def rows(self) -> pl.DataFrame:
-        return self._all.filter(pl.col("step") == self.step).with_columns(_fingerprint(""), _fingerprint("ref_"))
+        rows = self._all if self._all["step"].n_unique() == 1 else self._all.filter(pl.col("step") == self.step)
+        return rows.with_columns(_fingerprint(""), _fingerprint("ref_"))
 
     def producers(self, prefix: str) -> _Producers:
         if prefix not in self._producers:
@@ -588,7 +596,7 @@ def _groups(rows: pl.DataFrame, key: str) -> Iterator[tuple[Any, pl.DataFrame]]:
 
 
 def _finite_max(g: pl.DataFrame) -> float | None:
-    v = g.filter(pl.col("err").is_not_null())["err"].max()
+    v = g["err"].drop_nulls().max()
     return float(v) if isinstance(v, (int, float)) else None
 
 

@@ -15,6 +15,8 @@ import polars as pl
 
 from dumpstore.store import Store
 
+from .order import sort_rows
+
 COLUMNS = (
     "step, rank, source, rank_dir, seq, leaf, record, prefix, api, op_type, direction, module, io, "
     "index_path, name, kind, value_type, value, scalar_value, dtype, shape, numel, requires_grad, "
@@ -93,7 +95,7 @@ def _load_files(files: list[tuple[str, int, int]], sketches: bool) -> pl.DataFra
         df = df.with_columns(
             pl.lit(None, pl.List(pl.Float64)).alias("sample"), pl.lit(None, pl.List(pl.Float64)).alias("sketch")
         )
-    return df.sort(["step", "rank", "source", "leaf"])
+    return sort_rows(df, ["step", "rank", "source", "leaf"])
 
 
 def _frame(table: Any) -> pl.DataFrame:

@@ -29,3 +29,12 @@ def with_phase(df: pl.DataFrame, seq: str = "seq", direction: str = "direction")
 
 
 ORDER = ["step", "_phase", "rank", "source"]
+
+
+def sort_rows(df: pl.DataFrame, by: list[str], nulls_last: bool = False) -> pl.DataFrame:
+    """`df.sort(by, maintain_order=True)`, without the copy of every column where `df` is in order already
+    (Polars gathers them anyway; a comparison's frames are wide and mostly come in order)."""
+    order = df.select(pl.arg_sort_by(by, nulls_last=nulls_last, maintain_order=True)).to_series()
+    if order.is_sorted():
+        return df
+    return df[order]

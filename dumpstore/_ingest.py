@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ujson
 
+from . import jsonsplit, summary
 from . import retain as _retained
-from . import summary
 from .arrays import to_arrow
 from .errors import DumpFormatError, StoreError
 from .framework import detect_framework
@@ -404,6 +405,11 @@ def utf8(value: Any) -> Any:
 
 def read_json(path: Path) -> Any:
     """Parse a dump JSON file (bare NaN/Infinity allowed), or raise a one-line DumpFormatError."""
+    return _decode_json(path, _read_bytes(path))
+
+
+def _read_bytes(path: Path) -> bytes:
+    """A dump JSON file's bytes (a regular file within the size limit), or a one-line DumpFormatError."""
     try:
         info = path.stat()
         if not stat.S_ISREG(info.st_mode):
@@ -412,7 +418,15 @@ def read_json(path: Path) -> Any:
         if size > MAX_DUMP_JSON_BYTES:
             raise DumpFormatError(f"{path}: {size} bytes is larger than the {MAX_DUMP_JSON_BYTES} byte limit")
         with open(path, "rb") as fh:
-            return parse_json(fh.read())
+            return fh.read()
+    except OSError as exc:
+        raise DumpFormatError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _decode_json(path: Path, data: bytes) -> Any:
+    """The JSON text `data` of `path` parsed (see parse_json), or a one-line DumpFormatError."""
+    try:
+        return parse_json(data)
     except json.JSONDecodeError as exc:
         raise DumpFormatError(
             f"{path}: invalid JSON at line {exc.lineno} column {exc.colno} ({exc.msg}); "
@@ -424,8 +438,6 @@ def read_json(path: Path) -> Any:
         raise DumpFormatError(f"{path}: invalid JSON ({' '.join(str(exc).split())[:200]})") from None
     except RecursionError:
         raise DumpFormatError(f"{path}: JSON nested too deeply") from None
-    except OSError as exc:
-        raise DumpFormatError(f"{path}: cannot read ({exc.strerror})") from None
 
 
 def parse_json(data: bytes) -> Any:
@@ -536,9 +548,14 @@ def _dump_tables(
     constants: dict[str, str | None],
     cores: int,
 ) -> tuple[Iterator[pa.Table], list[list[str]]]:
-    doc, construct, stack_ids, stacks = _open_dump(unit, res)
+    raw = _read_bytes(unit.path)
+    if cores > 1 and len(raw) >= _SPLIT_MIN_BYTES and threading.active_count() == 1:  # see _split_tables
+        cut = _text_split(raw, cores, unit, opts, res, constants)
+        if cut is not None:
+            return iter(cut[0]), cut[1]
+    doc, construct, stack_ids, stacks = _open_dump(unit, res, raw)
     retain(doc)  # the console script exits without freeing it (dumpstore.retain)
-    tensor_task = doc.get("task") not in ("statistics", "md5", "overflow_check")
+    tensor_task = _tensor_task(doc)
     job = _Slices(list(doc["data"].items()), construct, stack_ids, tensor_task, unit, opts, constants)
     if (
         cores > 1
@@ -552,9 +569,13 @@ def _dump_tables(
     return (_batch_table(b, constants, res) for b in rows), stacks
 
 
-def _open_dump(unit: Unit, res: UnitResult) -> tuple[dict, dict, dict[str, int], list[list[str]]]:
-    """The unit's dump.json (checked to hold a 'data' object), construct.json and stack.json."""
-    doc = read_json(unit.path)
+def _tensor_task(doc: dict) -> bool:
+    return doc.get("task") not in ("statistics", "md5", "overflow_check")
+
+
+def _open_dump(unit: Unit, res: UnitResult, raw: bytes) -> tuple[dict, dict, dict[str, int], list[list[str]]]:
+    """The unit's dump.json (its bytes `raw`; checked to hold a 'data' object), construct.json and stack.json."""
+    doc = _decode_json(unit.path, raw)
     if unit.path.name == "debug.json" and isinstance(doc, dict) and "data" not in doc:
         doc = {"data": doc, "level": "debug"}
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
@@ -562,18 +583,30 @@ def _open_dump(unit: Unit, res: UnitResult) -> tuple[dict, dict, dict[str, int],
             f"{unit.path}: expected an object with a 'data' object of records "
             "(msprobe dump.json); is this the right file?"
         )
+    _set_meta(res, doc)
+    return (doc, *_aux_files(unit, res))
+
+
+def _set_meta(res: UnitResult, doc: Any) -> None:
     res.files = 1
     res.meta = {k: doc.get(k) for k in ("task", "level", "framework") if isinstance(doc.get(k), str)}
     if "framework" not in res.meta and (found := detect_framework(doc)):
         res.meta["framework"] = found
+
+
+def _aux_files(unit: Unit, res: UnitResult) -> tuple[dict, dict[str, int], list[list[str]]]:
+    """construct.json (a dict), and stack.json as stack ids by record and the stacks."""
     construct = _aux_json(unit.path.parent / "construct.json", res)
     stack_ids, stacks = _stack_index(_aux_json(unit.path.parent / "stack.json", res))
-    return doc, construct if isinstance(construct, dict) else {}, stack_ids, stacks
+    return construct if isinstance(construct, dict) else {}, stack_ids, stacks
 
 
 # A statistics dump with this many records is turned into rows by `cores` processes at once when the run has fewer
 # units than cores (the other cores would idle): forked children inherit the parsed JSON, nothing is pickled to them.
 _SPLIT_MIN_RECORDS = 4096
+# A dump.json this large is cut as text (dumpstore/jsonsplit.py) and each of `cores` processes parses its part and
+# builds its rows: no process parses the whole file, and no child touches (and so copies) the parent's objects.
+_SPLIT_MIN_BYTES = 2 << 20
 
 
 @dataclass
@@ -599,36 +632,136 @@ class _Slices:
 
 
 def _split_tables(job: _Slices, cores: int, res: UnitResult) -> list[pa.Table]:
-    """The dump's tables built by `cores` processes: this one takes the first part, forked children the others
-    (each hands its part back through a pipe and leaves at once: no interpreter shutdown over its copy of the
-    parsed JSON).  Done before the Parquet file is opened, so no child holds it."""
-    children = deque(_fork_part(job, part, cores) for part in range(1, cores))
+    """The dump's tables built by `cores` processes: this one takes the first run of records, forked children the
+    others."""
+    return _joined(_in_parts(lambda: job.table(0, cores), [partial(job.table, p, cores) for p in range(1, cores)]), res)
+
+
+class _NotCut(Exception):
+    """The first part of a dump's text is not what jsonsplit requires: the dump is parsed whole."""
+
+
+def _text_split(
+    raw: bytes, cores: int, unit: Unit, opts: IngestOptions, res: UnitResult, constants: dict[str, str | None]
+) -> tuple[list[pa.Table], list[list[str]]] | None:
+    """The dump's tables and stacks built by `cores` processes that each parse one part of its text (jsonsplit);
+    None where the text does not cut so (then it is parsed whole)."""
+    cut = jsonsplit.cuts(raw, cores)
+    pre = None if cut is None else _parsed(jsonsplit.preamble(raw, cut))
+    if cut is None or not isinstance(pre, dict) or (_tensor_task(pre) and opts.load_tensors):
+        return None
+    tensor_task = _tensor_task(pre)
+    got: dict[str, Any] = {}
+
+    def first() -> tuple[pa.Table | None, tuple[UnitResult | None, list, str | None]]:
+        doc = _parsed(jsonsplit.part(raw, cut, 0))
+        records = jsonsplit.records_of(doc, 0)
+        if records is None:
+            raise _NotCut
+        _set_meta(res, doc)
+        construct, stack_ids, got["stacks"] = _aux_files(unit, res)
+        got["doc"] = doc
+        table, part_res = _Slices(
+            list(records.items()), construct, stack_ids, tensor_task, unit, opts, constants
+        ).table(0, 1)
+        return table, (part_res, list(records), None)
+
+    others = [partial(_text_part, raw, cut, i, tensor_task, unit, opts, constants) for i in range(1, cut.parts)]
     try:
-        parts = [job.table(0, cores)]
+        parts = _in_parts(first, others)
+    except _NotCut:
+        return None
+    if any(part_res is None for _, (part_res, _, _) in parts):
+        return None  # a later part does not parse as required
+    names = [name for _, (_, keys, _) in parts for name in keys]
+    if len(set(names)) != len(names):
+        return None  # a record name in two parts: the whole text merges them
+    retain(got["doc"])
+    found = next((framework for _, (_, _, framework) in parts if framework), None)
+    if "framework" not in res.meta and found:  # none in the first part: a later part's first framework-typed value
+        res.meta["framework"] = found
+    return _joined([(table, part_res) for table, (part_res, _, _) in parts], res, shift_seq=True), got["stacks"]
+
+
+def _text_part(
+    raw: bytes,
+    cut: jsonsplit.Cuts,
+    i: int,
+    tensor_task: bool,
+    unit: Unit,
+    opts: IngestOptions,
+    constants: dict[str, str | None],
+) -> tuple[pa.Table | None, tuple[UnitResult | None, list, str | None]]:
+    """Part `i` of a dump's text parsed and built (in a forked child): (rows, (counts, the records' names, the
+    framework of its first framework-typed value)); (None, (None, [], None)) where the part does not parse as
+    required."""
+    doc = _parsed(jsonsplit.part(raw, cut, i))
+    records = jsonsplit.records_of(doc, i)
+    if records is None:
+        return None, (None, [], None)
+    construct, stack_ids, _ = _aux_files(unit, UnitResult(unit.step, unit.rank))  # its warnings are the parent's
+    table, part_res = _Slices(list(records.items()), construct, stack_ids, tensor_task, unit, opts, constants).table(
+        0, 1
+    )
+    return table, (part_res, list(records), detect_framework(doc))
+
+
+def _parsed(text: bytes) -> Any:
+    """`text` parsed by ujson alone (as parse_json would, were ujson to accept the whole file), or None."""
+    try:
+        return ujson.loads(text)
+    except (ujson.JSONDecodeError, ValueError, OverflowError, TypeError, RecursionError):
+        return None
+
+
+def _joined(
+    parts: list[tuple[pa.Table | None, UnitResult]], res: UnitResult, shift_seq: bool = False
+) -> list[pa.Table]:
+    """The parts' tables with leaf numbers (and record numbers, `shift_seq`) counted on from the parts before;
+    their counts added to `res`."""
+    tables = []
+    for table, part_res in parts:
+        if table is not None:
+            table = _plus(table, "leaf", res.rows)
+            tables.append(_plus(table, "seq", res.records) if shift_seq else table)
+        _merge(res, part_res)
+    return tables
+
+
+def _plus(table: pa.Table, column: str, n: int) -> pa.Table:
+    """`table` with n added to an int32 column without nulls (from its buffers: to_numpy's first call costs 20 ms
+    of set-up)."""
+    if not n:
+        return table
+    i = TENSOR_SCHEMA.get_field_index(column)
+    chunks = []
+    for chunk in table.column(i).chunks:
+        values = np.frombuffer(chunk.buffers()[1], np.int32, len(chunk), chunk.offset * 4)
+        chunks.append(to_arrow(values + np.int32(n), pa.int32()))
+    return table.set_column(i, TENSOR_SCHEMA.field(i), pa.chunked_array(chunks, pa.int32()))
+
+
+def _in_parts(
+    first: Callable[[], tuple[pa.Table | None, Any]], others: Sequence[Callable[[], tuple[pa.Table | None, Any]]]
+) -> list:
+    """[first(), *(o() for o in others)], each of `others` run in a forked child at once while this process runs
+    `first` (a child hands its part back through a pipe and leaves at once: no interpreter shutdown over its copy
+    of the parent's objects).  Run before the Parquet file is opened, so no child holds it; the children are reaped
+    whatever happens."""
+    children = deque(_forked(build) for build in others)
+    try:
+        parts = [first()]
         while children:
             parts.append(_part_of(*children.popleft()))  # waits for the child whatever happens
     except BaseException:
         for pid, fd in children:  # a child blocked on a full pipe would wait for ever
             _reap(pid, fd)
         raise
-    leaf = TENSOR_SCHEMA.get_field_index("leaf")
-    tables = []
-    for table, part_res in parts:
-        if table is not None:
-            shifted = pa.chunked_array([_plus(c, res.rows) for c in table.column(leaf).chunks], pa.int32())
-            tables.append(table.set_column(leaf, TENSOR_SCHEMA.field(leaf), shifted))
-        _merge(res, part_res)
-    return tables
+    return parts
 
 
-def _plus(chunk: pa.Array, n: int) -> pa.Array:
-    """An int32 array without nulls plus n (from its buffer: to_numpy's first call costs 20 ms of set-up)."""
-    values = np.frombuffer(chunk.buffers()[1], np.int32, len(chunk), chunk.offset * 4)
-    return to_arrow(values + np.int32(n), pa.int32())
-
-
-def _fork_part(job: _Slices, part: int, parts: int) -> tuple[int, int]:
-    """Fork a child that builds `part` and writes it to a pipe (see _send): (pid, read end)."""
+def _forked(build: Callable[[], tuple[pa.Table | None, Any]]) -> tuple[int, int]:
+    """Fork a child that runs `build` and writes its result to a pipe (see _send): (pid, read end)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid:
@@ -639,22 +772,22 @@ def _fork_part(job: _Slices, part: int, parts: int) -> tuple[int, int]:
         os.close(read)
         worker_init(os.getppid())
         with os.fdopen(write, "wb") as fh:
-            _send(fh, job, part, parts)
+            _send(fh, build)
         code = 0
     finally:
         os._exit(code)
 
 
-def _send(fh: Any, job: _Slices, part: int, parts: int) -> None:
-    """A part as: 8-byte length of a pickled (ok, counts or exception), that pickle, then the rows as an Arrow IPC
+def _send(fh: Any, build: Callable[[], tuple[pa.Table | None, Any]]) -> None:
+    """A part as: 8-byte length of a pickled (ok, value or exception), that pickle, then the rows as an Arrow IPC
     stream (half the bytes of a pickled table, and read without a copy)."""
     import pickle
 
     import pyarrow.ipc as ipc
 
     try:
-        table, counts = job.table(part, parts)
-        header = pickle.dumps((True, counts))
+        table, value = build()
+        header = pickle.dumps((True, value))
     except BaseException as exc:  # handed to the parent, which raises it
         table, header = None, pickle.dumps((False, exc if _picklable(exc) else RuntimeError(f"{exc!r}")))
     fh.write(len(header).to_bytes(8, "little") + header)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,3 +52,16 @@ def sample_cases() -> list[dict]:
         return []
     doc = json.loads(cat.read_text())
     return doc["cases"] if isinstance(doc, dict) else doc
+
+
+def child_processes() -> set[int]:
+    """Processes (zombies included) whose parent is this one."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid():
+            out.add(int(stat.parent.name))
+    return out

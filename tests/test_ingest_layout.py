@@ -6,7 +6,6 @@ import gc
 import importlib
 import json
 import math
-import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -15,7 +14,7 @@ import pytest
 from dumpstore._ingest import ingest
 from dumpstore.names import parse_record
 from dumpstore.records import LEAF_COLUMNS, leaf_column_lists, leaf_columns, record_leaves
-from helpers import MSPROBE, SAMPLES
+from helpers import MSPROBE, SAMPLES, child_processes
 
 ingest_module = importlib.import_module("dumpstore._ingest")  # the module (dumpstore.ingest is the function)
 
@@ -184,24 +183,11 @@ def test_a_failing_part_of_a_split_dump_fails_the_ingest_in_one_line(tmp_path, m
         return table(self, part, parts)
 
     monkeypatch.setattr(ingest_module._Slices, "table", broken)
-    before = _children()
+    before = child_processes()
     with pytest.raises(ingest_module.DumpFormatError, match=f"^part {failing_part} is broken$"):
         ingest(SAMPLES / "ref_stats" / "step0" / "rank0", "r", store=tmp_path / "s", jobs=2)
     assert not list((tmp_path / "s").rglob("part-*.parquet"))
-    assert _children() == before  # the forked child was reaped (no zombie, no orphan)
-
-
-def _children() -> set[int]:
-    """Processes (zombies included) whose parent is this one."""
-    out = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid():
-            out.add(int(stat.parent.name))
-    return out
+    assert child_processes() == before  # the forked child was reaped (no zombie, no orphan)
 
 
 def test_a_process_with_other_threads_is_not_forked(tmp_path, monkeypatch):

@@ -11,13 +11,12 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +47,9 @@ from .tensorfile import (
     stamp,
 )
 from .workers import worker_init
+
+if TYPE_CHECKING:  # imported where a pool is made: concurrent.futures and multiprocessing cost a statistics
+    from concurrent.futures import Future, ProcessPoolExecutor  # ingest ~25 ms of start-up for nothing
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _BATCH_ROWS = 4096  # rows turned into Arrow at a time
@@ -197,6 +199,8 @@ def _run_units(
                 if progress:
                     progress(len(results), len(tasks))
         return results
+    from concurrent.futures import ProcessPoolExecutor
+
     with ProcessPoolExecutor(max_workers=n_jobs, initializer=worker_init, initargs=(os.getpid(),)) as pool:
         for res in pool.map(_ingest_unit_star, tasks):
             results.append(res)
@@ -210,12 +214,35 @@ def _ingest_unit_star(args: tuple) -> UnitResult:
 
 
 @contextmanager
-def _maybe_pool(workers: int) -> Iterator[ProcessPoolExecutor | None]:
+def _maybe_pool(workers: int) -> Iterator[_LazyPool | None]:
     if workers < 2:
         yield None
         return
-    with ProcessPoolExecutor(max_workers=workers, initializer=worker_init, initargs=(os.getpid(),)) as pool:
+    pool = _LazyPool(workers)
+    try:
         yield pool
+    finally:
+        pool.shutdown()
+
+
+class _LazyPool:
+    """A process pool for tensor files, started by its first task: a statistics dump has no files to read, and
+    concurrent.futures with multiprocessing costs ~25 ms to import."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.pool: ProcessPoolExecutor | None = None
+
+    def submit(self, fn: Callable, *args: Any) -> Future:
+        if self.pool is None:
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(max_workers=self.workers, initializer=worker_init, initargs=(os.getpid(),))
+        return self.pool.submit(fn, *args)
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
 
 
 def _ingest_unit(
@@ -224,7 +251,7 @@ def _ingest_unit(
     run: str,
     ingest_id: str,
     opts: IngestOptions,
-    files_pool: ProcessPoolExecutor | None = None,
+    files_pool: _LazyPool | None = None,
     cores: int = 1,
 ) -> UnitResult:
     forget_folders()
@@ -262,7 +289,7 @@ def _write_unit(
     ingest_id: str,
     opts: IngestOptions,
     res: UnitResult,
-    files_pool: ProcessPoolExecutor | None,
+    files_pool: _LazyPool | None,
     cores: int = 1,
 ) -> None:
     constants: dict[str, str | None] = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
@@ -470,12 +497,14 @@ _AHEAD_BATCHES = 2  # batches whose files are being read while the next one is b
 
 
 def _submit(
-    pool: ProcessPoolExecutor | None, dump_dir: str, chunk: list[dict[str, Any]], opts: IngestOptions, res: UnitResult
+    pool: _LazyPool | None, dump_dir: str, chunk: list[dict[str, Any]], opts: IngestOptions, res: UnitResult
 ) -> Future:
     """The chunk's files read by the pool; without one, read here (the rows filled, the future done with None)."""
     if pool is not None:
         return pool.submit(_summarize_files, _chunk_job(dump_dir, chunk, opts))
     _fill_rows(chunk, Path(dump_dir), opts, res)
+    from concurrent.futures import Future
+
     done: Future = Future()
     done.set_result(None)
     return done
@@ -544,7 +573,7 @@ def _dump_tables(
     unit: Unit,
     opts: IngestOptions,
     res: UnitResult,
-    files_pool: ProcessPoolExecutor | None,
+    files_pool: _LazyPool | None,
     constants: dict[str, str | None],
     cores: int,
 ) -> tuple[Iterator[pa.Table], list[list[str]]]:
@@ -931,11 +960,11 @@ def _leaf_batch(recs: _Records, tensor_task: bool, res: UnitResult) -> Batch:
     return cols
 
 
-_Chunks = list[tuple[list[dict[str, Any]], Future]]
+_Chunks = list[tuple[list[dict[str, Any]], "Future"]]
 
 
 def _with_tensor_files(
-    batches: Iterator[Batch], unit: Unit, opts: IngestOptions, res: UnitResult, pool: ProcessPoolExecutor | None
+    batches: Iterator[Batch], unit: Unit, opts: IngestOptions, res: UnitResult, pool: _LazyPool | None
 ) -> Iterator[Batch]:
     """The batches with the tensor file of every leaf that names one summarised into their columns, read in chunks
     (_fill_rows); with a pool, a batch's chunks are read by its workers while the next batches are built."""
@@ -954,7 +983,7 @@ def _with_tensor_files(
 
 
 def _submitted(
-    rows: list[dict[str, Any]], unit: Unit, opts: IngestOptions, res: UnitResult, pool: ProcessPoolExecutor | None
+    rows: list[dict[str, Any]], unit: Unit, opts: IngestOptions, res: UnitResult, pool: _LazyPool | None
 ) -> _Chunks:
     """The rows' files in chunks: handed to the pool, or (without one) read here at once."""
     dump_dir = str(unit.path.parent)

@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import ujson
 
-from . import jsonsplit, summary
+from . import jsonsplit, parquetio, summary
 from . import retain as _retained
 from .arrays import to_arrow
 from .errors import DumpFormatError, StoreError
@@ -298,7 +297,7 @@ def _write_unit(
     else:
         batches = _file_batches(unit, opts, res)
         tables, stacks = (_batch_table(b, constants, res) for b in batches), []
-    with pq.ParquetWriter(
+    with parquetio.Writer(
         out, TENSOR_SCHEMA, compression="zstd", compression_level=_ZSTD_LEVEL, use_dictionary=_DICTIONARY_COLUMNS
     ) as writer:
         groups = _RowGroups(writer)
@@ -321,7 +320,7 @@ def _write_stacks(root: Path, run: str, ingest_id: str, unit: Unit, stacks: list
         "stack_id": range(n),
         "frames": stacks,
     }
-    pq.write_table(
+    parquetio.write_table(
         pa.Table.from_arrays(_arrays(columns, STACK_SCHEMA), schema=STACK_SCHEMA), d / name, compression="zstd"
     )
 
@@ -392,7 +391,7 @@ class _RowGroups:
     """Collects batches into row groups of up to _GROUP_ROWS rows or _GROUP_BYTES bytes: fewer, larger groups
     compress better and read faster, while memory stays bounded by one group."""
 
-    def __init__(self, writer: pq.ParquetWriter):
+    def __init__(self, writer: parquetio.Writer):
         self.writer = writer
         self.pending: list[pa.Table] = []
         self.rows = self.bytes = self.written = 0

@@ -55,11 +55,10 @@ class Store:
         return self._catalog[1], self._catalog[2]
 
     def _checked_catalog(self, path: Path) -> pa.Table:
-        import pyarrow.parquet as pq
-
+        from .parquetio import read_table
         from .schema import SCHEMA_VERSION
 
-        table = pq.ParquetFile(path).read()
+        table = read_table(path)
         versions = set(table.column("schema_version").to_pylist()) if "schema_version" in table.schema.names else {0}
         old = sorted(v for v in versions if v != SCHEMA_VERSION)
         if old:
@@ -72,10 +71,10 @@ class Store:
 
     def raw_runs(self) -> list[dict[str, Any]]:
         """Catalog rows whatever their schema version (for upgrades)."""
-        import pyarrow.parquet as pq
+        from .parquetio import read_table
 
         path = self.root / CATALOG
-        return pq.ParquetFile(path).read().to_pylist() if path.exists() else []
+        return read_table(path).to_pylist() if path.exists() else []
 
     def run_names(self) -> list[str]:
         return [str(r) for r in self.runs().column("run").to_pylist()]
@@ -159,13 +158,13 @@ class Store:
 
     def _write_catalog(self, rows: list[dict[str, Any]]) -> None:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
+        from .parquetio import write_table
         from .schema import RUN_SCHEMA
 
         tmp = self.root / f".{CATALOG}.{os.getpid()}.tmp"
         try:
-            pq.write_table(pa.Table.from_pylist(rows, RUN_SCHEMA), tmp)
+            write_table(pa.Table.from_pylist(rows, RUN_SCHEMA), tmp)
             os.replace(tmp, self.root / CATALOG)
         finally:
             _unlink_quietly(tmp)

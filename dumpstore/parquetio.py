@@ -1,0 +1,49 @@
+"""Local Parquet files through pyarrow's reader and writer classes (`pyarrow._parquet`).
+
+`pyarrow.parquet` wraps them in a filesystem layer (`pyarrow.fs`, which loads ssl and more: ~28 ms of every
+command that imports it) that files on a local path do not need.  The writer gets the settings
+`pyarrow.parquet.ParquetWriter` gives it by default (format 2.6, statistics, data page 1.0, the Arrow schema
+stored), so the files are those `pyarrow.parquet` writes.  `analysis/screen.py` reads through the same classes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pyarrow as pa
+from pyarrow._parquet import ParquetReader, ParquetWriter
+
+_DEFAULTS = {"version": "2.6", "write_statistics": True, "writer_engine_version": "V2", "data_page_version": "1.0"}
+
+
+def read_table(path: str | os.PathLike) -> pa.Table:
+    """The whole file as a table (`pyarrow.parquet.ParquetFile(path).read()`)."""
+    reader = ParquetReader()
+    reader.open(os.fspath(path))
+    return reader.read_all()
+
+
+class Writer:
+    """`pyarrow.parquet.ParquetWriter(path, schema, **options)` for a local path: write_table, close, `with`."""
+
+    def __init__(self, path: str | os.PathLike, schema: pa.Schema, **options: Any):
+        self.writer = ParquetWriter(os.fspath(path), schema, **{**_DEFAULTS, **options})
+
+    def write_table(self, table: pa.Table, row_group_size: int | None = None) -> None:
+        self.writer.write_table(table, row_group_size=row_group_size)
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def write_table(table: pa.Table, path: str | os.PathLike, **options: Any) -> None:
+    """`pyarrow.parquet.write_table(table, path, **options)` for a local path (its default compression: snappy)."""
+    with Writer(path, table.schema, **{"compression": "snappy", **options}) as out:
+        out.write_table(table)

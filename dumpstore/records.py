@@ -308,7 +308,7 @@ def leaf_column_lists(leaves: list[Any], tensor_task: bool = True) -> dict[str, 
         else _NOT_TENSOR
         for v in leaves
     ]
-    is_tensor = [f is not _NOT_TENSOR for f in fields]
+    others = [i for i, f in enumerate(fields) if f is _NOT_TENSOR]
     raw_mx, raw_mn, raw_mean, raw_norm, dtype_raw, raw_shape, raw_type, raw_rg, md5, raw_dn = zip(*fields)
     mx, mn, mean, norm = (_floats(list(v)) for v in (raw_mx, raw_mn, raw_mean, raw_norm))
     dtype = _canonical_list(dtype_raw)
@@ -345,7 +345,7 @@ def leaf_column_lists(leaves: list[Any], tensor_task: bool = True) -> dict[str, 
     for c in LEAF_COLUMNS:  # value, scalar_value, the counts, sample, sketch: known only for other leaves
         if c not in cols:
             cols[c] = [None] * n
-    _patch_others(cols, leaves, is_tensor, tensor_task)
+    _patch_others(cols, leaves, others, tensor_task)
     return cols
 
 
@@ -420,9 +420,8 @@ def _saturated(mx: float, mn: float, fmax: float | None) -> bool:
     )
 
 
-def _patch_others(cols: dict[str, list], leaves: list[Any], is_tensor: list[bool], tensor_task: bool) -> None:
+def _patch_others(cols: dict[str, list], leaves: list[Any], others: list[int], tensor_task: bool) -> None:
     lists = [cols[c] for c in LEAF_COLUMNS]
-    for i, t in enumerate(is_tensor):
-        if not t:
-            for col, v in zip(lists, leaf_columns(leaves[i], tensor_task)):
-                col[i] = v
+    for i in others:
+        for col, v in zip(lists, leaf_columns(leaves[i], tensor_task)):
+            col[i] = v

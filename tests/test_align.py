@@ -116,3 +116,48 @@ def test_proc_folders_pair_across_runs(store_dir, tmp_path):
     cmp = compare_runs(open_store(store_dir), "a", "b")
     assert set(cmp.rows["status"].unique()) == {"pass"}
     assert set(cmp.rows["rank_dir"].unique()) != set(cmp.rows["ref_rank_dir"].unique())
+
+
+def _frame(records: list[str], leaves: int = 2) -> pl.DataFrame:
+    rows = [
+        {
+            "step": 0,
+            "rank": 0,
+            "source": "",
+            "seq": i,
+            "record": rec,
+            "io": "output",
+            "index_path": str(j),
+            "name": f"{rec}.output.{j}",
+            "max": float(i + j),
+            "shape": [2, j + 1],
+        }
+        for i, rec in enumerate(records)
+        for j in range(leaves)
+    ]
+    return pl.DataFrame(rows)
+
+
+@pytest.mark.parametrize(
+    "t_records, r_records, in_place",
+    [
+        (["a", "b", "c"], ["a", "b", "c"], True),
+        (["a", "b", "c"], ["a", "c", "b"], False),  # other rows: the join
+        (["a", "b", "c"], ["a", "b"], False),  # a record in one run only
+        (["a", "b", "b"], ["a", "b", "b"], False),  # a leaf twice: every copy pairs with every copy
+    ],
+)
+def test_leaves_side_by_side_are_the_join(monkeypatch, t_records, r_records, in_place):
+    """Runs with the same leaves row for row are put side by side, with exactly the join's result."""
+    from dumpstore.analysis import align
+
+    t, r = _frame(t_records), _frame(r_records).with_columns(pl.col("max") + 1)
+    records = align.align_records(t, r)
+    got = align.align_leaves(t, r, records)
+    assert (align._pairs_in_place(t, r, records) is not None) == in_place
+    monkeypatch.setattr(align, "_pairs_in_place", lambda *a: None)
+    want = align.align_leaves(t, r, records)
+    assert got.schema == want.schema
+    assert got.sort("ref_seq", "seq", nulls_last=True).equals(want.sort("ref_seq", "seq", nulls_last=True))
+    if in_place:
+        assert got.equals(want)

@@ -43,7 +43,7 @@ from .verdict import Finding, Verdict
 def _ordered(rows: pl.DataFrame, records: pl.DataFrame | None = None) -> pl.DataFrame:
     """Rows in execution order with the target's names: a leaf only in the reference of a record pair joins its
     target record (`records`: the record pairs) and `_paired` says the record exists in both runs."""
-    if records is not None:
+    if records is not None and rows["record"].null_count():  # leaves only in the reference: their target record
         pairs = records.filter(pl.col("t_record").is_not_null() & pl.col("r_record").is_not_null()).select(
             "step", "rank", "source", pl.col("r_record").alias("ref_record"), pl.col("t_record").alias("_t_record")
         )

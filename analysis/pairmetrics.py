@@ -19,9 +19,10 @@ def pair_metrics(pairs: pl.DataFrame, tol: Tolerances, floor: str) -> pl.DataFra
     for col in ("sketch", "ref_sketch", "sample", "ref_sample"):
         if col not in pairs.columns:
             pairs = pairs.with_columns(pl.lit(None, pl.List(pl.Float64)).alias(col))
-    df = pairs.with_columns(
+    df = pairs.with_columns(R.dtype_eps(c("dtype")).alias("_eps"), R.dtype_eps(c("ref_dtype")).alias("_ref_eps"))
+    df = df.with_columns(
         R.nonfinite_mismatch(),
-        R.tol_dtype(floor),
+        R.tol_dtype(floor, c("_eps"), c("_ref_eps")),
         R.shape_differs().alias("_shape_differs"),
         when(c("ref_norm") != 0).then(c("norm") / c("ref_norm")).alias("norm_ratio"),
     )

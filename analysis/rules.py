@@ -64,9 +64,12 @@ def dtype_eps(col: pl.Expr) -> pl.Expr:
     return col.replace_strict(EPS, default=None, return_dtype=pl.Float64)
 
 
-def tol_dtype(floor: str) -> pl.Expr:
-    """The dtype a pair is judged at: the less precise of its two dtypes and the runs' compute precision."""
-    et, er, ef = dtype_eps(c("dtype")), dtype_eps(c("ref_dtype")), lit(EPS.get(floor, EPS["float32"]))
+def tol_dtype(floor: str, et: pl.Expr | None = None, er: pl.Expr | None = None) -> pl.Expr:
+    """The dtype a pair is judged at: the less precise of its two dtypes and the runs' compute precision.
+    `et`, `er`: the two dtypes' eps where they are columns already (each is used three times: a lookup per row)."""
+    et = dtype_eps(c("dtype")) if et is None else et
+    er = dtype_eps(c("ref_dtype")) if er is None else er
+    ef = lit(EPS.get(floor, EPS["float32"]))
     any_float = et.is_not_null() | er.is_not_null()
     best = (
         when(et.is_not_null() & (et >= er.fill_null(0)) & (et >= ef))

@@ -138,7 +138,7 @@ def coverage(t: dict, r: dict) -> dict[str, list[int]]:
 
 def _compute_dtype(df: pl.DataFrame) -> str:
     """Lowest-precision float dtype holding >= 10% of the run's forward float outputs."""
-    outs = df.filter(
+    outs = df.select("io", "direction", "dtype").filter(  # the three columns only: the frame is wide
         (pl.col("io") == "output") & (pl.col("direction") == "forward") & pl.col("dtype").is_in(list(FLOAT_DTYPES))
     )
     return R.compute_dtype_from_counts(dict(outs.group_by("dtype").len().iter_rows()))

@@ -121,8 +121,9 @@ def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.Data
     OPT_MIN_PARAMS parameters can be measured."""
     keys = ["rank", "source", "_record", "_io", "index_path"]
     stats = [*R.STATS, *(f"ref_{s}" for s in R.STATS)]
-    now = rows.filter(pl.col("step") == after).join(params.select(keys), on=keys, how="semi")
-    then = rows.filter(pl.col("step") == before).select(keys + stats)
+    cols = rows.select("step", *keys, *stats, "numel", "tol")  # the columns used only: the frame is wide
+    now = cols.filter(pl.col("step") == after).join(params.select(keys), on=keys, how="semi")
+    then = cols.filter(pl.col("step") == before).select(keys + stats)
     both = now.select(keys + stats + ["numel", "tol"]).join(then, on=keys, how="inner", suffix="_b")
     if both.height < OPT_MIN_PARAMS:
         return None

@@ -29,7 +29,6 @@ from .errors import DumpFormatError, StoreError
 from .framework import detect_framework
 from .layout import Unit, find_units
 from .names import parse_record
-from .ptfile import DEFAULT_MAX_BYTES
 from .records import LEAF_COLUMNS, leaf_column_lists, record_leaves
 from .retain import retain
 from .schema import STACK_SCHEMA, TENSOR_FILE_COLUMNS, TENSOR_SCHEMA
@@ -1063,6 +1062,8 @@ def _fingerprint(row: dict[str, Any], arr, stored: str, file_stamp: Stamp) -> No
 def _max_bytes(row: dict[str, Any]) -> int | None:
     """Cap on what a .pt file may expand to: a file that matches dump.json's shape needs at most 16 bytes an
     element (complex128); the cap keeps a tiny file that claims gigabytes (stride 0) from being expanded."""
+    from .ptfile import DEFAULT_MAX_BYTES  # here: a statistics ingest needs no .pt reader (zipfile & co: ~7 ms)
+
     numel = row.get("numel")
     return None if numel is None else max(min(16 * numel, DEFAULT_MAX_BYTES), _MIN_FILE_CAP)
 

@@ -46,8 +46,12 @@ def _signs(index: np.ndarray, salt: int) -> np.ndarray:
     return 1.0 - 2.0 * bits.astype(np.float64)
 
 
-_H = _signs(np.arange(PERIOD, dtype=np.uint64), 1)
-_H0 = _signs(np.zeros(1, dtype=np.uint64), 2)[0] * _H  # signs of the first PERIOD elements
+@functools.cache
+def _sign_tables() -> tuple[np.ndarray, np.ndarray]:
+    """The PERIOD signs of a position within its sketch row, and the signs of the first PERIOD elements; made on
+    first use (7 ms: a statistics ingest summarises no tensor)."""
+    h = _signs(np.arange(PERIOD, dtype=np.uint64), 1)
+    return h, _signs(np.zeros(1, dtype=np.uint64), 2)[0] * h
 
 
 def check_sketch_m(m: int) -> int:
@@ -192,7 +196,7 @@ class _Fused:
         sumsq = float(np.add.reduce(self.dots, axis=None)) + self.sumsq
         lo, hi = _zero_extremes(self.flat, float(self.lo), float(self.hi), self.zeros)
         out = self.out
-        out *= _H
+        out *= _sign_tables()[0]
         folded = out.reshape(PERIOD // self.m, self.m).sum(axis=0)  # a new array: `out` is scratch
         return total, sumsq, lo, hi, self.zeros, folded[: min(self.m, n)]
 
@@ -331,8 +335,8 @@ def _fold64(b64: np.ndarray, n: int, m: int) -> np.ndarray:
     """The sketch of a tensor already widened to float64 (a scratch buffer: overwritten), as a new array."""
     if n < PERIOD:  # one partial row: sign A[0] * H[i], buckets i mod m, rows of m added in order
         if n <= m:
-            return np.multiply(b64, _H0[:n])
-        signed = np.multiply(b64, _H0[:n], out=b64)
+            return np.multiply(b64, _sign_tables()[1][:n])
+        signed = np.multiply(b64, _sign_tables()[1][:n], out=b64)
         rows = n // m
         folded = signed[: rows * m].reshape(rows, m).sum(axis=0)
         folded[: n - rows * m] += signed[rows * m :]  # the last, partial row (zero padded, as it were)
@@ -349,7 +353,7 @@ def _fold64(b64: np.ndarray, n: int, m: int) -> np.ndarray:
     tail = b64[full * PERIOD :]
     if tail.size:
         out[: tail.size] += _signs(np.array([full], dtype=np.uint64), 2)[0] * tail
-    out *= _H
+    out *= _sign_tables()[0]
     folded = out.reshape(PERIOD // m, m).sum(axis=0)
     return folded[: min(m, n)]
 

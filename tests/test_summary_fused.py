@@ -49,7 +49,10 @@ def _reference(a: np.ndarray, dtype: str, m: int):
     lo = min([np.inf] + [float(b.min()) for b in blocks])
     hi = max([-np.inf] + [float(b.max()) for b in blocks])
     idx = np.arange(flat.size, dtype=np.uint64)
-    sign = summary._signs(idx // np.uint64(PERIOD), 2) * summary._H[(idx % np.uint64(PERIOD)).astype(np.int64)]
+    sign = (
+        summary._signs(idx // np.uint64(PERIOD), 2)
+        * summary._sign_tables()[0][(idx % np.uint64(PERIOD)).astype(np.int64)]
+    )
     with np.errstate(all="ignore"):
         sk = np.bincount((idx % np.uint64(m)).astype(np.int64), weights=sign * flat, minlength=min(m, flat.size))
         norm = float(np.sqrt(np.sum(flat * flat)))

@@ -137,8 +137,8 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison) -> Verdict:
         cmp.ref,
         first,
         culprit,
-        _timeline(rows),
-        _rank_view(rows),
+        _timeline(rows.select(_VIEW_COLUMNS)),
+        _rank_view(rows.select(_VIEW_COLUMNS)),
         unmatched,
         cmp.precision,
         counts,
@@ -217,19 +217,18 @@ def _first_row(rows: pl.DataFrame, where: pl.Expr) -> dict[str, Any] | None:
     return None if at is None else rows.row(at, named=True)
 
 
-def _first_over_tol(rows: pl.DataFrame) -> Finding | None:
+def _first_over_tol(rows: pl.DataFrame) -> dict[str, Any] | None:
     """The first target record that differs: an output over its tolerance, or a record the reference lacks
-    (the per-step and per-rank views; the verdict's first divergence also asks that it stands out)."""
-    row = _first_row(
+    (the per-step and per-rank views; the verdict's first divergence also asks that it stands out): its row."""
+    return _first_row(
         rows,
         ((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO))
         | ((pl.col("match") == "target_only") & pl.col("how").is_null()),
     )
-    if row is None:
-        return None
-    if row["match"] == "target_only":
-        return Finding(row["step"], row["rank"], row["_record"], None, "extra_op", detail="record only in the target")
-    return _finding(row)
+
+
+# the columns of the per-step and per-rank views (partitioned by step or rank: a copy of these only)
+_VIEW_COLUMNS = ("step", "rank", "status", "err", "_io", "match", "how", "_record")
 
 
 _FP_STATS = ("min", "max", "mean", "norm")
@@ -580,7 +579,7 @@ def _timeline(rows: pl.DataFrame) -> list[dict[str, Any]]:
                 "diverged": int((g["status"] == "diverged").sum()),
                 "unmatched": int((g["status"] == "unmatched").sum()),
                 "max_err": _finite_max(g),
-                "first_divergence": fd.op if fd else None,
+                "first_divergence": fd["_record"] if fd else None,
             }
         )
     return sorted(out, key=lambda s: s["step"])
@@ -609,8 +608,8 @@ def _rank_view(rows: pl.DataFrame) -> list[dict[str, Any]]:
                 "rank": rank,
                 "diverged": int((g["status"] == "diverged").sum()),
                 "max_err": _finite_max(g),
-                "first_divergence": fd.op if fd else None,
-                "first_step": fd.step if fd else None,
+                "first_divergence": fd["_record"] if fd else None,
+                "first_step": fd["step"] if fd else None,
             }
         )
     return _peers(out)

@@ -265,8 +265,11 @@ class _Producers:
         )
 
     def producer(self, r: dict[str, Any]) -> str | None:
-        hit = self.first.get(r.get(f"_fp_{self.prefix or 't'}"))
-        seq = r.get(f"{self.prefix}seq")
+        return self.producer_of(r.get(f"_fp_{self.prefix or 't'}"), r.get(f"{self.prefix}seq"))
+
+    def producer_of(self, fingerprint: int | None, seq: int | None) -> str | None:
+        """The record that produced a tensor of this fingerprint before record `seq` (None: none did)."""
+        hit = self.first.get(fingerprint)
         if hit is None or seq is None or hit[0] >= seq:
             return None
         return hit[1]
@@ -348,9 +351,8 @@ def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: 
     if not weights.filter(pl.col("status") == "diverged").height:
         return None
     produced = view.producers("")
-    params = weights.filter(
-        pl.Series([produced.producer(r) is None for r in weights.iter_rows(named=True)], dtype=pl.Boolean)
-    )
+    fresh = [produced.producer_of(fp, seq) is None for fp, seq in weights.select("_fp_t", "seq").iter_rows()]
+    params = weights.filter(pl.Series(fresh, dtype=pl.Boolean))  # (named rows of every column: a second a step)
     ev = update_evidence(rows, before, after, params)
     if ev is None or not ev["differs"]:
         return None

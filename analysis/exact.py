@@ -257,15 +257,17 @@ def _pair_arrays(
         return f"exact metrics unavailable: {_first_line(exc)}"
 
 
-def _pair_values(arrays: tuple[np.ndarray, np.ndarray] | str) -> dict | str:
-    """What the pair's two tensors give (the row-independent part of `_exact_row`), or why there is nothing."""
+def _pair_values(arrays: tuple[np.ndarray, np.ndarray] | str, tm: metrics.TensorMetrics | None = None) -> dict | str:
+    """What the pair's two tensors give (the row-independent part of `_exact_row`), or why there is nothing;
+    `tm`: their `metrics.tensor_metrics` where already known."""
     if isinstance(arrays, str):
         return arrays
     x, y = arrays
-    try:
-        tm = metrics.tensor_metrics(x, y)
-    except ValueError as exc:
-        return f"exact metrics unavailable: {_first_line(exc)}"
+    if tm is None:
+        try:
+            tm = metrics.tensor_metrics(x, y)
+        except ValueError as exc:
+            return f"exact metrics unavailable: {_first_line(exc)}"
     same_size = x.size == y.size and x.size > 0
     return {
         **{col: str(tm.msprobe[name]) for name, col in MSPROBE_COLUMNS.items()},
@@ -338,10 +340,14 @@ def _pair_values_all(work: list[_Work], t_files: _RunFiles, r_files: _RunFiles, 
 
 def _pair_chunk(job: tuple[list[_Work], _RunFiles, _RunFiles]) -> list:
     """_pair_values of a chunk of pairs, in order, their files loaded a few pairs at a time
-    (tensorfile.loaded_in_batches)."""
+    (tensorfile.loaded_in_batches) and the metrics of each batch's small pairs computed together."""
     work, t_files, r_files = job
-    batches = loaded_in_batches(work, lambda w: _pair_arrays(w[0], t_files, r_files, w[1]), _pair_bytes)
-    return [_pair_values(arrays) for batch in batches for _, arrays in batch]
+    out: list[dict | str] = []
+    for batch in loaded_in_batches(work, lambda w: _pair_arrays(w[0], t_files, r_files, w[1]), _pair_bytes):
+        loaded = [arrays for _, arrays in batch if not isinstance(arrays, str)]
+        known = iter(metrics.tensor_metrics_many(loaded))
+        out.extend(_pair_values(arrays, None if isinstance(arrays, str) else next(known)) for _, arrays in batch)
+    return out
 
 
 def _pair_bytes(arrays: tuple[np.ndarray, np.ndarray] | str) -> int:

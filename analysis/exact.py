@@ -25,6 +25,7 @@ appended to `detail`.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import stat
@@ -307,6 +308,8 @@ def _exact_row(row: dict[str, Any], values: dict | str) -> dict[str, Any]:
 
 
 _PARALLEL_MIN = 512  # pairs: below this, starting workers costs more than it saves
+# what `_load` reads of a row: the only columns sent to the workers (a whole row pickles to ~500 bytes)
+_LOCATION = ("step", "rank", "source", "rank_dir", "data_name", "shape", "ref_rank_dir", "ref_data_name", "ref_shape")
 
 
 _Work = tuple[dict[str, Any], bool]  # a row whose files are read, and whether its two files hold equal contents
@@ -318,7 +321,7 @@ def _exact_rows(
     """_exact_row for every row, in order; rows of one group (`groups[i]`: the index of the first row of row i's
     group, whose files hold the same contents) share the values of that first row's files, read once."""
     first = sorted(set(groups))
-    work = [(rows[i], groups[i] == i and rows[i].get("_same", False)) for i in first]
+    work = [({c: rows[i].get(c) for c in _LOCATION}, groups[i] == i and rows[i].get("_same", False)) for i in first]
     values = dict(zip(first, _pair_values_all(work, t_files, r_files, jobs)))
     out = [_exact_row(r, values[g]) for r, g in zip(rows, groups)]
     _verdicts(out)
@@ -334,7 +337,8 @@ def _pair_values_all(work: list[_Work], t_files: _RunFiles, r_files: _RunFiles, 
 
     size = -(-len(work) // (jobs * 4))  # a few chunks per worker evens out slow files
     chunks = [(work[i : i + size], t_files, r_files) for i in range(0, len(work), size)]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    # gc.freeze: a worker's collections leave alone what it inherited (scanning it copied ~8k pages per worker)
+    with ProcessPoolExecutor(max_workers=jobs, initializer=gc.freeze) as pool:
         return [v for part in pool.map(_pair_chunk, chunks) for v in part]
 
 

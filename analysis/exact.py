@@ -1,8 +1,10 @@
 """Exact metrics from the full tensor files, replacing sketch/stats estimates (`compare_runs(..., exact=True)`).
 
 For every aligned row whose two sides are tensor leaves with a tensor file that was loaded at ingest, the two
-files are found again under each run's ingested path (the catalog's `source_path`), loaded one pair at a time,
-and compared with `metrics.tensor_metrics` (msprobe 26.2.0 tensor mode, cell by cell):
+files are found again under each run's ingested path (the catalog's `source_path`), loaded a few pairs at a
+time, and compared with `metrics.tensor_metrics` (msprobe 26.2.0 tensor mode, cell by cell; the small pairs of a
+batch together, `metrics.tensor_metrics_many`, with the same values); pairs whose files held equal contents at
+ingest (content hashes) and are unchanged since are compared once:
 
   err            rel_l2 ||x - y|| / ||y|| over positions finite on both sides (err_source 'exact', err_bound 0);
                  inf where the NaN/Inf positions differ (the finite-part rel_l2 goes into `detail`);

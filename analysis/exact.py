@@ -309,7 +309,7 @@ def _exact_row(row: dict[str, Any], values: dict | str) -> dict[str, Any]:
     return m
 
 
-_PARALLEL_MIN = 512  # pairs: below this, starting workers costs more than it saves
+_PARALLEL_MIN = 512  # groups of pairs: below this, starting workers costs more than it saves
 # what the workers read of a row (`_load`, `_unchanged`): the only columns sent to them (a row pickles to ~500 bytes)
 _LOCATION = (
     *("step", "rank", "source", "rank_dir", "data_name", "shape", "file_stamp"),
@@ -349,9 +349,15 @@ def _pair_values_all(work: list[_Group], t_files: _RunFiles, r_files: _RunFiles,
 
     size = -(-len(work) // (jobs * 4))  # a few chunks per worker evens out slow files
     chunks = [(work[i : i + size], t_files, r_files) for i in range(0, len(work), size)]
-    # gc.freeze: a worker's collections leave alone what it inherited (scanning it copied ~8k pages per worker)
-    with ProcessPoolExecutor(max_workers=jobs, initializer=gc.freeze) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_start) as pool:
         return [v for part in pool.map(_pair_chunk, chunks) for v in part]
+
+
+def _worker_start() -> None:
+    """A worker's collections leave alone what it inherited from this process (scanning it copied ~8k pages per
+    worker); it collects its own garbage (it inherits the collector paused by `add_exact_metrics`)."""
+    gc.freeze()
+    gc.enable()
 
 
 def _pair_chunk(job: tuple[list[_Group], _RunFiles, _RunFiles]) -> list[list[dict | str]]:

@@ -1,8 +1,10 @@
 """Exact metrics from the full tensor files, replacing sketch/stats estimates (`compare_runs(..., exact=True)`).
 
 For every aligned row whose two sides are tensor leaves with a tensor file that was loaded at ingest, the two
-files are found again under each run's ingested path (the catalog's `source_path`), loaded one pair at a time,
-and compared with `metrics.tensor_metrics` (msprobe 26.2.0 tensor mode, cell by cell):
+files are found again under each run's ingested path (the catalog's `source_path`), loaded a few pairs at a
+time, and compared with `metrics.tensor_metrics` (msprobe 26.2.0 tensor mode, cell by cell; the small pairs of a
+batch together, `metrics.tensor_metrics_many`, with the same values); pairs whose files held equal contents at
+ingest (content hashes) and are unchanged since are compared once:
 
   err            rel_l2 ||x - y|| / ||y|| over positions finite on both sides (err_source 'exact', err_bound 0);
                  inf where the NaN/Inf positions differ (the finite-part rel_l2 goes into `detail`);
@@ -25,6 +27,7 @@ appended to `detail`.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import stat
@@ -257,15 +260,17 @@ def _pair_arrays(
         return f"exact metrics unavailable: {_first_line(exc)}"
 
 
-def _pair_values(arrays: tuple[np.ndarray, np.ndarray] | str) -> dict | str:
-    """What the pair's two tensors give (the row-independent part of `_exact_row`), or why there is nothing."""
+def _pair_values(arrays: tuple[np.ndarray, np.ndarray] | str, tm: metrics.TensorMetrics | None = None) -> dict | str:
+    """What the pair's two tensors give (the row-independent part of `_exact_row`), or why there is nothing;
+    `tm`: their `metrics.tensor_metrics` where already known."""
     if isinstance(arrays, str):
         return arrays
     x, y = arrays
-    try:
-        tm = metrics.tensor_metrics(x, y)
-    except ValueError as exc:
-        return f"exact metrics unavailable: {_first_line(exc)}"
+    if tm is None:
+        try:
+            tm = metrics.tensor_metrics(x, y)
+        except ValueError as exc:
+            return f"exact metrics unavailable: {_first_line(exc)}"
     same_size = x.size == y.size and x.size > 0
     return {
         **{col: str(tm.msprobe[name]) for name, col in MSPROBE_COLUMNS.items()},
@@ -304,27 +309,39 @@ def _exact_row(row: dict[str, Any], values: dict | str) -> dict[str, Any]:
     return m
 
 
-_PARALLEL_MIN = 512  # pairs: below this, starting workers costs more than it saves
-
+_PARALLEL_MIN = 512  # groups of pairs: below this, starting workers costs more than it saves
+# what the workers read of a row (`_load`, `_unchanged`): the only columns sent to them (a row pickles to ~500 bytes)
+_LOCATION = (
+    *("step", "rank", "source", "rank_dir", "data_name", "shape", "file_stamp"),
+    *("ref_rank_dir", "ref_data_name", "ref_shape", "ref_file_stamp"),
+)
 
 _Work = tuple[dict[str, Any], bool]  # a row whose files are read, and whether its two files hold equal contents
+_Group = tuple[list[dict[str, Any]], bool]  # rows whose files held the same two contents at ingest; equal contents
 
 
 def _exact_rows(
-    rows: list[dict[str, Any]], groups: list[int], t_files: _RunFiles, r_files: _RunFiles, jobs: int | None
+    rows: list[dict[str, Any]],
+    groups: list[tuple[list[int], bool]],
+    t_files: _RunFiles,
+    r_files: _RunFiles,
+    jobs: int | None,
 ) -> list[dict[str, Any]]:
-    """_exact_row for every row, in order; rows of one group (`groups[i]`: the index of the first row of row i's
-    group, whose files hold the same contents) share the values of that first row's files, read once."""
-    first = sorted(set(groups))
-    work = [(rows[i], groups[i] == i and rows[i].get("_same", False)) for i in first]
-    values = dict(zip(first, _pair_values_all(work, t_files, r_files, jobs)))
-    out = [_exact_row(r, values[g]) for r, g in zip(rows, groups)]
+    """_exact_row for every row, in order, given its `_content_groups`: the rows of a group whose files are
+    unchanged since ingest share the values of the first such row's files, read once (`_group_reads`)."""
+    work = [([{c: rows[i].get(c) for c in _LOCATION} for i in members], same) for members, same in groups]
+    values: list[dict | str] = [""] * len(rows)
+    for (members, _), got in zip(groups, _pair_values_all(work, t_files, r_files, jobs)):
+        for i, v in zip(members, got):
+            values[i] = v
+    out = [_exact_row(r, v) for r, v in zip(rows, values)]
     _verdicts(out)
     return out
 
 
-def _pair_values_all(work: list[_Work], t_files: _RunFiles, r_files: _RunFiles, jobs: int | None) -> list:
-    """_pair_values of every pair, in order; in worker processes (contiguous chunks) when there are many."""
+def _pair_values_all(work: list[_Group], t_files: _RunFiles, r_files: _RunFiles, jobs: int | None) -> list:
+    """_pair_values of the rows of every group, in order; in worker processes (contiguous chunks) when there are
+    many groups."""
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work) // (_PARALLEL_MIN // 2) or 1))
     if jobs < 2 or len(work) < _PARALLEL_MIN:
         return _pair_chunk((work, t_files, r_files))
@@ -332,16 +349,61 @@ def _pair_values_all(work: list[_Work], t_files: _RunFiles, r_files: _RunFiles, 
 
     size = -(-len(work) // (jobs * 4))  # a few chunks per worker evens out slow files
     chunks = [(work[i : i + size], t_files, r_files) for i in range(0, len(work), size)]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_start) as pool:
         return [v for part in pool.map(_pair_chunk, chunks) for v in part]
 
 
-def _pair_chunk(job: tuple[list[_Work], _RunFiles, _RunFiles]) -> list:
-    """_pair_values of a chunk of pairs, in order, their files loaded a few pairs at a time
-    (tensorfile.loaded_in_batches)."""
-    work, t_files, r_files = job
-    batches = loaded_in_batches(work, lambda w: _pair_arrays(w[0], t_files, r_files, w[1]), _pair_bytes)
-    return [_pair_values(arrays) for batch in batches for _, arrays in batch]
+def _worker_start() -> None:
+    """A worker's collections leave alone what it inherited from this process (scanning it copied ~8k pages per
+    worker); it collects its own garbage (it inherits the collector paused by `add_exact_metrics`)."""
+    gc.freeze()
+    gc.enable()
+
+
+def _pair_chunk(job: tuple[list[_Group], _RunFiles, _RunFiles]) -> list[list[dict | str]]:
+    """_pair_values of the rows of each group of a chunk, in order: the files each group needs (`_group_reads`)
+    loaded a few pairs at a time (tensorfile.loaded_in_batches) and the metrics of each batch's small pairs
+    computed together."""
+    groups, t_files, r_files = job
+    reads: list[_Work] = []
+    which = [_group_reads(members, same, t_files, r_files, reads) for members, same in groups]
+    values: list[dict | str] = []
+    for batch in loaded_in_batches(reads, lambda w: _pair_arrays(w[0], t_files, r_files, w[1]), _pair_bytes):
+        loaded = [arrays for _, arrays in batch if not isinstance(arrays, str)]
+        known = iter(metrics.tensor_metrics_many(loaded))
+        values.extend(_pair_values(arrays, None if isinstance(arrays, str) else next(known)) for _, arrays in batch)
+    return [[values[j] for j in where] for where in which]
+
+
+def _group_reads(
+    members: list[dict[str, Any]], same: bool, t_files: _RunFiles, r_files: _RunFiles, reads: list[_Work]
+) -> list[int]:
+    """For each row of a group, the index in `reads` of the pair read for it (appended): the rows whose two files
+    are unchanged since ingest share one read of the first of them (of one file when the two hold equal contents);
+    a changed row's files are read for it alone. A lone row of unequal contents is read without looking."""
+    if len(members) == 1 and not same:
+        reads.append((members[0], False))
+        return [len(reads) - 1]
+    shared: int | None = None
+    where = []
+    for row in members:
+        if not _unchanged(row, t_files, r_files):
+            reads.append((row, False))
+            where.append(len(reads) - 1)
+            continue
+        if shared is None:
+            reads.append((row, same))
+            shared = len(reads) - 1
+        where.append(shared)
+    return where
+
+
+def _unchanged(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> bool:
+    """Whether both files of the row are as they were at ingest (`_RunFiles.unchanged`)."""
+    where = (row["step"], row["rank"], row["source"])
+    return t_files.unchanged(
+        *where, row.get("rank_dir"), row["data_name"], row.get("file_stamp")
+    ) and r_files.unchanged(*where, row.get("ref_rank_dir"), row["ref_data_name"], row.get("ref_file_stamp"))
 
 
 def _pair_bytes(arrays: tuple[np.ndarray, np.ndarray] | str) -> int:
@@ -351,34 +413,30 @@ def _pair_bytes(arrays: tuple[np.ndarray, np.ndarray] | str) -> int:
     return x.nbytes + (0 if y is x else y.nbytes)  # one read when the two files hold one content
 
 
-def _content_groups(rows: list[dict[str, Any]], t_files: _RunFiles, r_files: _RunFiles) -> list[int]:
-    """For each row, the index of the first row whose two files hold the same two contents (by content hash);
-    its own index where a hash is unknown (a store written before hashes) or a file changed since ingest.
-
-    A row whose two hashes are equal is marked `_same` (its files are one content: one file is read)."""
-    groups: list[int] = []
-    seen: dict[tuple, int] = {}
+def _content_groups(rows: list[dict[str, Any]]) -> list[tuple[list[int], bool]]:
+    """The rows grouped by the contents their two files held at ingest (by content hash), in order of their first
+    rows, each with whether its two contents are equal (then one file is read); a row whose hashes are unknown (a
+    store written before hashes) is a group of its own. Whether the files changed since is looked at where they
+    are read (`_group_reads`)."""
+    groups: list[tuple[list[int], bool]] = []
+    seen: dict[tuple, list[int]] = {}
     for i, row in enumerate(rows):
-        key = _content_key(row, t_files, r_files)
+        key = _content_key(row)
         if key is None:
-            groups.append(i)
-            continue
-        groups.append(seen.setdefault(key, i))
-        row["_same"] = key[0] == key[1] and key[2] == key[3]
+            groups.append(([i], False))
+        elif key in seen:
+            seen[key].append(i)
+        else:
+            seen[key] = [i]
+            groups.append((seen[key], key[0] == key[1] and key[2] == key[3]))
     return groups
 
 
-def _content_key(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> tuple | None:
+def _content_key(row: dict[str, Any]) -> tuple | None:
     """(target hash, ref hash, target statistics, ref statistics): the content hash is XXH3, not cryptographic, so
     the exact statistics computed at ingest must agree too (compared as text: a NaN statistic equals a NaN)."""
     t_hash, r_hash = row.get("content_hash"), row.get("ref_content_hash")
     if t_hash is None or r_hash is None:
-        return None
-    where = (row["step"], row["rank"], row["source"])
-    if not (
-        t_files.unchanged(*where, row.get("rank_dir"), row["data_name"], row.get("file_stamp"))
-        and r_files.unchanged(*where, row.get("ref_rank_dir"), row["ref_data_name"], row.get("ref_file_stamp"))
-    ):
         return None
     return t_hash, r_hash, repr([row.get(s) for s in _STATS]), repr([row.get(f"ref_{s}") for s in _STATS])
 
@@ -444,16 +502,21 @@ def add_exact_metrics(
         return _with_null_columns(rows)
     t_files, r_files = _RunFiles(store, target), _RunFiles(store, ref)
     have = [c for c in _NEEDED if c in picked.columns]
-    todo: list[dict[str, Any]] = [{c: row.get(c) for c in _NEEDED} for row in picked.select(have).iter_rows(named=True)]
-    _attach_hashes(store, target, ref, todo)
-    groups = _content_groups(todo, t_files, r_files)
-    out = [
-        {"_exact_i": i, **m}
-        for i, m in zip(picked["_exact_i"].to_list(), _exact_rows(todo, groups, t_files, r_files, jobs))
-    ]
+    missing = dict.fromkeys(c for c in _NEEDED if c not in have)
+    enabled = gc.isenabled()
+    gc.disable()  # the rows' dicts form no cycles: collections would only walk them again and again (~70 ms)
+    try:
+        todo: list[dict[str, Any]] = [{**missing, **dict(zip(have, row))} for row in picked.select(have).iter_rows()]
+        _attach_hashes(store, target, ref, todo)
+        groups = _content_groups(todo)
+        out = _exact_rows(todo, groups, t_files, r_files, jobs)
+    finally:
+        if enabled:
+            gc.enable()
     kept = {c: rows.schema[c] for c in _UPDATED if c in rows.columns}
-    upd_schema: dict[str, pl.DataType] = {"_exact_i": pl.UInt32(), **kept, **NEW_SCHEMA}
+    upd_schema: dict[str, pl.DataType] = {**kept, **NEW_SCHEMA}
     upd = pl.DataFrame({c: [r.get(c) for r in out] for c in upd_schema}, schema=upd_schema)
+    upd = upd.insert_column(0, picked["_exact_i"])
     upd = upd.rename({c: f"_exact_{c}" for c in _UPDATED if c in rows.columns}).with_columns(
         pl.lit(True).alias("_exact_hit")
     )

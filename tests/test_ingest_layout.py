@@ -205,3 +205,23 @@ def test_a_process_with_other_threads_is_not_forked(tmp_path, monkeypatch):
         stop.set()
         other.join()
     assert res.rows > 0 and res.errors == 0
+
+
+def test_samples_and_sketches_are_stored_byte_stream_split_and_read_alike(tmp_path):
+    """The float lists use Parquet's BYTE_STREAM_SPLIT encoding; pyarrow, Polars and DuckDB read the same values."""
+    import duckdb
+    import polars as pl
+
+    ingest(SAMPLES / "ref_tensor" / "step0" / "rank0", "r", store=tmp_path / "s", jobs=1)
+    [path] = _part_files(tmp_path / "s")
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)}
+    assert "BYTE_STREAM_SPLIT" in encodings["sample.list.element"]
+    assert "BYTE_STREAM_SPLIT" in encodings["sketch.list.element"]
+    assert "BYTE_STREAM_SPLIT" not in encodings["max"]
+    table = pq.read_table(path, columns=["leaf", "sample", "sketch"])
+    want = [(r["leaf"], r["sample"], r["sketch"]) for r in table.to_pylist()]
+    got_pl = pl.read_parquet(path, columns=["leaf", "sample", "sketch"]).rows()
+    got_duck = duckdb.sql(f"SELECT leaf, sample, sketch FROM '{path}' ORDER BY leaf").fetchall()
+    assert any(s is not None for _, s, _ in want)
+    assert repr(got_pl) == repr(want) and repr([tuple(r) for r in got_duck]) == repr(want)

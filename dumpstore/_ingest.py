@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -13,7 +14,6 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -669,7 +669,9 @@ class _Slices:
 def _split_tables(job: _Slices, cores: int, res: UnitResult) -> list[pa.Table]:
     """The dump's tables built by `cores` processes: this one takes the first run of records, forked children the
     others."""
-    return _joined(_in_parts(lambda: job.table(0, cores), [partial(job.table, p, cores) for p in range(1, cores)]), res)
+    return _joined(
+        _in_parts(lambda: job.table(0, cores), [functools.partial(job.table, p, cores) for p in range(1, cores)]), res
+    )
 
 
 class _NotCut(Exception):
@@ -701,7 +703,9 @@ def _text_split(
         ).table(0, 1)
         return table, (part_res, list(records), None)
 
-    others = [partial(_text_part, raw, cut, i, tensor_task, unit, opts, constants) for i in range(1, cut.parts)]
+    others = [
+        functools.partial(_text_part, raw, cut, i, tensor_task, unit, opts, constants) for i in range(1, cut.parts)
+    ]
     try:
         parts = _in_parts(first, others)
     except _NotCut:
@@ -1070,10 +1074,15 @@ def _fingerprint(row: dict[str, Any], arr, stored: str, file_stamp: Stamp) -> No
 def _max_bytes(row: dict[str, Any]) -> int | None:
     """Cap on what a .pt file may expand to: a file that matches dump.json's shape needs at most 16 bytes an
     element (complex128); the cap keeps a tiny file that claims gigabytes (stride 0) from being expanded."""
+    numel = row.get("numel")
+    return None if numel is None else max(min(16 * numel, _pt_max_bytes()), _MIN_FILE_CAP)
+
+
+@functools.cache
+def _pt_max_bytes() -> int:
     from .ptfile import DEFAULT_MAX_BYTES  # here: a statistics ingest needs no .pt reader (zipfile & co: ~7 ms)
 
-    numel = row.get("numel")
-    return None if numel is None else max(min(16 * numel, DEFAULT_MAX_BYTES), _MIN_FILE_CAP)
+    return DEFAULT_MAX_BYTES
 
 
 def _mismatch(row: dict[str, Any], arr, stored: str) -> str | None:

@@ -62,7 +62,8 @@ TENSOR_FIELDS: list[tuple[str, pa.DataType, str]] = [
     (
         "content_hash",
         pa.binary(),
-        "SHA-256 (16 bytes) of the loaded tensor (dtype, shape, values): equal hashes, equal tensors",
+        "XXH3-128 (16 bytes) of the loaded tensor (dtype, shape, values); not cryptographic: --exact also asks the "
+        "exact statistics to agree",
     ),
     ("file_size", pa.int64(), "size in bytes of the tensor file when it was read"),
     ("file_mtime_ns", pa.int64(), "modification time (ns) of the tensor file when it was read"),

@@ -132,13 +132,14 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison) -> Verdict:
     first, culprit = _settle(_earliest(_extra_op(rows), shown), found, unmatched)
     counts = {s: int(n) for s, n in rows.group_by("status", maintain_order=True).len().iter_rows() if s is not None}
     quiet = first is None and culprit is None
+    view = rows.select(_VIEW_COLUMNS)
     return Verdict(
         cmp.target,
         cmp.ref,
         first,
         culprit,
-        _timeline(rows.select(_VIEW_COLUMNS)),
-        _rank_view(rows.select(_VIEW_COLUMNS)),
+        _timeline(view),
+        _rank_view(view),
         unmatched,
         cmp.precision,
         counts,

@@ -624,7 +624,7 @@ def _open_dump(unit: Unit, res: UnitResult, raw: bytes) -> tuple[dict, dict, dic
 
 def _set_meta(res: UnitResult, doc: Any) -> None:
     res.files = 1
-    res.meta = {k: doc.get(k) for k in ("task", "level", "framework") if isinstance(doc.get(k), str)}
+    res.meta.update({k: doc.get(k) for k in ("task", "level", "framework") if isinstance(doc.get(k), str)})
     if "framework" not in res.meta and (found := detect_framework(doc)):
         res.meta["framework"] = found
 
@@ -687,27 +687,19 @@ def _text_split(
     pre = None if cut is None else _parsed(jsonsplit.preamble(raw, cut))
     if cut is None or not isinstance(pre, dict) or (_tensor_task(pre) and opts.load_tensors):
         return None
-    tensor_task = _tensor_task(pre)
+    job = _TextParts(raw, cut, _tensor_task(pre), unit, opts, constants)
     got: dict[str, Any] = {}
 
     def first() -> tuple[pa.Table | None, tuple[UnitResult | None, list, str | None]]:
-        doc = _parsed(jsonsplit.part(raw, cut, 0))
-        records = jsonsplit.records_of(doc, 0)
-        if records is None:
+        built = job.built(0, res)
+        if built is None:
             raise _NotCut
-        _set_meta(res, doc)
-        construct, stack_ids, got["stacks"] = _aux_files(unit, res)
-        got["doc"] = doc
-        table, part_res = _Slices(
-            list(records.items()), construct, stack_ids, tensor_task, unit, opts, constants
-        ).table(0, 1)
+        got["doc"], records, got["stacks"], table, part_res = built
+        _set_meta(res, got["doc"])
         return table, (part_res, list(records), None)
 
-    others = [
-        functools.partial(_text_part, raw, cut, i, tensor_task, unit, opts, constants) for i in range(1, cut.parts)
-    ]
     try:
-        parts = _in_parts(first, others)
+        parts = _in_parts(first, [functools.partial(job.child, i) for i in range(1, cut.parts)])
     except _NotCut:
         return None
     if any(part_res is None for _, (part_res, _, _) in parts):
@@ -722,27 +714,39 @@ def _text_split(
     return _joined([(table, part_res) for table, (part_res, _, _) in parts], res, shift_seq=True), got["stacks"]
 
 
-def _text_part(
-    raw: bytes,
-    cut: jsonsplit.Cuts,
-    i: int,
-    tensor_task: bool,
-    unit: Unit,
-    opts: IngestOptions,
-    constants: dict[str, str | None],
-) -> tuple[pa.Table | None, tuple[UnitResult | None, list, str | None]]:
-    """Part `i` of a dump's text parsed and built (in a forked child): (rows, (counts, the records' names, the
-    framework of its first framework-typed value)); (None, (None, [], None)) where the part does not parse as
-    required."""
-    doc = _parsed(jsonsplit.part(raw, cut, i))
-    records = jsonsplit.records_of(doc, i)
-    if records is None:
-        return None, (None, [], None)
-    construct, stack_ids, _ = _aux_files(unit, UnitResult(unit.step, unit.rank))  # its warnings are the parent's
-    table, part_res = _Slices(list(records.items()), construct, stack_ids, tensor_task, unit, opts, constants).table(
-        0, 1
-    )
-    return table, (part_res, list(records), detect_framework(doc))
+@dataclass
+class _TextParts:
+    """A dump's text cut by jsonsplit, and what the rows of each part need."""
+
+    raw: bytes
+    cut: jsonsplit.Cuts
+    tensor_task: bool
+    unit: Unit
+    opts: IngestOptions
+    constants: dict[str, str | None]
+
+    def built(self, i: int, res: UnitResult) -> tuple[Any, dict, list[list[str]], pa.Table | None, UnitResult] | None:
+        """Part `i` parsed and built: (its document, its records, the stacks, its rows, their counts); None where it
+        does not parse as jsonsplit requires. construct.json's and stack.json's warnings go to `res`."""
+        doc = _parsed(jsonsplit.part(self.raw, self.cut, i))
+        records = jsonsplit.records_of(doc, i)
+        if records is None:
+            return None
+        construct, stack_ids, stacks = _aux_files(self.unit, res)
+        job = _Slices(
+            list(records.items()), construct, stack_ids, self.tensor_task, self.unit, self.opts, self.constants
+        )
+        return (doc, records, stacks, *job.table(0, 1))
+
+    def child(self, i: int) -> tuple[pa.Table | None, tuple[UnitResult | None, list, str | None]]:
+        """Part `i` built in a forked child: (rows, (counts, the records' names, the framework of its first
+        framework-typed value)); (None, (None, [], None)) where the part does not parse as required."""
+        # construct.json's and stack.json's warnings are the parent's to give: this part's go to a throwaway result
+        built = self.built(i, UnitResult(self.unit.step, self.unit.rank))
+        if built is None:
+            return None, (None, [], None)
+        doc, records, _, table, part_res = built
+        return table, (part_res, list(records), detect_framework(doc))
 
 
 def _parsed(text: bytes) -> Any:

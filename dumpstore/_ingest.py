@@ -240,12 +240,32 @@ class _LazyPool:
         if self.pool is None:
             from concurrent.futures import ProcessPoolExecutor
 
-            self.pool = ProcessPoolExecutor(max_workers=self.workers, initializer=worker_init, initargs=(os.getpid(),))
+            self.pool = ProcessPoolExecutor(
+                max_workers=self.workers, initializer=_files_worker_init, initargs=(os.getpid(),)
+            )
         return self.pool.submit(fn, *args)
+
+    def start(self) -> None:
+        """Start the workers now: they get ready for tensor files while this process reads the dump."""
+        if self.pool is None:
+            self.submit(_ready)
 
     def shutdown(self) -> None:
         if self.pool is not None:
             self.pool.shutdown()
+
+
+def _files_worker_init(owner: int) -> None:
+    """A tensor-file worker: ends with its parent (worker_init); loads what every task needs before the first."""
+    worker_init(owner)
+    _pt_max_bytes()  # the .pt reader
+    import xxhash  # noqa: F401  (the content hash)
+
+    summary._sign_tables()
+
+
+def _ready() -> None:
+    """The task that starts a pool's workers."""
 
 
 def _ingest_unit(
@@ -594,6 +614,8 @@ def _dump_tables(
     constants: dict[str, str | None],
     cores: int,
 ) -> tuple[Iterator[pa.Table], list[list[str]]]:
+    if files_pool is not None and opts.load_tensors and os.path.isdir(unit.path.parent / TENSOR_DIR):
+        files_pool.start()  # forked before the dump is parsed: the workers get ready meanwhile, and copy less
     raw = _read_bytes(unit.path)
     if cores > 1 and len(raw) >= _SPLIT_MIN_BYTES and threading.active_count() == 1:  # see _split_tables
         cut = _text_split(raw, cores, unit, opts, res, constants)

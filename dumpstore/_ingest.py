@@ -10,6 +10,7 @@ import re
 import stat
 import threading
 import uuid
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ import ujson
 from . import jsonsplit, parquetio, summary
 from . import retain as _retained
 from .arrays import to_arrow
-from .errors import DumpFormatError, StoreError
+from .errors import DumpFormatError, DumpstoreWarning, StoreError
 from .framework import detect_framework
 from .layout import Unit, find_units
 from .names import parse_record
@@ -156,6 +157,7 @@ def ingest(
                 else:
                     results = _run_units(st, run, ingest_id, units, opts, jobs, progress)
                 total = _combine(run, ingest_id, results)
+                _warn(results)
                 st.publish_run(_catalog_row(run, ingest_id, path, units, results, total, opts))
     except DumpFormatError as exc:
         if one_line(str(exc)) == str(exc):
@@ -504,17 +506,26 @@ def parse_json(data: bytes) -> Any:
         return json.loads(data)
 
 
-def _aux_json(path: Path, res: UnitResult) -> Any:
+def _aux_json(path: Path, res: UnitResult, lost: str) -> Any:
+    """A dump's construct.json or stack.json, parsed; None where there is none, or it is a link or unreadable (a
+    warning for the unit's result saying what the rows go without: `lost`)."""
     if path.is_symlink():
-        res.meta.setdefault("warnings", []).append(f"{path}: a link; not read (copy the file instead)")
+        res.meta.setdefault("warnings", []).append(f"{path}: a link; not read (copy the file instead); {lost}")
         return None
     if not path.is_file():
         return None
     try:
         return read_json(path)
     except DumpFormatError as exc:
-        res.meta.setdefault("warnings", []).append(str(exc))
+        res.meta.setdefault("warnings", []).append(f"{exc}; {lost}")
         return None
+
+
+def _warn(results: list[UnitResult]) -> None:
+    """The units' warnings (gathered where each unit was ingested, maybe another process) as DumpstoreWarnings."""
+    for res in results:
+        for message in res.meta.get("warnings", []):
+            warnings.warn(message, DumpstoreWarning, stacklevel=3)
 
 
 _FILE_FIELDS = ("data_name", "dtype", "shape", "numel")
@@ -664,8 +675,8 @@ def _set_meta(res: UnitResult, doc: Any) -> None:
 
 def _aux_files(unit: Unit, res: UnitResult) -> tuple[dict, dict[str, int], list[list[str]]]:
     """construct.json (a dict), and stack.json as stack ids by record and the stacks."""
-    construct = _aux_json(unit.path.parent / "construct.json", res)
-    stack_ids, stacks = _stack_index(_aux_json(unit.path.parent / "stack.json", res))
+    construct = _aux_json(unit.path.parent / "construct.json", res, "ingested without module parents")
+    stack_ids, stacks = _stack_index(_aux_json(unit.path.parent / "stack.json", res, "ingested without call stacks"))
     return construct if isinstance(construct, dict) else {}, stack_ids, stacks
 
 

@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from dumpstore._ingest import ingest
 from dumpstore.cli.main import main
-from dumpstore.errors import StoreError
+from dumpstore.errors import DumpstoreWarning, StoreError
 from helpers import count_leaves
 
 LINEAR = "Functional.linear.0.forward"
@@ -487,6 +487,30 @@ def test_linked_stack_and_construct_json_are_not_read(dump_writer, store_dir, tm
     assert res.exit_code == 0, res.output
     assert q(store_dir, "select count(*) n from stacks") == [{"n": 0}]
     assert q(store_dir, "select count(module) m, count(stack_id) s from tensors") == [{"m": 0, "s": 0}]
+    for name, lost in (("construct.json", "module parents"), ("stack.json", "call stacks")):  # said, not silent
+        line = f"warning: {dump_json.parent / name}: a link; not read (copy the file instead); ingested without {lost}"
+        assert line in res.output.splitlines(), res.output
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_unreadable_construct_json_is_a_warning_from_any_process(dump_writer, store_dir, jobs):
+    """A broken construct.json costs the rows their module parents, not the ingest, and the user is told, also
+    when the unit was ingested by a worker process (two units, two workers)."""
+    w = dump_writer()
+    records = {RELU: {"input_args": [np.array([-1.0, 2.0], np.float32)], "output": [np.array([0.0, 2.0], np.float32)]}}
+    for rank in (0, 1):
+        w.write(records, rank=rank, construct={RELU: "Module.x"})
+    broken = w.root / "step0" / "rank1" / "construct.json"
+    broken.write_text('{"Functional.relu.0.forward": ')
+    with pytest.warns(DumpstoreWarning) as caught:
+        res = ingest(w.root, "r", store=store_dir, jobs=jobs)
+    assert res.errors == 0 and res.units == 2
+    [message] = [str(c.message) for c in caught]
+    assert message.startswith(f"{broken}: ") and message.endswith("; ingested without module parents"), message
+    assert q(store_dir, "select rank, count(module) m from tensors group by rank order by rank") == [
+        {"rank": 0, "m": 2},
+        {"rank": 1, "m": 0},
+    ]
 
 
 def test_data_name_too_long_for_the_file_system(dump_writer, store_dir):

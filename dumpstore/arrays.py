@@ -61,3 +61,22 @@ def to_polars(name: str, values: np.ndarray, nulls: np.ndarray | None = None):
 
     type_ = pa.from_numpy_dtype(values.dtype)
     return pl.Series(_Capsule(to_arrow(values, type_, nulls))).alias(name)
+
+
+class _Stream:
+    """An Arrow table seen only through the Arrow PyCapsule stream interface."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        return self.table.__arrow_c_stream__(requested_schema)
+
+
+def table_to_polars(table: pa.Table):
+    """An Arrow table as a Polars DataFrame (without `pl.from_arrow`'s import of pyarrow.compute)."""
+    import polars as pl
+
+    return pl.DataFrame(_Stream(table))

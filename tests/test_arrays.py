@@ -5,7 +5,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from dumpstore.arrays import to_arrow, to_polars
+from dumpstore.arrays import table_to_polars, to_arrow, to_polars
 
 
 @pytest.mark.parametrize(
@@ -52,3 +52,15 @@ def test_to_polars_keeps_name_type_nan_and_nulls():
     assert flags.dtype == pl.Boolean and flags.to_list() == [True, False, True]
     codes = to_polars("c", np.array([2, 0], np.uint32))
     assert codes.dtype == pl.UInt32 and codes.to_list() == [2, 0]
+
+
+def test_table_to_polars_equals_from_arrow():
+    table = pa.table(
+        {
+            "sketch": pa.array([[1.0, float("nan")], None, [], [-0.0]], pa.list_(pa.float64())),
+            "name": pa.array(["a", None, "c", "d"]),
+        }
+    )
+    got = table_to_polars(table)
+    want = pl.from_arrow(table)
+    assert got.equals(want) and got.schema == want.schema

@@ -34,3 +34,13 @@ def test_write_table_and_read_table_as_pyarrow_parquet(tmp_path):
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
     got = parquetio.read_table(tmp_path / "b.parquet")
     assert got.equals(pq.ParquetFile(tmp_path / "b.parquet").read()) and got.schema.equals(RUN_SCHEMA)
+
+
+def test_read_columns_as_pyarrow_parquet_nested_whole(tmp_path):
+    rows = [{"seq": i, "sample": None if i % 4 == 0 else [i / 7, -0.0, float("nan")][: i % 3 + 1]} for i in range(30)]
+    rows[5]["sketch"] = [1.5, float("inf")]
+    parquetio.write_table(pa.Table.from_pylist(rows, TENSOR_SCHEMA), tmp_path / "a.parquet")
+    for names in (["sample"], ["sketch", "seq"], ["sample", "sketch"]):
+        got = parquetio.read_columns(tmp_path / "a.parquet", names)
+        want = pq.read_table(tmp_path / "a.parquet", columns=[c for c in TENSOR_SCHEMA.names if c in names])
+        assert got.schema.equals(want.schema) and repr(got.to_pylist()) == repr(want.to_pylist())  # NaN: by text

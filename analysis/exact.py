@@ -32,7 +32,9 @@ import math
 import os
 import stat
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -313,7 +315,7 @@ def _pair_values(arrays: tuple[np.ndarray, np.ndarray] | str, tm: metrics.Tensor
     }
 
 
-# the columns of `_pair_table`: a pair's `_pair_values` (floats, texts), `why` it has none, and the texts it adds to
+# the columns of `_pair_columns`: a pair's `_pair_values` (floats, texts), `why` it has none, and the texts it adds to
 # `detail` where its NaN/Inf positions differ
 _VALUE_KEYS = (*NEW_SCHEMA, "max_rel_err", "cosine", "max_abs_err", "rel_l2")
 _VALUE_SCHEMA: dict[str, pl.DataType] = {
@@ -325,8 +327,9 @@ _VALUE_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-def _pair_table(values: list[dict | str]) -> pl.DataFrame:
-    """One row per pair read: its `_pair_values` as `_VALUE_SCHEMA` columns."""
+def _pair_columns(values: list[dict | str]) -> dict[str, list]:
+    """The `_VALUE_SCHEMA` columns of the pairs read, one item per pair (plain lists: the workers make them, and
+    build no Polars frame, which a forked process must not)."""
     got = [None if isinstance(v, str) else v for v in values]
     cols = {f"_v_{c}": [None if v is None else v[c] for v in got] for c in _VALUE_KEYS}
     cols["_v_nonfinite"] = [v is not None and bool(v["nonfinite_mismatch"]) for v in got]
@@ -338,7 +341,7 @@ def _pair_table(values: list[dict | str]) -> pl.DataFrame:
         None if v is None or v["rel_l2"] is None else f"rel_l2 over positions finite on both sides {v['rel_l2']:.6g}"
         for v in got
     ]
-    return pl.DataFrame(cols, schema=_VALUE_SCHEMA)
+    return cols
 
 
 def _joined(old: pl.Expr, new: pl.Expr) -> pl.Expr:
@@ -346,13 +349,14 @@ def _joined(old: pl.Expr, new: pl.Expr) -> pl.Expr:
     return pl.when(old.is_null() | (old == "")).then(new).otherwise(pl.concat_str(old, pl.lit("; "), new))
 
 
-def _updated(frame: pl.DataFrame, values: list[dict | str], pair: np.ndarray) -> pl.DataFrame:
-    """The updated and new columns of the candidate rows (`frame`), row i given the values of pair `pair[i]`:
+def _updated(frame: pl.DataFrame, pairs: pl.DataFrame, pair: np.ndarray) -> pl.DataFrame:
+    """The updated and new columns of the candidate rows (`frame`), row i given the values of pair `pair[i]` (a row
+    of `pairs`, `_pair_columns`):
 
     a pair without values keeps the row's and appends why to `detail`; one whose rel_l2 msprobe cannot give (shapes
     differ) sets the metric columns and keeps the row's verdict; the others set err (inf where the NaN/Inf positions
     differ on either count, the finite part's rel_l2 then in `detail`), nonfinite_mismatch and the verdict."""
-    v = _pair_table(values)[pl.Series(pair)]
+    v = pairs[pl.Series(pair)]
     f = pl.concat([frame.select(*_UPDATED, "tol"), v], how="horizontal")
     col, d = pl.col, pl.col("detail")
     row_nonfinite = col("nonfinite_mismatch").fill_null(False)
@@ -406,9 +410,9 @@ _Group = tuple[list[_Loc], bool]  # rows whose files held the same two contents 
 
 def _pair_values_all(
     work: list[_Group], t_files: _RunFiles, r_files: _RunFiles, jobs: int | None
-) -> tuple[list[dict | str], list[int]]:
-    """The `_pair_values` of the pairs read for the groups, and for each row of the groups in order the index of
-    its pair's; in worker processes (contiguous chunks) when there are many groups."""
+) -> tuple[dict[str, list], list[int]]:
+    """The `_pair_columns` of the pairs read for the groups, and for each row of the groups in order the index of its
+    pair's item; in worker processes (contiguous chunks) when there are many groups."""
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work) // (_PARALLEL_MIN // 2) or 1))
     if jobs < 2 or len(work) < _PARALLEL_MIN:
         return _pair_chunk((work, t_files, r_files))
@@ -416,13 +420,15 @@ def _pair_values_all(
 
     size = -(-len(work) // (jobs * 4))  # a few chunks per worker evens out slow files
     chunks = [(work[i : i + size], t_files, r_files) for i in range(0, len(work), size)]
-    values: list[dict | str] = []
+    cols: dict[str, list] = {c: [] for c in _VALUE_SCHEMA}
     where: list[int] = []
     with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_start) as pool:
         for got, at in pool.map(_pair_chunk, chunks):
-            where.extend(i + len(values) for i in at)
-            values.extend(got)
-    return values, where
+            done = len(cols["_v_why"])
+            where.extend(i + done for i in at)
+            for c, items in got.items():
+                cols[c].extend(items)
+    return cols, where
 
 
 def _worker_start() -> None:
@@ -432,7 +438,7 @@ def _worker_start() -> None:
     gc.enable()
 
 
-def _pair_chunk(job: tuple[list[_Group], _RunFiles, _RunFiles]) -> tuple[list[dict | str], list[int]]:
+def _pair_chunk(job: tuple[list[_Group], _RunFiles, _RunFiles]) -> tuple[dict[str, list], list[int]]:
     """`_pair_values_all` of a chunk of groups: the files each group needs (`_group_reads`) loaded a few pairs at a
     time (tensorfile.loaded_in_batches) and the metrics of each batch's small pairs computed together."""
     groups, t_files, r_files = job
@@ -447,7 +453,7 @@ def _pair_chunk(job: tuple[list[_Group], _RunFiles, _RunFiles]) -> tuple[list[di
         loaded = [arrays for _, arrays in batch if not isinstance(arrays, str)]
         known = iter(metrics.tensor_metrics_many(loaded))
         values.extend(_pair_values(arrays, None if isinstance(arrays, str) else next(known)) for _, arrays in batch)
-    return values, where
+    return _pair_columns(values), where
 
 
 def _group_reads(members: list[_Loc], same: bool, fine: Iterator[bool], reads: list[_Work], where: list[int]) -> None:
@@ -610,21 +616,28 @@ def _with_null_columns(rows: pl.DataFrame) -> pl.DataFrame:
 
 
 def _exact_pairs(frame: pl.DataFrame, t_files: _RunFiles, r_files: _RunFiles, jobs: int | None):
-    """The `_pair_values` of the pairs read for the candidate rows (`frame`, hashes attached), and for each row the
-    index of its pair's: the rows of a `_content_groups` group whose files are unchanged since ingest share the
+    """A table of the pairs read for the candidate rows (`frame`, hashes attached; `_pair_columns`), and for each row
+    the index of its pair's row: the rows of a `_content_groups` group whose files are unchanged since ingest share the
     values of the first such row's files, read once (`_group_reads`)."""
     groups = _content_groups(frame)
+    locs = _locations(frame)
+    cols, where = _pair_values_all([([locs[i] for i in m], same) for m, same in groups], t_files, r_files, jobs)
+    pair = np.empty(frame.height, np.int64)
+    pair[np.fromiter(chain.from_iterable(m for m, _ in groups), np.int64, frame.height)] = where
+    return pl.DataFrame(cols, schema=_VALUE_SCHEMA), pair
+
+
+@contextmanager
+def _no_collections() -> Iterator[None]:
+    """The garbage collector paused: the rows' tuples and the pairs' values form no cycles, and collections would
+    only walk them again and again (with the rest of the heap: ~40 ms a full one)."""
     enabled = gc.isenabled()
-    gc.disable()  # the rows' tuples form no cycles: collections would only walk them again and again
+    gc.disable()
     try:
-        locs = _locations(frame)
-        values, where = _pair_values_all([([locs[i] for i in m], same) for m, same in groups], t_files, r_files, jobs)
+        yield
     finally:
         if enabled:
             gc.enable()
-    pair = np.empty(frame.height, np.int64)
-    pair[np.fromiter((i for members, _ in groups for i in members), np.int64, frame.height)] = where
-    return values, pair
 
 
 def add_exact_metrics(
@@ -650,18 +663,21 @@ def add_exact_metrics(
     )
     if "kind" in rows.columns and "ref_kind" in rows.columns:
         cand = cand & (pl.col("kind") == "tensor") & (pl.col("ref_kind") == "tensor")
-    indexed = rows.with_row_index("_exact_i")
-    picked = indexed.filter(cand)
-    if picked.height == 0:
+    hit = rows.select(cand.fill_null(False)).to_series()
+    if not hit.any():
         return _with_null_columns(rows)
-    frame = _with_hashes(store, target, ref, _candidates(picked))
-    values, pair = _exact_pairs(frame, _RunFiles(store, target), _RunFiles(store, ref), jobs)
+    frame = _with_hashes(store, target, ref, _candidates(rows).filter(hit))
+    with _no_collections():
+        pairs, pair = _exact_pairs(frame, _RunFiles(store, target), _RunFiles(store, ref), jobs)
+        return _put_back(rows, hit, _updated(frame, pairs, pair))
+
+
+def _put_back(rows: pl.DataFrame, hit: pl.Series, upd: pl.DataFrame) -> pl.DataFrame:
+    """`rows` with the updated columns of the candidate rows (`hit`; `upd` holds theirs, in order) replaced, and the
+    new columns (null in the other rows)."""
+    full = upd[pl.select(pl.when(hit).then(hit.cum_sum() - 1)).to_series()]
     kept = [c for c in _UPDATED if c in rows.columns]
-    upd = _updated(frame, values, pair).select(
-        *[pl.col(c).cast(rows.schema[c]).alias(f"_exact_{c}") for c in kept], *NEW_SCHEMA
+    return rows.with_columns(
+        *[pl.when(hit).then(full[c].cast(rows.schema[c])).otherwise(pl.col(c)).alias(c) for c in kept],
+        *[full[c] for c in NEW_SCHEMA],
     )
-    upd = upd.with_columns(picked["_exact_i"], pl.lit(True).alias("_exact_hit"))
-    joined = indexed.join(upd, on="_exact_i", how="left")
-    hit = pl.col("_exact_hit").fill_null(False)
-    replaced = [pl.when(hit).then(pl.col(f"_exact_{c}")).otherwise(pl.col(c)).alias(c) for c in kept]
-    return joined.with_columns(replaced).select([*rows.columns, *NEW_SCHEMA])

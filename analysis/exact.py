@@ -349,14 +349,14 @@ def _joined(old: pl.Expr, new: pl.Expr) -> pl.Expr:
     return pl.when(old.is_null() | (old == "")).then(new).otherwise(pl.concat_str(old, pl.lit("; "), new))
 
 
-def _updated(frame: pl.DataFrame, pairs: pl.DataFrame, pair: np.ndarray) -> pl.DataFrame:
+def _updated(frame: pl.DataFrame, pairs: pl.DataFrame, pair: pl.Series) -> pl.DataFrame:
     """The updated and new columns of the candidate rows (`frame`), row i given the values of pair `pair[i]` (a row
     of `pairs`, `_pair_columns`):
 
     a pair without values keeps the row's and appends why to `detail`; one whose rel_l2 msprobe cannot give (shapes
     differ) sets the metric columns and keeps the row's verdict; the others set err (inf where the NaN/Inf positions
     differ on either count, the finite part's rel_l2 then in `detail`), nonfinite_mismatch and the verdict."""
-    v = pairs[pl.Series(pair)]
+    v = pairs[pair]
     f = pl.concat([frame.select(*_UPDATED, "tol"), v], how="horizontal")
     col, d = pl.col, pl.col("detail")
     row_nonfinite = col("nonfinite_mismatch").fill_null(False)
@@ -395,9 +395,13 @@ def _with_verdicts(f: pl.DataFrame) -> pl.DataFrame:
     severity, diverged = np.zeros(f.height), np.zeros(f.height, bool)
     severity[mark] = R.severity(err, tol)
     diverged[mark] = R.diverges(err, tol, got["nonfinite_mismatch"].to_numpy())
-    status = pl.when(pl.Series(diverged)).then(pl.lit("diverged")).otherwise(pl.lit("pass"))
+    # (Series from lists: one from a numpy array imports numpy.ma, ~20 ms)
+    status = pl.when(pl.Series(diverged.tolist(), dtype=pl.Boolean)).then(pl.lit("diverged")).otherwise(pl.lit("pass"))
     return f.with_columns(
-        pl.when("_verdict").then(pl.Series(severity)).otherwise(pl.col("severity")).alias("severity"),
+        pl.when("_verdict")
+        .then(pl.Series(severity.tolist(), dtype=pl.Float64))
+        .otherwise(pl.col("severity"))
+        .alias("severity"),
         pl.when("_verdict").then(status).otherwise(pl.col("status")).alias("status"),
     )
 
@@ -509,18 +513,13 @@ def _pair_bytes(arrays: tuple[np.ndarray, np.ndarray] | str) -> int:
     return x.nbytes + (0 if y is x else y.nbytes)  # one read when the two files hold one content
 
 
-_NAN_BITS = int(np.array(np.nan, np.float64).view(np.int64))
-
-
-def _exact_key(s: pl.Series) -> pl.Series:
-    """A statistic column as a grouping key equal where the values' reprs are: a float column as its values' bit
-    patterns (-0.0 differs from 0.0; every NaN one pattern, so NaN equals NaN), nulls kept (equal to each other
-    only); other columns as they are."""
-    if not s.dtype.is_float():
-        return s
-    values = s.cast(pl.Float64).to_numpy()  # a null reads as NaN here; set back below
-    bits = np.where(np.isnan(values), _NAN_BITS, values.view(np.int64))
-    return pl.Series(s.name, bits).set(s.is_null(), None) if s.has_nulls() else pl.Series(s.name, bits)
+def _exact_key(c: str, dtype: pl.DataType) -> list[pl.Expr]:
+    """A statistic column as grouping-key columns equal where the values' reprs are: the column (Polars compares
+    floats as equal where -0.0 and 0.0 meet and every NaN equals every NaN) and, for floats, whether it is -0.0."""
+    if not dtype.is_float():
+        return [pl.col(c)]
+    negative_zero = (pl.col(c) == 0) & (1.0 / pl.col(c) < 0)
+    return [pl.col(c), negative_zero.fill_null(False).alias(f"{c}_neg0")]
 
 
 def _content_groups(frame: pl.DataFrame) -> list[tuple[list[int], bool]]:
@@ -529,29 +528,27 @@ def _content_groups(frame: pl.DataFrame) -> list[tuple[list[int], bool]]:
     the exact statistics computed at ingest must agree too (`_exact_key`); a row whose hashes are unknown (a store
     written before hashes) is a group of its own. Whether the files changed since is looked at where they are read
     (`_group_reads`)."""
-    hashes = ["content_hash", "ref_content_hash"]
     unknown = pl.col("content_hash").is_null() | pl.col("ref_content_hash").is_null()
-    stats = [*_STATS, *(f"ref_{s}" for s in _STATS)]
-    keys = frame.select(*hashes).with_columns(
-        *[_exact_key(frame[c]) for c in stats],
-        pl.when(unknown).then(pl.int_range(pl.len())).alias("_solo"),
-        _equal_contents(frame).alias("_same"),
+    stats = [k for c in (*_STATS, *(f"ref_{s}" for s in _STATS)) for k in _exact_key(c, frame.schema[c])]
+    keys = frame.select(
+        "content_hash", "ref_content_hash", *stats, pl.when(unknown).then(pl.int_range(pl.len())).alias("_solo")
     )
-    groups = keys.with_row_index("_i").group_by([*hashes, *stats, "_solo"], maintain_order=True)
-    got = groups.agg(pl.col("_i"), pl.col("_same").first())
+    groups = keys.with_columns(frame.select(_equal_contents(frame.schema)).to_series()).with_row_index("_i")
+    got = groups.group_by(keys.columns, maintain_order=True).agg(pl.col("_i"), pl.col("_same").first())
     return list(zip(got["_i"].to_list(), got["_same"].to_list()))
 
 
-def _equal_contents(frame: pl.DataFrame) -> pl.Series:
-    """Whether each row's two files held equal contents at ingest: equal hashes and equal exact statistics (as
-    `_exact_key` compares them; a target and reference statistic of different types never count as equal)."""
-    same = (frame["content_hash"] == frame["ref_content_hash"]).fill_null(False)
+def _equal_contents(schema: pl.Schema) -> pl.Expr:
+    """Whether a row's two files held equal contents at ingest (`_same`): equal hashes and equal exact statistics
+    (as `_exact_key` compares them; a target and reference statistic of different types never count as equal)."""
+    same = (pl.col("content_hash") == pl.col("ref_content_hash")).fill_null(False)
     for s in _STATS:
-        t, r = frame[s], frame[f"ref_{s}"]
-        if t.dtype.is_float() != r.dtype.is_float() or (not t.dtype.is_float() and t.dtype != r.dtype):
-            return pl.Series([False] * frame.height)
-        same = same & _exact_key(t).eq_missing(_exact_key(r).alias(s))
-    return same
+        t, r = schema[s], schema[f"ref_{s}"]
+        if t.is_float() != r.is_float() or (not t.is_float() and t != r):
+            return pl.lit(False).alias("_same")
+        for a, b in zip(_exact_key(s, t), _exact_key(f"ref_{s}", r)):
+            same = same & a.eq_missing(b)
+    return same.alias("_same")
 
 
 _HASHED = ["source", "data_name", "file_status", *TENSOR_FILE_COLUMNS]
@@ -625,12 +622,11 @@ def _exact_pairs(frame: pl.DataFrame, t_files: _RunFiles, r_files: _RunFiles, jo
     the index of its pair's row: the rows of a `_content_groups` group whose files are unchanged since ingest share the
     values of the first such row's files, read once (`_group_reads`)."""
     groups = _content_groups(frame)
-    order = np.fromiter(chain.from_iterable(m for m, _ in groups), np.int64, frame.height)
+    order = pl.Series(list(chain.from_iterable(m for m, _ in groups)), dtype=pl.Int64)
     grouped = frame.select(_LOC)[order]
     sizes = [(len(m), same) for m, same in groups]
     values, where = _pair_values_all([grouped[c].to_list() for c in _LOC], sizes, t_files, r_files, jobs)
-    pair = np.empty(frame.height, np.int64)
-    pair[order] = where
+    pair = pl.Series(where, dtype=pl.Int64).gather(order.arg_sort())  # row order[k]'s pair is where[k]
     return pl.DataFrame(values, schema=_VALUE_SCHEMA), pair
 
 

@@ -149,26 +149,29 @@ class _RunFiles:
             raise DumpFormatError(f"tensor file {path} is missing (moved or deleted since ingest)")
         return path
 
-    def load(
-        self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str
-    ) -> tuple[np.ndarray, str]:
-        """The values of one leaf's tensor file and its path; raises DumpFormatError saying why it cannot be read.
+    def load(self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str) -> np.ndarray:
+        """The values of one leaf's tensor file (at `where`); raises DumpFormatError saying why it cannot be read.
 
         A .pt file of a dump folder costs the syscalls of `load_leaf` (an lstat, an open that refuses links, an
         fstat, a read)."""
         folder = self._folder(step, rank, source, rank_dir)
         if folder.kind == "dump" and os.path.splitext(data_name)[1].lower() == ".pt":
             try:
-                arr, _, _ = load_leaf(folder.path, data_name)
+                return load_leaf(folder.path, data_name)[0]
             except MissingFile as exc:
                 raise DumpFormatError(f"{exc} (moved or deleted since ingest)") from None
-            return arr, os.path.join(folder.path, TENSOR_DIR, data_name)
         path = self.path(step, rank, source, rank_dir, data_name)
         try:
-            arr, _ = load(path)
+            return load(path)[0]
         except OSError as exc:
             raise DumpFormatError(f"{path}: cannot be read ({_first_line(exc)})") from None
-        return arr, str(path)
+
+    def where(self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str) -> str:
+        """The path of one leaf's tensor file, for messages (its folder must be usable: `_folder`)."""
+        folder = self._folder(step, rank, source, rank_dir)
+        if folder.kind == "dump":
+            return os.path.join(folder.path, TENSOR_DIR, data_name)
+        return os.path.join(folder.path, data_name)
 
     def tensor_dir(self, step: int, rank: int, source: str | None, rank_dir: str | None) -> str | None:
         """The folder holding one unit's tensor files, as text; None when the unit cannot be used (`_folder`)."""
@@ -198,7 +201,9 @@ class _RunFiles:
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_PATH", 0)
 
 
-def _stamps_match(base: str, files: list[tuple[tuple, str, int | None, int | None]], ok: list[bool], at: list[int]):
+def _stamps_match(
+    base: str, files: list[tuple[tuple, str, int | None, int | None]], ok: list[bool], at: list[int]
+) -> None:
     """Set ok[at[i]] for the files of one folder `base` that are plain files with their stamps (lstat relative to the
     folder where the system allows it)."""
     fd = None
@@ -257,8 +262,9 @@ _TARGET, _REF = slice(3, 8), slice(8, 13)  # one side's rank_dir, data_name, sha
 def _load(files: _RunFiles, row: _Loc, side: str) -> np.ndarray:
     """The values of one side's tensor file of a row, checked against the shape it had at ingest."""
     rank_dir, name, shape, _, _ = row[_TARGET if side == "target" else _REF]
-    arr, path = files.load(row[0], row[1], row[2], rank_dir, name)
+    arr = files.load(row[0], row[1], row[2], rank_dir, name)
     if shape is not None and list(arr.shape) != list(shape):
+        path = files.where(row[0], row[1], row[2], rank_dir, name)
         raise DumpFormatError(
             f"{path}: has shape {list(arr.shape)} but had {list(shape)} at ingest "
             "(changed since ingest); re-ingest the run"
@@ -678,7 +684,7 @@ def add_exact_metrics(
 def _put_back(rows: pl.DataFrame, hit: pl.Series, upd: pl.DataFrame) -> pl.DataFrame:
     """`rows` with the updated columns of the candidate rows (`hit`; `upd` holds theirs, in order) replaced, and the
     new columns (null in the other rows)."""
-    full = upd[pl.select(pl.when(hit).then(hit.cum_sum() - 1)).to_series()]
+    full = upd[pl.select(pl.when(hit).then(hit.cum_sum().cast(pl.Int64) - 1)).to_series()]  # null: not a candidate
     kept = [c for c in _UPDATED if c in rows.columns]
     return rows.with_columns(
         *[pl.when(hit).then(full[c].cast(rows.schema[c])).otherwise(pl.col(c)).alias(c) for c in kept],

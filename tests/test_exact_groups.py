@@ -221,3 +221,18 @@ def test_unchanged_looks_at_each_file(linear4):
         (unit, name, *stamp),
     ]
     assert files.unchanged(asked) == [True, False, False, False, False, False, False, False, False, True]
+
+
+def test_reshaped_file_in_a_group_says_so(linear4, monkeypatch):
+    store, tensors, base, _other = linear4
+    name = "Functional.linear.3.forward.input.0"
+    reshaped = tensors / f"{name}.npy"
+    np.save(reshaped, base.reshape(2, 20))
+    after = _by_name(store)
+    row = after[name]
+    assert row["err_source"] != "exact" and row["msprobe_cosine"] is None
+    assert row["detail"].endswith(
+        f"exact metrics unavailable: {reshaped}: has shape [2, 20] but had [40] at ingest (changed since ingest); "
+        "re-ingest the run"
+    ), row["detail"]
+    assert after["Functional.linear.0.forward.input.0"]["err"] == 0.0

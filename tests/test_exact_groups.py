@@ -236,3 +236,18 @@ def test_reshaped_file_in_a_group_says_so(linear4, monkeypatch):
         "re-ingest the run"
     ), row["detail"]
     assert after["Functional.linear.0.forward.input.0"]["err"] == 0.0
+
+
+def test_workers_give_the_rows_one_process_gives(linear4, monkeypatch):
+    """Groups split into chunks for worker processes (a changed file among them): the same rows, in order."""
+    store, tensors, _base, _other = linear4
+    name = "Functional.linear.{}.forward.{}.0"
+    _replace(tensors / f"{name.format(2, 'input')}.npy", tensors / f"{name.format(0, 'output')}.npy")
+    sketch = compare_runs(open_store(store), "t", "r").rows
+    serial = exact.add_exact_metrics(open_store(store), "t", "r", sketch, None, "float32", jobs=1)
+    monkeypatch.setattr(exact, "_PARALLEL_MIN", 2)
+    parallel = exact.add_exact_metrics(open_store(store), "t", "r", sketch, None, "float32", jobs=2)
+    assert parallel.columns == serial.columns and parallel.height == serial.height == 8
+    for c in serial.columns:
+        assert repr(parallel[c].to_list()) == repr(serial[c].to_list()), c
+    assert set(serial["err_source"]) == {"exact"}

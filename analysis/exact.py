@@ -31,7 +31,10 @@ import gc
 import math
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import accumulate, chain
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +115,6 @@ class _RunFiles:
         self.root = ""
         self.folders: dict[tuple[int, int, str], _Folder] = {}
         self.problem: str | None = None
-        self.bases: dict[Path, str] = {}  # folder -> where its tensor files lie, as text
         try:
             self.root = str(store.run_info(run).get("source_path") or "")
             if not self.root:
@@ -147,42 +149,81 @@ class _RunFiles:
             raise DumpFormatError(f"tensor file {path} is missing (moved or deleted since ingest)")
         return path
 
-    def load(
-        self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str
-    ) -> tuple[np.ndarray, str]:
-        """The values of one leaf's tensor file and its path; raises DumpFormatError saying why it cannot be read.
+    def load(self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str) -> np.ndarray:
+        """The values of one leaf's tensor file (at `where`); raises DumpFormatError saying why it cannot be read.
 
         A .pt file of a dump folder costs the syscalls of `load_leaf` (an lstat, an open that refuses links, an
         fstat, a read)."""
         folder = self._folder(step, rank, source, rank_dir)
         if folder.kind == "dump" and os.path.splitext(data_name)[1].lower() == ".pt":
             try:
-                arr, _, _ = load_leaf(folder.path, data_name)
+                return load_leaf(folder.path, data_name)[0]
             except MissingFile as exc:
                 raise DumpFormatError(f"{exc} (moved or deleted since ingest)") from None
-            return arr, os.path.join(folder.path, TENSOR_DIR, data_name)
         path = self.path(step, rank, source, rank_dir, data_name)
         try:
-            arr, _ = load(path)
+            return load(path)[0]
         except OSError as exc:
             raise DumpFormatError(f"{path}: cannot be read ({_first_line(exc)})") from None
-        return arr, str(path)
 
-    def unchanged(self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str, was) -> bool:
-        """Whether the leaf's file is still a plain file with the size and mtime it had at ingest (`was`).
+    def where(self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str) -> str:
+        """The path of one leaf's tensor file, for messages (its folder must be usable: `_folder`)."""
+        folder = self._folder(step, rank, source, rank_dir)
+        if folder.kind == "dump":
+            return os.path.join(folder.path, TENSOR_DIR, data_name)
+        return os.path.join(folder.path, data_name)
 
-        One lstat, nothing opened: a file replaced by a link (or anything else) counts as changed."""
-        if was is None or not data_name or "/" in data_name or "\\" in data_name or data_name in (".", ".."):
-            return False
+    def tensor_dir(self, step: int, rank: int, source: str | None, rank_dir: str | None) -> str | None:
+        """The folder holding one unit's tensor files, as text; None when the unit cannot be used (`_folder`)."""
         try:
             folder = self._folder(step, rank, source, rank_dir)
-            base = self.bases.get(folder.path)
-            if base is None:
-                base = self.bases[folder.path] = str(folder.path / TENSOR_DIR if folder.kind == "dump" else folder.path)
-            info = os.lstat(os.path.join(base, data_name))
-        except (DumpstoreError, OSError, ValueError):  # ValueError: a NUL in the name
-            return False
-        return stat.S_ISREG(info.st_mode) and (info.st_size, info.st_mtime_ns) == tuple(was)
+        except DumpstoreError:
+            return None
+        return str(folder.path / TENSOR_DIR if folder.kind == "dump" else folder.path)
+
+    def unchanged(self, files: list[tuple[tuple, str, int | None, int | None]]) -> list[bool]:
+        """For each file ((step, rank, source, rank_dir), data_name, size, mtime ns at ingest): whether it is still a
+        plain file with that size and mtime.
+
+        One lstat per file, nothing opened but each unit's folder (once, for the lstats relative to it): a file
+        replaced by a link (or anything else) counts as changed."""
+        ok = [False] * len(files)
+        by_unit: dict[tuple, list[int]] = {}
+        for i, f in enumerate(files):
+            by_unit.setdefault(f[0], []).append(i)
+        for unit, which in by_unit.items():
+            base = self.tensor_dir(*unit)
+            if base is not None:
+                _stamps_match(base, [files[i] for i in which], ok, which)
+        return ok
+
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_PATH", 0)
+
+
+def _stamps_match(
+    base: str, files: list[tuple[tuple, str, int | None, int | None]], ok: list[bool], at: list[int]
+) -> None:
+    """Set ok[at[i]] for the files of one folder `base` that are plain files with their stamps (lstat relative to the
+    folder where the system allows it)."""
+    fd = None
+    if os.stat in os.supports_dir_fd:
+        try:
+            fd = os.open(base, _DIR_FLAGS)
+        except OSError:
+            return
+    try:
+        for i, (_, name, size, mtime) in zip(at, files):
+            if size is None or mtime is None or not name or "/" in name or "\\" in name or name in (".", ".."):
+                continue
+            try:
+                info = os.lstat(name, dir_fd=fd) if fd is not None else os.lstat(os.path.join(base, name))
+            except (OSError, ValueError):  # ValueError: a NUL in the name
+                continue
+            ok[i] = stat.S_ISREG(info.st_mode) and info.st_size == size and info.st_mtime_ns == mtime
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _plain_file(folder: Path, data_name: str) -> Path:
@@ -207,11 +248,23 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _load(files: _RunFiles, row: dict[str, Any], side: str) -> np.ndarray:
-    p = "" if side == "target" else "ref_"
-    arr, path = files.load(row["step"], row["rank"], row["source"], row.get(f"{p}rank_dir"), row[f"{p}data_name"])
-    shape = row.get(f"{p}shape")
+# a candidate row as the workers see it, all they read of it: a plain tuple of these columns (a NamedTuple pickles
+# three times slower); `_load` and `_unchanged_rows` take it apart
+_LOC = (
+    *("step", "rank", "source"),
+    *("rank_dir", "data_name", "shape", "file_size", "file_mtime_ns"),
+    *("ref_rank_dir", "ref_data_name", "ref_shape", "ref_file_size", "ref_file_mtime_ns"),
+)
+_Loc = tuple[Any, ...]
+_TARGET, _REF = slice(3, 8), slice(8, 13)  # one side's rank_dir, data_name, shape, file_size, file_mtime_ns
+
+
+def _load(files: _RunFiles, row: _Loc, side: str) -> np.ndarray:
+    """The values of one side's tensor file of a row, checked against the shape it had at ingest."""
+    rank_dir, name, shape, _, _ = row[_TARGET if side == "target" else _REF]
+    arr = files.load(row[0], row[1], row[2], rank_dir, name)
     if shape is not None and list(arr.shape) != list(shape):
+        path = files.where(row[0], row[1], row[2], rank_dir, name)
         raise DumpFormatError(
             f"{path}: has shape {list(arr.shape)} but had {list(shape)} at ingest "
             "(changed since ingest); re-ingest the run"
@@ -228,26 +281,8 @@ def _finite_max_abs(x: np.ndarray, y: np.ndarray) -> float | None:
     return float(np.max(np.abs(xf[keep] - yf[keep])))
 
 
-def _join_detail(old: str | None, new: str) -> str:
-    return f"{old}; {new}" if old else new
-
-
-def _verdicts(ms: list[dict[str, Any]]) -> None:
-    """Severity and status of the rows given an exact err (marked `_verdict`), all at once (the rules work on
-    arrays as on floats, element by element)."""
-    todo = [m for m in ms if m.pop("_verdict", False) and m["err"] is not None and m["tol"] is not None]
-    if not todo:
-        return
-    err = np.array([m["err"] for m in todo], np.float64)
-    tol = np.array([m["tol"] for m in todo], np.float64)
-    severity = R.severity(err, tol).tolist()
-    diverged = R.diverges(err, tol, np.array([bool(m["nonfinite_mismatch"]) for m in todo])).tolist()
-    for m, sev, div in zip(todo, severity, diverged):
-        m["severity"], m["status"] = sev, "diverged" if div else "pass"
-
-
 def _pair_arrays(
-    row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles, same: bool = False
+    row: _Loc, t_files: _RunFiles, r_files: _RunFiles, same: bool = False
 ) -> tuple[np.ndarray, np.ndarray] | str:
     """The pair's two tensors, or why they cannot be read.
 
@@ -261,7 +296,7 @@ def _pair_arrays(
 
 
 def _pair_values(arrays: tuple[np.ndarray, np.ndarray] | str, tm: metrics.TensorMetrics | None = None) -> dict | str:
-    """What the pair's two tensors give (the row-independent part of `_exact_row`), or why there is nothing;
+    """What the pair's two tensors give (the row-independent part of `_updated`), or why there is nothing;
     `tm`: their `metrics.tensor_metrics` where already known."""
     if isinstance(arrays, str):
         return arrays
@@ -286,71 +321,131 @@ def _pair_values(arrays: tuple[np.ndarray, np.ndarray] | str, tm: metrics.Tensor
     }
 
 
-def _exact_row(row: dict[str, Any], values: dict | str) -> dict[str, Any]:
-    """New values of the updated and new columns for one candidate row, from its pair's `_pair_values`."""
-    m = {c: row[c] for c in _UPDATED} | {"tol": row["tol"]} | dict.fromkeys(NEW_SCHEMA)
-    if isinstance(values, str):
-        m["detail"] = _join_detail(m["detail"], values)
-        return m
-    m.update({c: v for c, v in values.items() if c not in ("rel_l2", "nonfinite_mismatch")})
-    rl2 = values["rel_l2"]
-    if rl2 is None:  # msprobe cannot compare the pair (shapes differ): the row's own verdict stands
-        return m
-    mismatch = bool(values["nonfinite_mismatch"]) or bool(row["nonfinite_mismatch"])
-    m.update(err=rl2, err_source="exact", err_bound=0.0, nonfinite_mismatch=mismatch)
-    if mismatch:
-        m["err"] = math.inf
-        if not row["nonfinite_mismatch"] or not m["detail"]:
-            m["detail"] = _join_detail(
-                m["detail"], f"NaN/Inf positions differ at {values['nonfinite_mismatch']} elements"
-            )
-        m["detail"] = _join_detail(m["detail"], f"rel_l2 over positions finite on both sides {rl2:.6g}")
-    m["_verdict"] = True  # severity and status: `_verdicts`
-    return m
+# the columns of `_pair_columns`: a pair's `_pair_values` (floats, texts), `why` it has none, and the texts it adds to
+# `detail` where its NaN/Inf positions differ
+_VALUE_KEYS = (*NEW_SCHEMA, "max_rel_err", "cosine", "max_abs_err", "rel_l2")
+_VALUE_SCHEMA: dict[str, pl.DataType] = {
+    **{f"_v_{c}": NEW_SCHEMA.get(c, pl.Float64()) for c in _VALUE_KEYS},
+    "_v_nonfinite": pl.Boolean(),
+    "_v_why": pl.String(),
+    "_v_positions": pl.String(),
+    "_v_finite": pl.String(),
+}
+
+
+def _pair_columns(values: list[dict | str]) -> dict[str, list]:
+    """The `_VALUE_SCHEMA` columns of the pairs read, one item per pair (plain lists: the workers make them, and
+    build no Polars frame, which a forked process must not)."""
+    got = [None if isinstance(v, str) else v for v in values]
+    cols = {f"_v_{c}": [None if v is None else v[c] for v in got] for c in _VALUE_KEYS}
+    cols["_v_nonfinite"] = [v is not None and bool(v["nonfinite_mismatch"]) for v in got]
+    cols["_v_why"] = [v if isinstance(v, str) else None for v in values]
+    cols["_v_positions"] = [
+        None if v is None else f"NaN/Inf positions differ at {v['nonfinite_mismatch']} elements" for v in got
+    ]
+    cols["_v_finite"] = [
+        None if v is None or v["rel_l2"] is None else f"rel_l2 over positions finite on both sides {v['rel_l2']:.6g}"
+        for v in got
+    ]
+    return cols
+
+
+def _joined(old: pl.Expr, new: pl.Expr) -> pl.Expr:
+    """`old; new`, or `new` where old is null or empty (the way `detail` grows)."""
+    return pl.when(old.is_null() | (old == "")).then(new).otherwise(pl.concat_str(old, pl.lit("; "), new))
+
+
+def _updated(frame: pl.DataFrame, pairs: pl.DataFrame, pair: pl.Series) -> pl.DataFrame:
+    """The updated and new columns of the candidate rows (`frame`), row i given the values of pair `pair[i]` (a row
+    of `pairs`, `_pair_columns`):
+
+    a pair without values keeps the row's and appends why to `detail`; one whose rel_l2 msprobe cannot give (shapes
+    differ) sets the metric columns and keeps the row's verdict; the others set err (inf where the NaN/Inf positions
+    differ on either count, the finite part's rel_l2 then in `detail`), nonfinite_mismatch and the verdict."""
+    v = pairs[pair]
+    f = pl.concat([frame.select(*_UPDATED, "tol"), v], how="horizontal")
+    col, d = pl.col, pl.col("detail")
+    row_nonfinite = col("nonfinite_mismatch").fill_null(False)
+    is_set = col("_v_why").is_null()
+    exact = is_set & col("_v_rel_l2").is_not_null()
+    mismatch = col("_v_nonfinite") | row_nonfinite
+    positions = pl.when(~row_nonfinite | d.is_null() | (d == "")).then(_joined(d, col("_v_positions"))).otherwise(d)
+    f = f.with_columns(
+        pl.when(exact & mismatch).then(math.inf).when(exact).then(col("_v_rel_l2")).otherwise(col("err")).alias("err"),
+        pl.when(exact).then(pl.lit("exact")).otherwise(col("err_source")).alias("err_source"),
+        pl.when(exact).then(0.0).otherwise(col("err_bound")).alias("err_bound"),
+        pl.when(exact).then(mismatch).otherwise(col("nonfinite_mismatch")).alias("nonfinite_mismatch"),
+        pl.when(~is_set)
+        .then(_joined(d, col("_v_why")))
+        .when(exact & mismatch)
+        .then(_joined(positions, col("_v_finite")))
+        .otherwise(d)
+        .alias("detail"),
+        *[
+            pl.when(is_set).then(col(f"_v_{c}")).otherwise(col(c)).alias(c)
+            for c in ("cosine", "max_abs_err", "max_rel_err")
+        ],
+        (exact & col("tol").is_not_null()).alias("_verdict"),
+    )
+    return _with_verdicts(f).select(*_UPDATED, *[col(f"_v_{c}").alias(c) for c in NEW_SCHEMA])
+
+
+def _with_verdicts(f: pl.DataFrame) -> pl.DataFrame:
+    """Severity and status of the rows marked `_verdict` from their err, tol and nonfinite_mismatch (the rules
+    work on arrays as on floats, element by element)."""
+    mark = f["_verdict"].to_numpy()
+    if not mark.any():
+        return f
+    got = f.filter(pl.col("_verdict"))
+    err, tol = got["err"].to_numpy().astype(np.float64), got["tol"].to_numpy().astype(np.float64)
+    severity, diverged = np.zeros(f.height), np.zeros(f.height, bool)
+    severity[mark] = R.severity(err, tol)
+    diverged[mark] = R.diverges(err, tol, got["nonfinite_mismatch"].to_numpy())
+    # (Series from lists: one from a numpy array imports numpy.ma, ~20 ms)
+    status = pl.when(pl.Series(diverged.tolist(), dtype=pl.Boolean)).then(pl.lit("diverged")).otherwise(pl.lit("pass"))
+    return f.with_columns(
+        pl.when("_verdict")
+        .then(pl.Series(severity.tolist(), dtype=pl.Float64))
+        .otherwise(pl.col("severity"))
+        .alias("severity"),
+        pl.when("_verdict").then(status).otherwise(pl.col("status")).alias("status"),
+    )
 
 
 _PARALLEL_MIN = 512  # groups of pairs: below this, starting workers costs more than it saves
-# what the workers read of a row (`_load`, `_unchanged`): the only columns sent to them (a row pickles to ~500 bytes)
-_LOCATION = (
-    *("step", "rank", "source", "rank_dir", "data_name", "shape", "file_stamp"),
-    *("ref_rank_dir", "ref_data_name", "ref_shape", "ref_file_stamp"),
-)
 
-_Work = tuple[dict[str, Any], bool]  # a row whose files are read, and whether its two files hold equal contents
-_Group = tuple[list[dict[str, Any]], bool]  # rows whose files held the same two contents at ingest; equal contents
+_Work = tuple[_Loc, bool]  # a row whose files are read, and whether its two files hold equal contents
+# the rows of some groups, group after group, as `_LOC` columns (plain lists pickle in half the time of the rows'
+# tuples); each group's (number of rows, whether its two contents are equal)
+_Chunk = tuple[list[list], list[tuple[int, bool]], _RunFiles, _RunFiles]
 
 
-def _exact_rows(
-    rows: list[dict[str, Any]],
-    groups: list[tuple[list[int], bool]],
-    t_files: _RunFiles,
-    r_files: _RunFiles,
-    jobs: int | None,
-) -> list[dict[str, Any]]:
-    """_exact_row for every row, in order, given its `_content_groups`: the rows of a group whose files are
-    unchanged since ingest share the values of the first such row's files, read once (`_group_reads`)."""
-    work = [([{c: rows[i].get(c) for c in _LOCATION} for i in members], same) for members, same in groups]
-    values: list[dict | str] = [""] * len(rows)
-    for (members, _), got in zip(groups, _pair_values_all(work, t_files, r_files, jobs)):
-        for i, v in zip(members, got):
-            values[i] = v
-    out = [_exact_row(r, v) for r, v in zip(rows, values)]
-    _verdicts(out)
-    return out
-
-
-def _pair_values_all(work: list[_Group], t_files: _RunFiles, r_files: _RunFiles, jobs: int | None) -> list:
-    """_pair_values of the rows of every group, in order; in worker processes (contiguous chunks) when there are
-    many groups."""
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(work) // (_PARALLEL_MIN // 2) or 1))
-    if jobs < 2 or len(work) < _PARALLEL_MIN:
-        return _pair_chunk((work, t_files, r_files))
+def _pair_values_all(
+    cols: list[list], groups: list[tuple[int, bool]], t_files: _RunFiles, r_files: _RunFiles, jobs: int | None
+) -> tuple[dict[str, list], list[int]]:
+    """The `_pair_columns` of the pairs read for the groups (a `_Chunk`), and for each row in order the index of its
+    pair's item; in worker processes (contiguous chunks) when there are many groups."""
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(groups) // (_PARALLEL_MIN // 2) or 1))
+    if jobs < 2 or len(groups) < _PARALLEL_MIN:
+        return _pair_chunk((cols, groups, t_files, r_files))
     from concurrent.futures import ProcessPoolExecutor
 
-    size = -(-len(work) // (jobs * 4))  # a few chunks per worker evens out slow files
-    chunks = [(work[i : i + size], t_files, r_files) for i in range(0, len(work), size)]
+    size = -(-len(groups) // (jobs * 4))  # a few chunks per worker evens out slow files
+    chunks: list[_Chunk] = []
+    start = 0
+    for i in range(0, len(groups), size):
+        n = sum(k for k, _ in groups[i : i + size])
+        chunks.append(([c[start : start + n] for c in cols], groups[i : i + size], t_files, r_files))
+        start += n
+    values: dict[str, list] = {c: [] for c in _VALUE_SCHEMA}
+    where: list[int] = []
     with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_start) as pool:
-        return [v for part in pool.map(_pair_chunk, chunks) for v in part]
+        for got, at in pool.map(_pair_chunk, chunks):
+            done = len(values["_v_why"])
+            where.extend(i + done for i in at)
+            for c, items in got.items():
+                values[c].extend(items)
+    return values, where
 
 
 def _worker_start() -> None:
@@ -360,34 +455,39 @@ def _worker_start() -> None:
     gc.enable()
 
 
-def _pair_chunk(job: tuple[list[_Group], _RunFiles, _RunFiles]) -> list[list[dict | str]]:
-    """_pair_values of the rows of each group of a chunk, in order: the files each group needs (`_group_reads`)
-    loaded a few pairs at a time (tensorfile.loaded_in_batches) and the metrics of each batch's small pairs
-    computed together."""
-    groups, t_files, r_files = job
+def _pair_chunk(job: _Chunk) -> tuple[dict[str, list], list[int]]:
+    """`_pair_values_all` of a chunk of groups: the files each group needs (`_group_reads`) loaded a few pairs at a
+    time (tensorfile.loaded_in_batches) and the metrics of each batch's small pairs computed together."""
+    cols, sizes, t_files, r_files = job
+    rows: list[_Loc] = list(zip(*cols))
+    starts = list(accumulate((k for k, _ in sizes), initial=0))
+    groups = [(rows[at : at + k], same) for at, (k, same) in zip(starts, sizes)]
+    looked = [row for members, same in groups if same or len(members) > 1 for row in members]
+    fine = iter(_unchanged_rows(looked, t_files, r_files))
     reads: list[_Work] = []
-    which = [_group_reads(members, same, t_files, r_files, reads) for members, same in groups]
+    where: list[int] = []
+    for members, same in groups:
+        _group_reads(members, same, fine, reads, where)
     values: list[dict | str] = []
     for batch in loaded_in_batches(reads, lambda w: _pair_arrays(w[0], t_files, r_files, w[1]), _pair_bytes):
         loaded = [arrays for _, arrays in batch if not isinstance(arrays, str)]
         known = iter(metrics.tensor_metrics_many(loaded))
         values.extend(_pair_values(arrays, None if isinstance(arrays, str) else next(known)) for _, arrays in batch)
-    return [[values[j] for j in where] for where in which]
+    return _pair_columns(values), where
 
 
-def _group_reads(
-    members: list[dict[str, Any]], same: bool, t_files: _RunFiles, r_files: _RunFiles, reads: list[_Work]
-) -> list[int]:
-    """For each row of a group, the index in `reads` of the pair read for it (appended): the rows whose two files
-    are unchanged since ingest share one read of the first of them (of one file when the two hold equal contents);
-    a changed row's files are read for it alone. A lone row of unequal contents is read without looking."""
+def _group_reads(members: list[_Loc], same: bool, fine: Iterator[bool], reads: list[_Work], where: list[int]) -> None:
+    """Append to `where`, for each row of a group, the index in `reads` of the pair read for it (appended): the rows
+    whose two files are unchanged since ingest (the next of `fine`, `_unchanged_rows`) share one read of the first
+    of them (of one file when the two hold equal contents); a changed row's files are read for it alone. A lone row
+    of unequal contents is read without looking (`fine` holds nothing for it)."""
     if len(members) == 1 and not same:
         reads.append((members[0], False))
-        return [len(reads) - 1]
+        where.append(len(reads) - 1)
+        return
     shared: int | None = None
-    where = []
     for row in members:
-        if not _unchanged(row, t_files, r_files):
+        if not next(fine):
             reads.append((row, False))
             where.append(len(reads) - 1)
             continue
@@ -395,15 +495,21 @@ def _group_reads(
             reads.append((row, same))
             shared = len(reads) - 1
         where.append(shared)
-    return where
 
 
-def _unchanged(row: dict[str, Any], t_files: _RunFiles, r_files: _RunFiles) -> bool:
-    """Whether both files of the row are as they were at ingest (`_RunFiles.unchanged`)."""
-    where = (row["step"], row["rank"], row["source"])
-    return t_files.unchanged(
-        *where, row.get("rank_dir"), row["data_name"], row.get("file_stamp")
-    ) and r_files.unchanged(*where, row.get("ref_rank_dir"), row["ref_data_name"], row.get("ref_file_stamp"))
+def _unchanged_rows(rows: list[_Loc], t_files: _RunFiles, r_files: _RunFiles) -> list[bool]:
+    """Whether both files of each row are as they were at ingest (`_RunFiles.unchanged`)."""
+    t, r = t_files.unchanged(_side_files(rows, _TARGET)), r_files.unchanged(_side_files(rows, _REF))
+    return [a and b for a, b in zip(t, r)]
+
+
+def _side_files(rows: list[_Loc], side: slice) -> list[tuple[tuple, str, int | None, int | None]]:
+    """((step, rank, source, rank_dir), data_name, size, mtime ns) of one side's file of each row."""
+    out = []
+    for row in rows:
+        rank_dir, name, _, size, mtime = row[side]
+        out.append(((row[0], row[1], row[2], rank_dir), name, size, mtime))
+    return out
 
 
 def _pair_bytes(arrays: tuple[np.ndarray, np.ndarray] | str) -> int:
@@ -413,64 +519,134 @@ def _pair_bytes(arrays: tuple[np.ndarray, np.ndarray] | str) -> int:
     return x.nbytes + (0 if y is x else y.nbytes)  # one read when the two files hold one content
 
 
-def _content_groups(rows: list[dict[str, Any]]) -> list[tuple[list[int], bool]]:
-    """The rows grouped by the contents their two files held at ingest (by content hash), in order of their first
-    rows, each with whether its two contents are equal (then one file is read); a row whose hashes are unknown (a
-    store written before hashes) is a group of its own. Whether the files changed since is looked at where they
-    are read (`_group_reads`)."""
-    groups: list[tuple[list[int], bool]] = []
-    seen: dict[tuple, list[int]] = {}
-    for i, row in enumerate(rows):
-        key = _content_key(row)
-        if key is None:
-            groups.append(([i], False))
-        elif key in seen:
-            seen[key].append(i)
-        else:
-            seen[key] = [i]
-            groups.append((seen[key], key[0] == key[1] and key[2] == key[3]))
-    return groups
+def _exact_key(c: str, dtype: pl.DataType) -> list[pl.Expr]:
+    """A statistic column as grouping-key columns equal where the values' reprs are: the column (Polars compares
+    floats as equal where -0.0 and 0.0 meet and every NaN equals every NaN) and, for floats, whether it is -0.0."""
+    if not dtype.is_float():
+        return [pl.col(c)]
+    negative_zero = (pl.col(c) == 0) & (1.0 / pl.col(c) < 0)
+    return [pl.col(c), negative_zero.fill_null(False).alias(f"{c}_neg0")]
 
 
-def _content_key(row: dict[str, Any]) -> tuple | None:
-    """(target hash, ref hash, target statistics, ref statistics): the content hash is XXH3, not cryptographic, so
-    the exact statistics computed at ingest must agree too (compared as text: a NaN statistic equals a NaN)."""
-    t_hash, r_hash = row.get("content_hash"), row.get("ref_content_hash")
-    if t_hash is None or r_hash is None:
-        return None
-    return t_hash, r_hash, repr([row.get(s) for s in _STATS]), repr([row.get(f"ref_{s}") for s in _STATS])
+def _content_groups(frame: pl.DataFrame) -> list[tuple[list[int], bool]]:
+    """The rows grouped by the contents their two files held at ingest, in order of their first rows, each with
+    whether its two contents are equal (then one file is read). The content hash is XXH3, not cryptographic, so
+    the exact statistics computed at ingest must agree too (`_exact_key`); a row whose hashes are unknown (a store
+    written before hashes) is a group of its own. Whether the files changed since is looked at where they are read
+    (`_group_reads`)."""
+    unknown = pl.col("content_hash").is_null() | pl.col("ref_content_hash").is_null()
+    stats = [k for c in (*_STATS, *(f"ref_{s}" for s in _STATS)) for k in _exact_key(c, frame.schema[c])]
+    keys = frame.select(
+        "content_hash", "ref_content_hash", *stats, pl.when(unknown).then(pl.int_range(pl.len())).alias("_solo")
+    )
+    groups = keys.with_columns(frame.select(_equal_contents(frame.schema)).to_series()).with_row_index("_i")
+    got = groups.group_by(keys.columns, maintain_order=True).agg(pl.col("_i"), pl.col("_same").first())
+    return list(zip(got["_i"].to_list(), got["_same"].to_list()))
+
+
+def _equal_contents(schema: pl.Schema) -> pl.Expr:
+    """Whether a row's two files held equal contents at ingest (`_same`): equal hashes and equal exact statistics
+    (as `_exact_key` compares them; a target and reference statistic of different types never count as equal)."""
+    same = (pl.col("content_hash") == pl.col("ref_content_hash")).fill_null(False)
+    for s in _STATS:
+        t, r = schema[s], schema[f"ref_{s}"]
+        if t.is_float() != r.is_float() or (not t.is_float() and t != r):
+            return pl.lit(False).alias("_same")
+        for a, b in zip(_exact_key(s, t), _exact_key(f"ref_{s}", r)):
+            same = same & a.eq_missing(b)
+    return same.alias("_same")
 
 
 _HASHED = ["source", "data_name", "file_status", *TENSOR_FILE_COLUMNS]
+_FILE_KEY = ["step", "rank", "_source", "data_name"]
 
 
-def _file_hashes(store, run: str, units: set[tuple[int, int]]) -> dict[tuple, tuple[bytes, tuple[int, int]]]:
-    """(step, rank, source, data_name) -> (content hash, (size, mtime ns)) of the run's loaded tensor files in
-    `units`, from the store; empty for a store written before content hashes."""
-    out: dict[tuple, tuple[bytes, tuple[int, int]]] = {}
+def _file_hashes(store, run: str, units: set[tuple[int, int]]) -> pl.DataFrame | None:
+    """(step, rank, _source (source, "" for none), data_name, content_hash, file_size, file_mtime_ns) of the run's
+    loaded tensor files in `units` that have a content hash, one row per file (the last where one repeats), from
+    the store; None for a store written before content hashes."""
+    frames = []
     for path, step, rank in run_files(store, run, units=units):
         if not set(TENSOR_FILE_COLUMNS) <= set(pl.read_parquet_schema(path)):
-            return {}
+            return None
         t = pl.read_parquet(path, columns=_HASHED).filter(
             (pl.col("file_status") == "loaded") & pl.col("content_hash").is_not_null()
         )
-        for source, name, digest, size, mtime in t.select("source", "data_name", *TENSOR_FILE_COLUMNS).iter_rows():
-            out[(step, rank, source or "", name)] = (digest, (size, mtime))
-    return out
+        where = [pl.lit(step, pl.Int64).alias("step"), pl.lit(rank, pl.Int64).alias("rank")]
+        frames.append(
+            t.select(*where, pl.col("source").fill_null("").alias("_source"), "data_name", *TENSOR_FILE_COLUMNS)
+        )
+    if not frames:
+        return None
+    return pl.concat(frames, how="vertical_relaxed").unique(_FILE_KEY, keep="last", maintain_order=True)
 
 
-def _attach_hashes(store, target: str, ref: str, todo: list[dict[str, Any]]) -> None:
-    """Set each row's content hashes and file stamps of both sides (None where the store has none)."""
-    units = {(int(r["step"]), int(r["rank"])) for r in todo}
+def _with_hashes(store, target: str, ref: str, frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with the content hashes and file stamps (TENSOR_FILE_COLUMNS) of both sides' files, `ref_` before
+    the reference's (null where the store has none), joined on (step, rank, source, data_name)."""
+    units = {(int(s), int(r)) for s, r in frame.select("step", "rank").unique().iter_rows()}
+    frame = frame.with_columns(pl.col("source").fill_null("").alias("_source"))
     for run, p in ((target, ""), (ref, "ref_")):
+        names = {c: f"{p}{c}" for c in TENSOR_FILE_COLUMNS}
         known = _file_hashes(store, run, units)
-        for r in todo:
-            found = known.get((int(r["step"]), int(r["rank"]), r["source"] or "", r[f"{p}data_name"]))
-            r[f"{p}content_hash"], r[f"{p}file_stamp"] = found if found is not None else (None, None)
+        if known is None:
+            frame = frame.with_columns(pl.lit(None, _FILE_TYPES[c]).alias(n) for c, n in names.items())
+            continue
+        known = known.cast({"step": frame.schema["step"], "rank": frame.schema["rank"]})
+        known = known.rename({"data_name": f"{p}data_name", **names})
+        frame = frame.join(known, on=[*_FILE_KEY[:3], f"{p}data_name"], how="left", maintain_order="left")
+    return frame.drop("_source")
+
+
+_FILE_TYPES: dict[str, pl.DataType] = {
+    "content_hash": pl.Binary(),
+    "file_size": pl.Int64(),
+    "file_mtime_ns": pl.Int64(),
+}
+_TEXT = ("source", "rank_dir", "ref_rank_dir", "data_name", "ref_data_name", "err_source", "status", "detail")
+_NULL_TYPES: dict[str, pl.DataType] = {
+    **dict.fromkeys(_TEXT, pl.String()),
+    **dict.fromkeys(("step", "rank"), pl.Int64()),
+    **dict.fromkeys(("shape", "ref_shape"), pl.List(pl.Int64())),
+    "nonfinite_mismatch": pl.Boolean(),
+}
+
+
+def _candidates(picked: pl.DataFrame) -> pl.DataFrame:
+    """The `_NEEDED` columns of the candidate rows, a null column for each that `picked` lacks."""
+    return picked.select(
+        *[c if c in picked.columns else pl.lit(None, _NULL_TYPES.get(c, pl.Float64())).alias(c) for c in _NEEDED]
+    )
 
 
 def _with_null_columns(rows: pl.DataFrame) -> pl.DataFrame:
     return rows.with_columns([pl.lit(None, dtype=t).alias(c) for c, t in NEW_SCHEMA.items()])
+
+
+def _exact_pairs(frame: pl.DataFrame, t_files: _RunFiles, r_files: _RunFiles, jobs: int | None):
+    """A table of the pairs read for the candidate rows (`frame`, hashes attached; `_pair_columns`), and for each row
+    the index of its pair's row: the rows of a `_content_groups` group whose files are unchanged since ingest share the
+    values of the first such row's files, read once (`_group_reads`)."""
+    groups = _content_groups(frame)
+    order = pl.Series(list(chain.from_iterable(m for m, _ in groups)), dtype=pl.Int64)
+    grouped = frame.select(_LOC)[order]
+    sizes = [(len(m), same) for m, same in groups]
+    values, where = _pair_values_all([grouped[c].to_list() for c in _LOC], sizes, t_files, r_files, jobs)
+    pair = pl.Series(where, dtype=pl.Int64).gather(order.arg_sort())  # row order[k]'s pair is where[k]
+    return pl.DataFrame(values, schema=_VALUE_SCHEMA), pair
+
+
+@contextmanager
+def _no_collections() -> Iterator[None]:
+    """The garbage collector paused: the rows' tuples and the pairs' values form no cycles, and collections would
+    only walk them again and again (with the rest of the heap: ~40 ms a full one)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def add_exact_metrics(
@@ -496,33 +672,21 @@ def add_exact_metrics(
     )
     if "kind" in rows.columns and "ref_kind" in rows.columns:
         cand = cand & (pl.col("kind") == "tensor") & (pl.col("ref_kind") == "tensor")
-    indexed = rows.with_row_index("_exact_i")
-    picked = indexed.filter(cand)
-    if picked.height == 0:
+    hit = rows.select(cand.fill_null(False)).to_series()
+    if not hit.any():
         return _with_null_columns(rows)
-    t_files, r_files = _RunFiles(store, target), _RunFiles(store, ref)
-    have = [c for c in _NEEDED if c in picked.columns]
-    missing = dict.fromkeys(c for c in _NEEDED if c not in have)
-    enabled = gc.isenabled()
-    gc.disable()  # the rows' dicts form no cycles: collections would only walk them again and again (~70 ms)
-    try:
-        todo: list[dict[str, Any]] = [{**missing, **dict(zip(have, row))} for row in picked.select(have).iter_rows()]
-        _attach_hashes(store, target, ref, todo)
-        groups = _content_groups(todo)
-        out = _exact_rows(todo, groups, t_files, r_files, jobs)
-    finally:
-        if enabled:
-            gc.enable()
-    kept = {c: rows.schema[c] for c in _UPDATED if c in rows.columns}
-    upd_schema: dict[str, pl.DataType] = {**kept, **NEW_SCHEMA}
-    upd = pl.DataFrame({c: [r.get(c) for r in out] for c in upd_schema}, schema=upd_schema)
-    upd = upd.insert_column(0, picked["_exact_i"])
-    upd = upd.rename({c: f"_exact_{c}" for c in _UPDATED if c in rows.columns}).with_columns(
-        pl.lit(True).alias("_exact_hit")
+    frame = _with_hashes(store, target, ref, _candidates(rows).filter(hit))
+    with _no_collections():
+        pairs, pair = _exact_pairs(frame, _RunFiles(store, target), _RunFiles(store, ref), jobs)
+        return _put_back(rows, hit, _updated(frame, pairs, pair))
+
+
+def _put_back(rows: pl.DataFrame, hit: pl.Series, upd: pl.DataFrame) -> pl.DataFrame:
+    """`rows` with the updated columns of the candidate rows (`hit`; `upd` holds theirs, in order) replaced, and the
+    new columns (null in the other rows)."""
+    full = upd[pl.select(pl.when(hit).then(hit.cum_sum().cast(pl.Int64) - 1)).to_series()]  # null: not a candidate
+    kept = [c for c in _UPDATED if c in rows.columns]
+    return rows.with_columns(
+        *[pl.when(hit).then(full[c].cast(rows.schema[c])).otherwise(pl.col(c)).alias(c) for c in kept],
+        *[full[c] for c in NEW_SCHEMA],
     )
-    joined = indexed.join(upd, on="_exact_i", how="left")
-    hit = pl.col("_exact_hit").fill_null(False)
-    replaced = [
-        pl.when(hit).then(pl.col(f"_exact_{c}")).otherwise(pl.col(c)).alias(c) for c in _UPDATED if c in rows.columns
-    ]
-    return joined.with_columns(replaced).select([*rows.columns, *NEW_SCHEMA])

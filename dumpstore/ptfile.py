@@ -446,29 +446,27 @@ def _plain_members(raw: memoryview) -> dict[bytes, _Plain] | None:
     cd_off, cd_end, n_total = end
     directory = raw[cd_off:cd_end].tobytes()
     members: dict[bytes, _Plain] = {}
-    unpack, head, cd_size, pos = _CDIR.unpack_from, _CDIR.size, cd_end - cd_off, 0
-    for _ in range(n_total):
-        if pos + head > cd_size:
-            return None
-        sig, flags, method, crc, csize, usize, name_len, no_extra, offset = unpack(directory, pos)
-        start = pos + head
-        pos = start + name_len
-        if (
-            sig != _CDIR_SIG
-            or method != _ZERO2  # not ZIP_STORED
-            or no_extra != _ZERO6  # an extra field, a comment, another disk
-            or flags & 1
-            or csize != usize
-            or pos > cd_size
-            or offset + usize > cd_off
-        ):
-            return None
-        name = directory[start:pos]
-        if not name.isascii() or b"\x00" in name:
-            return None
-        members[name] = (crc, usize, offset)
-    if pos != cd_size or len(members) != n_total:  # trailing bytes, or a name given twice
+    unpack, cd_size, pos = _CDIR.unpack_from, cd_end - cd_off, 0
+    try:  # an entry's fixed part past the end raises struct.error
+        for _ in range(n_total):
+            sig, flags, method, crc, csize, usize, name_len, no_extra, offset = unpack(directory, pos)
+            start = pos + 46
+            pos = start + name_len
+            if (
+                sig != _CDIR_SIG
+                or method != _ZERO2  # not ZIP_STORED
+                or no_extra != _ZERO6  # an extra field, a comment, another disk
+                or flags & 1
+                or csize != usize
+                or offset + usize > cd_off
+            ):
+                return None
+            members[directory[start:pos]] = (crc, usize, offset)
+    except struct.error:
         return None
+    names = b"".join(members)
+    if pos != cd_size or len(members) != n_total or not names.isascii() or 0 in names:
+        return None  # trailing bytes or a name cut short, a name given twice, a name not ASCII or holding NUL
     return members
 
 

@@ -84,9 +84,9 @@ Stamp = tuple[int, int]  # (size, mtime in ns) of a tensor file when it was read
 def load_leaf(dump_dir: Path, data_name: str, *, max_bytes: int | None = None) -> tuple[np.ndarray, str, Stamp]:
     """(values, stored dtype, stamp) of the file `resolve(dump_dir, data_name)` names, with its checks.
 
-    A .pt file costs one open (that refuses a link: O_NOFOLLOW), one fstat and one read. Raises MissingFile
-    when there is no file, DumpFormatError for a link, a name or folder that leads outside the dump, or an
-    unreadable file.
+    A .pt file costs one lstat, one open (that refuses a link as well: a link made after the lstat), one fstat
+    and one read. Raises MissingFile when there is no file, DumpFormatError for a link, a name or folder that
+    leads outside the dump, or an unreadable file.
     """
     _check_name(data_name)  # what resolve() checks first too
     if not _is_pt_name(data_name):
@@ -98,9 +98,9 @@ def load_leaf(dump_dir: Path, data_name: str, *, max_bytes: int | None = None) -
         return arr, stored, before
     base, inside = _tensor_dir(str(dump_dir))
     where = f"{base}{os.sep}{data_name}"  # os.path.join(base, data_name): base never ends in a separator
-    # a plain name inside a folder that is itself inside the dump: only a link can lead elsewhere, and the open
-    # refuses one (nothing is ever opened through a link)
-    if not inside:
+    # a plain name inside a folder that is itself inside the dump: only a link can lead elsewhere (checked before
+    # the open, which refuses links too: nothing is ever opened through one, nor is an open of one attempted)
+    if not inside or _islink(where):
         raise DumpFormatError(f"{where}: tensor file is a link or lies outside {base}; refusing to read it")
     pt = _ptfile()
     try:
@@ -109,6 +109,9 @@ def load_leaf(dump_dir: Path, data_name: str, *, max_bytes: int | None = None) -
         raise MissingFile(f"tensor file {where} is missing") from None
     except pt.LinkedTensorFile:
         raise DumpFormatError(f"{where}: tensor file is a link or lies outside {base}; refusing to read it") from None
+
+
+_islink = os.path.islink  # load_leaf's lstat (a name of its own: tests make a link appear after it)
 
 
 def _is_pt_name(data_name: str) -> bool:

@@ -209,7 +209,8 @@ def _dump(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("target", ["x.pt", "../../outside.pt", "gone.pt"])
 def test_load_leaf_refuses_a_link_with_its_message(tmp_path: Path, monkeypatch: Any, target: str) -> None:
-    """The open's O_NOFOLLOW refuses the link (no lstat before it); where a platform has none, a check does."""
+    """An lstat refuses the link before any open; read_pt_stamped's open refuses it too (O_NOFOLLOW, or where a
+    platform has none, a check before the open), with load_leaf's message."""
     dump = _dump(tmp_path)
     torch.save(torch.zeros(2), tmp_path / "outside.pt")
     (dump / "dump_tensor_data" / "l.pt").symlink_to(target)
@@ -220,9 +221,11 @@ def test_load_leaf_refuses_a_link_with_its_message(tmp_path: Path, monkeypatch: 
             if not no_follow:
                 m.setattr(ptfile, "NO_FOLLOW", False)
                 m.setattr(ptfile, "_NO_FOLLOW", 0)
-            with pytest.raises(DumpFormatError) as info:
-                load_leaf(dump, "l.pt")
-            assert str(info.value) == message and type(info.value) is DumpFormatError
+            for lstat_sees_it in (True, False):  # False: the link made after load_leaf's lstat
+                m.setattr(tensorfile, "_islink", os.path.islink if lstat_sees_it else lambda _path: False)
+                with pytest.raises(DumpFormatError) as info:
+                    load_leaf(dump, "l.pt")
+                assert str(info.value) == message and type(info.value) is DumpFormatError
             with pytest.raises(ptfile.LinkedTensorFile, match=r"l\.pt: tensor file is a link; refusing to read it$"):
                 ptfile.read_pt_stamped(where, follow_links=False)
     assert load_leaf(dump, "x.pt")[1] == "float32"

@@ -418,6 +418,7 @@ _EOCD64 = struct.Struct("<4sQ4x2L4Q")  # zip64 end record: signature, size, vers
 # directory entry: signature, flags, method, crc, sizes, name length, (extra and comment lengths, disk), offset
 _CDIR = struct.Struct("<4s4xH2s4x3LH6s6xL")
 _ZERO2, _ZERO6 = bytes(2), bytes(6)
+_TAIL64 = struct.Struct("<" + _EOCD64.format[1:] + _LOC64.format[1:] + _EOCD.format[1:])  # the three, in order
 _LOCAL = struct.Struct("<4s22xHH")  # local header: signature, name and extra lengths
 _CDIR_SIG, _LOCAL_SIG = b"PK\x01\x02", b"PK\x03\x04"
 
@@ -473,6 +474,34 @@ def _plain_members(raw: memoryview) -> dict[bytes, _Plain] | None:
 def _directory_end(raw: memoryview) -> tuple[int, int, int] | None:
     """(offset, end, entries) of the central directory of a plain zip from its end records, else None."""
     size = len(raw)
+    if size >= _TAIL64.size:  # torch.save's three end records read at once: the checks of _end_records in one
+        fields = _TAIL64.unpack_from(raw, size - _TAIL64.size)
+        sig64, rec_size, disk64, cd_disk64, n_disk64, n_total64, cd_size, cd_off = fields[:8]
+        loc_sig, loc_disk, rec_off, n_disks, sig, disk, cd_disk, n_disk, n_total, _size, _off, comment = fields[8:]
+        if loc_sig == b"PK\x06\x07" and sig == b"PK\x05\x06":
+            end = size - _TAIL64.size
+            if (
+                disk
+                or cd_disk
+                or n_disk != n_total
+                or comment
+                or loc_disk
+                or n_disks != 1
+                or rec_off != end
+                or sig64 != b"PK\x06\x06"
+                or rec_size != _EOCD64.size - 12
+                or disk64
+                or cd_disk64
+                or n_disk64 != n_total64
+                or cd_off + cd_size != end
+            ):
+                return None
+            return cd_off, end, n_total64
+    return _end_records(raw, size)
+
+
+def _end_records(raw: memoryview, size: int) -> tuple[int, int, int] | None:
+    """:func:`_directory_end` record by record."""
     if size < _EOCD.size:
         return None
     end = size - _EOCD.size

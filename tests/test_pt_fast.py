@@ -252,3 +252,22 @@ NAMES += [". .pt", "a.", "a", "x.pt.", "ab.pT", ".pt.pt", "é.pt", "a.p", "a.t",
 @pytest.mark.parametrize("name", NAMES)
 def test_pt_names_are_what_splitext_says(name: str) -> None:
     assert tensorfile._is_pt_name(name) == (os.path.splitext(name)[1].lower() == ".pt")
+
+
+def test_end_records_read_at_once_as_one_by_one(tmp_path: Path) -> None:
+    """_directory_end's reading of torch.save's three end records in one gives what reading them in turn gives."""
+    original = _small_file(tmp_path).read_bytes()
+    tail = len(original) - ptfile._TAIL64.size
+    seen = set()
+    for at in range(tail - 8, len(original)):
+        for mask in (0xFF, 0x01):
+            changed = bytearray(original)
+            changed[at] ^= mask
+            raw = memoryview(bytes(changed))
+            got = ptfile._directory_end(raw)
+            assert got == ptfile._end_records(raw, len(raw)), at
+            seen.add(got is None)
+    for size in range(len(original) + 1):
+        raw = memoryview(original[:size])
+        assert ptfile._directory_end(raw) == ptfile._end_records(raw, size)
+    assert seen == {True, False}

@@ -21,6 +21,7 @@ import pickle
 import re
 import stat
 import struct
+import sys
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable
@@ -31,7 +32,7 @@ import numpy as np
 from dumpstore.errors import DumpFormatError
 from dumpstore.picklescan import PickleBudgetError, check_pickle
 
-__all__ = ["DEFAULT_MAX_BYTES", "MissingTensorFile", "read_pt", "read_pt_stamped"]
+__all__ = ["DEFAULT_MAX_BYTES", "NO_FOLLOW", "LinkedTensorFile", "MissingTensorFile", "read_pt", "read_pt_stamped"]
 
 DEFAULT_MAX_BYTES = 8 << 30  # cap on the claimed size of a tensor or storage, checked before reading
 _MAX_NDIM = 64
@@ -414,7 +415,10 @@ class _SafeUnpickler(pickle.Unpickler):
 _EOCD = struct.Struct("<4s4H2LH")
 _LOC64 = struct.Struct("<4sLQL")  # zip64 end locator: signature, disk, offset of the zip64 end record, disks
 _EOCD64 = struct.Struct("<4sQ4x2L4Q")  # zip64 end record: signature, size, versions, disks, counts, size, offset
-_CDIR = struct.Struct("<4s4x2H4x3L4H6xL")  # signature, flags, method, crc, sizes, name/extra/comment lengths, disk…
+# directory entry: signature, flags, method, crc, sizes, name length, (extra and comment lengths, disk), offset
+_CDIR = struct.Struct("<4s4xH2s4x3LH6s6xL")
+_ZERO2, _ZERO6 = bytes(2), bytes(6)
+_TAIL64 = struct.Struct("<" + _EOCD64.format[1:] + _LOC64.format[1:] + _EOCD.format[1:])  # the three, in order
 _LOCAL = struct.Struct("<4s22xHH")  # local header: signature, name and extra lengths
 _CDIR_SIG, _LOCAL_SIG = b"PK\x01\x02", b"PK\x03\x04"
 
@@ -431,43 +435,73 @@ def _central_directory(data: np.ndarray) -> dict[str, _Plain] | None:
     directory. Anything else returns None and is left to :mod:`zipfile`, which reads any zip (and words the
     errors).
     """
-    end = _directory_end(data.data)
+    members = _plain_members(data.data)
+    return None if members is None else {name.decode(): info for name, info in members.items()}
+
+
+def _plain_members(raw: memoryview) -> dict[bytes, _Plain] | None:
+    """:func:`_central_directory`'s members, named by their bytes (ASCII without NUL), or None."""
+    end = _directory_end(raw)
     if end is None:
         return None
     cd_off, cd_end, n_total = end
-    directory = data.data[cd_off:cd_end].tobytes()
-    members: dict[str, _Plain] = {}
-    unpack, head, cd_size, pos = _CDIR.unpack_from, _CDIR.size, cd_end - cd_off, 0
-    for _ in range(n_total):
-        if pos + head > cd_size:
-            return None
-        sig, flags, method, crc, csize, usize, name_len, extra_len, comment_len, disk, offset = unpack(directory, pos)
-        start = pos + head
-        pos = start + name_len
-        if (
-            sig != _CDIR_SIG
-            or method  # not ZIP_STORED
-            or flags & 1
-            or csize != usize
-            or extra_len
-            or comment_len
-            or disk
-            or pos > cd_size
-            or offset + usize > cd_off
-        ):
-            return None
-        name = directory[start:pos]
-        if not name.isascii() or b"\x00" in name:
-            return None
-        members[name.decode()] = (crc, usize, offset)
-    if pos != cd_size or len(members) != n_total:  # trailing bytes, or a name given twice
+    directory = raw[cd_off:cd_end].tobytes()
+    members: dict[bytes, _Plain] = {}
+    unpack, cd_size, pos = _CDIR.unpack_from, cd_end - cd_off, 0
+    try:  # an entry's fixed part past the end raises struct.error
+        for _ in range(n_total):
+            sig, flags, method, crc, csize, usize, name_len, no_extra, offset = unpack(directory, pos)
+            start = pos + 46
+            pos = start + name_len
+            if (
+                sig != _CDIR_SIG
+                or method != _ZERO2  # not ZIP_STORED
+                or no_extra != _ZERO6  # an extra field, a comment, another disk
+                or flags & 1
+                or csize != usize
+                or offset + usize > cd_off
+            ):
+                return None
+            members[directory[start:pos]] = (crc, usize, offset)
+    except struct.error:
         return None
+    names = b"".join(members)
+    if pos != cd_size or len(members) != n_total or not names.isascii() or 0 in names:
+        return None  # trailing bytes or a name cut short, a name given twice, a name not ASCII or holding NUL
     return members
 
 
 def _directory_end(raw: memoryview) -> tuple[int, int, int] | None:
     """(offset, end, entries) of the central directory of a plain zip from its end records, else None."""
     size = len(raw)
+    if size >= _TAIL64.size:  # torch.save's three end records read at once: the checks of _end_records in one
+        fields = _TAIL64.unpack_from(raw, size - _TAIL64.size)
+        sig64, rec_size, disk64, cd_disk64, n_disk64, n_total64, cd_size, cd_off = fields[:8]
+        loc_sig, loc_disk, rec_off, n_disks, sig, disk, cd_disk, n_disk, n_total, _size, _off, comment = fields[8:]
+        if loc_sig == b"PK\x06\x07" and sig == b"PK\x05\x06":
+            end = size - _TAIL64.size
+            if (
+                disk
+                or cd_disk
+                or n_disk != n_total
+                or comment
+                or loc_disk
+                or n_disks != 1
+                or rec_off != end
+                or sig64 != b"PK\x06\x06"
+                or rec_size != _EOCD64.size - 12
+                or disk64
+                or cd_disk64
+                or n_disk64 != n_total64
+                or cd_off + cd_size != end
+            ):
+                return None
+            return cd_off, end, n_total64
+    return _end_records(raw, size)
+
+
+def _end_records(raw: memoryview, size: int) -> tuple[int, int, int] | None:
+    """:func:`_directory_end` record by record."""
     if size < _EOCD.size:
         return None
     end = size - _EOCD.size
@@ -495,19 +529,20 @@ class _Archive:
     members are views of that buffer (no zipfile, no copy). Other files go through :mod:`zipfile`.
     """
 
-    def __init__(self, fd: int, size: int) -> None:
+    def __init__(self, fd: int, size: int, whole: np.ndarray | None = None) -> None:
+        """`whole`: the file's bytes when the caller has read them already (a file of at most _WHOLE_FILE bytes)."""
         self.fd = fd
         self.src: io.BufferedIOBase | None = None
         self.whole: np.ndarray | None = None
         self.zip: zipfile.ZipFile | None = None
-        self.members: dict[str, Any] = self._open_zip(size)
+        self.members: dict[str, Any] = self._open_zip(size, whole)
         self.prefix = self._prefix(self.members)
         self.order = self._byteorder(self.prefix + "byteorder" in self.members)
 
-    def _open_zip(self, size: int) -> dict[str, Any]:
+    def _open_zip(self, size: int, whole: np.ndarray | None) -> dict[str, Any]:
         """Small files are read in one call and parsed in memory; large ones from the file."""
         if size <= _WHOLE_FILE:
-            whole = _read_all(self.fd, size)
+            whole = _read_all(self.fd, size) if whole is None else whole
             members = _central_directory(whole)
             if members is not None:
                 self.whole = whole
@@ -603,13 +638,13 @@ class _Archive:
 def _read_all(fd: int, size: int) -> np.ndarray:
     """Up to `size` bytes from the start of `fd` into a new writable buffer (fewer if the file is shorter)."""
     whole = np.empty(size, np.uint8)
-    got = 0
-    while got < size:
+    got = os.preadv(fd, [whole.data], 0) if size else 0
+    while 0 < got < size:
         step = os.preadv(fd, [whole.data[got:]], got)
         if not step:
             break
         got += step
-    return whole[:got]
+    return whole if got == size else whole[:got]
 
 
 def _view(whole: np.ndarray, name: str, info: _Plain, want: int) -> np.ndarray:
@@ -743,7 +778,12 @@ def _tensor_array(archive: _Archive, t: _Tensor, max_bytes: int) -> np.ndarray:
     if t.storage.nbytes > max_bytes:
         raise _Bad(f"storage {t.storage.key} claims {t.storage.nbytes} bytes, more than max_bytes={max_bytes}")
     raw = archive.read(f"{archive.prefix}data/{t.storage.key}", max_bytes, t.storage.nbytes)
-    out = _decode(_gather(raw, t, archive.order, numel), t.dtype)
+    return _array(raw, t, archive.order, numel)
+
+
+def _array(raw: np.ndarray, t: _Tensor, order: str, numel: int) -> np.ndarray:
+    """The tensor `t` (checked by _check_view: `numel` > 0 elements) from its storage's bytes `raw`."""
+    out = _decode(_gather(raw, t, order, numel), t.dtype)
     if t.conj:
         out = np.conjugate(out)
     if t.neg:
@@ -810,20 +850,135 @@ def _load(archive: _Archive, max_bytes: int) -> tuple[np.ndarray, str]:
     raise _Bad(f"object is not a tensor (the pickle holds a {type(obj).__name__.lstrip('_')})")
 
 
+# ------------------------------------------------------------------------------------------------------------
+# The fast path: a small plain torch.save file of one tensor, read from memory in one pass.
+
+
+def _fast(whole: np.ndarray, max_bytes: int) -> tuple[np.ndarray, str] | None:
+    """(array, dtype) of a plain torch.save file held in memory (the common case), or None: then the general path
+    (_Archive, _load) reads it and words any error.
+
+    It takes the general path's steps with the same checks (the same directory, member bounds and CRCs, byte
+    order record, allow-listed and budgeted unpickling, tensor checks against storage and `max_bytes`), and
+    returns None at the first that does not pass, so a file it reads is one the general path reads the same. A
+    pickle that is refused raises here as it does there (the steps before it having passed the same way).
+    """
+    raw = whole.data
+    members = _plain_members(raw)
+    if members is None:
+        return None
+    prefix = _archive_prefix(members)
+    if prefix is None:
+        return None
+    order = "<"
+    recorded = members.get(prefix + b"byteorder")
+    if recorded is not None:
+        mark = _small_member(raw, recorded, 16)
+        if mark != b"little":
+            if mark != b"big":
+                return None
+            order = ">"
+    pkl = _small_member(raw, members[prefix + b"data.pkl"], _SMALL_PICKLE)
+    plan = None if pkl is None else _plan(pkl)
+    if plan is None:
+        return None
+    t, member, numel, out_bytes, direct = plan
+    info = members.get(prefix + member)
+    want = t.storage.nbytes
+    if info is None or out_bytes > max_bytes or want > max_bytes:
+        return None
+    crc, size, at = info
+    start = _member_start(raw, at)
+    if start is None or want > size or start + want > len(raw):
+        return None
+    if want == size and zlib.crc32(raw[start : start + want]) != crc:
+        return None
+    if direct is not None and order == _NATIVE and start % 16 == 0:  # as _array would make it, without copies
+        itemsize = direct.itemsize
+        return np.frombuffer(whole, direct, numel, start + t.offset * itemsize).reshape(t.size), t.dtype
+    buf = whole[start : start + want]
+    return _array(buf if start % 16 == 0 else buf.copy(), t, order, numel), t.dtype
+
+
+_NATIVE = "<" if sys.byteorder == "little" else ">"
+
+
+def _archive_prefix(members: dict[bytes, _Plain]) -> bytes | None:
+    """`<archive>/` when the first member is its data.pkl, the one member so named (what torch.save writes);
+    None otherwise (the general path's _Archive._prefix then decides)."""
+    first = next(iter(members), b"")
+    if not first.endswith(b"/data.pkl") or first.count(b"/") != 1:
+        return None
+    if (b"\x00".join(members) + b"\x00").count(b"/data.pkl\x00") != 1:  # names hold no NUL
+        return None
+    return first[:-8]
+
+
+def _member_start(raw: memoryview, at: int) -> int | None:
+    """Where the data of the member whose local header is at `at` starts, or None for a bad local header."""
+    if at + _LOCAL.size > len(raw):
+        return None
+    sig, name_len, extra_len = _LOCAL.unpack_from(raw, at)
+    return at + 30 + name_len + extra_len if sig == _LOCAL_SIG else None
+
+
+def _small_member(raw: memoryview, info: _Plain, cap: int) -> bytes | None:
+    """All of a member of at most `cap` bytes (local header, bounds and CRC checked as _view checks them), or None."""
+    crc, size, at = info
+    start = _member_start(raw, at) if size <= cap else None
+    if start is None:
+        return None
+    data = raw[start : start + size].tobytes()
+    return data if len(data) == size and zlib.crc32(data) == crc else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(pkl: bytes) -> tuple[_Tensor, bytes, int, int, np.dtype | None] | None:
+    """What the fast path needs of a small tensor pickle, memoised as _unpickle_small is: the tensor, its storage
+    member after the prefix, its elements, its bytes as read, and the dtype of its stored elements in native byte
+    order if it is read as they are (contiguous, no widening or conjugation), else None. None for a pickle that
+    is not a tensor passing _check_view's checks but the cap; one that is refused raises (each time)."""
+    t = _unpickle_small(pkl)
+    if type(t) is not _Tensor or t.dtype not in _STORED_CODE:
+        return None
+    numel = math.prod(t.size)
+    if numel == 0:
+        return None
+    extent = t.offset + sum((n - 1) * s for n, s in zip(t.size, t.stride)) + 1
+    if extent > t.storage.nbytes // _ITEMSIZE[t.dtype]:
+        return None
+    stored = _storage_dtype(t.dtype, _NATIVE)
+    plain = t.dtype not in _WIDENED and not (t.conj or t.neg) and _is_contiguous(t.size, t.stride)
+    member = b"data/" + t.storage.key.encode()
+    return t, member, numel, numel * _out_dtype(t.dtype).itemsize, stored if plain else None
+
+
+_WIDENED = frozenset({"bfloat16", "bool", "complex32", *_FP8})  # what _decode changes besides the byte order
+
+
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # a FIFO does not block the open
 _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+NO_FOLLOW = bool(_NO_FOLLOW)  # whether `follow_links=False` is the open's own refusal (else a check before it)
 
 
 def _read(path: str, max_bytes: int, follow_links: bool) -> tuple[np.ndarray, str, tuple[int, int]]:
     """One open, one fstat, one read for a small file (the syscalls a .pt costs)."""
+    if not (follow_links or NO_FOLLOW) and os.path.islink(path):
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))  # as O_NOFOLLOW refuses it
     fd = os.open(path, _OPEN_FLAGS if follow_links else _OPEN_FLAGS | _NO_FOLLOW)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # a FIFO would block, /dev/zero never end
             raise _Bad("not a regular file")
-        archive = _Archive(fd, info.st_size)
+        size, whole = info.st_size, None
+        if size <= _WHOLE_FILE:
+            whole = _read_all(fd, size)
+            got = _fast(whole, max_bytes)
+            if got is not None:
+                return got[0], got[1], (size, info.st_mtime_ns)
+        archive = _Archive(fd, size, whole)
         try:
-            return (*_load(archive, max_bytes), (info.st_size, info.st_mtime_ns))
+            return (*_load(archive, max_bytes), (size, info.st_mtime_ns))
         finally:
             archive.close()
     finally:
@@ -832,6 +987,10 @@ def _read(path: str, max_bytes: int, follow_links: bool) -> tuple[np.ndarray, st
 
 class MissingTensorFile(DumpFormatError):
     """The tensor file does not exist (:func:`read_pt`'s error when there is no file at the path)."""
+
+
+class LinkedTensorFile(DumpFormatError):
+    """The path is a symbolic link, refused (:func:`read_pt`'s error with `follow_links=False`)."""
 
 
 def read_pt(
@@ -868,7 +1027,7 @@ def read_pt_stamped(
         raise DumpFormatError(f"{where}: {exc}") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow_links and os.path.islink(where):
-            raise DumpFormatError(f"{where}: tensor file is a link; refusing to read it") from None
+            raise LinkedTensorFile(f"{where}: tensor file is a link; refusing to read it") from None
         kind = MissingTensorFile if exc.errno == errno.ENOENT else DumpFormatError
         raise kind(f"{where}: cannot read tensor file: {exc.strerror or exc}") from exc
     except _CORRUPT as exc:

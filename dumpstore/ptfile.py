@@ -652,12 +652,9 @@ def _view(whole: np.ndarray, name: str, info: _Plain, want: int) -> np.ndarray:
     the member's CRC is checked when all of it is read."""
     crc, size, at = info
     raw = whole.data
-    if at + _LOCAL.size > len(raw):
+    start = _member_start(raw, at)
+    if start is None:
         raise _Bad(f"zip member {name} has a bad local header")
-    sig, name_len, extra_len = _LOCAL.unpack_from(raw, at)
-    if sig != _LOCAL_SIG:
-        raise _Bad(f"zip member {name} has a bad local header")
-    start = at + 30 + name_len + extra_len
     got = max(0, min(want, len(raw) - start))
     if got != want:
         raise _Bad(f"zip member {name} is truncated ({got} of {want} bytes)")
@@ -939,13 +936,13 @@ def _plan(pkl: bytes) -> tuple[_Tensor, bytes, int, int, np.dtype | None] | None
     order if it is read as they are (contiguous, no widening or conjugation), else None. None for a pickle that
     is not a tensor passing _check_view's checks but the cap; one that is refused raises (each time)."""
     t = _unpickle_small(pkl)
-    if type(t) is not _Tensor or t.dtype not in _STORED_CODE:
+    if type(t) is not _Tensor:
         return None
-    numel = math.prod(t.size)
+    try:
+        numel = _check_view(t, _NO_CAP)  # the cap is the caller's (it varies by file)
+    except _Bad:
+        return None
     if numel == 0:
-        return None
-    extent = t.offset + sum((n - 1) * s for n, s in zip(t.size, t.stride)) + 1
-    if extent > t.storage.nbytes // _ITEMSIZE[t.dtype]:
         return None
     stored = _storage_dtype(t.dtype, _NATIVE)
     plain = t.dtype not in _WIDENED and not (t.conj or t.neg) and _is_contiguous(t.size, t.stride)
@@ -953,6 +950,7 @@ def _plan(pkl: bytes) -> tuple[_Tensor, bytes, int, int, np.dtype | None] | None
     return t, member, numel, numel * _out_dtype(t.dtype).itemsize, stored if plain else None
 
 
+_NO_CAP = 1 << 128  # larger than any tensor's bytes
 _WIDENED = frozenset({"bfloat16", "bool", "complex32", *_FP8})  # what _decode changes besides the byte order
 
 

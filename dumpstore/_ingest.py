@@ -560,7 +560,8 @@ class _Summaries:
 
     `failed`: (position in the chunk, file_status, error) of each leaf whose file was not loaded; `loaded`: the
     positions of the others, whose _SUMMARY_COLUMNS are `columns` (in that order) and whose samples and sketches
-    lie one after another in `values` (float64), `lengths` two per loaded leaf; `files`: tensor files read."""
+    lie one after another in `values` (float64) once `packed`, `lengths` two per loaded leaf; `files`: tensor files
+    read."""
 
     failed: list[tuple[int, str, str]] = field(default_factory=list)
     loaded: list[int] = field(default_factory=list)
@@ -591,12 +592,12 @@ def _submit(pool: _LazyPool | None, dump_dir: str, chunk: list[tuple], opts: Ing
     from concurrent.futures import Future
 
     done: Future = Future()
-    done.set_result(_summaries(chunk, Path(dump_dir), opts))
+    done.set_result(_summaries(chunk, Path(dump_dir), opts).packed())
     return done
 
 
 def _summarize_files(job: tuple[str, list[tuple], IngestOptions]) -> _Summaries:
-    """Worker: `_summaries` of a chunk of leaves ((data_name, dtype, shape, numel) each), packed to be sent back."""
+    """Worker: `_summaries` of a chunk of leaves ((data_name, dtype, shape, numel) each), packed."""
     dump_dir, chunk, opts = job
     return _summaries(chunk, Path(dump_dir), opts).packed()
 
@@ -1067,12 +1068,10 @@ def _apply(cols: Batch, where: list[int], got: _Summaries, res: UnitResult) -> N
         _put(cols[flag], at, [n > 0 for n in by_name[count]])
     _put(cols["file_status"], at, ["loaded"] * len(at))
     _put(cols["stats_source"], at, ["tensor"] * len(at))
-    if got.values is None:  # read in this process: not packed
-        got.packed()
     ends = np.cumsum(got.lengths).tolist()
     starts = [0, *ends[:-1]]
     flat = got.values
-    assert flat is not None  # packed
+    assert flat is not None  # packed where it was made
     _put(cols["sample"], at, [flat[starts[k] : ends[k]] for k in range(0, len(ends), 2)])
     _put(cols["sketch"], at, [flat[starts[k] : ends[k]] for k in range(1, len(ends), 2)])
 

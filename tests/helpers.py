@@ -65,3 +65,20 @@ def child_processes() -> set[int]:
         if int(fields[1]) == os.getpid():
             out.add(int(stat.parent.name))
     return out
+
+
+class ExactLoads:
+    """Counts the tensor files `--exact` reads (all pairs compared in this process: no worker pool)."""
+
+    def __init__(self, monkeypatch):
+        from dumpstore.analysis import exact
+
+        self.n = 0
+        monkeypatch.setattr(exact, "_PARALLEL_MIN", 1 << 30)
+        real = exact._load
+
+        def counted(*args):
+            self.n += 1
+            return real(*args)
+
+        monkeypatch.setattr(exact, "_load", counted)

@@ -16,6 +16,7 @@ from dumpstore._ingest import ingest
 from dumpstore.analysis import exact, metrics
 from dumpstore.analysis.compare import compare_runs
 from dumpstore.store import open_store
+from helpers import ExactLoads
 
 STATS = [*exact._STATS, *(f"ref_{s}" for s in exact._STATS)]
 NAN_PAYLOAD = np.array([0x7FF8000000000123], np.int64).view(np.float64)[0]  # a NaN of another bit pattern
@@ -105,21 +106,6 @@ def test_groups_of_random_statistics_match_the_repr_grouping():
 # ------------------------------------------------------------------------------------- files changed in a group
 
 
-class _Loads:
-    """Counts the tensor files `--exact` reads (in this process)."""
-
-    def __init__(self, monkeypatch):
-        self.n = 0
-        monkeypatch.setattr(exact, "_PARALLEL_MIN", 1 << 30)
-        real = exact._load
-
-        def counted(*args):
-            self.n += 1
-            return real(*args)
-
-        monkeypatch.setattr(exact, "_load", counted)
-
-
 @pytest.fixture
 def linear4(dump_writer, tmp_path):
     """Four leaves of one equal input pair and four of one differing output pair, ingested as runs t and r; the
@@ -156,7 +142,7 @@ def _replace(path: Path, source: Path) -> None:
 
 def test_changed_file_in_a_group_gets_its_own_values(linear4, monkeypatch):
     store, tensors, base, other = linear4
-    loads = _Loads(monkeypatch)
+    loads = ExactLoads(monkeypatch)
     before = _by_name(store)
     assert loads.n == 1 + 2  # one read of the equal inputs (one file), one of the differing outputs (two)
     name = "Functional.linear.{}.forward.{}.0"
@@ -186,7 +172,7 @@ def test_linked_or_deleted_file_in_a_group_keeps_its_row(linear4, monkeypatch):
     linked.unlink()
     linked.symlink_to(tensors / f"{name.format(0)}.npy")  # the same contents, through a link
     (tensors / f"{name.format(2)}.npy").unlink()
-    loads = _Loads(monkeypatch)
+    loads = ExactLoads(monkeypatch)
     after = _by_name(store)
     assert loads.n == 1 + 1 + 1 + 2  # the shared read, the link refused, the missing file, the outputs
     sketch = compare_runs(open_store(store), "t", "r").rows

@@ -15,10 +15,10 @@ import pytest
 
 from dumpstore import tensorfile
 from dumpstore._ingest import ingest
-from dumpstore.analysis import exact
 from dumpstore.analysis.compare import compare_runs
 from dumpstore.schema import TENSOR_FILE_COLUMNS
 from dumpstore.store import open_store
+from helpers import ExactLoads
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_dumps"
 PAIRS = [
@@ -42,22 +42,7 @@ def _without_hashes(store: Path, to: Path) -> Path:
     return to
 
 
-class _Loads:
-    """Counts the tensor files `--exact` reads (all pairs compared in this process)."""
-
-    def __init__(self, monkeypatch):
-        self.n = 0
-        monkeypatch.setattr(exact, "_PARALLEL_MIN", 1 << 30)
-        real = exact._load
-
-        def counted(*args):
-            self.n += 1
-            return real(*args)
-
-        monkeypatch.setattr(exact, "_load", counted)
-
-
-def _exact_rows(store: Path, target: str, ref: str, loads: _Loads) -> tuple[pl.DataFrame, int]:
+def _exact_rows(store: Path, target: str, ref: str, loads: ExactLoads) -> tuple[pl.DataFrame, int]:
     before = loads.n
     rows = compare_runs(open_store(store), target, ref, exact=True).rows
     return rows, loads.n - before
@@ -93,7 +78,7 @@ def _hash_pairs(store: Path, target: str, ref: str, rows: pl.DataFrame) -> list[
 @pytest.mark.parametrize("target, ref", PAIRS)
 def test_reused_rows_equal_read_rows(stores, monkeypatch, target, ref):
     new, old = stores
-    loads = _Loads(monkeypatch)
+    loads = ExactLoads(monkeypatch)
     reused, n_reused = _exact_rows(new, target, ref, loads)
     read, n_read = _exact_rows(old, target, ref, loads)
     assert reused.columns == read.columns and reused.height == read.height
@@ -151,7 +136,7 @@ def test_identical_edge_tensors_and_repeated_pairs(dump_writer, monkeypatch, tmp
     ingest(t_dump, "t", store=store, jobs=1)
     ingest(r_dump, "r", store=store, jobs=1)
     old = _without_hashes(store, tmp_path / "old")
-    loads = _Loads(monkeypatch)
+    loads = ExactLoads(monkeypatch)
     reused, n_reused = _exact_rows(store, "t", "r", loads)
     read, n_read = _exact_rows(old, "t", "r", loads)
     for c in reused.columns:
@@ -175,7 +160,7 @@ def test_changed_files_are_read_again(tmp_path, monkeypatch):
     for run in ("ref_tensor", "weight_1pct_tensor"):
         shutil.copytree(SAMPLES / run, tmp_path / run)
         ingest(tmp_path / run, run, store=tmp_path / "store", jobs=1)
-    loads = _Loads(monkeypatch)
+    loads = ExactLoads(monkeypatch)
     rows, n_before = _exact_rows(tmp_path / "store", "weight_1pct_tensor", "ref_tensor", loads)
     same = rows.filter(pl.col("msprobe_cosine") == "1.0").filter(pl.col("err") == 0.0)
     touched = tmp_path / "weight_1pct_tensor" / "step0" / "rank0" / "dump_tensor_data" / same["data_name"][0]

@@ -40,8 +40,13 @@ def resolve(dump_dir: Path, data_name: str) -> Path:
     except OSError as exc:  # e.g. a data_name longer than the file system allows
         raise DumpFormatError(f"{path}: cannot look up the tensor file ({exc.strerror})") from None
     if outside:
-        raise DumpFormatError(f"{path}: tensor file is a link or lies outside {base}; refusing to read it")
+        raise _refused(path, base)
     return path
+
+
+def _refused(path: str | Path, base: Path) -> DumpFormatError:
+    """The error for a tensor file that is a link or lies outside the dump's tensor folder `base`."""
+    return DumpFormatError(f"{path}: tensor file is a link or lies outside {base}; refusing to read it")
 
 
 def _check_name(data_name: str) -> None:
@@ -101,14 +106,14 @@ def load_leaf(dump_dir: Path, data_name: str, *, max_bytes: int | None = None) -
     # a plain name inside a folder that is itself inside the dump: only a link can lead elsewhere (checked before
     # the open, which refuses links too: nothing is ever opened through one, nor is an open of one attempted)
     if not inside or _islink(where):
-        raise DumpFormatError(f"{where}: tensor file is a link or lies outside {base}; refusing to read it")
+        raise _refused(where, base)
     pt = _ptfile()
     try:
         return pt.read_pt_stamped(where, max_bytes=max_bytes, follow_links=False)
     except pt.MissingTensorFile:
         raise MissingFile(f"tensor file {where} is missing") from None
     except pt.LinkedTensorFile:
-        raise DumpFormatError(f"{where}: tensor file is a link or lies outside {base}; refusing to read it") from None
+        raise _refused(where, base) from None
 
 
 _islink = os.path.islink  # load_leaf's lstat (a name of its own: tests make a link appear after it)

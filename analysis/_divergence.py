@@ -96,6 +96,9 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             (div & is_in).any().alias("in_div"),
             pl.col("err").filter(is_out & tensor).max().alias("out_err"),
             pl.col("err").filter(is_in & tensor).max().alias("in_err"),
+            _norm_of_worst(is_in & tensor).alias("in_norm"),
+            (pl.col("err_source") == "stats").filter(is_in & tensor).any().alias("in_bound"),
+            _norm_of_worst(is_out & tensor).alias("out_norm"),
             pl.col("tol").filter(is_out & tensor).max().alias("tol"),
             pl.col("tol_dtype").filter(is_out & tensor).first().alias("tol_dtype"),
             pl.col("err").filter(scalar_arg).max().alias("arg_err"),
@@ -115,7 +118,31 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             "arg_diff"
         )
     )
-    return record_measures(recs)
+    return record_measures(_with_saved_inputs(recs))
+
+
+def _with_saved_inputs(recs: pl.DataFrame) -> pl.DataFrame:
+    """A backward record computes from what its forward record saved (the forward inputs: layer_norm's input
+    and weight, linear's activation), which its own record does not list: its input error is at least its
+    forward record's."""
+    keys = ["step", "rank", "source"]
+    fwd = recs.filter(pl.col("_record").str.ends_with(".forward")).select(
+        *keys,
+        pl.col("_record").str.replace(r"\.forward$", ".backward").alias("_record"),
+        pl.col("in_err").alias("_fwd_in_err"),
+    )
+    if not fwd.height:
+        return recs
+    out = recs.join(fwd, on=keys + ["_record"], how="left", nulls_equal=True, maintain_order="left")
+    bwd = pl.col("_fwd_in_err").is_not_null() & pl.col("_record").str.ends_with(".backward")
+    return out.with_columns(
+        pl.when(bwd).then(pl.max_horizontal("in_err", "_fwd_in_err")).otherwise(pl.col("in_err")).alias("in_err")
+    ).drop("_fwd_in_err")
+
+
+def _norm_of_worst(where: pl.Expr) -> pl.Expr:
+    """The reference norm of the leaf with the largest error among `where` (in a group_by)."""
+    return pl.col("ref_norm").cast(pl.Float64).filter(where).sort_by(pl.col("err").filter(where)).last()
 
 
 def divergence(cmp: Comparison) -> Verdict:

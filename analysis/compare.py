@@ -96,6 +96,9 @@ def compare_runs(
         from .exact import add_exact_metrics
 
         rows = add_exact_metrics(store, target, ref, rows, tol, precision["floor"])
+    from .prior import judge_classes
+
+    rows = judge_classes(rows, precision, tol)
     rows = R.apply_small_values(rows)
     return Comparison(rows, records, precision, tol, target, ref, cov)
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import polars as pl
 
+from dumpstore.dtypes import INT_DTYPES
+
 from .compare import Comparison
 from .findings import Finding
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
@@ -76,6 +78,24 @@ class _Producers:
         self.first = dict(
             zip(outs[col].to_list(), zip(outs[f"{prefix}seq"].to_list(), outs[f"{prefix}record"].to_list()))
         )
+        # the module records' `parameters` leaves (msprobe mix level): which tensors are weights
+        self.params = set(
+            rows.lazy()
+            .filter((pl.col(f"{prefix}io") == "parameters") & pl.col(col).is_not_null())
+            .select(col)
+            .collect()[col]
+            .to_list()
+        )
+
+    def is_weight(self, r: dict[str, Any]) -> bool:
+        """A tensor input that is a weight: a `parameters` leaf, or one requiring grad that is a module's
+        parameter where module records list them (else an activation reached through unrecorded ops, such
+        as `k.transpose()`), or that requires grad where they list none."""
+        if r.get(f"{self.prefix}io") == "parameters":
+            return True
+        if not r.get(f"{self.prefix}requires_grad"):
+            return False
+        return not self.params or r.get(f"_fp_{self.prefix or 't'}") in self.params
 
     def producer(self, r: dict[str, Any]) -> str | None:
         return self.producer_of(r.get(f"_fp_{self.prefix or 't'}"), r.get(f"{self.prefix}seq"))
@@ -265,6 +285,10 @@ class _Judge:
         bad_in = leaves.filter(
             pl.col("_io").is_in(INPUT_IO) & (pl.col("status") == "diverged") & (pl.col("kind") == "tensor")
         )
+        if self._discrete_flip(bad_in):
+            return None
+        if self.t_prod.producer(out) is not None and self.r_prod.producer(out) is not None:
+            return None  # the same output was recorded earlier (a module and its last op): judged there
         if bad_in.height == 0 and rec["fresh"]:
             return self._fresh(out)
         for leaf in bad_in.iter_rows(named=True):
@@ -277,6 +301,10 @@ class _Judge:
         bar = self.noise.bar(rec["_direction"], False, self.key)
         if bar is not None and amp <= bar:
             return None
+        if rec.get("in_bound"):  # input errors from statistics are lower bounds: amp is an upper bound
+            level = self.noise.carried(self.key)
+            if level is not None and rec["out_err"] is not None and rec["out_err"] <= level:
+                return None  # and the output error is no more than the pair carries here
         q = "" if bar is None else f"; this pair's p{round(100 * QUANTILE)} before it is {bar / STAND_OUT:.3g}x"
         return _with_evidence(
             _finding(out, "op"),
@@ -286,6 +314,38 @@ class _Judge:
             reason="error amplification stands out",
             detail=f"amplification {amp:.3g}x{q}",
         )
+
+    def _discrete_flip(self, bad_in: pl.DataFrame) -> bool:
+        """A discrete choice (top-k, argmax, sort indices, a mask) flipped by noise: the integer or boolean outputs
+        differ while the float inputs, and any float outputs (the values chosen), differ no more than the
+        error the pair carries here.  Equal values chosen at different places are a near tie; the flip is noted
+        (`NoiseModel.flips`) as noise, not judged as a culprit."""
+        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
+        exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+        flipped = outs.filter(exact)
+        if not flipped.height:
+            return False
+        ins = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor"))
+        if not ins.filter(~exact).height or ins.filter(exact & (pl.col("status") == "diverged")).height:
+            return False  # no float input to tie on, or a discrete input already differs (carried)
+        level = self.noise.carried(self.key)
+        bar = max(level or 0.0, float(self.rec["tol"] or 0.0))
+        floats = pl.concat([ins.filter(~exact), outs.filter(~exact)], how="diagonal_relaxed")
+        worst = floats["err"].drop_nulls().max()
+        if worst is not None and not float(worst) <= bar:  # type: ignore[arg-type]
+            return False
+        self.noise.flips.append(
+            {
+                "step": self.rec["step"],
+                "rank": self.rec["rank"],
+                "op": self.rec["_record"],
+                "outputs": flipped["name"].to_list(),
+                "float_err": None if worst is None else float(worst),  # type: ignore[arg-type]
+                "noise_bar": bar,
+                "detail": "discrete output changed where the float values agree within noise: a near tie",
+            }
+        )
+        return True
 
     def _fresh(self, out: dict[str, Any]) -> Finding | None:
         """Inputs agree, the output diverges: an op creating error, if more than the pair's fresh ops do."""
@@ -335,9 +395,13 @@ class _Judge:
                 detail=f"only in the target; its output feeds {leaf['name']}",
             )
         if tp is None and rp is None:
-            kind = "parameter" if leaf.get("requires_grad") or leaf["_io"] == "parameters" else "input"
+            kind = "parameter" if self.t_prod.is_weight(leaf) else "input"
             if kind == "parameter" and leaf["step"] != self.first_step:
                 return None  # later weights carry the optimizer's noise; the optimizer rule judges the update
+            if kind == "input" and leaf["err"] is not None:
+                bar = self.noise.carried(self.key)
+                if bar is not None and leaf["err"] <= bar:
+                    return None  # within the error the pair carries here: reached through unrecorded ops
             return _with_evidence(
                 _finding(out, kind),
                 differing=leaf["name"],

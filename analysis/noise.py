@@ -22,7 +22,7 @@ bound of ||p(s+1) - p(s)|| by `rules.stats_bound`), so the rule holds in statist
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,8 @@ class NoiseModel:
 
     fresh: dict[str, tuple[list[tuple], np.ndarray]]
     carry: dict[str, tuple[list[tuple], np.ndarray]]
+    outputs: tuple[list[tuple], np.ndarray] = ([], np.zeros(0))  # every record's output error, all directions
+    flips: list[dict[str, Any]] = field(default_factory=list)  # discrete outputs flipped on near ties (noise)
 
     @classmethod
     def fit(cls, recs: pl.DataFrame) -> NoiseModel:
@@ -62,7 +64,22 @@ class NoiseModel:
             pl.col("fresh").fill_null(False),
         )
         carrying = ~pl.col("fresh") & pl.col("amp").is_not_null() & pl.col("amp").is_finite()
-        return cls(_by_direction(ok.filter(pl.col("fresh")), "out_err"), _by_direction(ok.filter(carrying), "amp"))
+        every = _by_direction(ok.with_columns(pl.lit("all").alias("_direction")), "out_err").get("all")
+        return cls(
+            _by_direction(ok.filter(pl.col("fresh")), "out_err"),
+            _by_direction(ok.filter(carrying), "amp"),
+            every or ([], np.zeros(0)),
+        )
+
+    def carried(self, before: tuple) -> float | None:
+        """STAND_OUT x the QUANTILE of the output errors of every record before `before` (any direction): the
+        error the pair carries at that point, against which a tensor no recorded op produced is judged (a
+        gradient reaching an op through ops msprobe does not record).  None: fewer than MIN_GROUP records."""
+        keys, values = self.outputs
+        n = bisect.bisect_left(keys, before)
+        if n < MIN_GROUP:
+            return None
+        return STAND_OUT * float(np.quantile(values[:n], QUANTILE))
 
     def bar(self, direction: str, fresh: bool, before: tuple) -> float | None:
         """STAND_OUT x the QUANTILE of the measure over the ops of `direction` before `before` in execution
@@ -74,9 +91,12 @@ class NoiseModel:
         return STAND_OUT * float(np.quantile(values[:n], QUANTILE))
 
     def summary(self, recs: pl.DataFrame) -> dict[str, Any]:
-        """The largest amplification among the pair's ops and where, with the quantile of all of them."""
+        """The largest amplification among the pair's ops and where, with the quantile of the ops of its step and
+        rank (what a verdict computed a step at a time sees too)."""
         ok = recs.filter(pl.col("amp").is_not_null() & pl.col("amp").is_finite() & ~pl.col("fresh"))
         out: dict[str, Any] = {"quantile": QUANTILE, "stand_out": STAND_OUT}
+        if self.flips:
+            out["discrete_flips"] = list(self.flips)
         if ok.height:
             top = ok.sort("amp", descending=True).row(0, named=True)
             out |= {
@@ -84,7 +104,12 @@ class NoiseModel:
                 "step": top["step"],
                 "rank": top["rank"],
                 "op": top["_record"],
-                "amplification_quantile": float(ok["amp"].quantile(QUANTILE) or 0.0),
+                "amplification_quantile": float(
+                    ok.filter((pl.col("step") == top["step"]) & (pl.col("rank") == top["rank"]))["amp"].quantile(
+                        QUANTILE
+                    )
+                    or 0.0
+                ),
             }
         return out
 
@@ -112,9 +137,15 @@ def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
     """Add `fresh` (inputs agree) and `amp` (output error / max(input error, eps)) to a record table."""
     floor = R.dtype_eps(pl.col("tol_dtype")).fill_null(R.EPS_FLOAT32)
     in_err = pl.col("in_err").fill_null(0.0)
+    # a gradient record without inputs (msprobe's parameters_grad) carries its backward op's error: not fresh
+    no_inputs = pl.col("in_err").is_null() & (pl.col("_direction") != "forward")
+    # conditioning: an input error e on a tensor of norm |x| is an output error of about e |x| / |y| when the op
+    # passes it on unchanged in absolute size (a sum with cancellation: the bias gradient of a logit layer)
+    kappa = pl.max_horizontal(pl.col("in_norm") / pl.col("out_norm"), pl.lit(1.0)).fill_nan(1.0).fill_null(1.0)
+    carried = in_err * pl.when(kappa.is_finite()).then(kappa).otherwise(1.0)
     return recs.with_columns(
-        (in_err <= QUIET * pl.col("tol").fill_null(0.0)).alias("fresh"),
-        (pl.col("out_err") / pl.max_horizontal(in_err, floor)).alias("amp"),
+        ((carried <= QUIET * pl.col("tol").fill_null(0.0)) & ~no_inputs).alias("fresh"),
+        pl.when(no_inputs).then(None).otherwise(pl.col("out_err") / pl.max_horizontal(carried, floor)).alias("amp"),
     )
 
 

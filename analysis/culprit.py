@@ -192,8 +192,9 @@ def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: 
     shows = params.row(0, named=True)
     key = order_key(shows)
     text = (
-        f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.3g}x (median) as far as "
-        f"in the reference between steps {before} and {after}: learning rate or optimizer differs"
+        f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
+        f"in the reference between steps {before} and {after}, beyond their own spread (log ratio bar "
+        f"{ev['bar']:.2g}): learning rate, clipping or optimizer differs"
     )
     culprit = Finding(
         after,

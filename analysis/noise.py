@@ -12,11 +12,15 @@ ops of its direction that ran before it (earlier steps included): the noise the 
 op's own downstream cannot inflate; and the fixed floors: the tolerance for fresh ops,
 `Tolerances.amplification` for carrying ops.
 
-The optimizer: when step s agrees and the parameters differ at the next step, the update between them is the
-culprit when the runs moved their parameters by different amounts consistently (`update_evidence`): the median
-ratio of update sizes (target / reference) is off 1 by more than OPT_DEV_TOL x the tolerance and at least
-OPT_SHARE of the parameters moved the same way.  Update sizes come from the statistics of both steps (a lower
-bound of ||p(s+1) - p(s)|| by `rules.stats_bound`), so the rule holds in statistics and tensor mode alike.
+The optimizer: when the parameters differ at step s+1, the update between s and s+1 is the culprit when the
+runs moved their parameters by different amounts consistently (`update_evidence`), judged against the update
+ratios' own spread across parameters, not a dtype tolerance: the median log ratio of update sizes (target /
+reference) is off 0 by more than OPT_Z standard errors of that median (1.2533 x the robust sigma 1.4826 x MAD
+/ sqrt(n)) and by more than OPT_FLOOR, and at least OPT_SHARE of the parameters moved the same way.  A learning
+rate or clipping change moves every parameter by the same factor (spread ~0); device noise moves them by
+scattered factors around 1.  The rule runs at the start of each later step, before that step's other rules.
+Update sizes come from the statistics of both steps (a lower bound of ||p(s+1) - p(s)|| by `rules.stats_bound`),
+so the rule holds in statistics and tensor mode alike.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ QUIET = 0.1  # inputs "agree" when their error is below this share of the tolera
 QUANTILE = 0.99  # the high quantile of the pair's own spread
 STAND_OUT = 3.0  # a culprit's measure exceeds this multiple of that quantile
 MIN_GROUP = 4  # fewer ops than this in a group: only the fixed floors apply
-OPT_DEV_TOL = 4.0  # optimizer: median update ratio off 1 by more than this many tolerances ...
+OPT_Z = 4.0  # optimizer: the median log update ratio off 0 by more than this many standard errors ...
+OPT_FLOOR = 2.0**-10  # ... and by more than this (0.1 %: far below a fault of 1 %, above float32 rounding) ...
 OPT_SHARE = 0.75  # ... with at least this share of the parameters moved the same way
 OPT_MIN_PARAMS = 3
 
@@ -181,11 +186,15 @@ def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.Data
     r = ratio[ok]
     med = float(np.median(r))
     same_way = int((r > 1).sum()) if med > 1 else int((r < 1).sum())
-    tol = float(np.nanmax(both["tol"].cast(pl.Float64).to_numpy()))
+    logs = np.log(r)
+    spread = 1.4826 * float(np.median(np.abs(logs - np.median(logs))))  # robust sigma of the log ratios
+    se = 1.2533 * spread / np.sqrt(r.size)  # standard error of their median
+    bar = float(max(OPT_Z * se, OPT_FLOOR))
     return {
         "parameters": int(ok.sum()),
         "median_ratio": med,
         "same_way": same_way,
-        "tolerance": tol,
-        "differs": abs(med - 1) > OPT_DEV_TOL * tol and same_way >= OPT_SHARE * ok.sum(),
+        "spread": spread,
+        "bar": bar,
+        "differs": bool(abs(float(np.median(logs))) > bar and same_way >= OPT_SHARE * ok.sum()),
     }

@@ -12,8 +12,8 @@ The data is git-ignored (`sample_dumps/dev_extra/`): only this script is committ
 `measure_noise.py --dev-extra` scores.  These pairs are the DEVELOPMENT set the noise model's constants are
 chosen on, with the `xdev_*` pairs of catalog.json; no held-out pair is made here.
 
-Families (each runs msprobe 26.2.0 in its own subprocess, as generate.py does, 3 steps in statistics mode and 2
-in tensor mode; the same data batches, seed 0):
+Families (each runs msprobe 26.2.0 in its own subprocess, as generate.py does, 3 steps in both dump modes
+(an optimizer fault from the second update shows at step 2); the same data batches, seed 0):
 
   dx_*  a 2-layer GPT-style model in fp32 (no autocast) with a Llama-like causal mask
         (`torch.where(mask, finfo.min, scores)`) and SGD with momentum.  The target ("device T") runs every fp32
@@ -47,7 +47,7 @@ import generate as G  # noqa: E402  (the sample generator: msprobe config, batch
 
 D_MODEL, HIDDEN, VOCAB = 32, 64, 16
 DX_LR, DX_MOMENTUM = 0.05, 0.9
-STEPS = {"statistics": 3, "tensor": 2}
+STEPS = {"statistics": 3, "tensor": 3}
 DEVICE_T = {"tf32": True}
 DEVICE_B = G.XDEV_B1
 

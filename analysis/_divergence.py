@@ -98,6 +98,7 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             pl.col("err").filter(is_in & tensor).max().alias("in_err"),
             _norm_of_worst(is_in & tensor).alias("in_norm"),
             (pl.col("err_source") == "stats").filter(is_in & tensor).any().alias("in_bound"),
+            pl.concat_str([pl.col("prefix"), pl.col("op_type")], separator=".").drop_nulls().first().alias("op_class"),
             _norm_of_worst(is_out & tensor).alias("out_norm"),
             pl.col("tol").filter(is_out & tensor).max().alias("tol"),
             pl.col("tol_dtype").filter(is_out & tensor).first().alias("tol_dtype"),

@@ -302,6 +302,9 @@ class _Judge:
         bar = self.noise.bar(rec["_direction"], False, self.key)
         if bar is not None and amp <= bar:
             return None
+        sib = self.noise.sibling_bar(rec)
+        if sib is not None and rec["local"] is not None and rec["local"] <= sib:
+            return None  # its siblings make as much error: the class's noise
         if rec.get("in_bound"):  # input errors from statistics are lower bounds: amp is an upper bound
             level = self.noise.carried(self.key)
             if level is not None and rec["out_err"] is not None and rec["out_err"] <= level:
@@ -355,6 +358,9 @@ class _Judge:
         bar = self.noise.bar(rec["_direction"], True, self.key)
         if bar is not None and value is not None and value <= bar:
             return None
+        sib = self.noise.sibling_bar(rec)
+        if sib is not None and value is not None and value <= sib:
+            return None  # its siblings (other layers) make as much error: the class's noise
         one_sided = self.leaves.filter(
             pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(["target_only", "ref_only"])
         )

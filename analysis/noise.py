@@ -38,6 +38,7 @@ QUIET = 0.1  # inputs "agree" when their error is below this share of the tolera
 QUANTILE = 0.99  # the high quantile of the pair's own spread
 STAND_OUT = 3.0  # a culprit's measure exceeds this multiple of that quantile
 MIN_GROUP = 4  # fewer ops than this in a group: only the fixed floors apply
+SIBLING_Q = 0.75  # siblings: the quantile of their own error a candidate must stand STAND_OUT x above
 OPT_Z = 4.0  # optimizer: the median log update ratio off 0 by more than this many standard errors ...
 OPT_FLOOR = 2.0**-10  # ... and by more than this (0.1 %: far below a fault of 1 %, above float32 rounding) ...
 OPT_SHARE = 0.75  # ... with at least this share of the parameters moved the same way
@@ -53,6 +54,7 @@ class NoiseModel:
     carry: dict[str, tuple[list[tuple], np.ndarray]]
     outputs: tuple[list[tuple], np.ndarray] = ([], np.zeros(0))  # every record's output error, all directions
     flips: list[dict[str, Any]] = field(default_factory=list)  # discrete outputs flipped on near ties (noise)
+    siblings: dict[tuple[str, str], tuple[list[str], np.ndarray]] = field(default_factory=dict)  # per class
 
     @classmethod
     def fit(cls, recs: pl.DataFrame) -> NoiseModel:
@@ -70,11 +72,30 @@ class NoiseModel:
         )
         carrying = ~pl.col("fresh") & pl.col("amp").is_not_null() & pl.col("amp").is_finite()
         every = _by_direction(ok.with_columns(pl.lit("all").alias("_direction")), "out_err").get("all")
+        siblings: dict[tuple[str, str], tuple[list[str], np.ndarray]] = {}
+        if {"local", "op_class", "_record"} <= set(recs.columns):  # (a record table of record_measures)
+            sib = recs.filter(pl.col("local").is_finite() & pl.col("op_class").is_not_null())
+            for (op_class, direction), part in sib.partition_by(["op_class", "_direction"], as_dict=True).items():
+                siblings[(str(op_class), str(direction))] = (part["_record"].to_list(), part["local"].to_numpy())
         return cls(
             _by_direction(ok.filter(pl.col("fresh")), "out_err"),
             _by_direction(ok.filter(carrying), "amp"),
             every or ([], np.zeros(0)),
+            siblings=siblings,
         )
+
+    def sibling_bar(self, rec: dict[str, Any]) -> float | None:
+        """STAND_OUT x the SIBLING_Q quantile of the error the same op class made in the same direction at other
+        positions (records of another name: other layers; its own name at other steps is not a sibling, a fault
+        there repeats every step).  None: fewer than MIN_GROUP siblings.  A fault in one layer stands out of
+        its siblings; a device's rounding of the class does not."""
+        names, local = self.siblings.get((str(rec.get("op_class")), str(rec.get("_direction"))), ([], np.zeros(0)))
+        if not names:
+            return None
+        other = local[np.array([n != rec["_record"] for n in names], dtype=bool)]
+        if other.size < MIN_GROUP:
+            return None
+        return STAND_OUT * float(np.quantile(other, SIBLING_Q))
 
     def carried(self, before: tuple) -> float | None:
         """STAND_OUT x the QUANTILE of the output errors of every record before `before` (any direction): the
@@ -148,9 +169,17 @@ def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
     # passes it on unchanged in absolute size (a sum with cancellation: the bias gradient of a logit layer)
     kappa = pl.max_horizontal(pl.col("in_norm") / pl.col("out_norm"), pl.lit(1.0)).fill_nan(1.0).fill_null(1.0)
     carried = in_err * pl.when(kappa.is_finite()).then(kappa).otherwise(1.0)
+    fresh = (carried <= QUIET * pl.col("tol").fill_null(0.0)) & ~no_inputs
     return recs.with_columns(
-        ((carried <= QUIET * pl.col("tol").fill_null(0.0)) & ~no_inputs).alias("fresh"),
+        fresh.alias("fresh"),
         pl.when(no_inputs).then(None).otherwise(pl.col("out_err") / pl.max_horizontal(carried, floor)).alias("amp"),
+        # the error the op made itself: its output error beyond what its inputs carried in
+        pl.when(no_inputs)
+        .then(None)
+        .when(fresh)
+        .then(pl.col("out_err"))
+        .otherwise(pl.max_horizontal(pl.col("out_err") - carried, pl.lit(0.0)))
+        .alias("local"),
     )
 
 

@@ -322,13 +322,14 @@ def _screened(
     exact: bool = False,
     mapping: Any = None,
     screener: Any = None,
+    noise_ref: str | None = None,
 ) -> Verdict:
     from .compare import builtin_mindspore_names, compare_runs, coverage
     from .screen import Unsupported, screen
 
     t_info, r_info = store.run_info(target), store.run_info(ref)
-    if exact or mapping or builtin_mindspore_names(t_info, r_info):
-        raise Unsupported("exact metrics or name mappings")
+    if exact or mapping or noise_ref or builtin_mindspore_names(t_info, r_info):
+        raise Unsupported("exact metrics, name mappings or a noise reference")
     tol = tolerances or Tolerances()
     cov = coverage(t_info, r_info)
     steps_c = [s for s in cov["common_steps"] if steps is None or s in steps]

@@ -95,7 +95,7 @@ class NoiseModel:
         other = local[np.array([n != rec["_record"] for n in names], dtype=bool)]
         if other.size < MIN_GROUP:
             return None
-        return STAND_OUT * float(np.quantile(other, SIBLING_Q))
+        return STAND_OUT * float(quantile(other, SIBLING_Q))
 
     def carried(self, before: tuple) -> float | None:
         """STAND_OUT x the QUANTILE of the output errors of every record before `before` (any direction): the
@@ -105,7 +105,7 @@ class NoiseModel:
         n = bisect.bisect_left(keys, before)
         if n < MIN_GROUP:
             return None
-        return STAND_OUT * float(np.quantile(values[:n], QUANTILE))
+        return STAND_OUT * float(quantile(values[:n], QUANTILE))
 
     def bar(self, direction: str, fresh: bool, before: tuple) -> float | None:
         """STAND_OUT x the QUANTILE of the measure over the ops of `direction` before `before` in execution
@@ -114,7 +114,7 @@ class NoiseModel:
         n = bisect.bisect_left(keys, before)
         if n < MIN_GROUP:
             return None
-        return STAND_OUT * float(np.quantile(values[:n], QUANTILE))
+        return STAND_OUT * float(quantile(values[:n], QUANTILE))
 
     def summary(self, recs: pl.DataFrame) -> dict[str, Any]:
         """The largest amplification among the pair's ops and where, with the quantile of the ops of its step and
@@ -138,6 +138,20 @@ class NoiseModel:
                 ),
             }
         return out
+
+
+def quantile(values: np.ndarray, q: float) -> float:
+    """numpy's default (linear) quantile of a non-empty array, by a sort (np.quantile and np.median import
+    numpy.ma, which the command line's light answers must not load)."""
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    pos = q * (v.size - 1)
+    lo = int(np.floor(pos))
+    hi = min(lo + 1, v.size - 1)
+    return float(v[lo] + (v[hi] - v[lo]) * (pos - lo))
+
+
+def median(values: np.ndarray) -> float:
+    return quantile(values, 0.5)
 
 
 def order_key(row: dict[str, Any]) -> tuple:
@@ -213,10 +227,10 @@ def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.Data
     if ok.sum() < OPT_MIN_PARAMS:
         return None
     r = ratio[ok]
-    med = float(np.median(r))
+    med = float(median(r))
     same_way = int((r > 1).sum()) if med > 1 else int((r < 1).sum())
     logs = np.log(r)
-    spread = 1.4826 * float(np.median(np.abs(logs - np.median(logs))))  # robust sigma of the log ratios
+    spread = 1.4826 * float(median(np.abs(logs - median(logs))))  # robust sigma of the log ratios
     se = 1.2533 * spread / np.sqrt(r.size)  # standard error of their median
     bar = float(max(OPT_Z * se, OPT_FLOOR))
     return {
@@ -225,5 +239,5 @@ def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.Data
         "same_way": same_way,
         "spread": spread,
         "bar": bar,
-        "differs": bool(abs(float(np.median(logs))) > bar and same_way >= OPT_SHARE * ok.sum()),
+        "differs": bool(abs(float(median(logs))) > bar and same_way >= OPT_SHARE * ok.sum()),
     }

@@ -33,6 +33,7 @@ import polars as pl
 from dumpstore.dtypes import EPS
 
 from . import rules as R
+from .noise import median
 from .order import INPUT_IO, OUTPUT_IO
 from .tolerance import Tolerances
 
@@ -93,8 +94,8 @@ def class_precision(rows: pl.DataFrame) -> tuple[str | None, dict[str, Any]]:
         return None, {}
     k_ = np.maximum(fresh["k"].fill_null(1.0).to_numpy(), 1.0)
     err = fresh["out_err"].to_numpy()
-    z = float(np.median(err / (EPS["float32"] * np.sqrt(k_))))
-    level = float(np.median(err))
+    z = float(median(err / (EPS["float32"] * np.sqrt(k_))))
+    level = float(median(err))
     evidence = {"fresh_matmuls": fresh.height, "median_err": level, "median_eps32_sqrtk": z}
     if z <= OFF_NOMINAL:
         return None, evidence

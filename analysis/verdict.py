@@ -34,6 +34,7 @@ class Question:
     tolerances: Tolerances = field(default_factory=Tolerances)
     maps: tuple[str, ...] = ()
     exact: bool = False
+    noise_ref: str | None = None  # a second reference run: an empirical noise band per tensor
 
     def compare_options(self) -> dict[str, Any]:
         """Keyword arguments of `compare_runs` / `divergence_by_steps` (mapping files parsed here)."""
@@ -45,6 +46,7 @@ class Question:
             "tolerances": self.tolerances,
             "exact": self.exact,
             "mapping": load_mapping(list(self.maps)),
+            **({"noise_ref": self.noise_ref} if self.noise_ref else {}),
         }
 
     def key(self) -> str:
@@ -60,6 +62,7 @@ class Question:
                 "exact": self.exact,
                 "maps": [memo.file_digest(m) for m in self.maps],
                 "tol": [t.rel_l2, t.all_dtypes, t.amplification],
+                **({"noise_ref": self.noise_ref} if self.noise_ref else {}),
             }
         )
 
@@ -91,7 +94,7 @@ def answer(
     before = memo.catalog_signature(st.root)
     if comparison is not None:
         verdict = divergence(comparison)
-    elif cluster is not None:
+    elif cluster is not None and not question.noise_ref:  # (a noise reference is compared here, in one process)
         from .distributed import divergence_by_steps as on_cluster
 
         verdict = on_cluster(st, question.target, question.ref, **options, **cluster)
@@ -110,4 +113,5 @@ def _opened(store: Any, root: Path) -> Any:
 def live_ingests(st: Any, question: Question) -> dict[str, Any]:
     """The live ingest id of each run of the question (None for a run not in the catalog), one catalog read."""
     live = {row["run"]: row["ingest_id"] for row in st.runs().to_pylist()}
-    return {run: live.get(run) for run in (question.target, question.ref)}
+    runs = (question.target, question.ref) + ((question.noise_ref,) if question.noise_ref else ())
+    return {run: live.get(run) for run in runs}

@@ -60,10 +60,10 @@ def run_compare(store, target, ref, steps, ranks, tol, exact, maps=(), noise_ref
 @click.option("--top", type=click.IntRange(min=0), default=20, show_default=True, help="Rows to show (0: all).")
 @click.option(
     "--by",
-    default="severity",
+    default="significance",
     show_default=True,
-    type=click.Choice(["severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine"]),
-    help="Sort metric.",
+    type=click.Choice(["significance", "severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine"]),
+    help="Sort metric (significance: error over the noise the pair carries there; see analysis/rank.py).",
 )
 @click.option("--direction", type=click.Choice(["forward", "backward", "parameters_grad"]), default=None)
 @click.option("--module", default=None, help="Only records in modules whose name contains this.")

@@ -20,6 +20,9 @@ pair without one).  The totals line counts hits of faults and false alarms of cl
 `--dev-extra [DIR]` adds the extra development pairs that sample_dumps/dev_extra.py wrote (default
 sample_dumps/dev_extra/, git-ignored: run dev_extra.py first); `--only dev` scores those alone.
 
+`--compare-top N` also runs `dumpstore compare --step S --top N` for each fault pair and says whether a row of
+the expected culprit record is among them (`in_top`).
+
 `--spread` instead reads the tensor pairs' `.pt` files (needs torch) and prints, per step, the spread of the
 relative L2 error ||t - r|| / ||r|| over all floating-point tensors of all records (median, p90, p99, how many
 exceed 2^-6, the bf16 tolerance) and the largest few.
@@ -66,7 +69,7 @@ def outcome(exp, got):
     return "hit" if got["kind"] == expected_kind(exp) else "hit, kind %s" % got["kind"]
 
 
-def measure(store, cases, exact):
+def measure(store, cases, exact, compare_top=0):
     ingested = set()
     rows = []
     for case in cases:
@@ -88,6 +91,25 @@ def measure(store, cases, exact):
         ] + (["--exact"] if exact else [])
         verdict = json.loads(cli(*args))
         exp, got = case["expected"]["culprit"], verdict.get("culprit")
+        top = None
+        if exp is not None and compare_top:  # is the expected culprit among compare's top rows of its step?
+            table = json.loads(
+                cli(
+                    "compare",
+                    "--target",
+                    case["name"],
+                    "--ref",
+                    case["ref"],
+                    "--store",
+                    store,
+                    "--step",
+                    str(exp["step"]),
+                    "--top",
+                    str(compare_top),
+                    "--json",
+                )
+            )
+            top = any((r["name"] or "").startswith(exp["op"] + ".") for r in table)
         rows.append(
             {
                 "pair": case["name"],
@@ -96,13 +118,14 @@ def measure(store, cases, exact):
                 "got": where(got),
                 "outcome": outcome(exp, got),
                 "got_detail": got,
+                "in_top": "-" if top is None else ("yes" if top else "no"),
             }
         )
     return rows
 
 
-def table(rows):
-    cols = ("pair", "mode", "expected", "got", "outcome")
+def table(rows, compare_top=0):
+    cols = ("pair", "mode", "expected", "got", "outcome") + (("in_top",) if compare_top else ())
     width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
     lines = [" | ".join(c.ljust(width[c]) for c in cols), "-|-".join("-" * width[c] for c in cols)]
     lines += [" | ".join(r[c].ljust(width[c]) for c in cols) for r in rows]
@@ -117,6 +140,11 @@ def table(rows):
             len(clean),
         )
     )
+    if compare_top:
+        lines.append(
+            "culprit among `compare --top %d` rows of its step: %d of %d"
+            % (compare_top, sum(r["in_top"] == "yes" for r in faults), len(faults))
+        )
     return "\n".join(lines)
 
 
@@ -232,6 +260,9 @@ def main():
     )
     ap.add_argument("--only", choices=("samples", "dev"), help="score only the xdev samples or only the extra pairs")
     ap.add_argument("--mode", choices=("statistics", "tensor"), help="only pairs of this dump mode")
+    ap.add_argument(
+        "--compare-top", type=int, default=0, metavar="N", help="also check the culprit is in compare's top N rows"
+    )
     args = ap.parse_args()
     cases = []
     if args.only != "dev":
@@ -247,8 +278,8 @@ def main():
         print(spread(cases))
         return
     with tempfile.TemporaryDirectory(prefix="noise_store_") as tmp:
-        rows = measure(args.store or tmp, cases, args.exact)
-    print(json.dumps(rows, indent=1) if args.json else table(rows))
+        rows = measure(args.store or tmp, cases, args.exact, args.compare_top)
+    print(json.dumps(rows, indent=1) if args.json else table(rows, args.compare_top))
 
 
 if __name__ == "__main__":

@@ -330,23 +330,44 @@ class _Judge:
         if not flipped.height:
             return False
         ins = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor"))
-        if not ins.filter(~exact).height or ins.filter(exact & (pl.col("status") == "diverged")).height:
-            return False  # no float input to tie on, or a discrete input already differs (carried)
+        if ins.filter(exact & (pl.col("status") == "diverged")).height:
+            return False  # a discrete input already differs: carried, judged by the other rules
         level = self.noise.carried(self.key)
         bar = max(level or 0.0, float(self.rec["tol"] or 0.0))
+        if not ins.filter(~exact).height:
+            # only discrete inputs, compared by their statistics (msprobe keeps max/min of integers): a flip
+            # upstream (top-k on a near tie) can hide in them while the pair already differs before this op
+            hidden = ins.filter(exact & (pl.col("err_source") == "stats")).height
+            if not (hidden and (level or 0.0) > 0 and outs.filter(~exact).height == 0):
+                return False
+            return self._note_flip(
+                flipped,
+                None,
+                bar,
+                "discrete output changed; its discrete inputs are "
+                "compared by max/min only, where a near-tie flip upstream can hide",
+            )
         floats = pl.concat([ins.filter(~exact), outs.filter(~exact)], how="diagonal_relaxed")
         worst = floats["err"].drop_nulls().max()
         if worst is not None and not float(worst) <= bar:  # type: ignore[arg-type]
             return False
+        return self._note_flip(
+            flipped,
+            None if worst is None else float(worst),  # type: ignore[arg-type]
+            bar,
+            "discrete output changed where the float values agree within noise: a near tie",
+        )
+
+    def _note_flip(self, flipped: pl.DataFrame, worst: float | None, bar: float, detail: str) -> bool:
         self.noise.flips.append(
             {
                 "step": self.rec["step"],
                 "rank": self.rec["rank"],
                 "op": self.rec["_record"],
                 "outputs": flipped["name"].to_list(),
-                "float_err": None if worst is None else float(worst),  # type: ignore[arg-type]
+                "float_err": worst,
                 "noise_bar": bar,
-                "detail": "discrete output changed where the float values agree within noise: a near tie",
+                "detail": detail,
             }
         )
         return True

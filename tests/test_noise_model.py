@@ -187,3 +187,28 @@ def test_noise_ref_keeps_a_fault(xdev_store):
     v = divergence(cmp)
     exp = XDEV["xdev_weight5pct_stats"]["expected"]["culprit"]
     assert v.culprit is not None and (v.culprit.step, v.culprit.op) == (exp["step"], exp["op"])
+
+
+def _routing(noise: float, pick: np.ndarray) -> dict:
+    """Noisy float ops (the pair differs from here on, within tolerance), then a discrete op on a boolean mask
+    whose output (the chosen token indices) is `pick`."""
+    rng = np.random.default_rng(6)
+    x = _f32(rng.normal(size=(16, 8)))
+    mask = np.zeros((16,), dtype=bool)
+    mask[:8] = True
+    recs = {f"Functional.gelu.{i}.forward": {"input_args": [x], "output": [_f32(x * (1 + noise))]} for i in range(4)}
+    return recs | {"Torch.nonzero.0.forward": {"input_args": [mask], "output": [pick.astype(np.int64)]}}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_discrete_output_on_inputs_compared_by_max_min_only(dump_writer, store_dir, mode):
+    """Statistics keep only max/min of an integer or boolean tensor: a flip upstream can hide in it.  A discrete
+    output that then changes (here its shape) is noted as a possible flip in statistics mode; with tensors the
+    inputs are compared exactly, and the op is a culprit."""
+    ref = _routing(0.0, np.arange(8))
+    tgt = _routing(5e-5, np.arange(9))
+    v = divergence(compare_runs(_ingest_pair(dump_writer, store_dir, mode, ref, tgt), "target", "ref"))
+    if mode == "statistics":
+        assert v.culprit is None and v.noise["discrete_flips"][0]["op"] == "Torch.nonzero.0.forward"
+    else:
+        assert v.culprit is not None and v.culprit.op == "Torch.nonzero.0.forward"

@@ -24,6 +24,8 @@ Faults (the catalog's `expected.culprit`, checked by hand on the dumps: the op n
   dx_clean       none: TF32 matmuls only
   dx_router      none: a top-1 router in layer 0 whose two experts' scores are near-tied for every token
                  (TF32 noise may flip a token's choice: noise, not a culprit)
+  dx_moe         none: a 4-expert top-1 mixture of experts in layer 0 (softmax router, topk, per-expert token
+                 dispatch with nonzero / index / index_add_), experts 0 and 1 near-tied for every token
   dx_lr1pct      SGD learning rate x1.01 from the second update on (seen at step 2)
   dx_clip        gradients clipped to norm 0.5 before every update (the reference does not clip)
   dx_extra_mul   one extra in-place `h.mul_(1.02)` on layer 1's ln2 output, feeding fc1 (a parameterised op)
@@ -55,6 +57,7 @@ DEVICE_B = G.XDEV_B1
 DX = {
     "clean": ({}, None, "no fault: TF32 matmuls only"),
     "router": ({"router": True}, None, "no fault: near-tied top-1 router in layer 0"),
+    "moe": ({"moe": True}, None, "no fault: a 4-expert top-1 MoE in layer 0 dispatching tokens, near-tied router"),
     "lr1pct": (
         {"lr_from_2nd": 1.01},
         (2, "Functional.embedding.0.forward", "optimizer"),
@@ -89,11 +92,13 @@ def cases():
     for mode, sfx in (("statistics", "stats"), ("tensor", "tensor")):
         out.append(("dx_ref_" + sfx, "dx", mode, None, {}, None, "device A: fp32 reference"))
         out.append(("dx_rref_" + sfx, "dx", mode, None, {"router": True}, None, "device A: fp32 reference, router"))
+        if mode == "statistics":
+            out.append(("dx_mref_" + sfx, "dx", mode, None, {"moe": True}, None, "device A: fp32 reference, MoE"))
         for stem, (faults, exp, desc) in DX.items():
             if mode == "tensor" and stem not in TENSOR:
                 continue
             f = dict(faults, device=DEVICE_T)
-            ref = ("dx_rref_" if faults.get("router") else "dx_ref_") + sfx
+            ref = ("dx_rref_" if faults.get("router") else "dx_mref_" if faults.get("moe") else "dx_ref_") + sfx
             out.append(("dx_%s_%s" % (stem, sfx), "dx", mode, ref, f, exp, "device T (TF32): " + desc))
     out.append(("xb_ref_stats", "xb", "statistics", None, {}, None, "device A: bf16 autocast reference"))
     for stem, (faults, exp, desc) in XB.items():
@@ -152,6 +157,10 @@ def build_dx_model(faults):
             self.router = nn.Linear(D_MODEL, 2, bias=False) if faults.get("router") and idx == 0 else None
             if self.router is not None:
                 self.fc1b = nn.Linear(D_MODEL, HIDDEN)
+            self.moe = faults.get("moe") and idx == 0
+            if self.moe:
+                self.gate = nn.Linear(D_MODEL, 4, bias=False)
+                self.experts = nn.ModuleList([nn.Linear(D_MODEL, D_MODEL) for _ in range(4)])
 
         def forward(self, x, mask):
             h = self.ln1(x)
@@ -166,6 +175,15 @@ def build_dx_model(faults):
             if self.router is not None:  # top-1 of two experts' first layers
                 choice = torch.topk(self.router(h), 1, dim=-1).indices
                 a = torch.where(choice == 0, a, self.fc1b(h))
+            if self.moe:  # top-1 mixture of experts, tokens dispatched per expert (Mixtral-like)
+                flat = h.reshape(-1, D_MODEL)
+                probs = F.softmax(self.gate(flat), dim=-1)
+                weight, choice = torch.topk(probs, 1, dim=-1)
+                moe = torch.zeros_like(flat)
+                for e, expert in enumerate(self.experts):
+                    rows = torch.nonzero(choice.squeeze(-1) == e).squeeze(-1)
+                    moe = moe.index_add(0, rows, expert(flat[rows]) * weight[rows])
+                x = x + moe.reshape(h.shape)
             return x + self.fc2(F.gelu(a, **self.gelu_kw))
 
     class GPT(nn.Module):
@@ -191,6 +209,9 @@ def build_dx_model(faults):
         if faults.get("router"):  # both experts' router rows equal up to a relative 1e-6: a near tie everywhere
             r = model.layers[0].router.weight
             r[1] = r[0] * (1 + 1e-6)
+        if faults.get("moe"):  # experts 0 and 1 near-tied for every token
+            g = model.layers[0].gate.weight
+            g[1] = g[0] * (1 + 1e-6)
         for name, factor in faults.get("weight_scale", {}).items():
             params[name].mul_(factor)
     return model

@@ -296,6 +296,8 @@ class _Judge:
             found = self._producer(leaf, out)
             if found is not None:
                 return found
+        if bad_in.filter(pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])).height:
+            return None  # a differing discrete input (indices, a mask) can change any output: carried, no ratio
         amp = rec["amp"]
         if amp is None or not amp >= self.cmp.tolerances.amplification:
             return None
@@ -357,6 +359,10 @@ class _Judge:
             bar,
             "discrete output changed where the float values agree within noise: a near tie",
         )
+
+    def _after_flip(self) -> bool:
+        """Whether a near-tie flip was noted earlier in this step and rank."""
+        return any(f["step"] == self.rec["step"] and f["rank"] == self.rec["rank"] for f in self.noise.flips)
 
     def _note_flip(self, flipped: pl.DataFrame, worst: float | None, bar: float, detail: str) -> bool:
         self.noise.flips.append(
@@ -430,6 +436,8 @@ class _Judge:
                 bar = self.noise.carried(self.key)
                 if bar is not None and leaf["err"] <= bar:
                     return None  # within the error the pair carries here: reached through unrecorded ops
+                if str(leaf.get("detail") or "").startswith("shape") and self._after_flip():
+                    return None  # a data-dependent shape (the tokens an expert got) after a near-tie flip
             return _with_evidence(
                 _finding(out, kind),
                 differing=leaf["name"],

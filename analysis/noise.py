@@ -229,7 +229,7 @@ def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.Data
     r = ratio[ok]
     med = float(median(r))
     same_way = int((r > 1).sum()) if med > 1 else int((r < 1).sum())
-    logs = np.log(r)
+    logs = np.log(np.maximum(r, 1e-12))  # a parameter the target did not move at all: a ratio of ~0
     spread = 1.4826 * float(median(np.abs(logs - median(logs))))  # robust sigma of the log ratios
     se = 1.2533 * spread / np.sqrt(r.size)  # standard error of their median
     bar = float(max(OPT_Z * se, OPT_FLOOR))

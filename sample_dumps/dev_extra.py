@@ -18,6 +18,8 @@ Families (each runs msprobe 26.2.0 in its own subprocess, as generate.py does, 3
   dx_*  a 2-layer GPT-style model in fp32 (no autocast) with a Llama-like causal mask
         (`torch.where(mask, finfo.min, scores)`) and SGD with momentum.  The target ("device T") runs every fp32
         mm/addmm/bmm with its inputs rounded to 10 mantissa bits (TF32 / HF32), forward and backward.
+  ds_*  the dx model and reference; the target ("device S") computes fp32 softmax on float16 inside:
+        ds_clean (none), ds_weight2pct (layers.0.fc1.weight x1.02 at init).
   xb_*  generate.py's cross-device bf16 model (AdamW, device B's split bf16 reductions), with an optimizer fault.
 
 Faults (the catalog's `expected.culprit`, checked by hand on the dumps: the op names are deterministic):
@@ -35,6 +37,7 @@ Faults (the catalog's `expected.culprit`, checked by hand on the dumps: the op n
 """
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -51,6 +54,7 @@ D_MODEL, HIDDEN, VOCAB = 32, 64, 16
 DX_LR, DX_MOMENTUM = 0.05, 0.9
 STEPS = {"statistics": 3, "tensor": 3}
 DEVICE_T = {"tf32": True}
+MODES = (("statistics", "stats"), ("tensor", "tensor"))
 DEVICE_B = G.XDEV_B1
 
 # name stem -> (faults, expected culprit or None, description); steps are filled per mode
@@ -74,6 +78,15 @@ DX = {
         {"weight_scale": {"layers.1.fc2.weight": 1.01}},
         (0, "Functional.linear.11.forward", "parameter"),
         "layers.1.fc2.weight x1.01 at init",
+    ),
+}
+# device S: exact fp32 matmuls, but softmax computed at float16 internally
+SM = {
+    "clean": ({}, None, "no fault: softmax at float16 inside"),
+    "weight2pct": (
+        {"weight_scale": {"layers.0.fc1.weight": 1.02}},
+        (0, "Functional.linear.4.forward", "parameter"),
+        "layers.0.fc1.weight x1.02 at init",
     ),
 }
 XB = {
@@ -100,6 +113,10 @@ def cases():
             f = dict(faults, device=DEVICE_T)
             ref = ("dx_rref_" if faults.get("router") else "dx_mref_" if faults.get("moe") else "dx_ref_") + sfx
             out.append(("dx_%s_%s" % (stem, sfx), "dx", mode, ref, f, exp, "device T (TF32): " + desc))
+    for (stem, (faults, exp, desc)), (mode, sfx) in itertools.product(SM.items(), MODES):
+        f = dict(faults, device={"softmax16": True})
+        name, ref = "ds_%s_%s" % (stem, sfx), "dx_ref_" + sfx
+        out.append((name, "dx", mode, ref, f, exp, "device S (fp16 softmax): " + desc))
     out.append(("xb_ref_stats", "xb", "statistics", None, {}, None, "device A: bf16 autocast reference"))
     for stem, (faults, exp, desc) in XB.items():
         f = dict(faults, device=DEVICE_B)
@@ -136,6 +153,26 @@ def tf32_kernels():
             return func(*args, **kwargs)
 
     return DeviceT()
+
+
+def softmax16_kernels():
+    """Device S: a TorchDispatchMode computing fp32 softmax (forward) on float16 inside, as some accelerators'
+    fused softmax does; everything else is untouched."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+
+    class DeviceS(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is aten._softmax.default and args[0].dtype == torch.float32:
+                x16 = aten._to_copy.default(args[0], dtype=torch.float16)
+                y16 = func(x16, args[1], False)
+                return aten._to_copy.default(y16, dtype=torch.float32)
+            return func(*args, **kwargs)
+
+    return DeviceS()
 
 
 def build_dx_model(faults):
@@ -237,7 +274,7 @@ def run_case(name, init_file):
         optimizer = torch.optim.SGD(model.parameters(), lr=DX_LR, momentum=DX_MOMENTUM)
         vocab, autocast = VOCAB, contextlib.nullcontext
         dev = faults.get("device")
-        kernels = tf32_kernels if dev else contextlib.nullcontext
+        kernels = (softmax16_kernels if dev.get("softmax16") else tf32_kernels) if dev else contextlib.nullcontext
     else:
         model = G.build_xdev_model(faults)
         optimizer = torch.optim.AdamW(model.parameters(), lr=G.XD_LR)

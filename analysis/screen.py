@@ -348,7 +348,7 @@ def _static(
         c("tol"),
         R.sqrt_numel(),
         c("_is_scalars").fill_null(False).alias("scalar"),
-        (c("_is_tensors") & ~c("nonfinite_mismatch")).fill_null(False).alias("tensor"),
+        (c("_is_tensors").fill_null(False) & R.small_value_scale()).alias("tensor"),
         c("ref_numel").cast(pl.Float64).alias("ref_numel"),
         c("_eps_judged").alias("eps"),
     )

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .. import readers
 from ..arrays import to_arrow
 from ..errors import DumpFormatError
 from ..layout import Unit
@@ -91,16 +92,17 @@ def _leaf_batch(recs: _Records, tensor_task: bool, res: UnitResult) -> Batch:
 
 
 def _file_batches(unit: Unit, opts: IngestOptions, res: UnitResult):
-    """The batches of a folder of plain tensor files."""
-    rows = _file_rows(unit, opts, res)
+    """The batches of a folder of plain tensor files, or of a unit whose reader makes its own rows."""
+    rows = _file_rows(unit, opts, res) if unit.kind == "files" else readers.reader(unit.kind).rows(unit, res)
     while batch := list(islice(rows, _BATCH_ROWS)):
         yield {c: [r.get(c) for r in batch] for c in ROW_COLUMNS + TENSOR_FILE_COLUMNS}
 
 
 def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
     # links and other non-folders with a tensor suffix become error rows, not silent gaps
+    suffixes = readers.tensor_suffixes()
     files = sorted(
-        p for p in unit.path.iterdir() if p.suffix.lower() in (".pt", ".npy") and (p.is_symlink() or not p.is_dir())
+        p for p in unit.path.iterdir() if p.suffix.lower() in suffixes and (p.is_symlink() or not p.is_dir())
     )
     for seq, path in enumerate(files):
         res.files += 1

@@ -9,7 +9,7 @@ DEMO   := $(CURDIR)/out/demo
 
 SOURCES := dumpstore analysis cli tests bench sample_dumps
 
-.PHONY: setup demo test test-all lint format bench samples clean
+.PHONY: setup demo check test test-all lint format bench samples clean
 
 setup: $(STAMP)
 
@@ -29,9 +29,13 @@ demo: $(STAMP)
 	$(BIN)/dumpstore divergence --target target --ref ref --store $(DEMO)/store
 	$(BIN)/dumpstore report --target target --ref ref --store $(DEMO)/store --html $(DEMO)/report.html --csv $(DEMO)/report.csv
 
-# The README's test command (and CI's): format, lint, types, then the tests.
+# The README's test command (and CI's): format, lint, types, then the tests (all but slow and validation).
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The inner loop: lint and the core tests, without msprobe cross-checks, Ray and Chromium.
+check: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m 'not slow and not validation and not msprobe and not ray and not browser'
 
 test-all: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m ''

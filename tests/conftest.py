@@ -4,29 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-
-def _leaf(arr: np.ndarray, data_name: str | None, dtype: str | None = None) -> dict[str, Any]:
-    a64 = arr.astype(np.float64)
-    leaf: dict[str, Any] = {
-        "type": "torch.Tensor",
-        "dtype": dtype or f"torch.{arr.dtype.name}",
-        "shape": list(arr.shape),
-    }
-    if arr.size:
-        leaf.update(
-            Max=float(a64.max()), Min=float(a64.min()), Mean=float(a64.mean()), Norm=float(np.sqrt((a64 * a64).sum()))
-        )
-    else:
-        leaf.update(Max=None, Min=None, Mean=None, Norm=None)
-    leaf["requires_grad"] = False
-    if data_name:
-        leaf["data_name"] = data_name
-    return leaf
+from helpers import leaf
 
 
 class DumpWriter:
@@ -57,7 +39,7 @@ class DumpWriter:
                 name = f"{key}.{io}.{i}.npy" if self.task == "tensor" else None
                 if name:
                     np.save(d / "dump_tensor_data" / name, v)
-                out.append(_leaf(v, name))
+                out.append(leaf(v, data_name=name))
             else:
                 out.append(v)
         return out

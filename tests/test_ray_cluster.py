@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.ray
+
 ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402

@@ -12,6 +12,7 @@ SOURCES := dumpstore analysis cli tests bench sample_dumps
 .PHONY: setup demo check test test-all lint format bench samples clean
 
 setup: $(STAMP)
+	$(BIN)/python sample_dumps/fixtures.py  # the tensor samples' .pt files, unpacked once (git-ignored)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)

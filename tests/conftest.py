@@ -1,14 +1,27 @@
-"""Shared fixtures: a factory that writes real msprobe-style dump folders from numpy arrays, and paths."""
+"""Shared fixtures: a factory that writes real msprobe-style dump folders from numpy arrays, and paths.
+
+The tensor samples' tensor files are unpacked from sample_dumps/tensor_data/ once, before the tests are collected
+(idempotent: a session after the first finds them there)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import leaf
+from helpers import SAMPLES, leaf
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sys.path.insert(0, str(SAMPLES))
+    try:
+        import fixtures  # sample_dumps/fixtures.py
+    finally:
+        sys.path.remove(str(SAMPLES))
+    fixtures.unpack_all()
 
 
 class DumpWriter:

@@ -2,9 +2,11 @@
 
 A tensor is dirty when it holds NaN, +Inf, -Inf or +-finfo(dtype).max.  With a reference run, only what the
 reference does not also have at the aligned tensor counts (so the -Inf of attention masking is not overflow).
-Without one, a -Inf-only output of a masking op (masked_fill, where, fill, full) is reported but not taken as
-the first overflow.  A producer is a record whose inputs and parameters are clean and whose output is dirty;
-the first overflow is the first producer in execution order (steps in order, then dump order) per step and rank.
+An output of a masking op (masked_fill, where, fill, full) dirty only by -Inf or -finfo.max (the fill of a causal
+mask: `masked_fill(mask, -inf)`, Llama's `torch.where(mask, finfo.min, x)`) is reported but not taken as the
+first overflow, with or without a reference.  A producer is a record whose inputs and parameters are clean and
+whose output is dirty; the first overflow is the first producer in execution order (steps in order, then dump
+order) per step and rank.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
+
+from dumpstore.dtypes import FINFO_MAX
 
 from .compare import Comparison, compare_runs
 from .load import load_run
@@ -35,6 +39,20 @@ class OverflowReport:
         d = {"run": self.run, "ref": self.ref, "first_overflow": self.first_overflow, "producers": self.producers}
         d["tensors"] = self.tensors.to_dicts()
         return d
+
+
+def _negative_fill() -> pl.Expr:
+    """Dirty by -Inf or -finfo.max only (no NaN, no +Inf, largest value below +finfo.max): what a masking op
+    fills with (`masked_fill(mask, -inf)`, a Llama-style `torch.where(mask, finfo.min, x)`), not an overflow."""
+    top = pl.col("dtype").replace_strict(FINFO_MAX, default=None, return_dtype=pl.Float64)
+    below_top = (pl.col("max").cast(pl.Float64, strict=False) < top).fill_null(True)
+    neg_sat = pl.col("new_sat") & (pl.col("min").cast(pl.Float64, strict=False) <= -top).fill_null(False)
+    return (
+        (pl.col("new_neginf") | neg_sat)
+        & ~pl.col("new_nan")
+        & ~pl.col("new_posinf")
+        & (~pl.col("new_sat") | (neg_sat & below_top))
+    )
 
 
 def _kind(row: dict[str, Any]) -> str:
@@ -69,10 +87,9 @@ def overflow(
             [(pl.col(f).fill_null(False) & ~pl.col(f"ref_{f}").fill_null(False)).alias(f"new_{f[4:]}") for f in _FLAGS]
         )
     new = pl.any_horizontal([pl.col(f"new_{f[4:]}") for f in _FLAGS])
-    only_neginf = pl.col("new_neginf") & ~pl.col("new_nan") & ~pl.col("new_posinf") & ~pl.col("new_sat")
     rows = rows.filter(pl.col("kind") == "tensor").with_columns(
         new.alias("dirty"),
-        (only_neginf & pl.col("op_type").is_in(list(_MASK_OPS)) & pl.lit(ref is None)).alias("likely_mask"),
+        (_negative_fill() & pl.col("op_type").is_in(list(_MASK_OPS))).alias("likely_mask"),
     )
     dirty = rows.filter(pl.col("dirty"))
     producers = _producers(rows)

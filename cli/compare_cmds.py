@@ -127,6 +127,7 @@ def divergence(store, target, ref, exact, steps, ranks, tol, maps, fmt, check, n
     --json prints one object; --csv one row per finding (first divergence, culprit)."""
     cluster = {"address": address, "batch": batch} if engine == "ray" else None
     v = verdict(store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache, cluster=cluster)
+    with_explanations(store, question(target, ref, steps, ranks, tol, exact, maps), v, use_memo=not no_cache)
     click.echo(verdict_out(v, fmt))
     if check and v["first_divergence"] is not None:
         raise SystemExit(3)
@@ -146,7 +147,63 @@ FINDING_COLUMNS = [
     "dtype",
     "severity",
     "detail",
+    "module",
+    "module_class",
+    "parameter",
+    "argument",
+    "target_value",
+    "ref_value",
+    "source_line",
+    "advice",
 ]
+
+
+def with_explanations(store, q, v: dict, *, use_memo: bool = True) -> dict:
+    """Each finding of the verdict dict gets its `explanation` (analysis/explain.py): module, parameter,
+    argument, source line, advice and the msprobe config for the next dump."""
+    from dumpstore.analysis.explain import explain_answer
+
+    for key, ex in explain_answer(store, q, v, use_memo=use_memo).items():
+        if v.get(key) is not None:
+            v[key]["explanation"] = ex
+    return v
+
+
+def _csv_finding(label: str, f: dict) -> dict:
+    """One CSV row of a finding: its fields, then its explanation flattened."""
+    from dumpstore.analysis.explain import source_text
+
+    ex = f.get("explanation") or {}
+    arg, par = ex.get("argument") or {}, ex.get("parameter") or {}
+    return {
+        "finding": label,
+        **{k: v for k, v in f.items() if k not in ("evidence", "explanation")},
+        "module": ex.get("module"),
+        "module_class": ex.get("module_class"),
+        "parameter": par.get("name"),
+        "argument": arg.get("name"),
+        "target_value": arg.get("target"),
+        "ref_value": arg.get("ref"),
+        "source_line": source_text(ex["source"]) if ex.get("source") else None,
+        "advice": ex.get("advice"),
+    }
+
+
+def explanation_lines(f: dict | None, *, config: bool) -> list[str]:
+    """The lines under a verdict line: where, parameter, argument, fix, and (`config`) the next dump's
+    msprobe config.json on one line."""
+    import json
+
+    from dumpstore.analysis.explain import Explanation
+
+    ex = (f or {}).get("explanation")
+    if not ex:
+        return []
+    e = Explanation(**ex)
+    out = [f"  {label}: {body}" for label, body in e.lines()]
+    if config and e.next_dump:
+        out.append(f"  next: dump it at tensor level with this msprobe config.json: {json.dumps(e.next_dump)}")
+    return out
 
 
 def verdict_out(v: dict, fmt: str) -> str:
@@ -155,7 +212,7 @@ def verdict_out(v: dict, fmt: str) -> str:
         return to_json(v)
     if fmt == "csv":
         rows = [
-            {"finding": label, **f}
+            _csv_finding(label, f)
             for label, f in (("first_divergence", v["first_divergence"]), ("culprit", v["culprit"]))
             if f is not None
         ]
@@ -163,14 +220,20 @@ def verdict_out(v: dict, fmt: str) -> str:
     return verdict_text(v)
 
 
+def question(target, ref, steps, ranks, tol, exact, maps):
+    from dumpstore.analysis.tolerance import Tolerances
+    from dumpstore.analysis.verdict import Question
+
+    return Question(target, ref, tuple(steps) or None, tuple(ranks) or None, Tolerances.parse(tol), tuple(maps), exact)
+
+
 def verdict(
     store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: bool = True, cluster: dict | None = None
 ) -> dict:
     """The divergence verdict as a dict (the library's memoized answer; `cluster`: screened on Ray)."""
-    from dumpstore.analysis.tolerance import Tolerances
-    from dumpstore.analysis.verdict import Question, answer
+    from dumpstore.analysis.verdict import answer
 
-    q = Question(target, ref, tuple(steps) or None, tuple(ranks) or None, Tolerances.parse(tol), tuple(maps), exact)
+    q = question(target, ref, steps, ranks, tol, exact, maps)
     return answer(store, q, use_memo=use_memo, cluster=cluster).to_dict()
 
 
@@ -205,8 +268,12 @@ def verdict_text(v: dict) -> str:
         extra = sorted(set(c[f"{side}_steps"]) - set(c["common_steps"]))
         if extra:
             lines.append(f"steps only in the {side}: {extra} (not compared)")
-    lines.append(finding_line("FIRST DIVERGENCE", v["first_divergence"]))
-    lines.append(finding_line("CULPRIT", v["culprit"]))
+    first, culprit = v["first_divergence"], v["culprit"]
+    lines.append(finding_line("FIRST DIVERGENCE", first))
+    if not (culprit and first and culprit.get("op") == first.get("op")):
+        lines += [x for x in explanation_lines(first, config=False) if not x.startswith("  fix:")]
+    lines.append(finding_line("CULPRIT", culprit))
+    lines += explanation_lines(culprit, config=True)
     if v["first_divergence"] is None and v["culprit"] is None:
         lines.append(noise_line(v))
     for s in v["steps"]:

@@ -128,7 +128,11 @@ def render_html(
     figs["updates"] = _update_figure(cmp, store, focus_rank)
     n_steps, n_ranks = len(set(table["cols"]["step"])), len(set(table["cols"]["rank"]))
     parts = [
-        ("verdict", "Verdict", sections.verdict_section(cmp, verdict, overflow_report, rows)),
+        (
+            "verdict",
+            "Verdict",
+            sections.verdict_section(cmp, verdict, overflow_report, rows, _explained(store, verdict)),
+        ),
         ("checklist", "Checklist", sections.checklist_section(checklist_report)),
         ("charts", "Error charts", sections.chart_section(figs, 0, n_steps, n_ranks, verdict, pickers)),
         ("curves", "Training curves", sections.curves_section(figs)),
@@ -263,3 +267,12 @@ def _page(title: str, when: str, body: str, data: dict) -> str:
         "main_js": main,
     }
     return _SLOT.sub(lambda m: slots[m.group(1)], asset("page.html"))
+
+
+def _explained(store, verdict) -> dict:
+    """The findings in the user's terms (analysis/explain.py), as `dumpstore divergence` shows them."""
+    if store is None:
+        return {}
+    from ..explain import explain_findings
+
+    return explain_findings(store, verdict)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .options import engine_options, store_option
-from .render import finding_line, num, output_options, render, rows_out, text, to_json
+from .render import contract, finding_line, num, output_options, render, rows_out, text, to_json
 
 
 def _common(fn):
@@ -108,6 +108,10 @@ def compare(
         )
     else:
         table = rank_rows(run_compare(store, target, ref, steps, ranks, tol, exact, maps), **ranking)
+    if fmt == "json":
+        rows = table.to_dicts()
+        click.echo(to_json(contract("compare", store, {"by": by, "rows": rows}, target=target, ref=ref)))
+        return
     click.echo(render(table.to_arrow(), fmt))
 
 
@@ -128,7 +132,7 @@ def divergence(store, target, ref, exact, steps, ranks, tol, maps, fmt, check, n
     cluster = {"address": address, "batch": batch} if engine == "ray" else None
     v = verdict(store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache, cluster=cluster)
     with_explanations(store, question(target, ref, steps, ranks, tol, exact, maps), v, use_memo=not no_cache)
-    click.echo(verdict_out(v, fmt))
+    click.echo(verdict_out(v, fmt, store))
     if check and v["first_divergence"] is not None:
         raise SystemExit(3)
 
@@ -206,10 +210,10 @@ def explanation_lines(f: dict | None, *, config: bool) -> list[str]:
     return out
 
 
-def verdict_out(v: dict, fmt: str) -> str:
+def verdict_out(v: dict, fmt: str, store=None) -> str:
     """The verdict as text (the default), one JSON object, or CSV with one row per finding."""
     if fmt == "json":
-        return to_json(v)
+        return to_json(verdict_json(v, store))
     if fmt == "csv":
         rows = [
             _csv_finding(label, f)
@@ -218,6 +222,15 @@ def verdict_out(v: dict, fmt: str) -> str:
         ]
         return rows_out(FINDING_COLUMNS, rows, "csv")
     return verdict_text(v)
+
+
+def verdict_json(v: dict, store) -> dict:
+    """`divergence --json`: the verdict with the contract's keys; the largest error of a step or rank is
+    `max_rel_l2` (the relative L2 error is `rel_l2` in every output)."""
+    body = {k: x for k, x in v.items() if k not in ("target", "ref")}
+    for key in ("steps", "ranks"):
+        body[key] = [{("max_rel_l2" if k == "max_err" else k): x for k, x in s.items()} for s in v.get(key, [])]
+    return contract("divergence", store, body, target=v["target"], ref=v["ref"])
 
 
 def question(target, ref, steps, ranks, tol, exact, maps):
@@ -325,7 +338,8 @@ def overflow(run, ref, steps, ranks, top, store, fmt, engine, address, batch):
         cluster = {"address": address, "batch": batch}
     rep = scan(open_store(store), run, ref=ref, steps=list(steps) or None, ranks=list(ranks) or None, **cluster)
     if fmt == "json":
-        click.echo(to_json(rep.to_dict()))
+        body = rep.to_dict()
+        click.echo(to_json(contract("overflow", store, body, run=body.pop("run"), ref=body.pop("ref"))))
     elif fmt == "csv":
         click.echo(render(rep.tensors.to_arrow(), "csv"))
     else:

@@ -12,7 +12,7 @@ import click
 from dumpstore.errors import DumpstoreError
 
 from .options import engine_options, store_option
-from .render import output_options, render, text, to_json
+from .render import contract, output_options, render, text, to_json
 
 
 class _Group(click.Group):
@@ -113,7 +113,7 @@ def ingest(
     else:
         results = _ingest_several(paths, runs, store, opts, jobs)
     if as_json:
-        click.echo(to_json([r.__dict__ for r in results] if len(results) > 1 else results[0].__dict__))
+        click.echo(to_json(contract("ingest", store, {"runs": [r.__dict__ for r in results]})))
         return
     for res in results:
         click.echo(

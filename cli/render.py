@@ -68,18 +68,47 @@ def cell(v: Any) -> str:
     return text(v)
 
 
+SCHEMA_VERSION = 1  # of every command's --json (dumpstore/schemas/<command>.json); bumped on a breaking change
+
+
+def _nonfinite(v: Any) -> str | None:
+    """'inf', '-inf' or 'nan' for a non-finite float, else None."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return None
+
+
 def _jsonable(v: Any) -> Any:
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return str(v)
+    """Numbers stay numbers: a non-finite float becomes null, and in an object its key gets a sibling
+    `<key>_nonfinite` holding "inf", "-inf" or "nan" (in a list it is null alone)."""
+    if isinstance(v, float):
+        return None if _nonfinite(v) else v
     if isinstance(v, (list, tuple)):
         return [_jsonable(x) for x in v]
     if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
+        out: dict[Any, Any] = {}
+        for k, x in v.items():
+            out[k] = _jsonable(x)
+            flag = _nonfinite(x)
+            if flag is not None:
+                out[f"{k}_nonfinite"] = flag
+        return out
     return v
 
 
+def contract(command: str, store: Any, body: dict[str, Any], **names: Any) -> dict[str, Any]:
+    """A command's --json object: `schema_version`, `command`, `store` (the folder), the runs it reads
+    (`target`/`ref`, or `run`), then its own keys."""
+    from pathlib import Path
+
+    from dumpstore.store import default_store_path
+
+    root = Path(store) if store is not None else default_store_path()
+    return {"schema_version": SCHEMA_VERSION, "command": command, "store": str(root), **names, **body}
+
+
 def to_json(obj: Any) -> str:
-    return json.dumps(_jsonable(obj), indent=2, default=str)
+    return json.dumps(_jsonable(obj), indent=2, default=str, allow_nan=False)
 
 
 def _csv_value(v: Any) -> Any:

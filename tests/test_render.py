@@ -205,7 +205,7 @@ def test_one_name_for_relative_l2(store):
         "compare", "--target", "target", "--ref", "ref", "--by", "rel_l2", "--top", "1", "--json", "--store", store
     )
     assert res.exit_code == 0, res.output
-    (row,) = json.loads(res.output)
+    (row,) = json.loads(res.output)["rows"]
     assert "rel_l2" in row and "err" not in row and row["rel_l2"] == pytest.approx(0.0126, rel=1e-2)
     assert _cli("compare", "--target", "target", "--ref", "ref", "--by", "err", "--store", store).exit_code == 2
 

@@ -26,7 +26,9 @@ __all__ = [
     "explain",
     "explain_answer",
     "explain_findings",
+    "mode_notes",
     "next_dump_config",
+    "run_modes",
     "user_frame",
 ]
 
@@ -344,9 +346,53 @@ def explain_answer(
             return hit
     st = _opened(store, root)
     before = memo.catalog_signature(st.root)
-    out = {k: (e.to_dict() if e is not None else None) for k, e in explain_findings(st, verdict).items()}
+    out: dict[str, Any] = {
+        k: (e.to_dict() if e is not None else None) for k, e in explain_findings(st, verdict).items()
+    }
+    out["modes"] = run_modes(st, question.target, question.ref)
     memo.save(st.root, key, live_ingests(st, question), before, out, folder=MEMO)
     return out
+
+
+def run_modes(store: Any, target: str, ref: str) -> dict[str, Any]:
+    """Each run's dump mode (statistics, tensor, md5, ...) and tensor-file count, from the catalog."""
+    from dumpstore.store import Store, open_store
+
+    st = store if isinstance(store, Store) else open_store(store)
+    rows = {r["run"]: r for r in st.runs().to_pylist()}
+    out: dict[str, Any] = {}
+    for side, run in (("target", target), ("ref", ref)):
+        r = rows.get(run) or {}
+        out[side] = r.get("dump_mode") or r.get("task")
+        out[f"{side}_tensor_files"] = int(r.get("n_tensor_files") or 0)
+    out["mixed"] = out["target"] != out["ref"]
+    return out
+
+
+def mode_notes(modes: dict[str, Any] | None, target: str, ref: str, exact: bool) -> list[str]:
+    """What the user should know about the pair's dump modes: runs dumped in different modes are judged from
+    what both have; --exact without both runs' tensor files falls back to the statistics."""
+    if not modes:
+        return []
+    notes = []
+    if modes.get("mixed"):
+        notes.append(
+            f"the runs were dumped in different modes: target {target} in {modes['target']} mode, reference {ref} "
+            f"in {modes['ref']} mode; tensors are judged from what both have (the statistics: rel_l2 is a lower bound)"
+        )
+    if exact:
+        lacking = [
+            f"{label} {run} has none ({modes[side]} mode)"
+            for side, label, run in (("target", "target", target), ("ref", "reference", ref))
+            if not modes.get(f"{side}_tensor_files")
+        ]
+        if lacking:
+            notes.append(
+                "--exact needs the tensor files of both runs and "
+                + " and ".join(lacking)
+                + ": judged from the dumped statistics instead (rel_l2 a lower bound), not exactly"
+            )
+    return notes
 
 
 def explain(look: _Lookup, f: dict[str, Any]) -> Explanation:

@@ -108,6 +108,9 @@ def compare(
         )
     else:
         table = rank_rows(run_compare(store, target, ref, steps, ranks, tol, exact, maps), **ranking)
+    from dumpstore.analysis.explain import run_modes
+
+    _warn_modes(run_modes(store, target, ref), target, ref, exact)
     if fmt == "json":
         rows = table.to_dicts()
         click.echo(to_json(contract("compare", store, {"by": by, "rows": rows}, target=target, ref=ref)))
@@ -132,6 +135,7 @@ def divergence(store, target, ref, exact, steps, ranks, tol, maps, fmt, check, n
     cluster = {"address": address, "batch": batch} if engine == "ray" else None
     v = verdict(store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache, cluster=cluster)
     with_explanations(store, question(target, ref, steps, ranks, tol, exact, maps), v, use_memo=not no_cache)
+    v["modes"]["notes"] = _warn_modes(v["modes"], target, ref, exact)
     click.echo(verdict_out(v, fmt, store))
     if check and v["first_divergence"] is not None:
         raise SystemExit(3)
@@ -167,10 +171,23 @@ def with_explanations(store, q, v: dict, *, use_memo: bool = True) -> dict:
     argument, source line, advice and the msprobe config for the next dump."""
     from dumpstore.analysis.explain import explain_answer
 
-    for key, ex in explain_answer(store, q, v, use_memo=use_memo).items():
+    said = explain_answer(store, q, v, use_memo=use_memo)
+    for key in ("first_divergence", "culprit"):
         if v.get(key) is not None:
-            v[key]["explanation"] = ex
+            v[key]["explanation"] = said.get(key)
+    v["modes"] = dict(said.get("modes") or {})
     return v
+
+
+def _warn_modes(modes: dict | None, target: str, ref: str, exact: bool) -> list[str]:
+    """Mixed dump modes and an --exact that fell back: one `warning:` line each on stderr; returned for the
+    verdict's header and JSON."""
+    from dumpstore.analysis.explain import mode_notes
+
+    notes = mode_notes(modes, target, ref, exact)
+    for n in notes:
+        click.echo(f"warning: {text(n)}", err=True)
+    return notes
 
 
 def _csv_finding(label: str, f: dict) -> dict:
@@ -272,6 +289,8 @@ def verdict_text(v: dict) -> str:
         f"target {v['target']} vs reference {v['ref']}: steps {c['common_steps']}, ranks {c['common_ranks']}; "
         f"compute precision {p['target']} vs {p['ref']} (judged at {p['floor']})"
     ]
+    for note in (v.get("modes") or {}).get("notes") or []:
+        lines.append(f"modes: {note}")
     if p["target"] != p["ref"]:
         lines.append(
             f"mixed precision: the runs compute in {p['target']} and {p['ref']}; every tensor is judged "

@@ -48,6 +48,11 @@ def _report(
             progress=progress,
         )
     v = data.verdict.to_dict()
+    from dumpstore.analysis.explain import run_modes
+
+    from .compare_cmds import _warn_modes
+
+    _warn_modes(run_modes(st, target, ref), target, ref, exact)
     click.echo(finding_line("FIRST DIVERGENCE", v["first_divergence"]))
     if v["first_divergence"] is not None:
         click.echo(finding_line("CULPRIT", v["culprit"]))

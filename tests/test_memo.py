@@ -51,7 +51,9 @@ def _divergence(store: Path, *args: str) -> dict:
 def _verdict(out: dict) -> dict:
     """The library's verdict in `divergence --json`: without the contract's keys and the explanations (memoized
     apart, analysis/explain.py)."""
-    v = {k: x for k, x in out.items() if k not in ("schema_version", "store")}
+    v = {k: x for k, x in out.items() if k not in ("schema_version", "command", "store", "modes")}
+    for key in ("steps", "ranks"):
+        v[key] = [{("max_err" if k == "max_rel_l2" else k): x for k, x in s.items()} for s in v[key]]
     for key in ("first_divergence", "culprit"):
         if v.get(key):
             v[key] = {k: x for k, x in v[key].items() if k != "explanation"}

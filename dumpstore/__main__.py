@@ -1,0 +1,6 @@
+"""`python -m dumpstore`: the `dumpstore` command."""
+
+from dumpstore.cli.main import run
+
+if __name__ == "__main__":
+    run()

@@ -33,13 +33,18 @@ def _explanation_html(ex: Explanation | None, config: bool) -> str:
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in ex.lines())
     out = f'<table class="kv explain">{rows}</table>' if rows else ""
     if config and ex.next_dump:
-        import json
-
         out += (
             "<p>Next: dump it at tensor level with this msprobe <code>config.json</code>, then compare with "
-            f'<code>--exact</code>:</p><pre class="next-dump">{esc(json.dumps(ex.next_dump, indent=2))}</pre>'
+            f'<code>--exact</code>:</p><pre class="next-dump">{esc(_compact_json(ex.next_dump))}</pre>'
         )
     return out
+
+
+def _compact_json(obj: dict) -> str:
+    """One key a line, each value on its line (a config.json short enough to read and copy)."""
+    import json
+
+    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}"
 
 
 def _finding_html(

@@ -335,6 +335,9 @@ def _binned(cols: dict[str, int], col_of) -> tuple[dict[str, int], Any]:
     return binned, (lambda r: label_of[col_of(r)])
 
 
+MAX_ZERO_MARKS = 60  # exact-zero cells of a heat map drawn as markers; more are left blank (page size)
+
+
 def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> dict[str, Any] | None:
     """A heat map of log10(rel_l2): rows = steps or ranks, columns = ops (or layers when there are many)."""
     recs = ops.filter(pl.col("err").is_not_null()).to_dicts()
@@ -378,7 +381,7 @@ def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> d
             "colorbar": {"title": {"text": "log10<br>rel_l2"}, "thickness": 14},
         }
     ]
-    if zeros:
+    if zeros and len(zeros) <= MAX_ZERO_MARKS:
         data.append(
             {
                 "type": "scatter",
@@ -409,7 +412,8 @@ def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> d
     what = f"{what} (consecutive {what}s merged, max)" if merged else what
     few = len(cols) <= MAX_HEAT_LABELS
     title = title.format(cols=what) + ("" if few else "; column names on hover")
-    title += "; exact zeros as open circles, off the colour scale" if zeros else ""
+    if zeros:
+        title += "; exact zeros " + ("as open circles" if len(zeros) <= MAX_ZERO_MARKS else "blank") + ", off the scale"
     layout = {
         "title": {"text": esc(title), "font": {"size": 14}},
         "height": 230 + max(130, 34 * len(rows)),

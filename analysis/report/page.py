@@ -108,6 +108,7 @@ def render_html(
     checklist_report: Checklist | None = None,
     health_report: HealthReport | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    only_differing: bool = False,
 ) -> str:
     """One self-contained HTML page: verdict, charts, curves, every compared row, culprit's stack, run metadata.
 
@@ -117,7 +118,8 @@ def render_html(
     tell = progress or (lambda stage, done, total: None)
     rows = prepared(cmp.rows)
     tell("html", 0, 4)
-    table = table_data(rows)
+    table = table_data(rows.filter(pl.col("status") != "pass") if only_differing else rows)
+    table["only_differing"] = only_differing
     tell("html", 1, 4)
     figs, alt, pickers, focus_rank = _figures(rows, verdict, table, max_points)
     tell("html", 2, 4)

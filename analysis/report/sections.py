@@ -311,10 +311,13 @@ def table_section(table: dict, page_rows: int) -> str:
         f'<th data-c="{c}" data-k="{k}" title="click to sort">{esc(label)}</th>' for c, k, label in _TABLE_HEAD
     )
     statuses = "".join(f'<option value="{s}">{s}</option>' for s in STATUS_ORDER)
+    which = (
+        "the compared leaves that differ: --only-differing" if table.get("only_differing") else "every compared leaf"
+    )
     return f"""
 <section id="mismatches">
 <h2>All compared rows</h2>
-<p>{table["n"]} rows (every compared leaf), {n_bad} of them diverged, failed or unmatched; mismatches first, then
+<p>{table["n"]} rows ({which}), {n_bad} of them diverged, failed or unmatched; mismatches first, then
 by severity (rel_l2 / tol). Filter by name, step, rank, op type and status; click a header to sort; click a chart
 point to show its rows. rel_l2 "≥" is a lower bound from the dumped statistics, "±" the error bound of a sketch
 estimate; cosine and max abs err from statistics or sketches are estimates too (column "from").</p>

@@ -78,9 +78,13 @@ def _finding_html(
     cells += [(f"evidence: {k}", fmt(v) if isinstance(v, float) else v) for k, v in (f.evidence or {}).items()]
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in cells if v is not None)
     head = f'{esc(label)}: <code class="op">{esc(f.op)}</code>'
+    link = (
+        f' <a class="show-rows" href="#mismatches" data-op="{esc(f.op)}" data-step="{esc(f.step)}" '
+        f'data-rank="{esc(f.rank)}">show its rows</a>'
+    )
     said = f'<p class="words" id="culprit-words">{esc(words)}</p>' if words else ""
     return (
-        f'<div class="finding"><h3>{head}</h3>{said}<p class="metric">{esc(finding_metric(f))}</p>'
+        f'<div class="finding"><h3>{head}{link}</h3>{said}<p class="metric">{esc(finding_metric(f))}</p>'
         f'{_explanation_html(ex, config)}<table class="kv">{rows}</table></div>'
     )
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .compare_cmds import _common
-from .render import Stages, finding_line
+from .render import Stages, finding_line, text
 
 
 def _report(
@@ -49,21 +49,28 @@ def _report(
             progress=progress,
         )
     v = data.verdict.to_dict()
-    from dumpstore.analysis.explain import run_modes
+    from dumpstore.analysis.explain import explain_findings, run_modes
 
-    from .compare_cmds import _warn_modes
+    from .compare_cmds import _warn_modes, explanation_lines
 
     _warn_modes(run_modes(st, target, ref), target, ref, exact)
+    explained = explain_findings(st, data.verdict)
     click.echo(finding_line("FIRST DIVERGENCE", v["first_divergence"]))
     if v["first_divergence"] is not None:
         click.echo(finding_line("CULPRIT", v["culprit"]))
+        said = explained.get("culprit")
+        if said is not None:
+            for line in explanation_lines({"explanation": said.to_dict()}, config=False):
+                click.echo(text(line))
     if csv_path is not None:
         with Stages("report") as progress:
             n = write_csv(data.cmp, csv_path, store=st, progress=progress, only_differing=only_differing)
         click.echo(f"wrote {csv_path} ({n} rows)")
     if html_path is not None:
         with Stages("report") as progress:
-            size = write_report_html(data, st, html_path, progress=progress, only_differing=only_differing)
+            size = write_report_html(
+                data, st, html_path, progress=progress, only_differing=only_differing, explained=explained
+            )
         click.echo(f"wrote {html_path} ({size / 1e6:.1f} MB, self-contained)")
 
 

@@ -117,6 +117,7 @@ def test_report_card_explains_the_culprit(sample_store, tmp_path):
     page = tmp_path / "r.html"
     res = _cli(sample_store, "report", "--target", "weight_1pct_stats", "--ref", "ref_stats", "--html", page)
     assert res.exit_code == 0, res.output
+    assert "\n  parameter: layers.1.fc1.weight (norm " in res.output  # the command's own lines say it too
     html = page.read_text()
     assert "<th>parameter</th><td>layers.1.fc1.weight (norm " in html
     assert "<th>where</th><td>layers.1.fc1 (Linear), called at generate.py:140 in forward:" in html

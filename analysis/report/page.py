@@ -109,6 +109,7 @@ def render_html(
     health_report: HealthReport | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     only_differing: bool = False,
+    explained: dict | None = None,
 ) -> str:
     """One self-contained HTML page: verdict, charts, curves, every compared row, culprit's stack, run metadata.
 
@@ -133,7 +134,9 @@ def render_html(
         (
             "verdict",
             "Verdict",
-            sections.verdict_section(cmp, verdict, overflow_report, rows, _explained(store, verdict)),
+            sections.verdict_section(
+                cmp, verdict, overflow_report, rows, explained if explained is not None else _explained(store, verdict)
+            ),
         ),
         ("checklist", "Checklist", sections.checklist_section(checklist_report)),
         ("charts", "Error charts", sections.chart_section(figs, 0, n_steps, n_ranks, verdict, pickers)),

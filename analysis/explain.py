@@ -16,8 +16,10 @@ For each finding (first divergence, culprit) the store is asked, in one DuckDB c
 
 from __future__ import annotations
 
+import glob
 import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -273,43 +275,56 @@ _COLS = "run, record, module, io, index_path, name, kind, value, op_type, api, s
 
 
 class _Lookup:
-    """One connection to the store for all findings of a verdict."""
+    """The store's rows of one (run, step, rank) at a time, read from that partition's files only (a verdict
+    over thousands of files asks a handful of them), in one DuckDB connection for all findings of a verdict."""
 
     def __init__(self, store: Any, target: str, ref: str) -> None:
-        from dumpstore.query import connect
+        import duckdb
+
         from dumpstore.store import Store, open_store
 
         self.store = store if isinstance(store, Store) else open_store(store)
-        self.con = connect(self.store, runs=[target, ref])
+        catalog = self.store.runs()
+        self.tensors = {r: self.store.tensor_files([r], catalog) for r in (target, ref)}
+        live = {row["run"]: row["ingest_id"] for row in catalog.to_pylist()}
+        self.stacks = {
+            r: [f for f in self.store.stack_files(catalog) if f"part-{live.get(r)}" in f] for r in (target, ref)
+        }
+        self.con = duckdb.connect(":memory:")
         self.target, self.ref = target, ref
 
     def close(self) -> None:
         self.con.close()
 
-    def rows(self, run: str, step: int, rank: int, records: list[str]) -> list[dict[str, Any]]:
+    def _fetch(self, sql: str, params: list) -> list[dict[str, Any]]:
         from dumpstore.query import fetch_arrow
 
-        if not records:
-            return []
-        sql = (
-            f"SELECT {_COLS} FROM tensors WHERE run = $run AND step = $step AND rank = $rank "
-            "AND list_contains($records, record) ORDER BY seq"
-        )
         try:
-            t = fetch_arrow(self.con, sql, {"run": run, "step": step, "rank": rank, "records": records})
-        except Exception:  # a store without a column (older schema): nothing to explain from it
+            return fetch_arrow(self.con, sql, params).to_pylist()
+        except Exception:  # a store without a column (older schema), a file gone: nothing to explain from it
             return []
-        return t.to_pylist()
+
+    def rows(self, run: str, step: int, rank: int, records: list[str]) -> list[dict[str, Any]]:
+        files = [
+            str(Path(g).parent.parent.parent / f"step={int(step)}" / f"rank={int(rank)}" / Path(g).name)
+            for g in self.tensors.get(run, [])
+        ]
+        files = [f for pattern in files for f in sorted(glob.glob(pattern))]
+        if not records or not files:
+            return []
+        return self._fetch(
+            f"SELECT {_COLS} FROM read_parquet(?, union_by_name=true) WHERE list_contains(?, record) ORDER BY seq",
+            [files, records],
+        )
 
     def frames(self, run: str, step: int, rank: int, stack_id: int) -> list[str] | None:
-        from dumpstore.query import fetch_arrow
-
-        sql = "SELECT frames FROM stacks WHERE run = $run AND step = $step AND rank = $rank AND stack_id = $sid"
-        try:
-            t = fetch_arrow(self.con, sql, {"run": run, "step": step, "rank": rank, "sid": int(stack_id)})
-        except Exception:
+        files = [f for pattern in self.stacks.get(run, []) for f in sorted(glob.glob(pattern))]
+        if not files:
             return None
-        got = t.to_pylist()
+        got = self._fetch(
+            "SELECT frames FROM read_parquet(?, union_by_name=true) WHERE step = ? AND rank = ? AND stack_id = ?",
+            [files, int(step), int(rank), int(stack_id)],
+        )
         return list(got[0]["frames"] or []) if got else None
 
 

@@ -1,0 +1,123 @@
+"""Replay a run's recorded calls in worker processes and store the verdicts as the run's `replay` table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import polars as pl
+
+from dumpstore.replaytable import REPLAY_SCHEMA, write_replay
+from dumpstore.store import Store
+
+from .plan import Call, call_keys, plan_calls
+
+BATCH = 16  # calls per worker task
+
+
+def _content_hashes(store: Store, run: str, steps: list[int] | None) -> dict[tuple[int, int, str], str]:
+    """{(step, rank, data_name): content hash} of the run's tensor files, from the store."""
+    from dumpstore.parquetio import read_columns
+
+    from ..load import run_files
+
+    out: dict[tuple[int, int, str], str] = {}
+    for path, step, rank in run_files(store, run, steps=steps):
+        try:
+            table = read_columns(path, ["data_name", "content_hash"])
+        except Exception:  # an older store without content hashes: every call is replayed
+            continue
+        for name, h in zip(table.column("data_name").to_pylist(), table.column("content_hash").to_pylist()):
+            if name is not None and h is not None:
+                out[(step, rank, name)] = h.hex() if isinstance(h, bytes) else str(h)
+    return out
+
+
+def replay_run(
+    store: Store,
+    run: str,
+    *,
+    steps: list[int] | None = None,
+    op_types: list[str] | None = None,
+    jobs: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+    write: bool = True,
+) -> pl.DataFrame:
+    """Replay the run's forward API calls (float64 and the recorded dtype, on the CPU), judge every recorded output,
+    store the table (`replay` view) and return it in execution order (one row per output; one per call not
+    replayed). Identical calls are replayed once; the others get `same_as`."""
+    calls = plan_calls(store, run, steps=steps, op_types=op_types)
+    call_keys(calls, _content_hashes(store, run, steps))
+    first: dict[str, Call] = {}
+    todo: list[Call] = []
+    for c in calls:
+        if c.skip is None and c.key is not None and c.key in first:
+            continue
+        if c.key is not None and c.skip is None:
+            first[c.key] = c
+        todo.append(c)
+    results = _execute(todo, jobs, progress)
+    rows: list[dict[str, Any]] = []
+    for c in calls:
+        if c.skip is None and c.key is not None and first[c.key] is not c:
+            src = first[c.key]
+            ident = {"step": c.step, "rank": c.rank, "seq": c.seq, "record": c.record, "same_as": src.record}
+            rows.extend({**r, **ident, "name": _renamed(r.get("name"), src.record, c.record)} for r in results[id(src)])
+        else:
+            rows.extend(results[id(c)])
+    df = _frame(rows)
+    if write:
+        import pyarrow as pa
+
+        write_replay(store, run, pa.Table.from_pylist(df.to_dicts(), REPLAY_SCHEMA))
+    return df
+
+
+def _renamed(name: str | None, old: str, new: str) -> str | None:
+    return None if name is None else new + name[len(old) :]
+
+
+def _execute(
+    calls: list[Call], jobs: int, progress: Callable[[int, int], None] | None
+) -> dict[int, list[dict[str, Any]]]:
+    """{id(call): rows}; in this process when jobs == 1, else in `jobs` spawned worker processes."""
+    from .worker import replay_batch
+
+    batches = [calls[i : i + BATCH] for i in range(0, len(calls), BATCH)]
+    out: dict[int, list[dict[str, Any]]] = {}
+    done = 0
+
+    def take(batch: list[Call], rows: list[dict[str, Any]]) -> None:
+        nonlocal done
+        by_record: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+        for r in rows:
+            by_record.setdefault((r["step"], r["rank"], r["record"]), []).append(r)
+        for c in batch:
+            out[id(c)] = by_record.get((c.step, c.rank, c.record), [])
+        done += len(batch)
+        if progress is not None:
+            progress(done, len(calls))
+
+    if jobs <= 1 or len(batches) <= 1:
+        for batch in batches:
+            take(batch, replay_batch(batch))
+        return out
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn: the parent holds DuckDB/Polars threads (fork is unsafe with them) and never imports torch itself
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = [(batch, pool.submit(replay_batch, batch)) for batch in batches]
+        for batch, fut in futures:
+            take(batch, fut.result())
+    return out
+
+
+def _frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    import pyarrow as pa
+
+    schema = REPLAY_SCHEMA
+    table = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema)
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    return df.sort(["step", "rank", "seq"], maintain_order=True)

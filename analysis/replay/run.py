@@ -67,9 +67,7 @@ def replay_run(
             rows.extend(results[id(c)])
     df = _frame(rows)
     if write:
-        import pyarrow as pa
-
-        write_replay(store, run, pa.Table.from_pylist(df.to_dicts(), REPLAY_SCHEMA))
+        write_replay(store, run, df.to_arrow())
     return df
 
 
@@ -114,10 +112,14 @@ def _execute(
 
 
 def _frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    """The rows as a DataFrame of the replay table's columns (built by Polars: pyarrow's from_pylist loads pandas)."""
+    schema = _polars_schema()
+    df = pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row")
+    return df.sort(["step", "rank", "seq"], maintain_order=True)
+
+
+def _polars_schema() -> dict[str, Any]:
     import pyarrow as pa
 
-    schema = REPLAY_SCHEMA
-    table = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema)
-    df = pl.from_arrow(table)
-    assert isinstance(df, pl.DataFrame)
-    return df.sort(["step", "rank", "seq"], maintain_order=True)
+    types = {pa.string(): pl.String(), pa.int64(): pl.Int64(), pa.int32(): pl.Int32(), pa.float64(): pl.Float64()}
+    return {f.name: types.get(f.type, pl.List(pl.Int64())) for f in REPLAY_SCHEMA}

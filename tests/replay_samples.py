@@ -114,8 +114,13 @@ def _model(dtype):
     return Net().to(getattr(torch, dtype))
 
 
-def run_all(out: Path) -> None:
-    """All cases in this process, one msprobe step each (case i is `out/dump/step<i>`)."""
+def run_all(out: Path, big: int = 0) -> None:
+    """All cases in this process, one msprobe step each (case i is `out/dump/step<i>`); with `big`, instead 4 steps
+    of the clean bf16 model with `big` layers (bench/replay_speed.py)."""
+    global LAYERS
+    cases = list(CASES.values())
+    if big:
+        LAYERS, cases = big, [CASES["clean_bf16"]] * 4
     import contextlib
 
     import torch
@@ -132,15 +137,15 @@ def run_all(out: Path) -> None:
         "task": "tensor",
         "dump_path": "./dump",
         "rank": [],
-        "step": list(range(len(CASES))),
+        "step": list(range(len(cases))),
         "level": "mix",
         "tensor": {"scope": [], "list": [], "data_mode": ["all"]},
     }
     (out / "config.json").write_text(json.dumps(config))
     debugger = PrecisionDebugger(config_path=str(out / "config.json"))
-    for case in CASES.values():
+    for i, case in enumerate(cases):
         model = _model(case["dtype"])
-        g = torch.Generator().manual_seed(1)
+        g = torch.Generator().manual_seed(1 + i)
         tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
         labels = torch.randint(0, VOCAB, (BATCH,), generator=g)
         fault = case.get("fault")
@@ -154,22 +159,26 @@ def run_all(out: Path) -> None:
     dist.destroy_process_group()
 
 
-def generate(out: Path) -> dict[str, Path]:
-    """Make the cases under `out` (kept when already made); returns {case: its step folder, a dump to ingest}."""
+def generate(out: Path, big: int = 0) -> dict[str, Path]:
+    """Make the cases under `out` (kept when already made); returns {case: its step folder, a dump to ingest}; with
+    `big`, {"big": the dump root of 4 steps of a `big`-layer clean bf16 model}."""
     out.mkdir(parents=True, exist_ok=True)
     if not (out / ".complete").exists():
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-        proc = subprocess.run([sys.executable, __file__, "--make", str(out)], env=env, capture_output=True)
+        cmd = [sys.executable, __file__, "--make", str(out), str(big)]
+        proc = subprocess.run(cmd, env=env, capture_output=True)
         if proc.returncode != 0:
             raise RuntimeError(
                 f"replay samples failed:\n{(proc.stdout + proc.stderr).decode(errors='replace')[-3000:]}"
             )
         (out / ".complete").touch()
+    if big:
+        return {"big": out / "dump"}
     return {name: out / "dump" / f"step{i}" for i, name in enumerate(CASES)}
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--make":
-        run_all(Path(sys.argv[2]).resolve())
+        run_all(Path(sys.argv[2]).resolve(), int(sys.argv[3]) if len(sys.argv) > 3 else 0)
     else:
         print(generate(Path(sys.argv[1]).resolve()))

@@ -208,7 +208,11 @@ def test_arguments_rebuilt_and_calls_skipped(dump_writer, tmp_path):
     assert f is not None and f.op == "Tensor.sum.0.forward"
 
 
-def test_parallel_replay_gives_the_same_table(dump_writer, tmp_path):
+def test_parallel_replay_gives_the_same_table(dump_writer, tmp_path, monkeypatch):
+    from dumpstore.analysis.replay import run as replay_module
+
+    monkeypatch.setattr(replay_module, "MIN_CALLS_PER_WORKER", 1)  # workers even for these few calls
+    monkeypatch.setattr(replay_module, "BATCH", 2)
     root = _hand_dump(dump_writer)
     ingest(root, "h", store=tmp_path / "s", jobs=1)
     store = open_store(tmp_path / "s")

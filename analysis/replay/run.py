@@ -13,6 +13,9 @@ from dumpstore.store import Store
 from .plan import Call, call_keys, plan_calls
 
 BATCH = 16  # calls per worker task
+# worker processes only when each gets at least this many calls: a worker starts by importing torch (1-3 s, about
+# as long as replaying 200 small calls; bench/replay_speed.py)
+MIN_CALLS_PER_WORKER = 200
 
 
 def _content_hashes(store: Store, run: str, steps: list[int] | None) -> dict[tuple[int, int, str], str]:
@@ -78,7 +81,8 @@ def _renamed(name: str | None, old: str, new: str) -> str | None:
 def _execute(
     calls: list[Call], jobs: int, progress: Callable[[int, int], None] | None
 ) -> dict[int, list[dict[str, Any]]]:
-    """{id(call): rows}; in this process when jobs == 1, else in `jobs` spawned worker processes."""
+    """{id(call): rows}; in `jobs` spawned worker processes (fewer when there are too few calls for them), or in this
+    process."""
     from .worker import replay_batch
 
     batches = [calls[i : i + BATCH] for i in range(0, len(calls), BATCH)]
@@ -96,6 +100,7 @@ def _execute(
         if progress is not None:
             progress(done, len(calls))
 
+    jobs = min(jobs, len(calls) // MIN_CALLS_PER_WORKER)
     if jobs <= 1 or len(batches) <= 1:
         for batch in batches:
             take(batch, replay_batch(batch))
@@ -103,12 +108,21 @@ def _execute(
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    # spawn: the parent holds DuckDB/Polars threads (fork is unsafe with them) and never imports torch itself
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+    # a fork server (not a fork of this process: it holds Polars/DuckDB threads) that imports torch once and forks
+    # the workers from there; this process never imports torch
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["dumpstore.analysis.replay.preload"])
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_preloaded) as pool:
         futures = [(batch, pool.submit(replay_batch, batch)) for batch in batches]
         for batch, fut in futures:
             take(batch, fut.result())
     return out
+
+
+def _preloaded() -> None:
+    from .worker import init_worker
+
+    init_worker()
 
 
 def _frame(rows: list[dict[str, Any]]) -> pl.DataFrame:

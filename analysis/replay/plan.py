@@ -110,8 +110,6 @@ def skip_reason(prefix: str, api: str, direction: str, body: Any) -> str | None:
         return "communication: its result depends on the other ranks"
     if prefix not in REPLAYABLE_PREFIXES:
         return f"{prefix} API: no CPU implementation to replay it with"
-    if direction == "backward":
-        return "backward record: gradients follow the autograd node, not the API's signature (not replayed)"
     base = api.split(".")[0]
     if base.rstrip("_") in RANDOM_APIS or base.startswith(("rand", "_fused_dropout", "native_dropout")):
         return "random: its output depends on the generator's state"
@@ -199,13 +197,33 @@ def plan_calls(
             prefix, api, direction = parsed
             if op_types and api not in op_types and f"{prefix}.{api}" not in op_types:
                 continue
-            skip = skip_reason(prefix, api, direction, body)
+            if direction == "backward":
+                body, skip = backward_body(data.get(record[: -len("backward")] + "forward"), body)
+                skip = skip or skip_reason(prefix, api, direction, body["forward"])
+            else:
+                skip = skip_reason(prefix, api, direction, body)
             if skip is None and framework not in ("pytorch", ""):
                 skip = f"{framework} record: replay calls PyTorch APIs only"
             folder = str(unit.path.parent)
             calls.append(Call(unit.step, unit.rank, seq, record, prefix, api, direction, folder, body, skip))
     calls.sort(key=lambda c: (c.step, c.rank, c.seq))
     return calls
+
+
+def backward_body(forward: Any, body: Any) -> tuple[dict[str, Any], str | None]:
+    """The body replayed for a backward record (its forward call, the gradients in and out), or why not: the replay
+    recomputes the forward from the recorded inputs and differentiates it; possible only where the record's one
+    input gradient belongs to the forward's one floating output (the worker then checks the autograd node)."""
+    if not isinstance(forward, dict) or not isinstance(body, dict):
+        return {"forward": {}}, "backward record without its forward record"
+    out = {"forward": forward, "input": body.get("input"), "output": body.get("output")}
+    grads_in = list(_tensor_leaves(body.get("input")))
+    outs = [leaf for leaf in _tensor_leaves(forward.get("output")) if str(leaf.get("dtype", "")).find("float") >= 0]
+    if len(grads_in) != 1 or len(outs) != 1 or grads_in[0].get("shape") != outs[0].get("shape"):
+        return out, "backward record: its gradients do not match one floating output of the forward call"
+    if not any(_tensor_leaves(body.get("output"))):
+        return out, "backward record without input gradients"
+    return out, None
 
 
 def call_keys(calls: list[Call], hashes: dict[tuple[int, int, str], str]) -> None:
@@ -228,6 +246,6 @@ def call_keys(calls: list[Call], hashes: dict[tuple[int, int, str], str]) -> Non
                 return {k: strip(x) for k, x in v.items() if k not in ("Max", "Min", "Mean", "Norm", "md5")}
             return v
 
-        body = {k: strip(c.body.get(k)) for k in ("input_args", "input_kwargs", "output")}
+        body = {k: strip(v) for k, v in c.body.items()}
         key = json.dumps([c.prefix, c.api, body], sort_keys=True, default=str)
         c.key = None if missing else key

@@ -30,6 +30,10 @@ class NotReplayable(Exception):
     """This call cannot be replayed here (the reason is the message)."""
 
 
+class NotFeasible(NotReplayable):
+    """A backward record whose gradients cannot be placed (a row `skipped`, not an error)."""
+
+
 def init_worker() -> None:
     """Process initialiser: one intra-op thread per worker (the workers are the parallelism)."""
     import torch
@@ -74,6 +78,8 @@ class Loader:
     def __init__(self, folder: str):
         self.folder = Path(folder)
         self.cache: dict[str, Any] = {}
+        self.grad_leaves: list[Any] | None = None  # when set, floating inputs recorded with requires_grad get a
+        # fresh leaf requiring grad, appended here
 
     def tensor(self, leaf: dict):
         import torch
@@ -104,7 +110,11 @@ class Loader:
             raise NotReplayable(f"unexpected record value {v!r}")
         if is_tensor_leaf(v):
             t = self.tensor(v)
-            return t.double() if golden and (t.is_floating_point()) else t
+            t = t.double() if golden and t.is_floating_point() else t
+            if self.grad_leaves is not None and t.is_floating_point() and v.get("requires_grad"):
+                t = t.detach().clone().requires_grad_(True)
+                self.grad_leaves.append(t)
+            return t
         kind = v.get("type")
         if kind is None and "class_type" not in v:
             return {k: self.build(x, golden) for k, x in v.items()}
@@ -163,13 +173,11 @@ def _flat_recorded(v: Any, path: list[str], out: list) -> list:
     return out
 
 
-def _autocast_dtype(call: Call):
+def _autocast_dtype(body: dict[str, Any]):
     """The dtype of the CPU autocast region the call ran in, or None: its recorded floating inputs and outputs mix a
     low-precision dtype (fp16/bf16) with a wider one (autocast casts inside the op: a bf16 linear of fp32 weights,
     an fp32 cross_entropy of bf16 logits)."""
-    leaves = _flat_recorded(
-        [call.body.get("input_args"), call.body.get("input_kwargs") or {}, call.body.get("output")], [], []
-    )
+    leaves = _flat_recorded([body.get("input_args"), body.get("input_kwargs") or {}, body.get("output")], [], [])
     floats = {str(canonical(leaf["dtype"])) for _, leaf in leaves if leaf}
     low = sorted(floats & set(_LOW))
     if len(low) == 1 and floats & {"float32", "float64"}:
@@ -177,19 +185,20 @@ def _autocast_dtype(call: Call):
     return None
 
 
-def _call(fn, call: Call, loader: Loader, golden: bool):
+def _call(fn, call: Call, loader: Loader, golden: bool, body: dict[str, Any] | None = None):
     import contextlib
 
     import torch
 
-    args = loader.build(call.body.get("input_args") or [], golden)
-    kwargs = loader.build(call.body.get("input_kwargs") or {}, golden)
+    body = call.body if body is None else body
+    args = loader.build(body.get("input_args") or [], golden)
+    kwargs = loader.build(body.get("input_kwargs") or {}, golden)
     if not isinstance(kwargs, dict):
         raise NotReplayable("input_kwargs is not an object")
-    cast = None if golden else _autocast_dtype(call)
+    cast = None if golden else _autocast_dtype(body)
     ctx = torch.autocast("cpu", dtype=cast) if cast is not None else contextlib.nullcontext()
     try:
-        with torch.no_grad(), ctx:
+        with torch.set_grad_enabled(loader.grad_leaves is not None), ctx:
             return fn(*args, **kwargs)
     except Exception as exc:  # the API refused the rebuilt arguments: a fact about this call, not a bug here
         raise NotReplayable(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
@@ -209,6 +218,13 @@ def replay_call(call: Call) -> list[dict[str, Any]]:
     if call.skip is not None:
         return [{**base, "status": "skipped", "reason": call.skip}]
     loader = Loader(call.folder)
+    if call.direction == "backward":
+        try:
+            return _replay_backward(base, call, loader)
+        except NotFeasible as exc:
+            return [{**base, "status": "skipped", "reason": f"backward record: {exc}"}]
+        except NotReplayable as exc:
+            return [{**base, "status": "error", "reason": f"not replayable: {exc}"}]
     try:
         fn = resolve(call.prefix, call.api)
         golden = _flat_outputs(_call(fn, call, loader, golden=True), [])
@@ -246,6 +262,52 @@ def _judged(base, call: Call, loader: Loader, recorded, golden, same):
             continue
         arrays = [_f64(x) for x in (run, c, g)]
         yield {**row, **judge(call.api, dtype, *arrays)}
+
+
+def _gradients(fn, call: Call, loader: Loader, golden: bool, n_out: int) -> list[Any]:
+    """The forward recomputed from the recorded inputs (float64 or recorded dtype) and differentiated with the
+    recorded output gradient: one gradient (or None) per slot of the backward record's output, which msprobe fills
+    from the output's autograd node. Only when that node's inputs are the call's own input leaves (a one-node API)
+    are the slots known; otherwise NotReplayable."""
+    import torch
+
+    loader.grad_leaves = []
+    try:
+        out = _flat_outputs(_call(fn, call, loader, golden, body=call.body["forward"]), [])
+        leaves = loader.grad_leaves
+    finally:
+        loader.grad_leaves = None
+    outs = [t for t in out if t is not None and t.is_floating_point()]
+    if len(outs) != 1 or outs[0].grad_fn is None:
+        raise NotFeasible("the forward's output does not depend on a floating input that requires grad")
+    slots = outs[0].grad_fn.next_functions
+    if len(slots) != n_out:
+        raise NotFeasible(f"the output's autograd node has {len(slots)} inputs, the record {n_out} gradients")
+    mapped: list[Any] = []
+    for fn_next, _ in slots:
+        leaf = getattr(fn_next, "variable", None) if fn_next is not None else None
+        if fn_next is not None and not any(leaf is x for x in leaves):
+            raise NotFeasible(
+                "the output's autograd node is not the API's own (a composite): which gradient is whose is unknown"
+            )
+        mapped.append(leaf)
+    (grad_leaf,) = [x for x in _flat_recorded(call.body.get("input"), [], []) if x[1] is not None]
+    g = loader.tensor(grad_leaf[1])
+    g = g.double() if golden else g.to(outs[0].dtype)
+    wanted = [x for x in mapped if x is not None]
+    try:
+        grads = iter(torch.autograd.grad(outs[0], wanted, grad_outputs=g, allow_unused=True))
+    except RuntimeError as exc:
+        raise NotReplayable(f"differentiating the forward failed: {str(exc).splitlines()[0][:200]}") from None
+    return [next(grads) if x is not None else None for x in mapped]
+
+
+def _replay_backward(base: dict[str, Any], call: Call, loader: Loader) -> list[dict[str, Any]]:
+    fn = resolve(call.prefix, call.api)
+    recorded = _flat_recorded(call.body.get("output"), [], [])
+    golden = _gradients(fn, call, loader, True, len(recorded))
+    same = _gradients(fn, call, loader, False, len(recorded))
+    return [row for row in _judged(base, call, loader, recorded, golden, same) if row is not None]
 
 
 def _f64(t) -> np.ndarray:

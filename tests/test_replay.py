@@ -186,6 +186,19 @@ def _records() -> dict:
             "output": [(x.sum(-1) * 1.1).astype(np.float32)],
         },
         "Tensor.argmax.0.forward": {"input_args": [x], "output": [np.array(x.argmax())]},
+        "Tensor.__getitem__.0.forward": {  # x[:2, 1]: a tuple index, recorded as a list
+            "input_args": [x, [{"type": "slice", "value": [None, 2, None]}, {"type": "int", "value": 1}]],
+            "output": [x[:2, 1]],
+        },
+        "Tensor.__getitem__.1.forward": {  # x[0, 1]
+            "input_args": [x, [{"type": "int", "value": 0}, {"type": "int", "value": 1}]],
+            "output": [np.array(x[0, 1])],
+        },
+        "Tensor.__getitem__.2.forward": {  # x[[0, 1]]
+            "input_args": [x, [{"type": "int", "value": 0}, {"type": "int", "value": 1}]],
+            "output": [x[[0, 1]]],
+        },
+        "Torch.empty_like.0.forward": {"input_args": [x], "output": [x]},
         "Tensor.add_.0.forward": {"input_args": [x, y], "output": [x + y]},
         "Functional.dropout.0.forward": {"input_args": [x], "output": [x]},
         "Distributed.all_reduce.0.forward": {"input_args": [x], "output": [x]},
@@ -201,6 +214,9 @@ def _hand_dump(dump_writer) -> Path:
     doc = json.loads(path.read_text())
     for key in ("Torch.add.0.forward", "Torch.add.1.forward"):
         doc["data"][key]["input_kwargs"] = {"alpha": {"type": "int", "value": 2}}
+    sdpa = {"input_kwargs": {"dropout_p": {"type": "float", "value": 0.1}}}
+    sdpa.update(input_args=[], output=doc["data"]["Torch.add.0.forward"]["output"])
+    doc["data"]["Functional.scaled_dot_product_attention.0.forward"] = sdpa
     path.write_text(json.dumps(doc))
     return w.root
 
@@ -217,6 +233,7 @@ def test_arguments_rebuilt_and_calls_skipped(dump_writer, tmp_path):
     assert by["Functional.layer_norm.0.forward"]["status"] == "pass"
     assert by["Tensor.sum.0.forward"]["status"] == "fail"
     assert by["Tensor.argmax.0.forward"]["standard"] == "binary" and by["Tensor.argmax.0.forward"]["status"] == "pass"
+    assert [by[f"Tensor.__getitem__.{i}.forward"]["status"] for i in range(3)] == ["pass"] * 3
     reasons = {k: v["reason"] for k, v in by.items() if v["status"] == "skipped"}
     assert reasons == {
         "Tensor.add_.0.forward": "in-place: the recorded input was overwritten by the call",
@@ -224,9 +241,20 @@ def test_arguments_rebuilt_and_calls_skipped(dump_writer, tmp_path):
         "Distributed.all_reduce.0.forward": "communication: its result depends on the other ranks",
         "NPU.npu_rms_norm.0.forward": "NPU API: no CPU implementation to replay it with",
         "Functional.relu.0.forward": "no tensor output to judge",
+        "Torch.empty_like.0.forward": "uninitialised memory: its output is whatever was there",
+        "Functional.scaled_dot_product_attention.0.forward": "random: dropout_p > 0",
     }
     f = kernel_finding(store, "h")
     assert f is not None and f.op == "Tensor.sum.0.forward"
+
+
+def test_module_only_dump_refused(dump_writer, tmp_path):
+    w = dump_writer("l0")
+    x = np.ones((2, 2), np.float32)
+    w.write({"Module.fc.Linear.forward.0": {"input_args": [x], "output": [x]}})
+    ingest(w.root, "m", store=tmp_path / "s", jobs=1)
+    with pytest.raises(ReplayError, match=r"^run 'm' has no API records \(a level L0 dump records modules only\)"):
+        replay_run(open_store(tmp_path / "s"), "m")
 
 
 def test_parallel_replay_gives_the_same_table(dump_writer, tmp_path, monkeypatch):

@@ -48,9 +48,6 @@ RANDOM_APIS = frozenset(
         "cauchy",
         "log_normal",
         "random",
-        "empty",
-        "empty_like",
-        "empty_strided",
     }
 )
 SIDE_EFFECT_APIS = frozenset(
@@ -113,6 +110,8 @@ def skip_reason(prefix: str, api: str, direction: str, body: Any) -> str | None:
     base = api.split(".")[0]
     if base.rstrip("_") in RANDOM_APIS or base.startswith(("rand", "_fused_dropout", "native_dropout")):
         return "random: its output depends on the generator's state"
+    if "empty" in base:
+        return "uninitialised memory: its output is whatever was there"
     if base in SIDE_EFFECT_APIS:
         return "side effect: the call's effect is not its output"
     if (base.endswith("_") and not base.startswith("__")) or (base.startswith("__i") and base.endswith("__")):
@@ -122,9 +121,16 @@ def skip_reason(prefix: str, api: str, direction: str, body: Any) -> str | None:
     kwargs = body.get("input_kwargs") or {}
     if isinstance(kwargs, dict) and kwargs.get("out") is not None:
         return "writes into out=: in-place"
+    if isinstance(kwargs, dict) and _positive(kwargs.get("dropout_p")):
+        return "random: dropout_p > 0"
     if not any(_tensor_leaves(body.get("output"))):
         return "no tensor output to judge"
     return None
+
+
+def _positive(leaf: Any) -> bool:
+    value = leaf.get("value") if isinstance(leaf, dict) else None
+    return isinstance(value, (int, float)) and value > 0
 
 
 def is_tensor_leaf(v: Any) -> bool:

@@ -10,7 +10,7 @@ import polars as pl
 from dumpstore.replaytable import REPLAY_SCHEMA, write_replay
 from dumpstore.store import Store
 
-from .plan import Call, call_keys, plan_calls
+from .plan import Call, ReplayError, call_keys, plan_calls
 
 BATCH = 16  # calls per worker task
 # worker processes only when each gets at least this many calls: a worker starts by importing torch (1-3 s, about
@@ -50,6 +50,11 @@ def replay_run(
     store the table (`replay` view) and return it in execution order (one row per output; one per call not
     replayed). Identical calls are replayed once; the others get `same_as`."""
     calls = plan_calls(store, run, steps=steps, op_types=op_types)
+    if not calls and not op_types:
+        raise ReplayError(
+            f"run {run!r} has no API records{' in the steps asked' if steps else ''} (a level L0 dump records modules "
+            "only); replay calls the recorded APIs: dump with level L1 or mix"
+        )
     call_keys(calls, _content_hashes(store, run, steps))
     first: dict[str, Call] = {}
     todo: list[Call] = []

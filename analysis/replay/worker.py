@@ -185,6 +185,18 @@ def _autocast_dtype(body: dict[str, Any]):
     return None
 
 
+def _index(index: list, body: dict[str, Any]) -> Any:
+    """msprobe records a tuple index as a list: a list of slices, None, Ellipsis or tensors was a tuple; a list of
+    ints was a tuple when the recorded output drops one dimension per int (x[0, 1]), else a list (x[[0, 1]])."""
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in index):
+        return tuple(index)
+    ins = [leaf for _, leaf in _flat_recorded(body.get("input_args"), [], []) if leaf]
+    outs = [leaf for _, leaf in _flat_recorded(body.get("output"), [], []) if leaf]
+    if ins and outs and len(ins[0].get("shape", [])) - len(index) == len(outs[0].get("shape", [])):
+        return tuple(index)
+    return index
+
+
 def _call(fn, call: Call, loader: Loader, golden: bool, body: dict[str, Any] | None = None):
     import contextlib
 
@@ -195,6 +207,8 @@ def _call(fn, call: Call, loader: Loader, golden: bool, body: dict[str, Any] | N
     kwargs = loader.build(body.get("input_kwargs") or {}, golden)
     if not isinstance(kwargs, dict):
         raise NotReplayable("input_kwargs is not an object")
+    if call.api == "__getitem__" and len(args) == 2 and isinstance(args[1], list):
+        args[1] = _index(args[1], body)
     cast = None if golden else _autocast_dtype(body)
     ctx = torch.autocast("cpu", dtype=cast) if cast is not None else contextlib.nullcontext()
     try:

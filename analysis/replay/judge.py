@@ -93,7 +93,7 @@ def _benchmark(
     row["msprobe_status"], row["msprobe_reason"] = _msprobe_verdict(std, dtype, mr, mc)
     err, cpu_err = c_run["rel_l2"], c_cpu["rel_l2"]
     threshold = S.REPLAY_THRESHOLD
-    ratio = None if err is None or cpu_err is None else err / max(cpu_err, S.REL_L2_FLOOR[dtype])
+    ratio = None if err is None or cpu_err is None else err / max(cpu_err, S.rel_l2_floor(dtype, run.size))
     row.update(metric=S.REL_L2, err=err, cpu_err=cpu_err, ratio=ratio, threshold=threshold)
     pattern_run, pattern_cpu = _nonfinite_pattern(run), _nonfinite_pattern(cpu)
     if not np.array_equal(pattern_run, pattern_cpu):

@@ -63,12 +63,22 @@ L2_APIS = frozenset(
 FLOAT_DTYPES = frozenset(SMALL_VALUE)
 
 # replay's verdict on float outputs (docs/replay.md): the run's relative L2 error against float64 may be at most
-# REPLAY_THRESHOLD times the CPU same-dtype output's, the latter floored at half the dtype's unit roundoff (about
-# the error of correct rounding alone). This is msprobe's RMSE ratio (RMSE over ||golden||/sqrt(n)) at its L0
-# threshold, with the floor taken relative to the output's size instead of msprobe's absolute `_minmum_err`.
+# REPLAY_THRESHOLD times the CPU same-dtype output's, the latter floored at `rel_l2_floor`: half the dtype's unit
+# roundoff (about the error of correct rounding alone, over many elements), larger for small outputs, whose error
+# averages over few elements (a scalar one ulp off in another summation order must not fail). This is msprobe's
+# RMSE ratio (RMSE over ||golden||/sqrt(n)) at its L0 threshold, with the floor taken relative to the output's size
+# instead of msprobe's absolute `_minmum_err`.
 REL_L2 = "rel_l2"
 REPLAY_THRESHOLD = 2.0
 REL_L2_FLOOR = {"float16": 2.0**-12, "bfloat16": 2.0**-9, "float32": 2.0**-25, "float64": 2.0**-54}
+
+
+def rel_l2_floor(dtype: str, numel: int) -> float:
+    """REL_L2_FLOOR[dtype] * (1 + 8 / sqrt(numel)): 4.5 unit roundoffs for a scalar, 1 at 64 elements, 1/2 for
+    large outputs."""
+    return REL_L2_FLOOR[dtype] * (1.0 + 8.0 / max(numel, 1) ** 0.5)
+
+
 BINARY_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
 
 

@@ -268,3 +268,16 @@ def test_parallel_replay_gives_the_same_table(dump_writer, tmp_path, monkeypatch
     one = replay_run(store, "h", write=False)
     two = replay_run(store, "h", jobs=2, write=False)
     assert one.equals(two)
+
+
+def test_partial_replay_updates_only_its_calls(dump_writer, tmp_path):
+    from dumpstore.replaytable import read_replay
+
+    root = _hand_dump(dump_writer)
+    ingest(root, "h", store=tmp_path / "s", jobs=1)
+    store = open_store(tmp_path / "s")
+    full = replay_run(store, "h")
+    part = replay_run(store, "h", op_types=["add"])
+    assert part["record"].to_list() == ["Torch.add.0.forward", "Torch.add.1.forward"]
+    stored = read_replay(store, "h")
+    assert stored is not None and stored.column("record").to_pylist() == full["record"].to_list()

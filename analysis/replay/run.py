@@ -75,8 +75,22 @@ def replay_run(
             rows.extend(results[id(c)])
     df = _frame(rows)
     if write:
-        write_replay(store, run, df.to_arrow())
+        write_replay(store, run, _kept(store, run, df).to_arrow() if (steps or op_types) else df.to_arrow())
     return df
+
+
+def _kept(store: Store, run: str, df: pl.DataFrame) -> pl.DataFrame:
+    """A partial replay (some steps or APIs) added to the run's stored table: its rows replace those of the same
+    calls, the other calls' rows stay."""
+    from dumpstore.replaytable import read_replay
+
+    old = read_replay(store, run)
+    if old is None:
+        return df
+    prev = pl.DataFrame(old.to_pylist(), schema=_polars_schema(), orient="row") if old.num_rows else df.clear()
+    keys = ["step", "rank", "record"]
+    both = pl.concat([prev.join(df.select(keys).unique(), on=keys, how="anti"), df])
+    return both.sort(["step", "rank", "seq"], maintain_order=True)
 
 
 def _renamed(name: str | None, old: str, new: str) -> str | None:

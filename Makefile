@@ -52,6 +52,7 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/replay_speed.py
 
 samples: $(STAMP)
 	$(BIN)/python sample_dumps/generate.py

@@ -317,6 +317,10 @@ from .health_cmds import checklist, health  # noqa: E402
 main.add_command(checklist)
 main.add_command(health)
 
+from .replay_cmd import replay as _replay  # noqa: E402
+
+main.add_command(_replay)
+
 
 class _NoPandas:
     """Import finder refusing pandas.  pyarrow imports pandas (~0.5 s, ~50 MB) on the first array it builds, only

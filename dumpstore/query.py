@@ -73,6 +73,9 @@ def connect(
     from .views import create_views
 
     create_views(con)
+    from .longrun.store import create_views as longrun_views  # scalars, monitor, longruns (docs/longrun.md)
+
+    longrun_views(con, store)
     if temp_dir is not None:
         con.execute(f"SET temp_directory = '{temp_dir.replace(chr(39), chr(39) * 2)}'")
     if limits is not None:

@@ -47,6 +47,7 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/longrun.py
 
 samples: $(STAMP)
 	$(BIN)/python sample_dumps/generate.py

@@ -22,9 +22,9 @@ The method (docs/longrun.md has the walkthrough):
   criteria   Huawei's long-run criteria (MindSpore Transformers accuracy guide): first-step loss abs error < 0.005
              or rel < 0.5 %; mean abs error < 0.01 or mean rel error < 1 %; grad-norm mean rel error <= 10 %;
              the difference stays inside the noise band
-  spikes     per run: Megatron's spiky-loss factor (a loss above 10 x the median of the previous 100 steps) and an
-             EMA z-score (z > 6 against an exponential mean and variance of span 100); consecutive steps are one
-             spike
+  spikes     per run: Megatron's spiky-loss factor (a loss above 10 x the median of the previous block of 100
+             steps) and an EMA z-score (z > 6 against an exponential mean and variance of span 100); consecutive
+             steps are one spike
   events     NaN/Inf losses, skipped and NaN iterations (Megatron's counters, MindFormers' overflow flag),
              loss-scale drops
   lr         the first step where the two runs' learning rates differ by more than 1e-4 relative (logs print 6
@@ -65,22 +65,38 @@ class Series:
     samples: np.ndarray | None = None  # consumed samples per step (float64, NaN where unknown)
 
 
+_SPLIT: list[tuple[pa.Table, dict]] = []  # the last few scalars tables, split by tag (series is asked ~10 times)
+
+
+def _by_tag(scalars: pa.Table) -> dict:
+    import polars as pl
+
+    for table, parts in _SPLIT:
+        if table is scalars:
+            return parts
+    df = pl.from_arrow(scalars)
+    assert isinstance(df, pl.DataFrame)
+    parts = {k[0]: v for k, v in df.partition_by("tag", as_dict=True).items()}
+    _SPLIT.append((scalars, parts))
+    del _SPLIT[:-4]
+    return parts
+
+
 def series(scalars: pa.Table, tag: str, rank: int | None = None) -> Series | None:
     """One tag's points of one rank (default: the lowest rank that logged the tag), sorted by step."""
-    import pyarrow.compute as pc
+    import polars as pl
 
-    t = scalars.filter(pc.equal(scalars.column("tag"), tag))
-    if t.num_rows == 0:
+    t = _by_tag(scalars).get(tag)
+    if t is None or t.height == 0:
         return None
-    ranks = sorted(set(t.column("rank").to_pylist()))
-    r = ranks[0] if rank is None else rank
-    t = t.filter(pc.equal(t.column("rank"), r)).sort_by("step")
-    if t.num_rows == 0:
+    r = t.get_column("rank").min() if rank is None else rank
+    t = t.filter(pl.col("rank") == r).sort("step")
+    if t.height == 0:
         return None
-    samples = t.column("consumed_samples").to_numpy(zero_copy_only=False).astype(np.float64)
+    samples = t.get_column("consumed_samples").cast(pl.Float64).fill_null(float("nan")).to_numpy()
     return Series(
-        t.column("step").to_numpy().astype(np.int64),
-        t.column("value").to_numpy(zero_copy_only=False).astype(np.float64),
+        t.get_column("step").to_numpy().astype(np.int64),
+        t.get_column("value").cast(pl.Float64).fill_null(float("nan")).to_numpy().astype(np.float64),
         None if np.all(np.isnan(samples)) else samples,
     )
 
@@ -466,15 +482,14 @@ def find_spikes(s: Series, run: str) -> list[Spike]:
             hits[int(i)] = Spike(run, int(s.x[i]), float(v[i]), med, "factor10", float(v[i] / med))
         alpha = 2.0 / (EMA_SPAN + 1)
         mean, var, seen = 0.0, 0.0, 0
-        for i in range(n):
-            x = v[i]
-            if not math.isfinite(x):
+        for i, x in enumerate(v.tolist()):
+            if x != x or x in (math.inf, -math.inf):
                 continue
             if seen >= 20 and var > 0:
                 z = (x - mean) / math.sqrt(var)
-                if z > EMA_Z and int(i) not in hits:
-                    hits[int(i)] = Spike(run, int(s.x[i]), float(x), mean, "ema_z", float(z))
                 if z > EMA_Z:
+                    if i not in hits:
+                        hits[i] = Spike(run, int(s.x[i]), x, mean, "ema_z", z)
                     continue  # a spike does not move the baseline
             if seen == 0:
                 mean = x
@@ -508,15 +523,16 @@ def _ffill(v: np.ndarray) -> np.ndarray:
 
 
 def _previous_median(v: np.ndarray, w: int) -> np.ndarray:
-    """Per index i: the median of v[max(0, i - w):i] (NaN at 0)."""
+    """Per index i: the median of the previous block of w values (blocks start at multiples of w; the first block
+    uses the values before i); NaN at 0."""
     n = len(v)
     out = np.full(n, np.nan)
     for i in range(1, min(w, n)):
         out[i] = np.median(v[:i])
-    if n > w:
-        from numpy.lib.stride_tricks import sliding_window_view
-
-        out[w:] = np.median(sliding_window_view(v, w)[:-1], axis=1)
+    nb = n // w
+    if nb >= 1 and n > w:
+        meds = np.median(v[: nb * w].reshape(nb, w), axis=1)
+        out[w:] = np.repeat(meds, w)[: n - w]
     return out
 
 

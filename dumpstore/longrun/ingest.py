@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
 
-from ..errors import DumpstoreError
-from .logs import last_wins, read_log
-from .monitor import MonitorFormatError, read_monitor
+from ..errors import DumpstoreError, DumpstoreWarning
+from .logs import LogFormatError, last_wins, read_log
+from .monitor import MonitorFormatError, read_monitor_frame
 from .store import LongRun, write
 from .tensorboard import event_files, read_events
 
@@ -37,13 +38,12 @@ def collect(
     pattern: str | None = None,
     rank: int | None = None,
     logging_steps: int = 1,
-    threads: int | None = None,
 ) -> LongRun:
     """Read every source under `paths`: a log file, an event file, a folder (its *.log/*.txt/*.out files,
     event files, trainer_state.json and monitor CSV)."""
     lr = LongRun(run)
     scalars: list[pa.Table] = []
-    monitors: list[pa.Table] = []
+    monitors: list = []
     for path in paths:
         if not path.exists():
             raise LongRunInputError(f"{path}: no such file or folder; give a training log, an event file or folder")
@@ -68,15 +68,19 @@ def collect(
                 if p.is_file() and (p.suffix in _LOG_SUFFIXES or p.name == "trainer_state.json")
             )
             for log in logs:
-                table, family = read_log(
-                    log, fmt=fmt, pattern=pattern, rank=_rank_of(log, rank), logging_steps=logging_steps
-                )
+                try:
+                    table, family = read_log(
+                        log, fmt=fmt, pattern=pattern, rank=_rank_of(log, rank), logging_steps=logging_steps
+                    )
+                except LogFormatError as exc:  # a README.txt beside the logs: skipped, said
+                    warnings.warn(f"skipped {exc}", DumpstoreWarning, stacklevel=2)
+                    continue
                 scalars.append(table)
                 lr.formats.append(family)
                 lr.sources.append(str(log))
                 found = True
         try:
-            monitors.append(read_monitor(path, threads=threads or min(4, os.cpu_count() or 1)))
+            monitors.append(read_monitor_frame(path))
             lr.formats.append("monitor")
             lr.sources.append(str(path))
             found = True
@@ -89,7 +93,9 @@ def collect(
     if scalars:
         lr.scalars = last_wins(pa.concat_tables(scalars)) if len(scalars) > 1 else scalars[0]
     if monitors:
-        lr.monitor = pa.concat_tables(monitors) if len(monitors) > 1 else monitors[0]
+        import polars as pl
+
+        lr.monitor = pl.concat(monitors, how="diagonal_relaxed") if len(monitors) > 1 else monitors[0]
     return lr
 
 

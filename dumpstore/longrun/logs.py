@@ -131,22 +131,51 @@ class Rows:
         )
 
 
-def _megatron(m: re.Match) -> tuple[int, int | None, list[tuple[str, float]]]:
-    step = int(m.group(1))
-    fields: list[tuple[str, float]] = []
-    samples = None
-    for part in m.group(3).split("|"):
-        key, sep, val = part.partition(":")
-        if not sep:
-            continue
-        num = to_number(val)
-        if num is None:
-            continue
-        tag = canonical_tag(key)
-        if tag == "consumed_samples":
-            samples = int(num) if math.isfinite(num) else None
-        fields.append((tag, num))
-    return step, samples, fields
+_MEGATRON_HEAD = r"\biteration\s+(\d+)\s*/\s*\d+\s*\|"
+_NUMBER_PREFIX = r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+
+
+def numbers(col):
+    """A polars string expression as Float64: numbers, nan/inf, True/False, `[1.23]`, a unit suffix (`123ms`);
+    null for anything else (the same rules as to_number)."""
+    import polars as pl
+
+    txt = col.str.strip_chars().str.strip_chars("[](),").str.strip_chars()
+    low = txt.str.to_lowercase()
+    return (
+        pl.when(low == "true")
+        .then(pl.lit(1.0))
+        .when(low == "false")
+        .then(pl.lit(0.0))
+        .otherwise(
+            txt.cast(pl.Float64, strict=False).fill_null(
+                txt.str.extract(_NUMBER_PREFIX, 0).cast(pl.Float64, strict=False)
+            )
+        )
+    )
+
+
+def _megatron_columnar(lines: list[str], rank: int) -> pa.Table:
+    """Megatron lines parsed column-wise (polars): every `key: number` field between the bars."""
+    import polars as pl
+
+    df = pl.DataFrame({"line": lines}, schema={"line": pl.String})
+    df = df.filter(pl.col("line").str.contains(_MEGATRON_HEAD)).with_row_index("_line")
+    parts = pl.col("line").str.split("|")
+    df = df.select(
+        "_line",
+        parts.list.first().str.extract(r"\biteration\s+(\d+)\s*/", 1).cast(pl.Int64).alias("step"),
+        pl.col("line").str.extract(r"consumed samples:\s*(\d+)", 1).cast(pl.Int64).alias("consumed_samples"),
+        parts.list.slice(1).alias("part"),
+    ).explode("part")
+    kv = pl.col("part").str.splitn(":", 2)
+    df = df.with_columns(
+        kv.struct.field("field_0").str.strip_chars().alias("key"), numbers(kv.struct.field("field_1")).alias("value")
+    ).filter(pl.col("value").is_not_null() & pl.col("key").is_not_null() & (pl.col("key") != ""))
+    keys = df.get_column("key").unique().to_list()
+    df = df.with_columns(pl.col("key").replace_strict({k: canonical_tag(k) for k in keys}).alias("tag"))
+    out = df.select(pl.lit(rank, pl.Int64).alias("rank"), "step", "consumed_samples", "tag", "value")
+    return out.to_arrow().cast(Rows().table(rank).schema)
 
 
 def _mindformers(m: re.Match) -> tuple[int, int | None, list[tuple[str, float]]]:
@@ -194,10 +223,10 @@ def read_log(
             )
     rows = Rows()
     if fmt == "megatron":
-        for line in lines:
-            m = _MEGATRON.search(line)
-            if m:
-                rows.add(*_megatron(m))
+        table = _megatron_columnar(lines, rank)
+        if table.num_rows == 0:
+            raise LogFormatError(f"{path}: no megatron line with a step found; check --format/--pattern")
+        return last_wins(table, fill_samples=False), fmt
     elif fmt == "mindformers":
         for line in lines:
             m = _MINDFORMERS.search(line)
@@ -275,13 +304,16 @@ def _trainer_state(path: Path, rank: int) -> pa.Table:
     return last_wins(rows.table(rank))
 
 
-def last_wins(table: pa.Table) -> pa.Table:
+def last_wins(table: pa.Table, *, fill_samples: bool = True) -> pa.Table:
     """One row per (rank, step, tag): the last one in line order (a resumed job's replay replaces the first);
-    consumed samples filled per step from any tag of that step's last line; sorted by step."""
+    consumed samples filled per step from any tag of that step's last line (unless every row has its line's
+    already); sorted by step."""
     import polars as pl
 
     df = pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
-    df = df.with_row_index("_line").unique(["rank", "step", "tag"], keep="last").sort(["rank", "step", "_line"])
-    df = df.with_columns(pl.col("consumed_samples").max().over(["rank", "step"])).drop("_line")
-    return df.to_arrow().cast(table.schema)
+    df = df.with_row_index("_line").unique(["rank", "step", "tag"], keep="last", maintain_order=True)
+    df = df.sort(["rank", "step", "_line"])
+    if fill_samples:
+        df = df.with_columns(pl.col("consumed_samples").max().over(["rank", "step"]))
+    return df.drop("_line").to_arrow().cast(table.schema)

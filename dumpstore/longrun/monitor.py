@@ -18,8 +18,8 @@ fraction), nans (a count), shape, dtype (canonical), missing (a row of nan strin
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -88,83 +88,119 @@ def monitor_files(root: Path) -> list[tuple[Path, int, str, str]]:
     return out
 
 
-def _read_csv(path: Path) -> pa.Table:
-    import pyarrow.csv as pcsv
-
+def _header(path: Path) -> list[str]:
     try:
-        head = path.open("rb").readline().decode("utf-8", "replace").strip().split(",")
+        with path.open("rb") as f:
+            return f.readline().decode("utf-8", "replace").strip().split(",")
     except OSError as exc:
         raise MonitorFormatError(f"{path}: cannot read ({exc.strerror})") from None
-    types = {c: pa.float64() for c in head if c in STAT_COLUMNS}
-    types.update({c: pa.int64() for c in ("step", "micro_step", "vpp_stage") if c in head})
-    types.update({c: pa.string() for c in ("name", "module_name", "scope", "shape", "dtype") if c in head})
+
+
+def _read_csv(paths: list[Path], head: list[str]):
+    """Monitor CSV files of one header as one polars DataFrame (statistics as Float64: `nan` strings are NaN);
+    polars reads the files in parallel."""
+    import polars as pl
+
+    types: dict[str, Any] = {c: pl.Float64 for c in head if c in STAT_COLUMNS}
+    types.update({c: pl.Int64 for c in ("step", "micro_step", "vpp_stage") if c in head})
+    # names, shapes and dtypes repeat at every step: categorical (read once per distinct value, joined and written
+    # to Parquet as dictionary codes)
+    types.update({c: pl.Categorical for c in ("name", "module_name", "scope", "shape", "dtype") if c in head})
     try:
-        return pcsv.read_csv(
-            path,
-            read_options=pcsv.ReadOptions(use_threads=False, block_size=1 << 24),
-            convert_options=pcsv.ConvertOptions(
-                column_types=types, null_values=[""], strings_can_be_null=False, quoted_strings_can_be_null=False
-            ),
-        )
-    except (pa.ArrowInvalid, OSError) as exc:
-        line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return pl.read_csv(paths, schema_overrides=types, null_values=[""])  # type: ignore[arg-type]
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        if len(paths) > 1:  # name the file
+            for p in paths:
+                _read_csv([p], head)
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise MonitorFormatError(
-            f"{path}: not a monitor CSV ({line}); expected header vpp_stage,name,step[,micro_step],<ops>"
+            f"{paths[0]}: not a monitor CSV ({line}); expected header vpp_stage,name,step[,micro_step],<ops>"
         ) from None
 
 
-def _frame(path: Path, rank: int, layout: str, slug: str):
+def _frame(paths: list[Path], head: list[str], rank: int, layout: str, slug: str):
     import polars as pl
 
-    table = _read_csv(path)
-    df = pl.from_arrow(table)
-    assert isinstance(df, pl.DataFrame)
     need = {"name", "step"} if layout == "v1" else {"module_name", "step", "scope"}
-    if not need <= set(df.columns):
+    if not need <= set(head):
         raise MonitorFormatError(
-            f"{path}: header {','.join(df.columns)} lacks {', '.join(sorted(need - set(df.columns)))}; "
+            f"{paths[0]}: header {','.join(head)} lacks {', '.join(sorted(need - set(head)))}; "
             "not a monitor CSV of this msprobe layout"
         )
+    df = _read_csv(paths, head)
     if layout == "v1":
-        df = df.with_columns(pl.lit(slug).alias("prefix"))
+        df = df.with_columns(pl.lit(slug).cast(pl.Categorical).alias("prefix"))
     else:
         mapped = pl.col("scope")
         for (s, scope), prefix in _V2_SCOPE.items():
             if s == slug:
                 mapped = pl.when(pl.col("scope") == scope).then(pl.lit(prefix)).otherwise(mapped)
-        df = df.rename({"module_name": "name"}).with_columns(mapped.alias("prefix")).drop("scope")
+        df = df.rename({"module_name": "name"}).with_columns(
+            mapped.cast(pl.String).cast(pl.Categorical).alias("prefix")
+        )
+        df = df.drop("scope")
     return df.with_columns(pl.lit(rank, pl.Int64).alias("rank"))
 
 
-def read_monitor(root: Path, *, threads: int = 2) -> pa.Table:
+def read_monitor(root: Path) -> pa.Table:
     """Every monitor CSV under `root` as one `monitor` table (see the module doc)."""
+    return read_monitor_frame(root).to_arrow()
+
+
+def read_monitor_frame(root: Path):
+    """read_monitor as a polars DataFrame (what the store writes, without a copy into Arrow strings)."""
     import polars as pl
 
-    files = monitor_files(root)
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        frames = list(pool.map(lambda f: _frame(*f), files))
+    groups: dict[tuple, list[Path]] = {}
+    for path, rank, layout, slug in monitor_files(root):  # one read per (rank, prefix, header)
+        groups.setdefault((rank, layout, slug, tuple(_header(path))), []).append(path)
+    frames = [_frame(paths, list(head), rank, layout, slug) for (rank, layout, slug, head), paths in groups.items()]
     df = pl.concat(frames, how="diagonal_relaxed")
-    for col, dt in (("micro_step", pl.Int64), ("vpp_stage", pl.Int64), ("shape", pl.String), ("dtype", pl.String)):
+    for col, dt in (
+        ("micro_step", pl.Int64),
+        ("vpp_stage", pl.Int64),
+        ("shape", pl.Categorical),
+        ("dtype", pl.Categorical),
+    ):
         if col not in df.columns:
             df = df.with_columns(pl.lit(None, dt).alias(col))
     for col in STAT_COLUMNS:
         if col not in df.columns:
             df = df.with_columns(pl.lit(None, pl.Float64).alias(col))
-    return _derive(df).to_arrow()
+    return _derive(df)
 
 
 _ACT_SUFFIX = r"\.(?:grad_)?(input|output)(?:_grad)?(?:\.\d+)?$"
+COLUMNS = [
+    "rank",
+    "step",
+    "micro_step",
+    "vpp_stage",
+    "prefix",
+    "name",
+    "module",
+    "param",
+    "direction",
+    "io",
+    "seq",
+    *STAT_COLUMNS,
+    "shape",
+    "dtype",
+    "missing",
+]
 
 
-def _derive(df):
+def _names(df):
+    """module, param, direction, io and seq of each distinct (prefix, name): computed once per name, not per row
+    (a name repeats at every step). seq: the order of first appearance within the prefix."""
     import polars as pl
 
-    name = pl.col("name")
-    prefix = pl.col("prefix")
+    names = df.select("prefix", "name").unique(maintain_order=True)
+    name, prefix = pl.col("name").cast(pl.String), pl.col("prefix").cast(pl.String)
     is_act = prefix.is_in(["actv", "actv_grad"])
-    shape_txt = pl.col("shape").str.strip_chars("[]() ")
-    missing = pl.col("dtype").is_null() | pl.col("dtype").str.to_lowercase().is_in(["nan", ""])
-    df = df.with_columns(
+    grads = prefix.is_in(["grad_unreduced", "grad_reduced"])
+    params = prefix.is_in(["param_origin", "param_updated"])
+    return names.with_columns(
         pl.when(is_act)
         .then(name.str.replace(_ACT_SUFFIX, "").str.strip_chars("."))
         .otherwise(name.str.replace(r"\.[^.]+$", ""))
@@ -174,9 +210,9 @@ def _derive(df):
         .then(pl.lit("forward"))
         .when(prefix == "actv_grad")
         .then(pl.lit("backward"))
-        .when(prefix.is_in(["grad_unreduced", "grad_reduced"]))
+        .when(grads)
         .then(pl.lit("parameters_grad"))
-        .when(prefix.is_in(["param_origin", "param_updated"]))
+        .when(params)
         .then(pl.lit("parameters"))
         .when(prefix.str.starts_with("exp_avg"))
         .then(pl.lit("optimizer"))
@@ -184,40 +220,41 @@ def _derive(df):
         .alias("direction"),
         pl.when(is_act)
         .then(name.str.extract(_ACT_SUFFIX, 1))
-        .when(prefix.is_in(["grad_unreduced", "grad_reduced"]))
+        .when(grads)
         .then(pl.lit("parameters_grad"))
-        .when(prefix.is_in(["param_origin", "param_updated"]))
+        .when(params)
         .then(pl.lit("parameters"))
         .otherwise(prefix)
         .alias("io"),
-        pl.when(missing | (shape_txt == ""))
+        pl.int_range(pl.len()).over("prefix").cast(pl.Int32).alias("seq"),
+    ).with_columns(pl.col("module", "param", "direction", "io").cast(pl.Categorical))
+
+
+def _shapes(df):
+    """shape (list of int64), dtype (canonical) and missing of each distinct (shape, dtype) text."""
+    import polars as pl
+
+    u = df.select("shape", "dtype").unique()
+    txt = pl.col("shape").cast(pl.String).str.strip_chars("[]() ")
+    dtype = pl.col("dtype").cast(pl.String)
+    missing = dtype.is_null() | dtype.str.to_lowercase().is_in(["nan", ""])
+    return u.with_columns(
+        pl.when(missing | txt.is_null() | (txt == ""))
         .then(pl.lit(None, pl.List(pl.Int64)))
-        .otherwise(shape_txt.str.split(",").list.eval(pl.element().str.strip_chars().cast(pl.Int64, strict=False)))
-        .alias("shape"),
+        .otherwise(txt.str.split(",").list.eval(pl.element().str.strip_chars().cast(pl.Int64, strict=False)))
+        .alias("shape_list"),
         pl.when(missing)
         .then(pl.lit(None, pl.String))
-        .otherwise(pl.col("dtype").str.replace(r"^torch\.", ""))
-        .alias("dtype"),
+        .otherwise(dtype.str.replace(r"^torch\.", ""))
+        .cast(pl.Categorical)
+        .alias("dtype_c"),
         missing.alias("missing"),
     )
-    df = df.with_columns(
-        pl.int_range(pl.len()).over(["prefix", "rank", "step", "micro_step"]).cast(pl.Int32).alias("seq")
-    )
-    cols = [
-        "rank",
-        "step",
-        "micro_step",
-        "vpp_stage",
-        "prefix",
-        "name",
-        "module",
-        "param",
-        "direction",
-        "io",
-        "seq",
-        *STAT_COLUMNS,
-        "shape",
-        "dtype",
-        "missing",
-    ]
-    return df.select(cols).sort(["rank", "step", "prefix", "seq"], maintain_order=True)
+
+
+def _derive(df):
+
+    df = df.join(_names(df), on=["prefix", "name"], how="left", nulls_equal=True)
+    df = df.join(_shapes(df), on=["shape", "dtype"], how="left", nulls_equal=True)
+    df = df.drop("shape", "dtype").rename({"shape_list": "shape", "dtype_c": "dtype"})
+    return df.select(COLUMNS)

@@ -87,7 +87,7 @@ class LongRun:
 
     run: str
     scalars: pa.Table | None = None
-    monitor: pa.Table | None = None
+    monitor: Any = None  # pa.Table or a polars DataFrame (read_monitor_frame)
     formats: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
 
@@ -146,12 +146,15 @@ def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
         kinds, written = [], []
         try:
             for kind, table in (("scalars", lr.scalars), ("monitor", lr.monitor)):
-                if table is None or table.num_rows == 0:
+                if table is None or _rows(table) == 0:
                     continue
                 dest = store.root / BASE / kind / f"run={lr.run}" / f"part-{ingest_id}.parquet"
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                write_table(table.select(SCHEMAS[kind].names).cast(SCHEMAS[kind]), dest)
                 written.append(dest)
+                if isinstance(table, pa.Table):
+                    write_table(table.select(SCHEMAS[kind].names).cast(SCHEMAS[kind]), dest)
+                else:  # a polars frame (the monitor: categorical names written as dictionary codes)
+                    table.select(SCHEMAS[kind].names).write_parquet(dest, compression="snappy")
                 kinds.append(kind)
             row = _row(lr, ingest_id, kinds)
             locks = store.root / ".locks"
@@ -175,18 +178,27 @@ def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
     return row
 
 
+def _rows(table: Any) -> int:
+    return table.num_rows if isinstance(table, pa.Table) else table.height
+
+
 def _row(lr: LongRun, ingest_id: str, kinds: list[str]) -> dict[str, Any]:
-    import pyarrow.compute as pc
+    import polars as pl
 
     steps: list[int] = []
     ranks: set[int] = set()
     tags: list[str] = []
     for table in (lr.scalars, lr.monitor):
-        if table is not None and table.num_rows:
-            mm = pc.min_max(table.column("step"))
-            steps += [mm["min"].as_py(), mm["max"].as_py()]
-            ranks |= set(pc.unique(table.column("rank")).to_pylist())
-    if lr.scalars is not None and lr.scalars.num_rows:
+        if table is None or _rows(table) == 0:
+            continue
+        df = pl.from_arrow(table.select(["step", "rank"])) if isinstance(table, pa.Table) else table
+        assert isinstance(df, pl.DataFrame)
+        agg = df.select(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
+        steps += [agg.item(0, "lo"), agg.item(0, "hi")]
+        ranks |= set(df.get_column("rank").unique().to_list())
+    if lr.scalars is not None and _rows(lr.scalars):
+        import pyarrow.compute as pc
+
         tags = sorted(pc.unique(lr.scalars.column("tag")).to_pylist())
     return {
         "run": lr.run,
@@ -198,8 +210,8 @@ def _row(lr: LongRun, ingest_id: str, kinds: list[str]) -> dict[str, Any]:
         "ranks": sorted(ranks),
         "first_step": min(steps) if steps else None,
         "last_step": max(steps) if steps else None,
-        "n_scalars": lr.scalars.num_rows if lr.scalars is not None else 0,
-        "n_monitor": lr.monitor.num_rows if lr.monitor is not None else 0,
+        "n_scalars": _rows(lr.scalars) if lr.scalars is not None else 0,
+        "n_monitor": _rows(lr.monitor) if lr.monitor is not None else 0,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

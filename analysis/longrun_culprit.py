@@ -143,7 +143,9 @@ def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: i
     )
     left = df.filter(pl.col("out") & (pl.col("ahead") >= STAY))
     first = left.group_by(series, maintain_order=True).agg(pl.all().sort_by("step").first())
-    order = pl.col("prefix").replace_strict(PREFIX_ORDER, default=len(PREFIX_ORDER), return_dtype=pl.Int64)
+    order = (
+        pl.col("prefix").cast(pl.String).replace_strict(PREFIX_ORDER, default=len(PREFIX_ORDER), return_dtype=pl.Int64)
+    )
     first = first.with_columns(order.alias("exec")).sort(["step", "rank", "exec", "seq"])
     n_series = df.select(pl.struct(series).n_unique()).item()
     band_text = (

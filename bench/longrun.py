@@ -31,18 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
+from dumpstore.longrun.monitor import PREFIXES as ALL_PREFIXES
+
 HERE = Path(__file__).resolve().parent
 DATA = HERE / ".data" / "longrun"
-PREFIXES = (
-    "grad_unreduced",
-    "grad_reduced",
-    "param_origin",
-    "param_updated",
-    "exp_avg",
-    "exp_avg_sq",
-    "actv",
-    "actv_grad",
-)
+PREFIXES = tuple(p for p in ALL_PREFIXES if p != "other")  # TrainerMon writes `other` only for extras
 OPS = ("norm", "min", "max", "zeros", "nans", "mean")
 
 

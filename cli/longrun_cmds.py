@@ -149,7 +149,7 @@ def culprit_lines(c: dict) -> list[str]:
         return lines
     lines.append(
         f"first to move: {text(first['prefix'])} {text(first['name'])} ({first['stat']}) at monitor step "
-        f"{first['step']}, rank {first['rank']}: target {num(first['target'])} vs reference {num(first['ref'])} "
+        f"{first['step']}, rank {first['rank']}: target {first['target']:.7g} vs reference {first['ref']:.7g} "
         f"(rel diff {num(first['rel_diff'])})"
     )
     loss = c.get("loss_step")

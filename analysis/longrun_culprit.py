@@ -27,7 +27,7 @@ from dumpstore.longrun.monitor import PREFIX_ORDER
 from dumpstore.longrun.store import read
 from dumpstore.store import Store
 
-from .curves import CurvesReport, compare_curves
+from .curves import CurvesError, CurvesReport, Divergence, compare_curves
 
 STATS = ("norm", "max", "min")
 ATOL, RTOL = 2e-6, 1e-6
@@ -67,19 +67,37 @@ def compare_long_runs(
     else:
         culprit = None
     if rep is None:
-        from .curves import CurvesError
-
         if culprit is None:
             raise CurvesError(
                 f"runs {target} and {ref} need scalars (a log or event file) or monitor data in both; ingest them "
                 "with dumpstore longrun-ingest"
             )
-        raise CurvesError(
-            f"runs {target} and {ref}: monitor data only; ingest their logs too (dumpstore longrun-ingest LOG "
-            "MONITOR_DIR --run NAME) to compare the curves"
-        )
+        rep = monitor_only(target, ref, ref2, tag, by)
     rep.culprit = culprit
     return rep
+
+
+def monitor_only(target: str, ref: str, ref2: str | None, tag: str, by: str) -> CurvesReport:
+    """The report of two runs with monitor data but no curves (no log ingested)."""
+    return CurvesReport(
+        target,
+        ref,
+        ref2,
+        tag,
+        by,
+        0,
+        0,
+        0,
+        "no curves: ingest the runs' logs or event files to compare them",
+        0,
+        [],
+        Divergence(None, None, None, None, None, None),
+        [],
+        [],
+        None,
+        math.nan,
+        math.nan,
+    )
 
 
 def _frame(table, suffix: str):

@@ -99,6 +99,11 @@ def curves(target, ref, ref2, run, health_only, by, tag, rank, store, fmt):
 
 
 def curves_text(rep) -> str:
+    if rep.n_points == 0:  # monitor data only
+        lines = [f"curves: target {text(rep.target)} vs reference {text(rep.ref)}: {rep.band_source}"]
+        if rep.culprit is not None:
+            lines.extend(culprit_lines(rep.culprit))
+        return "\n".join(lines)
     lines = [
         f"curves: target {text(rep.target)} vs reference {text(rep.ref)}, {text(rep.tag)} by {rep.by}: "
         f"{rep.n_points} points ({rep.first_x}..{rep.last_x}); mean |diff| {num(rep.mean_abs_diff)}, "

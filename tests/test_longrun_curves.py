@@ -162,3 +162,17 @@ def test_health_not_converging_and_zero(tmp_path):
     assert flat["not_converging"] == "warn"
     zero = {f.check: (f.status, f.step) for f in long_run_health(open_store(store), "zero").findings}
     assert zero["zero_loss"] == ("fail", 51)
+
+
+def test_monitor_only_runs_and_update_ratio(tmp_path):
+    pytest.importorskip("msprobe")
+    gen = gen_monitor.ensure()
+    store = tmp_path / "store"
+    ingest_longrun([gen / "drift" / "monitor"], "d", store=store)
+    ingest_longrun([gen / "ref" / "monitor"], "r", store=store)
+    r = CliRunner().invoke(main, ["curves", "--target", "d", "--ref", "r", "--store", str(store)])
+    assert r.exit_code == 0, r.output
+    assert "no curves" in r.output and "first to move: grad_reduced layers.2.weight" in r.output
+    ingest_longrun([gen / "allprefix" / "monitor"], "a", store=store)
+    checks = {f.check for f in long_run_health(open_store(store), "a").findings}
+    assert "update_ratio" in checks  # param_origin and param_updated of every parameter

@@ -180,3 +180,35 @@ def test_collect_mixed(generated):
     lr = collect([generated / "ref" / "train.log", generated / "ref" / "tb"], "x")
     assert lr.monitor is None and lr.scalars is not None
     assert sorted(set(lr.formats)) == ["megatron", "tensorboard"]
+
+
+def test_bad_inputs_one_line_errors(tmp_path):
+    binary = tmp_path / "train.log"
+    binary.write_bytes(bytes(range(256)) * 40)
+    r = CliRunner().invoke(main, ["longrun-ingest", str(binary), "--run", "x", "--store", str(tmp_path / "s")])
+    assert r.exit_code == 1 and r.output.startswith(f"Error: {binary}: no Megatron") and len(r.output.splitlines()) == 1
+    d = tmp_path / "mon" / "Dec01_00-00-00-rank0-0123abcd"
+    d.mkdir(parents=True)
+    (d / "grad_reduced_0-1.csv").write_text("vpp_stage,name,step,norm\n0,a.weight,0,1.5\n0,a.weight,x,1.0\n")
+    r = CliRunner().invoke(
+        main, ["longrun-ingest", str(tmp_path / "mon"), "--run", "x", "--store", str(tmp_path / "s")]
+    )
+    assert r.exit_code == 1 and "grad_reduced_0-1.csv: not a monitor CSV" in r.output, r.output
+    r = CliRunner().invoke(
+        main,
+        [
+            "longrun-ingest",
+            str(DATA / "custom.log"),
+            "--run",
+            "c",
+            "--store",
+            str(tmp_path / "s"),
+            "--pattern",
+            r"step (?P<step>\d+) loss=(?P<loss>\S+)",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(
+        main, ["curves", "--target", "c", "--ref", "c", "--by", "samples", "--store", str(tmp_path / "s")]
+    )
+    assert r.exit_code == 1 and "logged no consumed samples; align by iteration" in r.output

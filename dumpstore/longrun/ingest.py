@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from ..errors import DumpstoreError, DumpstoreWarning
 from .logs import LogFormatError, last_wins, read_log
-from .monitor import MonitorFormatError, read_monitor_frame
+from .monitor import NoMonitorFiles, read_monitor_frame
 from .store import LongRun, write
 from .tensorboard import event_files, read_events
 
@@ -84,7 +84,7 @@ def collect(
             lr.formats.append("monitor")
             lr.sources.append(str(path))
             found = True
-        except MonitorFormatError:
+        except NoMonitorFiles:
             if not found:
                 raise LongRunInputError(
                     f"{path}: no training log (*.log, *.txt, *.out), TensorBoard event file (*tfevents*) or msprobe "

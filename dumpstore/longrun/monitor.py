@@ -67,6 +67,10 @@ class MonitorFormatError(DumpstoreError):
     """Monitor output that is not msprobe's CSV layout."""
 
 
+class NoMonitorFiles(MonitorFormatError):
+    """A folder holding no monitor CSV at all."""
+
+
 def monitor_files(root: Path) -> list[tuple[Path, int, str, str]]:
     """(file, rank, layout, slug-or-prefix) of every monitor CSV under `root` (the output folder, a rank folder
     or one file)."""
@@ -81,7 +85,7 @@ def monitor_files(root: Path) -> list[tuple[Path, int, str, str]]:
         elif v2 and d2:
             out.append((p, int(d2.group(1)), "v2", v2.group(1)))
     if not out:
-        raise MonitorFormatError(
+        raise NoMonitorFiles(
             f"{root}: no msprobe monitor CSV found (TrainerMon `<time>-rank<r>-<id>/<prefix>_<a>-<b>.csv` or "
             "monitor_v2 `rank_<r>/<slug>_step<a>-<b>.csv`); point at the monitor's output folder"
         )

@@ -82,7 +82,7 @@ def monitor_store(tmp_path_factory):
     pytest.importorskip("msprobe")
     gen = gen_monitor.ensure()
     store = tmp_path_factory.mktemp("mon") / "store"
-    for run in ("ref", "ref2", "drift"):
+    for run in ("ref", "ref2", "drift", "scaled"):
         ingest_longrun([gen / run], run, store=store)
     return store
 
@@ -98,6 +98,17 @@ def test_culprit_is_the_drifting_layer_before_the_loss(monitor_store):
     assert c["handoff"]["steps"] == [59, 60]
     cfg = c["handoff"]["config"]
     assert cfg["task"] == "tensor" and cfg["step"] == [59, 60] and cfg["tensor"]["list"] == ["layers.2."]
+
+
+def test_culprit_named_before_the_loss(monitor_store):
+    """One layer's gradient 5 % too large from step 60: its grad_reduced norm moves at step 60, the loss at
+    iteration 62 (monitor step 61: the first loss computed with weights updated by the faulty step)."""
+    rep = compare_long_runs(open_store(monitor_store), "scaled", "ref")
+    assert rep.divergence.step == 62
+    c = rep.culprit
+    assert (c["first"]["prefix"], c["first"]["param"], c["first"]["step"]) == ("grad_reduced", "layers.2.weight", 60)
+    assert c["first"]["rel_diff"] == pytest.approx(0.05, rel=1e-3)
+    assert c["loss_step"] == 61
 
 
 def test_culprit_quiet_on_a_clean_rerun(monitor_store):

@@ -7,9 +7,11 @@ Writes (OUT_DIR is git-ignored; tests make it with a session fixture):
   ref2/       the same run again (CPU: bit-identical, a clean rerun)
   drift/      from --fault-step on, the gradient of layers.2.weight is rounded to bfloat16 (one layer's
               precision) before the optimizer step: its gradient moves first, the loss only later
+  scaled/     from --fault-step on, the gradient of layers.2.weight is 5 % too large (a wrong unscale of one
+              bucket): its gradient moves at --fault-step, the loss a few steps later
   allprefix/  a short run with every TrainerMon prefix (actv, actv_grad, param_origin, param_updated, ...)
   v2/         a short run of monitor_v2 (TrainerMonitorV2: rank_0/<slug>_step<a>-<b>.csv)
-The answers by construction: drift's first divergent parameter is layers.2.weight at --fault-step.
+The answers by construction: drift's and scaled's first divergent parameter is layers.2.weight at --fault-step.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ def _model(torch):
     return Net()
 
 
-def _train(torch, out: Path, cfg: dict, steps: int, fault_step: int | None, *, v2: bool = False) -> None:
+def _train(
+    torch, out: Path, cfg: dict, steps: int, fault_step: int | None, *, v2: bool = False, scale: float | None = None
+) -> None:
     from msprobe.pytorch import TrainerMon
 
     out.mkdir(parents=True, exist_ok=True)
@@ -79,7 +83,10 @@ def _train(torch, out: Path, cfg: dict, steps: int, fault_step: int | None, *, v
         loss = ((model(x) - y) ** 2).mean()
         loss.backward()
         if fault_step is not None and it >= fault_step:
-            target_w.grad.copy_(target_w.grad.to(torch.bfloat16).to(torch.float32))
+            if scale is None:
+                target_w.grad.copy_(target_w.grad.to(torch.bfloat16).to(torch.float32))
+            else:
+                target_w.grad.mul_(scale)
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
         opt.step()
         lr = opt.param_groups[0]["lr"]
@@ -119,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     _train(torch, args.out / "ref", grads, args.steps, None)
     _train(torch, args.out / "ref2", grads, args.steps, None)
     _train(torch, args.out / "drift", grads, args.steps, args.fault_step)
+    _train(torch, args.out / "scaled", grads, args.steps, args.fault_step, scale=1.05)
     every = dict(base, xy_distribution=True, all_xy=True, param_distribution=True, step_count_per_record=4)
     _train(torch, args.out / "allprefix", dict(every, wg_distribution=True, mv_distribution=True), 6, None)
     v2 = {
@@ -162,4 +170,7 @@ def ensure(base: Path | None = None, timeout: float = 300.0) -> Path:
         tmp.rename(out)
     except OSError:  # made meanwhile by another process
         shutil.rmtree(tmp, ignore_errors=True)
+    for old in base.iterdir():  # what earlier versions of this script made
+        if old.name != key and not old.name.startswith(".") and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
     return out

@@ -69,9 +69,16 @@ def longruns(store, fmt):
 @click.option("--by", type=click.Choice(["iteration", "samples"]), default="iteration", show_default=True)
 @click.option("--tag", default="loss", show_default=True, help="Scalar to compare (loss, grad_norm, lr, ...).")
 @click.option("--rank", type=int, default=None, help="Rank of the curves (default: the lowest logged).")
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also write a self-contained page: both curves, the difference against the band, marks; zoomable.",
+)
 @store_option
 @output_options
-def curves(target, ref, ref2, run, health_only, by, tag, rank, store, fmt):
+def curves(target, ref, ref2, run, health_only, by, tag, rank, html_path, store, fmt):
     """Compare two long runs' curves: alignment, noise band, Huawei's criteria, divergence step, spikes, NaN and
     skipped iterations, loss-scale drops, lr schedule; with monitor data, the first module to move and the
     msprobe config for the dump. `--run R --health`: one run's health.
@@ -89,6 +96,11 @@ def curves(target, ref, ref2, run, health_only, by, tag, rank, store, fmt):
     from dumpstore.analysis.longrun_culprit import compare_long_runs
 
     rep = compare_long_runs(st, target, ref, ref2, tag=tag, by=by, rank=rank)
+    if html_path is not None:
+        from dumpstore.analysis.curves_html import write as write_html
+
+        size = write_html(rep, curves_text(rep), html_path)
+        click.echo(f"wrote {text(str(html_path))} ({size / 1e6:.1f} MB)", err=True)
     if fmt == "json":
         click.echo(to_json(rep.to_dict()))
     elif fmt == "csv":

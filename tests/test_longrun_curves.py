@@ -5,6 +5,7 @@ runs of tests/longrun/gen_monitor.py (one layer's gradient rounded to bfloat16 f
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
+import browser
 from dumpstore.analysis.curves import compare_curves
+from dumpstore.analysis.curves_html import render
 from dumpstore.analysis.longrun_culprit import compare_long_runs
 from dumpstore.analysis.longrun_health import long_run_health
 from dumpstore.cli.main import main
@@ -187,3 +190,21 @@ def test_monitor_only_runs_and_update_ratio(tmp_path):
     ingest_longrun([gen / "allprefix" / "monitor"], "a", store=store)
     checks = {f.check for f in long_run_health(open_store(store), "a").findings}
     assert "update_ratio" in checks  # param_origin and param_updated of every parameter
+
+
+def test_html_page_draws_in_chromium(logs, tmp_path):
+    name = "lr</script><img src=x onerror=alert(1)>"
+    rep = compare_curves(logs["lr15"], logs["ref"], names=(name, "ref", None))
+    text = render(rep, "summary")
+    assert "<img src=x" not in text  # escaped in markup and in the page's JSON
+    data = json.loads(re.search(r'id="curves-data">(.*?)</script>', text, re.DOTALL).group(1))
+    assert data["divergence"] == rep.divergence.step and data["lr_step"] == N
+    assert len(data["curves"]) == 2 and len(data["curves"][0]["x"]) == STEPS  # under 2 x 2000: every point
+    if browser.chromium() is None:
+        pytest.skip(browser.why_no_chromium())
+    path = tmp_path / "curves.html"
+    path.write_text(text)
+    page = browser.load(path)
+    assert not page.console_errors, page.console_errors[:5]
+    assert page.dom.count('class="main-svg"') >= 2
+    assert re.search(r'id="render-ms">\d+<', page.dom)

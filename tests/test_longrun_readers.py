@@ -102,12 +102,17 @@ def test_tensorboard_every_point_and_truncated_tail(tmp_path):
     for step in range(12000):  # more than TensorBoard's default 10,000 kept per tag
         writer.add_scalar("lm loss", 10.0 - step * 1e-4, step)
     writer.add_scalar("train/learning_rate", 0.5, 3, new_style=True)  # a tensor-valued scalar (TF2 style)
+    for step in (1, 2, 3):  # Megatron's pair: `X` at the iteration, `X vs samples` at the consumed samples
+        writer.add_scalar("grad-norm", 1.0, step)
+        writer.add_scalar("grad-norm vs samples", 1.0, 512 * step)
     writer.close()
     (path,) = list((tmp_path / "tb").iterdir())
     table = read_events(path)
     loss = _series(table, "loss")
     assert len(loss) == 12000 and loss[11999] == pytest.approx(10.0 - 1.1999, rel=1e-6)
     assert _series(table, "lr") == {3: 0.5}
+    samples = {r["step"]: r["consumed_samples"] for r in table.to_pylist() if r["tag"] == "grad_norm"}
+    assert samples == {1: 512, 2: 1024, 3: 1536}
     cut = tmp_path / "cut.tfevents"
     cut.write_bytes(path.read_bytes()[:-7])
     with pytest.warns(UserWarning, match="cut short"):

@@ -114,7 +114,33 @@ def read_events(path: Path, rank: int = 0) -> pa.Table:
             ) from None
         pos = start + length + 4
         n += 1
-    return last_wins(rows.table(rank))
+    return samples_from_vs_tags(last_wins(rows.table(rank)))
+
+
+def samples_from_vs_tags(table: pa.Table) -> pa.Table:
+    """Megatron writes each scalar twice, `X` at the iteration and `X vs samples` at the consumed samples: the
+    n-th points of the pair give iteration -> consumed samples, filled into every row of that iteration."""
+    import polars as pl
+
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    tags = set(df.get_column("tag").unique().to_list())
+    for vs in sorted(t for t in tags if t.endswith("_vs_samples")):
+        base = canonical_tag(vs[: -len("_vs_samples")].replace("_", " "))
+        base = base if base in tags else vs[: -len("_vs_samples")]
+        if base not in tags:
+            continue
+        a = df.filter(pl.col("tag") == base).sort("step").get_column("step")
+        b = df.filter(pl.col("tag") == vs).sort("step").get_column("step")
+        if len(a) != len(b) or len(a) == 0:
+            continue
+        mapping = pl.DataFrame({"step": a, "_samples": b})
+        df = df.join(mapping, on="step", how="left").with_columns(
+            pl.coalesce("consumed_samples", "_samples").alias("consumed_samples")
+        )
+        df = df.drop("_samples")
+        break
+    return df.to_arrow().cast(table.schema)
 
 
 def _truncated(path: Path, n: int) -> None:

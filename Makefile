@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev,ray]' mindstudio-probe $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev,ray,longrun]' mindstudio-probe $(TORCH)
 	$(BIN)/python -m compileall -q dumpstore analysis cli  # PYTHONDONTWRITEBYTECODE=1 machines: no compile per process
 	touch $(STAMP)
 
@@ -53,6 +53,7 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/replay_speed.py
+	$(BIN)/python bench/longrun.py
 
 samples: $(STAMP)
 	$(BIN)/python sample_dumps/generate.py

@@ -320,6 +320,8 @@ main.add_command(health)
 from .replay_cmd import replay as _replay  # noqa: E402
 
 main.add_command(_replay)
+from .longrun_cmds import register as _register_longrun  # noqa: E402
+_register_longrun(main)
 
 
 class _NoPandas:

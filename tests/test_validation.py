@@ -20,7 +20,11 @@ sys.path.insert(0, str(ROOT / "validation"))
 import score  # noqa: E402
 
 OPT = {"step": 2, "ops": [], "optimizer": True}
-OP = {"step": 1, "ops": ["Functional.linear.3.forward", "Functional.linear.4.forward"]}
+OP = {
+    "step": 1,
+    "ops": ["Functional.linear.3.forward", "Functional.linear.4.forward"],
+    "modules": ["Module.model.layers.0.self_attn.v_proj.Linear.forward.0"],
+}
 
 
 def culprit(kind, step, op):
@@ -35,6 +39,8 @@ def test_clean_pair_counts_only_without_culprit():
 def test_fault_needs_its_step_and_one_of_its_ops():
     assert score.judge(OP, culprit("parameter", 1, "Functional.linear.4.forward"))
     assert score.judge(OP, culprit("op", 1, "Functional.linear.3.forward"))
+    assert score.judge(OP, culprit("op", 1, "Module.model.layers.0.self_attn.v_proj.Linear.forward.0"))
+    assert not score.judge(OP, culprit("op", 1, "Module.model.layers.0.self_attn.LlamaAttention.forward.0"))
     assert not score.judge(OP, culprit("op", 0, "Functional.linear.3.forward"))  # right op, wrong step
     assert not score.judge(OP, culprit("op", 1, "Functional.linear.5.forward"))
     assert not score.judge(OP, None)

@@ -18,6 +18,7 @@ relative L2 difference above ``GUARD[dtype]`` raises (a replacement must never c
 from __future__ import annotations
 
 import math
+import sys
 import threading
 
 import torch
@@ -478,90 +479,99 @@ DEVICES = {
 # ---------------------------------------------------------------------------------------------------------------
 # measured magnitudes (docs/validation.md)
 # ---------------------------------------------------------------------------------------------------------------
-def _rel(a: torch.Tensor, ref64: torch.Tensor) -> float:
-    a = a.double()
-    return ((a - ref64).norm() / ref64.norm()).item()
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a, ref = a.double(), ref.double()
+    return ((a - ref).norm() / ref.norm()).item()
+
+
+def _inputs(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "linear": (torch.randn(32, 64, generator=g), torch.randn(96, 64, generator=g) * 0.1),
+        "matmul": (torch.randn(4, 16, 12, generator=g), torch.randn(4, 12, 16, generator=g)),
+        "softmax": (torch.randn(4, 16, 16, generator=g) * 3,),
+        "rsqrt": (torch.rand(256, generator=g) * 2 + 1e-3,),
+        "silu": (torch.randn(4096, generator=g) * 2,),
+        "gelu": (torch.randn(4096, generator=g) * 2,),
+        "layer_norm": (torch.randn(32, 64, generator=g) + 0.5,),
+    }
+
+
+def _call(fn, key: str, args: tuple):
+    if key == "softmax":
+        return fn(args[0], -1)
+    if key == "layer_norm":
+        return fn(args[0], (args[0].shape[-1],))
+    return fn(*args)
 
 
 def measure(seed: int = 0) -> list[dict]:
-    """Relative L2 error against float64 of the stock kernel and of each device's kernel, on random inputs."""
-    g = torch.Generator().manual_seed(seed)
+    """Per device, op and dtype: relative L2 error against float64 of the stock kernel and of the device's, the
+    relative L2 difference between the two, and the share of elements that differ; for linear and matmul also
+    the input gradient's difference (backward of sum(y * r), r fixed). Inputs are rounded to the dtype first; the
+    softmax of bf16 scores runs in fp32 (as the families call it); ``autocast`` rows run under bf16 autocast with
+    fp32 inputs."""
     rows = []
-    x = torch.randn(32, 64, generator=g)
-    w = torch.randn(96, 64, generator=g) * 0.1
-    s = torch.randn(4, 16, 16, generator=g) * 3
-    v = torch.rand(256, generator=g) * 2 + 1e-3
-    a = torch.randn(4096, generator=g) * 2
-    for dtype in (torch.float32, torch.bfloat16):
-        xd, wd = x.to(dtype), w.to(dtype)
-        ref = {
-            "linear": F.linear(xd.double(), wd.double()),
-            "softmax": torch.softmax(s.double(), -1),
-            "rsqrt": torch.rsqrt(v.double()),
-            "silu": F.silu(a.double()),
-            "gelu": F.gelu(a.double()),
-            "layer_norm": F.layer_norm(x.double() + 0.5, (64,)),
-        }
-        stock = {
-            "linear": _STOCK["linear"](xd, wd),
-            "softmax": _STOCK["softmax"](s.to(dtype).float(), -1).to(dtype) if dtype != torch.float32 else None,
-            "rsqrt": _STOCK["rsqrt"](v.to(dtype)),
-            "silu": _STOCK["silu"](a.to(dtype)),
-            "gelu": _STOCK["gelu"](a.to(dtype)),
-            "layer_norm": _STOCK["layer_norm"]((x + 0.5).to(dtype), (64,)),
-        }
-        if stock["softmax"] is None:
-            stock["softmax"] = _STOCK["softmax"](s, -1)
-        # inputs as the kernels see them in this dtype
-        ref["softmax"] = torch.softmax(s.to(dtype).double(), -1)
-        ref["rsqrt"] = torch.rsqrt(v.to(dtype).double())
-        ref["silu"] = F.silu(a.to(dtype).double())
-        ref["gelu"] = F.gelu(a.to(dtype).double())
-        ref["layer_norm"] = F.layer_norm((x + 0.5).to(dtype).double(), (64,))
-        for key in ref:
-            rows.append(
-                {
-                    "dtype": str(dtype).replace("torch.", ""),
-                    "op": key,
-                    "device": "stock",
-                    "rel_l2_vs_f64": _rel(stock[key], ref[key]),
-                }
-            )
-        for dev in DEVICES.values():
-            got = {}
+    base = _inputs(seed)
+    settings = [
+        ("float32", torch.float32, False),
+        ("bfloat16", torch.bfloat16, False),
+        ("autocast", torch.float32, True),
+    ]
+    for dev in DEVICES.values():
+        for label, dtype, ac in settings:
             for key, fn in dev.replacements().items():
-                if key == "linear":
-                    got[key] = fn(xd, wd)
-                elif key == "softmax":
-                    got[key] = fn(s.to(dtype), -1) if dtype != torch.float32 else fn(s, -1)
-                elif key == "rsqrt":
-                    got[key] = fn(v.to(dtype))
-                elif key in ("silu", "gelu"):
-                    got[key] = fn(a.to(dtype))
-                elif key == "layer_norm":
-                    got[key] = fn((x + 0.5).to(dtype), (64,))
-            for key, val in got.items():
-                rows.append(
-                    {
-                        "dtype": str(dtype).replace("torch.", ""),
-                        "op": key,
-                        "device": dev.name,
-                        "rel_l2_vs_f64": _rel(val, ref[key]),
-                        "rel_l2_vs_stock": _rel(val, stock[key].double()),
-                    }
-                )
+                args = tuple(t.to(dtype) for t in base[key])
+                if key == "softmax" and dtype == torch.bfloat16:
+                    args = (args[0].float(),)
+                with torch.no_grad():
+                    exact = _call(_STOCK[key], key, tuple(t.double() for t in args))
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ac):
+                        stock = _call(_STOCK[key], key, args)
+                        got = _call(fn, key, args)
+                row = {
+                    "device": dev.name,
+                    "op": key,
+                    "dtype": label,
+                    "stock_vs_f64": _rel(stock, exact),
+                    "device_vs_f64": _rel(got, exact),
+                    "device_vs_stock": _rel(got, stock),
+                    "elements_differing": (got.double() != stock.double()).float().mean().item(),
+                }
+                if key in ("linear", "matmul"):
+                    grads = []
+                    r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
+                    for f in (_STOCK[key], fn):
+                        x = args[0].clone().requires_grad_()
+                        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ac):
+                            y = f(x, args[1])
+                        (y.float() * r).sum().backward()
+                        grads.append(x.grad)
+                    row["grad_device_vs_stock"] = _rel(grads[1], grads[0])
+                rows.append(row)
     return rows
 
 
+def _fmt(v) -> str:
+    return "%.2g" % v if isinstance(v, float) else str(v)
+
+
 if __name__ == "__main__":
+    cols = [
+        "device",
+        "op",
+        "dtype",
+        "stock_vs_f64",
+        "device_vs_f64",
+        "device_vs_stock",
+        "elements_differing",
+        "grad_device_vs_stock",
+    ]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    # each device as its family runs it (docs/validation.md); --all: every device in every setting
+    used = {"A": "bfloat16", "B": "float32", "C": "autocast"}
     for r in measure():
-        print(
-            "%-9s %-10s %-6s vs f64 %.3g  vs stock %s"
-            % (
-                r["dtype"],
-                r["op"],
-                r["device"],
-                r["rel_l2_vs_f64"],
-                "%.3g" % r["rel_l2_vs_stock"] if "rel_l2_vs_stock" in r else "-",
-            )
-        )
+        if "--all" not in sys.argv and used[r["device"]] != r["dtype"]:
+            continue
+        print("| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |")

@@ -101,9 +101,47 @@ class Tracer:
         self.step = 0
         self.marks: list[dict] = []
         self.topk: list[dict] = []
-        self.watch: dict[int, str] = {}  # id(param) -> tag
-        self.watch_step: int | None = None
+        self.watch: dict[int, tuple[str, int]] = {}  # id(param) -> (tag, step)
         self._seen: set = set()
+        self.events: list[tuple] = []  # msprobe's record names as it makes them, and module entries and exits
+
+    def install_modules(self, model) -> None:
+        """Log every record name msprobe makes, and every module's entry and exit, to find leaf module records."""
+        from msprobe.core.dump.data_dump.data_processor.base import BaseDataProcessor
+
+        tracer = self
+        update = BaseDataProcessor.update_api_or_module_name
+
+        def logged(dp, name):
+            tracer.events.append(("name", tracer.step, name))
+            return update(dp, name)
+
+        BaseDataProcessor.update_api_or_module_name = logged
+        for path, mod in model.named_modules():
+            if path:
+                prefix = "Module.%s.%s.forward." % (path, type(mod).__name__)
+                mod.register_forward_pre_hook(lambda m, a, p=prefix: tracer.events.append(("start", tracer.step, p)))
+                mod.register_forward_hook(lambda m, a, o, p=prefix: tracer.events.append(("end", tracer.step, p)))
+
+    def leaf_modules(self) -> dict:
+        """{step: {api record: [module record]}} for each module call whose forward made exactly one API record:
+        msprobe's two names of the same computation."""
+        out: dict = {}
+        stack: list = []  # [prefix, record name, api records inside]
+        for kind, step, name in self.events:
+            if kind == "start":
+                stack.append([name, None, set()])
+            elif kind == "end":
+                prefix, record, apis = stack.pop()
+                if record and len(apis) == 1:
+                    out.setdefault(str(step), {}).setdefault(next(iter(apis)), []).append(record)
+            elif name.startswith("Module."):
+                if stack and stack[-1][1] is None and name.startswith(stack[-1][0]):
+                    stack[-1][1] = name
+            elif name.endswith(".forward"):
+                for frame in stack:
+                    frame[2].add(name)
+        return out
 
     @staticmethod
     def current() -> str | None:
@@ -151,8 +189,8 @@ class Tracer:
         F.linear, F.layer_norm, torch.topk = linear, layer_norm, topk_fn
 
     def _param_use(self, weight) -> None:
-        tag = self.watch.get(id(weight))
-        if tag is not None and self.step == self.watch_step and (tag, self.step) not in self._seen:
+        tag, step = self.watch.get(id(weight), (None, None))
+        if tag is not None and self.step == step and (tag, self.step) not in self._seen:
             self._seen.add((tag, self.step))
             self.mark("uses:" + tag)
 
@@ -231,7 +269,7 @@ def batches(fault):
     return out
 
 
-def patch_attention(family: str, tracer: Tracer, fault) -> None:
+def patch_attention(family: str, tracer: Tracer, fault) -> None:  # fault: the active one (targets) or None
     """Both runs: the family's eager attention, call for call as in transformers, with marks (and the fault)."""
     import torch
 
@@ -272,11 +310,15 @@ def patch_attention(family: str, tracer: Tracer, fault) -> None:
     hf.eager_attention_forward = attention
 
 
-def patch_modules(family: str, model, tracer: Tracer, fault, target: bool) -> None:
-    """Both runs: marks at the faulty call; target only: the fault itself."""
+def family_faults(family: str) -> list[dict]:
+    return [fault for fam, _, fault, _ in CASES.values() if fam == family and fault]
+
+
+def patch_modules(family: str, model, tracer: Tracer, active) -> None:
+    """Every run of a family: marks at the call of each of the family's faults (the same calls as transformers
+    makes, so runs of a family have the same records); ``active``: the fault this run has (targets only)."""
     import torch
 
-    kind = fault["kind"] if fault else None
     layers = model.model.layers if family != "neox" else model.gpt_neox.layers
     emb = model.get_input_embeddings()
     emb_forward = emb.forward
@@ -287,47 +329,47 @@ def patch_modules(family: str, model, tracer: Tracer, fault, target: bool) -> No
         return out
 
     emb.forward = embed
+    for fault in family_faults(family):
+        on = fault is active
+        kind = fault["kind"]
+        if kind == "eps":
+            norm = layers[fault["layer"]].post_attention_layernorm
+            if on:
+                norm.variance_epsilon = fault["eps"]
+            tag = "L%d.eps_add" % fault["layer"]
 
-    if kind == "eps":
-        norm = layers[fault["layer"]].post_attention_layernorm
-        if target:
-            norm.variance_epsilon = fault["eps"]
+            def rms(hidden_states, norm=norm, tag=tag):
+                input_dtype = hidden_states.dtype
+                hidden_states = hidden_states.to(torch.float32)
+                variance = hidden_states.pow(2).mean(-1, keepdim=True)
+                v = variance + norm.variance_epsilon
+                tracer.mark(tag)
+                hidden_states = hidden_states * torch.rsqrt(v)
+                return norm.weight * hidden_states.to(input_dtype)
 
-        def rms(hidden_states, norm=norm):
-            input_dtype = hidden_states.dtype
-            hidden_states = hidden_states.to(torch.float32)
-            variance = hidden_states.pow(2).mean(-1, keepdim=True)
-            v = variance + norm.variance_epsilon
-            tracer.mark("eps_add")
-            hidden_states = hidden_states * torch.rsqrt(v)
-            return norm.weight * hidden_states.to(input_dtype)
+            norm.forward = rms
+        elif kind == "act":  # the module stays (its record name too); its forward calls GELU in the faulty run
+            tag = "L%d.act" % fault["layer"]
 
-        norm.forward = rms
-    if kind == "act":
-        mlp = layers[fault["layer"]].mlp
-
-        class Act(torch.nn.Module):
-            def forward(self, x):
-                y = torch.nn.functional.gelu(x) if target else torch.nn.functional.silu(x)
-                tracer.mark("act")
+            def act(x, on=on, tag=tag):
+                y = torch.nn.functional.gelu(x) if on else torch.nn.functional.silu(x)
+                tracer.mark(tag)
                 return y
 
-        mlp.act_fn = Act()
-    if kind == "extra_mul":
-        proj = layers[fault["layer"]].self_attn.o_proj
-        proj_forward = proj.forward
+            layers[fault["layer"]].mlp.act_fn.forward = act
+        elif kind == "extra_mul":
+            proj = layers[fault["layer"]].self_attn.o_proj
 
-        def o_proj(x):
-            if target:
-                x.mul_(fault["factor"])
-                tracer.mark("extra_mul")
-            return proj_forward(x)
+            def o_proj(x, on=on, proj_forward=proj.forward, fault=fault):
+                if on:
+                    x.mul_(fault["factor"])
+                    tracer.mark("L%d.extra_mul" % fault["layer"])
+                return proj_forward(x)
 
-        proj.forward = o_proj
-    if kind == "weight":
-        params = dict(model.named_parameters())
-        tracer.watch[id(params[fault["param"]])] = fault["param"]
-        tracer.watch_step = fault["step"]
+            proj.forward = o_proj
+        elif kind == "weight":
+            params = dict(model.named_parameters())
+            tracer.watch[id(params[fault["param"]])] = (fault["param"], fault["step"])
 
 
 def corrupt(model, fault) -> None:
@@ -447,8 +489,9 @@ def run_one(job: dict) -> dict:
     info: dict = {}
     if variant == "flip":
         info["flip"] = craft_near_tie(model, data[0], device)
-    patch_attention(family, tracer, fault)
-    patch_modules(family, model, tracer, fault, target)
+    active = fault if target else None
+    patch_attention(family, tracer, active)
+    patch_modules(family, model, tracer, active)
     if target:
         device.install()
     tracer.install()
@@ -457,6 +500,7 @@ def run_one(job: dict) -> dict:
 
     write_config(scratch / "config.json", out_dir, mode)
     debugger = PrecisionDebugger(config_path=str(scratch / "config.json"))
+    tracer.install_modules(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     kind = fault["kind"] if (fault and target) else None
     autocast = family == "neox"
@@ -482,10 +526,20 @@ def run_one(job: dict) -> dict:
         opt.zero_grad()
         debugger.step()
     dist.destroy_process_group()
-    return {"job": job["name"], "marks": tracer.marks, "topk": tracer.topk, "losses": losses, "info": info}
+    return {
+        "job": job["name"],
+        "marks": tracer.marks,
+        "topk": tracer.topk,
+        "leaf": tracer.leaf_modules(),
+        "losses": losses,
+        "info": info,
+    }
 
 
 def _child(job: dict, conn) -> None:
+    log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # msprobe and torch talk: to a file
+    os.dup2(log, 1)
+    os.dup2(log, 2)
     try:
         res = run_one(job)
         conn.send(("ok", res))
@@ -517,12 +571,12 @@ def run_jobs(jobs: list[dict], n: int) -> dict:
                 p.join()
                 running.remove(item)
                 if status != "ok":
-                    raise SystemExit("run failed: " + res)
+                    raise SystemExit("run failed (log: %s): %s" % (job["log"], res))
                 results[job["name"]] = res
                 print("  %-34s %5.1fs" % (job["name"], time.time() - t0), flush=True)
             elif not p.is_alive():
                 running.remove(item)
-                raise SystemExit("run %s died (exit code %s)" % (job["name"], p.exitcode))
+                raise SystemExit("run %s died (exit code %s; log: %s)" % (job["name"], p.exitcode, job["log"]))
     return results
 
 
@@ -561,13 +615,13 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
             ),
         }
     if kind == "eps":
-        ops = [one(tgt, "eps_add", 0)]
+        tag = "L%d.eps_add" % fault["layer"]
         what = "RMSNorm eps %g instead of 1e-6 in layer %d (post-attention norm)" % (fault["eps"], fault["layer"])
-        return {"step": 0, "ops": sorted(set(ops + [one(ref, "eps_add", 0)])), "what": what}
+        return {"step": 0, "ops": sorted({one(tgt, tag, 0), one(ref, tag, 0)}), "what": what}
     if kind == "act":
         return {
             "step": 0,
-            "ops": [one(tgt, "act", 0), one(ref, "act", 0)],
+            "ops": [one(tgt, "L%d.act" % fault["layer"], 0), one(ref, "L%d.act" % fault["layer"], 0)],
             "what": "GELU instead of SiLU in layer %d's MLP" % fault["layer"],
         }
     if kind == "softmax_dtype":
@@ -589,7 +643,7 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     if kind == "extra_mul":
         return {
             "step": 0,
-            "ops": [one(tgt, "extra_mul", 0)],
+            "ops": [one(tgt, "L%d.extra_mul" % fault["layer"], 0)],
             "what": "an extra in-place x.mul_(%g) on the input of layer %d's o_proj, in the target only"
             % (fault["factor"], fault["layer"]),
         }
@@ -656,24 +710,35 @@ def main(argv=None) -> int:
     from transformers.activations import GELUActivation  # noqa: F401
 
     print("imports %.1fs" % (time.time() - t0), flush=True)
-    jobs = []
+    jobs, refs = [], {}
     for case, (family, variant, fault, modes) in cases.items():
         for mode in modes:
-            for role in ("ref", "target"):
-                jobs.append(
-                    {
-                        "name": "%s_%s_%s" % (case, role, mode),
-                        "case": case,
-                        "family": family,
-                        "variant": variant,
-                        "fault": fault,
-                        "role": role,
-                        "mode": mode,
-                    }
-                )
+            ref = "%s_%s_ref_%s" % (family, variant, mode)  # one reference per family, variant and mode
+            if ref not in refs:
+                refs[ref] = {
+                    "name": ref,
+                    "family": family,
+                    "variant": variant,
+                    "fault": None,
+                    "role": "ref",
+                    "mode": mode,
+                }
+                jobs.append(refs[ref])
+            jobs.append(
+                {
+                    "name": "%s_target_%s" % (case, mode),
+                    "family": family,
+                    "variant": variant,
+                    "fault": fault,
+                    "role": "target",
+                    "mode": mode,
+                }
+            )
     for job in jobs:
         job["dump_dir"] = str(out / job["mode"] / job["name"])
         job["scratch"] = str(out / "scratch" / job["name"])
+        job["log"] = str(out / "logs" / (job["name"] + ".log"))
+        (out / "logs").mkdir(parents=True, exist_ok=True)
         shutil.rmtree(job["dump_dir"], ignore_errors=True)
         shutil.rmtree(job["scratch"], ignore_errors=True)
     results = run_jobs(jobs, args.jobs)
@@ -682,8 +747,14 @@ def main(argv=None) -> int:
     for case, (family, variant, fault, modes) in cases.items():
         for mode in modes:
             tgt = results["%s_target_%s" % (case, mode)]
-            ref = results["%s_ref_%s" % (case, mode)]
+            ref_name = "%s_%s_ref_%s" % (family, variant, mode)
+            ref = results[ref_name]
             exp = expectation(case, fault, tgt, ref)
+            if exp.get("ops"):
+                step = str(exp["step"])
+                exp["modules"] = sorted(
+                    {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
+                )
             flips = topk_flips(tgt, ref)
             if variant == "flip" and not flips:
                 raise SystemExit("%s: no routing flip happened" % case)
@@ -694,7 +765,7 @@ def main(argv=None) -> int:
                 "mode": mode,
                 "family": family,
                 "device": FAMILIES[family]["device"],
-                "ref": str(Path(mode) / ("%s_ref_%s" % (case, mode))),
+                "ref": str(Path(mode) / ref_name),
                 "target": str(Path(mode) / ("%s_target_%s" % (case, mode))),
                 "expect": exp,
                 "flips": flips,

@@ -15,11 +15,15 @@ What counts (the key is ``<data>/key.json``):
   - otherwise the culprit's ``op`` is one of the key's ops: the msprobe record of the faulty call, read from
     msprobe while the call ran (in the target and, where the reference makes the same call, in the reference);
     for a corrupted parameter, the first op that consumes it at that step; for a missing op, the reference's
-    record or the target's op that consumes what it should have produced; for changed data, the embedding.
+    record or the target's op that consumes what it should have produced; for changed data, the embedding;
+    or the key's ``modules``: the record of a module whose forward made exactly one API record, one of those
+    ops (``Module.model.layers.1.mlp.act_fn.SiLUActivation.forward.0`` for the ``Functional.gelu.0.forward`` it
+    made): msprobe's two names of the same computation.
   The culprit's ``kind`` is shown, not judged.
 
-``--msprobe`` adds a baseline column for tensor pairs: ``msprobe compare`` (tensor mode) and the first row, in
-dump order, whose ``Result`` is not ``pass``/empty ... see ``msprobe_first`` for the exact rule.
+``--msprobe`` adds a baseline column for tensor pairs: ``msprobe compare`` of each step, and its first row (steps
+in order, rows in msprobe's order) whose ``Result`` is ``error``, judged by the same rule (msprobe has no notion
+of an optimizer update: an optimizer fault never counts as found by it).
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ def judge(expect: dict, culprit: dict | None) -> bool:
         return False
     if expect.get("optimizer"):
         return culprit.get("kind") == "optimizer"
-    return culprit.get("op") in expect["ops"]
+    return culprit.get("op") in expect["ops"] or culprit.get("op") in expect.get("modules", [])
 
 
 def describe(culprit: dict | None) -> str:
@@ -137,9 +141,9 @@ def score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool
 # msprobe compare baseline (tensor pairs)
 # ------------------------------------------------------------------------------------------------------------
 def msprobe_first(ref: Path, target: Path, out: Path) -> dict | None:
-    """Run ``msprobe compare`` step by step; return the first row (steps in order, rows in msprobe's order) whose
-    ``Result`` is neither pass nor empty: ``{step, op, name, result}`` (op: the record name, ``.input.N`` / ``
-    .output.N`` / ``.parameters...`` cut off), or None when every row passes."""
+    """Run ``msprobe compare -tp TARGET/stepN -gp REF/stepN`` step by step; return the first row (steps in order,
+    rows in msprobe's order) whose ``Result`` is ``error``: ``{step, op, name, result}`` (op: the record name,
+    ``.input.N`` / ``.output.N`` / ``.parameters...`` cut off), or None when no row is an error."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     steps = sorted(int(p.name[4:]) for p in target.glob("step*") if p.name[4:].isdigit())
@@ -161,7 +165,7 @@ def msprobe_first(ref: Path, target: Path, out: Path) -> dict | None:
             return {"step": step, "op": None, "name": None, "result": "compare failed: %s" % proc.stderr[-200:]}
         for r in _rows(files[0]):
             result = (r.get("Result") or "").strip()
-            if result and result.lower() not in ("pass", "n/a", "nan", "none"):
+            if result.lower() == "error":
                 nm = r.get("NPU Name") or ""
                 return {"step": step, "op": _record(nm), "name": nm, "result": result}
     return None
@@ -186,7 +190,7 @@ def judge_msprobe(expect: dict, first: dict | None) -> bool:
         return False
     if expect.get("optimizer"):
         return False  # msprobe compare has no notion of an update: never counted as found
-    return first.get("op") in expect["ops"]
+    return first.get("op") in expect["ops"] or first.get("op") in expect.get("modules", [])
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 DEMO   := $(CURDIR)/out/demo
 
-SOURCES := dumpstore analysis cli tests bench sample_dumps
+SOURCES := dumpstore analysis cli tests bench sample_dumps validation
 
-.PHONY: setup demo check test test-all lint format bench samples clean
+.PHONY: setup demo check test test-all lint format bench samples validate clean
 
 setup: $(STAMP)
 	$(BIN)/python sample_dumps/fixtures.py  # the tensor samples' .pt files, unpacked once (git-ignored)
@@ -57,6 +57,11 @@ bench: $(STAMP)
 
 samples: $(STAMP)
 	$(BIN)/python sample_dumps/generate.py
+
+# The held-out validation set (docs/validation.md): make the pairs into validation/.data, then score the verdict.
+validate: $(STAMP)
+	$(BIN)/python validation/make_pairs.py --out validation/.data
+	$(BIN)/python validation/score.py --data validation/.data --msprobe
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m compileall -q dumpstore analysis cli  # PYTHONDONTWRITEBYTECODE=1 machines: no compile per process
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: setup
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/dumpstore ingest sample_dumps/ref_tensor --run ref --store $(DEMO)/store
 	$(BIN)/dumpstore ingest sample_dumps/weight_1pct_tensor --run target --store $(DEMO)/store

@@ -321,6 +321,7 @@ from .replay_cmd import replay as _replay  # noqa: E402
 
 main.add_command(_replay)
 from .longrun_cmds import register as _register_longrun  # noqa: E402
+
 _register_longrun(main)
 
 

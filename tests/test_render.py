@@ -55,6 +55,10 @@ GOLDEN = {
         "target target vs reference ref: steps [0, 1, 2], ranks [0]; compute precision float32 vs float32 (judged at float32)\n"
         "FIRST DIVERGENCE (value): step 0 rank 0  Functional.linear.6.forward  output.0  rel_l2=0.0094 > tol=0.000122 (float32, stats)\n"
         "CULPRIT (parameter): step 0 rank 0  Functional.linear.6.forward  output.0  rel_l2=0.0094 > tol=0.000122 (float32, stats)  [Functional.linear.6.forward.input.1 differs and no earlier op produced it]\n"
+        "  where: layers.1.fc1 (Linear), called at generate.py:140 in forward: h = self.fc1(self.ln2(x))\n"
+        "  parameter: layers.1.fc1.weight (norm 3.27379 in the target vs 3.24137)\n"
+        "  fix: Check how each run initialises, loads (checkpoint) or converts layers.1.fc1.weight: the two runs start from different weights.\n"
+        '  next: dump it at tensor level with this msprobe config.json: {"task": "tensor", "dump_path": "./dump_tensor", "rank": [0], "step": [0], "level": "mix", "async_dump": false, "tensor": {"scope": [], "list": ["Module.layers.1.fc1.Linear.forward.0", "Module.layers.1.fc1.Linear.backward.0"], "data_mode": ["all"]}}\n'
         "  step 0: 453 compared, 201 diverged, 0 unmatched, max rel_l2 0.0119, first Functional.linear.6.forward\n"
         "  step 1: 449 compared, 218 diverged, 0 unmatched, max rel_l2 0.0113, first Functional.linear.6.forward\n"
         "  step 2: 449 compared, 204 diverged, 0 unmatched, max rel_l2 0.0126, first Functional.linear.6.forward\n"
@@ -201,7 +205,7 @@ def test_one_name_for_relative_l2(store):
         "compare", "--target", "target", "--ref", "ref", "--by", "rel_l2", "--top", "1", "--json", "--store", store
     )
     assert res.exit_code == 0, res.output
-    (row,) = json.loads(res.output)
+    (row,) = json.loads(res.output)["rows"]
     assert "rel_l2" in row and "err" not in row and row["rel_l2"] == pytest.approx(0.0126, rel=1e-2)
     assert _cli("compare", "--target", "target", "--ref", "ref", "--by", "err", "--store", store).exit_code == 2
 

@@ -212,3 +212,34 @@ def test_discrete_output_on_inputs_compared_by_max_min_only(dump_writer, store_d
         assert v.culprit is None and v.noise["discrete_flips"][0]["op"] == "Torch.nonzero.0.forward"
     else:
         assert v.culprit is not None and v.culprit.op == "Torch.nonzero.0.forward"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_weak_op_alarm_yields_to_a_stronger_finding_of_its_step(dump_writer, store_dir, mode):
+    """An op 2x over its tolerance with nothing to compare it to comes first in the step, a weight 1 % off
+    later: the weight is the culprit.  Without the weight fault, the weak alarm stands."""
+    rng = np.random.default_rng(8)
+    x, w = _f32(rng.normal(size=(16, 32))), _f32(rng.normal(size=(8, 32)))
+    y = _f32(x * 0.5)
+    noisy = _f32(y * (1 + 2 * 2.0**-13 * rng.choice([-1.0, 1.0], size=y.shape)))
+
+    def pair(w_t):
+        ref = {"Tensor.mul.0.forward": {"input_args": [x, {"type": "float", "value": 0.5}], "output": [y]}}
+        ref["Functional.linear.0.forward"] = {"input_args": [x, w], "output": [_f32(x @ w.T)]}
+        tgt = {"Tensor.mul.0.forward": {"input_args": [x, {"type": "float", "value": 0.5}], "output": [noisy]}}
+        tgt["Functional.linear.0.forward"] = {"input_args": [x, w_t], "output": [_f32(x @ w_t.T)]}
+        return ref, tgt
+
+    v = divergence(compare_runs(_ingest_pair(dump_writer, store_dir, mode, *pair(_f32(w * 1.01))), "target", "ref"))
+    assert v.culprit is not None and v.culprit.op == "Functional.linear.0.forward"
+
+
+def test_a_weak_op_alarm_alone_stands(dump_writer, store_dir):
+    rng = np.random.default_rng(8)
+    x = _f32(rng.normal(size=(16, 32)))
+    y = _f32(x * 0.5)
+    noisy = _f32(y * (1 + 2 * 2.0**-13 * rng.choice([-1.0, 1.0], size=y.shape)))
+    ref = {"Tensor.mul.0.forward": {"input_args": [x, {"type": "float", "value": 0.5}], "output": [y]}}
+    tgt = {"Tensor.mul.0.forward": {"input_args": [x, {"type": "float", "value": 0.5}], "output": [noisy]}}
+    v = divergence(compare_runs(_ingest_pair(dump_writer, store_dir, "tensor", ref, tgt), "target", "ref"))
+    assert v.culprit is not None and v.culprit.op == "Tensor.mul.0.forward" and v.culprit.severity < 4

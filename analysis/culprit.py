@@ -121,6 +121,7 @@ def _culprit(
     }
     steps = sorted(set(recs["step"].to_list()))
     keys = ["rank", "source", "_record"]
+    weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
     for i, step in enumerate(steps):
         view = _StepView(rows, step)
         if i:
@@ -131,7 +132,6 @@ def _culprit(
         if not candidates.height:
             continue
         t_prod, r_prod = view.producers(""), view.producers("ref_")
-        weak: tuple[Found, Found] | None = None  # a finding within WEAK_SEVERITY tolerances, held
         for start in range(0, candidates.height, batch):
             chunk = candidates.slice(start, batch)
             leaves = view.rows.join(chunk.select(keys), on=keys, how="semi")
@@ -153,19 +153,21 @@ def _culprit(
                 if not _is_weak(found[0][0]):
                     return found
                 weak = weak or found
-        if weak is not None:
-            return weak
-    return None, None
+    if weak is None:
+        return None, None
+    weak[0][0].evidence["weak"] = True  # (a batched verdict keeps looking for a stronger one in later batches)
+    return weak
 
 
-WEAK_SEVERITY = 4.0  # an op finding within this many tolerances yields to a stronger finding of its step
+WEAK_SEVERITY = 4.0  # an op finding within this many tolerances yields to any stronger finding
 
 
 def _is_weak(f: Finding) -> bool:
     """An op whose output is within WEAK_SEVERITY tolerances: what a device's rounding the noise model has no
     evidence for yet can do (a lower internal precision puts the first matmul 2-4x over an fp32 tolerance).  It
-    stays the culprit only when its step holds no stronger finding later (a weight, an argument, an op in one
-    run only, an op far beyond its tolerance): one such alarm must not hide the fault of its step."""
+    stays the culprit only when no stronger finding follows, in its step or a later one (a weight, an argument,
+    an op in one run only, the optimizer, an op far beyond its tolerance): one such alarm must not hide every
+    later finding."""
     return f.kind == "op" and f.severity is not None and f.severity < WEAK_SEVERITY
 
 

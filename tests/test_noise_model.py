@@ -243,3 +243,36 @@ def test_a_weak_op_alarm_alone_stands(dump_writer, store_dir):
     tgt = {"Tensor.mul.0.forward": {"input_args": [x, {"type": "float", "value": 0.5}], "output": [noisy]}}
     v = divergence(compare_runs(_ingest_pair(dump_writer, store_dir, "tensor", ref, tgt), "target", "ref"))
     assert v.culprit is not None and v.culprit.op == "Tensor.mul.0.forward" and v.culprit.severity < 4
+
+
+def test_a_weak_op_alarm_yields_to_a_later_steps_finding_in_every_path(dump_writer, store_dir):
+    """Step 0: an op 2x over its tolerance, nothing else; step 1: a weight 1 % off.  The whole comparison, the
+    per-step batches and the screen agree on the weight."""
+    from dumpstore.analysis import divergence_by_steps
+    from dumpstore.analysis._divergence import divergence_in_batches
+
+    rng = np.random.default_rng(9)
+    x, w = _f32(rng.normal(size=(16, 32))), _f32(rng.normal(size=(8, 32)))
+    y = _f32(x * 0.5)
+    noisy = _f32(y * (1 + 2 * 2.0**-13 * rng.choice([-1.0, 1.0], size=y.shape)))
+    scale = {"type": "float", "value": 0.5}
+
+    def step(out, w_used):
+        return {
+            "Tensor.mul.0.forward": {"input_args": [x, scale], "output": [out]},
+            "Functional.linear.0.forward": {"input_args": [x, w_used], "output": [_f32(x @ w_used.T)]},
+        }
+
+    for name, recs in (("ref", [step(y, w), step(y, w)]), ("target", [step(noisy, w), step(y, _f32(w * 1.01))])):
+        wr = dump_writer(name, "tensor")
+        for i, r in enumerate(recs):
+            wr.write(r, step=i)
+        ingest(wr.root, name, store=store_dir, jobs=1)
+    st = open_store(store_dir)
+    whole = divergence(compare_runs(st, "target", "ref"))
+    assert whole.culprit is not None and (whole.culprit.step, whole.culprit.op) == (1, "Functional.linear.0.forward")
+    for v in (
+        divergence_in_batches(st, "target", "ref", max_rows=1),
+        divergence_by_steps(st, "target", "ref", max_rows=1),
+    ):
+        assert v.culprit is not None and (v.culprit.step, v.culprit.op) == (1, "Functional.linear.0.forward")

@@ -20,6 +20,9 @@ Families (each runs msprobe 26.2.0 in its own subprocess, as generate.py does, 3
         mm/addmm/bmm with its inputs rounded to 10 mantissa bits (TF32 / HF32), forward and backward.
   ds_*  the dx model and reference; the target ("device S") computes fp32 softmax on float16 inside:
         ds_clean (none), ds_weight2pct (layers.0.fc1.weight x1.02 at init).
+  dl_*  a Llama-like model (RMSNorm from tensor ops, RoPE, grouped-query attention with repeat_kv, an additive
+        finfo.min mask, SwiGLU): dl_clean (TF32), dl_clean_sm (fp16 softmax), dl_rms_eps (layer 1's RMSNorm eps),
+        dl_lr2pct (lr x1.02 from the 2nd update, fp16 softmax); statistics only.
   xb_*  generate.py's cross-device bf16 model (AdamW, device B's split bf16 reductions), with an optimizer fault.
 
 Faults (the catalog's `expected.culprit`, checked by hand on the dumps: the op names are deterministic):
@@ -89,6 +92,22 @@ SM = {
         "layers.0.fc1.weight x1.02 at init",
     ),
 }
+# a Llama-like family: RMSNorm from tensor ops, RoPE, grouped-query attention (repeat_kv), an additive finfo.min
+# causal mask, SwiGLU MLP; fp32, SGD with momentum; device T (TF32) or S (fp16 softmax)
+DL = {
+    "clean": ({"device": {"tf32": True}}, None, "device T (TF32): no fault"),
+    "clean_sm": ({"device": {"softmax16": True}}, None, "device S (fp16 softmax): no fault"),
+    "rms_eps": (
+        {"device": {"tf32": True}, "rms_eps": {1: 1e-3}},
+        (0, "Tensor.__add__.7.forward", "scalar"),
+        "device T: layer 1's RMSNorm eps 1e-3 instead of 1e-6",
+    ),
+    "lr2pct": (
+        {"device": {"softmax16": True}, "lr_from_2nd": 1.02},
+        (2, "Functional.embedding.0.forward", "optimizer"),
+        "device S: SGD lr x1.02 from the 2nd update",
+    ),
+}
 XB = {
     "lr5pct": (
         {"lr_from_2nd": 1.05},
@@ -117,6 +136,9 @@ def cases():
         f = dict(faults, device={"softmax16": True})
         name, ref = "ds_%s_%s" % (stem, sfx), "dx_ref_" + sfx
         out.append((name, "dx", mode, ref, f, exp, "device S (fp16 softmax): " + desc))
+    out.append(("dl_ref_stats", "dl", "statistics", None, {}, None, "device A: Llama-like fp32 reference"))
+    for stem, (faults, exp, desc) in DL.items():
+        out.append(("dl_%s_stats" % stem, "dl", "statistics", "dl_ref_stats", faults, exp, desc))
     out.append(("xb_ref_stats", "xb", "statistics", None, {}, None, "device A: bf16 autocast reference"))
     for stem, (faults, exp, desc) in XB.items():
         f = dict(faults, device=DEVICE_B)
@@ -254,6 +276,82 @@ def build_dx_model(faults):
     return model
 
 
+def build_dl_model(faults):
+    """A 2-layer Llama-like model written as Hugging Face writes it (tensor ops msprobe records one by one)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    heads, kv_heads, head_dim = 4, 2, D_MODEL // 4
+
+    class RMSNorm(nn.Module):
+        def __init__(self, eps):
+            super().__init__()
+            self.weight, self.eps = nn.Parameter(torch.ones(D_MODEL)), eps
+
+        def forward(self, x):
+            var = x.pow(2).mean(-1, keepdim=True)
+            return self.weight * (x * torch.rsqrt(var + self.eps))
+
+    def rotate_half(x):
+        return torch.cat((-x[..., head_dim // 2 :], x[..., : head_dim // 2]), dim=-1)
+
+    class Block(nn.Module):
+        def __init__(self, idx):
+            super().__init__()
+            eps = faults.get("rms_eps", {}).get(idx, 1e-6)
+            self.norm1, self.norm2 = RMSNorm(eps), RMSNorm(1e-6)
+            self.wq = nn.Linear(D_MODEL, heads * head_dim, bias=False)
+            self.wk = nn.Linear(D_MODEL, kv_heads * head_dim, bias=False)
+            self.wv = nn.Linear(D_MODEL, kv_heads * head_dim, bias=False)
+            self.wo = nn.Linear(heads * head_dim, D_MODEL, bias=False)
+            self.gate = nn.Linear(D_MODEL, HIDDEN, bias=False)
+            self.up = nn.Linear(D_MODEL, HIDDEN, bias=False)
+            self.down = nn.Linear(HIDDEN, D_MODEL, bias=False)
+
+        def forward(self, x, mask, cos, sin):
+            b, t, _ = x.shape
+            h = self.norm1(x)
+            q = self.wq(h).view(b, t, heads, head_dim).transpose(1, 2)
+            k = self.wk(h).view(b, t, kv_heads, head_dim).transpose(1, 2)
+            v = self.wv(h).view(b, t, kv_heads, head_dim).transpose(1, 2)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            rep = heads // kv_heads  # repeat_kv: expand and reshape, not recorded
+            k = k[:, :, None].expand(b, kv_heads, rep, t, head_dim).reshape(b, heads, t, head_dim)
+            v = v[:, :, None].expand(b, kv_heads, rep, t, head_dim).reshape(b, heads, t, head_dim)
+            scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(head_dim) + mask
+            attn = F.softmax(scores, dim=-1, dtype=torch.float32)
+            o = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, heads * head_dim)
+            x = x + self.wo(o)
+            h = self.norm2(x)
+            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, D_MODEL)
+            self.layers = nn.ModuleList([Block(i) for i in range(G.N_LAYERS)])
+            self.norm = RMSNorm(1e-6)
+            self.head = nn.Linear(D_MODEL, VOCAB, bias=False)
+
+        def forward(self, tokens):
+            t = tokens.shape[1]
+            fmin = torch.finfo(torch.float32).min
+            mask = torch.full((t, t), fmin).triu(1)
+            pos = torch.arange(t, dtype=torch.float32)
+            inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+            ang = torch.outer(pos, inv)
+            emb = torch.cat((ang, ang), dim=-1)
+            cos, sin = emb.cos(), emb.sin()
+            x = self.emb(tokens)
+            for layer in self.layers:
+                x = layer(x, mask, cos, sin)
+            return self.head(self.norm(x).mean(dim=1))
+
+    torch.manual_seed(G.SEED)
+    return Llama()
+
+
 def run_case(name, init_file):
     import contextlib
 
@@ -269,8 +367,8 @@ def run_case(name, init_file):
     from msprobe.pytorch import PrecisionDebugger
 
     config_path = G.write_config(name, mode, steps, 0)
-    if family == "dx":
-        model = build_dx_model(faults)
+    if family in ("dx", "dl"):
+        model = build_dx_model(faults) if family == "dx" else build_dl_model(faults)
         optimizer = torch.optim.SGD(model.parameters(), lr=DX_LR, momentum=DX_MOMENTUM)
         vocab, autocast = VOCAB, contextlib.nullcontext
         dev = faults.get("device")

@@ -276,3 +276,19 @@ def test_a_weak_op_alarm_yields_to_a_later_steps_finding_in_every_path(dump_writ
         divergence_by_steps(st, "target", "ref", max_rows=1),
     ):
         assert v.culprit is not None and (v.culprit.step, v.culprit.op) == (1, "Functional.linear.0.forward")
+
+
+def test_noise_ref_on_the_command_line(xdev_store):
+    from click.testing import CliRunner
+
+    from dumpstore.cli.main import main
+
+    args = ["--target", "xdev_clean_stats", "--ref", "xdev_ref_stats", "--noise-ref", "xdev_clean2_stats"]
+    args += ["--store", str(xdev_store.root)]
+    res = CliRunner().invoke(main, ["divergence", *args, "--no-cache"])
+    assert res.exit_code == 0, res.output
+    assert "noise band per tensor: 3x its error in xdev_clean2_stats against xdev_ref_stats" in res.output
+    assert "CULPRIT: none" in res.output
+    res = CliRunner().invoke(main, ["compare", *args, "--top", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["by"] == "significance"

@@ -1,25 +1,29 @@
 """First divergence and culprit, per step and rank and across steps, from a Comparison.
 
 Walking records in execution order (steps in order, then dump order; see analysis/order.py), the culprit is
-the first finding that stands out of the pair's own noise (analysis/noise.py):
+the first finding that stands out of the pair's own noise (analysis/noise.py; the judge is analysis/culprit.py,
+the method and its constants docs/how-it-decides.md):
   scalar     a non-tensor argument differs (a value beyond the record's tolerance, or a keyword present in one
              run only: eps, alpha, approximate, p, ...), even when the outputs agree within noise;
-  optimizer  the steps before agree and the parameters differ at this step because the runs moved them by
-             different amounts (learning rate or optimizer);
-  op         its outputs diverge while its tensor inputs agree, by more than the pair's fresh ops do; or its
-             error amplification (output err / max(input err, dtype eps)) is at least
-             `Tolerances.amplification` and beyond the pair's own spread of amplifications;
-  parameter  a diverged input that no earlier op of either run produced and that requires grad (a weight), at
-             the first compared step (later, parameters carry the optimizer's noise: see `optimizer`);
-  input      the same for data (requires_grad false: token ids, images, masks);
+  optimizer  the parameters differ at this step because the runs moved them by different amounts, beyond the
+             update ratios' own spread across parameters (learning rate, clipping or optimizer);
+  op         its outputs diverge while its tensor inputs agree, by more than the pair's fresh ops and its
+             siblings (the same op class at other positions) do; or its error amplification (output err /
+             max(carried input err, dtype eps)) is at least `Tolerances.amplification` and beyond the pair's own
+             spread of amplifications and its siblings' own error; an op within 4 tolerances yields to any
+             stronger later finding;
+  parameter  a diverged weight that no earlier op of either run produced, at the first compared step (later,
+             parameters carry the optimizer's noise: see `optimizer`);
+  input      the same for other tensors (data; a gradient reached through unrecorded ops), beyond the error
+             the pair carries at that point;
   missing_op / extra_op
              a diverged input produced by a record that exists in one run only.
+Discrete outputs (indices, masks) that flip where the values agree within noise are near ties: noise.
 The first divergence is where the culprit shows in the target's order (its first diverged output, or the
 differing argument), or an earlier op the reference does not have (extra_op).  Outputs over their tolerance
 that stand out of nothing are the pair's noise: the verdict says the runs agree within it, and how large it is.
 When no value diverges but records exist in one run only, the first of them is the culprit.
 """
-
 from __future__ import annotations
 
 from dataclasses import replace

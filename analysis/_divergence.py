@@ -24,6 +24,7 @@ differing argument), or an earlier op the reference does not have (extra_op).  O
 that stand out of nothing are the pair's noise: the verdict says the runs agree within it, and how large it is.
 When no value diverges but records exist in one run only, the first of them is the culprit.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace

@@ -22,7 +22,7 @@ Families (each runs msprobe 26.2.0 in its own subprocess, as generate.py does, 3
         ds_clean (none), ds_weight2pct (layers.0.fc1.weight x1.02 at init).
   dl_*  a Llama-like model (RMSNorm from tensor ops, RoPE, grouped-query attention with repeat_kv, an additive
         finfo.min mask, SwiGLU): dl_clean (TF32), dl_clean_sm (fp16 softmax), dl_rms_eps (layer 1's RMSNorm eps),
-        dl_lr2pct (lr x1.02 from the 2nd update, fp16 softmax); statistics only.
+        dl_lr2pct (lr x1.02 from the 2nd update, fp16 softmax); the first three in tensor mode too.
   xb_*  generate.py's cross-device bf16 model (AdamW, device B's split bf16 reductions), with an optimizer fault.
 
 Faults (the catalog's `expected.culprit`, checked by hand on the dumps: the op names are deterministic):
@@ -108,6 +108,7 @@ DL = {
         "device S: SGD lr x1.02 from the 2nd update",
     ),
 }
+DL_TENSOR = ("clean", "clean_sm", "rms_eps")
 XB = {
     "lr5pct": (
         {"lr_from_2nd": 1.05},
@@ -136,9 +137,12 @@ def cases():
         f = dict(faults, device={"softmax16": True})
         name, ref = "ds_%s_%s" % (stem, sfx), "dx_ref_" + sfx
         out.append((name, "dx", mode, ref, f, exp, "device S (fp16 softmax): " + desc))
-    out.append(("dl_ref_stats", "dl", "statistics", None, {}, None, "device A: Llama-like fp32 reference"))
-    for stem, (faults, exp, desc) in DL.items():
-        out.append(("dl_%s_stats" % stem, "dl", "statistics", "dl_ref_stats", faults, exp, desc))
+    for mode, sfx in MODES:
+        out.append(("dl_ref_" + sfx, "dl", mode, None, {}, None, "device A: Llama-like fp32 reference"))
+        for stem, (faults, exp, desc) in DL.items():
+            if mode == "tensor" and stem not in DL_TENSOR:
+                continue
+            out.append(("dl_%s_%s" % (stem, sfx), "dl", mode, "dl_ref_" + sfx, faults, exp, desc))
     out.append(("xb_ref_stats", "xb", "statistics", None, {}, None, "device A: bf16 autocast reference"))
     for stem, (faults, exp, desc) in XB.items():
         f = dict(faults, device=DEVICE_B)

@@ -25,7 +25,7 @@ import polars as pl
 from dumpstore.arrays import to_polars
 from dumpstore.dtypes import EPS, INT_DTYPES, eps
 
-from .tolerance import Tolerances
+from .tolerance import EXACT_DTYPES_TOL, Tolerances
 
 INF = float("inf")
 VALUE_RTOL = 1e-6  # numeric non-tensor arguments: relative difference allowed
@@ -85,7 +85,7 @@ def dtype_tol(tol: Tolerances) -> pl.Expr:
     """The relative-L2 threshold of column `tol_dtype` (ints and bools exact; an override for all dtypes)."""
     if tol.all_dtypes is not None:
         return lit(tol.all_dtypes).alias("tol")
-    table = dict(tol.rel_l2) | {d: 0.0 for d in INT_DTYPES + ("bool",)}
+    table = dict(tol.rel_l2) | {d: EXACT_DTYPES_TOL for d in INT_DTYPES + ("bool",)}
     return c("tol_dtype").replace_strict(table, default=tol.rel_l2["float32"], return_dtype=pl.Float64).alias("tol")
 
 

@@ -1,4 +1,4 @@
-"""Default tolerances by dtype, derived from published values (see METRICS.md), overridable per command.
+"""Default tolerances by dtype, derived from published values (below), overridable per command.
 
 The primary metric is relative L2 error ||x - y|| / ||y||.  Default thresholds per dtype:
   fp32 2^-13 = 1.2e-4   CANN operator precision standard T (torch.testing's 1.3e-6 is bit-level, too strict
@@ -33,15 +33,6 @@ class Tolerances:
     rel_l2: dict[str, float] = field(default_factory=lambda: dict(REL_L2_DEFAULT))
     all_dtypes: float | None = None
     amplification: float = AMPLIFICATION
-
-    def for_dtype(self, dtype: str | None) -> float:
-        if self.all_dtypes is not None:
-            return self.all_dtypes
-        if dtype in self.rel_l2:
-            return self.rel_l2[dtype]
-        if dtype and (dtype.startswith("int") or dtype.startswith("uint") or dtype == "bool"):
-            return EXACT_DTYPES_TOL
-        return self.rel_l2["float32"]
 
     @classmethod
     def parse(cls, specs: list[str] | tuple[str, ...] | None, amplification: float | None = None) -> Tolerances:

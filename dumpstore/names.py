@@ -1,4 +1,7 @@
-"""Parse msprobe record keys: Functional.linear.0.forward, Module.fc1.Linear.forward.0, ...parameters_grad.0."""
+"""Parse msprobe record keys: Functional.linear.0.forward, Module.fc1.Linear.forward.0, ...parameters_grad.0.
+
+The one home of msprobe's name patterns (tests/test_one_home.py greps the other modules for copies); the SQL
+views use `MODULE_PATH_SQL`."""
 
 from __future__ import annotations
 
@@ -11,6 +14,12 @@ _MODULE = re.compile(r"^(?P<prefix>Module|Cell)\.(?P<api>.+)\.(?P<dir>forward|ba
 _PGRAD = re.compile(r"^(?P<prefix>Module|Cell)\.(?P<api>.+)\.parameters_grad(?:\.(?P<call>\d+))?$")
 _MAX_CALL_DIGITS = 4000  # int() refuses strings past 4300 digits
 _DEBUG = re.compile(r"^(?P<api>.+)\.(?P<call>\d+)\.debug$")
+# a module record key's path without its class (Module.layers.0.fc1.Linear.forward.0 -> layers.0.fc1)
+_MODULE_PATH = re.compile(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.(?:forward|backward)\.\d+$")
+# the same for DuckDB's regexp_extract (group 1; the class is any run of non-dots)
+MODULE_PATH_SQL = r"'^(?:Module|Cell)\.(.+)\.[^.]+\.(?:forward|backward)\.\d+$'"
+# a parameter gradient's leaf name: module path, class, parameters_grad[.call], parameter
+_PGRAD_LEAF = re.compile(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.parameters_grad(?:\.\d+)?\.(.+)$")
 
 
 class RecordName(NamedTuple):
@@ -56,11 +65,23 @@ def _call(digits: str | None) -> int | None:
     return int(digits) if digits is not None and len(digits) <= _MAX_CALL_DIGITS else None
 
 
+def module_path(key: str | None) -> str | None:
+    """The module path of a module record key without its class (`Module.layers.1.fc1.Linear.forward.0` ->
+    'layers.1.fc1'); None for another key."""
+    m = _MODULE_PATH.match(key or "")
+    return m.group(1) if m else None
+
+
+def parameter_of_grad(name: str) -> str | None:
+    """The parameter a gradient leaf belongs to (`Module.layers.1.fc1.Linear.parameters_grad.weight` ->
+    'layers.1.fc1.weight'); None for another name."""
+    m = _PGRAD_LEAF.match(name)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
 def strip_call(key: str) -> str:
     """Record key without its call counter (used to align calls of the same API)."""
     r = parse_record(key)
-    if r.direction in ("forward", "backward") and r.prefix not in MODULE_PREFIXES:
-        return f"{r.prefix}.{r.api}.{r.direction}"
-    if r.direction in ("forward", "backward"):
+    if r.direction in ("forward", "backward"):  # an API call's or a module's: the counter is all that goes
         return f"{r.prefix}.{r.api}.{r.direction}"
     return key

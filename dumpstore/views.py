@@ -7,7 +7,7 @@ Created in every DuckDB connection of the store (`dumpstore.query.connect`), `du
   weight_change     param_stats between consecutive dumped steps: differences of the statistics and
                     `ratio_est`, an estimate (a lower bound) of ||w_t - w_prev|| / ||w_prev||: the statistics
                     bound of analysis/rules.py's `stats_bound` with w_prev as the reference (`stats_bound_sql`;
-                    tests/test_rules_sql.py checks the two agree), NULL where ||w_prev|| is 0 or null;
+                    tests/test_one_home.py checks the two agree), NULL where ||w_prev|| is 0 or null;
                     `ratio_sketch` the same ratio from the linear sketches when both steps have tensor files
                     (exact when numel <= M, else within sqrt(2/M)); `unchanged` when all four statistics are
                     equal and finite
@@ -21,6 +21,8 @@ Created in every DuckDB connection of the store (`dumpstore.query.connect`), `du
 from __future__ import annotations
 
 import duckdb
+
+from .names import MODULE_PATH_SQL
 
 LOSS_OPS = (
     "cross_entropy",
@@ -61,10 +63,7 @@ MODULE_PATH = (
     "THEN left(api, length(api) - length(op_type) - 1) ELSE api END"
 )
 # module path of the parent module record (Module.layers.0.fc1.Linear.forward.0 -> layers.0.fc1)
-_PARENT_PATH = (
-    r"nullif(regexp_extract(module, "
-    r"'^(?:Module|Cell)\.(.+)\.[^.]+\.(?:forward|backward)\.\d+$', 1), '')"
-)
+_PARENT_PATH = f"nullif(regexp_extract(module, {MODULE_PATH_SQL}, 1), '')"
 
 PARAM_STATS = f"""
 CREATE OR REPLACE VIEW param_stats AS

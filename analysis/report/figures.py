@@ -7,11 +7,12 @@ Labels that come from a dump are HTML-escaped (plotly renders them as markup).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import polars as pl
+
+from dumpstore.names import module_path, parameter_of_grad
 
 from ..order import OUTPUT_IO
 from ..verdict import Verdict
@@ -305,13 +306,10 @@ def _step_lines(ops: list[dict], annotations: list[dict]) -> list[dict]:
     return shapes
 
 
-_MODULE_PATH = re.compile(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.(?:forward|backward)\.\d+$")
-
-
 def _layer(module: str | None, op: str, direction: str | None) -> str:
     """A layer label from the parent module: Module.layers.1.fc1.Linear.forward.0 -> 'layers.1 (fwd)'."""
-    m = _MODULE_PATH.match(module or "")
-    parts = m.group(1).split(".") if m else ([module] if module else [op.split(".")[0]])
+    path = module_path(module)
+    parts = path.split(".") if path else ([module] if module else [op.split(".")[0]])
     name = parts[0]
     for i, p in enumerate(parts):
         if p.isdigit():
@@ -538,8 +536,7 @@ def _finding_marks(findings: list, y_of) -> list[dict[str, Any]]:
 
 def _param_label(name: str) -> str:
     """'Module.layers.1.fc1.Linear.parameters_grad.weight' -> 'layers.1.fc1.weight'."""
-    m = re.match(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.parameters_grad(?:\.\d+)?\.(.+)$", name)
-    return f"{m.group(1)}.{m.group(2)}" if m else name
+    return parameter_of_grad(name) or name
 
 
 def update_figure(

@@ -1,8 +1,10 @@
-"""One home for the statistics bound: the SQL of dumpstore/views.py (`stats_bound_sql`, the weight_change view's
-`ratio_est`) equals analysis/rules.py's `stats_bound` on a grid of null, NaN, +-Inf, zero and finite statistics."""
+"""Each rule in one place: the statistics bound (the SQL of dumpstore/views.py, `stats_bound_sql` and the
+weight_change view's `ratio_est`, equals analysis/rules.py's `stats_bound` on a grid of null, NaN, +-Inf, zero and
+finite statistics) and msprobe's name patterns (dumpstore/names.py only)."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 import math
 import random
@@ -11,8 +13,10 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from dumpstore import names
 from dumpstore.analysis.rules import STATS, stats_bound
 from dumpstore.views import stats_bound_sql
+from helpers import ROOT
 
 NAN, INF = float("nan"), float("inf")
 NORMS = [None, NAN, INF, 0.0, 2.0, 3.0]
@@ -107,3 +111,50 @@ def test_ratio_est_is_the_bound_against_the_previous_step(tmp_path):
     got = con.execute("SELECT step, ratio_est FROM weight_change ORDER BY step").fetchall()
     # step 1: max(|1|, |0.5|, |0.25| * 4, 0) / 4 = 0.25; step 2: the max difference is not finite: ignored
     assert got == [(1, 0.25), (2, 0.0)]
+
+
+# what only dumpstore/names.py may spell: msprobe's record-name patterns
+NAME_PATTERNS = ("Module|Cell", "Cell|Module", "forward|backward", "backward|forward", "parameters_grad(")
+
+
+def test_msprobe_name_patterns_live_in_names_py():
+    found = []
+    for folder in ("dumpstore", "analysis", "cli"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == ROOT / "dumpstore" / "names.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    found += [(str(path.relative_to(ROOT)), node.lineno) for p in NAME_PATTERNS if p in node.value]
+    assert found == [], "parse msprobe names with dumpstore/names.py (or add the pattern there)"
+
+
+KEYS = [
+    "Module.layers.1.fc1.Linear.forward.0",
+    "Cell.net.blocks.3.attn.Dense.backward.12",
+    "Module.Linear.forward.0",  # no path before the class
+    "Functional.linear.0.forward",
+    "Module.layers.0.qkv.Linear.parameters_grad",
+    "Tensor.add_.0.forward",
+    "",
+]
+
+
+def test_module_paths_in_python_and_in_sql_agree():
+    want = ["layers.1.fc1", "net.blocks.3.attn", None, None, None, None, None]
+    assert [names.module_path(k) for k in KEYS] == want
+    sql = f"SELECT nullif(regexp_extract(k, {names.MODULE_PATH_SQL}, 1), '') FROM (SELECT unnest($keys) AS k)"
+    assert [r[0] for r in duckdb.connect().execute(sql, {"keys": KEYS}).fetchall()] == want
+
+
+def test_parameter_of_a_gradient_leaf():
+    assert names.parameter_of_grad("Module.layers.1.fc1.Linear.parameters_grad.weight") == "layers.1.fc1.weight"
+    assert names.parameter_of_grad("Cell.a.Dense.parameters_grad.3.bias") == "a.bias"
+    assert names.parameter_of_grad("Functional.linear.0.forward.input.0") is None
+
+
+def test_strip_call_drops_only_the_counter():
+    assert names.strip_call("Functional.linear.12.forward") == "Functional.linear.forward"
+    assert names.strip_call("Module.layers.0.fc1.Linear.backward.3") == "Module.layers.0.fc1.Linear.backward"
+    assert names.strip_call("Module.fc.Linear.parameters_grad.0") == "Module.fc.Linear.parameters_grad.0"
+    assert names.strip_call("not a key") == "not a key"

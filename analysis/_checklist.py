@@ -24,6 +24,9 @@ where):
               outputs); when they differ (bf16 autocast vs fp32) it is said once, with the number of
               tensors whose dtype differs by design.
   coverage    the steps and ranks of each run (only the common ones are compared).
+
+Size: six checks over one pair of loaded runs, each a few short functions; they share its frames and helpers
+(the first forward record, the aligned pairs), which a split would pass between modules.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ ranks share their structure, so
 Two passes: the first parses every footer and counts forward float outputs by dtype (the runs' compute
 precision, as compare_runs finds it over all compared steps); the second judges the units step by step on a
 few threads, each file mapped once.  Only the live ingest's files are read (`Store.tensor_files`).
+
+Size: one engine: the caches keyed by column-chunk bytes serve the decoding, the structure checks and the numpy
+bound alike; split, each part would take the caches as arguments.
 """
 
 from __future__ import annotations

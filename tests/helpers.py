@@ -158,3 +158,19 @@ def synth():
     if str(ROOT / "bench") not in sys.path:
         sys.path.append(str(ROOT / "bench"))
     return sys.modules["synth"]
+
+
+def msprobe_command() -> list[str] | None:
+    """The installed `msprobe` CLI as a command list (the script beside this python, on PATH, or run through this
+    python when only the package is installed); None without mindstudio-probe."""
+    import importlib.util
+    import shutil
+    import sys
+
+    if importlib.util.find_spec("msprobe") is None:
+        return None
+    beside = Path(sys.executable).parent / "msprobe"
+    found = str(beside) if beside.is_file() else shutil.which("msprobe")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "import sys; from msprobe.msprobe import main; sys.argv[0] = 'msprobe'; main()"]

@@ -145,8 +145,8 @@ def test_cli_json_and_table(store):
     res = runner.invoke(main, args + ["--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert list(out) == list(CHECKS)
-    assert all({"status", "evidence"} <= set(v) for v in out.values())
+    assert list(out) == ["schema_version", "command", "store", "target", "ref", *CHECKS]
+    assert all({"status", "evidence"} <= set(out[k]) for k in CHECKS)
     assert out["weights"]["status"] == "differs" and out["weights"]["first"]["param"] == "layers.0.qkv.weight"
     res = runner.invoke(main, args)
     assert res.exit_code == 0, res.output

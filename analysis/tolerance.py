@@ -36,6 +36,17 @@ class Tolerances:
     all_dtypes: float | None = None
     amplification: float = AMPLIFICATION
 
+    def for_dtype(self, dtype: str | None) -> float:
+        """The threshold of one dtype as named (an override for all dtypes first; ints and bools exact); the dtype
+        a pair is judged at (compute precision included) is rules.tol_dtype's."""
+        if self.all_dtypes is not None:
+            return self.all_dtypes
+        if dtype in self.rel_l2:
+            return self.rel_l2[dtype]
+        if dtype and (dtype.startswith("int") or dtype.startswith("uint") or dtype == "bool"):
+            return EXACT_DTYPES_TOL
+        return self.rel_l2["float32"]
+
     @classmethod
     def parse(cls, specs: list[str] | tuple[str, ...] | None, amplification: float | None = None) -> Tolerances:
         """From CLI strings: `1e-3` (every dtype) or `bfloat16=1e-2`."""

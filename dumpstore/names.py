@@ -18,6 +18,10 @@ _DEBUG = re.compile(r"^(?P<api>.+)\.(?P<call>\d+)\.debug$")
 _MODULE_PATH = re.compile(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.(?:forward|backward)\.\d+$")
 # the same for DuckDB's regexp_extract (group 1; the class is any run of non-dots)
 MODULE_PATH_SQL = r"'^(?:Module|Cell)\.(.+)\.[^.]+\.(?:forward|backward)\.\d+$'"
+# a module record key, its call counter optional: path and class (body), direction
+_MODULE_RECORD = re.compile(r"^(?P<kind>Module|Cell)\.(?P<body>.+)\.(?P<dir>forward|backward)(?:\.(?P<n>\d+))?$")
+_DIRECTION_CALL_TAIL = re.compile(r"\.(forward|backward)\.(\d+)$")
+_DIRECTION_TAIL = re.compile(r"\.(forward|backward)$")
 # a parameter gradient's leaf name: module path, class, parameters_grad[.call], parameter
 _PGRAD_LEAF = re.compile(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.parameters_grad(?:\.\d+)?\.(.+)$")
 
@@ -70,6 +74,28 @@ def module_path(key: str | None) -> str | None:
     'layers.1.fc1'); None for another key."""
     m = _MODULE_PATH.match(key or "")
     return m.group(1) if m else None
+
+
+def module_of(module_record: str | None) -> tuple[str | None, str | None]:
+    """(path, class) of a module record: `Module.layers.0.ln2.LayerNorm.forward.0` -> (`layers.0.ln2`,
+    `LayerNorm`); a top-level module (`Module.TinyNet.forward.0`) has the path ''; (None, None) for another key."""
+    m = _MODULE_RECORD.match(module_record or "")
+    if not m:
+        return None, None
+    path, _, cls = m["body"].rpartition(".")
+    return path, cls
+
+
+def without_direction_and_call(key: str) -> str:
+    """A module record key without its `.forward.N` / `.backward.N` tail (`Module.a.Linear.forward.0` ->
+    `Module.a.Linear`); another key as it is."""
+    return _DIRECTION_CALL_TAIL.sub("", key)
+
+
+def without_direction(key: str) -> str:
+    """An API record key without its `.forward` / `.backward` tail (`Functional.linear.0.forward` ->
+    `Functional.linear.0`); another key as it is."""
+    return _DIRECTION_TAIL.sub("", key)
 
 
 def parameter_of_grad(name: str) -> str | None:

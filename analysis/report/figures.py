@@ -2,6 +2,9 @@
 
 Also the per-op table the charts are drawn from (`per_op`: the worst output leaf of each op, step and rank).
 Labels that come from a dump are HTML-escaped (plotly renders them as markup).
+
+Size: one builder per chart of the page (line, heat maps, loss, gradient norms, update ratios), each short;
+they share the per-op table, the palette and the step marks.
 """
 
 from __future__ import annotations

@@ -347,11 +347,12 @@ def _screened(
     unmatched: list[dict[str, Any]] = []
     summaries, detailed = [], set()
     for step in sorted({s for s, _ in complex_units | hits}):
-        these = {u for u in complex_units | (hits if culprit is None else set()) if u[0] == step}
+        open_ = culprit is None or _held(culprit)  # nothing found yet, or only a weak op alarm (culprit.py)
+        these = {u for u in complex_units | (hits if open_ else set()) if u[0] == step}
         if not these:  # found already: later steps only for their units that need alignment
             continue
         prev = max((x for x in steps_c if x < step), default=None)
-        context = {(prev, k) for _, k in these} if culprit is None and prev is not None else set()
+        context = {(prev, k) for _, k in these} if open_ and prev is not None else set()
         cmp = compare_runs(
             store,
             target,
@@ -364,7 +365,8 @@ def _screened(
         )
         rows = _ordered(cmp.rows, cmp.records)
         v = _verdict_of(rows, cmp)
-        if culprit is None and (v.culprit is not None or v.first_divergence is not None):
+        stronger = _held(culprit) and v.culprit is not None and not _held(v.culprit)
+        if (culprit is None and (v.culprit is not None or v.first_divergence is not None)) or stronger:
             first, culprit, noise = v.first_divergence, v.culprit, v.noise
         elif not noise or (v.noise.get("largest_amplification") or 0) > (noise.get("largest_amplification") or 0):
             noise = noise if culprit is not None else v.noise
@@ -466,10 +468,17 @@ def _rank_view(units: pl.DataFrame) -> list[dict[str, Any]]:
     return _peers(out)
 
 
+def _held(f: Finding | None) -> bool:
+    """A weak op alarm (culprit.py `_is_weak`): a later batch's stronger finding replaces it."""
+    return f is not None and bool(f.evidence.get("weak"))
+
+
 def _merge(parts: list[Verdict]) -> Verdict:
     if len(parts) == 1:
         return parts[0]
     first = next((p for p in parts if p.first_divergence is not None), None)
+    if first is not None and _held(first.culprit):  # a weak op alarm yields to a later part's stronger finding
+        first = next((p for p in parts if p.culprit is not None and not _held(p.culprit)), first)
     counts: dict[str, int] = {}
     for p in parts:
         for k, n in p.counts.items():

@@ -387,13 +387,21 @@ def small_value_err(
     return out, np.where(np.isfinite(ctx_row) & (ctx_row > 0), ctx_row, np.nan), small
 
 
+def small_value_scale() -> pl.Expr:
+    """Tensors that take part in the small-value rule (as candidates and as their record's scale): not those
+    whose non-finite counts differ, nor a reference holding +-finfo.max, a mask's fill (`torch.where(mask,
+    finfo.min, x)`): its RMS is no scale of the record, and would make every other tensor of it look like
+    residue."""
+    return (~c("nonfinite_mismatch") & ~c("ref_has_sat").fill_null(False)).fill_null(False)
+
+
 def apply_small_values(rows: pl.DataFrame) -> pl.DataFrame:
     """`small_value_err` over compared rows (after any exact metrics): err, severity and status of the small
     values change; `context_rms` and `small_value` say which and on what scale."""
     rows = rows.drop("context_rms", "small_value", strict=False)  # judged again (after exact metrics)
     keys = [pl.coalesce(c("ref_record"), c("record")), c("step"), c("rank"), c("source")]
     group = rows.select(pl.struct(keys).rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
-    tensor = rows.select(both_tensors().fill_null(False) & ~c("nonfinite_mismatch")).to_series().to_numpy()
+    tensor = rows.select(both_tensors().fill_null(False) & small_value_scale()).to_series().to_numpy()
     judged = rows.select(dtype_eps(c("tol_dtype")).fill_null(0.0)).to_series().to_numpy()
     err, ctx, small = small_value_err(
         _f64(rows, "err"), _f64(rows, "norm"), _f64(rows, "ref_norm"), _f64(rows, "ref_numel"), tensor, group, judged

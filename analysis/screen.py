@@ -320,6 +320,7 @@ def _static(
         c("numel"),
         c("ref_numel"),
         R.dtype_eps(c("tol_dtype")).fill_null(0.0).alias("_eps_judged"),
+        R.small_value_scale().alias("_scale"),
     )
     # pairs whose err can only be the statistics bound, when the statistics are finite and ||y|| > 0 (_fast)
     plain = (
@@ -351,7 +352,7 @@ def _static(
         c("tol"),
         R.sqrt_numel(),
         c("_is_scalars").fill_null(False).alias("scalar"),
-        (c("_is_tensors") & ~c("nonfinite_mismatch")).fill_null(False).alias("tensor"),
+        (c("_is_tensors").fill_null(False) & c("_scale")).alias("tensor"),
         c("ref_numel").cast(pl.Float64).alias("ref_numel"),
         c("_eps_judged").alias("eps"),
     )

@@ -295,6 +295,13 @@ def noise_line(v: dict) -> str:
     line = "AGREE within the measured noise"
     if over:
         line += f": {over} tensors over their tolerance, none standing out"
+    flips = n.get("discrete_flips") or []
+    if flips:
+        f = flips[0]
+        line += (
+            f"; {len(flips)} discrete outputs changed on near ties, noise (first: step {f['step']} rank {f['rank']}"
+            f" {f['op']})"
+        )
     if n.get("largest_amplification") is not None:
         line += (
             f"; largest amplification {num(n['largest_amplification'])}x at step {n['step']} rank {n['rank']}"

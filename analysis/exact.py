@@ -27,6 +27,7 @@ appended to `detail`.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
@@ -341,6 +342,13 @@ def _pair_values(arrays: tuple[np.ndarray, np.ndarray] | str, tm: metrics.Tensor
         except ValueError as exc:
             return f"exact metrics unavailable: {_first_line(exc)}"
     same_size = x.size == y.size and x.size > 0
+    if same_size and x.size > metrics.LARGE and (tm.cosine is None or tm.max_abs_err is None):
+        cos, max_abs = metrics.large_finite_cosine_and_max_abs(x, y)  # chunk by chunk: no full-size copies
+        tm = dataclasses.replace(
+            tm,
+            cosine=tm.cosine if tm.cosine is not None else cos,
+            max_abs_err=tm.max_abs_err if tm.max_abs_err is not None else max_abs,
+        )
     return {
         **{col: str(tm.msprobe[name]) for name, col in MSPROBE_COLUMNS.items()},
         "msprobe_message": tm.message,

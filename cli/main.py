@@ -20,11 +20,88 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            with _notices_as_warnings():
+            with _notices_as_warnings(), _terminate_as_interrupt():
                 return super().invoke(ctx)
         except DumpstoreError as exc:
             click.echo(f"Error: {text(exc)}", err=True)  # one line: a name from a dump cannot break it
             ctx.exit(1)
+        except KeyboardInterrupt:  # SIGINT (and SIGTERM, below): what was being written is cleaned up on the way
+            click.echo("Error: interrupted; the store is as it was before this command", err=True)
+            ctx.exit(130)
+        except Exception as exc:
+            line = _damaged_file(exc, ctx)
+            if line is None:
+                raise
+            click.echo(f"Error: {text(line)}", err=True)
+            ctx.exit(1)
+
+
+_SIGNALS = None
+
+
+def _quiet_children() -> None:
+    """Processes forked by a command (ingest and --exact workers) end quietly on Ctrl-C, leaving the cleanup and the
+    one line to the command itself: SIGINT and SIGTERM are blocked across each fork, and a child ends on SIGINT at
+    once (exit 130, no traceback), on SIGTERM as by default."""
+    import signal
+
+    global _SIGNALS
+    if _SIGNALS is not None or not hasattr(os, "register_at_fork"):
+        return
+    _SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+    def before() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+
+    def parent() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+
+    def child() -> None:
+        signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+
+    os.register_at_fork(before=before, after_in_parent=parent, after_in_child=child)
+
+
+@contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt in this process (not in forked workers), so a terminated command cleans up
+    as an interrupted one does (staging folders, report .part files) and exits 130 with one line."""
+    import signal
+
+    me = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != me:  # a forked worker: die as the default handler would
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (a test runner): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _damaged_file(exc: Exception, ctx: click.Context) -> str | None:
+    """One line for an unreadable Parquet file of the store (flipped, truncated or empty), from pyarrow's, Polars'
+    or DuckDB's error; None for anything else (a bug keeps its traceback)."""
+    del ctx
+    words = " ".join(str(exc).split())
+    low = words.lower()
+    if "parquet" not in low and "magic bytes" not in low:
+        return None
+    return (
+        f"a Parquet file of the store is damaged ({words[:300]}); `dumpstore repair --store STORE` names the runs "
+        "to ingest again"
+    )
 
 
 @contextmanager
@@ -250,14 +327,40 @@ def query(
 
 @main.command()
 @store_option
-@click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: CPU count).")
-def upgrade(store: Path | None, jobs: int | None) -> None:
-    """Re-ingest the runs of a store written by an older dumpstore from their dump folders."""
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Worker processes (default: CPU count).")
+@click.option(
+    "--from-source",
+    is_flag=True,
+    help="Re-ingest what the dump folders hold now, even where they changed since the runs were ingested.",
+)
+def upgrade(store: Path | None, jobs: int | None, from_source: bool) -> None:
+    """Re-ingest the runs of a store written by an older dumpstore from their dump folders (all or nothing)."""
     from dumpstore._ingest import upgrade as do_upgrade
 
     with _Progress("upgrade") as bar:
-        done = do_upgrade(store, jobs=jobs, progress=bar.update)
+        done = do_upgrade(store, jobs=jobs, progress=bar.update, from_source=from_source)
     click.echo(f"upgraded {len(done)} runs" + (": " + ", ".join(r.run for r in done) if done else ""))
+
+
+@main.command()
+@store_option
+def repair(store: Path | None) -> None:
+    """Rebuild the catalog (runs.parquet) from the ingests' records and check the live Parquet files."""
+    from dumpstore.repair import repair as do_repair
+    from dumpstore.store import store_errors
+
+    with store_errors(store):
+        res = do_repair(store)
+    what = "rebuilt the catalog" if res.rewritten else "the catalog is complete"
+    click.echo(f"{what}: {len(res.runs)} runs" + (": " + ", ".join(res.runs) if res.runs else ""))
+    for run in res.unrecorded:
+        click.echo(
+            f"warning: run {run}: data without a record (ingested by an older dumpstore); ingest it again", err=True
+        )
+    for run, why in res.damaged.items():
+        click.echo(f"warning: run {run}: damaged file {why}; ingest the run again", err=True)
+    if res.damaged or res.unrecorded:
+        raise SystemExit(1)
 
 
 from .compare_cmds import compare, divergence, overflow  # noqa: E402
@@ -299,6 +402,7 @@ def run() -> None:
     from dumpstore import retain
 
     retain.RETAINED = []
+    _quiet_children()
     try:
         main()
     except SystemExit as exc:

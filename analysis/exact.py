@@ -129,7 +129,7 @@ class _RunFiles:
             self.root = str(store.run_info(run).get("source_path") or "")
             if not self.root:
                 raise DumpFormatError("the catalog holds no source path")
-            for u in find_units(self.root):
+            for u in find_units(self.root, quiet=True):
                 folder = u.path.parent if u.kind == "dump" else u.path
                 self.folders[(int(u.step), int(u.rank), u.source or "")] = _Folder(folder, u.kind, u.rank_dir)
         except (DumpstoreError, OSError) as exc:

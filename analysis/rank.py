@@ -57,9 +57,7 @@ def rank_rows(
     if direction:
         filters.append(pl.col("direction") == direction)
     if module:
-        filters.append(
-            pl.col("module").str.contains(module, literal=True) | pl.col("record").str.contains(module, literal=True)
-        )
+        filters.append(_module_filter(module))
     if op_type:
         filters.append(pl.col("op_type").str.contains(op_type, literal=True))
     if io:
@@ -74,3 +72,26 @@ def rank_rows(
     df = df.sort(by, descending=by != "cosine", nulls_last=True, maintain_order=True)  # ties: execution order
     cols = [c for c in COLUMNS if c in df.columns]
     return df.select(cols).head(top) if top else df.select(cols)
+
+
+def _module_filter(module: str) -> pl.Expr:
+    return pl.col("module").str.contains(module, literal=True) | pl.col("record").str.contains(module, literal=True)
+
+
+def check_filters(cmp: Comparison, *, module: str | None = None, op_type: str | None = None) -> None:
+    """A --module or --op-type that matches no row of the comparison is an error listing what exists (never an
+    empty table that reads as 'no mismatch')."""
+    from dumpstore.errors import SelectionError
+
+    rows = cmp.rows
+    for flag, value, expr, column in (
+        ("--module", module, _module_filter, "module"),
+        ("--op-type", op_type, lambda v: pl.col("op_type").str.contains(v, literal=True), "op_type"),
+    ):
+        if not value or column not in rows.columns or rows.filter(expr(value)).height:
+            continue
+        known = rows.select(pl.col(column).drop_nulls().unique().sort()).to_series().to_list()
+        shown = ", ".join(known[:20]) + (f", ... ({len(known)} in all)" if len(known) > 20 else "")
+        raise SelectionError(
+            f"{flag} {value!r} matches nothing in this comparison ({column} values: {shown or 'none'})"
+        )

@@ -120,7 +120,11 @@ def compare(
             **compare_options(steps, ranks, tol, exact, maps),
         )
     else:
-        table = rank_rows(run_compare(store, target, ref, steps, ranks, tol, exact, maps), **ranking)
+        from dumpstore.analysis.rank import check_filters
+
+        cmp = run_compare(store, target, ref, steps, ranks, tol, exact, maps)
+        check_filters(cmp, module=module, op_type=op_type)
+        table = rank_rows(cmp, **ranking)
     click.echo(render(table.to_arrow(), fmt))
 
 

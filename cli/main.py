@@ -29,6 +29,9 @@ class _Group(click.Group):
             click.echo("Error: interrupted; the store is as it was before this command", err=True)
             ctx.exit(130)
         except Exception as exc:
+            if "Interrupt" in type(exc).__name__ or str(exc) == "Query interrupted":  # DuckDB's, on Ctrl-C
+                click.echo("Error: interrupted; the store is as it was before this command", err=True)
+                ctx.exit(130)
             line = _damaged_file(exc, ctx)
             if line is None:
                 raise
@@ -54,7 +57,17 @@ def _quiet_children() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
 
     def parent() -> None:
+        # a signal that came during the fork is taken off (ignored while unblocked) and sent again from a thread, so
+        # that it is raised in the command's code, not inside this hook (where Python would drop the exception)
+        pending = signal.sigpending() & _SIGNALS
+        held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in pending}
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        for sig in pending:
+            import threading
+
+            threading.Timer(0.01, os.kill, (os.getpid(), sig)).start()
 
     def child() -> None:
         signal.signal(signal.SIGINT, lambda *_: os._exit(130))
@@ -124,6 +137,20 @@ def _notices_as_warnings():
         yield
 
 
+class _PowerOfTwo(click.ParamType):
+    """--sketch-m: a power of two the sketch can hold (dumpstore.summary.check_sketch_m), else a usage error."""
+
+    name = "power of two"
+
+    def convert(self, value, param, ctx):
+        from dumpstore.summary import check_sketch_m
+
+        try:
+            return check_sketch_m(int(value))
+        except (TypeError, ValueError) as exc:
+            self.fail(f"{value!r}: {exc}" if "sketch" in str(exc) else f"{value!r} is not an integer", param, ctx)
+
+
 @click.group(cls=_Group)
 @click.version_option(package_name="dumpstore")
 def main() -> None:
@@ -140,9 +167,16 @@ def main() -> None:
     help="Name of the run in the store (re-ingest replaces it); one --run per PATH, in order.",
 )
 @store_option
-@click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: CPU count).")
-@click.option("--sample-k", type=int, default=None, help="Sample size per tensor (default 64).")
-@click.option("--sketch-m", type=int, default=None, help="Sketch buckets per tensor, power of two (default 512).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Worker processes (default: CPU count).")
+@click.option(
+    "--sample-k", type=click.IntRange(min=0, max=1 << 20), default=None, help="Sample size per tensor (default 64)."
+)
+@click.option(
+    "--sketch-m",
+    type=_PowerOfTwo(),
+    default=None,
+    help="Sketch buckets per tensor, a power of two from 1 to 65536 (default 512).",
+)
 @click.option("--no-tensors", is_flag=True, help="Do not read tensor files; keep the dumper's statistics only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ingest summary as JSON (a list for several runs).")
 @engine_options
@@ -171,7 +205,9 @@ def ingest(
     if len(set(runs)) != len(runs):
         raise click.UsageError("each --run name may appear once")
     opts = IngestOptions(
-        sample_k=sample_k or DEFAULT_SAMPLE_K, sketch_m=sketch_m or DEFAULT_SKETCH_M, load_tensors=not no_tensors
+        sample_k=DEFAULT_SAMPLE_K if sample_k is None else sample_k,
+        sketch_m=DEFAULT_SKETCH_M if sketch_m is None else sketch_m,
+        load_tensors=not no_tensors,
     )
     if engine == "ray":  # one run after the other, each over the whole cluster
         from dumpstore._ingest import ingest as do_ingest

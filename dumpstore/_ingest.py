@@ -26,6 +26,7 @@ import ujson
 from . import jsonsplit, parquetio, summary
 from . import retain as _retained
 from .arrays import to_arrow
+from .dupkeys import duplicate_records, duplicate_warning, record_lines
 from .errors import DumpFormatError, DumpstoreWarning, StoreError
 from .framework import detect_framework
 from .layout import Unit, find_units
@@ -669,6 +670,8 @@ def _open_dump(unit: Unit, res: UnitResult, raw: bytes) -> tuple[dict, dict, dic
             "(msprobe dump.json); is this the right file?"
         )
     _set_meta(res, doc)
+    if dups := duplicate_records(raw, doc["data"]):  # never silent: JSON keeps one of each
+        res.meta.setdefault("warnings", []).append(duplicate_warning(unit.path, dups))
     return (doc, *_aux_files(unit, res))
 
 
@@ -755,8 +758,8 @@ def _text_split(
     if any(part_res is None for _, (part_res, _, _) in parts):
         return None  # a later part does not parse as required
     names = [name for _, (_, keys, _) in parts for name in keys]
-    if len(set(names)) != len(names):
-        return None  # a record name in two parts: the whole text merges them
+    if len(set(names)) != len(names) or record_lines(raw) != len(names):
+        return None  # a record name twice (in two parts, or in one): the whole text merges them, and says so
     retain(got["doc"])
     found = next((framework for _, (_, _, framework) in parts if framework), None)
     if "framework" not in res.meta and found:  # none in the first part: a later part's first framework-typed value

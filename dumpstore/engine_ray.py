@@ -43,6 +43,57 @@ def ray_module():
     return ray
 
 
+CONNECT_TIMEOUT = 10.0  # seconds to reach a cluster named by --address (the CLI's --connect-timeout)
+
+
+def _reachable(address: str | None, timeout: float) -> None:
+    """A cluster address given as HOST:PORT (or ray://HOST:PORT) answers a TCP connection within `timeout` seconds,
+    else one EngineError line (ray.init itself retries for minutes)."""
+    import socket
+
+    if not address or address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # not HOST:PORT: Ray's own parsing says what is wrong
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+        raise EngineError(
+            f"cannot reach Ray at {address} within {timeout:g} s ({why}); check --address (`ray status` on the head "
+            "node prints it) or raise --connect-timeout"
+        ) from None
+
+
+def _init_within(ray, options: dict, timeout: float) -> None:
+    """`ray.init(**options)` for a cluster address, given up after `timeout` seconds with one EngineError line (Ray
+    retries an address that answers but is no Ray cluster for minutes). Its C++ warnings stay quiet meanwhile."""
+    import threading
+
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+    got: list[BaseException | None] = []
+
+    def init() -> None:
+        try:
+            ray.init(**options)
+            got.append(None)
+        except BaseException as exc:  # re-raised in the calling thread
+            got.append(exc)
+
+    worker = threading.Thread(target=init, name="dumpstore-ray-init", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not got:
+        raise EngineError(
+            f"cannot join Ray at {options['address']} within {timeout:g} s (no Ray cluster answered there); check "
+            "--address (`ray status` on the head node prints it) or raise --connect-timeout"
+        )
+    if got[0] is not None:
+        raise got[0]
+
+
 class session:
     """Connect to Ray for the block: a running instance is used as it is; else `ray.init(address)` (None: a new
     local instance, 'auto': the cluster this machine belongs to) and shut down again after."""
@@ -54,14 +105,19 @@ class session:
     def __enter__(self):
         ray = ray_module()
         if not ray.is_initialized():
+            _reachable(self.address, CONNECT_TIMEOUT)
+            options = {
+                "address": self.address or "local",
+                "include_dashboard": False,
+                "logging_level": "ERROR",
+                "log_to_driver": False,
+                "configure_logging": False,
+            }
             try:
-                ray.init(
-                    address=self.address or "local",
-                    include_dashboard=False,
-                    logging_level="ERROR",
-                    log_to_driver=False,
-                    configure_logging=False,
-                )
+                if self.address in (None, "local"):
+                    ray.init(**options)
+                else:
+                    _init_within(ray, options, CONNECT_TIMEOUT)
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 where = self.address or "a local instance"
                 raise EngineError(

@@ -30,8 +30,10 @@ class Unit:
     source: str  # '' / graph / pynative
 
 
-def find_units(root: str | os.PathLike) -> list[Unit]:
-    """All ingest units under `root` (a dump root, a step or rank folder, or one dump.json)."""
+def find_units(root: str | os.PathLike, *, quiet: bool = False) -> list[Unit]:
+    """All ingest units under `root` (a dump root, a step or rank folder, or one dump.json). A step, rank or proc
+    folder that yields nothing (no dump.json, empty, or a link, which is not followed) is skipped with a notice
+    (none when `quiet`)."""
     root = Path(root)
     if not root.exists():
         raise DumpFormatError(f"{root}: no such file or directory")
@@ -39,7 +41,7 @@ def find_units(root: str | os.PathLike) -> list[Unit]:
         if root.name not in DUMP_FILES:
             raise DumpFormatError(f"{root}: not a dump file; expected dump.json, debug.json or a dump folder")
         return [_unit(root, "dump", root.parent)]
-    found = _walk(root)
+    found = _walk(root, None if quiet else _skipped)
     units = [_unit(p, k, p.parent if k == "dump" else p) for p, k in found]
     units = _drop_proc_beside_rank(units)
     if not units:
@@ -52,11 +54,26 @@ def find_units(root: str | os.PathLike) -> list[Unit]:
     return sorted(units, key=lambda u: (u.source, u.step, u.rank, u.rank_dir, str(u.path)))
 
 
-def _walk(root: Path) -> list[tuple[Path, str]]:
+def _skipped(folder: Path, why: str) -> None:
+    import warnings
+
+    from .errors import DumpstoreWarning
+
+    warnings.warn(f"{folder}: {why}; skipped", DumpstoreWarning, stacklevel=4)
+
+
+def _walk(root: Path, skipped=None) -> list[tuple[Path, str]]:
     found: list[tuple[Path, str]] = []
+    folders: list[Path] = []  # step / rank / proc folders seen, to tell those that gave nothing
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames.sort()
         d = Path(dirpath)
+        if skipped is not None:
+            for name in dirnames:
+                if (_STEP.match(name) or _RANK.match(name) or _PROC.match(name)) and (d / name).is_symlink():
+                    skipped(d / name, "is a link (not followed)")
+            if d != root and (_STEP.match(d.name) or _RANK.match(d.name) or _PROC.match(d.name)):
+                folders.append(d)
         dump = next((f for f in DUMP_FILES if f in filenames), None)
         if dump is not None:
             if (d / dump).is_symlink():  # it could lead anywhere; tensor files that are links are refused too
@@ -65,6 +82,18 @@ def _walk(root: Path) -> list[tuple[Path, str]]:
             dirnames[:] = []  # dump_tensor_data belongs to this dump.json
         elif d.name != "dump_tensor_data" and any(f.lower().endswith(TENSOR_SUFFIXES) for f in filenames):
             found.append((d, "files"))
+    if skipped is not None and found:
+        covered: set[Path] = set()
+        for path, kind in found:
+            unit_dir = path.parent if kind == "dump" else path
+            covered.add(unit_dir)
+            covered.update(unit_dir.parents)
+        idle = [f for f in folders if f not in covered]
+        inner = {parent for f in idle for parent in f.parents}
+        for folder in idle:
+            if folder not in inner:  # the deepest only: step8/rank0, not step8 as well
+                empty = not any(folder.iterdir())
+                skipped(folder, "is empty" if empty else "holds no dump.json, debug.json or tensor files")
     return found
 
 

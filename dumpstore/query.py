@@ -199,6 +199,8 @@ def _run(con: duckdb.DuckDBPyConnection, statement: str, timeout: float | None, 
     try:
         return fetch_arrow(con, statement) if cap is None else _fetch_capped(con, statement, cap)
     except duckdb.InterruptException:
+        if timer is None or timer.is_alive():  # not our timer: Ctrl-C
+            raise KeyboardInterrupt from None
         raise QueryError(
             f"the query ran past its time limit of {timeout:g} s and was stopped (raise --timeout, or narrow the query)"
         ) from None

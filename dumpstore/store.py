@@ -140,7 +140,29 @@ class Store:
         holding it left behind (its staging folder, files of a publish cut short) is removed on taking it."""
         with self._lock(f"run-{run}", f"ingest of run {run!r} into {self.root}"):
             self.collect_garbage(run, keep=self._live_id(run))
+            self.sweep_stale(but=run)
             yield
+
+    def sweep_stale(self, but: str | None = None) -> None:
+        """Remove what killed ingests of other runs left (staging of a new run nobody ingests again included): each
+        run whose lock no one holds now is collected as its own next ingest would (`collect_garbage`)."""
+        from .lock import try_hold
+
+        base = self.root / _STAGING
+        try:
+            names = sorted(d.name[4:] for d in base.iterdir() if d.name.startswith("run=") and d.is_dir())
+        except OSError:
+            return
+        for run in names:
+            if run == but:
+                continue
+            with try_hold(self.root / ".locks" / f"run-{run}.lock") as held:
+                if held:
+                    try:
+                        self.collect_garbage(run, keep=self._live_id(run))
+                    except StoreError:  # a catalog that cannot be read: nothing is removed
+                        return
+                    _rmdir_quietly(base / f"run={run}")
 
     def _live_id(self, run: str) -> str | None:
         return next((r["ingest_id"] for r in self.raw_runs() if r["run"] == run), None)

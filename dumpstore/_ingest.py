@@ -519,6 +519,8 @@ def _aux_json(path: Path, res: UnitResult, lost: str) -> Any:
         res.meta.setdefault("warnings", []).append(f"{path}: a link; not read (copy the file instead); {lost}")
         return None
     if not path.is_file():
+        if path.exists():  # a FIFO, a folder, a device: not read, and said so
+            res.meta.setdefault("warnings", []).append(f"{path}: not a regular file; not read; {lost}")
         return None
     try:
         return read_json(path)

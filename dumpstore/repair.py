@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ def source_identity(path: str | os.PathLike) -> dict[str, Any]:
     content = xxhash.xxh3_128()
     files = size = 0
     entries: list[tuple[str, int, int, bool]] = []
-    if root.is_file():
+    if root.is_file():  # (is_file: a regular file)
         st = root.stat()
         entries.append((root.name, st.st_size, st.st_mtime_ns, root.name in _JSON_NAMES))
         base = root.parent
@@ -52,7 +53,10 @@ def source_identity(path: str | os.PathLike) -> dict[str, Any]:
                     st = os.lstat(full)
                 except OSError:
                     continue
-                entries.append((os.path.relpath(full, root), st.st_size, st.st_mtime_ns, name in _JSON_NAMES))
+                regular = stat.S_ISREG(st.st_mode)  # a FIFO or device is never opened (it could block)
+                entries.append(
+                    (os.path.relpath(full, root), st.st_size, st.st_mtime_ns, regular and name in _JSON_NAMES)
+                )
     for rel, nbytes, mtime, is_json in entries:
         files += 1
         size += nbytes

@@ -184,3 +184,21 @@ def test_ray_connect_timeout_is_one_line():
     assert res.stderr.splitlines()[-1].startswith("Error: cannot reach Ray at 127.0.0.1:1 within 5 s")
     bad = _invoke("divergence", "--target", "a", "--ref", "b", "--engine", "ray", "--connect-timeout", "0")
     assert bad.exit_code == 2
+
+
+def test_an_unreadable_stack_json_is_a_warning_not_a_hang(tmp_path):
+    root = tmp_path / "dump"
+    shutil.copytree(SAMPLES / "ref_stats" / "step0", root)
+    (root / "rank0" / "stack.json").unlink()
+    os.mkfifo(root / "rank0" / "stack.json")  # would block whoever opens it
+    res = subprocess.run(
+        CLI + ["ingest", str(root), "--run", "x", "--store", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert (
+        res.stderr
+        == f"warning: {root / 'rank0' / 'stack.json'}: not a regular file; not read; ingested without call stacks\n"
+    )

@@ -153,8 +153,23 @@ class Store:
             names = sorted(d.name[4:] for d in base.iterdir() if d.name.startswith("run=") and d.is_dir())
         except OSError:
             return
+        try:
+            live = {r["run"]: r["ingest_id"] for r in self.raw_runs()}
+        except StoreError:  # a catalog that cannot be read: nothing is removed
+            return
+        now = time.time()
         for run in names:
             if run == but:
+                continue
+            try:  # cheap first: only a run with a folder to remove is locked and collected
+                stale = [
+                    d
+                    for d in (base / f"run={run}").iterdir()
+                    if d.name != live.get(run) and _replaced_for(d, now) >= GC_GRACE_SECONDS
+                ]
+            except OSError:
+                continue
+            if not stale:
                 continue
             with try_hold(self.root / ".locks" / f"run-{run}.lock") as held:
                 if held:

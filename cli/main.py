@@ -346,12 +346,12 @@ def runs(store: Path | None, fmt: str) -> None:
     from dumpstore.store import CATALOG, open_store
 
     st = open_store(store)
+    table = st.runs()  # a store that lost its catalog but holds data: the error naming `dumpstore repair`
     if not (st.root / CATALOG).is_file():
         raise StoreError(
             f"{st.root}: not a dumpstore store (no {CATALOG}); ingest a dump first (dumpstore ingest PATH --run "
             "NAME --store DIR), or point --store / $DUMPSTORE_STORE at a store"
         )
-    table = st.runs()
     if fmt == "table":
         table = table.select(
             [

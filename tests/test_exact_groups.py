@@ -133,6 +133,12 @@ def _metrics(row: dict) -> list:
     return [row[c] for c in METRIC_COLUMNS]
 
 
+def _same_values(a: dict, b: dict) -> bool:
+    """The same exact metrics and source. (The tolerance a row is judged at may move: the matmul prior infers the
+    pair's precision from the fresh records it can judge, and a row left unknown is no evidence.)"""
+    return _metrics(a) == _metrics(b) and a["err_source"] == b["err_source"] == "exact"
+
+
 def _replace(path: Path, source: Path) -> None:
     """`path` now holds `source`'s contents (same size), with an mtime later than at ingest."""
     shutil.copyfile(source, path)
@@ -155,10 +161,10 @@ def test_changed_file_in_a_group_gets_its_own_values(linear4, monkeypatch):
     assert loads.n == 1 + 2 + 1 + 1
     tm = metrics.tensor_metrics(other, base)
     for i in (0, 1, 3):
-        assert after[name.format(i, "input")] == before[name.format(i, "input")]
+        assert _same_values(after[name.format(i, "input")], before[name.format(i, "input")])
         assert after[name.format(i, "input")]["err"] == 0.0
     for i in (0, 2, 3):
-        assert after[name.format(i, "output")] == before[name.format(i, "output")]
+        assert _same_values(after[name.format(i, "output")], before[name.format(i, "output")])
         assert after[name.format(i, "output")]["err"] == tm.rel_l2 > 0
     for changed in (name.format(2, "input"), name.format(1, "output")):
         row = after[changed]
@@ -185,7 +191,7 @@ def test_linked_or_deleted_file_in_a_group_is_unknown(linear4, monkeypatch):
         kept = sketch.filter(pl.col("name") == name.format(i)).row(0, named=True)
         assert kept["status"] == "pass" and (row["err"], row["status"]) == (None, "unknown")  # never the sketch's
     for i in (0, 3):
-        assert after[name.format(i)] == before[name.format(i)]
+        assert _same_values(after[name.format(i)], before[name.format(i)])
 
 
 def test_unchanged_looks_at_each_file(linear4):

@@ -88,7 +88,7 @@ def _tensor_task(doc: dict) -> bool:
 
 def _open_dump(unit: Unit, res: UnitResult, raw: bytes) -> tuple[dict, dict, dict[str, int], list[list[str]]]:
     """The unit's dump.json (its bytes `raw`; checked to hold a 'data' object), construct.json and stack.json."""
-    doc = _decode_json(unit.path, raw)
+    doc = whole = _decode_json(unit.path, raw)
     if unit.path.name == "debug.json" and isinstance(doc, dict) and "data" not in doc:
         doc = {"data": doc, "level": "debug"}
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
@@ -97,7 +97,7 @@ def _open_dump(unit: Unit, res: UnitResult, raw: bytes) -> tuple[dict, dict, dic
             "(msprobe dump.json); is this the right file?"
         )
     _set_meta(res, doc)
-    if dups := duplicate_records(raw, doc["data"]):  # never silent: JSON keeps one of each
+    if dups := duplicate_records(raw, doc["data"], whole):  # never silent: JSON keeps one of each
         res.meta.setdefault("warnings", []).append(duplicate_warning(unit.path, dups))
     return (doc, *_aux_files(unit, res))
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,7 @@ class session:
     def __init__(self, address: str | None = None):
         self.address = address
         self.started = False
+        self.watcher: int | None = None
 
     def __enter__(self):
         ray = ray_module()
@@ -126,11 +129,79 @@ class session:
                     "check --address (ray status on the head node prints it)"
                 ) from None
             self.started = True
+            if self.address in (None, "local"):
+                self.watcher = _reaper(_descendants(os.getpid()))
         return ray
 
     def __exit__(self, *exc):
         if self.started:
             ray_module().shutdown()
+        if self.watcher is not None:
+            _stop(self.watcher)
+
+
+def _descendants(pid: int) -> list[tuple[int, int]]:
+    """(pid, start time) of every process below `pid` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    start: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        child = int(stat.parent.name)
+        children.setdefault(int(fields[1]), []).append(child)
+        start[child] = int(fields[19])
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append((p, start[p]))
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _reaper(procs: list[tuple[int, int]]) -> int | None:
+    """A process that ends `procs` (the local Ray this driver started) when the driver dies without shutting Ray
+    down (SIGKILL): it waits on a pipe whose only writer is the driver; end of file means the driver is gone."""
+    if not procs or not sys.platform.startswith("linux"):
+        return None
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the reaper: no Python beyond reads, kills and _exit (the driver has threads)
+        try:
+            os.close(w)
+            os.setsid()  # not in the driver's process group: a Ctrl-C there is not its business
+            while os.read(r, 1):
+                pass
+            for p, started in procs:
+                try:
+                    with open(f"/proc/{p}/stat", "rb") as fh:
+                        if int(fh.read().rsplit(b")", 1)[1].split()[19]) != started:
+                            continue  # the pid now names another process
+                    os.kill(p, signal.SIGKILL)
+                except (OSError, ValueError, IndexError):
+                    pass
+        finally:
+            os._exit(0)
+    os.close(r)
+    os.set_inheritable(w, False)
+    _REAPER_PIPES[pid] = w
+    return pid
+
+
+_REAPER_PIPES: dict[int, int] = {}
+
+
+def _stop(pid: int) -> None:
+    """The driver shut Ray down itself: the reaper is not needed (killed, not let loose on reused pids)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+    w = _REAPER_PIPES.pop(pid, None)
+    if w is not None:
+        os.close(w)
 
 
 def run_units(

@@ -202,3 +202,37 @@ def test_an_unreadable_stack_json_is_a_warning_not_a_hang(tmp_path):
         res.stderr
         == f"warning: {root / 'rank0' / 'stack.json'}: not a regular file; not read; ingested without call stacks\n"
     )
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
+    """The local Ray a driver started ends with it, SIGKILL included (a reaper waits on a pipe only the driver
+    writes to)."""
+    pytest.importorskip("ray")
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import json, os, time\n"
+        "from dumpstore import engine_ray\n"
+        "with engine_ray.session(None):\n"
+        "    print(json.dumps([p for p, _ in engine_ray._descendants(os.getpid())]), flush=True)\n"
+        "    time.sleep(300)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        pids = json.loads(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert pids  # gcs_server, raylet, ...
+
+    def alive(pid: int) -> bool:
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)]

@@ -190,7 +190,7 @@ def plan_calls(
     """Every API record of the run's tensor dump in execution order (step, rank, seq), with skip reasons."""
     info = check_replayable(store, run)
     calls: list[Call] = []
-    for unit in find_units(str(info["source_path"])):
+    for unit in find_units(str(info["source_path"]), quiet=True):
         if unit.kind != "dump" or (steps is not None and unit.step not in steps):
             continue
         task, framework, data = load_records(unit.path)

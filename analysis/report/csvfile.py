@@ -201,6 +201,10 @@ def write_csv(
         with contextlib.suppress(OSError):
             part.unlink(missing_ok=True)
         raise DumpstoreError(f"{p}: cannot write the report ({exc.strerror or exc}); pick another path") from None
+    except BaseException:  # Ctrl-C, SIGTERM (the CLI raises KeyboardInterrupt for it), a bug: no half file left
+        with contextlib.suppress(OSError):
+            part.unlink(missing_ok=True)
+        raise
     if progress is not None:
         progress("csv", n, total)
     return n

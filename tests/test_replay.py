@@ -281,3 +281,16 @@ def test_partial_replay_updates_only_its_calls(dump_writer, tmp_path):
     assert part["record"].to_list() == ["Torch.add.0.forward", "Torch.add.1.forward"]
     stored = read_replay(store, "h")
     assert stored is not None and stored.column("record").to_pylist() == full["record"].to_list()
+
+
+def test_malformed_arguments_are_error_rows(dump_writer, tmp_path):
+    x = np.ones((2, 2), np.float32)
+    w = dump_writer("bad")
+    path = w.write({"Tensor.__getitem__.0.forward": {"input_args": [x, x], "output": [x]}})
+    doc = json.loads(path.read_text())
+    doc["data"]["Tensor.__getitem__.0.forward"]["input_args"][1] = {"type": "torch.Size", "value": 5}
+    path.write_text(json.dumps(doc))
+    ingest(w.root, "b", store=tmp_path / "s", jobs=1)
+    (row,) = replay_run(open_store(tmp_path / "s"), "b").to_dicts()
+    assert row["status"] == "error"
+    assert row["reason"].startswith("not replayable: malformed argument in the record (TypeError: ")

@@ -185,6 +185,17 @@ def _autocast_dtype(body: dict[str, Any]):
     return None
 
 
+_MALFORMED = (TypeError, ValueError, KeyError, AttributeError, OverflowError, RuntimeError)
+
+
+def _rebuilt(loader: Loader, value: Any, golden: bool) -> Any:
+    """`loader.build`, a malformed record value (a slice of text, a shape of strings) as NotReplayable."""
+    try:
+        return loader.build(value, golden)
+    except _MALFORMED as exc:
+        raise NotReplayable(f"malformed argument in the record ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+
 def _index(index: list, body: dict[str, Any]) -> Any:
     """msprobe records a tuple index as a list: a list of slices, None, Ellipsis or tensors was a tuple; a list of
     ints was a tuple when the recorded output drops one dimension per int (x[0, 1]), else a list (x[[0, 1]])."""
@@ -203,10 +214,10 @@ def _call(fn, call: Call, loader: Loader, golden: bool, body: dict[str, Any] | N
     import torch
 
     body = call.body if body is None else body
-    args = loader.build(body.get("input_args") or [], golden)
-    kwargs = loader.build(body.get("input_kwargs") or {}, golden)
-    if not isinstance(kwargs, dict):
-        raise NotReplayable("input_kwargs is not an object")
+    args = _rebuilt(loader, body.get("input_args") or [], golden)
+    kwargs = _rebuilt(loader, body.get("input_kwargs") or {}, golden)
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise NotReplayable("input_args is not a list or input_kwargs not an object")
     if call.api == "__getitem__" and len(args) == 2 and isinstance(args[1], list):
         args[1] = _index(args[1], body)
     cast = None if golden else _autocast_dtype(body)
@@ -262,7 +273,7 @@ def _judged(base, call: Call, loader: Loader, recorded, golden, same):
             yield {**row, "status": "error", "reason": "the replay gave no tensor at this output"}
             continue
         try:
-            run = loader.tensor(leaf)
+            run = _rebuilt(loader, leaf, False)
         except NotReplayable as exc:
             yield {**row, "status": "error", "reason": f"recorded output unreadable: {exc}"}
             continue
@@ -306,7 +317,7 @@ def _gradients(fn, call: Call, loader: Loader, golden: bool, n_out: int) -> list
             )
         mapped.append(leaf)
     (grad_leaf,) = [x for x in _flat_recorded(call.body.get("input"), [], []) if x[1] is not None]
-    g = loader.tensor(grad_leaf[1])
+    g = _rebuilt(loader, grad_leaf[1], False)
     g = g.double() if golden else g.to(outs[0].dtype)
     wanted = [x for x in mapped if x is not None]
     try:

@@ -16,8 +16,10 @@ PrecisionDebugger is a per-process singleton). tests/test_replay.py makes them i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -163,7 +165,10 @@ def generate(out: Path, big: int = 0) -> dict[str, Path]:
     """Make the cases under `out` (kept when already made); returns {case: its step folder, a dump to ingest}; with
     `big`, {"big": the dump root of 4 steps of a `big`-layer clean bf16 model}."""
     out.mkdir(parents=True, exist_ok=True)
-    if not (out / ".complete").exists():
+    stamp = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # made again when this script changes
+    done = out / ".complete"
+    if not done.exists() or done.read_text() != stamp:
+        shutil.rmtree(out / "dump", ignore_errors=True)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
         cmd = [sys.executable, __file__, "--make", str(out), str(big)]
         proc = subprocess.run(cmd, env=env, capture_output=True)
@@ -171,7 +176,7 @@ def generate(out: Path, big: int = 0) -> dict[str, Path]:
             raise RuntimeError(
                 f"replay samples failed:\n{(proc.stdout + proc.stderr).decode(errors='replace')[-3000:]}"
             )
-        (out / ".complete").touch()
+        done.write_text(stamp)
     if big:
         return {"big": out / "dump"}
     return {name: out / "dump" / f"step{i}" for i, name in enumerate(CASES)}

@@ -199,6 +199,7 @@ def _records() -> dict:
             "output": [x[[0, 1]]],
         },
         "Torch.empty_like.0.forward": {"input_args": [x], "output": [x]},
+        "Aten.mm.default.0.forward": {"input_args": [x, np.ascontiguousarray(y.T)], "output": [x @ y.T]},
         "Tensor.add_.0.forward": {"input_args": [x, y], "output": [x + y]},
         "Functional.dropout.0.forward": {"input_args": [x], "output": [x]},
         "Distributed.all_reduce.0.forward": {"input_args": [x], "output": [x]},
@@ -234,6 +235,7 @@ def test_arguments_rebuilt_and_calls_skipped(dump_writer, tmp_path):
     assert by["Tensor.sum.0.forward"]["status"] == "fail"
     assert by["Tensor.argmax.0.forward"]["standard"] == "binary" and by["Tensor.argmax.0.forward"]["status"] == "pass"
     assert [by[f"Tensor.__getitem__.{i}.forward"]["status"] for i in range(3)] == ["pass"] * 3
+    assert by["Aten.mm.default.0.forward"]["status"] == "pass" and by["Aten.mm.default.0.forward"]["api_level"] == "L2"
     reasons = {k: v["reason"] for k, v in by.items() if v["status"] == "skipped"}
     assert reasons == {
         "Tensor.add_.0.forward": "in-place: the recorded input was overwritten by the call",

@@ -92,7 +92,8 @@ class Standard:
 
 
 def api_level(api: str) -> str:
-    """msprobe's benchmark level of an API (StandardConfig.get_api_level)."""
+    """msprobe's benchmark level of an API (StandardConfig.get_api_level; an aten overload by its name: mm.default)."""
+    api = api.split(".")[0]
     return "L2" if api in L2_APIS else "L1" if api in L1_APIS else "L0"
 
 

@@ -296,3 +296,9 @@ def test_malformed_arguments_are_error_rows(dump_writer, tmp_path):
     (row,) = replay_run(open_store(tmp_path / "s"), "b").to_dicts()
     assert row["status"] == "error"
     assert row["reason"].startswith("not replayable: malformed argument in the record (TypeError: ")
+
+
+def test_missing_step_refused(replayed):
+    store, _ = replayed
+    with pytest.raises(ReplayError, match=r"^run 'gelu_tanh' has no step 7; its steps: \[3\]$"):
+        replay_run(store, "gelu_tanh", steps=[7])

@@ -50,10 +50,14 @@ def replay_run(
     store the table (`replay` view) and return it in execution order (one row per output; one per call not
     replayed). Identical calls are replayed once; the others get `same_as`."""
     calls = plan_calls(store, run, steps=steps, op_types=op_types)
+    if not calls and steps:
+        have = store.run_info(run).get("steps") or []
+        if not set(steps) & set(have):
+            raise ReplayError(f"run {run!r} has no step {', '.join(map(str, steps))}; its steps: {have}")
     if not calls and not op_types:
         raise ReplayError(
-            f"run {run!r} has no API records{' in the steps asked' if steps else ''} (a level L0 dump records modules "
-            "only); replay calls the recorded APIs: dump with level L1 or mix"
+            f"run {run!r} has no API records (a level L0 dump records modules only); replay calls the recorded "
+            "APIs: dump with level L1 or mix"
         )
     call_keys(calls, _content_hashes(store, run, steps))
     first: dict[str, Call] = {}

@@ -84,6 +84,6 @@ def _counts(df) -> dict[str, int]:
     """Outputs by status, and the calls not replayed."""
     outs = df.filter(df["output"].is_not_null())
     counts = {s: int((outs["status"] == s).sum()) for s in ("pass", "fail", "error", "no_standard")}
-    counts["skipped calls"] = int((df["status"] == "skipped").sum())
-    counts["calls not replayable"] = int(((df["status"] == "error") & df["output"].is_null()).sum())
+    counts["skipped_calls"] = int((df["status"] == "skipped").sum())
+    counts["unreplayable_calls"] = int(((df["status"] == "error") & df["output"].is_null()).sum())
     return counts

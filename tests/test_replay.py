@@ -141,7 +141,7 @@ def test_ref_side_by_side(replayed, tmp_path):
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert (
-        lines[0] == "replay of run t: pass 2, fail 2, error 0, no_standard 0, skipped calls 0, calls not replayable 0"
+        lines[0] == "replay of run t: pass 2, fail 2, error 0, no_standard 0, skipped_calls 0, unreplayable_calls 0"
     )
     assert lines[1].startswith("kernel (kernel): step 0 rank 0  Functional.gelu.0.forward  output.0  rel_l2_ratio=")
     assert "than the CPU's float32 gelu" in lines[1] and "; the reference's is 1×" in lines[1]

@@ -52,7 +52,7 @@ def replay(run, ref, steps, op_types, jobs, acc_csv, show_all, store, fmt):
     counts = _counts(df)
     if fmt == "json":
         out = {"run": run, "ref": ref, "counts": counts, "kernel": None if finding is None else finding.__dict__}
-        click.echo(to_json({**out, "rows": df.to_dicts()}))
+        click.echo(to_json({**out, "rows": rows}))  # with --ref: the ref_* columns beside each output
         return
     cols = COLUMNS + (REF_COLUMNS if ref is not None else []) + ["reason"]
     if fmt == "csv":

@@ -45,10 +45,11 @@ def replay(run, ref, steps, op_types, jobs, acc_csv, show_all, store, fmt):
     if acc_csv is not None:
         write_acc_check_csv(df, acc_csv)
     finding = kernel_finding(s, run, ref=ref)
-    rows = side_by_side(s, run, ref).to_dicts() if ref is not None else df.to_dicts()
-    if ref is not None:
-        status = {(r["step"], r["rank"], r["record"], r["output"]): r for r in df.to_dicts()}
-        rows = [{**status[(r["step"], r["rank"], r["record"], r["output"])], **r} for r in rows]
+    rows = df.to_dicts()
+    if ref is not None:  # the reference's error, ratio and status beside each output of the target
+        key = lambda r: (r["step"], r["rank"], r["record"], r["output"])  # noqa: E731
+        refs = {key(r): r for r in side_by_side(s, run, ref).to_dicts()}
+        rows = [{**r, **{k: v for k, v in refs.get(key(r), {}).items() if k.startswith("ref_")}} for r in rows]
     counts = _counts(df)
     if fmt == "json":
         out = {"run": run, "ref": ref, "counts": counts, "kernel": None if finding is None else finding.__dict__}
@@ -56,9 +57,7 @@ def replay(run, ref, steps, op_types, jobs, acc_csv, show_all, store, fmt):
         return
     cols = COLUMNS + (REF_COLUMNS if ref is not None else []) + ["reason"]
     if fmt == "csv":
-        click.echo(
-            rows_out(cols + ["name", "standard", "api_level", "same_as"], df.to_dicts() if ref is None else rows, "csv")
-        )
+        click.echo(rows_out(cols + ["name", "standard", "api_level", "same_as"], rows, "csv"))
         return
     click.echo(f"replay of run {text(run)}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     click.echo(finding_line("kernel", None if finding is None else _finding_dict(finding)))

@@ -218,15 +218,15 @@ def plan_calls(
 
 def backward_body(forward: Any, body: Any) -> tuple[dict[str, Any], str | None]:
     """The body replayed for a backward record (its forward call, the gradients in and out), or why not: the replay
-    recomputes the forward from the recorded inputs and differentiates it; possible only where the record's one
-    input gradient belongs to the forward's one floating output (the worker then checks the autograd node)."""
+    recomputes the forward from the recorded inputs and differentiates it with the record's one input gradient,
+    which belongs to the forward's first output tensor (msprobe hooks that tensor's autograd node)."""
     if not isinstance(forward, dict) or not isinstance(body, dict):
         return {"forward": {}}, "backward record without its forward record"
     out = {"forward": forward, "input": body.get("input"), "output": body.get("output")}
     grads_in = list(_tensor_leaves(body.get("input")))
-    outs = [leaf for leaf in _tensor_leaves(forward.get("output")) if str(leaf.get("dtype", "")).find("float") >= 0]
-    if len(grads_in) != 1 or len(outs) != 1 or grads_in[0].get("shape") != outs[0].get("shape"):
-        return out, "backward record: its gradients do not match one floating output of the forward call"
+    outs = list(_tensor_leaves(forward.get("output")))
+    if len(grads_in) != 1 or not outs or grads_in[0].get("shape") != outs[0].get("shape"):
+        return out, "backward record: not one output gradient of the forward's first output (a multi-output node)"
     if not any(_tensor_leaves(body.get("output"))):
         return out, "backward record without input gradients"
     return out, None

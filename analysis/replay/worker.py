@@ -31,7 +31,7 @@ class NotReplayable(Exception):
 
 
 class NotFeasible(NotReplayable):
-    """A backward record whose gradients cannot be placed (a row `skipped`, not an error)."""
+    """A backward record that cannot be recomputed here (a row `skipped`, not an error)."""
 
 
 def init_worker() -> None:
@@ -290,41 +290,33 @@ def _judged(base, call: Call, loader: Loader, recorded, golden, same):
 
 
 def _gradients(fn, call: Call, loader: Loader, golden: bool, n_out: int) -> list[Any]:
-    """The forward recomputed from the recorded inputs (float64 or recorded dtype) and differentiated with the
-    recorded output gradient: one gradient (or None) per slot of the backward record's output, which msprobe fills
-    from the output's autograd node. Only when that node's inputs are the call's own input leaves (a one-node API)
-    are the slots known; otherwise NotReplayable."""
+    """The backward record's outputs recomputed: the forward run again from the recorded inputs (float64 or the
+    recorded dtype) and differentiated with the recorded output gradient. msprobe hooks the autograd node of the API's
+    first output tensor (`grad_fn.register_hook`) and records that node's gradient inputs; the same hook here gives
+    the same slots, whatever the node (an addmm behind linear, a view behind a 3-d matmul)."""
     import torch
 
     loader.grad_leaves = []
     try:
         out = _flat_outputs(_call(fn, call, loader, golden, body=call.body["forward"]), [])
-        leaves = loader.grad_leaves
     finally:
         loader.grad_leaves = None
-    outs = [t for t in out if t is not None and t.is_floating_point()]
-    if len(outs) != 1 or outs[0].grad_fn is None:
-        raise NotFeasible("the forward's output does not depend on a floating input that requires grad")
-    slots = outs[0].grad_fn.next_functions
-    if len(slots) != n_out:
-        raise NotFeasible(f"the output's autograd node has {len(slots)} inputs, the record {n_out} gradients")
-    mapped: list[Any] = []
-    for fn_next, _ in slots:
-        leaf = getattr(fn_next, "variable", None) if fn_next is not None else None
-        if fn_next is not None and not any(leaf is x for x in leaves):
-            raise NotFeasible(
-                "the output's autograd node is not the API's own (a composite): which gradient is whose is unknown"
-            )
-        mapped.append(leaf)
+    first = next((t for t in out if t is not None), None)
+    if first is None or first.grad_fn is None:
+        raise NotFeasible("the forward's first output does not depend on an input that requires grad")
+    captured: list[Any] = []
+    first.grad_fn.register_hook(lambda grad_inputs, grad_outputs: captured.append(grad_inputs))
     (grad_leaf,) = [x for x in _flat_recorded(call.body.get("input"), [], []) if x[1] is not None]
     g = _rebuilt(loader, grad_leaf[1], False)
-    g = g.double() if golden else g.to(outs[0].dtype)
-    wanted = [x for x in mapped if x is not None]
+    g = g.double() if golden else g.to(first.dtype)
     try:
-        grads = iter(torch.autograd.grad(outs[0], wanted, grad_outputs=g, allow_unused=True))
+        torch.autograd.backward(first, grad_tensors=g)
     except RuntimeError as exc:
         raise NotReplayable(f"differentiating the forward failed: {str(exc).splitlines()[0][:200]}") from None
-    return [next(grads) if x is not None else None for x in mapped]
+    if len(captured) != 1 or len(captured[0]) != n_out:
+        got = len(captured[0]) if captured else 0
+        raise NotFeasible(f"the output's autograd node has {got} gradient inputs, the record {n_out}")
+    return list(captured[0])
 
 
 def _replay_backward(base: dict[str, Any], call: Call, loader: Loader) -> list[dict[str, Any]]:

@@ -178,7 +178,7 @@ def _autocast_dtype(body: dict[str, Any]):
     low-precision dtype (fp16/bf16) with a wider one (autocast casts inside the op: a bf16 linear of fp32 weights,
     an fp32 cross_entropy of bf16 logits)."""
     leaves = _flat_recorded([body.get("input_args"), body.get("input_kwargs") or {}, body.get("output")], [], [])
-    floats = {str(canonical(leaf["dtype"])) for _, leaf in leaves if leaf}
+    floats = {str(canonical(str(leaf["dtype"]))) for _, leaf in leaves if leaf}
     low = sorted(floats & set(_LOW))
     if len(low) == 1 and floats & {"float32", "float64"}:
         return _torch_dtype(low[0])
@@ -218,9 +218,12 @@ def _call(fn, call: Call, loader: Loader, golden: bool, body: dict[str, Any] | N
     kwargs = _rebuilt(loader, body.get("input_kwargs") or {}, golden)
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise NotReplayable("input_args is not a list or input_kwargs not an object")
-    if call.api == "__getitem__" and len(args) == 2 and isinstance(args[1], list):
-        args[1] = _index(args[1], body)
-    cast = None if golden else _autocast_dtype(body)
+    try:
+        if call.api == "__getitem__" and len(args) == 2 and isinstance(args[1], list):
+            args[1] = _index(args[1], body)
+        cast = None if golden else _autocast_dtype(body)
+    except _MALFORMED as exc:
+        raise NotReplayable(f"malformed record ({type(exc).__name__}: {str(exc)[:120]})") from None
     ctx = torch.autocast("cpu", dtype=cast) if cast is not None else contextlib.nullcontext()
     try:
         with torch.set_grad_enabled(loader.grad_leaves is not None), ctx:

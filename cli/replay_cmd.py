@@ -23,7 +23,7 @@ REF_COLUMNS = ["ref_err", "ref_ratio", "ref_status"]
     "--acc-csv",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
-    help="Also write the run's results as msprobe acc_check's details CSV (its column names).",
+    help="Also write the run's results as msprobe acc_check's result CSV (FILE) and details CSV (beside it).",
 )
 @click.option("--all", "show_all", is_flag=True, help="List every output, not only those that failed or errored.")
 @store_option
@@ -42,8 +42,7 @@ def replay(run, ref, steps, op_types, jobs, acc_csv, show_all, store, fmt):
     df = replay_run(s, run, **kw)
     if ref is not None:
         replay_run(s, ref, **kw)
-    if acc_csv is not None:
-        write_acc_check_csv(df, acc_csv)
+    written = write_acc_check_csv(df, acc_csv) if acc_csv is not None else None
     finding = kernel_finding(s, run, ref=ref)
     rows = df.to_dicts()
     if ref is not None:  # the reference's error, ratio and status beside each output of the target
@@ -64,8 +63,8 @@ def replay(run, ref, steps, op_types, jobs, acc_csv, show_all, store, fmt):
     shown = [r for r in rows if show_all or r.get("status") in ("fail", "error")]
     if shown:
         click.echo(format_table(cols, [[_cell(r.get(c)) for c in cols] for r in shown], max_width=90))
-    if acc_csv is not None:
-        click.echo(f"acc_check-shaped CSV: {text(acc_csv)}", err=True)
+    if written is not None:
+        click.echo(f"acc_check-shaped CSVs: {text(written[0])}, {text(written[1])}", err=True)
 
 
 def _finding_dict(f) -> dict:

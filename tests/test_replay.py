@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from dumpstore._ingest import ingest
 from dumpstore.analysis.replay import (
     ACC_CHECK_COLUMNS,
+    RESULT_COLUMNS,
     ReplayError,
     kernel_finding,
     replay_run,
@@ -110,10 +111,14 @@ def test_replay_view_and_acc_check_csv(replayed, tmp_path):
         ("gelu_tanh", "Functional.gelu.1.forward", 1),
         ("mean_bf16", "Tensor.mean.0.forward", 1),
     ]
-    path = tmp_path / "acc.csv"
-    assert write_acc_check_csv(tables["mean_bf16"], path) == 25 + 45  # forward outputs, replayed gradients
-    rows = list(csv.reader(path.open(encoding="utf-8")))
-    assert rows[0] == ACC_CHECK_COLUMNS
+    result, details = write_acc_check_csv(tables["mean_bf16"], tmp_path / "accuracy_checking_result_1.csv")
+    assert details == str(tmp_path / "accuracy_checking_details_1.csv")
+    calls = list(csv.reader(open(result, encoding="utf-8")))
+    assert calls[0] == RESULT_COLUMNS and len(calls) == 1 + 25
+    mean_call = next(r for r in calls if r[0] == "Tensor.mean.0")
+    assert mean_call[1:3] == ["error", "pass"] and mean_call[3].startswith("rel_l2 ")
+    rows = list(csv.reader(open(details, encoding="utf-8")))
+    assert rows[0] == ACC_CHECK_COLUMNS and len(rows) == 1 + 25 + 45  # forward outputs, replayed gradients
     mean = next(r for r in rows if r[0] == "Tensor.mean.0.forward.output.0")
     assert mean[1:4] == ["torch.float64", "torch.float32", "(2, 32)"] and mean[-2] == "error"
 

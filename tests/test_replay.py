@@ -299,3 +299,20 @@ def test_missing_step_refused(replayed):
     store, _ = replayed
     with pytest.raises(ReplayError, match=r"^run 'gelu_tanh' has no step 7; its steps: \[3\]$"):
         replay_run(store, "gelu_tanh", steps=[7])
+
+
+def test_public_api():
+    import dumpstore.analysis.replay as replay
+
+    assert sorted(replay.__all__) == [
+        "ACC_CHECK_COLUMNS",
+        "KERNEL",
+        "RESULT_COLUMNS",
+        "ReplayError",
+        "kernel_finding",
+        "kernel_message",
+        "replay_run",
+        "side_by_side",
+        "write_acc_check_csv",
+    ]
+    assert issubclass(replay.ReplayError, __import__("dumpstore").errors.DumpstoreError)

@@ -40,6 +40,7 @@ SAMPLES = ROOT / "out" / "replay_samples"  # git-ignored (/out/)
 @pytest.fixture(scope="session")
 def replayed(tmp_path_factory):
     """The replay samples made once (kept in out/replay_samples), ingested and replayed: (store, {case: table})."""
+    pytest.importorskip("msprobe")
     cases = replay_samples.generate(SAMPLES)
     root = tmp_path_factory.mktemp("replay_store")
     for name, path in cases.items():
@@ -57,6 +58,7 @@ def test_importing_dumpstore_imports_no_torch():
     assert out.strip() == "False"
 
 
+@pytest.mark.msprobe
 @pytest.mark.parametrize("case", sorted(replay_samples.EXPECTED))
 def test_faulty_kernel_found_without_reference(replayed, case):
     store, _ = replayed
@@ -66,6 +68,7 @@ def test_faulty_kernel_found_without_reference(replayed, case):
     assert f.name == f.op + ".output.0" and f.value > f.threshold == 2.0
 
 
+@pytest.mark.msprobe
 @pytest.mark.parametrize("case", ["clean_fp32", "clean_bf16", "clean_fp16"])
 def test_clean_runs_are_quiet(replayed, case):
     store, tables = replayed
@@ -78,6 +81,7 @@ def test_clean_runs_are_quiet(replayed, case):
     )
 
 
+@pytest.mark.msprobe
 def test_gelu_tanh_rows(replayed):
     _, tables = replayed
     df = tables["gelu_tanh"]
@@ -95,6 +99,7 @@ def test_gelu_tanh_rows(replayed):
     assert linear["shape"].to_list() == [[32], [2, 32], [32, 32]]  # addmm's slots: bias, input, weight.T
 
 
+@pytest.mark.msprobe
 def test_replay_view_and_acc_check_csv(replayed, tmp_path):
     store, tables = replayed
     con = connect(store)
@@ -128,6 +133,7 @@ def _copy_step(src: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.msprobe
 def test_ref_side_by_side(replayed, tmp_path):
     """Two runs of the same step: the target's gelu far from float64, the reference's not."""
     store, _ = replayed
@@ -295,6 +301,7 @@ def test_malformed_arguments_are_error_rows(dump_writer, tmp_path):
     assert row["reason"].startswith("not replayable: malformed argument in the record (TypeError: ")
 
 
+@pytest.mark.msprobe
 def test_missing_step_refused(replayed):
     store, _ = replayed
     with pytest.raises(ReplayError, match=r"^run 'gelu_tanh' has no step 7; its steps: \[3\]$"):

@@ -202,6 +202,10 @@ def _records() -> dict:
             "output": [x[[0, 1]]],
         },
         "Torch.empty_like.0.forward": {"input_args": [x], "output": [x]},
+        "Torch.max.0.forward": {  # a named tuple (values, indices): two outputs, two standards
+            "input_args": [x, {"type": "int", "value": 1}],
+            "output": [x.max(1), x.argmax(1)],
+        },
         "Aten.mm.default.0.forward": {"input_args": [x, np.ascontiguousarray(y.T)], "output": [x @ y.T]},
         "Tensor.add_.0.forward": {"input_args": [x, y], "output": [x + y]},
         "Functional.dropout.0.forward": {"input_args": [x], "output": [x]},
@@ -238,6 +242,11 @@ def test_arguments_rebuilt_and_calls_skipped(dump_writer, tmp_path):
     assert by["Tensor.sum.0.forward"]["status"] == "fail"
     assert by["Tensor.argmax.0.forward"]["standard"] == "binary" and by["Tensor.argmax.0.forward"]["status"] == "pass"
     assert [by[f"Tensor.__getitem__.{i}.forward"]["status"] for i in range(3)] == ["pass"] * 3
+    maxes = df.filter(df["record"] == "Torch.max.0.forward")
+    assert maxes.select("output", "dtype", "standard", "status").rows() == [
+        ("0", "float32", "benchmark", "pass"),
+        ("1", "int64", "binary", "pass"),
+    ]
     assert by["Aten.mm.default.0.forward"]["status"] == "pass" and by["Aten.mm.default.0.forward"]["api_level"] == "L2"
     reasons = {k: v["reason"] for k, v in by.items() if v["status"] == "skipped"}
     assert reasons == {

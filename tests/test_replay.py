@@ -69,7 +69,7 @@ def test_faulty_kernel_found_without_reference(replayed, case):
 
 
 @pytest.mark.msprobe
-@pytest.mark.parametrize("case", ["clean_fp32", "clean_bf16", "clean_fp16"])
+@pytest.mark.parametrize("case", ["clean_fp32", "clean_bf16", "clean_fp16", "autocast_ln_bf16"])
 def test_clean_runs_are_quiet(replayed, case):
     store, tables = replayed
     df = tables[case]
@@ -89,7 +89,7 @@ def test_gelu_tanh_rows(replayed):
     assert fails["record"].to_list() == ["Functional.gelu.0.forward", "Functional.gelu.1.forward"]
     row = fails.row(0, named=True)
     assert row["standard"] == "benchmark" and row["metric"] == "rel_l2" and row["dtype"] == "float32"
-    assert row["ratio"] > 1000 and row["msprobe_status"] == "error"
+    assert row["ratio"] > 100 and row["msprobe_status"] == "error"
     assert row["reason"].startswith("rel_l2 ") and row["reason"].endswith("> 2")
     # backward records: the forward recomputed and differentiated through the hook msprobe uses (the autograd node
     # of the first output): composites too (linear: addmm after a transpose; cross_entropy: nll_loss of log_softmax)

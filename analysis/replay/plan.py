@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dumpstore.dtypes import canonical
 from dumpstore.errors import DumpFormatError, DumpstoreError
 from dumpstore.layout import find_units
 from dumpstore.store import Store
@@ -89,6 +90,7 @@ class Call:
     body: dict[str, Any] = field(repr=False)
     skip: str | None = None
     key: str | None = None  # identity of the call for replaying identical calls once
+    autocast: str | None = None  # the run's autocast dtype (step and rank) where some of its calls show one
 
 
 def parse_key(key: str) -> tuple[str, str, str] | None:
@@ -213,7 +215,51 @@ def plan_calls(
             folder = str(unit.path.parent)
             calls.append(Call(unit.step, unit.rank, seq, record, prefix, api, direction, folder, body, skip))
     calls.sort(key=lambda c: (c.step, c.rank, c.seq))
+    _mark_autocast(calls)
     return calls
+
+
+LOW = ("float16", "bfloat16")
+
+
+def _dtypes(v: Any) -> set[str]:
+    return {str(canonical(str(leaf.get("dtype")))) for leaf in _tensor_leaves(v)}
+
+
+CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as", "_to_copy", "_cast_Float"})
+
+
+def _names_dtype(v: Any) -> bool:
+    if isinstance(v, dict):
+        return v.get("type") == "torch.dtype" or ("type" not in v and any(_names_dtype(x) for x in v.values()))
+    return isinstance(v, list) and any(_names_dtype(x) for x in v)
+
+
+def autocast_of(body: Any, api: str) -> str | None:
+    """The autocast dtype a forward record shows, or None: its floating inputs and outputs mix one low-precision
+    dtype (fp16/bf16) with a wider one (autocast casts inside the op: a bf16 linear of fp32 weights, an fp32
+    cross_entropy of bf16 logits), and not because the call asked for a dtype (a cast, `softmax(dtype=...)`)."""
+    if not isinstance(body, dict) or api.split(".")[0] in CASTS:
+        return None
+    if _names_dtype([body.get("input_args"), body.get("input_kwargs") or {}]):
+        return None
+    floats = _dtypes([body.get("input_args"), body.get("input_kwargs") or {}, body.get("output")])
+    low = sorted(floats & set(LOW))
+    return low[0] if len(low) == 1 and floats & {"float32", "float64"} else None
+
+
+def _mark_autocast(calls: list[Call]) -> None:
+    """Each call of a step and rank where some forward call shows autocast gets that dtype (the most common one)."""
+    seen: dict[tuple[int, int], dict[str, int]] = {}
+    for c in calls:
+        dt = autocast_of(c.body, c.api) if c.direction == "forward" and c.skip is None else None
+        if dt is not None:
+            counts = seen.setdefault((c.step, c.rank), {})
+            counts[dt] = counts.get(dt, 0) + 1
+    for c in calls:
+        found = seen.get((c.step, c.rank))
+        if found:
+            c.autocast = max(found, key=lambda d: found[d])
 
 
 def backward_body(forward: Any, body: Any) -> tuple[dict[str, Any], str | None]:

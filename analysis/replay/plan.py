@@ -220,6 +220,21 @@ def plan_calls(
 
 
 LOW = ("float16", "bfloat16")
+# the ops CUDA autocast runs in float32 ("CUDA Ops that can autocast to float32", torch.amp docs): how precisely they
+# run under autocast is a device's policy (one may run LayerNorm in bf16), so replay also benchmarks them at the
+# autocast dtype; any other op is judged as recorded
+AUTOCAST_FP32_OPS = frozenset(
+    {
+        "__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin", "binary_cross_entropy_with_logits",
+        "cosh", "cosine_embedding_loss", "cdist", "cosine_similarity", "cross_entropy", "cumprod", "cumsum", "dist",
+        "erfinv", "exp", "expm1", "group_norm", "hinge_embedding_loss", "kl_div", "l1_loss", "layer_norm", "log",
+        "log_softmax", "log10", "log1p", "log2", "margin_ranking_loss", "mse_loss", "multilabel_margin_loss",
+        "multi_margin_loss", "nll_loss", "norm", "normalize", "pdist", "poisson_nll_loss", "pow", "prod",
+        "reciprocal", "rsqrt", "sinh", "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus",
+        "sum", "renorm", "tan", "triplet_margin_loss", "rms_norm", "native_layer_norm", "_softmax",
+        "_log_softmax",
+    }
+)  # fmt: skip
 
 
 def _dtypes(v: Any) -> set[str]:

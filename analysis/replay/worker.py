@@ -21,7 +21,7 @@ from dumpstore.errors import DumpstoreError
 from dumpstore.tensorfile import load_leaf
 
 from .judge import judge
-from .plan import Call, autocast_of, is_tensor_leaf
+from .plan import AUTOCAST_FP32_OPS, Call, autocast_of, is_tensor_leaf
 
 
 class NotReplayable(Exception):
@@ -263,14 +263,19 @@ def replay_call(call: Call) -> list[dict[str, Any]]:
         return [{**base, "status": "error", "reason": f"not replayable: {exc}"}]
 
 
+def _policy_op(call: Call) -> bool:
+    """A call in an autocast run whose precision there is a device's policy (plan.AUTOCAST_FP32_OPS)."""
+    return call.autocast is not None and call.api.split(".")[0] in AUTOCAST_FP32_OPS
+
+
 def _low_outputs(fn, call: Call, loader: Loader, n: int) -> list[Any]:
     """In a run under autocast, a call that shows no cast of its own (fp32 in, fp32 out) may have been run at the
     autocast dtype by the device's autocast policy (LayerNorm at bf16 where the GPU runs it in fp32): its outputs
     with the floating inputs cast to that dtype, for the benchmark. Nones otherwise, or when that call fails."""
-    if call.autocast is None or autocast_of(call.body, call.api) is not None:
+    if not _policy_op(call) or autocast_of(call.body, call.api) is not None:
         return [None] * n
     try:
-        out = _flat_outputs(_call(fn, call, loader, golden=False, low=_torch_dtype(call.autocast)), [])
+        out = _flat_outputs(_call(fn, call, loader, golden=False, low=_torch_dtype(str(call.autocast))), [])
     except NotReplayable:
         return [None] * n
     return out if len(out) == n else [None] * n
@@ -349,9 +354,9 @@ def _replay_backward(base: dict[str, Any], call: Call, loader: Loader) -> list[d
     golden = _gradients(fn, call, loader, True, len(recorded))
     same = _gradients(fn, call, loader, False, len(recorded))
     low: list[Any] = [None] * len(recorded)
-    if call.autocast is not None and autocast_of(call.body["forward"], call.api) is None:
+    if _policy_op(call) and autocast_of(call.body["forward"], call.api) is None:
         try:  # as for the forward (_low_outputs): the gradients of the op run at the autocast dtype
-            low = _gradients(fn, call, loader, False, len(recorded), low=_torch_dtype(call.autocast))
+            low = _gradients(fn, call, loader, False, len(recorded), low=_torch_dtype(str(call.autocast)))
         except NotReplayable:
             pass
     return [row for row in _judged(base, call, loader, recorded, golden, same, low) if row is not None]

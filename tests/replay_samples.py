@@ -11,6 +11,7 @@ only the values of one op's output differ:
   attn_noscale   bf16; `F.scaled_dot_product_attention` of layer 1 computed without its 1/sqrt(d) scale
   autocast_ln_bf16  fp32 weights under bf16 autocast, LayerNorm run at bf16 (a device's autocast policy; the CPU's
                  runs it in fp32): clean, replay must stay quiet
+  autocast_mean_bf16  fp32 weights under bf16 autocast, the sequence mean accumulated in bf16
 
 Run as a script: `python tests/replay_samples.py OUT_DIR [CASE ...]` (each case in its own subprocess: msprobe's
 PrecisionDebugger is a per-process singleton). tests/test_replay.py makes them into a git-ignored folder.
@@ -34,12 +35,14 @@ CASES: dict[str, dict] = {
     "mean_bf16": {"dtype": "float32", "fault": "mean_bf16"},
     "attn_noscale": {"dtype": "bfloat16", "fault": "attn_noscale", "layer": 1},
     "autocast_ln_bf16": {"dtype": "float32", "autocast": True, "fault": "ln_bf16"},
+    "autocast_mean_bf16": {"dtype": "float32", "autocast": True, "fault": "mean_bf16"},
 }
 # the op each faulty case must be found at (record key), by replay alone
 EXPECTED = {
     "gelu_tanh": "Functional.gelu.0.forward",
     "mean_bf16": "Tensor.mean.0.forward",
     "attn_noscale": "Functional.scaled_dot_product_attention.1.forward",
+    "autocast_mean_bf16": "Tensor.mean.0.forward",
 }
 VOCAB, D_MODEL, HEADS, HIDDEN, LAYERS, BATCH, SEQ = 32, 32, 2, 64, 2, 2, 16
 

@@ -112,6 +112,7 @@ def test_replay_view_and_acc_check_csv(replayed, tmp_path):
         ("attn_noscale", "Functional.scaled_dot_product_attention.1.forward", 1),
         # its backward recomputed from the unscaled forward's saved results: wrong too (q, k, v gradients)
         ("attn_noscale", "Functional.scaled_dot_product_attention.1.backward", 3),
+        ("autocast_mean_bf16", "Tensor.mean.0.forward", 1),
         ("gelu_tanh", "Functional.gelu.0.forward", 1),
         ("gelu_tanh", "Functional.gelu.1.forward", 1),
         ("mean_bf16", "Tensor.mean.0.forward", 1),

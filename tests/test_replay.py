@@ -333,3 +333,16 @@ def test_public_api():
         "write_acc_check_csv",
     ]
     assert issubclass(replay.ReplayError, __import__("dumpstore").errors.DumpstoreError)
+
+
+def test_without_torch_one_line(dump_writer, tmp_path, monkeypatch):
+    from dumpstore.analysis.replay import run as replay_module
+
+    root = _hand_dump(dump_writer)
+    ingest(root, "h", store=tmp_path / "s", jobs=1)
+    monkeypatch.setattr(replay_module, "have_torch", lambda: False)
+    result = CliRunner().invoke(main, ["replay", "--run", "h", "--store", str(tmp_path / "s")])
+    assert result.exit_code == 1
+    assert result.output == (
+        "Error: dumpstore replay needs torch (the CPU build is enough): pip install 'dumpstore[replay]'\n"
+    )

@@ -27,6 +27,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: nothing to download, ever
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 STEPS = 3
 BATCH, SEQ, VOCAB = 2, 16, 96

@@ -6,7 +6,7 @@ rounding), with or without one fault. The answer of every case is known by const
 ``<out>/key.json``; the culprit's msprobe record name is read from msprobe while the faulty call runs (both runs
 mark the same call), so the key never depends on dumpstore.
 
-    .venv/bin/python validation/make_pairs.py [--out validation/.data] [--jobs 2] [--only CASE ...]
+    .venv/bin/python validation/make_pairs.py [--out validation/.data] [--jobs 2] [--only CASE ...] [--modes M ...]
 
 Each run is a fresh process forked from this one after torch, transformers and msprobe are imported (msprobe's
 debugger is a process-wide singleton). Runs: 3 training steps, AdamW, optimizer step and gradient clipping
@@ -56,7 +56,8 @@ FAMILIES = {
     },
 }
 
-# name -> family, reference variant, fault (None: clean), modes, expectation text
+# name -> family, reference variant ("flip": a router tilted to a near-tie, see craft_near_tie), fault (None:
+# clean), dump modes; the expected culprit is derived in expectation() from what msprobe named at the faulty call
 # fault kinds: eps, act, softmax_dtype, lr, weight, clip, extra_mul, data, missing_scale
 CASES = {
     "llama_clean": ("llama", "base", None, ("stats", "tensor")),
@@ -197,7 +198,7 @@ class Tracer:
             self.mark("uses:" + tag)
 
 
-def build_model(family: str, variant: str, tracer: Tracer):
+def build_model(family: str):
     import torch
 
     torch.manual_seed(FAMILIES[family]["seed"])
@@ -537,7 +538,7 @@ def run_one(job: dict) -> dict:
     dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
 
     tracer = Tracer()
-    model = build_model(family, variant, tracer)
+    model = build_model(family)
     data = batches(fault if target else None)
     device = DEVICES[FAMILIES[family]["device"]]
     info: dict = {}

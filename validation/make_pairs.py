@@ -747,6 +747,40 @@ def topk_flips(tgt: dict, ref: dict) -> list[dict]:
     return flips
 
 
+def _leaves(obj, path=()):
+    """(path, (type, dtype, shape, requires_grad)) of every leaf of a dump.json record tree."""
+    if isinstance(obj, dict):
+        if "dtype" in obj or obj.get("type") == "torch.Tensor":
+            yield path, (obj.get("type"), obj.get("dtype"), tuple(obj.get("shape") or ()), obj.get("requires_grad"))
+            return
+        if "type" in obj:
+            yield path, (obj.get("type"),)
+        for k, v in obj.items():
+            if isinstance(v, (dict, list)):
+                yield from _leaves(v, path + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, path + (i,))
+
+
+def structure_differences(ref_dir: Path, tgt_dir: Path) -> list[str]:
+    """Where two runs' dumps differ in records, leaf types, dtypes, shapes or requires_grad (values aside)."""
+    out = []
+    for step in range(STEPS):
+        a = json.loads((ref_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
+        b = json.loads((tgt_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
+        if list(a) != list(b):
+            out.append("step %d: records differ" % step)
+            continue
+        la, lb = dict(_leaves(a)), dict(_leaves(b))
+        out += [
+            "step %d: %s" % (step, ".".join(map(str, k)))
+            for k in sorted(set(la) | set(lb), key=str)
+            if la.get(k) != lb.get(k)
+        ]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / ".data"))
@@ -821,6 +855,10 @@ def main(argv=None) -> int:
                 raise SystemExit("%s: not the one crafted routing flip: %r" % (case, flips))
             if variant != "flip" and fault is None and flips:
                 raise SystemExit("%s: a clean pair without a crafted tie flipped routing: %r" % (case, flips))
+            if variant != "flip" and fault is None:  # the device changes values only: same records, shapes, dtypes
+                odd = structure_differences(out / mode / ref_name, out / mode / ("%s_target_%s" % (case, mode)))
+                if odd:
+                    raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
             key["cases"]["%s_%s" % (case, mode)] = {
                 "case": case,
                 "mode": mode,

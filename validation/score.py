@@ -94,6 +94,31 @@ def expected_text(expect: dict) -> str:
 
 
 def score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool) -> dict:
+    """One pair's row; a dumpstore command that fails (exit code other than 0 or 3, output that is not JSON)
+    makes a row that is not ok, with the error as what dumpstore said, instead of stopping the whole run."""
+    try:
+        return _score_case(name, case, data, work, with_msprobe)
+    except (RuntimeError, ValueError) as exc:
+        shutil.rmtree(work / name, ignore_errors=True)
+        clean = bool(case["expect"].get("clean"))
+        row = {
+            "name": name,
+            "case": case["case"],
+            "mode": case["mode"],
+            "family": case["family"],
+            "clean": clean,
+            "expected": expected_text(case["expect"]),
+            "got": "error: %s" % str(exc)[:200],
+            "ok": False,
+            "culprit": None,
+            "error": str(exc),
+        }
+        if clean:
+            row["overflow_target"] = row["overflow_ref"] = {"kind": "error", "step": None, "op": None}
+        return row
+
+
+def _score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool) -> dict:
     store = work / name
     shutil.rmtree(store, ignore_errors=True)
     t0 = time.time()

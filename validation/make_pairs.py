@@ -6,7 +6,7 @@ rounding), with or without one fault. The answer of every case is known by const
 ``<out>/key.json``; the culprit's msprobe record name is read from msprobe while the faulty call runs (both runs
 mark the same call), so the key never depends on dumpstore.
 
-    .venv/bin/python validation/make_pairs.py [--out validation/.data] [--jobs 2] [--only CASE ...]
+    .venv/bin/python validation/make_pairs.py [--out validation/.data] [--jobs 2] [--only CASE ...] [--modes M ...]
 
 Each run is a fresh process forked from this one after torch, transformers and msprobe are imported (msprobe's
 debugger is a process-wide singleton). Runs: 3 training steps, AdamW, optimizer step and gradient clipping
@@ -27,6 +27,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: nothing to download, ever
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 STEPS = 3
 BATCH, SEQ, VOCAB = 2, 16, 96
@@ -54,7 +56,8 @@ FAMILIES = {
     },
 }
 
-# name -> family, reference variant, fault (None: clean), modes, expectation text
+# name -> family, reference variant ("flip": a router tilted to a near-tie, see craft_near_tie), fault (None:
+# clean), dump modes; the expected culprit is derived in expectation() from what msprobe named at the faulty call
 # fault kinds: eps, act, softmax_dtype, lr, weight, clip, extra_mul, data, missing_scale
 CASES = {
     "llama_clean": ("llama", "base", None, ("stats", "tensor")),
@@ -195,7 +198,7 @@ class Tracer:
             self.mark("uses:" + tag)
 
 
-def build_model(family: str, variant: str, tracer: Tracer):
+def build_model(family: str):
     import torch
 
     torch.manual_seed(FAMILIES[family]["seed"])
@@ -535,7 +538,7 @@ def run_one(job: dict) -> dict:
     dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
 
     tracer = Tracer()
-    model = build_model(family, variant, tracer)
+    model = build_model(family)
     data = batches(fault if target else None)
     device = DEVICES[FAMILIES[family]["device"]]
     info: dict = {}
@@ -744,6 +747,40 @@ def topk_flips(tgt: dict, ref: dict) -> list[dict]:
     return flips
 
 
+def _leaves(obj, path=()):
+    """(path, (type, dtype, shape, requires_grad)) of every leaf of a dump.json record tree."""
+    if isinstance(obj, dict):
+        if "dtype" in obj or obj.get("type") == "torch.Tensor":
+            yield path, (obj.get("type"), obj.get("dtype"), tuple(obj.get("shape") or ()), obj.get("requires_grad"))
+            return
+        if "type" in obj:
+            yield path, (obj.get("type"),)
+        for k, v in obj.items():
+            if isinstance(v, (dict, list)):
+                yield from _leaves(v, path + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, path + (i,))
+
+
+def structure_differences(ref_dir: Path, tgt_dir: Path) -> list[str]:
+    """Where two runs' dumps differ in records, leaf types, dtypes, shapes or requires_grad (values aside)."""
+    out = []
+    for step in range(STEPS):
+        a = json.loads((ref_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
+        b = json.loads((tgt_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
+        if list(a) != list(b):
+            out.append("step %d: records differ" % step)
+            continue
+        la, lb = dict(_leaves(a)), dict(_leaves(b))
+        out += [
+            "step %d: %s" % (step, ".".join(map(str, k)))
+            for k in sorted(set(la) | set(lb), key=str)
+            if la.get(k) != lb.get(k)
+        ]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / ".data"))
@@ -818,6 +855,10 @@ def main(argv=None) -> int:
                 raise SystemExit("%s: not the one crafted routing flip: %r" % (case, flips))
             if variant != "flip" and fault is None and flips:
                 raise SystemExit("%s: a clean pair without a crafted tie flipped routing: %r" % (case, flips))
+            if variant != "flip" and fault is None:  # the device changes values only: same records, shapes, dtypes
+                odd = structure_differences(out / mode / ref_name, out / mode / ("%s_target_%s" % (case, mode)))
+                if odd:
+                    raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
             key["cases"]["%s_%s" % (case, mode)] = {
                 "case": case,
                 "mode": mode,

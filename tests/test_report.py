@@ -539,6 +539,8 @@ def test_cli_report(store, tmp_path) -> None:
         "rel_l2=0.00921 > tol=0.0001 (float32, stats)"
     )
     assert lines[1].startswith("CULPRIT (parameter): step 1 rank 0  Functional.linear.6.forward")
+    assert lines[2].startswith("  where: layers.1.fc1 (Linear), called at generate.py:")  # the explanation
+    lines = [line for line in lines if not line.startswith("  ")]
     assert lines[2] == f"wrote {csv_path} (453 rows)"
     assert lines[3].startswith(f"wrote {html_path} (") and html_path.stat().st_size > 1_000_000
     res = runner.invoke(

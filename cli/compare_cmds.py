@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import engine_options, store_option
+from .options import engine_options, noise_ref_option, store_option
 from .render import contract, finding_line, num, output_options, render, rows_out, text, to_json
 
 
@@ -32,7 +32,7 @@ def _common(fn):
     return store_option(fn)
 
 
-def compare_options(steps, ranks, tol, exact, maps) -> dict:
+def compare_options(steps, ranks, tol, exact, maps, noise_ref=None) -> dict:
     """The options shared by compare, divergence and report, as keyword arguments of the library."""
     from dumpstore.analysis.mapping import load_mapping
     from dumpstore.analysis.tolerance import Tolerances
@@ -43,14 +43,16 @@ def compare_options(steps, ranks, tol, exact, maps) -> dict:
         "tolerances": Tolerances.parse(tol),
         "exact": exact,
         "mapping": load_mapping(maps),
+        **({"noise_ref": noise_ref} if noise_ref else {}),
     }
 
 
-def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
+def run_compare(store, target, ref, steps, ranks, tol, exact, maps=(), noise_ref=None):
     from dumpstore.analysis.compare import compare_runs
     from dumpstore.store import open_store
 
-    return compare_runs(open_store(store), target, ref, **compare_options(steps, ranks, tol, exact, maps))
+    options = compare_options(steps, ranks, tol, exact, maps, noise_ref)
+    return compare_runs(open_store(store), target, ref, **options)
 
 
 @click.command()
@@ -58,15 +60,16 @@ def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
 @click.option("--top", type=click.IntRange(min=0), default=20, show_default=True, help="Rows to show (0: all).")
 @click.option(
     "--by",
-    default="severity",
+    default="significance",
     show_default=True,
-    type=click.Choice(["severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine"]),
-    help="Sort metric.",
+    type=click.Choice(["significance", "severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine"]),
+    help="Sort metric (significance: error over the noise the pair carries there; see analysis/rank.py).",
 )
 @click.option("--direction", type=click.Choice(["forward", "backward", "parameters_grad"]), default=None)
 @click.option("--module", default=None, help="Only records in modules whose name contains this.")
 @click.option("--op-type", default=None, help="Only ops whose type contains this (linear, softmax, ...).")
 @click.option("--io", default=None, type=click.Choice(["input", "output", "parameters", "parameters_grad"]))
+@noise_ref_option
 @output_options
 @engine_options
 def compare(
@@ -78,6 +81,7 @@ def compare(
     ranks,
     tol,
     maps,
+    noise_ref,
     top,
     by,
     direction,
@@ -104,10 +108,10 @@ def compare(
             rank_options=ranking,
             address=address,
             batch=batch,
-            **compare_options(steps, ranks, tol, exact, maps),
+            **compare_options(steps, ranks, tol, exact, maps, noise_ref),
         )
     else:
-        table = rank_rows(run_compare(store, target, ref, steps, ranks, tol, exact, maps), **ranking)
+        table = rank_rows(run_compare(store, target, ref, steps, ranks, tol, exact, maps, noise_ref), **ranking)
     from dumpstore.analysis.explain import run_modes
 
     _warn_modes(run_modes(store, target, ref), target, ref, exact)
@@ -127,14 +131,19 @@ def compare(
     is_flag=True,
     help="Recompute even when the store holds this verdict for the same ingests (see README, memo).",
 )
+@noise_ref_option
 @engine_options
-def divergence(store, target, ref, exact, steps, ranks, tol, maps, fmt, check, no_cache, engine, address, batch):
+def divergence(
+    store, target, ref, exact, steps, ranks, tol, maps, fmt, check, no_cache, noise_ref, engine, address, batch
+):
     """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops.
 
     --json prints one object; --csv one row per finding (first divergence, culprit)."""
     cluster = {"address": address, "batch": batch} if engine == "ray" else None
-    v = verdict(store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache, cluster=cluster)
-    with_explanations(store, question(target, ref, steps, ranks, tol, exact, maps), v, use_memo=not no_cache)
+    v = verdict(
+        store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache, cluster=cluster, noise_ref=noise_ref
+    )
+    with_explanations(store, question(target, ref, steps, ranks, tol, exact, maps, noise_ref), v, use_memo=not no_cache)
     v["modes"]["notes"] = _warn_modes(v["modes"], target, ref, exact)
     click.echo(verdict_out(v, fmt, store))
     if check and v["first_divergence"] is not None:
@@ -250,20 +259,33 @@ def verdict_json(v: dict, store) -> dict:
     return contract("divergence", store, body, target=v["target"], ref=v["ref"])
 
 
-def question(target, ref, steps, ranks, tol, exact, maps):
+def question(target, ref, steps, ranks, tol, exact, maps, noise_ref=None):
     from dumpstore.analysis.tolerance import Tolerances
     from dumpstore.analysis.verdict import Question
 
-    return Question(target, ref, tuple(steps) or None, tuple(ranks) or None, Tolerances.parse(tol), tuple(maps), exact)
+    return Question(
+        target, ref, tuple(steps) or None, tuple(ranks) or None, Tolerances.parse(tol), tuple(maps), exact, noise_ref
+    )
 
 
 def verdict(
-    store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: bool = True, cluster: dict | None = None
+    store,
+    target,
+    ref,
+    steps,
+    ranks,
+    tol,
+    exact,
+    maps,
+    *,
+    use_memo: bool = True,
+    cluster: dict | None = None,
+    noise_ref: str | None = None,
 ) -> dict:
     """The divergence verdict as a dict (the library's memoized answer; `cluster`: screened on Ray)."""
     from dumpstore.analysis.verdict import answer
 
-    q = question(target, ref, steps, ranks, tol, exact, maps)
+    q = question(target, ref, steps, ranks, tol, exact, maps, noise_ref)
     return answer(store, q, use_memo=use_memo, cluster=cluster).to_dict()
 
 
@@ -296,6 +318,10 @@ def verdict_text(v: dict) -> str:
             f"mixed precision: the runs compute in {p['target']} and {p['ref']}; every tensor is judged "
             f"at the {p['floor']} tolerance"
         )
+    if p.get("note"):
+        lines.append(p["note"])
+    if p.get("noise_ref"):
+        lines.append(f"noise band per tensor: 3x its error in {p['noise_ref']} against {v['ref']}")
     for side in ("target", "ref"):
         extra = sorted(set(c[f"{side}_steps"]) - set(c["common_steps"]))
         if extra:

@@ -317,6 +317,13 @@ from .health_cmds import checklist, health  # noqa: E402
 main.add_command(checklist)
 main.add_command(health)
 
+from .replay_cmd import replay as _replay  # noqa: E402
+
+main.add_command(_replay)
+from .longrun_cmds import register as _register_longrun  # noqa: E402
+
+_register_longrun(main)
+
 
 class _NoPandas:
     """Import finder refusing pandas.  pyarrow imports pandas (~0.5 s, ~50 MB) on the first array it builds, only

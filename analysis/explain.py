@@ -164,6 +164,8 @@ class Explanation:
         parts = []
         if self.module:
             parts.append(f"{self.module} ({self.module_class})" if self.module_class else self.module)
+        elif self.module_class:  # the top-level module: msprobe names it by its class alone
+            parts.append(f"the model itself ({self.module_class})")
         if self.source:
             parts.append(f"called at {source_text(self.source)}")
         return ", ".join(parts) or None

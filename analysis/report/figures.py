@@ -170,6 +170,7 @@ def line_figure(
             "connectgaps": True,
         },
     )
+    _quiet_around(traces, ops, keep)
     annotations: list[dict[str, Any]] = []
     for (step, op), (label, symbol, color) in marks.items():
         hit = [i for i, o in enumerate(ops) if o["step"] == step and o["op"] == op]
@@ -268,6 +269,45 @@ def _scatter(name: str, ops: list[dict], ys: list, xs: list[int], marker: dict, 
         "hovertemplate": "%{text}<extra>" + esc(name) + "</extra>",
         "marker": marker,
     }
+
+
+CHART_PX = 1300  # about the plot's width in pixels
+MARK_PX = 12  # a marked point's radius and margin: points of other ops this close do not take its hover
+
+
+def _quiet_around(traces: list[dict], ops: list[dict], marked: set[int]) -> None:
+    """Points of other ops drawn under a marked point (culprit star, first divergence) do not answer its hover.
+
+    Plotly's 'closest' hover measures a marker's distance minus its radius, at least 1 - 3/radius: a small point
+    under the big star is nearer than the star, so hovering the star named a neighbour (many ops share its pixels
+    on a long run).  Such neighbours move to a companion trace drawn alike with hoverinfo 'skip' (plotly honours
+    'skip' per trace only)."""
+    window = len(ops) * MARK_PX // CHART_PX
+    if not marked or window == 0:
+        return
+    near = {i for m in marked for i in range(max(0, m - window), min(len(ops), m + window + 1))}
+    own = {ops[m]["op"] for m in marked}
+    for t in list(traces):
+        xs = t.get("x") or []
+        if t.get("mode") != "markers" or not xs:
+            continue
+        quiet = [k for k, x in enumerate(xs) if x in near and ops[x]["op"] not in own]
+        if not quiet:
+            continue
+        gone = set(quiet)
+        keys = [k for k in ("x", "y", "text", "customdata") if k in t]
+        traces.append(
+            {
+                **t,
+                **{k: [t[k][q] for q in quiet] for k in keys},
+                "hoverinfo": "skip",
+                "showlegend": False,
+                "legendgroup": t["name"],
+            }
+        )
+        for k in keys:
+            t[k] = [v for j, v in enumerate(t[k]) if j not in gone]
+        t["legendgroup"] = t["name"]
 
 
 def _leaf(name: str | None, op: str) -> str:

@@ -90,6 +90,7 @@ def monitor_store(tmp_path_factory):
     return store
 
 
+@pytest.mark.msprobe
 def test_culprit_is_the_drifting_layer_before_the_loss(monitor_store):
     rep = compare_long_runs(open_store(monitor_store), "drift", "ref")
     c = rep.culprit
@@ -103,6 +104,7 @@ def test_culprit_is_the_drifting_layer_before_the_loss(monitor_store):
     assert cfg["task"] == "tensor" and cfg["step"] == [59, 60] and cfg["tensor"]["list"] == ["layers.2."]
 
 
+@pytest.mark.msprobe
 def test_culprit_named_before_the_loss(monitor_store):
     """One layer's gradient 5 % too large from step 60: its grad_reduced norm moves at step 60, the loss at
     iteration 62 (monitor step 61: the first loss computed with weights updated by the faulty step)."""
@@ -114,6 +116,7 @@ def test_culprit_named_before_the_loss(monitor_store):
     assert c["loss_step"] == 61
 
 
+@pytest.mark.msprobe
 def test_culprit_quiet_on_a_clean_rerun(monitor_store):
     rep = compare_long_runs(open_store(monitor_store), "ref2", "ref")
     assert rep.culprit is not None and rep.culprit["first"] is None and rep.divergence.step is None
@@ -121,6 +124,7 @@ def test_culprit_quiet_on_a_clean_rerun(monitor_store):
     assert rep.culprit["first"]["param"] == "layers.2.weight" and rep.culprit["first"]["step"] == 60
 
 
+@pytest.mark.msprobe
 def test_cli_curves_outputs(monitor_store):
     base = ["curves", "--target", "drift", "--ref", "ref", "--store", str(monitor_store)]
     r = CliRunner().invoke(main, base)
@@ -178,6 +182,7 @@ def test_health_not_converging_and_zero(tmp_path):
     assert zero["zero_loss"] == ("fail", 51)
 
 
+@pytest.mark.msprobe
 def test_monitor_only_runs_and_update_ratio(tmp_path):
     pytest.importorskip("msprobe")
     gen = gen_monitor.ensure()

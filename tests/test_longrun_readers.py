@@ -123,6 +123,7 @@ def test_tensorboard_every_point_and_truncated_tail(tmp_path):
         read_events(bad)
 
 
+@pytest.mark.msprobe
 def test_monitor_trainermon_all_prefixes(generated):
     table = read_monitor(generated / "allprefix" / "monitor")
     rows = table.to_pylist()
@@ -137,6 +138,7 @@ def test_monitor_trainermon_all_prefixes(generated):
     assert min(r["step"] for r in rows if r["prefix"] == "exp_avg") == 1  # Adam's moments start at step 1
 
 
+@pytest.mark.msprobe
 def test_monitor_v2_layout(generated):
     table = read_monitor(generated / "v2" / "monitor")
     prefixes = {r["prefix"] for r in table.to_pylist()}
@@ -155,6 +157,7 @@ def test_monitor_errors(tmp_path):
         read_monitor(tmp_path)
 
 
+@pytest.mark.msprobe
 def test_ingest_run_folder_into_store_views(generated, tmp_path):
     store = tmp_path / "store"
     row = ingest_longrun([generated / "drift"], "drift", store=store)
@@ -170,6 +173,7 @@ def test_ingest_run_folder_into_store_views(generated, tmp_path):
     assert len(list((store / "longrun" / "monitor" / "run=drift").glob("*.parquet"))) == 0
 
 
+@pytest.mark.msprobe
 def test_cli_ingest_and_errors(generated, tmp_path):
     store = str(tmp_path / "store")
     r = CliRunner().invoke(main, ["longrun-ingest", str(DATA / "megatron_resumed.log"), "--run", "a", "--store", store])
@@ -181,6 +185,7 @@ def test_cli_ingest_and_errors(generated, tmp_path):
     assert r.exit_code == 0 and "megatron" in r.output
 
 
+@pytest.mark.msprobe
 def test_collect_mixed(generated):
     lr = collect([generated / "ref" / "train.log", generated / "ref" / "tb"], "x")
     assert lr.monitor is None and lr.scalars is not None

@@ -213,3 +213,41 @@ def test_html_page_draws_in_chromium(logs, tmp_path):
     assert not page.console_errors, page.console_errors[:5]
     assert page.dom.count('class="main-svg"') >= 2
     assert re.search(r'id="render-ms">\d+<', page.dom)
+
+
+def _monitor(values: dict[str, list[float]], steps: int) -> pa.Table:
+    """A grad_reduced monitor table: one row per parameter and step."""
+    rows = [
+        {"rank": 0, "step": s, "micro_step": None, "vpp_stage": 0, "prefix": "grad_reduced", "name": p,
+         "module": p.rsplit(".", 1)[0], "param": p, "seq": i, "norm": v[s], "min": -v[s] / 10, "max": v[s] / 10}
+        for i, (p, v) in enumerate(values.items())
+        for s in range(steps)
+    ]  # fmt: skip
+    return pa.Table.from_pylist(rows)
+
+
+def test_culprit_on_noisy_reruns():
+    """Non-deterministic reruns (every statistic 1e-4 relative noise): a clean pair is quiet with and without a
+    rerun band; a 1 % gradient error of one parameter from step 120 is named at 120."""
+    import numpy as np
+
+    from dumpstore.analysis.longrun_culprit import monitor_culprit
+
+    steps, names = 200, [f"layers.{i}.weight" for i in range(8)]
+    base = {n: 1.0 + 0.5 * np.sin(np.arange(steps) / (7 + i)) for i, n in enumerate(names)}
+
+    def run(seed, fault=False):
+        rng = np.random.default_rng(seed)
+        vals = {}
+        for n in names:
+            v = base[n] * (1 + 1e-4 * rng.standard_normal(steps))
+            if fault and n == "layers.5.weight":
+                v[120:] *= 1.01
+            vals[n] = v.tolist()
+        return _monitor(vals, steps)
+
+    ref, ref2, clean, bad = run(0), run(1), run(2), run(3, fault=True)
+    for m2 in (None, ref2):
+        assert monitor_culprit(clean, ref, m2)["first"] is None
+        first = monitor_culprit(bad, ref, m2)["first"]
+        assert (first["param"], first["step"]) == ("layers.5.weight", 120)

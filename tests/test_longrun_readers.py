@@ -113,6 +113,7 @@ def test_tensorboard_every_point_and_truncated_tail(tmp_path):
     assert _series(table, "lr") == {3: 0.5}
     samples = {r["step"]: r["consumed_samples"] for r in table.to_pylist() if r["tag"] == "grad_norm"}
     assert samples == {1: 512, 2: 1024, 3: 1536}
+    assert not any(t.endswith("_vs_samples") for t in table.column("tag").to_pylist())
     cut = tmp_path / "cut.tfevents"
     cut.write_bytes(path.read_bytes()[:-7])
     with pytest.warns(UserWarning, match="cut short"):

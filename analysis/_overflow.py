@@ -2,9 +2,12 @@
 
 A tensor is dirty when it holds NaN, +Inf, -Inf or +-finfo(dtype).max.  With a reference run, only what the
 reference does not also have at the aligned tensor counts (so the -Inf of attention masking is not overflow).
-Without one, a -Inf-only output of a masking op (masked_fill, where, fill, full) is reported but not taken as
-the first overflow.  A producer is a record whose inputs and parameters are clean and whose output is dirty;
-the first overflow is the first producer in execution order (steps in order, then dump order) per step and rank.
+A masking op (masked_fill, where, fill, full, ...) whose fill argument is the dtype's extreme (a scalar or a
+one-element tensor at +-Inf or +-finfo.max, e.g. `torch.where(mask, x, finfo.min)`) fills on purpose: its
+output's extremes are a mask, not overflow, with or without a reference (`likely_mask`, reported but never the
+first overflow); so is, without a reference, a -Inf-only output of a masking op.  A producer is a record whose
+inputs and parameters are clean and whose output is dirty; the first overflow is the first producer in execution
+order (steps in order, then dump order) per step and rank.
 """
 
 from __future__ import annotations
@@ -14,13 +17,33 @@ from typing import Any
 
 import polars as pl
 
+from dumpstore.dtypes import FINFO_MAX, is_float
+
 from .compare import Comparison, compare_runs
 from .load import load_run
 from .order import ORDER, OUTPUT_IO, with_phase
 from .select import check_selection
 
 _FLAGS = ("has_nan", "has_posinf", "has_neginf", "has_sat")
-_MASK_OPS = ("masked_fill", "masked_fill_", "where", "fill", "fill_", "full", "full_like", "triu", "tril")
+_MASK_OPS = (
+    "masked_fill",
+    "masked_fill_",
+    "where",
+    "fill",
+    "fill_",
+    "full",
+    "full_like",
+    "new_full",
+    "index_fill",
+    "index_fill_",
+    "masked_scatter",
+    "triu",
+    "tril",
+    "select",  # MindSpore's where
+    "masked_select",
+)
+# the dtype's extreme, to the dumper's print precision (as records.py's saturation test)
+_EXTREME = {d: v * (1 - 1e-7) for d, v in FINFO_MAX.items() if is_float(d)}
 
 
 @dataclass
@@ -35,6 +58,20 @@ class OverflowReport:
         d = {"run": self.run, "ref": self.ref, "first_overflow": self.first_overflow, "producers": self.producers}
         d["tensors"] = self.tensors.to_dicts()
         return d
+
+
+def _negative_fill() -> pl.Expr:
+    """Dirty by -Inf or -finfo.max only (no NaN, no +Inf, largest value below +finfo.max): what a masking op
+    fills with (`masked_fill(mask, -inf)`, a Llama-style `torch.where(mask, finfo.min, x)`), not an overflow."""
+    top = pl.col("dtype").replace_strict(FINFO_MAX, default=None, return_dtype=pl.Float64)
+    below_top = (pl.col("max").cast(pl.Float64, strict=False) < top).fill_null(True)
+    neg_sat = pl.col("new_sat") & (pl.col("min").cast(pl.Float64, strict=False) <= -top).fill_null(False)
+    return (
+        (pl.col("new_neginf") | neg_sat)
+        & ~pl.col("new_nan")
+        & ~pl.col("new_posinf")
+        & (~pl.col("new_sat") | (neg_sat & below_top))
+    )
 
 
 def _kind(row: dict[str, Any]) -> str:
@@ -70,10 +107,16 @@ def overflow(
         )
     new = pl.any_horizontal([pl.col(f"new_{f[4:]}") for f in _FLAGS])
     only_neginf = pl.col("new_neginf") & ~pl.col("new_nan") & ~pl.col("new_posinf") & ~pl.col("new_sat")
-    rows = rows.filter(pl.col("kind") == "tensor").with_columns(
+    mask_op = pl.col("op_type").is_in(list(_MASK_OPS))
+    rows = _with_fill(rows).filter(pl.col("kind") == "tensor")
+    extreme = pl.col("dtype").replace_strict(_EXTREME, default=None, return_dtype=pl.Float64)
+    fills_extreme = pl.col("_fill").is_not_null() & (pl.col("_fill") >= extreme.fill_null(float("inf")))
+    rows = rows.with_columns(
         new.alias("dirty"),
-        (only_neginf & pl.col("op_type").is_in(list(_MASK_OPS)) & pl.lit(ref is None)).alias("likely_mask"),
-    )
+        (mask_op & ~pl.col("new_nan") & ((only_neginf & pl.lit(ref is None)) | fills_extreme | _negative_fill())).alias(
+            "likely_mask"
+        ),
+    ).drop("_fill")
     dirty = rows.filter(pl.col("dirty"))
     producers = _producers(rows)
     first = next((p for p in producers if not p["likely_mask"]), None)
@@ -96,6 +139,22 @@ def overflow(
         "likely_mask",
     ]
     return OverflowReport(run, ref, first, producers, dirty.select(cols).sort(["step", "rank", "seq"]))
+
+
+def _with_fill(rows: pl.DataFrame) -> pl.DataFrame:
+    """`_fill`: per record, the largest |value| among its non-output scalars and one-element tensors (a fill
+    value such as finfo.min or -inf), null when it has none."""
+    one = pl.col("kind").eq("tensor") & pl.col("numel").le(1)
+    value = (
+        pl.when(pl.col("kind") == "scalar")
+        .then(pl.col("scalar_value").abs())
+        .when(one)
+        .then(pl.max_horizontal(pl.col("max").abs(), pl.col("min").abs()))
+        .otherwise(None)
+    )
+    value = pl.when(~pl.col("io").is_in(OUTPUT_IO)).then(value).otherwise(None)
+    key = ["step", "rank", "source", "seq"]
+    return rows.with_columns(value.fill_nan(None).max().over(key).alias("_fill"))
 
 
 def _producers(rows: pl.DataFrame) -> list[dict[str, Any]]:

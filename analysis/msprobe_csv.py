@@ -1,20 +1,43 @@
-"""msprobe's CSV cells that depend on the dump mode: the statistics relative errors and the md5 columns.
+"""msprobe's CSV cells as `msprobe compare` 26.2.0 writes them, per dump mode, and its Result / Err_message.
+
+Summary cells (`NPU max` ... `Bench l2norm`): the dumped statistic as msprobe holds it: `None` for null, `True` /
+`False` for bool, an argument's own value, `N/A` for a side without a leaf, ` inf` / ` -inf` for float infinities.
+Statistics mode: `Max diff` ... `L2norm diff` and the four relative errors are msprobe's `CalcStatsDiff` cells.
+Tensor mode: the six metrics of a row msprobe cannot compare (non-tensor or null leaf, no file, unmatched) are
+`unsupported`; with `--exact` every cell is msprobe's own (`shape unmatched`, `N/A`, `Nan` included).
+`Result` and `Err_message` follow msprobe's verdict rules (`core/compare/indicator_analysis/`), run per NPU op
+(`verdicts`): tensor mode InfNan, OneThousandth, RequiresGrad, Parameters, DType, Shape, CosineWarn; statistics
+mode InfNan, RelativeErr, RequiresGrad, Parameters, DType, Shape, RelativeWarn; md5 mode CRC32.
 
 Statistics mode: msprobe 26.x `CalcStatsDiff` (metrics.stats_diff) on the two dumped values as msprobe holds
 them (JSON numbers, `None` for null, `True`/`False` for bool tensors, an argument's own value): `0` where equal
 as text, `N/A` on unmatched rows, else `inf`, `-inf`, `Nan`, `Diff` or |(npu - bench) / bench * 100| with `%`.
 md5 mode: `NPU MD5` / `BENCH MD5` are the dumped checksums (an argument's: CRC-32 of its printed value; a
-tensor whose md5 is empty: CRC-32 of ''), `N/A` for a side without a leaf; `Result` is msprobe's: `error`
-where they differ, `warning` where one side has none, else (and on unmatched rows, as 26.2.0 writes) `pass`.
+tensor whose md5 is empty: CRC-32 of ''), `N/A` for a side without a leaf.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from typing import Any
 
 from .metrics import stats_diff
+
+PASS, WARNING, ERROR = "pass", "warning", "error"
+_LEVEL = {PASS: 0, WARNING: 1, ERROR: 2}
+SUMMARY_COLUMNS = ("max", "min", "mean", "l2norm")
+DIFF_COLUMNS = ("Max diff", "Min diff", "Mean diff", "L2norm diff")
+TENSOR_METRIC_COLUMNS = (
+    "Cosine",
+    "EucDist",
+    "MaxAbsErr",
+    "MaxRelativeErr",
+    "One Thousandth Err Ratio",
+    "Five Thousandths Err Ratio",
+)
+UNSUPPORTED = "unsupported"
 
 N_A = "N/A"
 STAT_REL_COLUMNS = ("MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr")
@@ -60,29 +83,234 @@ def columns(base: tuple[str, ...], mode: str | None) -> tuple[str, ...]:
 
 
 def fill(d: dict[str, Any], r: dict[str, Any], mode: str | None) -> None:
-    """Set the mode's cells of CSV row `d` from the aligned leaf pair `r` (target columns, `ref_` columns)."""
+    """Set msprobe's cells of CSV row `d` from the aligned leaf pair `r` (target columns, `ref_` columns):
+    the summary cells as msprobe holds them and the mode's own cells (see the module docstring)."""
     here = (r.get("name") is not None, r.get("ref_name") is not None)
+    held = {}
+    for side, pre, present in (("NPU", "", here[0]), ("Bench", "ref_", here[1])):
+        for (key, stat), col in zip(_STATS, SUMMARY_COLUMNS):
+            value = held[side, key] = _held_stat(r, pre, stat) if present else N_A
+            if r.get(f"{pre}kind") == "tensor" and value is None and not _has_dump_stats(r, pre):
+                value = d.get(f"{side} {col}")  # no dumper statistics (a folder of tensor files): the store's
+            d[f"{side} {col}"] = _summary_cell(value)
     if mode == "statistics":
         if not all(here):
-            d.update(dict.fromkeys(STAT_REL_COLUMNS, N_A))
+            d.update(dict.fromkeys(STAT_REL_COLUMNS + DIFF_COLUMNS, N_A))
             return
-        cells = stats_diff(
-            {key: _held_stat(r, "", stat) for key, stat in _STATS},
-            {key: _held_stat(r, "ref_", stat) for key, stat in _STATS},
-        )
+        cells = stats_diff({k: held["NPU", k] for k, _ in _STATS}, {k: held["Bench", k] for k, _ in _STATS})
+        for col, (key, _) in zip(DIFF_COLUMNS, _STATS):
+            rel = str(cells[f"{key}RelativeErr" if key != "Norm" else "NormRelativeErr"])
+            diff = cells[col]
+            d[col] = 0 if rel == "0" and diff == 0 else diff
         d.update({col: str(cells[col]) for col in STAT_REL_COLUMNS})
+    elif mode == "tensor":
+        comparable = all(here) and r.get("kind") == "tensor" and r.get("ref_kind") == "tensor"
+        comparable = comparable and bool(r.get("data_name")) and bool(r.get("ref_data_name"))
+        for col in TENSOR_METRIC_COLUMNS:
+            if not comparable:
+                d[col] = UNSUPPORTED
+            elif isinstance(r.get(_EXACT[col]), str):
+                d[col] = _exact_cell(r[_EXACT[col]])
     elif mode == "md5":
         d["NPU MD5"] = _md5(r, "") if here[0] else N_A
         d["BENCH MD5"] = _md5(r, "ref_") if here[1] else N_A
-        d["Result"] = md5_result(d["NPU MD5"], d["BENCH MD5"], r.get("record") or "", r.get("io"), all(here))
 
 
-def md5_result(npu: str, bench: str, record: str, io: str | None, matched: bool) -> str:
-    """msprobe 26.x's md5-mode Result of one row (its CRC32 rule; unmatched rows and ignored APIs pass)."""
-    api = record.split(".")[1] if "." in record else ""
-    if not matched or api in _IGNORED_APIS or (api in _INPUT_IGNORED_APIS and io != "output") or npu == bench:
-        return "pass"
-    return "warning" if npu in _NO_MD5 or bench in _NO_MD5 else "error"
+_EXACT = dict(
+    zip(
+        TENSOR_METRIC_COLUMNS,
+        (
+            "msprobe_cosine",
+            "msprobe_euc_dist",
+            "msprobe_max_abs_err",
+            "msprobe_max_rel_err",
+            "msprobe_one_thousandth",
+            "msprobe_five_thousandth",
+        ),
+    )
+)
+
+
+def _exact_cell(text: str) -> Any:
+    """An exact-mode cell: a number as a float (written like msprobe's), text ('unsupported', 'Nan') as is."""
+    try:
+        return _summary_cell(float(text))
+    except ValueError:
+        return text
+
+
+def _has_dump_stats(r: dict[str, Any], pre: str) -> bool:
+    return any(r.get(f"{pre}dump_{stat}") is not None for _, stat in _STATS)
+
+
+def _summary_cell(value: Any) -> Any:
+    """A value as msprobe's CSV prints it: None -> 'None', NaN -> 'Nan', float infinities with a leading space."""
+    if value is None:
+        return "None"
+    if isinstance(value, float) and math.isnan(value):
+        return "Nan"
+    if isinstance(value, float) and math.isinf(value):
+        return " inf" if value > 0 else " -inf"
+    return value
+
+
+def verdicts(rows: list[dict[str, Any]], mode: str | None) -> None:
+    """Set `Result` and `Err_message` of one NPU op's CSV rows by msprobe 26.2.0's rules for `mode`
+    (`ApiIndicatorCalculator`); rows only in the bench get `pass`, `[]` (msprobe has no such row)."""
+    for d in rows:
+        d["Result"], d["Err_message"] = PASS, []
+    npu_rows = [d for d in rows if d["NPU Name"] != N_A]
+    inputs = [d for d in npu_rows if ".output." not in d["NPU Name"]]
+    outputs = [d for d in npu_rows if ".output." in d["NPU Name"]]
+    ignore = _ignore_info(inputs)
+    checked = [] if ignore == "all" else outputs if ignore == "input" else inputs + outputs
+    checkers = _CHECKERS.get(mode or "", ())
+    for checker in checkers:
+        checker(inputs, outputs, checked, ignore in ("all", "input"))
+    for d in rows:
+        d["Err_message"] = json.dumps(d["Err_message"])
+
+
+def _set(d: dict[str, Any], level: str, message: str) -> None:
+    if _LEVEL[level] > _LEVEL[d["Result"]]:
+        d["Result"] = level
+    d["Err_message"].append(f"{level}: {message}")
+
+
+def _ignore_info(inputs: list[dict[str, Any]]) -> str:
+    if not inputs:
+        return "none"
+    parts = inputs[0]["NPU Name"].split(".")
+    if len(parts) < 2:
+        return "none"
+    return "all" if parts[1] in _IGNORED_APIS else "input" if parts[1] in _INPUT_IGNORED_APIS else "none"
+
+
+def _is_inf_or_nan(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isnan(value) or math.isinf(value)
+    return isinstance(value, str) and value.strip().lower() in ("inf", "-inf", "nan")
+
+
+def _percent(value: Any) -> float:
+    """msprobe's str2float: '12.5%' -> 0.125, 'inf' -> inf, anything else 0."""
+    try:
+        return float(str(value).strip("%")) / 100
+    except ValueError:
+        return 0.0
+
+
+def _extreme(rows: list[dict[str, Any]], col: str, is_min: bool) -> float:
+    """ApiData.get_min_or_max_value: over numbers and '%' cells, defaults 1.0 (min) / 0.0 (max)."""
+    best = 1.0 if is_min else 0.0
+    for d in rows:
+        value = d[col]
+        if value is None or value in ("Nan", N_A):
+            continue
+        if isinstance(value, str) and value.endswith("%"):
+            value = _percent(value)
+        if isinstance(value, str):
+            continue
+        if isinstance(value, float) and math.isnan(value):
+            best = value if is_min else max(best, value)  # Python's min/max with NaN, as msprobe's loop does
+            continue
+        best = min(best, value) if is_min else max(best, value)
+    return best
+
+
+def _matched(d: dict[str, Any]) -> bool:
+    return bool(d["Bench Name"]) and d["Bench Name"] != N_A
+
+
+def _inf_nan(inputs, outputs, checked, skip_inputs) -> None:
+    for d in checked:
+        if _is_inf_or_nan(d["Bench max"]) or _is_inf_or_nan(d["Bench min"]):
+            continue
+        if _is_inf_or_nan(d["NPU max"]) or _is_inf_or_nan(d["NPU min"]):
+            _set(d, ERROR, "There is nan/inf/-inf in the maximum or minimum value of NPU.")
+
+
+def _relative_err(inputs, outputs, checked, skip_inputs) -> None:
+    if skip_inputs:
+        return
+    if abs(_extreme(inputs, "NormRelativeErr", is_min=False)) < 0.1:
+        for d in outputs:
+            if abs(_percent(d["NormRelativeErr"])) > 0.5:
+                _set(d, ERROR, "The NormRelativeErr of output is greater than 0.5.")
+
+
+def _one_thousandth(inputs, outputs, checked, skip_inputs) -> None:
+    if skip_inputs or not outputs:
+        return
+    col = "One Thousandth Err Ratio"
+    if _extreme(inputs, col, True) > 0.9 and _extreme(outputs, col, True) < 0.1:
+        _set(outputs[0], ERROR, "The input/parameters of One Thousandth Err Ratio > 0.9 while the output < 0.6.")
+
+
+def _requires_grad(inputs, outputs, checked, skip_inputs) -> None:
+    for d in checked:
+        npu, bench = str(d["NPU Requires_grad"]), str(d["Bench Requires_grad"])
+        if _matched(d) and npu and bench and npu != bench:
+            _set(d, ERROR, "The Required_Grad of NPU and Bench are inconsistent")
+
+
+def _parameters(inputs, outputs, checked, skip_inputs) -> None:
+    if skip_inputs:
+        return
+    for d in inputs:
+        if not _matched(d) or "class" not in d["NPU Dtype"] or "class" not in d["Bench Dtype"]:
+            continue
+        if d["NPU Tensor Shape"] == "[]" and d["NPU max"] != d["Bench max"]:
+            _set(d, ERROR, "The scalar parameters of NPU and Bench are inconsistent.")
+
+
+def _dtype(inputs, outputs, checked, skip_inputs) -> None:
+    for d in checked:
+        bench = d["Bench Name"]
+        if not _matched(d) or "qkv" in bench or "gate_up" in bench:
+            continue
+        if d["NPU Dtype"] and d["Bench Dtype"] and d["NPU Dtype"] != d["Bench Dtype"]:
+            _set(d, ERROR, "The dtype of NPU and Bench are inconsistent.")
+
+
+def _shape(inputs, outputs, checked, skip_inputs) -> None:
+    for d in checked:
+        if _matched(d) and d["NPU Tensor Shape"] != d["Bench Tensor Shape"]:
+            _set(d, ERROR, "The shape of NPU and Bench are inconsistent.")
+
+
+def _relative_warn(inputs, outputs, checked, skip_inputs) -> None:
+    if skip_inputs or not outputs:
+        return
+    rel_in = abs(_extreme(inputs, "NormRelativeErr", is_min=False))
+    rel_out = abs(_extreme(outputs, "NormRelativeErr", is_min=False))
+    if (rel_in == 0 and rel_out > 0.1) or (rel_in != 0 and rel_out / rel_in > 10):
+        _set(outputs[0], WARNING, "The norm relative error of output is 10 times that of input.")
+
+
+def _cosine_warn(inputs, outputs, checked, skip_inputs) -> None:
+    if skip_inputs or not outputs:
+        return
+    cos_in, cos_out = _extreme(inputs, "Cosine", True), _extreme(outputs, "Cosine", True)
+    if cos_in > 0.9 and cos_in - cos_out > 0.1:
+        _set(outputs[0], WARNING, "The input/parameters of Cosine > 0.9, and input/parameters - output > 0.1")
+
+
+def _crc32(inputs, outputs, checked, skip_inputs) -> None:
+    for d in checked:
+        npu, bench = d["NPU MD5"], d["BENCH MD5"]
+        if npu != bench:
+            if npu in _NO_MD5 or bench in _NO_MD5:
+                _set(d, WARNING, "The parameter of NPU does not match the bench.")
+            else:
+                _set(d, ERROR, "The CRC-32 value of NPU differs from that of the bench.")
+
+
+_CHECKERS = {
+    "tensor": (_inf_nan, _one_thousandth, _requires_grad, _parameters, _dtype, _shape, _cosine_warn),
+    "statistics": (_inf_nan, _relative_err, _requires_grad, _parameters, _dtype, _shape, _relative_warn),
+    "md5": (_crc32,),
+}
 
 
 def stat_relative_error(npu: Any, bench: Any) -> str:
@@ -96,8 +324,11 @@ def _held_stat(r: dict[str, Any], pre: str, stat: str) -> Any:
     kind = r.get(f"{pre}kind")
     if kind == "tensor":
         v = r.get(f"{pre}dump_{stat}")
-        if v is not None and r.get(f"{pre}dtype") == "bool":
+        dtype = r.get(f"{pre}dtype") or ""
+        if v is not None and dtype == "bool":
             return bool(v)
+        if isinstance(v, float) and dtype.startswith(("int", "uint")) and v.is_integer():
+            return int(v)  # dump.json holds an integer tensor's Max/Min as JSON integers
         return v
     if kind == "scalar":
         vtype = r.get(f"{pre}value_type")

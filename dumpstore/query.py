@@ -70,9 +70,11 @@ def connect(
         )
     else:
         _empty_view(con, "stacks", STACK_SCHEMA, ["run:VARCHAR"])
+    from .replaytable import create_replay_view
     from .views import create_views
 
     create_views(con)
+    create_replay_view(con, store, catalog)
     from .longrun.store import create_views as longrun_views  # scalars, monitor, longruns (docs/longrun.md)
 
     longrun_views(con, store)

@@ -170,6 +170,8 @@ def _json(value: Any) -> str:
 
 
 def _num(v: Any) -> float | None:
+    """A statistic as a float: JSON numbers and bools, and the strings msprobe writes for numbers ('inf', '-inf',
+    'nan', in any case, and numbers as text); None for anything else."""
     if type(v) is float or v is None:
         return v
     if isinstance(v, bool):
@@ -179,6 +181,11 @@ def _num(v: Any) -> float | None:
             return float(v)
         except OverflowError:  # a JSON int past float64's range
             return math.inf if v > 0 else -math.inf
+    if isinstance(v, str) and len(v) <= 64 and "_" not in v:
+        try:
+            return float(v)
+        except ValueError:
+            return None
     return None
 
 

@@ -26,7 +26,7 @@ from dumpstore.store import open_store
 
 sys.path.insert(0, str(Path(__file__).parent / "longrun"))
 import gen_monitor  # noqa: E402
-from synth import megatron_log, sgd_run  # noqa: E402
+from longrun_synth import megatron_log, sgd_run  # noqa: E402
 
 STEPS, N = 3000, 1200
 

@@ -1,20 +1,20 @@
-"""The CSV report: one row per aligned leaf, msprobe's column names plus dumpstore's own columns.
+"""The CSV report: one row per aligned leaf, msprobe's columns with msprobe's values, then dumpstore's own columns.
 
 One row per aligned leaf (tensors and non-tensor arguments, unmatched leaves included), in the store's order.
-msprobe 26.x column names where the meaning is the same (§5.7 of MSPROBE_FORMAT.md), then dumpstore's own
-columns; the dump mode's own msprobe columns and cells come from msprobe_csv.py (statistics: the four
-`…RelativeErr` as msprobe's text, `0.9186%`, `inf`, `Nan`; md5: `NPU MD5`, `BENCH MD5`, msprobe's `Result`).
-Other numbers are written as numbers (`inf`, `-inf`, `nan`; empty when unknown), never as `%` strings;
-shapes as msprobe writes them (`[4, 8, 32]`, `[]` for non-tensors, `N/A` for null leaves).  With the store at
-hand the dtype is the dumped one (`torch.float32`, `<class 'int'>`), the summary columns are the dumper's
-statistics (what msprobe shows) and `NPU_Stack_Info` holds the call stack on the first row of each op.
-The six tensor-mode cells are msprobe's (`compare_runs(..., exact=True)`; text cells such as 'unsupported' left
-empty), else dumpstore's estimates (Cosine, MaxAbsErr from sketches or statistics; the rest empty).
-`Result` maps dumpstore's status: pass -> pass, diverged/error -> error, unmatched/unknown -> warning;
-`Err_message` is a JSON list naming the metric and threshold.
+msprobe 26.x column names (§5.7 of MSPROBE_FORMAT.md) hold what `msprobe compare` writes for the same pair
+(msprobe_csv.py): dtypes and shapes as dumped, the summary cells as msprobe holds them (`None`, `True`/`False`,
+`Nan`, ` inf`), the statistics diffs and relative errors (statistics mode), `NPU MD5` / `BENCH MD5` (md5 mode),
+the six tensor metrics (tensor mode; `unsupported` where msprobe cannot compare; `report --csv` on two tensor
+dumps reads the files as `--exact` does), `Result` / `Err_message` by msprobe's own per-op rules,
+`NPU_Stack_Info` on the first row of each op, `Data_name`.  The columns msprobe does not write in the dump's mode
+(e.g. `Cosine` in statistics mode) hold dumpstore's estimates, as numbers.
+dumpstore's judgement is in its own columns: `rel_l2` (relative L2 error), `err_source`, `err_bound`, `tol`,
+`tol_dtype`, `severity` (rel_l2 / tol), `dumpstore_status` (pass, diverged, unmatched, unknown, error),
+`dumpstore_result` (its pass / warning / error), `dumpstore_detail` and `dumpstore_message` (a JSON list naming
+the metric and threshold).
 
-`write_csv` is the one function that writes the file (streaming, row by row); `iter_csv_rows` / `csv_rows`
-build the rows, `_csv_row` one row and `dumpstore.csvsafe` neutralises each cell.
+`write_csv` is the one function that writes the file (streaming, row by row, one op at a time);
+`iter_csv_rows` / `csv_rows` build the rows, `_csv_row` one row and `dumpstore.csvsafe` neutralises each cell.
 """
 
 from __future__ import annotations
@@ -61,16 +61,8 @@ MSPROBE_COLUMNS: tuple[str, ...] = (
     "Bench Tensor Shape",
     "NPU Requires_grad",
     "Bench Requires_grad",
-    "Cosine",
-    "EucDist",
-    "MaxAbsErr",
-    "MaxRelativeErr",
-    "One Thousandth Err Ratio",
-    "Five Thousandths Err Ratio",
-    "Max diff",
-    "Min diff",
-    "Mean diff",
-    "L2norm diff",
+    *msprobe_csv.TENSOR_METRIC_COLUMNS,
+    *msprobe_csv.DIFF_COLUMNS,
     "NPU max",
     "NPU min",
     "NPU mean",
@@ -98,8 +90,10 @@ DUMPSTORE_COLUMNS: tuple[str, ...] = (
     "tol",
     "tol_dtype",
     "severity",
-    "status",
-    "detail",
+    "dumpstore_result",
+    "dumpstore_status",
+    "dumpstore_detail",
+    "dumpstore_message",
 )
 CSV_COLUMNS: tuple[str, ...] = MSPROBE_COLUMNS + DUMPSTORE_COLUMNS
 
@@ -172,12 +166,22 @@ STACKS_SQL = "SELECT step, rank, stack_id, frames FROM stacks WHERE run = $run"
 STACK_SQL = "SELECT frames FROM stacks WHERE run = $run AND step = $step AND rank = $rank AND stack_id = $sid"
 
 
-def write_csv(cmp: Comparison, path: str | Path, *, store=None, progress: Progress | None = None) -> int:
+def write_csv(
+    cmp: Comparison,
+    path: str | Path,
+    *,
+    store=None,
+    progress: Progress | None = None,
+    only_differing: bool = False,
+) -> int:
     """Write the comparison as CSV (see the module docstring), row by row; returns the number of data rows.
 
     The file is written under a temporary name beside `path` and renamed when complete.  `progress("csv",
-    done, total)` is called every PROGRESS_ROWS rows.
+    done, total)` is called every PROGRESS_ROWS rows.  `only_differing`: only the rows whose status is not
+    `pass` (diverged, unmatched, unknown, error).
     """
+    if only_differing:
+        cmp = differing(cmp)
     p = Path(path)
     part = p.with_name(p.name + ".part")
     total, n = cmp.rows.height, 0
@@ -202,8 +206,16 @@ def write_csv(cmp: Comparison, path: str | Path, *, store=None, progress: Progre
     return n
 
 
+def differing(cmp: Comparison) -> Comparison:
+    """The comparison with only its rows whose status is not `pass`."""
+    from dataclasses import replace
+
+    return replace(cmp, rows=cmp.rows.filter(pl.col("status") != "pass"))
+
+
 def csv_rows(cmp: Comparison, *, store=None) -> list[dict[str, Any]]:
-    """The CSV rows as dicts keyed by CSV_COLUMNS (numbers as float/int, None when unknown)."""
+    """The CSV rows as dicts keyed by CSV_COLUMNS (msprobe's cells as msprobe writes them; dumpstore's numbers as
+    float/int, None when unknown)."""
     return list(iter_csv_rows(cmp, store=store))
 
 
@@ -213,15 +225,25 @@ def iter_csv_rows(cmp: Comparison, *, store=None) -> Iterator[dict[str, Any]]:
     rows = rows.select([c for c in rows.columns if c.removeprefix("ref_") in _CSV_INPUTS])
     stacks = _all_stacks(store, cmp.target) if store is not None else {}
     seen_ops, mode = set(), msprobe_csv.dump_mode(cmp, store)
+    group: list[dict[str, Any]] = []  # the rows of one op: msprobe's verdict rules run per op
+    group_key = None
     for r in rows.iter_rows(named=True):
         d = _csv_row(r)
-        msprobe_csv.fill(d, r, mode)  # msprobe's cells of this dump mode (statistics, md5)
-        op_key = (r["step"], r["rank"], r["source"], r["record"])
+        msprobe_csv.fill(d, r, mode)  # msprobe's cells as msprobe writes them for this dump mode
+        op_key = (r["step"], r["rank"], r["source"], r["record"] or r.get("ref_record"))
         frames = stacks.get((r["step"], r["rank"], r["stack_id"])) if r["record"] else None
         if frames is not None and op_key not in seen_ops:
             d["NPU_Stack_Info"] = str(list(frames))
         seen_ops.add(op_key)
-        yield d
+        if op_key != group_key and group:
+            msprobe_csv.verdicts(group, mode)
+            yield from group
+            group = []
+        group_key = op_key
+        group.append(d)
+    if group:
+        msprobe_csv.verdicts(group, mode)
+        yield from group
 
 
 def _with_raw(cmp: Comparison, store) -> pl.DataFrame:
@@ -269,9 +291,8 @@ def _csv_row(r: dict[str, Any]) -> dict[str, Any]:
             d[f"Bench {'l2norm' if stat == 'norm' else stat}"],
             r.get(f"{stat}_diff"),
         )
-    d["Requires_grad Consistent"] = t_here and r_here and d["NPU Requires_grad"] == d["Bench Requires_grad"]
-    d["Result"] = RESULT_OF_STATUS.get(r["status"] or "", N_A)
-    d["Err_message"] = json.dumps(_messages(r, d))
+    d["Requires_grad Consistent"] = str(d["NPU Requires_grad"]) == str(d["Bench Requires_grad"])  # N/A == N/A
+    d["Result"], d["Err_message"] = "pass", "[]"  # msprobe's verdict, set per op by msprobe_csv.verdicts
     d["NPU_Stack_Info"] = N_A
     d["Data_name"] = str([_data_name(r.get("data_name"), t_here), _data_name(r.get("ref_data_name"), r_here)])
     d.update(
@@ -287,8 +308,10 @@ def _csv_row(r: dict[str, Any]) -> dict[str, Any]:
         tol=r.get("tol"),
         tol_dtype=r.get("tol_dtype"),
         severity=r.get("severity"),
-        status=r.get("status"),
-        detail=r.get("detail"),
+        dumpstore_result=RESULT_OF_STATUS.get(r["status"] or "", N_A),
+        dumpstore_status=r.get("status"),
+        dumpstore_detail=r.get("detail"),
+        dumpstore_message=json.dumps(_messages(r, d)),
     )
     return d
 
@@ -386,4 +409,5 @@ def _messages(r: dict, d: dict) -> list[str]:
 
 
 def _data_name(name: str | None, here: bool) -> str:
-    return name if (here and name) else "-1"
+    """msprobe's Data_name entry: the file name, '-1' for a leaf without a file, 'N/A' for a side without a leaf."""
+    return N_A if not here else name or "-1"

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .options import store_option
-from .render import num, output_options, render, rows_out, text, to_json
+from .render import contract, num, output_options, render, rows_out, text, to_json
 
 
 @click.command("longrun-ingest")
@@ -102,7 +102,8 @@ def curves(target, ref, ref2, run, health_only, by, tag, rank, html_path, store,
         size = write_html(rep, curves_text(rep), html_path)
         click.echo(f"wrote {text(str(html_path))} ({size / 1e6:.1f} MB)", err=True)
     if fmt == "json":
-        click.echo(to_json(rep.to_dict()))
+        body = rep.to_dict()
+        click.echo(to_json(contract("curves", store, body, target=body.pop("target"), ref=body.pop("ref"))))
     elif fmt == "csv":
         rows = rep.rows()
         click.echo(rows_out(list(rows[0]) if rows else [], rows, "csv"))
@@ -190,7 +191,8 @@ def _health(st, run, rank, fmt):
 
     rep = long_run_health(st, run, rank=rank)
     if fmt == "json":
-        click.echo(to_json(rep.to_dict()))
+        body = rep.to_dict()
+        click.echo(to_json(contract("curves", st.root, body, run=body.pop("run"))))
     elif fmt == "csv":
         cols = ["check", "status", "step", "value", "detail"]
         click.echo(rows_out(cols, [asdict(f) for f in rep.findings], "csv"))

@@ -1,5 +1,5 @@
 """`curves`, the monitor culprit and long-run health, on runs with answers by construction: SGD curves in numpy
-(tests/longrun/synth.py: a learning-rate change from a step, a spike, clean reruns) and the real msprobe monitor
+(tests/longrun/longrun_synth.py: a learning-rate change from a step, a spike, clean reruns) and the real msprobe monitor
 runs of tests/longrun/gen_monitor.py (one layer's gradient rounded to bfloat16 from step 60)."""
 
 from __future__ import annotations
@@ -251,3 +251,19 @@ def test_culprit_on_noisy_reruns():
         assert monitor_culprit(clean, ref, m2)["first"] is None
         first = monitor_culprit(bad, ref, m2)["first"]
         assert (first["param"], first["step"]) == ("layers.5.weight", 120)
+
+
+@pytest.mark.msprobe
+def test_json_contract(monitor_store):
+    import json as _json
+    from importlib import resources
+
+    import jsonschema
+
+    schema = _json.loads((resources.files("dumpstore") / "schemas" / "curves.json").read_text())
+    for args in (["--target", "scaled", "--ref", "ref", "--ref2", "ref2"], ["--run", "drift", "--health"]):
+        r = CliRunner().invoke(main, ["curves", *args, "--store", str(monitor_store), "--json"])
+        assert r.exit_code == 0, r.output
+        doc = _json.loads(r.output, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+        jsonschema.validate(doc, schema)
+        assert doc["command"] == "curves" and doc["store"] == str(monitor_store)

@@ -73,7 +73,7 @@ def test_mindformers_global_step_and_brackets():
 def test_hf_trainer_lines_and_state(tmp_path):
     table, fmt = read_log(DATA / "hf_trainer.log", logging_steps=10)
     assert fmt == "hf"
-    assert _series(table, "loss") == {10: 2.3456, 20: 2.1001, 30: 1.95}
+    assert _series(table, "loss") == {10: 2.3456, 20: 2.1001, 30: 1.95, 40: 1.9}  # 40: values as strings
     assert _series(table, "eval_loss") == {20: 2.2}
     assert math.isnan(_series(table, "grad_norm")[30])
     state = tmp_path / "trainer_state.json"

@@ -267,3 +267,29 @@ def test_json_contract(monitor_store):
         doc = _json.loads(r.output, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
         jsonschema.validate(doc, schema)
         assert doc["command"] == "curves" and doc["store"] == str(monitor_store)
+
+
+def test_health_on_monitor_data(tmp_path):
+    """One parameter's gradient jumps 50x at step 80 and holds NaN from step 90: both named at their steps."""
+    steps = 120
+    rows = []
+    for s in range(steps):
+        for i, p in enumerate(["layers.0.weight", "layers.1.weight"]):
+            norm = 1.0 + 0.01 * (s % 5)
+            nans = 0.0
+            if p == "layers.1.weight" and s == 80:
+                norm *= 50
+            if p == "layers.1.weight" and s >= 90:
+                norm, nans = float("nan"), 3.0
+            rows.append(
+                {"rank": 0, "step": s, "micro_step": None, "vpp_stage": 0, "prefix": "grad_reduced", "name": p,
+                 "module": p.rsplit(".", 1)[0], "param": p, "direction": "parameters_grad", "io": "parameters_grad",
+                 "seq": i, "norm": norm, "min": -0.1, "max": 0.1, "mean": 0.0, "zeros": 0.0, "nans": nans,
+                 "shape": [4, 4], "dtype": "float32", "missing": False}
+            )  # fmt: skip
+    from dumpstore.longrun.store import MONITOR_SCHEMA
+
+    write(tmp_path / "s", LongRun("m", monitor=pa.Table.from_pylist(rows, MONITOR_SCHEMA)))
+    got = {f.check: (f.status, f.step) for f in long_run_health(open_store(tmp_path / "s"), "m").findings}
+    assert got["monitor_nan"] == ("fail", 90)
+    assert got["monitor_grad_explosion"] == ("warn", 80)

@@ -181,6 +181,10 @@ def culprit_lines(c: dict) -> list[str]:
     h = c["handoff"]
     lines.append(f"dump next: steps {h['steps']}, scope {text(h['module'])}; msprobe config.json:")
     lines.append(json.dumps(h["config"]))
+    lines.append(
+        "then, with both runs dumped with it: dumpstore ingest TARGET_DUMP REF_DUMP --run t_dump --run r_dump && "
+        "dumpstore divergence --target t_dump --ref r_dump"
+    )
     return lines
 
 

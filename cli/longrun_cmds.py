@@ -37,7 +37,7 @@ def longrun_ingest(paths, run, store, fmt, pattern, rank, logging_steps, as_json
         list(paths), run, store=store, fmt=fmt, pattern=pattern, rank=rank, logging_steps=logging_steps
     )
     if as_json:
-        click.echo(to_json(row))
+        click.echo(to_json(contract("longrun-ingest", store, row, run=row.pop("run"))))
         return
     click.echo(
         f"long run {text(run)}: {row['n_scalars']} scalar rows ({', '.join(row['tags']) or '-'}), "

@@ -186,7 +186,7 @@ def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: i
         if row["name"] not in seen and len(result["next"]) < 10:
             seen.add(row["name"])
             result["next"].append(_describe(row))
-    result["handoff"] = handoff(top)
+    result["handoff"] = handoff(top, distributed=df.get_column("rank").n_unique() > 1)
     return result
 
 
@@ -219,8 +219,10 @@ def _out_value(t: float | None, r: float | None) -> bool:
     return abs(t - r) > max(ATOL, RTOL * abs(r))
 
 
-def handoff(first: dict[str, Any]) -> dict[str, Any]:
-    """The steps and scope worth dumping, as an msprobe config.json."""
+def handoff(first: dict[str, Any], *, distributed: bool = True) -> dict[str, Any]:
+    """The steps and scope worth dumping, as an msprobe config.json. `rank` names the culprit's rank in a
+    distributed job; a single-process job gets `[]` (msprobe dumps nothing for `rank: [0]` when
+    torch.distributed is not initialised)."""
     step = int(first["step"])
     steps = sorted({max(0, step - 1), step})
     module = first["module"] or first["name"]
@@ -228,7 +230,7 @@ def handoff(first: dict[str, Any]) -> dict[str, Any]:
     config = {
         "task": "tensor",
         "dump_path": f"./dump_longrun_step{step}",
-        "rank": [int(first["rank"])],
+        "rank": [int(first["rank"])] if distributed else [],
         "step": steps,
         "level": "mix",
         "tensor": {"scope": [], "list": [entry], "data_mode": ["all"], "file_format": "npy"},

@@ -293,3 +293,58 @@ def test_health_on_monitor_data(tmp_path):
     got = {f.check: (f.status, f.step) for f in long_run_health(open_store(tmp_path / "s"), "m").findings}
     assert got["monitor_nan"] == ("fail", 90)
     assert got["monitor_grad_explosion"] == ("warn", 80)
+
+
+_DUMP_WITH_HANDOFF = """
+import json, sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+from msprobe.pytorch import PrecisionDebugger
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(4)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+torch.manual_seed(0)
+model = Net()
+opt = torch.optim.SGD(model.parameters(), 0.1)
+debugger = PrecisionDebugger(config_path=sys.argv[1])
+for _ in range(4):
+    debugger.start(model)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    debugger.stop()
+    debugger.step()
+"""
+
+
+@pytest.mark.msprobe
+def test_handoff_config_dumps_that_module_at_those_steps(tmp_path):
+    """The hand-off's config.json, given to msprobe's PrecisionDebugger as is, dumps the culprit's module (and
+    what runs inside it) at the two steps, nothing else."""
+    import subprocess
+
+    from dumpstore.analysis.longrun_culprit import handoff
+
+    first = {"step": 2, "rank": 0, "module": "layers.2", "name": "layers.2.weight"}
+    cfg = handoff(first, distributed=False)["config"]
+    assert cfg["step"] == [1, 2] and cfg["rank"] == []
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "train.py").write_text(_DUMP_WITH_HANDOFF)
+    proc = subprocess.run(
+        [sys.executable, "train.py", "config.json"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dumps = sorted((tmp_path / "dump_longrun_step2").glob("step*/*/dump.json"))
+    assert [d.parent.parent.name for d in dumps] == ["step1", "step2"]
+    for d in dumps:
+        records = json.loads(d.read_text())["data"]
+        assert "Module.layers.2.Linear.forward.0" in records and "Module.layers.2.Linear.parameters_grad.0" in records
+        assert all("layers.2." in r or r.startswith("Functional.linear.2.") for r in records), sorted(records)

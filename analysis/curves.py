@@ -312,6 +312,7 @@ class CurvesReport:
     max_abs_diff: float
     mean_abs_diff: float
     culprit: dict[str, Any] | None = None
+    dump_verdict: dict[str, Any] | None = None  # the verdict of a dump pair of the flagged steps (--dump-target)
     points: dict[str, np.ndarray] | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -77,6 +77,22 @@ def compare_long_runs(
     return rep
 
 
+def dump_verdict(store: Store, target: str, ref: str) -> dict[str, Any]:
+    """The divergence verdict of a dump pair in the same store (the dump the hand-off asked for): its first
+    divergence and culprit, as `dumpstore divergence` finds them."""
+    from dataclasses import asdict
+
+    from .verdict import Question, answer
+
+    v = answer(store, Question(target, ref))
+    return {
+        "target": target,
+        "ref": ref,
+        "first_divergence": asdict(v.first_divergence) if v.first_divergence is not None else None,
+        "culprit": asdict(v.culprit) if v.culprit is not None else None,
+    }
+
+
 def monitor_only(target: str, ref: str, ref2: str | None, tag: str, by: str) -> CurvesReport:
     """The report of two runs with monitor data but no curves (no log ingested)."""
     return CurvesReport(

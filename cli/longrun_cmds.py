@@ -69,6 +69,8 @@ def longruns(store, fmt):
 @click.option("--by", type=click.Choice(["iteration", "samples"]), default="iteration", show_default=True)
 @click.option("--tag", default="loss", show_default=True, help="Scalar to compare (loss, grad_norm, lr, ...).")
 @click.option("--rank", type=int, default=None, help="Rank of the curves (default: the lowest logged).")
+@click.option("--dump-target", default=None, help="A dump run of the flagged steps (target): its verdict is shown.")
+@click.option("--dump-ref", default=None, help="The reference dump run of the flagged steps.")
 @click.option(
     "--html",
     "html_path",
@@ -78,7 +80,7 @@ def longruns(store, fmt):
 )
 @store_option
 @output_options
-def curves(target, ref, ref2, run, health_only, by, tag, rank, html_path, store, fmt):
+def curves(target, ref, ref2, run, health_only, by, tag, rank, dump_target, dump_ref, html_path, store, fmt):
     """Compare two long runs' curves: alignment, noise band, Huawei's criteria, divergence step, spikes, NaN and
     skipped iterations, loss-scale drops, lr schedule; with monitor data, the first module to move and the
     msprobe config for the dump. `--run R --health`: one run's health.
@@ -96,6 +98,12 @@ def curves(target, ref, ref2, run, health_only, by, tag, rank, html_path, store,
     from dumpstore.analysis.longrun_culprit import compare_long_runs
 
     rep = compare_long_runs(st, target, ref, ref2, tag=tag, by=by, rank=rank)
+    if (dump_target is None) != (dump_ref is None):
+        raise click.UsageError("give both --dump-target and --dump-ref (the dump pair of the flagged steps)")
+    if dump_target is not None:
+        from dumpstore.analysis.longrun_culprit import dump_verdict
+
+        rep.dump_verdict = dump_verdict(st, dump_target, dump_ref)
     if html_path is not None:
         from dumpstore.analysis.curves_html import write as write_html
 
@@ -156,7 +164,24 @@ def curves_text(rep) -> str:
         lines.append(f"{ev.kind}: run {text(ev.run)}: {text(ev.detail)}; steps {steps}")
     if rep.culprit is not None:
         lines.extend(culprit_lines(rep.culprit))
+    if rep.dump_verdict is not None:
+        lines.extend(verdict_lines(rep.dump_verdict))
     return "\n".join(lines)
+
+
+def verdict_lines(v: dict) -> list[str]:
+    head = f"dump verdict ({text(v['target'])} vs {text(v['ref'])}):"
+    out = []
+    for key, label in (("first_divergence", "first divergence"), ("culprit", "culprit")):
+        f = v.get(key)
+        if f is None:
+            out.append(f"  {label}: none")
+        else:
+            out.append(
+                f"  {label} ({text(f['kind'])}): step {f['step']} rank {f['rank']}  {text(f['op'])}"
+                + (f"  {text(f['name'])}" if f.get("name") else "")
+            )
+    return [head, *out]
 
 
 def culprit_lines(c: dict) -> list[str]:

@@ -23,6 +23,7 @@ from dumpstore.longrun.ingest import ingest_longrun
 from dumpstore.longrun.logs import read_log
 from dumpstore.longrun.store import LongRun, write
 from dumpstore.store import open_store
+from helpers import SAMPLES
 
 sys.path.insert(0, str(Path(__file__).parent / "longrun"))
 import gen_monitor  # noqa: E402
@@ -261,12 +262,23 @@ def test_json_contract(monitor_store):
     import jsonschema
 
     schema = _json.loads((resources.files("dumpstore") / "schemas" / "curves.json").read_text())
-    for args in (["--target", "scaled", "--ref", "ref", "--ref2", "ref2"], ["--run", "drift", "--health"]):
+    r = CliRunner().invoke(
+        main,
+        ["ingest", str(SAMPLES / "ref_stats"), str(SAMPLES / "ln_eps_stats"), "--run", "dref", "--run", "dtgt",
+         "--store", str(monitor_store)],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    for args in (
+        ["--target", "scaled", "--ref", "ref", "--ref2", "ref2", "--dump-target", "dtgt", "--dump-ref", "dref"],
+        ["--run", "drift", "--health"],
+    ):
         r = CliRunner().invoke(main, ["curves", *args, "--store", str(monitor_store), "--json"])
         assert r.exit_code == 0, r.output
         doc = _json.loads(r.output, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
         jsonschema.validate(doc, schema)
         assert doc["command"] == "curves" and doc["store"] == str(monitor_store)
+        if "target" in doc:  # the dump pair's verdict rides along (the samples' layer_norm eps case)
+            assert doc["dump_verdict"]["culprit"]["op"] == "Functional.layer_norm.1.forward"
 
 
 def test_health_on_monitor_data(tmp_path):

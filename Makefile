@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev,ray]' mindstudio-probe $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev,ray]' mindstudio-probe mindspore==2.10.0 $(TORCH)
 	$(BIN)/python -m compileall -q dumpstore analysis cli  # PYTHONDONTWRITEBYTECODE=1 machines: no compile per process
 	touch $(STAMP)
 

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import ujson
 
-from . import jsonsplit, parquetio, summary
+from . import jsonsplit, msgraph, parquetio, summary
 from . import retain as _retained
 from .arrays import to_arrow
 from .errors import DumpFormatError, DumpstoreWarning, StoreError
@@ -320,6 +320,9 @@ def _write_unit(
     constants: dict[str, str | None] = {"ingest_id": ingest_id, "rank_dir": unit.rank_dir, "source": unit.source}
     if unit.kind == "dump":
         tables, stacks = _dump_tables(unit, opts, res, files_pool, constants, cores)
+    elif unit.kind == msgraph.KIND:
+        batches, stacks = _graph_batches(unit, opts, res)
+        tables = (_batch_table(b, constants, res) for b in batches)
     else:
         batches = _file_batches(unit, opts, res)
         tables, stacks = (_batch_table(b, constants, res) for b in batches), []
@@ -1088,6 +1091,42 @@ def _file_batches(unit: Unit, opts: IngestOptions, res: UnitResult):
         yield {c: [r.get(c) for r in batch] for c in ROW_COLUMNS + TENSOR_FILE_COLUMNS}
 
 
+def _graph_batches(unit: Unit, opts: IngestOptions, res: UnitResult) -> tuple[Iterator[Batch], list[list[str]]]:
+    """The batches of one iteration of a MindSpore graph dump (dumpstore.msgraph) and its source lines."""
+    rows, stacks, res.meta = msgraph.rows(unit.path, unit.step)
+
+    def loaded() -> Iterator[dict[str, Any]]:
+        seen = set()
+        for row in rows:
+            if row["seq"] not in seen:
+                seen.add(row["seq"])
+                res.records += 1
+            path = row.pop("path")
+            if path is None:
+                row["file_status"] = "none"
+                row.setdefault("stats_source", "none")
+                yield row
+                continue
+            res.files += 1
+            if not opts.load_tensors:
+                row.update(file_status="none", stats_source="none")
+                yield row
+                continue
+            _read_file(row, path, opts, res, named_dtype=True)
+            yield row
+
+    def batches() -> Iterator[Batch]:
+        it = loaded()
+        while batch := list(islice(it, _BATCH_ROWS)):
+            yield {c: [r.get(c) for r in batch] for c in ROW_COLUMNS + TENSOR_FILE_COLUMNS}
+
+    return batches(), stacks
+
+
+# MindSpore saves bf16 tensors as float32 and int4 as int8: the name's dtype is kept
+_SAVED_AS = {"float32": ("bfloat16",), "int8": ("Int4", "int4")}
+
+
 def _int32(value: int | None) -> int | None:
     """A call counter for the int32 column; None when it does not fit (the record key keeps the digits)."""
     return value if value is not None and value <= _INT32_MAX else None
@@ -1193,20 +1232,30 @@ def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
             "data_name": path.name,
             "value_type": path.suffix.lstrip("."),
         }
-        try:
-            if path.is_symlink():
-                raise DumpFormatError(f"{path}: tensor file is a link; refusing to read it (copy the file instead)")
-            file_stamp = stamp(path)
-            arr, stored = load(path)
-            res.tensor_files += 1
-            row.update(dtype=stored, dtype_raw=stored, shape=list(arr.shape), numel=int(arr.size))
-            _fill_loaded(row, arr, stored, file_stamp, opts)
-        except OSError as exc:  # the stat: gone since the folder was listed
-            why = f"{path}: cannot read tensor file: {exc.strerror}"
-            row.update(file_status="error", error=why, stats_source="none")
-        except DumpFormatError as exc:
-            row.update(file_status="error", error=str(exc), stats_source="none")
+        _read_file(row, path, opts, res)
         yield row
+
+
+def _read_file(
+    row: dict[str, Any], path: Path, opts: IngestOptions, res: UnitResult, named_dtype: bool = False
+) -> None:
+    """Load one plain tensor file into its row (an error row when it cannot be read).  `named_dtype`: keep the
+    row's dtype where the file stores it in a wider type (MindSpore: bf16 as float32, int4 as int8)."""
+    try:
+        if path.is_symlink():
+            raise DumpFormatError(f"{path}: tensor file is a link; refusing to read it (copy the file instead)")
+        file_stamp = stamp(path)
+        arr, stored = load(path)
+        res.tensor_files += 1
+        dtype = row.get("dtype") if named_dtype and row.get("dtype") in _SAVED_AS.get(stored, ()) else stored
+        raw = (row.get("dtype_raw") or stored) if named_dtype else stored
+        row.update(dtype=dtype, dtype_raw=raw, shape=list(arr.shape), numel=int(arr.size))
+        _fill_loaded(row, arr, stored, file_stamp, opts)
+    except OSError as exc:  # the stat: gone since the folder was listed
+        why = f"{path}: cannot read tensor file: {exc.strerror}"
+        row.update(file_status="error", error=why, stats_source="none")
+    except DumpFormatError as exc:
+        row.update(file_status="error", error=str(exc), stats_source="none")
 
 
 def _combine(run: str, ingest_id: str, results: list[UnitResult]) -> IngestResult:

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import msgraph
 from .errors import DumpFormatError
 
 DUMP_FILES = ("dump.json", "debug.json")
@@ -22,8 +23,8 @@ _INT64_MAX = (1 << 63) - 1  # step and rank are int64 partition columns
 class Unit:
     """One ingest unit: a dump.json (or debug.json) or a plain folder of tensor files, for one step and rank."""
 
-    path: Path  # dump.json / debug.json, or the folder of tensor files
-    kind: str  # "dump" or "files"
+    path: Path  # dump.json / debug.json, the folder of tensor files, or a graph dump's rank_{r} folder
+    kind: str  # "dump", "files" or "msgraph"
     step: int
     rank: int
     rank_dir: str
@@ -39,6 +40,8 @@ def find_units(root: str | os.PathLike) -> list[Unit]:
         if root.name not in DUMP_FILES:
             raise DumpFormatError(f"{root}: not a dump file; expected dump.json, debug.json or a dump folder")
         return [_unit(root, "dump", root.parent)]
+    if msgraph.is_graph_dump(root):  # MindSpore graph-mode / kernel-level dump: one unit per rank and iteration
+        return [Unit(path, msgraph.KIND, it, rank, rank_dir, "") for path, it, rank, rank_dir in msgraph.units(root)]
     found = _walk(root)
     units = [_unit(p, k, p.parent if k == "dump" else p) for p, k in found]
     units = _drop_proc_beside_rank(units)

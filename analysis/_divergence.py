@@ -33,6 +33,7 @@ from dumpstore.dtypes import eps
 
 from . import rules as R
 from .compare import Comparison
+from .defaults import default_keywords, framework_of
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, record_measures, update_evidence
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
 from .rules import STATUSES
@@ -85,7 +86,9 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
         & pl.col("match").is_in(["target_only", "ref_only"])
         & pl.col("_paired")
         & (pl.coalesce(pl.col("kind"), pl.col("ref_kind")).is_in(["scalar", "null"]))
+        & ~pl.col("_kw_default")  # a keyword one run leaves at the API's default (analysis/defaults.py)
     )
+    rows = rows.with_columns(default_keywords(rows))
     keys = ["step", "rank", "source", "_record"]
     recs = (
         rows.group_by(keys, maintain_order=True)
@@ -129,7 +132,11 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison) -> Verdict:
     noise = NoiseModel.fit(recs)
     unmatched = _unmatched(cmp.records)
     found, shown = _culprit(rows, recs, cmp, noise)
-    first, culprit = _settle(_earliest(_extra_op(rows), shown), found, unmatched)
+    # across frameworks (MindSpore vs PyTorch), records of one framework only are expected structure: listed as
+    # unmatched, named only as the producer of a diverged input (missing_op / extra_op culprits)
+    cross = _cross_framework(rows)
+    extra = None if cross else _extra_op(rows)
+    first, culprit = _settle(_earliest(extra, shown), found, [] if cross else unmatched)
     counts = {s: int(n) for s, n in rows.group_by("status", maintain_order=True).len().iter_rows() if s is not None}
     quiet = first is None and culprit is None
     view = rows.select(_VIEW_COLUMNS)
@@ -146,6 +153,14 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison) -> Verdict:
         cmp.coverage,
         noise.summary(recs) if quiet else {},
     )
+
+
+def _cross_framework(rows: pl.DataFrame) -> bool:
+    """Whether the target and the reference come from different frameworks (their tensor leaves' types)."""
+    if "value_type" not in rows.columns or "ref_value_type" not in rows.columns:
+        return False
+    fw = framework_of(rows["value_type"]), framework_of(rows["ref_value_type"])
+    return None not in fw and fw[0] != fw[1]
 
 
 def _earliest(*found: tuple[Finding, tuple] | None) -> tuple[Finding, tuple] | None:

@@ -78,18 +78,23 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def default_keywords(rows: pl.DataFrame) -> pl.Series:
+def frameworks(rows: pl.DataFrame) -> dict[str, str | None]:
+    """The framework of each side of aligned rows ('target', 'ref'), from their leaf types."""
+    return {
+        "target": framework_of(rows["value_type"]) if "value_type" in rows.columns else None,
+        "ref": framework_of(rows["ref_value_type"]) if "ref_value_type" in rows.columns else None,
+    }
+
+
+def default_keywords(rows: pl.DataFrame, fw: dict[str, str | None] | None = None) -> pl.Series:
     """For each row: a non-tensor keyword argument present in one run only whose value is the API's default in
-    the run that lacks it (bool Series, False elsewhere)."""
+    the run that lacks it (bool Series, False elsewhere).  `fw`: the sides' frameworks (default: from `rows`)."""
     n = rows.height
     needed = ["match", "kind", "ref_kind", "index_path", "value", "prefix", "api"]
     needed += ["ref_index_path", "ref_value", "ref_prefix", "ref_api"]
     if not n or any(c not in rows.columns for c in needed):
-        return pl.Series("_kw_default", [False] * n)
-    fw = {
-        "target": framework_of(rows["value_type"]) if "value_type" in rows.columns else None,
-        "ref": framework_of(rows["ref_value_type"]) if "ref_value_type" in rows.columns else None,
-    }
+        return pl.Series("_kw_default", [False] * n, dtype=pl.Boolean)
+    fw = fw or frameworks(rows)
     one = rows.select(
         pl.arg_where(
             pl.col("match").is_in(["target_only", "ref_only"])
@@ -98,11 +103,11 @@ def default_keywords(rows: pl.DataFrame) -> pl.Series:
     ).to_series()
     out = [False] * n
     if not len(one):
-        return pl.Series("_kw_default", out)
+        return pl.Series("_kw_default", out, dtype=pl.Boolean)
     sub = rows[one.to_list()].select(needed)
     for i, r in zip(one.to_list(), sub.iter_rows(named=True)):
         if r["match"] == "target_only":  # the reference lacks it: its framework's default
             out[i] = is_default(fw["ref"], r["prefix"], r["api"], r["index_path"] or "", r["value"])
         else:
             out[i] = is_default(fw["target"], r["ref_prefix"], r["ref_api"], r["ref_index_path"] or "", r["ref_value"])
-    return pl.Series("_kw_default", out)
+    return pl.Series("_kw_default", out, dtype=pl.Boolean)

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from dumpstore._ingest import ingest
+from dumpstore.analysis._checklist import checklist
 from dumpstore.analysis._divergence import divergence
 from dumpstore.analysis.compare import compare_runs
 from dumpstore.analysis.defaults import default_of, is_default
@@ -94,6 +95,14 @@ def test_clean_port_is_quiet(tmp_path):
     v = _verdict(tmp_path, fault=False)
     assert v["first_divergence"] is None and v["culprit"] is None, v
     assert len(v["unmatched"]) == 2  # listed, not a verdict
+    scalars = checklist(open_store(tmp_path / "store"), "ms", "pt")["scalars"]
+    assert scalars.status != "differs", scalars.evidence  # approximate="none" is PyTorch's default too
+
+
+def test_checklist_lists_a_non_default_keyword(tmp_path):
+    _verdict(tmp_path, fault=True)
+    scalars = checklist(open_store(tmp_path / "store"), "ms", "pt")["scalars"]
+    assert scalars.status == "differs" and [i["arg"] for i in scalars.items] == ["input.approximate"]
 
 
 def test_default_table():

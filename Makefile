@@ -7,21 +7,22 @@ STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 DEMO   := $(CURDIR)/out/demo
 
-SOURCES := dumpstore analysis cli tests bench sample_dumps
+SOURCES := dumpstore analysis cli tests bench sample_dumps validation
 
-.PHONY: setup demo test test-all lint format bench samples clean
+.PHONY: setup demo check test test-all lint format bench samples validate clean
 
 setup: $(STAMP)
+	$(BIN)/python sample_dumps/fixtures.py  # the tensor samples' .pt files, unpacked once (git-ignored)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev,ray]' mindstudio-probe mindspore==2.10.0 $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev,ray,longrun]' mindstudio-probe $(TORCH)
 	$(BIN)/python -m compileall -q dumpstore analysis cli  # PYTHONDONTWRITEBYTECODE=1 machines: no compile per process
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: setup
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/dumpstore ingest sample_dumps/ref_tensor --run ref --store $(DEMO)/store
 	$(BIN)/dumpstore ingest sample_dumps/weight_1pct_tensor --run target --store $(DEMO)/store
@@ -29,9 +30,13 @@ demo: $(STAMP)
 	$(BIN)/dumpstore divergence --target target --ref ref --store $(DEMO)/store
 	$(BIN)/dumpstore report --target target --ref ref --store $(DEMO)/store --html $(DEMO)/report.html --csv $(DEMO)/report.csv
 
-# The README's test command (and CI's): format, lint, types, then the tests.
+# The README's test command (and CI's): format, lint, types, then the tests (all but slow and validation).
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The inner loop: lint and the core tests, without msprobe cross-checks, Ray and Chromium.
+check: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m 'not slow and not validation and not msprobe and not ray and not browser'
 
 test-all: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m ''
@@ -47,9 +52,16 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/replay_speed.py
+	$(BIN)/python bench/longrun.py
 
 samples: $(STAMP)
 	$(BIN)/python sample_dumps/generate.py
+
+# The held-out validation set (docs/validation.md): make the pairs into validation/.data, then score the verdict.
+validate: $(STAMP)
+	$(BIN)/python validation/make_pairs.py --out validation/.data
+	$(BIN)/python validation/score.py --data validation/.data --msprobe
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

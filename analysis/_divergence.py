@@ -22,9 +22,7 @@ When no value diverges but records exist in one run only, the first of them is t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
-from functools import cached_property
 from typing import Any
 
 import polars as pl
@@ -33,12 +31,13 @@ from dumpstore.dtypes import eps
 
 from . import rules as R
 from .compare import Comparison
+from .culprit import _culprit
 from .defaults import default_keywords, framework_of
-from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, record_measures, update_evidence
+from .findings import Finding, Verdict
+from .noise import NoiseModel, order_key, record_measures
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
 from .rules import STATUSES
 from .tolerance import Tolerances
-from .verdict import Finding, Verdict
 
 
 def _ordered(rows: pl.DataFrame, records: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -100,6 +99,10 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             (div & is_in).any().alias("in_div"),
             pl.col("err").filter(is_out & tensor).max().alias("out_err"),
             pl.col("err").filter(is_in & tensor).max().alias("in_err"),
+            _norm_of_worst(is_in & tensor).alias("in_norm"),
+            (pl.col("err_source") == "stats").filter(is_in & tensor).any().alias("in_bound"),
+            pl.concat_str([pl.col("prefix"), pl.col("op_type")], separator=".").drop_nulls().first().alias("op_class"),
+            _norm_of_worst(is_out & tensor).alias("out_norm"),
             pl.col("tol").filter(is_out & tensor).max().alias("tol"),
             pl.col("tol_dtype").filter(is_out & tensor).first().alias("tol_dtype"),
             pl.col("err").filter(scalar_arg).max().alias("arg_err"),
@@ -119,7 +122,31 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             "arg_diff"
         )
     )
-    return record_measures(recs)
+    return record_measures(_with_saved_inputs(recs))
+
+
+def _with_saved_inputs(recs: pl.DataFrame) -> pl.DataFrame:
+    """A backward record computes from what its forward record saved (the forward inputs: layer_norm's input
+    and weight, linear's activation), which its own record does not list: its input error is at least its
+    forward record's."""
+    keys = ["step", "rank", "source"]
+    fwd = recs.filter(pl.col("_record").str.ends_with(".forward")).select(
+        *keys,
+        pl.col("_record").str.replace(r"\.forward$", ".backward").alias("_record"),
+        pl.col("in_err").alias("_fwd_in_err"),
+    )
+    if not fwd.height:
+        return recs
+    out = recs.join(fwd, on=keys + ["_record"], how="left", nulls_equal=True, maintain_order="left")
+    bwd = pl.col("_fwd_in_err").is_not_null() & pl.col("_record").str.ends_with(".backward")
+    return out.with_columns(
+        pl.when(bwd).then(pl.max_horizontal("in_err", "_fwd_in_err")).otherwise(pl.col("in_err")).alias("in_err")
+    ).drop("_fwd_in_err")
+
+
+def _norm_of_worst(where: pl.Expr) -> pl.Expr:
+    """The reference norm of the leaf with the largest error among `where` (in a group_by)."""
+    return pl.col("ref_norm").cast(pl.Float64).filter(where).sort_by(pl.col("err").filter(where)).last()
 
 
 def divergence(cmp: Comparison) -> Verdict:
@@ -139,14 +166,14 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison) -> Verdict:
     first, culprit = _settle(_earliest(extra, shown), found, [] if cross else unmatched)
     counts = {s: int(n) for s, n in rows.group_by("status", maintain_order=True).len().iter_rows() if s is not None}
     quiet = first is None and culprit is None
-    view = rows.select(_VIEW_COLUMNS)
+    units = _unit_summaries(rows)
     return Verdict(
         cmp.target,
         cmp.ref,
         first,
         culprit,
-        _timeline(view),
-        _rank_view(view),
+        _timeline(units),
+        _rank_view(units),
         unmatched,
         cmp.precision,
         counts,
@@ -188,35 +215,6 @@ def _settle(
     return f, c
 
 
-def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
-    return Finding(
-        step=row["step"],
-        rank=row["rank"],
-        op=row["_record"],
-        name=row.get("name") or row.get("ref_name"),
-        kind=kind or _row_kind(row),
-        metric="rel_l2",
-        value=row["err"],
-        threshold=row["tol"],
-        source=row["err_source"],
-        dtype=row["tol_dtype"],
-        severity=row["severity"],
-        detail=row["detail"],
-    )
-
-
-def _row_kind(row: dict[str, Any]) -> str:
-    if row.get("nonfinite_mismatch"):
-        return "nonfinite"
-    if row["err_source"] == "checksum":
-        return "checksum"
-    if row["kind"] == "scalar":
-        return "scalar"
-    if row.get("detail", "") and str(row.get("detail")).startswith("shape"):
-        return "shape"
-    return "value"
-
-
 def _extra_op(rows: pl.DataFrame) -> tuple[Finding, tuple] | None:
     """The first record the reference does not have, in the target's order."""
     row = _first_row(rows, (pl.col("match") == "target_only") & pl.col("how").is_null())
@@ -231,339 +229,6 @@ def _first_row(rows: pl.DataFrame, where: pl.Expr) -> dict[str, Any] | None:
     """The first row where `where` holds (rows.filter copies every column of every hit: these frames are wide)."""
     at = rows.select(where.arg_true().first()).item()
     return None if at is None else rows.row(at, named=True)
-
-
-def _first_over_tol(rows: pl.DataFrame) -> dict[str, Any] | None:
-    """The first target record that differs: an output over its tolerance, or a record the reference lacks
-    (the per-step and per-rank views; the verdict's first divergence also asks that it stands out): its row."""
-    return _first_row(
-        rows,
-        ((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO))
-        | ((pl.col("match") == "target_only") & pl.col("how").is_null()),
-    )
-
-
-# the columns of the per-step and per-rank views (partitioned by step or rank: a copy of these only)
-_VIEW_COLUMNS = ("step", "rank", "status", "err", "_io", "match", "how", "_record")
-
-
-_FP_STATS = ("min", "max", "mean", "norm")
-
-
-def _fingerprint(prefix: str) -> pl.Expr:
-    """Hash of (dtype, shape, step, rank, source, statistics) of one side's tensor; null without statistics."""
-    cols = [pl.col(f"{prefix}dtype"), pl.col(f"{prefix}shape"), pl.col("step"), pl.col("rank"), pl.col("source")]
-    cols += [pl.col(f"{prefix}{s}") for s in _FP_STATS]
-    known = pl.any_horizontal([pl.col(f"{prefix}{s}").is_not_null() for s in _FP_STATS])
-    return pl.when(known).then(pl.struct(cols).hash()).alias(f"_fp_{prefix or 't'}")
-
-
-class _Producers:
-    """Which record of one run first produced a tensor, by fingerprint (dtype, shape, statistics)."""
-
-    def __init__(self, rows: pl.DataFrame, prefix: str):
-        self.prefix = prefix
-        col = f"_fp_{prefix or 't'}"
-        outs = (
-            rows.lazy()  # lazy: only the columns used are filtered and sorted
-            .filter(
-                pl.col(f"{prefix}io").is_in(OUTPUT_IO)
-                & (pl.col(f"{prefix}kind") == "tensor")
-                & pl.col(col).is_not_null()
-            )
-            .sort(f"{prefix}seq")
-            .group_by(col, maintain_order=True)
-            .agg(pl.col(f"{prefix}seq").first(), pl.col(f"{prefix}record").first())
-            .collect()
-        )
-        self.first = dict(
-            zip(outs[col].to_list(), zip(outs[f"{prefix}seq"].to_list(), outs[f"{prefix}record"].to_list()))
-        )
-
-    def producer(self, r: dict[str, Any]) -> str | None:
-        return self.producer_of(r.get(f"_fp_{self.prefix or 't'}"), r.get(f"{self.prefix}seq"))
-
-    def producer_of(self, fingerprint: int | None, seq: int | None) -> str | None:
-        """The record that produced a tensor of this fingerprint before record `seq` (None: none did)."""
-        hit = self.first.get(fingerprint)
-        if hit is None or seq is None or hit[0] >= seq:
-            return None
-        return hit[1]
-
-
-Found = tuple[Finding, tuple]  # a finding and its place in execution order
-
-
-def _culprit(
-    rows: pl.DataFrame, recs: pl.DataFrame, cmp: Comparison, noise: NoiseModel, batch: int = 64
-) -> tuple[Found | None, Found | None]:
-    """(culprit, first divergence): the first finding in execution order, and where it shows in the target."""
-    only = {
-        (r["step"], r["rank"], r["source"], r["t_record"] or r["r_record"]): r["how"]
-        for r in cmp.records.filter(pl.col("how").is_in(["target_only", "ref_only"])).iter_rows(named=True)
-    }
-    steps = sorted(set(recs["step"].to_list()))
-    keys = ["rank", "source", "_record"]
-    for i, step in enumerate(steps):
-        view = _StepView(rows, step)
-        if i:
-            found = _optimizer(rows, recs, view, steps[i - 1])
-            if found is not None:
-                return found
-        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff")))
-        if not candidates.height:
-            continue
-        t_prod, r_prod = view.producers(""), view.producers("ref_")
-        for start in range(0, candidates.height, batch):
-            chunk = candidates.slice(start, batch)
-            leaves = view.rows.join(chunk.select(keys), on=keys, how="semi")
-            by_rec = leaves.partition_by(keys, as_dict=True, maintain_order=True)
-            for rec in chunk.iter_rows(named=True):
-                judge = _Judge(
-                    rec,
-                    by_rec[(rec["rank"], rec["source"], rec["_record"])],
-                    t_prod,
-                    r_prod,
-                    only,
-                    cmp,
-                    noise,
-                    first_step=steps[0],
-                )
-                found = judge.verdict()
-                if found is not None:
-                    return found
-    return None, None
-
-
-class _StepView:
-    """One step's ordered rows with both runs' fingerprints, and each run's producers, built on first use and
-    shared by the optimizer rule and the walk over the step's candidates."""
-
-    def __init__(self, rows: pl.DataFrame, step: int):
-        self.step, self._all = step, rows
-        self._producers: dict[str, _Producers] = {}
-
-    @cached_property
-    def rows(self) -> pl.DataFrame:
-        rows = self._all if self._all["step"].n_unique() == 1 else self._all.filter(pl.col("step") == self.step)
-        return rows.with_columns(_fingerprint(""), _fingerprint("ref_"))
-
-    def producers(self, prefix: str) -> _Producers:
-        if prefix not in self._producers:
-            self._producers[prefix] = _Producers(self.rows, prefix)
-        return self._producers[prefix]
-
-
-def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: int) -> tuple[Found, Found] | None:
-    """The update between two agreeing steps as culprit (see analysis/noise.py), located at the first record of
-    the later step that takes an updated parameter; the first divergence is the later step's first diverged
-    output."""
-    after, step_rows = view.step, view.rows
-    weights = step_rows.filter(
-        pl.col("_io").is_in(INPUT_IO)
-        & (pl.col("kind") == "tensor")
-        & (pl.col("requires_grad").fill_null(False) | (pl.col("_io") == "parameters"))
-    )
-    if not weights.filter(pl.col("status") == "diverged").height:
-        return None
-    produced = view.producers("")
-    fresh = [produced.producer_of(fp, seq) is None for fp, seq in weights.select("_fp_t", "seq").iter_rows()]
-    params = weights.filter(pl.Series(fresh, dtype=pl.Boolean))  # (named rows of every column: a second a step)
-    ev = update_evidence(rows, before, after, params)
-    if ev is None or not ev["differs"]:
-        return None
-    shows = params.row(0, named=True)
-    key = order_key(shows)
-    text = (
-        f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.3g}x (median) as far as "
-        f"in the reference between steps {before} and {after}: learning rate or optimizer differs"
-    )
-    culprit = Finding(
-        after,
-        shows["rank"],
-        shows["_record"],
-        shows["name"],
-        "optimizer",
-        metric="update_ratio",
-        value=ev["median_ratio"],
-        detail=text,
-        evidence={k: v for k, v in ev.items() if k != "differs"},
-    )
-    first = recs.filter((pl.col("step") == after) & pl.col("out_div")).head(1)
-    if first.height:
-        r = first.row(0, named=True)
-        out = step_rows.filter(
-            (pl.col("rank") == r["rank"])
-            & (pl.col("_record") == r["_record"])
-            & (pl.col("status") == "diverged")
-            & pl.col("_io").is_in(OUTPUT_IO)
-        ).row(0, named=True)
-        return (culprit, key), (_finding(out), order_key(r))
-    return (culprit, key), (replace(culprit, evidence={}), key)
-
-
-class _Judge:
-    """Whether one candidate record (diverged output or differing argument) is the culprit."""
-
-    def __init__(
-        self,
-        rec: dict,
-        leaves: pl.DataFrame,
-        t_prod: _Producers,
-        r_prod: _Producers,
-        only: dict,
-        cmp: Comparison,
-        noise: NoiseModel,
-        first_step: int,
-    ):
-        self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
-        self.cmp, self.noise, self.first_step = cmp, noise, first_step
-        self.key = order_key(rec)
-
-    def verdict(self) -> tuple[Found, Found] | None:
-        if self.rec["arg_diff"]:
-            return self._argument()
-        if not self.rec["out_div"]:
-            return None
-        found = self._numeric()
-        if found is None:
-            return None
-        return (found, self.key), (self._first_output(), self.key)
-
-    def _first_output(self) -> Finding:
-        out = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
-        return _finding(out.row(0, named=True))
-
-    def _argument(self) -> tuple[Found, Found]:
-        leaves = self.leaves.filter(
-            pl.col("_io").is_in(INPUT_IO)
-            & (
-                (pl.col("kind") == "scalar")
-                | (pl.col("ref_kind") == "scalar")
-                | pl.col("match").is_in(["target_only", "ref_only"])
-            )
-        )
-        arg = leaves.filter((pl.col("err") > 0) | pl.col("match").is_in(["target_only", "ref_only"])).row(0, named=True)
-        if arg["match"] in ("target_only", "ref_only"):
-            side = "target" if arg["match"] == "target_only" else "reference"
-            value = arg["value"] if side == "target" else arg["ref_value"]
-            detail = f"{arg['name'] or arg['ref_name']} only in the {side}: {value}"
-        else:
-            detail = arg["detail"] or f"value {arg['value']} vs {arg['ref_value']}"
-        name = arg["name"] or arg["ref_name"]
-        culprit = Finding(
-            arg["step"], arg["rank"], self.rec["_record"], name, "scalar", detail=detail, evidence={"scalar": name}
-        )
-        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
-        if outs.height:
-            out = _finding(outs.row(0, named=True), "scalar")
-            out.detail, out.evidence = detail, {"scalar": name}
-            return (out, self.key), (_finding(outs.row(0, named=True)), self.key)
-        culprit.evidence["outputs"] = "within tolerance"
-        return (culprit, self.key), (replace(culprit), self.key)
-
-    def _numeric(self) -> Finding | None:
-        rec, leaves = self.rec, self.leaves
-        out = leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged")).row(0, named=True)
-        bad_in = leaves.filter(
-            pl.col("_io").is_in(INPUT_IO) & (pl.col("status") == "diverged") & (pl.col("kind") == "tensor")
-        )
-        if bad_in.height == 0 and rec["fresh"]:
-            return self._fresh(out)
-        for leaf in bad_in.iter_rows(named=True):
-            found = self._producer(leaf, out)
-            if found is not None:
-                return found
-        amp = rec["amp"]
-        if amp is None or not amp >= self.cmp.tolerances.amplification:
-            return None
-        bar = self.noise.bar(rec["_direction"], False, self.key)
-        if bar is not None and amp <= bar:
-            return None
-        q = "" if bar is None else f"; this pair's p{round(100 * QUANTILE)} before it is {bar / STAND_OUT:.3g}x"
-        return _with_evidence(
-            _finding(out, "op"),
-            input_err=rec["in_err"],
-            amplification=amp,
-            noise_bar=bar,
-            reason="error amplification stands out",
-            detail=f"amplification {amp:.3g}x{q}",
-        )
-
-    def _fresh(self, out: dict[str, Any]) -> Finding | None:
-        """Inputs agree, the output diverges: an op creating error, if more than the pair's fresh ops do."""
-        rec = self.rec
-        value = rec["out_err"] if rec["out_err"] is not None else out["err"]
-        bar = self.noise.bar(rec["_direction"], True, self.key)
-        if bar is not None and value is not None and value <= bar:
-            return None
-        one_sided = self.leaves.filter(
-            pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(["target_only", "ref_only"])
-        )
-        args = [
-            f"{r['name'] or r['ref_name']} ({'target' if r['match'] == 'target_only' else 'reference'} only"
-            f": {r['value'] if r['match'] == 'target_only' else r['ref_value']})"
-            for r in one_sided.iter_rows(named=True)
-        ]
-        q = "" if bar is None else (f"; fresh ops' p{round(100 * QUANTILE)} error before it is {bar / STAND_OUT:.3g}")
-        return _with_evidence(
-            _finding(out, "op"),
-            input_err=rec["in_err"],
-            reason="inputs agree, output diverges",
-            noise_bar=bar,
-            arguments_in_one_run=args or None,
-            detail=None if out["detail"] else f"inputs agree, output diverges{q}",
-        )
-
-    def _producer(self, leaf: dict[str, Any], out: dict[str, Any]) -> Finding | None:
-        """A diverged input: produced by an op in one run only, or by no op (a weight or data)."""
-        tp, rp = self.t_prod.producer(leaf), self.r_prod.producer(leaf)
-        key = (leaf["step"], leaf["rank"], leaf["source"])
-        if rp and self.only.get(key + (rp,)) == "ref_only":
-            return Finding(
-                leaf["step"],
-                leaf["rank"],
-                _forward_of(rp, key, self.only, "ref_only"),
-                None,
-                "missing_op",
-                detail=f"only in the reference; its output feeds {leaf['name']}",
-            )
-        if tp and self.only.get(key + (tp,)) == "target_only":
-            return Finding(
-                leaf["step"],
-                leaf["rank"],
-                _forward_of(tp, key, self.only, "target_only"),
-                None,
-                "extra_op",
-                detail=f"only in the target; its output feeds {leaf['name']}",
-            )
-        if tp is None and rp is None:
-            kind = "parameter" if leaf.get("requires_grad") or leaf["_io"] == "parameters" else "input"
-            if kind == "parameter" and leaf["step"] != self.first_step:
-                return None  # later weights carry the optimizer's noise; the optimizer rule judges the update
-            return _with_evidence(
-                _finding(out, kind),
-                differing=leaf["name"],
-                input_err=leaf["err"],
-                detail=f"{leaf['name']} differs and no earlier op produced it",
-            )
-        return None
-
-
-def _forward_of(record: str, key: tuple, only: dict, side: str) -> str:
-    """An unmatched backward record is blamed on its forward record when that is unmatched too."""
-    if record.endswith(".backward"):
-        fwd = record[: -len(".backward")] + ".forward"
-        if only.get(key + (fwd,)) == side:
-            return fwd
-    return record
-
-
-def _with_evidence(f: Finding, detail: str | None = None, **evidence: Any) -> Finding:
-    f.evidence.update({k: v for k, v in evidence.items() if v is not None})
-    if detail:
-        f.detail = detail
-    return f
 
 
 def _unmatched(records: pl.DataFrame) -> list[dict[str, Any]]:
@@ -584,53 +249,6 @@ def _unmatched(records: pl.DataFrame) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def _timeline(rows: pl.DataFrame) -> list[dict[str, Any]]:
-    out = []
-    for step, g in _groups(rows, "step"):
-        fd = _first_over_tol(g)
-        out.append(
-            {
-                "step": step,
-                "compared": int((g["status"].is_in(["pass", "diverged"])).sum()),
-                "diverged": int((g["status"] == "diverged").sum()),
-                "unmatched": int((g["status"] == "unmatched").sum()),
-                "max_err": _finite_max(g),
-                "first_divergence": fd["_record"] if fd else None,
-            }
-        )
-    return sorted(out, key=lambda s: s["step"])
-
-
-def _groups(rows: pl.DataFrame, key: str) -> Iterator[tuple[Any, pl.DataFrame]]:
-    """(value, rows) for each value of `key` in order of appearance; one value needs no partition (a copy)."""
-    if rows[key].n_unique() == 1:
-        yield rows[key][0], rows
-        return
-    for (value,), g in rows.group_by([key], maintain_order=True):
-        yield value, g
-
-
-def _finite_max(g: pl.DataFrame) -> float | None:
-    v = g["err"].drop_nulls().max()
-    return float(v) if isinstance(v, (int, float)) else None
-
-
-def _rank_view(rows: pl.DataFrame) -> list[dict[str, Any]]:
-    out = []
-    for rank, g in _groups(rows, "rank"):
-        fd = _first_over_tol(g)
-        out.append(
-            {
-                "rank": rank,
-                "diverged": int((g["status"] == "diverged").sum()),
-                "max_err": _finite_max(g),
-                "first_divergence": fd["_record"] if fd else None,
-                "first_step": fd["step"] if fd else None,
-            }
-        )
-    return _peers(out)
 
 
 def _peers(out: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -719,13 +337,14 @@ def _screened(
     exact: bool = False,
     mapping: Any = None,
     screener: Any = None,
+    noise_ref: str | None = None,
 ) -> Verdict:
     from .compare import builtin_mindspore_names, compare_runs, coverage
     from .screen import Unsupported, screen
 
     t_info, r_info = store.run_info(target), store.run_info(ref)
-    if exact or mapping or builtin_mindspore_names(t_info, r_info):
-        raise Unsupported("exact metrics or name mappings")
+    if exact or mapping or noise_ref or builtin_mindspore_names(t_info, r_info):
+        raise Unsupported("exact metrics, name mappings or a noise reference")
     tol = tolerances or Tolerances()
     cov = coverage(t_info, r_info)
     steps_c = [s for s in cov["common_steps"] if steps is None or s in steps]
@@ -767,7 +386,8 @@ def _screened(
         unmatched += [u for u in v.unmatched if u["step"] == step]
         summaries.append(_unit_summaries(rows.filter(pl.col("step") == step)))
         detailed |= these
-    if culprit is None and first is None and unmatched:
+    same_framework = t_info.get("framework") == r_info.get("framework")  # else one-sided records are structure
+    if culprit is None and first is None and unmatched and same_framework:
         first, culprit = _settle(None, None, unmatched)
     if detailed:
         done = pl.DataFrame(sorted(detailed), schema={"step": pl.Int64, "rank": pl.Int64}, orient="row")
@@ -780,8 +400,8 @@ def _screened(
         ref,
         first,
         culprit,
-        _timeline_of_units(allu),
-        _rank_view_of_units(allu),
+        _timeline(allu),
+        _rank_view(allu),
         unmatched,
         scr.precision,
         counts,
@@ -791,9 +411,9 @@ def _screened(
 
 
 def _unit_summaries(rows: pl.DataFrame) -> pl.DataFrame:
-    """Per (step, rank, source) of ordered rows: rows, counts by status, largest err, first differing record
-    (as `_first_over_tol` picks it) with its phase, seq and leaf, differing non-tensor arguments; the screen's
-    `units` columns."""
+    """Per (step, rank, source) of ordered rows: rows, counts by status, largest err, first differing record (an
+    output over its tolerance, or a record the reference lacks) with its phase, seq and leaf, differing
+    non-tensor arguments; the screen's `units` columns."""
     cand = ((pl.col("status") == "diverged") & pl.col("_io").is_in(OUTPUT_IO)) | (
         (pl.col("match") == "target_only") & pl.col("how").is_null()
     )
@@ -810,8 +430,8 @@ def _unit_summaries(rows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _timeline_of_units(units: pl.DataFrame) -> list[dict[str, Any]]:
-    """`_timeline` from unit summaries."""
+def _timeline(units: pl.DataFrame) -> list[dict[str, Any]]:
+    """Per step: records compared, diverged and unmatched, the largest err and the first differing record."""
     first = (
         units.filter(pl.col("first_seq").is_not_null())
         .sort(["step", "first_phase", "rank", "source", "first_seq", "first_leaf"])
@@ -837,8 +457,8 @@ def _timeline_of_units(units: pl.DataFrame) -> list[dict[str, Any]]:
     ]
 
 
-def _rank_view_of_units(units: pl.DataFrame) -> list[dict[str, Any]]:
-    """`_rank_view` from unit summaries."""
+def _rank_view(units: pl.DataFrame) -> list[dict[str, Any]]:
+    """Per rank: records diverged, the largest err and the first differing record with its step."""
     first = (
         units.filter(pl.col("first_seq").is_not_null())
         .sort(["rank", "step", "first_phase", "source", "first_seq", "first_leaf"])

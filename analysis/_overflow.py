@@ -60,6 +60,20 @@ class OverflowReport:
         return d
 
 
+def _negative_fill() -> pl.Expr:
+    """Dirty by -Inf or -finfo.max only (no NaN, no +Inf, largest value below +finfo.max): what a masking op
+    fills with (`masked_fill(mask, -inf)`, a Llama-style `torch.where(mask, finfo.min, x)`), not an overflow."""
+    top = pl.col("dtype").replace_strict(FINFO_MAX, default=None, return_dtype=pl.Float64)
+    below_top = (pl.col("max").cast(pl.Float64, strict=False) < top).fill_null(True)
+    neg_sat = pl.col("new_sat") & (pl.col("min").cast(pl.Float64, strict=False) <= -top).fill_null(False)
+    return (
+        (pl.col("new_neginf") | neg_sat)
+        & ~pl.col("new_nan")
+        & ~pl.col("new_posinf")
+        & (~pl.col("new_sat") | (neg_sat & below_top))
+    )
+
+
 def _kind(row: dict[str, Any]) -> str:
     if row["new_nan"]:
         return "nan"
@@ -99,7 +113,9 @@ def overflow(
     fills_extreme = pl.col("_fill").is_not_null() & (pl.col("_fill") >= extreme.fill_null(float("inf")))
     rows = rows.with_columns(
         new.alias("dirty"),
-        (mask_op & ~pl.col("new_nan") & ((only_neginf & pl.lit(ref is None)) | fills_extreme)).alias("likely_mask"),
+        (mask_op & ~pl.col("new_nan") & ((only_neginf & pl.lit(ref is None)) | fills_extreme | _negative_fill())).alias(
+            "likely_mask"
+        ),
     ).drop("_fill")
     dirty = rows.filter(pl.col("dirty"))
     producers = _producers(rows)

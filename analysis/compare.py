@@ -53,6 +53,7 @@ def compare_runs(
     mapping: Mapping | None = None,
     units: list[tuple[int, int]] | None = None,
     precision: dict[str, str] | None = None,
+    noise_ref: str | None = None,
 ) -> Comparison:
     """Align `target` with `ref` and compute per-leaf metrics and verdicts.
 
@@ -60,6 +61,8 @@ def compare_runs(
     reference gets the built-in MindSpore -> PyTorch names in any case.  `units` limits the comparison to some
     (step, rank) pairs besides `steps` and `ranks`; `precision` (the runs' compute precision, as in
     `Comparison.precision`) replaces the one found in the rows loaded, for a part of a larger comparison.
+    `noise_ref`: a second reference run (a rerun, another device); its error against `ref` is an empirical
+    noise band per tensor that widens each tolerance (`apply_noise_ref`).
     """
     tol = tolerances or Tolerances()
     check_selection(store, [target, ref], steps=steps, ranks=ranks)
@@ -96,7 +99,15 @@ def compare_runs(
         from .exact import add_exact_metrics
 
         rows = add_exact_metrics(store, target, ref, rows, tol, precision["floor"])
+    from .prior import judge_classes
+
+    rows = judge_classes(rows, precision, tol)
     rows = R.apply_small_values(rows)
+    if noise_ref is not None:
+        check_selection(store, [noise_ref])
+        band = compare_runs(store, noise_ref, ref, steps=steps, ranks=ranks, tolerances=tol, exact=exact, units=units)
+        rows = apply_noise_ref(rows, band.rows)
+        precision["noise_ref"] = noise_ref
     return Comparison(rows, records, precision, tol, target, ref, cov)
 
 
@@ -157,3 +168,35 @@ def _compute_dtype(df: pl.DataFrame) -> str:
 def _precision(t: pl.DataFrame, r: pl.DataFrame) -> dict[str, str]:
     a, b = _compute_dtype(t), _compute_dtype(r)
     return {"target": a, "ref": b, "floor": R.floor_of(a, b)}
+
+
+NOISE_REF_K = 3.0  # a tensor's band: this many times its error in the noise reference pair (noise.STAND_OUT)
+
+
+def apply_noise_ref(rows: pl.DataFrame, band_rows: pl.DataFrame) -> pl.DataFrame:
+    """Widen each tensor's tolerance to NOISE_REF_K x the error of the same reference tensor in a second, known
+    good pair (the noise reference against the same reference run): `tol = max(prior tolerance, K x e_noise)`,
+    and judge status and severity again.  Where the second pair measured more noise than the prior allows, the
+    measurement wins; it never makes a tolerance stricter than the prior (a bitwise rerun measures 0).
+    `noise_band` says which band each row got (null: none measured)."""
+    keys = ["step", "rank", "ref_name"]
+    band = (
+        band_rows.filter(pl.col("ref_name").is_not_null() & (pl.col("kind") == "tensor"))
+        .group_by(keys)
+        .agg(pl.col("err").max().alias("_noise_err"))
+    )
+    out = rows.join(band, on=keys, how="left", maintain_order="left")
+    width = (NOISE_REF_K * pl.col("_noise_err")).fill_nan(None)
+    wider = (pl.col("kind") == "tensor") & width.is_not_null() & width.is_finite() & (width > pl.col("tol"))
+    out = out.with_columns(
+        pl.when(width.is_finite()).then(width).alias("noise_band"),
+        pl.when(wider).then(width).otherwise(pl.col("tol")).alias("tol"),
+        wider.fill_null(False).alias("_wider"),
+    )
+    unmatched = pl.col("match").is_in(["target_only", "ref_only"])
+    status = R.pair_status(unmatched, R.unreadable_kind(), R.has_error_text())
+    sev = R.severity(out["err"].cast(pl.Float64).to_numpy(), out["tol"].cast(pl.Float64).to_numpy())
+    return out.with_columns(
+        pl.when(pl.col("_wider")).then(status).otherwise(pl.col("status")).alias("status"),
+        pl.when(pl.col("_wider")).then(R.nullable("severity", sev)).otherwise(pl.col("severity")).alias("severity"),
+    ).drop("_noise_err", "_wider")

@@ -144,10 +144,7 @@ class _RunFiles:
     def path(self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str) -> Path:
         """The tensor file of one leaf; raises DumpFormatError saying why it cannot be used."""
         folder = self._folder(step, rank, source, rank_dir)
-        if folder.kind == "dump":
-            path = resolve(folder.path, data_name)
-        else:
-            path = _plain_file(folder.path, data_name, nested=folder.kind == "msgraph")
+        path = resolve(folder.path, data_name) if folder.kind == "dump" else _plain_file(folder.path, data_name)
         if not path.is_file():
             raise DumpFormatError(f"tensor file {path} is missing (moved or deleted since ingest)")
         return path
@@ -229,16 +226,8 @@ def _stamps_match(
             os.close(fd)
 
 
-def _plain_file(folder: Path, data_name: str, nested: bool = False) -> Path:
-    """A file of a plain tensor folder, refusing names that leave it and links; `nested`: a path below the folder
-    (a MindSpore graph dump's `{net}/{graph}/{iteration}/{file}`), each part a plain name, no link on the way."""
-    if nested and data_name and not os.path.isabs(data_name):
-        parts = data_name.split("/")
-        if all(p and p not in (".", "..") and "\\" not in p and "\x00" not in p for p in parts):
-            path = folder.joinpath(*parts)
-            if path.is_symlink() or not os.path.realpath(path).startswith(os.path.realpath(folder) + os.sep):
-                raise DumpFormatError(f"{path}: tensor file is a link or lies outside {folder}; refusing to read it")
-            return path
+def _plain_file(folder: Path, data_name: str) -> Path:
+    """A file of a plain tensor folder, refusing names that leave it and links."""
     if (
         not data_name
         or "/" in data_name

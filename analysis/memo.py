@@ -38,11 +38,12 @@ def file_digest(path: str | os.PathLike) -> str:
         return hashlib.sha256(fh.read()).hexdigest()
 
 
-def lookup(root: Path, k: str, live_ids: Callable[[], dict[str, Any]]) -> Any | None:
+def lookup(root: Path, k: str, live_ids: Callable[[], dict[str, Any]], *, folder: str = DIR) -> Any | None:
     """The saved answer for key `k`, or None when missing or computed from other ingests than the live ones.
 
-    `live_ids()` reads the runs' live ingest ids; it is called only when the catalog file changed."""
-    path = root / DIR / f"{k}.json"
+    `live_ids()` reads the runs' live ingest ids; it is called only when the catalog file changed.  `folder`:
+    where under the store the answers of this kind are kept (verdicts in `memo`)."""
+    path = root / folder / f"{k}.json"
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -60,13 +61,17 @@ def lookup(root: Path, k: str, live_ids: Callable[[], dict[str, Any]]) -> Any | 
     return saved.get("value")
 
 
-def save(root: Path, k: str, ingest_ids: dict[str, Any], catalog: list | None, value: Any) -> None:
+def save(
+    root: Path, k: str, ingest_ids: dict[str, Any], catalog: list | None, value: Any, *, folder: str = DIR
+) -> None:
     """Keep `value` for key `k`; `catalog` is catalog_signature() taken before the answer was computed (the
     answer is not kept when an ingest published in the meantime).  Best effort: a read-only store keeps
     nothing."""
     if catalog is None or catalog != catalog_signature(root):
         return
-    _write(root / DIR / f"{k}.json", {"format": FORMAT, "catalog": catalog, "ingest_ids": ingest_ids, "value": value})
+    _write(
+        root / folder / f"{k}.json", {"format": FORMAT, "catalog": catalog, "ingest_ids": ingest_ids, "value": value}
+    )
 
 
 def catalog_signature(root: Path) -> list | None:
@@ -80,7 +85,7 @@ def catalog_signature(root: Path) -> list | None:
 def _write(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(payload, default=str))
         os.replace(tmp, path)
     except OSError:

@@ -12,17 +12,21 @@ ops of its direction that ran before it (earlier steps included): the noise the 
 op's own downstream cannot inflate; and the fixed floors: the tolerance for fresh ops,
 `Tolerances.amplification` for carrying ops.
 
-The optimizer: when step s agrees and the parameters differ at the next step, the update between them is the
-culprit when the runs moved their parameters by different amounts consistently (`update_evidence`): the median
-ratio of update sizes (target / reference) is off 1 by more than OPT_DEV_TOL x the tolerance and at least
-OPT_SHARE of the parameters moved the same way.  Update sizes come from the statistics of both steps (a lower
-bound of ||p(s+1) - p(s)|| by `rules.stats_bound`), so the rule holds in statistics and tensor mode alike.
+The optimizer: when the parameters differ at step s+1, the update between s and s+1 is the culprit when the
+runs moved their parameters by different amounts consistently (`update_evidence`), judged against the update
+ratios' own spread across parameters, not a dtype tolerance: the median log ratio of update sizes (target /
+reference) is off 0 by more than OPT_Z standard errors of that median (1.2533 x the robust sigma 1.4826 x MAD
+/ sqrt(n)) and by more than OPT_FLOOR, and at least OPT_SHARE of the parameters moved the same way.  A learning
+rate or clipping change moves every parameter by the same factor (spread ~0); device noise moves them by
+scattered factors around 1.  The rule runs at the start of each later step, before that step's other rules.
+Update sizes come from the statistics of both steps (a lower bound of ||p(s+1) - p(s)|| by `rules.stats_bound`),
+so the rule holds in statistics and tensor mode alike.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,7 +38,9 @@ QUIET = 0.1  # inputs "agree" when their error is below this share of the tolera
 QUANTILE = 0.99  # the high quantile of the pair's own spread
 STAND_OUT = 3.0  # a culprit's measure exceeds this multiple of that quantile
 MIN_GROUP = 4  # fewer ops than this in a group: only the fixed floors apply
-OPT_DEV_TOL = 4.0  # optimizer: median update ratio off 1 by more than this many tolerances ...
+SIBLING_Q = 0.75  # siblings: the quantile of their own error a candidate must stand STAND_OUT x above
+OPT_Z = 4.0  # optimizer: the median log update ratio off 0 by more than this many standard errors ...
+OPT_FLOOR = 2.0**-10  # ... and by more than this (0.1 %: far below a fault of 1 %, above float32 rounding) ...
 OPT_SHARE = 0.75  # ... with at least this share of the parameters moved the same way
 OPT_MIN_PARAMS = 3
 
@@ -46,6 +52,9 @@ class NoiseModel:
 
     fresh: dict[str, tuple[list[tuple], np.ndarray]]
     carry: dict[str, tuple[list[tuple], np.ndarray]]
+    outputs: tuple[list[tuple], np.ndarray] = ([], np.zeros(0))  # every record's output error, all directions
+    flips: list[dict[str, Any]] = field(default_factory=list)  # discrete outputs flipped on near ties (noise)
+    siblings: dict[tuple[str, str], tuple[list[str], np.ndarray]] = field(default_factory=dict)  # per class
 
     @classmethod
     def fit(cls, recs: pl.DataFrame) -> NoiseModel:
@@ -62,7 +71,41 @@ class NoiseModel:
             pl.col("fresh").fill_null(False),
         )
         carrying = ~pl.col("fresh") & pl.col("amp").is_not_null() & pl.col("amp").is_finite()
-        return cls(_by_direction(ok.filter(pl.col("fresh")), "out_err"), _by_direction(ok.filter(carrying), "amp"))
+        every = _by_direction(ok.with_columns(pl.lit("all").alias("_direction")), "out_err").get("all")
+        siblings: dict[tuple[str, str], tuple[list[str], np.ndarray]] = {}
+        if {"local", "op_class", "_record"} <= set(recs.columns):  # (a record table of record_measures)
+            sib = recs.filter(pl.col("local").is_finite() & pl.col("op_class").is_not_null())
+            for (op_class, direction), part in sib.partition_by(["op_class", "_direction"], as_dict=True).items():
+                siblings[(str(op_class), str(direction))] = (part["_record"].to_list(), part["local"].to_numpy())
+        return cls(
+            _by_direction(ok.filter(pl.col("fresh")), "out_err"),
+            _by_direction(ok.filter(carrying), "amp"),
+            every or ([], np.zeros(0)),
+            siblings=siblings,
+        )
+
+    def sibling_bar(self, rec: dict[str, Any]) -> float | None:
+        """STAND_OUT x the SIBLING_Q quantile of the error the same op class made in the same direction at other
+        positions (records of another name: other layers; its own name at other steps is not a sibling, a fault
+        there repeats every step).  None: fewer than MIN_GROUP siblings.  A fault in one layer stands out of
+        its siblings; a device's rounding of the class does not."""
+        names, local = self.siblings.get((str(rec.get("op_class")), str(rec.get("_direction"))), ([], np.zeros(0)))
+        if not names:
+            return None
+        other = local[np.array([n != rec["_record"] for n in names], dtype=bool)]
+        if other.size < MIN_GROUP:
+            return None
+        return STAND_OUT * float(quantile(other, SIBLING_Q))
+
+    def carried(self, before: tuple) -> float | None:
+        """STAND_OUT x the QUANTILE of the output errors of every record before `before` (any direction): the
+        error the pair carries at that point, against which a tensor no recorded op produced is judged (a
+        gradient reaching an op through ops msprobe does not record).  None: fewer than MIN_GROUP records."""
+        keys, values = self.outputs
+        n = bisect.bisect_left(keys, before)
+        if n < MIN_GROUP:
+            return None
+        return STAND_OUT * float(quantile(values[:n], QUANTILE))
 
     def bar(self, direction: str, fresh: bool, before: tuple) -> float | None:
         """STAND_OUT x the QUANTILE of the measure over the ops of `direction` before `before` in execution
@@ -71,12 +114,15 @@ class NoiseModel:
         n = bisect.bisect_left(keys, before)
         if n < MIN_GROUP:
             return None
-        return STAND_OUT * float(np.quantile(values[:n], QUANTILE))
+        return STAND_OUT * float(quantile(values[:n], QUANTILE))
 
     def summary(self, recs: pl.DataFrame) -> dict[str, Any]:
-        """The largest amplification among the pair's ops and where, with the quantile of all of them."""
+        """The largest amplification among the pair's ops and where, with the quantile of the ops of its step and
+        rank (what a verdict computed a step at a time sees too)."""
         ok = recs.filter(pl.col("amp").is_not_null() & pl.col("amp").is_finite() & ~pl.col("fresh"))
         out: dict[str, Any] = {"quantile": QUANTILE, "stand_out": STAND_OUT}
+        if self.flips:
+            out["discrete_flips"] = list(self.flips)
         if ok.height:
             top = ok.sort("amp", descending=True).row(0, named=True)
             out |= {
@@ -84,9 +130,28 @@ class NoiseModel:
                 "step": top["step"],
                 "rank": top["rank"],
                 "op": top["_record"],
-                "amplification_quantile": float(ok["amp"].quantile(QUANTILE) or 0.0),
+                "amplification_quantile": float(
+                    ok.filter((pl.col("step") == top["step"]) & (pl.col("rank") == top["rank"]))["amp"].quantile(
+                        QUANTILE
+                    )
+                    or 0.0
+                ),
             }
         return out
+
+
+def quantile(values: np.ndarray, q: float) -> float:
+    """numpy's default (linear) quantile of a non-empty array, by a sort (np.quantile and np.median import
+    numpy.ma, which the command line's light answers must not load)."""
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    pos = q * (v.size - 1)
+    lo = int(np.floor(pos))
+    hi = min(lo + 1, v.size - 1)
+    return float(v[lo] + (v[hi] - v[lo]) * (pos - lo))
+
+
+def median(values: np.ndarray) -> float:
+    return quantile(values, 0.5)
 
 
 def order_key(row: dict[str, Any]) -> tuple:
@@ -112,9 +177,23 @@ def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
     """Add `fresh` (inputs agree) and `amp` (output error / max(input error, eps)) to a record table."""
     floor = R.dtype_eps(pl.col("tol_dtype")).fill_null(R.EPS_FLOAT32)
     in_err = pl.col("in_err").fill_null(0.0)
+    # a gradient record without inputs (msprobe's parameters_grad) carries its backward op's error: not fresh
+    no_inputs = pl.col("in_err").is_null() & (pl.col("_direction") != "forward")
+    # conditioning: an input error e on a tensor of norm |x| is an output error of about e |x| / |y| when the op
+    # passes it on unchanged in absolute size (a sum with cancellation: the bias gradient of a logit layer)
+    kappa = pl.max_horizontal(pl.col("in_norm") / pl.col("out_norm"), pl.lit(1.0)).fill_nan(1.0).fill_null(1.0)
+    carried = in_err * pl.when(kappa.is_finite()).then(kappa).otherwise(1.0)
+    fresh = (carried <= QUIET * pl.col("tol").fill_null(0.0)) & ~no_inputs
     return recs.with_columns(
-        (in_err <= QUIET * pl.col("tol").fill_null(0.0)).alias("fresh"),
-        (pl.col("out_err") / pl.max_horizontal(in_err, floor)).alias("amp"),
+        fresh.alias("fresh"),
+        pl.when(no_inputs).then(None).otherwise(pl.col("out_err") / pl.max_horizontal(carried, floor)).alias("amp"),
+        # the error the op made itself: its output error beyond what its inputs carried in
+        pl.when(no_inputs)
+        .then(None)
+        .when(fresh)
+        .then(pl.col("out_err"))
+        .otherwise(pl.max_horizontal(pl.col("out_err") - carried, pl.lit(0.0)))
+        .alias("local"),
     )
 
 
@@ -148,13 +227,17 @@ def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.Data
     if ok.sum() < OPT_MIN_PARAMS:
         return None
     r = ratio[ok]
-    med = float(np.median(r))
+    med = float(median(r))
     same_way = int((r > 1).sum()) if med > 1 else int((r < 1).sum())
-    tol = float(np.nanmax(both["tol"].cast(pl.Float64).to_numpy()))
+    logs = np.log(r)
+    spread = 1.4826 * float(median(np.abs(logs - median(logs))))  # robust sigma of the log ratios
+    se = 1.2533 * spread / np.sqrt(r.size)  # standard error of their median
+    bar = float(max(OPT_Z * se, OPT_FLOOR))
     return {
         "parameters": int(ok.sum()),
         "median_ratio": med,
         "same_way": same_way,
-        "tolerance": tol,
-        "differs": abs(med - 1) > OPT_DEV_TOL * tol and same_way >= OPT_SHARE * ok.sum(),
+        "spread": spread,
+        "bar": bar,
+        "differs": bool(abs(float(median(logs))) > bar and same_way >= OPT_SHARE * ok.sum()),
     }

@@ -1,4 +1,18 @@
-"""Top-N mismatching leaves of a comparison by any metric, filterable by step, rank, direction, module, op type."""
+"""Top-N mismatching leaves of a comparison by any metric, filterable by step, rank, direction, module, op type.
+
+The default order is `significance`: a leaf's error relative to the noise the pair measured where it stands,
+so that what merely carries earlier error, and rounding residue, does not top the list:
+  output leaves   err / max(tol, the record's largest input error): error the op made, not the one it got
+                  (backward records and records without inputs: also the error carried before them, which
+                  the forward's saved tensors and parameters_grad's backward op hold);
+  input leaves    err / max(tol, the largest output error of the records before it in its step and rank):
+                  an input is significant when no earlier op showed that much error (a weight, data, an
+                  argument, a tensor made by an op in one run only);
+  ints and bools  differ (err > 0) where nothing before them did: inf; after: err / the carried error;
+  one run only    a leaf in one run only (an extra or missing record, a keyword argument of one run): inf.
+`tol` is the leaf's tolerance after the prior (analysis/prior.py) and any noise reference (`--noise-ref`).
+Each step is judged on its own (the Ray engine ranks a step per task): compare `--step S` to rank one step.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +20,7 @@ import polars as pl
 
 from .compare import Comparison
 
-METRICS = ("severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine")
+METRICS = ("significance", "severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine")
 COLUMNS = [
     "step",
     "rank",
@@ -22,6 +36,7 @@ COLUMNS = [
     "tol",
     "tol_dtype",
     "severity",
+    "significance",
     "status",
     "detail",
 ]
@@ -30,7 +45,7 @@ COLUMNS = [
 def rank_rows(
     cmp: Comparison,
     *,
-    by: str = "severity",
+    by: str = "significance",
     top: int | None = 20,
     direction: str | None = None,
     module: str | None = None,
@@ -50,9 +65,8 @@ def rank_rows(
         from dumpstore.errors import DumpstoreError
 
         raise DumpstoreError(f"top {top} is negative: give the number of rows to show (0 or None: all)")
-    df = cmp.rows.with_columns(
-        pl.coalesce(pl.col("name"), pl.col("ref_name")).alias("name"), pl.col("err").alias("rel_l2")
-    )
+    rows = cmp.rows if "significance" in cmp.rows.columns else significance(cmp.rows)  # (Ray: the tasks')
+    df = rows.with_columns(pl.coalesce(pl.col("name"), pl.col("ref_name")).alias("name"), pl.col("err").alias("rel_l2"))
     filters = []
     if direction:
         filters.append(pl.col("direction") == direction)
@@ -70,7 +84,67 @@ def rank_rows(
         filters.append(pl.col("status") != "pass")
     if filters:
         df = df.filter(*filters)
-    df = df.filter(pl.col(by).is_not_null()) if by != "severity" else df
+    df = df.filter(pl.col(by).is_not_null()) if by not in ("severity", "significance") else df
     df = df.sort(by, descending=by != "cosine", nulls_last=True, maintain_order=True)  # ties: execution order
     cols = [c for c in COLUMNS if c in df.columns]
     return df.select(cols).head(top) if top else df.select(cols)
+
+
+def significance(rows: pl.DataFrame) -> pl.DataFrame:
+    """`rows` with a `significance` column (see the module doc), in their own order."""
+    from .order import INPUT_IO, OUTPUT_IO, with_phase
+
+    group = ["step", "rank", "source"]
+    key = group + ["_rec"]
+    df = with_phase(
+        rows.with_columns(
+            pl.int_range(pl.len()).alias("_row"),
+            pl.coalesce(pl.col("record"), pl.col("ref_record")).alias("_rec"),
+            pl.coalesce(pl.col("seq"), pl.col("ref_seq")).alias("_seq"),
+            pl.coalesce(pl.col("direction"), pl.col("ref_direction")).alias("_dir"),
+            pl.coalesce(pl.col("io"), pl.col("ref_io")).alias("_io"),
+        ),
+        "_seq",
+        "_dir",
+    )
+    is_out, is_in = pl.col("_io").is_in(OUTPUT_IO), pl.col("_io").is_in(INPUT_IO)
+    tensor = pl.col("kind") == "tensor"
+    finite = pl.col("err").is_finite()
+    recs = (
+        df.group_by(key)
+        .agg(
+            pl.col("_phase").first(),
+            pl.col("_seq").min(),
+            pl.col("err").filter(is_in & tensor & finite).max().alias("_in_err"),
+            pl.col("err").filter(is_out & tensor & finite).max().alias("_out_err"),
+        )
+        .sort(group + ["_phase", "_seq"], nulls_last=True)
+        .with_columns(
+            pl.col("_out_err").fill_null(0.0).cum_max().shift(1).over(group).fill_null(0.0).alias("_before"),
+        )
+    )
+
+    df = df.join(recs.select(*key, "_in_err", "_before"), on=key, how="left", nulls_equal=True)
+    own_inputs = is_out & pl.col("_in_err").is_not_null() & (pl.col("_dir") == "forward")
+    carried = (
+        pl.when(own_inputs)
+        .then(pl.col("_in_err"))
+        .when(is_out & (pl.col("_dir") != "forward"))  # backward: also the forward's saved tensors
+        .then(pl.max_horizontal(pl.col("_in_err").fill_null(0.0), pl.col("_before")))
+        .otherwise(pl.col("_before"))
+    )
+    denom = pl.max_horizontal(pl.col("tol").fill_null(0.0), carried)
+    one_run = pl.col("match").is_in(["target_only", "ref_only"])
+    sig = (
+        pl.when(one_run)
+        .then(float("inf"))  # a record, or an argument of one, in one run only
+        .when(pl.col("err").is_null())
+        .then(None)
+        .when(denom > 0)
+        .then(pl.col("err") / denom)
+        .when(pl.col("err") > 0)
+        .then(float("inf"))
+        .otherwise(0.0)
+    )
+    out = df.with_columns(sig.alias("significance")).sort("_row")
+    return out.drop("_row", "_rec", "_seq", "_dir", "_io", "_phase", "_in_err", "_before")

@@ -11,66 +11,15 @@ This module stays light: the heavy analysis is imported only when a verdict has 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import memo
+from .findings import Finding, Verdict
 from .tolerance import Tolerances
 
-
-@dataclass
-class Finding:
-    """One located event of a verdict: where (step, rank, op, leaf name), what kind, and its measure."""
-
-    step: int
-    rank: int
-    op: str
-    name: str | None
-    kind: str
-    metric: str | None = None
-    value: float | None = None
-    threshold: float | None = None
-    source: str | None = None
-    dtype: str | None = None
-    severity: float | None = None
-    detail: str | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> Finding | None:
-        if d is None:
-            return None
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-@dataclass
-class Verdict:
-    """First divergence, culprit, per-step timeline, per-rank view and unmatched records of two runs."""
-
-    target: str
-    ref: str
-    first_divergence: Finding | None
-    culprit: Finding | None
-    steps: list[dict[str, Any]]
-    ranks: list[dict[str, Any]]
-    unmatched: list[dict[str, Any]]
-    precision: dict[str, str]
-    counts: dict[str, int]
-    coverage: dict[str, list[int]]
-    noise: dict[str, Any] = field(default_factory=dict)  # the pair's own noise (analysis/noise.py)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Verdict:
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        kw["first_divergence"] = Finding.from_dict(d.get("first_divergence"))
-        kw["culprit"] = Finding.from_dict(d.get("culprit"))
-        return cls(**kw)
+__all__ = ["Finding", "Question", "Verdict", "answer", "live_ingests"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +34,7 @@ class Question:
     tolerances: Tolerances = field(default_factory=Tolerances)
     maps: tuple[str, ...] = ()
     exact: bool = False
+    noise_ref: str | None = None  # a second reference run: an empirical noise band per tensor
 
     def compare_options(self) -> dict[str, Any]:
         """Keyword arguments of `compare_runs` / `divergence_by_steps` (mapping files parsed here)."""
@@ -96,6 +46,7 @@ class Question:
             "tolerances": self.tolerances,
             "exact": self.exact,
             "mapping": load_mapping(list(self.maps)),
+            **({"noise_ref": self.noise_ref} if self.noise_ref else {}),
         }
 
     def key(self) -> str:
@@ -111,6 +62,7 @@ class Question:
                 "exact": self.exact,
                 "maps": [memo.file_digest(m) for m in self.maps],
                 "tol": [t.rel_l2, t.all_dtypes, t.amplification],
+                **({"noise_ref": self.noise_ref} if self.noise_ref else {}),
             }
         )
 
@@ -142,7 +94,7 @@ def answer(
     before = memo.catalog_signature(st.root)
     if comparison is not None:
         verdict = divergence(comparison)
-    elif cluster is not None:
+    elif cluster is not None and not question.noise_ref:  # (a noise reference is compared here, in one process)
         from .distributed import divergence_by_steps as on_cluster
 
         verdict = on_cluster(st, question.target, question.ref, **options, **cluster)
@@ -161,4 +113,5 @@ def _opened(store: Any, root: Path) -> Any:
 def live_ingests(st: Any, question: Question) -> dict[str, Any]:
     """The live ingest id of each run of the question (None for a run not in the catalog), one catalog read."""
     live = {row["run"]: row["ingest_id"] for row in st.runs().to_pylist()}
-    return {run: live.get(run) for run in (question.target, question.ref)}
+    runs = (question.target, question.ref) + ((question.noise_ref,) if question.noise_ref else ())
+    return {run: live.get(run) for run in runs}

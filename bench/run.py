@@ -941,6 +941,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=15, help="profile rows to print")
     args = ap.parse_args(argv)
     args.no_msprobe = args.no_msprobe or args.tiny
+    subprocess.run([sys.executable, str(SAMPLES / "fixtures.py")], check=True)  # the tensor samples' .pt files
     if args.data:
         global DATA
         DATA = Path(args.data).resolve()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Query a dumpstore store with Spark SQL, restricted to the live ingests (the README's Spark example, timed).
+"""Query a dumpstore store with Spark SQL, restricted to the live ingests (docs/scale-out.md's Spark example, timed).
 
 Usage::
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .options import engine_options, store_option
-from .render import finding_line, num, output_options, render, rows_out, text, to_json
+from .options import engine_options, noise_ref_option, store_option
+from .render import contract, finding_line, num, output_options, render, rows_out, text, to_json
 
 
 def _common(fn):
@@ -32,7 +32,7 @@ def _common(fn):
     return store_option(fn)
 
 
-def compare_options(steps, ranks, tol, exact, maps) -> dict:
+def compare_options(steps, ranks, tol, exact, maps, noise_ref=None) -> dict:
     """The options shared by compare, divergence and report, as keyword arguments of the library."""
     from dumpstore.analysis.mapping import load_mapping
     from dumpstore.analysis.tolerance import Tolerances
@@ -43,14 +43,16 @@ def compare_options(steps, ranks, tol, exact, maps) -> dict:
         "tolerances": Tolerances.parse(tol),
         "exact": exact,
         "mapping": load_mapping(maps),
+        **({"noise_ref": noise_ref} if noise_ref else {}),
     }
 
 
-def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
+def run_compare(store, target, ref, steps, ranks, tol, exact, maps=(), noise_ref=None):
     from dumpstore.analysis.compare import compare_runs
     from dumpstore.store import open_store
 
-    return compare_runs(open_store(store), target, ref, **compare_options(steps, ranks, tol, exact, maps))
+    options = compare_options(steps, ranks, tol, exact, maps, noise_ref)
+    return compare_runs(open_store(store), target, ref, **options)
 
 
 @click.command()
@@ -58,15 +60,16 @@ def run_compare(store, target, ref, steps, ranks, tol, exact, maps=()):
 @click.option("--top", type=click.IntRange(min=0), default=20, show_default=True, help="Rows to show (0: all).")
 @click.option(
     "--by",
-    default="severity",
+    default="significance",
     show_default=True,
-    type=click.Choice(["severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine"]),
-    help="Sort metric.",
+    type=click.Choice(["significance", "severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine"]),
+    help="Sort metric (significance: error over the noise the pair carries there; see analysis/rank.py).",
 )
 @click.option("--direction", type=click.Choice(["forward", "backward", "parameters_grad"]), default=None)
 @click.option("--module", default=None, help="Only records in modules whose name contains this.")
 @click.option("--op-type", default=None, help="Only ops whose type contains this (linear, softmax, ...).")
 @click.option("--io", default=None, type=click.Choice(["input", "output", "parameters", "parameters_grad"]))
+@noise_ref_option
 @output_options
 @engine_options
 def compare(
@@ -78,6 +81,7 @@ def compare(
     ranks,
     tol,
     maps,
+    noise_ref,
     top,
     by,
     direction,
@@ -104,10 +108,17 @@ def compare(
             rank_options=ranking,
             address=address,
             batch=batch,
-            **compare_options(steps, ranks, tol, exact, maps),
+            **compare_options(steps, ranks, tol, exact, maps, noise_ref),
         )
     else:
-        table = rank_rows(run_compare(store, target, ref, steps, ranks, tol, exact, maps), **ranking)
+        table = rank_rows(run_compare(store, target, ref, steps, ranks, tol, exact, maps, noise_ref), **ranking)
+    from dumpstore.analysis.explain import run_modes
+
+    _warn_modes(run_modes(store, target, ref), target, ref, exact)
+    if fmt == "json":
+        rows = table.to_dicts()
+        click.echo(to_json(contract("compare", store, {"by": by, "rows": rows}, target=target, ref=ref)))
+        return
     click.echo(render(table.to_arrow(), fmt))
 
 
@@ -120,14 +131,21 @@ def compare(
     is_flag=True,
     help="Recompute even when the store holds this verdict for the same ingests (see README, memo).",
 )
+@noise_ref_option
 @engine_options
-def divergence(store, target, ref, exact, steps, ranks, tol, maps, fmt, check, no_cache, engine, address, batch):
+def divergence(
+    store, target, ref, exact, steps, ranks, tol, maps, fmt, check, no_cache, noise_ref, engine, address, batch
+):
     """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops.
 
     --json prints one object; --csv one row per finding (first divergence, culprit)."""
     cluster = {"address": address, "batch": batch} if engine == "ray" else None
-    v = verdict(store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache, cluster=cluster)
-    click.echo(verdict_out(v, fmt))
+    v = verdict(
+        store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache, cluster=cluster, noise_ref=noise_ref
+    )
+    with_explanations(store, question(target, ref, steps, ranks, tol, exact, maps, noise_ref), v, use_memo=not no_cache)
+    v["modes"]["notes"] = _warn_modes(v["modes"], target, ref, exact)
+    click.echo(verdict_out(v, fmt, store))
     if check and v["first_divergence"] is not None:
         raise SystemExit(3)
 
@@ -146,16 +164,85 @@ FINDING_COLUMNS = [
     "dtype",
     "severity",
     "detail",
+    "module",
+    "module_class",
+    "parameter",
+    "argument",
+    "target_value",
+    "ref_value",
+    "source_line",
+    "advice",
 ]
 
 
-def verdict_out(v: dict, fmt: str) -> str:
+def with_explanations(store, q, v: dict, *, use_memo: bool = True) -> dict:
+    """Each finding of the verdict dict gets its `explanation` (analysis/explain.py): module, parameter,
+    argument, source line, advice and the msprobe config for the next dump."""
+    from dumpstore.analysis.explain import explain_answer
+
+    said = explain_answer(store, q, v, use_memo=use_memo)
+    for key in ("first_divergence", "culprit"):
+        if v.get(key) is not None:
+            v[key]["explanation"] = said.get(key)
+    v["modes"] = dict(said.get("modes") or {})
+    return v
+
+
+def _warn_modes(modes: dict | None, target: str, ref: str, exact: bool) -> list[str]:
+    """Mixed dump modes and an --exact that fell back: one `warning:` line each on stderr; returned for the
+    verdict's header and JSON."""
+    from dumpstore.analysis.explain import mode_notes
+
+    notes = mode_notes(modes, target, ref, exact)
+    for n in notes:
+        click.echo(f"warning: {text(n)}", err=True)
+    return notes
+
+
+def _csv_finding(label: str, f: dict) -> dict:
+    """One CSV row of a finding: its fields, then its explanation flattened."""
+    from dumpstore.analysis.explain import source_text
+
+    ex = f.get("explanation") or {}
+    arg, par = ex.get("argument") or {}, ex.get("parameter") or {}
+    return {
+        "finding": label,
+        **{k: v for k, v in f.items() if k not in ("evidence", "explanation")},
+        "module": ex.get("module"),
+        "module_class": ex.get("module_class"),
+        "parameter": par.get("name"),
+        "argument": arg.get("name"),
+        "target_value": arg.get("target"),
+        "ref_value": arg.get("ref"),
+        "source_line": source_text(ex["source"]) if ex.get("source") else None,
+        "advice": ex.get("advice"),
+    }
+
+
+def explanation_lines(f: dict | None, *, config: bool) -> list[str]:
+    """The lines under a verdict line: where, parameter, argument, fix, and (`config`) the next dump's
+    msprobe config.json on one line."""
+    import json
+
+    from dumpstore.analysis.explain import Explanation
+
+    ex = (f or {}).get("explanation")
+    if not ex:
+        return []
+    e = Explanation(**ex)
+    out = [f"  {label}: {body}" for label, body in e.lines()]
+    if config and e.next_dump:
+        out.append(f"  next: dump it at tensor level with this msprobe config.json: {json.dumps(e.next_dump)}")
+    return out
+
+
+def verdict_out(v: dict, fmt: str, store=None) -> str:
     """The verdict as text (the default), one JSON object, or CSV with one row per finding."""
     if fmt == "json":
-        return to_json(v)
+        return to_json(verdict_json(v, store))
     if fmt == "csv":
         rows = [
-            {"finding": label, **f}
+            _csv_finding(label, f)
             for label, f in (("first_divergence", v["first_divergence"]), ("culprit", v["culprit"]))
             if f is not None
         ]
@@ -163,14 +250,42 @@ def verdict_out(v: dict, fmt: str) -> str:
     return verdict_text(v)
 
 
+def verdict_json(v: dict, store) -> dict:
+    """`divergence --json`: the verdict with the contract's keys; the largest error of a step or rank is
+    `max_rel_l2` (the relative L2 error is `rel_l2` in every output)."""
+    body = {k: x for k, x in v.items() if k not in ("target", "ref")}
+    for key in ("steps", "ranks"):
+        body[key] = [{("max_rel_l2" if k == "max_err" else k): x for k, x in s.items()} for s in v.get(key, [])]
+    return contract("divergence", store, body, target=v["target"], ref=v["ref"])
+
+
+def question(target, ref, steps, ranks, tol, exact, maps, noise_ref=None):
+    from dumpstore.analysis.tolerance import Tolerances
+    from dumpstore.analysis.verdict import Question
+
+    return Question(
+        target, ref, tuple(steps) or None, tuple(ranks) or None, Tolerances.parse(tol), tuple(maps), exact, noise_ref
+    )
+
+
 def verdict(
-    store, target, ref, steps, ranks, tol, exact, maps, *, use_memo: bool = True, cluster: dict | None = None
+    store,
+    target,
+    ref,
+    steps,
+    ranks,
+    tol,
+    exact,
+    maps,
+    *,
+    use_memo: bool = True,
+    cluster: dict | None = None,
+    noise_ref: str | None = None,
 ) -> dict:
     """The divergence verdict as a dict (the library's memoized answer; `cluster`: screened on Ray)."""
-    from dumpstore.analysis.tolerance import Tolerances
-    from dumpstore.analysis.verdict import Question, answer
+    from dumpstore.analysis.verdict import answer
 
-    q = Question(target, ref, tuple(steps) or None, tuple(ranks) or None, Tolerances.parse(tol), tuple(maps), exact)
+    q = question(target, ref, steps, ranks, tol, exact, maps, noise_ref)
     return answer(store, q, use_memo=use_memo, cluster=cluster).to_dict()
 
 
@@ -196,17 +311,27 @@ def verdict_text(v: dict) -> str:
         f"target {v['target']} vs reference {v['ref']}: steps {c['common_steps']}, ranks {c['common_ranks']}; "
         f"compute precision {p['target']} vs {p['ref']} (judged at {p['floor']})"
     ]
+    for note in (v.get("modes") or {}).get("notes") or []:
+        lines.append(f"modes: {note}")
     if p["target"] != p["ref"]:
         lines.append(
             f"mixed precision: the runs compute in {p['target']} and {p['ref']}; every tensor is judged "
             f"at the {p['floor']} tolerance"
         )
+    if p.get("note"):
+        lines.append(p["note"])
+    if p.get("noise_ref"):
+        lines.append(f"noise band per tensor: 3x its error in {p['noise_ref']} against {v['ref']}")
     for side in ("target", "ref"):
         extra = sorted(set(c[f"{side}_steps"]) - set(c["common_steps"]))
         if extra:
             lines.append(f"steps only in the {side}: {extra} (not compared)")
-    lines.append(finding_line("FIRST DIVERGENCE", v["first_divergence"]))
-    lines.append(finding_line("CULPRIT", v["culprit"]))
+    first, culprit = v["first_divergence"], v["culprit"]
+    lines.append(finding_line("FIRST DIVERGENCE", first))
+    if not (culprit and first and culprit.get("op") == first.get("op")):
+        lines += [x for x in explanation_lines(first, config=False) if not x.startswith("  fix:")]
+    lines.append(finding_line("CULPRIT", culprit))
+    lines += explanation_lines(culprit, config=True)
     if v["first_divergence"] is None and v["culprit"] is None:
         lines.append(noise_line(v))
     for s in v["steps"]:
@@ -258,7 +383,8 @@ def overflow(run, ref, steps, ranks, top, store, fmt, engine, address, batch):
         cluster = {"address": address, "batch": batch}
     rep = scan(open_store(store), run, ref=ref, steps=list(steps) or None, ranks=list(ranks) or None, **cluster)
     if fmt == "json":
-        click.echo(to_json(rep.to_dict()))
+        body = rep.to_dict()
+        click.echo(to_json(contract("overflow", store, body, run=body.pop("run"), ref=body.pop("ref"))))
     elif fmt == "csv":
         click.echo(render(rep.tensors.to_arrow(), "csv"))
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .options import store_option
-from .render import Stages, format_table, num, output_options, rows_out, text, to_json
+from .render import Stages, contract, format_table, num, output_options, rows_out, text, to_json
 
 _STORE = store_option
 
@@ -25,7 +25,7 @@ def checklist(target, ref, store, fmt):
     with Stages("checklist") as progress:
         cl = run_checklist(open_store(store), target, ref, progress=progress)
     if fmt == "json":
-        click.echo(to_json(cl.to_dict()))
+        click.echo(to_json(contract("checklist", store, cl.to_dict(), target=target, ref=ref)))
         return
     rows = [{"check": c.key, "title": c.title, "status": c.status, "evidence": c.evidence} for c in cl.checks]
     if fmt == "csv":
@@ -62,7 +62,8 @@ def health(run, store, top, fmt):
     with Stages("health") as progress:
         rep = run_health(open_store(store), run, progress=progress)
     if fmt == "json":
-        click.echo(to_json(rep.to_dict()))
+        body = rep.to_dict()
+        click.echo(to_json(contract("health", store, body, run=body.pop("run"))))
     elif fmt == "csv":
         click.echo(rows_out(FINDING_COLUMNS, [asdict(f) for f in rep.findings], "csv"))
     else:

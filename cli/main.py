@@ -12,7 +12,7 @@ import click
 from dumpstore.errors import DumpstoreError
 
 from .options import engine_options, store_option
-from .render import output_options, render, text, to_json
+from .render import contract, output_options, render, text, to_json
 
 
 class _Group(click.Group):
@@ -47,7 +47,7 @@ def _notices_as_warnings():
         yield
 
 
-@click.group(cls=_Group)
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dumpstore")
 def main() -> None:
     """Ingest msprobe dumps into a Parquet store and hunt numerical divergence with SQL."""
@@ -113,7 +113,7 @@ def ingest(
     else:
         results = _ingest_several(paths, runs, store, opts, jobs)
     if as_json:
-        click.echo(to_json([r.__dict__ for r in results] if len(results) > 1 else results[0].__dict__))
+        click.echo(to_json(contract("ingest", store, {"runs": [r.__dict__ for r in results]})))
         return
     for res in results:
         click.echo(
@@ -131,19 +131,37 @@ def ingest(
 
 
 def _ingest_several(paths, runs, store, opts, jobs: int | None) -> list:
-    """One ingest per (path, run), each in its own process with a share of the workers; all of them finish
-    (one failing does not stop the others), then the first failure is raised."""
+    """One ingest per (path, run), each in its own process with a share of the workers, under one progress
+    display (the files of all of them); all of them finish (one failing does not stop the others), then the first
+    failure is raised."""
+    import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor
+    from functools import partial
+    from queue import Empty
 
     from dumpstore._ingest import ingest as do_ingest
-    from dumpstore.workers import worker_init
 
     total = jobs or os.cpu_count() or 1
     side = min(len(paths), total)
     share = max(1, total // side)
-    with ProcessPoolExecutor(max_workers=side, initializer=worker_init, initargs=(os.getpid(),)) as pool:
-        futures = [pool.submit(do_ingest, p, r, store=store, options=opts, jobs=share) for p, r in zip(paths, runs)]
+    queue = multiprocessing.get_context().Queue()
+    seen: dict[str, tuple[int, int]] = {}
+    with (
+        ProcessPoolExecutor(max_workers=side, initializer=_several_init, initargs=(os.getpid(), queue)) as pool,
+        _Progress(f"ingest {', '.join(runs)}") as bar,
+    ):
+        futures = [
+            pool.submit(do_ingest, p, r, store=store, options=opts, jobs=share, progress=partial(_told, r))
+            for p, r in zip(paths, runs)
+        ]
+        while not all(f.done() for f in futures) or not queue.empty():
+            try:
+                run, done, of = queue.get(timeout=0.1)
+            except Empty:
+                continue
+            seen[run] = (done, of)
+            bar.update(sum(d for d, _ in seen.values()), sum(t for _, t in seen.values()))
         outcomes = []
         for fut in futures:
             try:
@@ -152,10 +170,26 @@ def _ingest_several(paths, runs, store, opts, jobs: int | None) -> list:
                 outcomes.append(exc)
     failed = [o for o in outcomes if isinstance(o, DumpstoreError)]
     if failed:
-        done = [o.run for o in outcomes if not isinstance(o, DumpstoreError)]
-        note = f" (ingested: {', '.join(done)})" if done else ""
+        done_runs = [o.run for o in outcomes if not isinstance(o, DumpstoreError)]
+        note = f" (ingested: {', '.join(done_runs)})" if done_runs else ""
         raise type(failed[0])(f"{failed[0]}{note}")
     return outcomes
+
+
+_PROGRESS_QUEUE = None  # in a side-by-side ingest's child: where its progress goes to the parent's one display
+
+
+def _several_init(owner: int, queue) -> None:
+    from dumpstore.workers import worker_init
+
+    global _PROGRESS_QUEUE
+    worker_init(owner)
+    _PROGRESS_QUEUE = queue
+
+
+def _told(run: str, done: int, total: int) -> None:
+    if _PROGRESS_QUEUE is not None:
+        _PROGRESS_QUEUE.put((run, done, total))
 
 
 def _span(values: list[int]) -> str:
@@ -182,6 +216,7 @@ class _Progress:
         if self.bar is None:
             self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
             self.bar.__enter__()
+        self.bar.length = max(total, done)  # side by side: the total grows as each ingest counts its files
         self.bar.update(done - self.bar.pos)
 
     def __exit__(self, *exc):
@@ -194,9 +229,16 @@ class _Progress:
 @output_options
 def runs(store: Path | None, fmt: str) -> None:
     """List the runs in the store."""
-    from dumpstore.store import open_store
+    from dumpstore.errors import StoreError
+    from dumpstore.store import CATALOG, open_store
 
-    table = open_store(store).runs()
+    st = open_store(store)
+    if not (st.root / CATALOG).is_file():
+        raise StoreError(
+            f"{st.root}: not a dumpstore store (no {CATALOG}); ingest a dump first (dumpstore ingest PATH --run "
+            "NAME --store DIR), or point --store / $DUMPSTORE_STORE at a store"
+        )
+    table = st.runs()
     if fmt == "table":
         table = table.select(
             [
@@ -274,6 +316,13 @@ from .health_cmds import checklist, health  # noqa: E402
 
 main.add_command(checklist)
 main.add_command(health)
+
+from .replay_cmd import replay as _replay  # noqa: E402
+
+main.add_command(_replay)
+from .longrun_cmds import register as _register_longrun  # noqa: E402
+
+_register_longrun(main)
 
 
 class _NoPandas:

@@ -37,3 +37,14 @@ def engine_options(fn):
         help="local: processes on this machine; ray: tasks on a Ray cluster (pip install "
         "'dumpstore[ray]'; the store on a file system every node reaches).",
     )(fn)
+
+
+def noise_ref_option(fn):
+    """`--noise-ref R2`: a second reference run whose error against --ref is each tensor's noise band."""
+    return click.option(
+        "--noise-ref",
+        default=None,
+        metavar="RUN",
+        help="A second reference run (a rerun with non-determinism, another device): each tensor's error "
+        "against --ref widens its tolerance to 3x that measured noise.",
+    )(fn)

@@ -23,8 +23,33 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
+DEFAULT_DIGITS = 3
+DIGITS = DEFAULT_DIGITS  # significant digits of the terminal's numbers (--digits; reset by every command)
+COSINE_DECIMALS = 6  # msprobe compare: float('{:.12f}'), then round(x, 6) above its 0.9999 threshold
+
+
+def _set_digits(ctx: click.Context, param: click.Parameter, value: int | None) -> None:
+    global DIGITS
+    DIGITS = value if value is not None else DEFAULT_DIGITS
+
+
+def digits_option(fn):
+    """--digits N: significant digits of the numbers in text output (JSON and CSV carry full precision)."""
+    return click.option(
+        "--digits",
+        type=click.IntRange(1, 17),
+        default=None,
+        expose_value=False,
+        is_eager=True,
+        callback=_set_digits,
+        metavar="N",
+        help="Significant digits of numbers in text output (default 3; cosine: msprobe's 6 decimals, or N if more).",
+    )(fn)
+
+
 def output_options(fn):
-    """--table (the default), --json, --csv: one `fmt` argument."""
+    """--table (the default), --json, --csv: one `fmt` argument; and --digits."""
+    fn = digits_option(fn)
     fn = click.option("--csv", "fmt", flag_value="csv", help="Output CSV.")(fn)
     fn = click.option("--json", "fmt", flag_value="json", help="Output JSON.")(fn)
     fn = click.option("--table", "fmt", flag_value="table", default=True, help="Output text and tables (default).")(fn)
@@ -32,14 +57,28 @@ def output_options(fn):
 
 
 def num(v: Any) -> str:
-    """The one number format of the terminal: 3 significant digits; None is '-'."""
+    """The one number format of the terminal: DIGITS significant digits (3, or --digits); None is '-'."""
     if v is None:
         return "-"
     if isinstance(v, bool):
         return str(v)
     if isinstance(v, float):
-        return str(v) if math.isnan(v) or math.isinf(v) else f"{v:.3g}"
+        return str(v) if math.isnan(v) or math.isinf(v) else f"{v:.{DIGITS}g}"
     return str(v)
+
+
+def cosine(v: Any) -> str:
+    """A cosine similarity as msprobe compare prints it: 6 decimals (0.999995 for 0.99999473; more with --digits
+    above 6); one closer to 1 than that as `1 - 3e-08`, so a column of cosines near 1 stays apart."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return num(v)
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    decimals = max(COSINE_DECIMALS, DIGITS)
+    shown = f"{v:.{decimals}f}"
+    if v != 1.0 and float(shown) == 1.0:  # closer to 1 than the decimals show: say how close
+        return f"1 - {1.0 - v:.2g}" if v < 1.0 else f"1 + {v - 1.0:.2g}"
+    return shown
 
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
@@ -57,10 +96,16 @@ def _escape(m: re.Match) -> str:
     )
 
 
-def cell(v: Any) -> str:
-    """One table cell: numbers as `num`, lists bracketed, text made terminal-safe; None is empty."""
+COSINE_COLUMNS = frozenset({"cosine", "Cosine", "ref_cosine"})
+
+
+def cell(v: Any, column: str | None = None) -> str:
+    """One table cell: numbers as `num` (a cosine as `cosine`), lists bracketed, text made terminal-safe; None is
+    empty."""
     if v is None:
         return ""
+    if column in COSINE_COLUMNS and isinstance(v, float):
+        return cosine(v)
     if isinstance(v, (int, float)):
         return num(v)
     if isinstance(v, (list, tuple)):
@@ -68,18 +113,47 @@ def cell(v: Any) -> str:
     return text(v)
 
 
+SCHEMA_VERSION = 1  # of every command's --json (dumpstore/schemas/<command>.json); bumped on a breaking change
+
+
+def _nonfinite(v: Any) -> str | None:
+    """'inf', '-inf' or 'nan' for a non-finite float, else None."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return None
+
+
 def _jsonable(v: Any) -> Any:
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return str(v)
+    """Numbers stay numbers: a non-finite float becomes null, and in an object its key gets a sibling
+    `<key>_nonfinite` holding "inf", "-inf" or "nan" (in a list it is null alone)."""
+    if isinstance(v, float):
+        return None if _nonfinite(v) else v
     if isinstance(v, (list, tuple)):
         return [_jsonable(x) for x in v]
     if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
+        out: dict[Any, Any] = {}
+        for k, x in v.items():
+            out[k] = _jsonable(x)
+            flag = _nonfinite(x)
+            if flag is not None:
+                out[f"{k}_nonfinite"] = flag
+        return out
     return v
 
 
+def contract(command: str, store: Any, body: dict[str, Any], **names: Any) -> dict[str, Any]:
+    """A command's --json object: `schema_version`, `command`, `store` (the folder), the runs it reads
+    (`target`/`ref`, or `run`), then its own keys."""
+    from pathlib import Path
+
+    from dumpstore.store import default_store_path
+
+    root = Path(store) if store is not None else default_store_path()
+    return {"schema_version": SCHEMA_VERSION, "command": command, "store": str(root), **names, **body}
+
+
 def to_json(obj: Any) -> str:
-    return json.dumps(_jsonable(obj), indent=2, default=str)
+    return json.dumps(_jsonable(obj), indent=2, default=str, allow_nan=False)
 
 
 def _csv_value(v: Any) -> Any:
@@ -95,7 +169,7 @@ def rows_out(columns: Sequence[str], rows: list[dict[str, Any]], fmt: str, *, ma
         return to_json([{c: r.get(c) for c in cols} for r in rows])
     if fmt == "csv":
         return to_csv(cols, ([_csv_value(r.get(c)) for c in cols] for r in rows)).rstrip("\n")
-    return format_table(cols, [[cell(r.get(c)) for c in cols] for r in rows], max_width=max_width)
+    return format_table(cols, [[cell(r.get(c), c) for c in cols] for r in rows], max_width=max_width)
 
 
 def render(table: pa.Table, fmt: str, *, max_width: int = 60) -> str:

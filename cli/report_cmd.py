@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .compare_cmds import _common
-from .render import Stages, finding_line
+from .render import Stages, finding_line, text
 
 
 def _report(
@@ -21,6 +21,7 @@ def _report(
     maps: tuple[str, ...],
     html_path: Path | None,
     csv_path: Path | None,
+    only_differing: bool,
 ) -> None:
     """Write a shareable report of TARGET against REF: --html (one self-contained page) and/or --csv."""
     if html_path is None and csv_path is None:
@@ -51,16 +52,28 @@ def _report(
             progress=progress,
         )
     v = data.verdict.to_dict()
+    from dumpstore.analysis.explain import explain_findings, run_modes
+
+    from .compare_cmds import _warn_modes, explanation_lines
+
+    _warn_modes(run_modes(st, target, ref), target, ref, exact)
+    explained = explain_findings(st, data.verdict)
     click.echo(finding_line("FIRST DIVERGENCE", v["first_divergence"]))
     if v["first_divergence"] is not None:
         click.echo(finding_line("CULPRIT", v["culprit"]))
+        said = explained.get("culprit")
+        if said is not None:
+            for line in explanation_lines({"explanation": said.to_dict()}, config=False):
+                click.echo(text(line))
     if csv_path is not None:
         with Stages("report") as progress:
-            n = write_csv(data.cmp, csv_path, store=st, progress=progress)
+            n = write_csv(data.cmp, csv_path, store=st, progress=progress, only_differing=only_differing)
         click.echo(f"wrote {csv_path} ({n} rows)")
     if html_path is not None:
         with Stages("report") as progress:
-            size = write_report_html(data, st, html_path, progress=progress)
+            size = write_report_html(
+                data, st, html_path, progress=progress, only_differing=only_differing, explained=explained
+            )
         click.echo(f"wrote {html_path} ({size / 1e6:.1f} MB, self-contained)")
 
 
@@ -79,4 +92,10 @@ _csv = click.option(
     help="Write one CSV row per aligned leaf: msprobe's column names plus dumpstore's.",
 )
 
-report = click.command(name="report")(_common(_csv(_html(_report))))
+_only = click.option(
+    "--only-differing",
+    is_flag=True,
+    help="Write only the rows that differ (status not pass) to the CSV and the page's table (the charts keep all).",
+)
+
+report = click.command(name="report")(_common(_only(_csv(_html(_report)))))

@@ -48,6 +48,7 @@ EPS = {
     "bfloat16": 2.0**-7,
     "float32": 2.0**-23,
     "float64": 2.0**-52,
+    "tf32": 2.0**-10,  # not a storage dtype: float32 matmuls with 10-bit-mantissa inputs (analysis/prior.py)
     "float8_e4m3fn": 2.0**-3,
     "float8_e5m2": 2.0**-2,
 }

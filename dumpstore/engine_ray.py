@@ -1,6 +1,7 @@
 """The Ray engine of ingest: (step, rank) units batched into Ray tasks that write part files into a shared store.
 
-Each task runs the local engine's unit code (`ingest._ingest_unit`) over its batch of units and returns their small
+Each task runs the local engine's unit code (`_ingest.unit._ingest_unit`, handed in by the driver as `work`: this
+module imports nothing of the ingest package) over its batch of units and returns their small
 `UnitResult`s; the driver (`ingest.ingest`) commits the catalog once, as with the local pool.  Part file names
 depend only on the ingest id and the unit, so a retried task (a worker that died, an OSError) overwrites what
 the failed try left.  A failure that persists cancels the remaining tasks, removes every file this ingest
@@ -83,13 +84,15 @@ def run_units(
     units: list[Unit],
     opts,
     *,
+    work: Callable[..., Any],
     address: str | None = None,
     batch: int | None = None,
     retries: int = RETRIES,
     locate: Locator | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list:
-    """Ingest `units` on Ray (see the module docstring); their `UnitResult`s in the order of `units`."""
+    """Ingest `units` on Ray (see the module docstring); their `UnitResult`s in the order of `units`.  `work`: the
+    unit code, `work(unit, root, run, ingest_id, opts) -> UnitResult`, run in the tasks."""
     with session(address) as ray:
         nodes = _alive_nodes(ray)
         homes = (locate or probe_homes)(units, nodes) if len(nodes) > 1 else {}
@@ -101,7 +104,7 @@ def run_units(
         refs = {}
         for node, idx in batches:
             call = task.options(scheduling_strategy=_affinity(node)) if node else task
-            refs[call.remote([units[i] for i in idx], str(st.root), run, ingest_id, opts)] = idx
+            refs[call.remote(work, [units[i] for i in idx], str(st.root), run, ingest_id, opts)] = idx
         return _collect(ray, st, run, ingest_id, units, refs, progress)
 
 
@@ -168,13 +171,13 @@ def _visible(folders: list[str]) -> list[str]:
     return [f for f in folders if os.path.isdir(f)]
 
 
-def _ingest_batch(units: list[Unit], root: str, run: str, ingest_id: str, opts) -> tuple[str, list]:
-    """Task: ingest each unit of the batch with the local engine's code; (node id, their UnitResults)."""
+def _ingest_batch(
+    work: Callable[..., Any], units: list[Unit], root: str, run: str, ingest_id: str, opts
+) -> tuple[str, list]:
+    """Task: ingest each unit of the batch with the local engine's code (`work`); (node id, their UnitResults)."""
     import ray
 
-    from ._ingest import _ingest_unit
-
-    return ray.get_runtime_context().get_node_id(), [_ingest_unit(u, root, run, ingest_id, opts) for u in units]
+    return ray.get_runtime_context().get_node_id(), [work(u, root, run, ingest_id, opts) for u in units]
 
 
 def _collect(ray, st, run: str, ingest_id: str, units: list[Unit], refs: dict, progress) -> list:

@@ -1,4 +1,5 @@
-"""Find the dump files under a path: msprobe step/rank trees, lone dump.json files, plain tensor folders."""
+"""Find the ingest units under a path (msprobe step/rank trees, lone dump.json files, plain tensor folders): each
+folder is offered to the readers (dumpstore.readers), which say what it holds."""
 
 from __future__ import annotations
 
@@ -7,11 +8,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import msgraph
+from . import readers
 from .errors import DumpFormatError
 
-DUMP_FILES = ("dump.json", "debug.json")
-TENSOR_SUFFIXES = (".pt", ".npy")
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^rank(\d+)$")
 _PROC = re.compile(r"^proc(\d+)$")
@@ -23,8 +22,8 @@ _INT64_MAX = (1 << 63) - 1  # step and rank are int64 partition columns
 class Unit:
     """One ingest unit: a dump.json (or debug.json) or a plain folder of tensor files, for one step and rank."""
 
-    path: Path  # dump.json / debug.json, the folder of tensor files, or a graph dump's rank_{r} folder
-    kind: str  # "dump", "files" or "msgraph"
+    path: Path  # dump.json / debug.json, or the folder of tensor files
+    kind: str  # "dump", "files", or the NAME of a reader with rows of its own (see dumpstore.readers)
     step: int
     rank: int
     rank_dir: str
@@ -37,17 +36,15 @@ def find_units(root: str | os.PathLike) -> list[Unit]:
     if not root.exists():
         raise DumpFormatError(f"{root}: no such file or directory")
     if root.is_file():
-        if root.name not in DUMP_FILES:
-            raise DumpFormatError(f"{root}: not a dump file; expected dump.json, debug.json or a dump folder")
-        return [_unit(root, "dump", root.parent)]
-    if msgraph.is_graph_dump(root):  # MindSpore graph-mode / kernel-level dump: one unit per rank and iteration
-        return [Unit(path, msgraph.KIND, it, rank, rank_dir, "") for path, it, rank, rank_dir in msgraph.units(root)]
-    found = _walk(root)
-    units = [_unit(p, k, p.parent if k == "dump" else p) for p, k in found]
+        got = readers.claim(root.parent, [root.name])
+        if got is None or got[1].path != root:
+            raise DumpFormatError(f"{root}: not a dump file; expected {_record_files()} or a dump folder")
+        return [_unit(root, got[1].kind, root.parent)]
+    units = [_unit(c.path, c.kind, folder) for c, folder in _walk(root)]
     units = _drop_proc_beside_rank(units)
     if not units:
         raise DumpFormatError(
-            f"{root}: no dump.json, debug.json or .pt/.npy tensor files found; "
+            f"{root}: no {_record_files()} or {'/'.join(readers.tensor_suffixes())} tensor files found; "
             "point at an msprobe dump root, a step/rank folder, or a dump.json"
         )
     units = _assign_proc_ranks(units)
@@ -55,23 +52,29 @@ def find_units(root: str | os.PathLike) -> list[Unit]:
     return sorted(units, key=lambda u: (u.source, u.step, u.rank, u.rank_dir, str(u.path)))
 
 
-def _walk(root: Path) -> list[tuple[Path, str]]:
-    found: list[tuple[Path, str]] = []
+def _record_files() -> str:
+    """The names of the record files the readers know ("dump.json, debug.json")."""
+    return ", ".join(f for r in readers.READERS for f in getattr(r, "FILES", ()))
+
+
+def _walk(root: Path) -> list[tuple[readers.Claim, Path]]:
+    """What the readers claim under `root`, with the folder of each claim."""
+    found: list[tuple[readers.Claim, Path]] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames.sort()
         d = Path(dirpath)
-        dump = next((f for f in DUMP_FILES if f in filenames), None)
-        if dump is not None:
-            if (d / dump).is_symlink():  # it could lead anywhere; tensor files that are links are refused too
-                raise DumpFormatError(f"{d / dump}: is a link; refusing to read it (copy the file instead)")
-            found.append((d / dump, "dump"))
-            dirnames[:] = []  # dump_tensor_data belongs to this dump.json
-        elif d.name != "dump_tensor_data" and any(f.lower().endswith(TENSOR_SUFFIXES) for f in filenames):
-            found.append((d, "files"))
+        got = readers.claim(d, filenames)
+        if got is not None:
+            found.append((got[1], d))
+            if got[1].whole:
+                dirnames[:] = []  # e.g. dump_tensor_data belongs to this dump.json
     return found
 
 
 def _unit(path: Path, kind: str, folder: Path) -> Unit:
+    place = getattr(readers.reader(kind), "place", None) if kind not in ("dump", "files") else None
+    if place is not None:  # a format with folders of its own (MindSpore graph dumps: rank_{r}/.../{iteration})
+        return Unit(path, kind, *place(path))
     step, rank, rank_dir, source = 0, 0, "", ""
     parts = folder.resolve().parts if folder.exists() else folder.parts
     for part in parts:

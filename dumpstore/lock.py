@@ -24,6 +24,7 @@ from .errors import DumpstoreWarning
 
 _HELD: set[int] = set()  # descriptors of the locks this process holds
 _POLL = 0.2  # seconds between tries while another process holds the lock
+_QUIET = 2.0  # seconds of waiting before the wait is announced
 
 
 def _forget_inherited_locks() -> None:
@@ -114,10 +115,10 @@ def _describe(owner: dict[str, Any] | None) -> str:
 def hold(path: Path, what: str) -> Iterator[dict[str, Any] | None]:
     """Hold the lock at `path` (waiting while a live process holds it); yields the record of a previous owner
     that died holding it (a stale lock, taken over with a notice), else None. `what` names the lock in notices."""
-    told = False
+    told, since = False, time.monotonic()
     while (fd := _try_lock(path)) is None:
-        if not told:
-            told = True
+        if not told and time.monotonic() - since >= _QUIET:  # a short wait is ordinary (side-by-side ingests
+            told = True  # publishing at once, an owner that has not written its record yet): said only if long
             notice(_wait_message(path, what))
         time.sleep(_POLL)
     _HELD.add(fd)

@@ -70,9 +70,14 @@ def connect(
         )
     else:
         _empty_view(con, "stacks", STACK_SCHEMA, ["run:VARCHAR"])
+    from .replaytable import create_replay_view
     from .views import create_views
 
     create_views(con)
+    create_replay_view(con, store, catalog)
+    from .longrun.store import create_views as longrun_views  # scalars, monitor, longruns (docs/longrun.md)
+
+    longrun_views(con, store)
     if temp_dir is not None:
         con.execute(f"SET temp_directory = '{temp_dir.replace(chr(39), chr(39) * 2)}'")
     if limits is not None:

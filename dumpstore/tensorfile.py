@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import functools
-import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
-from .dtypes import canonical
 from .errors import DumpFormatError
+from .readers import TENSOR_DIR, load_tensor
 
-TENSOR_DIR = "dump_tensor_data"
 T = TypeVar("T")
 L = TypeVar("L")
 
@@ -68,15 +66,9 @@ def _tensor_dir(dump_dir: str) -> tuple[Path, bool]:
 
 
 def load(path: Path, *, max_bytes: int | None = None) -> tuple[np.ndarray, str]:
-    """(values, stored dtype) from a .pt or .npy file; bf16/fp8 widen losslessly to float32."""
-    suffix = path.suffix.lower()
-    if suffix == ".pt":
-        from .ptfile import read_pt
-
-        return read_pt(path, max_bytes=max_bytes)
-    if suffix == ".npy":
-        return _load_npy(path)
-    raise DumpFormatError(f"{path}: unknown tensor file type; expected .pt or .npy")
+    """(values, stored dtype) from a tensor file (.pt, .npy: dumpstore.readers by its suffix); bf16/fp8 widen
+    losslessly to float32."""
+    return load_tensor(path, max_bytes=max_bytes)
 
 
 class MissingFile(DumpFormatError):
@@ -173,39 +165,3 @@ def fingerprint(arr: np.ndarray, stored: str) -> bytes:
     h = xxhash.xxh3_128(f"{stored}|{arr.dtype.str}|{arr.shape}|".encode())
     h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
     return h.digest()
-
-
-def _load_npy(path: Path) -> tuple[np.ndarray, str]:
-    if not path.is_file():  # a FIFO or device would block or stream forever
-        raise DumpFormatError(f"{path}: not a regular file")
-    try:
-        with open(path, "rb") as fh:
-            _check_npy_size(path, fh)
-            arr = np.load(fh, allow_pickle=False, mmap_mode=None)
-    except (ValueError, OSError, EOFError) as exc:
-        raise DumpFormatError(f"{path}: unreadable .npy file ({_first_line(exc)})") from None
-    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biufc":
-        raise DumpFormatError(f"{path}: .npy holds {getattr(arr, 'dtype', type(arr))}, not a numeric array")
-    return arr, canonical(arr.dtype.name)
-
-
-def _check_npy_size(path: Path, fh: BinaryIO) -> None:
-    """Refuse a header that claims more data than the file holds (numpy would allocate it all first)."""
-    major, _minor = np.lib.format.read_magic(fh)
-    if major not in (1, 2, 3):
-        raise DumpFormatError(f"{path}: .npy format version {major} is not supported")
-    # 3.0 differs from 2.0 only in the header's text encoding (UTF-8), ASCII for every numeric dtype
-    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-    shape, _fortran, dtype = read(fh)
-    need, have = math.prod(shape) * dtype.itemsize, os.fstat(fh.fileno()).st_size - fh.tell()
-    if need > have:
-        raise DumpFormatError(
-            f"{path}: truncated .npy file: its header claims shape {list(shape)} of {dtype} "
-            f"({need} bytes), the file holds {have}"
-        )
-    fh.seek(0)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -26,6 +26,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
+
+import fixtures  # sample_dumps/fixtures.py, beside this script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -729,6 +732,8 @@ def generate(names, out_dir):
             if os.path.exists(dst):
                 shutil.rmtree(dst)
             shutil.move(src, dst)
+            if any(os.path.isdir(os.path.join(r, "dump_tensor_data")) for r, _, _ in os.walk(dst)):
+                fixtures.pack(name, Path(out_dir))  # the tracked form: tensor_data/<name>.tar.xz (fixtures.py)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -1633,6 +1638,8 @@ def main():
             if n not in CASE_BY_NAME:
                 raise SystemExit("unknown case %s" % n)
         generate(names, out_dir)
+    if os.path.exists(os.path.join(out_dir, fixtures.ARCHIVES, fixtures.MANIFEST)):
+        fixtures.unpack_all(Path(out_dir))  # the tensor cases not generated now, from their archives
     cat, xcat = build_catalog(out_dir), build_xdev_catalog(out_dir)
     with open(os.path.join(out_dir, "catalog.json"), "w") as f:
         json.dump(

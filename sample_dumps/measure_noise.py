@@ -5,6 +5,7 @@ Usage::
 
     /path/to/venv/bin/python sample_dumps/measure_noise.py [--store DIR] [--exact] [--json]
     /path/to/venv/bin/python sample_dumps/measure_noise.py --spread     # the noise itself, tensor pairs
+    /path/to/venv/bin/python sample_dumps/measure_noise.py --dev-extra  # also the pairs of dev_extra.py
 
 Reads `device_noise_cases` of sample_dumps/catalog.json, ingests every case into a store (a temporary one
 unless --store names one; cases already there are re-ingested), runs `dumpstore divergence --json` (the CLI,
@@ -15,6 +16,12 @@ as a user would) for each pair, and prints one line per pair:
 outcome is `hit` (culprit at the expected step and op; `hit, kind X` when the kind differs), `miss` (a fault
 pair whose culprit is elsewhere or absent), `false alarm` (a clean pair with a culprit) or `quiet` (a clean
 pair without one).  The totals line counts hits of faults and false alarms of clean pairs.
+
+`--dev-extra [DIR]` adds the extra development pairs that sample_dumps/dev_extra.py wrote (default
+sample_dumps/dev_extra/, git-ignored: run dev_extra.py first); `--only dev` scores those alone.
+
+`--compare-top N` also runs `dumpstore compare --step S --top N` for each fault pair and says whether a row of
+the expected culprit record is among them (`in_top`).
 
 `--spread` instead reads the tensor pairs' `.pt` files (needs torch) and prints, per step, the spread of the
 relative L2 error ||t - r|| / ||r|| over all floating-point tensors of all records (median, p90, p99, how many
@@ -62,13 +69,14 @@ def outcome(exp, got):
     return "hit" if got["kind"] == expected_kind(exp) else "hit, kind %s" % got["kind"]
 
 
-def measure(store, cases, exact):
+def measure(store, cases, exact, compare_top=0):
     ingested = set()
     rows = []
     for case in cases:
         for name in (case["ref"], case["name"]):
             if name not in ingested:
-                cli("ingest", os.path.join(HERE, name), "--run", name, "--store", store, "--jobs", "1")
+                path = os.path.join(case.get("base", HERE), name)
+                cli("ingest", path, "--run", name, "--store", store, "--jobs", "1")
                 ingested.add(name)
         args = [
             "divergence",
@@ -83,6 +91,25 @@ def measure(store, cases, exact):
         ] + (["--exact"] if exact else [])
         verdict = json.loads(cli(*args))
         exp, got = case["expected"]["culprit"], verdict.get("culprit")
+        top = None
+        if exp is not None and compare_top:  # is the expected culprit among compare's top rows of its step?
+            table = json.loads(
+                cli(
+                    "compare",
+                    "--target",
+                    case["name"],
+                    "--ref",
+                    case["ref"],
+                    "--store",
+                    store,
+                    "--step",
+                    str(exp["step"]),
+                    "--top",
+                    str(compare_top),
+                    "--json",
+                )
+            )
+            top = any((r["name"] or "").startswith(exp["op"] + ".") for r in table)
         rows.append(
             {
                 "pair": case["name"],
@@ -91,13 +118,14 @@ def measure(store, cases, exact):
                 "got": where(got),
                 "outcome": outcome(exp, got),
                 "got_detail": got,
+                "in_top": "-" if top is None else ("yes" if top else "no"),
             }
         )
     return rows
 
 
-def table(rows):
-    cols = ("pair", "mode", "expected", "got", "outcome")
+def table(rows, compare_top=0):
+    cols = ("pair", "mode", "expected", "got", "outcome") + (("in_top",) if compare_top else ())
     width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
     lines = [" | ".join(c.ljust(width[c]) for c in cols), "-|-".join("-" * width[c] for c in cols)]
     lines += [" | ".join(r[c].ljust(width[c]) for c in cols) for r in rows]
@@ -112,6 +140,11 @@ def table(rows):
             len(clean),
         )
     )
+    if compare_top:
+        lines.append(
+            "culprit among `compare --top %d` rows of its step: %d of %d"
+            % (compare_top, sum(r["in_top"] == "yes" for r in faults), len(faults))
+        )
     return "\n".join(lines)
 
 
@@ -219,15 +252,34 @@ def main():
     ap.add_argument("--exact", action="store_true", help="pass --exact to divergence (tensor pairs)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--spread", action="store_true", help="print the noise of the tensor pairs instead")
+    ap.add_argument(
+        "--dev-extra",
+        nargs="?",
+        const=os.path.join(HERE, "dev_extra"),
+        help="also score the pairs dev_extra.py wrote (default folder sample_dumps/dev_extra)",
+    )
+    ap.add_argument("--only", choices=("samples", "dev"), help="score only the xdev samples or only the extra pairs")
+    ap.add_argument("--mode", choices=("statistics", "tensor"), help="only pairs of this dump mode")
+    ap.add_argument(
+        "--compare-top", type=int, default=0, metavar="N", help="also check the culprit is in compare's top N rows"
+    )
     args = ap.parse_args()
-    with open(os.path.join(HERE, "catalog.json")) as f:
-        cases = [c for c in json.load(f)["device_noise_cases"] if c["ref"]]
+    cases = []
+    if args.only != "dev":
+        with open(os.path.join(HERE, "catalog.json")) as f:
+            cases += [c for c in json.load(f)["device_noise_cases"] if c["ref"]]
+    if args.dev_extra or args.only == "dev":
+        base = args.dev_extra or os.path.join(HERE, "dev_extra")
+        with open(os.path.join(base, "catalog.json")) as f:
+            cases += [dict(c, base=base) for c in json.load(f)["device_noise_cases"] if c["ref"]]
+    if args.mode:
+        cases = [c for c in cases if c["mode"] == args.mode]
     if args.spread:
         print(spread(cases))
         return
     with tempfile.TemporaryDirectory(prefix="noise_store_") as tmp:
-        rows = measure(args.store or tmp, cases, args.exact)
-    print(json.dumps(rows, indent=1) if args.json else table(rows))
+        rows = measure(args.store or tmp, cases, args.exact, args.compare_top)
+    print(json.dumps(rows, indent=1) if args.json else table(rows, args.compare_top))
 
 
 if __name__ == "__main__":

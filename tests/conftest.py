@@ -1,32 +1,27 @@
-"""Shared fixtures: a factory that writes real msprobe-style dump folders from numpy arrays, and paths."""
+"""Shared fixtures: a factory that writes real msprobe-style dump folders from numpy arrays, and paths.
+
+The tensor samples' tensor files are unpacked from sample_dumps/tensor_data/ once, before the tests are collected
+(idempotent: a session after the first finds them there)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
+from helpers import SAMPLES, leaf
 
-def _leaf(arr: np.ndarray, data_name: str | None, dtype: str | None = None) -> dict[str, Any]:
-    a64 = arr.astype(np.float64)
-    leaf: dict[str, Any] = {
-        "type": "torch.Tensor",
-        "dtype": dtype or f"torch.{arr.dtype.name}",
-        "shape": list(arr.shape),
-    }
-    if arr.size:
-        leaf.update(
-            Max=float(a64.max()), Min=float(a64.min()), Mean=float(a64.mean()), Norm=float(np.sqrt((a64 * a64).sum()))
-        )
-    else:
-        leaf.update(Max=None, Min=None, Mean=None, Norm=None)
-    leaf["requires_grad"] = False
-    if data_name:
-        leaf["data_name"] = data_name
-    return leaf
+
+def pytest_configure(config: pytest.Config) -> None:
+    sys.path.insert(0, str(SAMPLES))
+    try:
+        import fixtures  # sample_dumps/fixtures.py
+    finally:
+        sys.path.remove(str(SAMPLES))
+    fixtures.unpack_all()
 
 
 class DumpWriter:
@@ -57,7 +52,7 @@ class DumpWriter:
                 name = f"{key}.{io}.{i}.npy" if self.task == "tensor" else None
                 if name:
                     np.save(d / "dump_tensor_data" / name, v)
-                out.append(_leaf(v, name))
+                out.append(leaf(v, data_name=name))
             else:
                 out.append(v)
         return out

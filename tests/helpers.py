@@ -1,10 +1,19 @@
-"""Test helpers shared by several test files (paths, independent leaf counting)."""
+"""Test helpers shared by several test files: paths, independent leaf counting, dump.json leaf builders, the msprobe
+CLI runner and bench/synth.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -82,6 +91,73 @@ class ExactLoads:
             return real(*args)
 
         monkeypatch.setattr(exact, "_load", counted)
+
+
+STAT_KEYS = ("Max", "Min", "Mean", "Norm")
+
+
+def leaf(
+    arr: np.ndarray,
+    *,
+    requires_grad: bool = False,
+    stats: Sequence[str] = STAT_KEYS,
+    data_name: str | None = None,
+    dtype: str | None = None,
+) -> dict[str, Any]:
+    """An msprobe tensor leaf of `arr` for a dump.json: its dtype (`dtype`: another torch dtype name), shape, the
+    `stats` of STAT_KEYS computed (float64; the others, and all of an empty array's, null), requires_grad and the
+    tensor file's name when given."""
+    a = arr.astype(np.float64)
+    values = {"Max": a.max, "Min": a.min, "Mean": a.mean, "Norm": lambda: np.linalg.norm(a)}
+    out: dict[str, Any] = {
+        "type": "torch.Tensor",
+        "dtype": f"torch.{dtype or arr.dtype.name}",
+        "shape": list(arr.shape),
+        **{k: float(values[k]()) if arr.size and k in stats else None for k in STAT_KEYS},
+        "requires_grad": requires_grad,
+    }
+    if data_name:
+        out["data_name"] = data_name
+    return out
+
+
+def leaves(obj: Any) -> Iterator[dict]:
+    """The leaves of a dump.json record (or any part of one): objects with a `type` or `class_type`."""
+    if isinstance(obj, dict) and ("type" in obj or "class_type" in obj):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from leaves(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from leaves(v)
+
+
+def msprobe_cli() -> str | None:
+    """The `msprobe` command of mindstudio-probe (beside this interpreter, else on PATH), or None without it."""
+    if importlib.util.find_spec("msprobe") is None:  # importorskip would import torch: seconds
+        return None
+    beside = Path(sys.executable).parent / "msprobe"
+    return str(beside) if beside.is_file() else shutil.which("msprobe")
+
+
+def start_msprobe_compare(cli: str, target: Path, ref: Path, out: Path, log: Path, cwd: Path) -> subprocess.Popen:
+    """`msprobe compare -tp target -gp ref -o out` started in the background, its output to `log`."""
+    with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
+        cmd = [cli, "compare", "-tp", str(target), "-gp", str(ref), "-o", str(out)]
+        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=cwd)
+
+
+def synth():
+    """bench/synth.py, importable by name (its worker processes unpickle functions of module `synth`)."""
+    if "synth" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("synth", ROOT / "bench" / "synth.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["synth"] = mod
+        spec.loader.exec_module(mod)
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.append(str(ROOT / "bench"))
+    return sys.modules["synth"]
 
 
 def msprobe_command() -> list[str] | None:

@@ -12,7 +12,7 @@ from dumpstore._ingest import ingest
 from dumpstore.analysis._checklist import CHECKS, checklist
 from dumpstore.cli.main import main
 from dumpstore.store import open_store
-from helpers import SAMPLES
+from helpers import SAMPLES, leaf
 
 CATALOG = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text())["cases"]}
 DECLARED = [c for c in CATALOG.values() if c["expected"] and "checklist" in c["expected"]]
@@ -103,30 +103,13 @@ def test_steps_and_ranks_in_one_run(store):
     assert {"only_in": "target", "ranks": [1]} in got.items
 
 
-def _leaf(arr: np.ndarray, requires_grad: bool, stats: bool = True) -> dict:
-    a = arr.astype(np.float64)
-    leaf = {
-        "type": "torch.Tensor",
-        "dtype": f"torch.{arr.dtype.name}",
-        "shape": list(arr.shape),
-        "Max": float(a.max()),
-        "Min": float(a.min()),
-        "requires_grad": requires_grad,
-    }
-    if stats:
-        leaf.update(Mean=float(a.mean()), Norm=float(np.linalg.norm(a)))
-    else:
-        leaf.update(Mean=None, Norm=None)
-    return leaf
-
-
 def _write(root, tokens: np.ndarray, weight: np.ndarray) -> None:
     d = root / "step0" / "rank0"
     d.mkdir(parents=True)
     rec = {
-        "input_args": [_leaf(tokens, False, stats=False), _leaf(weight, True)],
+        "input_args": [leaf(tokens, stats=("Max", "Min")), leaf(weight, requires_grad=True)],
         "input_kwargs": {},
-        "output": [_leaf(weight[tokens], True)],
+        "output": [leaf(weight[tokens], requires_grad=True)],
     }
     doc = {
         "task": "statistics",
@@ -162,8 +145,8 @@ def test_cli_json_and_table(store):
     res = runner.invoke(main, args + ["--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert list(out) == list(CHECKS)
-    assert all({"status", "evidence"} <= set(v) for v in out.values())
+    assert list(out) == ["schema_version", "command", "store", "target", "ref", *CHECKS]
+    assert all({"status", "evidence"} <= set(out[k]) for k in CHECKS)
     assert out["weights"]["status"] == "differs" and out["weights"]["first"]["param"] == "layers.0.qkv.weight"
     res = runner.invoke(main, args)
     assert res.exit_code == 0, res.output

@@ -133,7 +133,7 @@ def test_ingest_several_dumps_at_once(store_dir, tmp_path):
         ],
     )
     assert res.exit_code == 0, res.output
-    summaries = json.loads(res.output)
+    summaries = json.loads(res.output)["runs"]
     assert [s["run"] for s in summaries] == ["ref", "lr"]
     one = tmp_path / "one"
     for path, run in ((SAMPLES / "ref_stats", "ref"), (SAMPLES / "lr_stats", "lr")):

@@ -114,7 +114,7 @@ def test_compare_cli_ranks_worst_first(store):
             "--json",
         ],
     )
-    rows = json.loads(res.output)
+    rows = json.loads(res.output)["rows"]
     assert len(rows) == 3 and rows[0]["severity"] >= rows[1]["severity"] >= rows[2]["severity"]
     assert all(r["status"] == "diverged" for r in rows)
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.util
 import json
 import math
 import os
 import re
 import shutil
 import subprocess
-import sys
 import warnings
 from importlib import metadata
 from pathlib import Path
@@ -33,6 +31,7 @@ from dumpstore.analysis import metrics
 from dumpstore.analysis.compare import compare_runs
 from dumpstore.analysis.exact import MSPROBE_COLUMNS, NEW_SCHEMA
 from dumpstore.store import open_store
+from helpers import msprobe_cli, start_msprobe_compare
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_dumps"
@@ -50,28 +49,11 @@ _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 # ---------------------------------------------------------------- msprobe, started early in the background
 
 
-def _msprobe_cli() -> str | None:
-    if importlib.util.find_spec("msprobe") is None:  # importorskip would import torch: seconds
-        return None
-    beside = Path(sys.executable).parent / "msprobe"
-    return str(beside) if beside.is_file() else shutil.which("msprobe")
-
-
 def _start_msprobe(cli: str, target: str, out: Path) -> subprocess.Popen:
     """`msprobe compare` of step 0: it pairs the rank folders of two step folders (a rank folder is refused)."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        cli,
-        "compare",
-        "-tp",
-        str(SAMPLES / target / "step0"),
-        "-gp",
-        str(SAMPLES / REF / "step0"),
-        "-o",
-        str(out / "result"),
-    ]
-    with open(out / "msprobe.log", "wb") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=out)
+    step0 = SAMPLES / target / "step0", SAMPLES / REF / "step0"
+    return start_msprobe_compare(cli, *step0, out / "result", out / "msprobe.log", out)
 
 
 class MsprobeRuns:
@@ -125,7 +107,7 @@ def msprobe_runs(request, tmp_path_factory):
             for it in request.session.items
         )
     ]
-    runs = MsprobeRuns(_msprobe_cli(), wanted, tmp_path_factory.mktemp("msprobe"))
+    runs = MsprobeRuns(msprobe_cli(), wanted, tmp_path_factory.mktemp("msprobe"))
     yield runs
     runs.close()
 

@@ -14,7 +14,7 @@ from dumpstore.analysis._health import WATCHPOINTS, Thresholds, health
 from dumpstore.cli.main import main
 from dumpstore.query import run_query
 from dumpstore.store import open_store
-from helpers import SAMPLES
+from helpers import SAMPLES, leaf
 
 CATALOG = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text())["cases"]}
 DECLARED = [c for c in CATALOG.values() if c["expected"] and "health" in c["expected"]]
@@ -100,20 +100,6 @@ def test_cli_json_and_text(store):
 # -- each rule on a synthetic run -----------------------------------------------------------------------
 
 
-def _leaf(arr: np.ndarray, requires_grad: bool = False) -> dict:
-    a = arr.astype(np.float64)
-    return {
-        "type": "torch.Tensor",
-        "dtype": f"torch.{arr.dtype.name}",
-        "shape": list(arr.shape),
-        "Max": float(a.max()),
-        "Min": float(a.min()),
-        "Mean": float(a.mean()),
-        "Norm": float(np.linalg.norm(a)),
-        "requires_grad": requires_grad,
-    }
-
-
 def _write_run(root, steps: list[dict[str, np.ndarray]]) -> None:
     """One rank; per step: act (a forward output), weight (module parameter), grad (its gradient), zero."""
     for s, t in enumerate(steps):
@@ -121,22 +107,22 @@ def _write_run(root, steps: list[dict[str, np.ndarray]]) -> None:
         d.mkdir(parents=True)
         data = {
             "Functional.linear.0.forward": {
-                "input_args": [_leaf(t["x"]), _leaf(t["weight"], True)],
+                "input_args": [leaf(t["x"]), leaf(t["weight"], requires_grad=True)],
                 "input_kwargs": {},
-                "output": [_leaf(t["act"], True)],
+                "output": [leaf(t["act"], requires_grad=True)],
             },
             "Module.fc.Linear.forward.0": {
-                "input_args": [_leaf(t["x"])],
+                "input_args": [leaf(t["x"])],
                 "input_kwargs": {},
-                "output": [_leaf(t["act"], True)],
-                "parameters": {"weight": _leaf(t["weight"], True)},
+                "output": [leaf(t["act"], requires_grad=True)],
+                "parameters": {"weight": leaf(t["weight"], requires_grad=True)},
             },
             "Functional.relu.0.forward": {
-                "input_args": [_leaf(t["act"], True)],
+                "input_args": [leaf(t["act"], requires_grad=True)],
                 "input_kwargs": {},
-                "output": [_leaf(t["zero"], True)],
+                "output": [leaf(t["zero"], requires_grad=True)],
             },
-            "Module.fc.Linear.parameters_grad.0": {"weight": [_leaf(t["grad"])]},
+            "Module.fc.Linear.parameters_grad.0": {"weight": [leaf(t["grad"])]},
         }
         doc = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None, "data": data}
         (d / "dump.json").write_text(json.dumps(doc))
@@ -198,7 +184,7 @@ def _loss_run(root, losses: list[float]) -> None:
     for s, value in enumerate(losses):
         d = root / f"step{s}" / "rank0"
         d.mkdir(parents=True)
-        leaf = {
+        loss = {
             "type": "torch.Tensor",
             "dtype": "torch.float32",
             "shape": [],
@@ -208,8 +194,8 @@ def _loss_run(root, losses: list[float]) -> None:
             "Norm": abs(value),
             "requires_grad": True,
         }
-        logits = _leaf(np.arange(8, dtype=np.float32).reshape(2, 4))
-        data = {"Functional.cross_entropy.0.forward": {"input_args": [logits], "input_kwargs": {}, "output": [leaf]}}
+        logits = leaf(np.arange(8, dtype=np.float32).reshape(2, 4))
+        data = {"Functional.cross_entropy.0.forward": {"input_args": [logits], "input_kwargs": {}, "output": [loss]}}
         doc = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}
         (d / "dump.json").write_text(json.dumps(doc))
 

@@ -12,11 +12,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from dumpstore._ingest import ingest
+from dumpstore.errors import DumpFormatError
 from dumpstore.names import parse_record
 from dumpstore.records import LEAF_COLUMNS, leaf_column_lists, leaf_columns, record_leaves
 from helpers import MSPROBE, SAMPLES, child_processes
 
-ingest_module = importlib.import_module("dumpstore._ingest")  # the module (dumpstore.ingest is the function)
+batches = importlib.import_module(
+    "dumpstore._ingest.batches"
+)  # modules of the package (dumpstore.ingest: the function)
+split = importlib.import_module("dumpstore._ingest.split")
+unit = importlib.import_module("dumpstore._ingest.unit")
+writer = importlib.import_module("dumpstore._ingest.writer")
 
 
 def _described(leaf) -> dict:
@@ -90,8 +96,8 @@ def _part_files(store: Path) -> list[Path]:
 
 def test_row_groups_are_bounded_and_rows_unchanged(tmp_path, monkeypatch):
     ingest(MSPROBE / "v8_statistics", "r", store=tmp_path / "one", jobs=1)
-    monkeypatch.setattr(ingest_module, "_BATCH_ROWS", 7)
-    monkeypatch.setattr(ingest_module, "_GROUP_ROWS", 20)
+    monkeypatch.setattr(batches, "_BATCH_ROWS", 7)
+    monkeypatch.setattr(writer, "_GROUP_ROWS", 20)
     ingest(MSPROBE / "v8_statistics", "r", store=tmp_path / "many", jobs=1)
     [one], [many] = _part_files(tmp_path / "one"), _part_files(tmp_path / "many")
     meta = pq.ParquetFile(many).metadata
@@ -153,9 +159,9 @@ def test_a_lone_statistics_dump_split_over_cores_gives_the_same_rows(tmp_path, m
     """A statistics dump built by forked workers (a run of one unit, two cores) equals the one-process build."""
     src = SAMPLES / name / "step0" / "rank0"
     one = ingest(src, "r", store=tmp_path / "one", jobs=1)
-    monkeypatch.setattr(ingest_module, "_SPLIT_MIN_RECORDS", 1)
+    monkeypatch.setattr(unit, "_SPLIT_MIN_RECORDS", 1)
     calls = []
-    monkeypatch.setattr(ingest_module, "_merge", lambda res, part: calls.append(part) or merge(res, part))
+    monkeypatch.setattr(split, "_merge", lambda res, part: calls.append(part) or merge(res, part))
     two = ingest(src, "r", store=tmp_path / "two", jobs=2)
     assert len(calls) == 2  # really split: one part here, one in a forked worker
     assert {k: v for k, v in vars(one).items() if k != "ingest_id"} == {
@@ -167,24 +173,24 @@ def test_a_lone_statistics_dump_split_over_cores_gives_the_same_rows(tmp_path, m
     assert pq.read_table(a)["leaf"].to_pylist() == list(range(one.rows))
 
 
-merge = ingest_module._merge
+merge = split._merge
 
 
 @pytest.mark.parametrize("failing_part", [0, 1])
 def test_a_failing_part_of_a_split_dump_fails_the_ingest_in_one_line(tmp_path, monkeypatch, failing_part):
     """An error in either process of a split build (this one or the forked child) is the ingest's error; nothing
     is published and no child is left behind."""
-    monkeypatch.setattr(ingest_module, "_SPLIT_MIN_RECORDS", 1)
-    table = ingest_module._Slices.table
+    monkeypatch.setattr(unit, "_SPLIT_MIN_RECORDS", 1)
+    table = split._Slices.table
 
     def broken(self, part, parts):
         if part == failing_part:
-            raise ingest_module.DumpFormatError(f"part {part} is broken")
+            raise DumpFormatError(f"part {part} is broken")
         return table(self, part, parts)
 
-    monkeypatch.setattr(ingest_module._Slices, "table", broken)
+    monkeypatch.setattr(split._Slices, "table", broken)
     before = child_processes()
-    with pytest.raises(ingest_module.DumpFormatError, match=f"^part {failing_part} is broken$"):
+    with pytest.raises(DumpFormatError, match=f"^part {failing_part} is broken$"):
         ingest(SAMPLES / "ref_stats" / "step0" / "rank0", "r", store=tmp_path / "s", jobs=2)
     assert not list((tmp_path / "s").rglob("part-*.parquet"))
     assert child_processes() == before  # the forked child was reaped (no zombie, no orphan)
@@ -194,8 +200,8 @@ def test_a_process_with_other_threads_is_not_forked(tmp_path, monkeypatch):
     """A library user's process with threads builds a lone dump in one process (no fork under held locks)."""
     import threading
 
-    monkeypatch.setattr(ingest_module, "_SPLIT_MIN_RECORDS", 1)
-    monkeypatch.setattr(ingest_module, "_split_tables", lambda *a: pytest.fail("forked with a thread running"))
+    monkeypatch.setattr(unit, "_SPLIT_MIN_RECORDS", 1)
+    monkeypatch.setattr(unit, "_split_tables", lambda *a: pytest.fail("forked with a thread running"))
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()

@@ -19,11 +19,13 @@ import ujson
 
 from dumpstore import jsonsplit
 from dumpstore._ingest import ingest
+from dumpstore.errors import DumpFormatError
 from dumpstore.framework import detect_framework
 from dumpstore.store import open_store
 from helpers import SAMPLES, child_processes
 
-ingest_module = importlib.import_module("dumpstore._ingest")
+split = importlib.import_module("dumpstore._ingest.split")  # modules of the package (dumpstore.ingest: the function)
+unit = importlib.import_module("dumpstore._ingest.unit")
 DUMP = SAMPLES / "ref_stats" / "step0" / "rank0" / "dump.json"
 
 
@@ -100,11 +102,11 @@ def _rows(store: Path) -> str:
 
 def _split_ingest(src: Path, store: Path, monkeypatch, jobs: int = 2):
     """Ingest `src` with the text split on for any size; (result, whether the text split built the rows)."""
-    monkeypatch.setattr(ingest_module, "_SPLIT_MIN_BYTES", 1)
-    monkeypatch.setattr(ingest_module, "_SPLIT_MIN_RECORDS", 10**9)  # no split of parsed records instead
+    monkeypatch.setattr(unit, "_SPLIT_MIN_BYTES", 1)
+    monkeypatch.setattr(unit, "_SPLIT_MIN_RECORDS", 10**9)  # no split of parsed records instead
     used = []
-    real = ingest_module._text_split
-    monkeypatch.setattr(ingest_module, "_text_split", lambda *a: used.append(real(*a)) or used[-1])
+    real = unit._text_split
+    monkeypatch.setattr(unit, "_text_split", lambda *a: used.append(real(*a)) or used[-1])
     res = ingest(src, "r", store=store, jobs=jobs)
     return res, [u is not None for u in used]
 
@@ -132,7 +134,7 @@ def test_a_dump_parsed_in_parts_gives_the_same_rows(tmp_path, monkeypatch, name)
 def test_a_dump_parsed_in_many_parts_gives_the_same_rows(tmp_path, monkeypatch):
     src = SAMPLES / "ref_stats" / "step0" / "rank0"
     assert _same_as_one_process(src, tmp_path, monkeypatch, jobs=5) == [True]
-    assert len(ingest_module.jsonsplit.cuts(DUMP.read_bytes(), 5).ends) == 4
+    assert len(jsonsplit.cuts(DUMP.read_bytes(), 5).ends) == 4
 
 
 def test_a_record_name_in_two_parts_is_parsed_whole(tmp_path, monkeypatch):
@@ -172,9 +174,9 @@ def test_a_broken_file_has_the_whole_file_error(tmp_path, monkeypatch):
     text = DUMP.read_text()
     cut = len(text) * 3 // 4
     src = _dump_folder(tmp_path, text[:cut])  # truncated: the last part does not parse
-    with pytest.raises(ingest_module.DumpFormatError) as one:
+    with pytest.raises(DumpFormatError) as one:
         ingest(src, "r", store=tmp_path / "one", jobs=1)
-    with pytest.raises(ingest_module.DumpFormatError) as two:
+    with pytest.raises(DumpFormatError) as two:
         _split_ingest(src, tmp_path / "two", monkeypatch)
     assert str(two.value) == str(one.value) and "invalid JSON at line" in str(one.value)
 
@@ -182,16 +184,16 @@ def test_a_broken_file_has_the_whole_file_error(tmp_path, monkeypatch):
 @pytest.mark.parametrize("in_child", [False, True])
 def test_a_failing_part_fails_the_ingest_and_leaves_no_child(tmp_path, monkeypatch, in_child):
     parent = os.getpid()
-    table = ingest_module._Slices.table
+    table = split._Slices.table
 
     def broken(self, part, parts):
         if (os.getpid() != parent) == in_child:
-            raise ingest_module.DumpFormatError("this part is broken")
+            raise DumpFormatError("this part is broken")
         return table(self, part, parts)
 
-    monkeypatch.setattr(ingest_module._Slices, "table", broken)
+    monkeypatch.setattr(split._Slices, "table", broken)
     before = child_processes()
-    with pytest.raises(ingest_module.DumpFormatError, match="^this part is broken$"):
+    with pytest.raises(DumpFormatError, match="^this part is broken$"):
         _split_ingest(DUMP.parent, tmp_path / "s", monkeypatch)
     assert not list((tmp_path / "s").rglob("part-*.parquet"))
     assert child_processes() == before

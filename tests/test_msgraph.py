@@ -1,4 +1,4 @@
-"""MindSpore graph-mode / kernel-level dumps (dumpstore.msgraph): real dumps made with MindSpore 2.10 on CPU in
+"""MindSpore graph-mode / kernel-level dumps (dumpstore.readers.msgraph): real dumps made with MindSpore 2.10 on CPU in
 graph mode (tests/msgraph/generate.py, made once per session; skipped without mindspore), and hand-written
 statistic.csv dumps in MindSpore's header and CANN adump's (with Format and Input/Output).
 
@@ -147,7 +147,7 @@ def test_mapping_csv_long_names(graph_dumps, tmp_path):
     st = open_store(tmp_path / "store")
     rows = compare_runs(st, "mapped", "ref").rows
     assert rows.filter(rows["status"] != "pass").height == 0
-    assert set(rows.filter(rows["data_name"].str.ends_with("/0.npy"))["op_type"]) == {"MatMul"}
+    assert set(rows.filter(rows["data_name"] == "0.npy")["op_type"]) == {"MatMul"}
 
 
 @pytest.mark.msgraph

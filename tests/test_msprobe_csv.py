@@ -8,12 +8,9 @@ NPU MD5 / BENCH MD5 / Result, cell by cell, on real 26.2.0 pairs:
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +20,7 @@ from dumpstore.analysis.compare import compare_runs
 from dumpstore.analysis.msprobe_csv import columns, stat_relative_error
 from dumpstore.analysis.report import CSV_COLUMNS, write_csv
 from dumpstore.store import open_store
-from helpers import DATA, MSPROBE, SAMPLES
+from helpers import DATA, MSPROBE, SAMPLES, msprobe_cli, start_msprobe_compare
 
 EXPECTED = DATA / "msprobe_csv_expected.json"
 PAIR_DATA = DATA / "msprobe_csv_pairs"
@@ -84,29 +81,16 @@ def test_mode_cells_match_checked_in_msprobe(pair, tmp_path):
     assert not bad, f"{len(bad)} rows differ, first {bad[:5]}"
 
 
-def _msprobe_cli() -> str | None:
-    if importlib.util.find_spec("msprobe") is None:
-        return None
-    beside = Path(sys.executable).parent / "msprobe"
-    return str(beside) if beside.is_file() else shutil.which("msprobe")
-
-
 @pytest.fixture(scope="module")
 def msprobe_runs(tmp_path_factory):
-    cli = _msprobe_cli()
+    cli = msprobe_cli()
     if cli is None:
         pytest.skip("mindstudio-probe (msprobe) is not installed")
     base = tmp_path_factory.mktemp("msprobe_csv")
     procs = {}
     for pair, (tgt, ref, _) in PAIRS.items():
         (base / pair).mkdir()
-        with open(base / pair / "log", "wb") as log:
-            procs[pair] = subprocess.Popen(
-                [cli, "compare", "-tp", str(tgt), "-gp", str(ref), "-o", str(base / pair)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=base,
-            )
+        procs[pair] = start_msprobe_compare(cli, tgt, ref, base / pair, base / pair / "log", base)
     for pair, p in procs.items():
         assert p.wait(timeout=300) == 0, (base / pair / "log").read_text(errors="replace")[-2000:]
     return base

@@ -1,4 +1,4 @@
-"""The .pt reader's fast path (ptfile._fast) against its general path: the same arrays, dtypes, stamps and errors.
+"""The .pt reader's fast path (ptfile.fast._fast) against its general path: the same arrays, dtypes, stamps and errors.
 
 Every file is read twice, once as read_pt reads it and once with the fast path turned off (the general path: _Archive
 and _load, or zipfile), and the two outcomes must be identical: the array bit for bit with its dtype, shape and flags,
@@ -17,6 +17,8 @@ import pytest
 
 from dumpstore import ptfile, tensorfile
 from dumpstore.errors import DumpFormatError
+from dumpstore.ptfile import fast as fast_path
+from dumpstore.ptfile import reader, zipread
 from dumpstore.tensorfile import MissingFile, load_leaf
 
 torch = pytest.importorskip("torch")
@@ -40,12 +42,12 @@ def _outcome(path: Path, **kw: Any) -> tuple:
 
 def _general(monkeypatch: Any, path: Path, **kw: Any) -> tuple:
     with monkeypatch.context() as m:
-        m.setattr(ptfile, "_fast", lambda _whole, _max_bytes: None)
+        m.setattr(reader, "_fast", lambda _whole, _max_bytes: None)
         return _outcome(path, **kw)
 
 
 def _takes_fast_path(path: Path, max_bytes: int = ptfile.DEFAULT_MAX_BYTES) -> bool:
-    return ptfile._fast(np.fromfile(path, np.uint8), max_bytes) is not None
+    return fast_path._fast(np.fromfile(path, np.uint8), max_bytes) is not None
 
 
 def _same_both_ways(monkeypatch: Any, path: Path, **kw: Any) -> tuple:
@@ -219,8 +221,8 @@ def test_load_leaf_refuses_a_link_with_its_message(tmp_path: Path, monkeypatch: 
     for no_follow in (True, False):
         with monkeypatch.context() as m:
             if not no_follow:
-                m.setattr(ptfile, "NO_FOLLOW", False)
-                m.setattr(ptfile, "_NO_FOLLOW", 0)
+                m.setattr(reader, "NO_FOLLOW", False)
+                m.setattr(reader, "_NO_FOLLOW", 0)
             for lstat_sees_it in (True, False):  # False: the link made after load_leaf's lstat
                 m.setattr(tensorfile, "_islink", os.path.islink if lstat_sees_it else lambda _path: False)
                 with pytest.raises(DumpFormatError) as info:
@@ -257,17 +259,17 @@ def test_pt_names_are_what_splitext_says(name: str) -> None:
 def test_end_records_read_at_once_as_one_by_one(tmp_path: Path) -> None:
     """_directory_end's reading of torch.save's three end records in one gives what reading them in turn gives."""
     original = _small_file(tmp_path).read_bytes()
-    tail = len(original) - ptfile._TAIL64.size
+    tail = len(original) - zipread._TAIL64.size
     seen = set()
     for at in range(tail - 8, len(original)):
         for mask in (0xFF, 0x01):
             changed = bytearray(original)
             changed[at] ^= mask
             raw = memoryview(bytes(changed))
-            got = ptfile._directory_end(raw)
-            assert got == ptfile._end_records(raw, len(raw)), at
+            got = zipread._directory_end(raw)
+            assert got == zipread._end_records(raw, len(raw)), at
             seen.add(got is None)
     for size in range(len(original) + 1):
         raw = memoryview(original[:size])
-        assert ptfile._directory_end(raw) == ptfile._end_records(raw, size)
+        assert zipread._directory_end(raw) == zipread._end_records(raw, size)
     assert seen == {True, False}

@@ -579,13 +579,13 @@ def test_pickle_claiming_huge_bytes_object_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
 def test_small_files_parse_their_own_directory_like_zipfile(tmp_path: Path, monkeypatch: Any, dtype: Any) -> None:
     """A torch.save file (zip64 end records) takes the in-memory path; zipfile reads it the same."""
-    from dumpstore import ptfile
+    from dumpstore.ptfile import reader, zipread
 
     path = _save(tmp_path / "x.pt", torch.arange(-20, 40).reshape(6, 10).to(dtype).t())
-    assert ptfile._central_directory(np.fromfile(path, np.uint8)) is not None
+    assert zipread._central_directory(np.fromfile(path, np.uint8)) is not None
     fast = read_pt(path)
-    monkeypatch.setattr(ptfile, "_central_directory", lambda _data: None)
-    monkeypatch.setattr(ptfile, "_fast", lambda _whole, _max_bytes: None)  # which reads the directory too
+    monkeypatch.setattr(zipread, "_central_directory", lambda _data: None)
+    monkeypatch.setattr(reader, "_fast", lambda _whole, _max_bytes: None)  # which reads the directory too
     slow = read_pt(path)
     assert fast[1] == slow[1]
     _assert_same(fast[0], slow[0])
@@ -593,18 +593,18 @@ def test_small_files_parse_their_own_directory_like_zipfile(tmp_path: Path, monk
 
 
 def test_unusual_zips_are_left_to_zipfile(tmp_path: Path) -> None:
-    from dumpstore import ptfile
+    from dumpstore.ptfile import zipread
 
     members = _members(_save(tmp_path / "x.pt", torch.ones(5)))
     plain = _rezip(tmp_path / "plain.pt", members)
-    assert ptfile._central_directory(np.fromfile(plain, np.uint8)) is not None
+    assert zipread._central_directory(np.fromfile(plain, np.uint8)) is not None
     with zipfile.ZipFile(tmp_path / "comment.pt", "w") as z:
         for name, data in members.items():
             z.writestr(name, data)
         z.comment = b"hello"
     deflated = _rezip(tmp_path / "z.pt", members, zipfile.ZIP_DEFLATED)
     for path in (tmp_path / "comment.pt", deflated):
-        assert ptfile._central_directory(np.fromfile(path, np.uint8)) is None
+        assert zipread._central_directory(np.fromfile(path, np.uint8)) is None
         np.testing.assert_array_equal(read_pt(path)[0], np.ones(5, np.float32))
 
 

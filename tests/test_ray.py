@@ -5,7 +5,6 @@ One `ray.init` for the module (a few seconds).  The 100-rank job runs by default
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -15,6 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+
+from helpers import synth
+
+pytestmark = pytest.mark.ray
 
 ray = pytest.importorskip("ray")
 
@@ -64,18 +67,9 @@ def ray_instance():
     ray.shutdown()
 
 
-def _synth():
-    if "synth" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("synth", ROOT / "bench" / "synth.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["synth"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["synth"]
-
-
 def _job(root: Path, ranks: int) -> dict:
     """A synthetic statistics job: 2 layers, 2 steps, a fault on one rank at step 1."""
-    return _synth().generate(
+    return synth().generate(
         root / "dumps",
         layers=2,
         steps=2,

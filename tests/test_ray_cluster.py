@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.ray
+
 ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from dumpstore import engine_ray  # noqa: E402
 from dumpstore._ingest import IngestOptions, ingest  # noqa: E402
+from dumpstore._ingest.unit import _ingest_unit  # noqa: E402
 from dumpstore.layout import find_units  # noqa: E402
 from dumpstore.query import run_query  # noqa: E402
 from dumpstore.store import open_store  # noqa: E402
@@ -62,7 +65,9 @@ def test_units_run_on_their_preferred_node(nodes, tmp_path):
         return {i: ns[(u.step + u.rank) % len(ns)] for i, u in enumerate(us)}
 
     st = open_store(tmp_path / "s", create=True)
-    results = engine_ray.run_units(st, "x", uuid.uuid4().hex[:12], units, IngestOptions(), batch=1, locate=by_rank)
+    results = engine_ray.run_units(
+        st, "x", uuid.uuid4().hex[:12], units, IngestOptions(), work=_ingest_unit, batch=1, locate=by_rank
+    )
     want = by_rank(units, nodes)
     assert [r.meta["node"] for r in results] == [want[i] for i in range(len(units))]
     assert len({r.meta["node"] for r in results}) == 3

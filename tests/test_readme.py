@@ -45,3 +45,30 @@ def test_readme_examples_run(tmp_path):
         for line in expected:
             assert line in proc.stdout, (command, line, proc.stdout)
     assert (out_dir / "out" / "report.html").stat().st_size > 100_000
+
+
+def test_readme_python_api_runs(tmp_path):
+    """The README's Python block runs as written and prints what its comment says."""
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"## Python API\n\n```python\n(.*?)```", readme, re.S).group(1)
+    (tmp_path / "sample_dumps").symlink_to(ROOT / "sample_dumps")
+    env = {k: v for k, v in os.environ.items() if k != "DUMPSTORE_STORE"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    expected = re.search(r"print\(.*\)\s+# (.*)", code).group(1)
+    assert proc.stdout.strip() == expected
+
+
+JOURNAL = re.compile(r"\b[Ss]ession \d|\b[Ii]ssue \d+|\b[0-9a-f]{7,40}\b(?<![0-9]{7})")
+
+
+def test_readme_is_for_users_and_docs_hold_no_journal():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 180
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        hits = [m.group(0) for m in JOURNAL.finditer(path.read_text())]
+        assert not hits, (path.name, hits)
+    for link in ("docs/commands.md", "docs/store.md", "docs/scale-out.md", "docs/performance.md"):
+        assert f"]({link}" in readme and (ROOT / link).is_file(), link

@@ -55,16 +55,20 @@ GOLDEN = {
         "target target vs reference ref: steps [0, 1, 2], ranks [0]; compute precision float32 vs float32 (judged at float32)\n"
         "FIRST DIVERGENCE (value): step 0 rank 0  Functional.linear.6.forward  output.0  rel_l2=0.0094 > tol=0.000122 (float32, stats)\n"
         "CULPRIT (parameter): step 0 rank 0  Functional.linear.6.forward  output.0  rel_l2=0.0094 > tol=0.000122 (float32, stats)  [Functional.linear.6.forward.input.1 differs and no earlier op produced it]\n"
+        "  where: layers.1.fc1 (Linear), called at generate.py:140 in forward: h = self.fc1(self.ln2(x))\n"
+        "  parameter: layers.1.fc1.weight (norm 3.27379 in the target vs 3.24137)\n"
+        "  fix: Check how each run initialises, loads (checkpoint) or converts layers.1.fc1.weight: the two runs start from different weights.\n"
+        '  next: dump it at tensor level with this msprobe config.json: {"task": "tensor", "dump_path": "./dump_tensor", "rank": [0], "step": [0], "level": "mix", "async_dump": false, "tensor": {"scope": [], "list": ["Module.layers.1.fc1.Linear.forward.0", "Module.layers.1.fc1.Linear.backward.0"], "data_mode": ["all"]}}\n'
         "  step 0: 453 compared, 201 diverged, 0 unmatched, max rel_l2 0.0119, first Functional.linear.6.forward\n"
         "  step 1: 449 compared, 218 diverged, 0 unmatched, max rel_l2 0.0113, first Functional.linear.6.forward\n"
         "  step 2: 449 compared, 204 diverged, 0 unmatched, max rel_l2 0.0126, first Functional.linear.6.forward\n"
     ),
     "compare": (
-        "step  rank  seq  name                                                    dtype    ref_dtype  rel_l2  err_source  err_bound  cosine  max_abs_err  tol       tol_dtype  severity  status    detail\n"
-        "----  ----  ---  ------------------------------------------------------  -------  ---------  ------  ----------  ---------  ------  -----------  --------  ---------  --------  --------  ------\n"
-        "2     0     66   Functional.layer_norm.3.backward.output.1               float32  float32    0.0126  stats                          0.000366     0.000122  float32    103       diverged\n"
-        "2     0     67   Module.layers.1.ln2.LayerNorm.parameters_grad.0.weight  float32  float32    0.0126  stats                          0.000366     0.000122  float32    103       diverged\n"
-        "2     0     134  Tensor.add_.19.forward.input.1                          float32  float32    0.0126  stats                          0.000366     0.000122  float32    103       diverged\n"
+        "step  rank  seq  name                                                     dtype    ref_dtype  rel_l2  err_source  err_bound  cosine  max_abs_err  tol       tol_dtype  severity  significance  status    detail\n"
+        "----  ----  ---  -------------------------------------------------------  -------  ---------  ------  ----------  ---------  ------  -----------  --------  ---------  --------  ------------  --------  ------\n"
+        "1     0     35   Functional.layer_norm.3.forward.input.3                  float32  float32    0.0105  stats                          3.78e-05     0.000122  float32    85.7      85.7          diverged\n"
+        "1     0     36   Module.layers.1.ln2.LayerNorm.forward.0.parameters.bias  float32  float32    0.0105  stats                          3.78e-05     0.000122  float32    85.7      85.7          diverged\n"
+        "0     0     37   Functional.linear.6.forward.input.1                      float32  float32    0.01    stats                          0.00249      0.000122  float32    81.9      81.9          diverged\n"
     ),
     "overflow": (
         "FIRST OVERFLOW (inf): step 0 rank 0  Functional.linear.7.forward  output.0\n"
@@ -201,7 +205,7 @@ def test_one_name_for_relative_l2(store):
         "compare", "--target", "target", "--ref", "ref", "--by", "rel_l2", "--top", "1", "--json", "--store", store
     )
     assert res.exit_code == 0, res.output
-    (row,) = json.loads(res.output)
+    (row,) = json.loads(res.output)["rows"]
     assert "rel_l2" in row and "err" not in row and row["rel_l2"] == pytest.approx(0.0126, rel=1e-2)
     assert _cli("compare", "--target", "target", "--ref", "ref", "--by", "err", "--store", store).exit_code == 2
 

@@ -19,9 +19,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
-import sys
-import time
 from importlib import metadata
 from pathlib import Path
 
@@ -34,6 +31,7 @@ from dumpstore._ingest import ingest
 from dumpstore.analysis import msprobe_csv, report
 from dumpstore.analysis._divergence import divergence
 from dumpstore.store import open_store
+from helpers import msprobe_cli, start_msprobe_compare, synth
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_dumps"
@@ -80,35 +78,18 @@ PAGE_BOUND = 1_500_000  # bytes: the HTML page on the samples (issue 16)
 # ---------------------------------------------------------------- msprobe in the background, stores, reports
 
 
-def _msprobe_cli() -> str | None:
-    if importlib.util.find_spec("msprobe") is None:
-        return None
-    beside = Path(sys.executable).parent / "msprobe"
-    return str(beside) if beside.is_file() else shutil.which("msprobe")
-
-
 class Msprobe:
     """`msprobe compare -tp <target>/step0 -gp <ref>/step0` started at once, collected on first use."""
 
     def __init__(self, out: Path, wanted: bool):
-        self.cli, self.out, self.proc = _msprobe_cli(), out, None
+        self.cli, self.out, self.proc = msprobe_cli(), out, None
         if self.cli and wanted:
             self.start()
 
     def start(self) -> None:
         target, ref = TENSOR_PAIR
-        cmd = [
-            self.cli,
-            "compare",
-            "-tp",
-            str(SAMPLES / target / "step0"),
-            "-gp",
-            str(SAMPLES / ref / "step0"),
-            "-o",
-            str(self.out / "result"),
-        ]
-        with open(self.out / "msprobe.log", "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.out)
+        step0 = SAMPLES / target / "step0", SAMPLES / ref / "step0"
+        self.proc = start_msprobe_compare(self.cli, *step0, self.out / "result", self.out / "msprobe.log", self.out)
 
     def rows(self) -> dict[str, dict[str, str]]:
         if self.cli is None:
@@ -341,6 +322,7 @@ def _verdict_block(dom: str) -> str:
     return m.group(0)
 
 
+@pytest.mark.browser
 def test_html_sample_pair_in_chromium(reports, store, tmp_path) -> None:
     _need_chromium()
     data = reports("weight_1pct_stats", "ref_stats")
@@ -364,8 +346,7 @@ def test_html_sample_pair_in_chromium(reports, store, tmp_path) -> None:
     assert re.search(r'id="stack".*?File .*?linear\.py', page.dom, re.DOTALL), "no call stack for the culprit"
     assert re.search(r'id="meta".*?sample_dumps/weight_1pct_stats', page.dom, re.DOTALL), "no run metadata"
     assert page.screenshot is not None and page.screenshot.stat().st_size > 20_000
-    ms = re.search(r'id="render-ms">(\d+)<', page.dom)
-    assert ms and int(ms.group(1)) < 5000
+    assert re.search(r'id="render-ms">\d+<', page.dom), "the page did not record when its charts were drawn"
 
 
 # clicks the rel_l2 header twice (ascending, then descending), then filters; allowed by adding its hash to the CSP
@@ -392,6 +373,7 @@ def _with_driver(path: Path, driver: str = _TABLE_DRIVER) -> None:
     path.write_text(text.replace("</body>", f"<script>{driver}</script>\n</body>", 1))
 
 
+@pytest.mark.browser
 def test_html_ranks_view_and_table_in_chromium(reports, store, tmp_path) -> None:
     _need_chromium()
     data = reports("rank1_fault_stats", "ref_2rank_stats")
@@ -443,6 +425,7 @@ def _evil_dump(root: Path, *, target: bool) -> None:
     (dst / "construct.json").write_text(json.dumps({(EVIL_OP if k == old else k): v for k, v in construct.items()}))
 
 
+@pytest.mark.browser
 def test_html_no_script_injection(tmp_path) -> None:
     evil_dir = tmp_path / "tgt<img src=x onerror=alert(2)>"
     _evil_dump(evil_dir, target=True)
@@ -478,24 +461,22 @@ def test_json_in_script_is_escaped() -> None:
 # ---------------------------------------------------------------- scale: thousands of ops
 
 
-def _big_report(reports, store, tmp_path) -> tuple[Path, pl.DataFrame, float]:
-    """weight_1pct_stats vs ref_stats repeated over 30 steps: ~4,300 ops, 13,590 rows."""
+def _big_report(reports, store, tmp_path) -> tuple[Path, pl.DataFrame]:
+    """weight_1pct_stats vs ref_stats repeated over 30 steps: ~4,300 ops, 13,590 rows (its speed: bench/report_speed.py)."""
     base = reports("weight_1pct_stats", "ref_stats")
     rows = pl.concat([base.cmp.rows.with_columns(pl.col("step") + 3 * i) for i in range(10)])
     cmp = dataclasses.replace(base.cmp, rows=rows)
     verdict = divergence(cmp)
-    t0 = time.perf_counter()
     path = tmp_path / "big.html"
     report.write_html(cmp, verdict, base.overflow, store, path)
-    return path, rows, time.perf_counter() - t0
+    return path, rows
 
 
 def test_html_thousands_of_ops(reports, store, tmp_path) -> None:
-    path, rows, took = _big_report(reports, store, tmp_path)
+    path, rows = _big_report(reports, store, tmp_path)
     text = path.read_text()
     n_ops = rows.filter(pl.col("io") == "output").select("step", "record").unique().height
     assert n_ops > 3500
-    assert took < 5, f"render_html took {took:.1f} s for {rows.height} rows"
     data = _page_data(text)
     assert data["table"]["n"] == rows.filter(pl.col("status").is_not_null() & (pl.col("kind") != "null")).height
     assert len(data["table"]["cols"]["err"]) == data["table"]["n"] > 13000  # every row, not a top N
@@ -506,15 +487,13 @@ def test_html_thousands_of_ops(reports, store, tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.browser
 def test_html_thousands_of_ops_in_chromium(reports, store, tmp_path) -> None:
     _need_chromium()
     path = _big_report(reports, store, tmp_path)[0]
     page = browser.load(path)
     _check_page(page, charts=4)  # line, steps heat map, gradient norms, update ratios
-    ms = int(re.search(r'id="render-ms">(\d+)<', page.dom).group(1))
-    paint = re.search(r'data-first-paint-ms="(\d*)"', page.dom).group(1)
-    assert ms < 4000, f"charts drawn after {ms} ms"  # ~1.6 s on 2 slow vCPUs, most of it parsing plotly.js
-    assert not paint or int(paint) < 2000, f"first paint after {paint} ms"
+    assert re.search(r'id="render-ms">\d+<', page.dom), "the page did not record when its charts were drawn"
 
 
 # ---------------------------------------------------------------- CLI
@@ -552,6 +531,7 @@ def test_cli_report(store, tmp_path) -> None:
 # ---------------------------------------------------------------- the page on bench/synth.py stores
 
 
+@pytest.mark.browser
 def test_report_page_with_curves_and_bound(reports, store, tmp_path) -> None:
     """write_report_html (as `dumpstore report` writes it): loss of both runs, within the size bound, in Chromium."""
     _need_chromium()
@@ -578,18 +558,8 @@ def test_report_page_with_curves_and_bound(reports, store, tmp_path) -> None:
     assert 'id="chart-loss"' in page.dom and 'class="picker"' in page.dom
 
 
-def _synth():
-    """bench/synth.py, importable by name (its worker processes unpickle functions of module `synth`)."""
-    if "synth" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("synth", ROOT / "bench" / "synth.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["synth"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["synth"]
-
-
 def _synth_store(root: Path, layers: int, steps: int, ranks: int):
-    man = _synth().generate(
+    man = synth().generate(
         root / "dumps",
         layers=layers,
         steps=steps,
@@ -666,6 +636,7 @@ def _check_synth_page(data: report.ReportData, man: dict, store, path: Path) -> 
     assert cells[-2] == want["status"] == "pass" and want["leaf"].startswith("output")
 
 
+@pytest.mark.browser
 def test_html_synthetic_row_found_through_filter(tmp_path) -> None:
     _need_chromium()
     store, man = _synth_store(tmp_path, layers=12, steps=3, ranks=2)
@@ -674,6 +645,7 @@ def test_html_synthetic_row_found_through_filter(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.browser
 def test_html_synthetic_300_layers_in_chromium(tmp_path) -> None:
     """The issue's scale: 300 layers x 10 steps x 4 ranks (2 x 340,560 rows); every row in the page."""
     _need_chromium()
@@ -744,6 +716,7 @@ window.addEventListener('load', function () {
 """
 
 
+@pytest.mark.browser
 def test_html_chart_point_opens_its_rows(reports, store, tmp_path) -> None:
     _need_chromium()
     data = reports("weight_1pct_stats", "ref_stats")

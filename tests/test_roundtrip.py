@@ -23,6 +23,7 @@ from dumpstore._ingest import IngestOptions, ingest
 from dumpstore.dtypes import finfo_max
 from dumpstore.query import run_query
 from dumpstore.store import open_store
+from helpers import leaf
 
 SETTINGS = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 NUMPY_DTYPES = ("float16", "float32", "float64", "int8", "int32", "int64", "bool")
@@ -139,20 +140,6 @@ def test_plain_folder_roundtrip(arrays, fmts, opts):
             _check(rows[f"t{i}"], dtype, values, opts)
 
 
-def _leaf(dtype: str, values: np.ndarray, data_name: str) -> dict[str, Any]:
-    return {
-        "type": "torch.Tensor",
-        "dtype": f"torch.{dtype}",
-        "shape": list(values.shape),
-        "Max": None,
-        "Min": None,
-        "Mean": None,
-        "Norm": None,
-        "requires_grad": False,
-        "data_name": data_name,
-    }
-
-
 @SETTINGS
 @given(
     arrays=st.lists(tensors(), min_size=1, max_size=4),
@@ -169,7 +156,7 @@ def test_msprobe_dump_roundtrip(arrays, fmts, opts):
         for i, ((dtype, values), fmt) in enumerate(zip(arrays, fmts)):
             key = f"Functional.op{i}.0.forward"
             if fmt == "pt" or dtype == "bfloat16":  # msprobe's PyTorch file: torch.save in the original dtype
-                records[key] = {"input_args": [_leaf(dtype, values, f"{key}.input.0.pt")]}
+                records[key] = {"input_args": [leaf(values, stats=(), data_name=f"{key}.input.0.pt", dtype=dtype)]}
                 pt_files.append((key, dtype, values))
             else:  # the writer saves the array as .npy and writes its statistics
                 records[key] = {"input_args": [values]}

@@ -1,6 +1,6 @@
 """Consistency of sample_dumps/catalog.json with the bundled msprobe dumps.
 
-Needs only the standard library (no dumpstore, torch or msprobe import).
+Imports no dumpstore, torch or msprobe.
 """
 
 import json
@@ -8,6 +8,8 @@ import math
 import os
 
 import pytest
+
+from helpers import leaves
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "sample_dumps")
 CATALOG_PATH = os.path.join(ROOT, "catalog.json")
@@ -40,17 +42,6 @@ def _dump(case, step, rank):
         with open(os.path.join(_rank_dir(case, step, rank), "dump.json")) as f:
             _DUMPS[key] = json.load(f)  # NaN / Infinity tokens are accepted by Python's json
     return _DUMPS[key]
-
-
-def _leaves(obj):
-    if isinstance(obj, dict) and ("type" in obj or "class_type" in obj):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _leaves(v)
-    elif isinstance(obj, list):
-        for v in obj:
-            yield from _leaves(v)
 
 
 def test_catalog_names_unique_and_refs_known():
@@ -96,7 +87,7 @@ def test_overflow_cases_contain_non_finite_tokens():
         with open(os.path.join(_rank_dir(c, 0, 0), "dump.json")) as f:
             text = f.read()
         assert "NaN" in text and "Infinity" in text
-        stats = [l.get("Max") for l in _leaves(_dump(c, 0, 0)["data"])]
+        stats = [l.get("Max") for l in leaves(_dump(c, 0, 0)["data"])]
         assert any(isinstance(v, float) and (math.isnan(v) or math.isinf(v)) for v in stats)
 
 
@@ -151,9 +142,7 @@ def test_tensor_cases_have_pt_files(name):
         for rank in c["ranks"]:
             d = _rank_dir(c, step, rank)
             names = [
-                l["data_name"]
-                for l in _leaves(_dump(c, step, rank)["data"])
-                if isinstance(l, dict) and "data_name" in l
+                l["data_name"] for l in leaves(_dump(c, step, rank)["data"]) if isinstance(l, dict) and "data_name" in l
             ]
             assert names, d
             for n in names:

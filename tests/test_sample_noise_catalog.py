@@ -1,13 +1,15 @@
 """Consistency of catalog.json's device_noise_cases (issue 11) with their bundled msprobe dumps.
 
-Standard library only.  The verdicts themselves are tested elsewhere; this checks that every declared answer
-points at something that exists: cases, steps, records, arguments, tensor files.
+No dumpstore, torch or msprobe import.  The verdicts themselves are tested elsewhere; this checks that every
+declared answer points at something that exists: cases, steps, records, arguments, tensor files.
 """
 
 import json
 import os
 
 import pytest
+
+from helpers import leaves
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "sample_dumps")
 with open(os.path.join(ROOT, "catalog.json")) as _f:
@@ -28,17 +30,6 @@ def _data(case, step, rank=0):
         with open(os.path.join(_dir(case, step, rank), "dump.json")) as f:
             _DUMPS[key] = json.load(f)
     return _DUMPS[key]["data"]
-
-
-def _leaves(obj):
-    if isinstance(obj, dict) and ("type" in obj or "class_type" in obj):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _leaves(v)
-    elif isinstance(obj, list):
-        for v in obj:
-            yield from _leaves(v)
 
 
 def test_cases_present_in_both_modes():
@@ -132,7 +123,7 @@ def test_optimizer_case_agrees_at_step_zero_with_the_clean_run():
 def test_tensor_cases_have_pt_files(name):
     c = BY_NAME[name]
     for step in c["steps"]:
-        names = [leaf["data_name"] for leaf in _leaves(_data(c, step)) if "data_name" in leaf]
+        names = [leaf["data_name"] for leaf in leaves(_data(c, step)) if "data_name" in leaf]
         assert names
         for n in names:
             assert os.path.isfile(os.path.join(_dir(c, step), "dump_tensor_data", n)), n

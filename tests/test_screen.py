@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 
 import numpy as np
 import polars as pl
@@ -17,7 +15,7 @@ from dumpstore.analysis.compare import compare_runs
 from dumpstore.analysis.screen import pair_rows, screen
 from dumpstore.analysis.tolerance import Tolerances
 from dumpstore.store import open_store
-from helpers import ROOT, SAMPLES
+from helpers import SAMPLES, synth
 
 CATALOG = json.loads((SAMPLES / "catalog.json").read_text())["cases"]
 PAIRS = [c for c in CATALOG if c.get("ref")]
@@ -100,22 +98,10 @@ def test_records_in_one_run_only_are_compared_exactly(sample_store):
     assert v.culprit.kind == "extra_op" and v.unmatched
 
 
-def _synth():
-    """bench/synth.py, importable by name (its worker processes unpickle functions of module `synth`)."""
-    if "synth" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("synth", ROOT / "bench" / "synth.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["synth"] = mod
-        spec.loader.exec_module(mod)
-    if str(ROOT / "bench") not in sys.path:
-        sys.path.append(str(ROOT / "bench"))
-    return sys.modules["synth"]
-
-
 @pytest.fixture(scope="module")
 def synth_store(tmp_path_factory):
     root = tmp_path_factory.mktemp("synth")
-    man = _synth().generate(
+    man = synth().generate(
         root / "dumps",
         layers=20,
         steps=4,

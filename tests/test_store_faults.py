@@ -221,13 +221,13 @@ def test_malformed_data_name_is_an_error_row(store_dir, dump_writer, data_name, 
 
 
 def test_readme_snippets_read_exactly_the_live_rows(tmp_path, monkeypatch):
-    """The README's pandas, Polars and DuckDB lines, run as written on a store with a replaced run and a failed
-    ingest, see exactly the live rows and the run names."""
+    """The pandas, Polars and DuckDB lines of docs/store.md, run as written on a store with a replaced run and a
+    failed ingest, see exactly the live rows and the run names."""
     import re
 
     from helpers import ROOT
 
-    section = (ROOT / "README.md").read_text().split("### Reading the store without dumpstore", 1)[1]
+    section = (ROOT / "docs" / "store.md").read_text().split("## Reading the store without dumpstore", 1)[1]
     blocks = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.S)
     assert len(blocks) == 3
     store = tmp_path / "dumpstore_store"

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dumpstore import _ingest, tensorfile
-from dumpstore._ingest import ingest
+from dumpstore import tensorfile
+from dumpstore._ingest import batches, ingest, tensors
+from dumpstore.errors import DumpFormatError
 from dumpstore.query import run_query
 from dumpstore.store import open_store
 from dumpstore.tensorfile import MissingFile, load_leaf
@@ -38,9 +39,9 @@ def _damaged_copy(tmp_path: Path) -> Path:
 def test_read_ahead_gives_the_serial_rows(store_dir, tmp_path, monkeypatch, chunk, ahead, batch, loaded):
     ds = _damaged_copy(tmp_path)
     serial = ingest(ds, "serial", store=store_dir, jobs=1)
-    monkeypatch.setattr(_ingest, "_CHUNK_FILES", chunk)
-    monkeypatch.setattr(_ingest, "_AHEAD_BATCHES", ahead)
-    monkeypatch.setattr(_ingest, "_BATCH_ROWS", batch)
+    monkeypatch.setattr(tensors, "_CHUNK_FILES", chunk)
+    monkeypatch.setattr(tensors, "_AHEAD_BATCHES", ahead)
+    monkeypatch.setattr(batches, "_BATCH_ROWS", batch)
     monkeypatch.setattr(tensorfile, "LOADED_BYTES", loaded)  # summarise after every file, after all, in between
     pooled = ingest(ds, "pooled", store=store_dir, jobs=2)  # one dump file: its tensor files go to the pool
     assert (serial.rows, serial.tensor_files, serial.errors, serial.first_error) == (
@@ -62,9 +63,9 @@ def test_load_leaf_refuses_links_and_reports_missing_files(tmp_path):
     names = sorted(p.name for p in (SAMPLES / "ref_tensor" / "step0" / "rank0" / "dump_tensor_data").iterdir())
     with pytest.raises(MissingFile, match=r"tensor file .* is missing"):
         load_leaf(ds, names[10])
-    with pytest.raises(_ingest.DumpFormatError, match="is a link or lies outside"):
+    with pytest.raises(DumpFormatError, match="is a link or lies outside"):
         load_leaf(ds, names[30])
-    with pytest.raises(_ingest.DumpFormatError, match="is not a plain file name"):
+    with pytest.raises(DumpFormatError, match="is not a plain file name"):
         load_leaf(ds, "../" + names[31])
     arr, dtype, (size, mtime_ns) = load_leaf(ds, names[31])
     assert dtype == "float32" and arr.flags.writeable and arr.size > 0

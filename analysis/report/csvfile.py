@@ -166,12 +166,22 @@ STACKS_SQL = "SELECT step, rank, stack_id, frames FROM stacks WHERE run = $run"
 STACK_SQL = "SELECT frames FROM stacks WHERE run = $run AND step = $step AND rank = $rank AND stack_id = $sid"
 
 
-def write_csv(cmp: Comparison, path: str | Path, *, store=None, progress: Progress | None = None) -> int:
+def write_csv(
+    cmp: Comparison,
+    path: str | Path,
+    *,
+    store=None,
+    progress: Progress | None = None,
+    only_differing: bool = False,
+) -> int:
     """Write the comparison as CSV (see the module docstring), row by row; returns the number of data rows.
 
     The file is written under a temporary name beside `path` and renamed when complete.  `progress("csv",
-    done, total)` is called every PROGRESS_ROWS rows.
+    done, total)` is called every PROGRESS_ROWS rows.  `only_differing`: only the rows whose status is not
+    `pass` (diverged, unmatched, unknown, error).
     """
+    if only_differing:
+        cmp = differing(cmp)
     p = Path(path)
     part = p.with_name(p.name + ".part")
     total, n = cmp.rows.height, 0
@@ -194,6 +204,13 @@ def write_csv(cmp: Comparison, path: str | Path, *, store=None, progress: Progre
     if progress is not None:
         progress("csv", n, total)
     return n
+
+
+def differing(cmp: Comparison) -> Comparison:
+    """The comparison with only its rows whose status is not `pass`."""
+    from dataclasses import replace
+
+    return replace(cmp, rows=cmp.rows.filter(pl.col("status") != "pass"))
 
 
 def csv_rows(cmp: Comparison, *, store=None) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .._divergence import Finding
+from ..findings import Finding
 from .text import fmt
 
 __all__ = ["culprit_words", "parameter_name"]

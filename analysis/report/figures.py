@@ -335,6 +335,9 @@ def _binned(cols: dict[str, int], col_of) -> tuple[dict[str, int], Any]:
     return binned, (lambda r: label_of[col_of(r)])
 
 
+MAX_ZERO_MARKS = 60  # exact-zero cells of a heat map drawn as markers; more are left blank (page size)
+
+
 def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> dict[str, Any] | None:
     """A heat map of log10(rel_l2): rows = steps or ranks, columns = ops (or layers when there are many)."""
     recs = ops.filter(pl.col("err").is_not_null()).to_dicts()
@@ -359,6 +362,9 @@ def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> d
             raw[i][j] = r["err"]
             z[i][j] = math.log10(_clamp(r["err"], floor, ceil))  # type: ignore[arg-type]
     labels = [esc(c) for c in cols]
+    zeros = [(i, j) for i, row in enumerate(raw) for j, v in enumerate(row) if v == 0]
+    for i, j in zeros:  # exactly 0 has no place on a log scale: drawn apart, so it does not stretch the colours
+        z[i][j] = None
     shown = [
         [None if v is None else (fmt(v) if not math.isfinite(v) else float(f"{v:.3g}")) for v in row] for row in raw
     ]
@@ -375,6 +381,19 @@ def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> d
             "colorbar": {"title": {"text": "log10<br>rel_l2"}, "thickness": 14},
         }
     ]
+    if zeros and len(zeros) <= MAX_ZERO_MARKS:
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": ZERO,
+                "showlegend": False,
+                "x": [labels[j] for _, j in zeros],
+                "y": [f"{axis} {rows[i]}" for i, _ in zeros],
+                "marker": {"symbol": "circle-open", "size": 9, "color": "#2ca02c"},
+                "hovertemplate": "%{y}<br>%{x}<br>rel_l2 exactly 0 (off the colour scale)<extra></extra>",
+            }
+        )
     c = verdict.culprit or verdict.first_divergence
     if c is not None and c.op in cols and (c.step if axis == "step" else c.rank) in row_i:
         data.append(
@@ -393,6 +412,8 @@ def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> d
     what = f"{what} (consecutive {what}s merged, max)" if merged else what
     few = len(cols) <= MAX_HEAT_LABELS
     title = title.format(cols=what) + ("" if few else "; column names on hover")
+    if zeros:
+        title += "; exact zeros " + ("as open circles" if len(zeros) <= MAX_ZERO_MARKS else "blank") + ", off the scale"
     layout = {
         "title": {"text": esc(title), "font": {"size": 14}},
         "height": 230 + max(130, 34 * len(rows)),

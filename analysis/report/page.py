@@ -108,6 +108,8 @@ def render_html(
     checklist_report: Checklist | None = None,
     health_report: HealthReport | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    only_differing: bool = False,
+    explained: dict | None = None,
 ) -> str:
     """One self-contained HTML page: verdict, charts, curves, every compared row, culprit's stack, run metadata.
 
@@ -117,7 +119,8 @@ def render_html(
     tell = progress or (lambda stage, done, total: None)
     rows = prepared(cmp.rows)
     tell("html", 0, 4)
-    table = table_data(rows)
+    table = table_data(rows.filter(pl.col("status") != "pass") if only_differing else rows)
+    table["only_differing"] = only_differing
     tell("html", 1, 4)
     figs, alt, pickers, focus_rank = _figures(rows, verdict, table, max_points)
     tell("html", 2, 4)
@@ -128,7 +131,13 @@ def render_html(
     figs["updates"] = _update_figure(cmp, store, focus_rank)
     n_steps, n_ranks = len(set(table["cols"]["step"])), len(set(table["cols"]["rank"]))
     parts = [
-        ("verdict", "Verdict", sections.verdict_section(cmp, verdict, overflow_report, rows)),
+        (
+            "verdict",
+            "Verdict",
+            sections.verdict_section(
+                cmp, verdict, overflow_report, rows, explained if explained is not None else _explained(store, verdict)
+            ),
+        ),
         ("checklist", "Checklist", sections.checklist_section(checklist_report)),
         ("charts", "Error charts", sections.chart_section(figs, 0, n_steps, n_ranks, verdict, pickers)),
         ("curves", "Training curves", sections.curves_section(figs)),
@@ -263,3 +272,12 @@ def _page(title: str, when: str, body: str, data: dict) -> str:
         "main_js": main,
     }
     return _SLOT.sub(lambda m: slots[m.group(1)], asset("page.html"))
+
+
+def _explained(store, verdict) -> dict:
+    """The findings in the user's terms (analysis/explain.py), as `dumpstore divergence` shows them."""
+    if store is None:
+        return {}
+    from ..explain import explain_findings
+
+    return explain_findings(store, verdict)

@@ -15,6 +15,7 @@ from .._checklist import Checklist
 from .._health import HealthReport
 from .._overflow import OverflowReport
 from ..compare import Comparison
+from ..explain import Explanation
 from ..verdict import Finding, Verdict
 from .culprit import culprit_words
 from .data import fetch
@@ -25,7 +26,35 @@ MAX_TABLE_ROWS = 500  # rows per page of the all-rows table
 STACK_SQL = "SELECT frames FROM stacks WHERE run = $run AND step = $step AND rank = $rank AND stack_id = $sid"
 
 
-def _finding_html(label: str, f: Finding | None, none_text: str, words: str | None = None) -> str:
+def _explanation_html(ex: Explanation | None, config: bool) -> str:
+    """The card's 'where / parameter / argument / fix' lines and the next dump's msprobe config.json."""
+    if ex is None:
+        return ""
+    rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in ex.lines())
+    out = f'<table class="kv explain">{rows}</table>' if rows else ""
+    if config and ex.next_dump:
+        out += (
+            "<p>Next: dump it at tensor level with this msprobe <code>config.json</code>, then compare with "
+            f'<code>--exact</code>:</p><pre class="next-dump">{esc(_compact_json(ex.next_dump))}</pre>'
+        )
+    return out
+
+
+def _compact_json(obj: dict) -> str:
+    """One key a line, each value on its line (a config.json short enough to read and copy)."""
+    import json
+
+    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}"
+
+
+def _finding_html(
+    label: str,
+    f: Finding | None,
+    none_text: str,
+    words: str | None = None,
+    ex: Explanation | None = None,
+    config: bool = False,
+) -> str:
     if f is None:
         return f'<div class="finding none"><h3>{esc(label)}</h3><p>{esc(none_text)}</p></div>'
     metric, threshold = (
@@ -49,10 +78,14 @@ def _finding_html(label: str, f: Finding | None, none_text: str, words: str | No
     cells += [(f"evidence: {k}", fmt(v) if isinstance(v, float) else v) for k, v in (f.evidence or {}).items()]
     rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in cells if v is not None)
     head = f'{esc(label)}: <code class="op">{esc(f.op)}</code>'
+    link = (
+        f' <a class="show-rows" href="#mismatches" data-op="{esc(f.op)}" data-step="{esc(f.step)}" '
+        f'data-rank="{esc(f.rank)}">show its rows</a>'
+    )
     said = f'<p class="words" id="culprit-words">{esc(words)}</p>' if words else ""
     return (
-        f'<div class="finding"><h3>{head}</h3>{said}<p class="metric">{esc(finding_metric(f))}</p>'
-        f'<table class="kv">{rows}</table></div>'
+        f'<div class="finding"><h3>{head}{link}</h3>{said}<p class="metric">{esc(finding_metric(f))}</p>'
+        f'{_explanation_html(ex, config)}<table class="kv">{rows}</table></div>'
     )
 
 
@@ -107,10 +140,25 @@ def _unmatched_html(verdict: Verdict, limit: int = 30) -> str:
     )
 
 
-def verdict_section(cmp: Comparison, verdict: Verdict, ovf: OverflowReport | None, rows: pl.DataFrame) -> str:
+def verdict_section(
+    cmp: Comparison,
+    verdict: Verdict,
+    ovf: OverflowReport | None,
+    rows: pl.DataFrame,
+    explained: dict[str, Explanation | None] | None = None,
+) -> str:
     """The verdict line, the four cards (first divergence, culprit in words, overflow, unmatched), by step."""
     f = verdict.first_divergence
     words = culprit_words(rows, verdict.culprit) if verdict.culprit is not None else None
+    ex = explained or {}
+    said = ex.get("culprit")
+    if said is not None and said.argument and verdict.culprit is not None:
+        a = said.argument
+        words = (
+            f"The argument {a['name']} of {verdict.culprit.op} differs between the runs: "
+            f"{a['target'] if a['target'] is not None else 'not given'} in the target, "
+            f"{a['ref'] if a['ref'] is not None else 'not given'} in the reference."
+        )
     status = "diverged" if f is not None else "pass"
     head = esc(summary_line(verdict))
     steps = "".join(
@@ -133,8 +181,8 @@ def verdict_section(cmp: Comparison, verdict: Verdict, ovf: OverflowReport | Non
 dtype ({esc(tol_text)}; a pair is judged at the less precise of its dtypes and the run's compute precision
 {esc(verdict.precision.get("floor"))}). Leaf counts: {esc(counts_text(verdict.counts))}.</p>{_coverage_html(cmp)}
 <div class="findings">
-{_finding_html("First divergence", f, "none: every compared output is within tolerance")}
-{_finding_html("Culprit", verdict.culprit, "none found" if f is not None else "none", words)}
+{_finding_html("First divergence", f, "none: every compared output is within tolerance", ex=ex.get("first_divergence"))}
+{_finding_html("Culprit", verdict.culprit, "none found" if f is not None else "none", words, ex.get("culprit"), True)}
 {_overflow_html(ovf)}
 {_unmatched_html(verdict)}
 </div>
@@ -267,10 +315,13 @@ def table_section(table: dict, page_rows: int) -> str:
         f'<th data-c="{c}" data-k="{k}" title="click to sort">{esc(label)}</th>' for c, k, label in _TABLE_HEAD
     )
     statuses = "".join(f'<option value="{s}">{s}</option>' for s in STATUS_ORDER)
+    which = (
+        "the compared leaves that differ: --only-differing" if table.get("only_differing") else "every compared leaf"
+    )
     return f"""
 <section id="mismatches">
 <h2>All compared rows</h2>
-<p>{table["n"]} rows (every compared leaf), {n_bad} of them diverged, failed or unmatched; mismatches first, then
+<p>{table["n"]} rows ({which}), {n_bad} of them diverged, failed or unmatched; mismatches first, then
 by severity (rel_l2 / tol). Filter by name, step, rank, op type and status; click a header to sort; click a chart
 point to show its rows. rel_l2 "≥" is a lower bound from the dumped statistics, "±" the error bound of a sketch
 estimate; cosine and max abs err from statistics or sketches are estimates too (column "from").</p>

@@ -46,7 +46,7 @@
   var el = function (id) { return document.getElementById(id); };
   var filter = el('filter'), stepSel = el('step-filter'), rankSel = el('rank-filter');
   var typeSel = el('type-filter'), statusSel = el('status-filter');
-  var order = [], page = 0, sortCol = null, asc = true;
+  var order = [], page = 0, sortCol = null, asc = true, exactOp = null;
   cols.concat(['src', 'bound']).forEach(function (c) {  // columns that are empty in every row are left out
     if (!C[c]) { C[c] = new Array(T.n).fill(null); }
   });
@@ -124,6 +124,8 @@
     var ty = typeSel.value, ss = statusSel.value;
     var tyCode = ty ? D.type.indexOf(ty) : -1, ssCode = ss ? D.status.indexOf(ss) : -1;
     var opHit = null, leafHit = null;
+    if (exactOp !== null && q !== String(D.op[exactOp]).toLowerCase()) { exactOp = null; }  // the user typed
+    if (exactOp !== null) { q = ''; }
     if (q) {
       opHit = D.op.map(function (s) { return s.toLowerCase().indexOf(q) >= 0; });
       leafHit = D.leaf.map(function (s) { return s.toLowerCase().indexOf(q) >= 0; });
@@ -134,6 +136,7 @@
       if (rk !== '' && String(C.rank[i]) !== rk) { continue; }
       if (ty && C.type[i] !== tyCode) { continue; }
       if (ss && C.status[i] !== ssCode) { continue; }
+      if (exactOp !== null && C.op[i] !== exactOp) { continue; }
       if (q && !((C.op[i] !== null && opHit[C.op[i]]) || (C.leaf[i] !== null && leafHit[C.leaf[i]])
                  || (text('op', i) + '.' + text('leaf', i)).toLowerCase().indexOf(q) >= 0)) { continue; }
       order.push(i);
@@ -160,15 +163,25 @@
   }
   function showPoint(pt) {
     if (!pt || !pt.customdata) { return; }
-    var op = pt.customdata[1];
-    filter.value = op === null || op === undefined ? '' : D.op[op];
-    stepSel.value = String(pt.customdata[0]);
     var rank = shown.line !== undefined ? shown.line : (data.figures.line.rank);
-    rankSel.value = rank === undefined ? '' : String(rank);
+    showRows(pt.customdata[1], pt.customdata[0], rank);
+  }
+  // the rows of one op (its exact name, not every name containing it) at one step and rank
+  function showRows(op, step, rank) {
+    exactOp = op === null || op === undefined || op < 0 ? null : op;
+    filter.value = exactOp === null ? '' : D.op[exactOp];
+    stepSel.value = step === undefined || step === null ? '' : String(step);
+    rankSel.value = rank === undefined || rank === null ? '' : String(rank);
     typeSel.value = ''; statusSel.value = '';
     apply();
     el('mismatches').scrollIntoView();
   }
+  Array.prototype.forEach.call(document.querySelectorAll('a.show-rows'), function (a) {
+    a.addEventListener('click', function (ev) {
+      ev.preventDefault();
+      showRows(D.op.indexOf(a.getAttribute('data-op')), a.getAttribute('data-step'), a.getAttribute('data-rank'));
+    });
+  });
   [filter].forEach(function (x) { x.addEventListener('input', apply); });
   [stepSel, rankSel, typeSel, statusSel].forEach(function (x) { x.addEventListener('change', apply); });
   el('page-prev').addEventListener('click', function () { page--; draw(); });

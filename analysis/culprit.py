@@ -1,0 +1,434 @@
+"""The culprit judge: walking a comparison's candidate records in execution order, the first that stands out of
+the pair's noise (see analysis/_divergence.py for the rules, analysis/noise.py for the noise model)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cached_property
+from typing import Any
+
+import polars as pl
+
+from dumpstore.dtypes import INT_DTYPES
+
+from .compare import Comparison
+from .findings import Finding
+from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
+from .order import INPUT_IO, OUTPUT_IO
+
+
+def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
+    return Finding(
+        step=row["step"],
+        rank=row["rank"],
+        op=row["_record"],
+        name=row.get("name") or row.get("ref_name"),
+        kind=kind or _row_kind(row),
+        metric="rel_l2",
+        value=row["err"],
+        threshold=row["tol"],
+        source=row["err_source"],
+        dtype=row["tol_dtype"],
+        severity=row["severity"],
+        detail=row["detail"],
+    )
+
+
+def _row_kind(row: dict[str, Any]) -> str:
+    if row.get("nonfinite_mismatch"):
+        return "nonfinite"
+    if row["err_source"] == "checksum":
+        return "checksum"
+    if row["kind"] == "scalar":
+        return "scalar"
+    if row.get("detail", "") and str(row.get("detail")).startswith("shape"):
+        return "shape"
+    return "value"
+
+
+_FP_STATS = ("min", "max", "mean", "norm")
+
+
+def _fingerprint(prefix: str) -> pl.Expr:
+    """Hash of (dtype, shape, step, rank, source, statistics) of one side's tensor; null without statistics."""
+    cols = [pl.col(f"{prefix}dtype"), pl.col(f"{prefix}shape"), pl.col("step"), pl.col("rank"), pl.col("source")]
+    cols += [pl.col(f"{prefix}{s}") for s in _FP_STATS]
+    known = pl.any_horizontal([pl.col(f"{prefix}{s}").is_not_null() for s in _FP_STATS])
+    return pl.when(known).then(pl.struct(cols).hash()).alias(f"_fp_{prefix or 't'}")
+
+
+class _Producers:
+    """Which record of one run first produced a tensor, by fingerprint (dtype, shape, statistics)."""
+
+    def __init__(self, rows: pl.DataFrame, prefix: str):
+        self.prefix = prefix
+        col = f"_fp_{prefix or 't'}"
+        outs = (
+            rows.lazy()  # lazy: only the columns used are filtered and sorted
+            .filter(
+                pl.col(f"{prefix}io").is_in(OUTPUT_IO)
+                & (pl.col(f"{prefix}kind") == "tensor")
+                & pl.col(col).is_not_null()
+            )
+            .sort(f"{prefix}seq")
+            .group_by(col, maintain_order=True)
+            .agg(pl.col(f"{prefix}seq").first(), pl.col(f"{prefix}record").first())
+            .collect()
+        )
+        self.first = dict(
+            zip(outs[col].to_list(), zip(outs[f"{prefix}seq"].to_list(), outs[f"{prefix}record"].to_list()))
+        )
+        # the module records' `parameters` leaves (msprobe mix level): which tensors are weights
+        self.params = set(
+            rows.lazy()
+            .filter((pl.col(f"{prefix}io") == "parameters") & pl.col(col).is_not_null())
+            .select(col)
+            .collect()[col]
+            .to_list()
+        )
+
+    def is_weight(self, r: dict[str, Any]) -> bool:
+        """A tensor input that is a weight: a `parameters` leaf, or one requiring grad that is a module's
+        parameter where module records list them (else an activation reached through unrecorded ops, such
+        as `k.transpose()`), or that requires grad where they list none."""
+        if r.get(f"{self.prefix}io") == "parameters":
+            return True
+        if not r.get(f"{self.prefix}requires_grad"):
+            return False
+        return not self.params or r.get(f"_fp_{self.prefix or 't'}") in self.params
+
+    def producer(self, r: dict[str, Any]) -> str | None:
+        return self.producer_of(r.get(f"_fp_{self.prefix or 't'}"), r.get(f"{self.prefix}seq"))
+
+    def producer_of(self, fingerprint: int | None, seq: int | None) -> str | None:
+        """The record that produced a tensor of this fingerprint before record `seq` (None: none did)."""
+        hit = self.first.get(fingerprint)
+        if hit is None or seq is None or hit[0] >= seq:
+            return None
+        return hit[1]
+
+
+Found = tuple[Finding, tuple]  # a finding and its place in execution order
+
+
+def _culprit(
+    rows: pl.DataFrame, recs: pl.DataFrame, cmp: Comparison, noise: NoiseModel, batch: int = 64
+) -> tuple[Found | None, Found | None]:
+    """(culprit, first divergence): the first finding in execution order, and where it shows in the target."""
+    only = {
+        (r["step"], r["rank"], r["source"], r["t_record"] or r["r_record"]): r["how"]
+        for r in cmp.records.filter(pl.col("how").is_in(["target_only", "ref_only"])).iter_rows(named=True)
+    }
+    steps = sorted(set(recs["step"].to_list()))
+    keys = ["rank", "source", "_record"]
+    for i, step in enumerate(steps):
+        view = _StepView(rows, step)
+        if i:
+            found = _optimizer(rows, recs, view, steps[i - 1])
+            if found is not None:
+                return found
+        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff")))
+        if not candidates.height:
+            continue
+        t_prod, r_prod = view.producers(""), view.producers("ref_")
+        for start in range(0, candidates.height, batch):
+            chunk = candidates.slice(start, batch)
+            leaves = view.rows.join(chunk.select(keys), on=keys, how="semi")
+            by_rec = leaves.partition_by(keys, as_dict=True, maintain_order=True)
+            for rec in chunk.iter_rows(named=True):
+                judge = _Judge(
+                    rec,
+                    by_rec[(rec["rank"], rec["source"], rec["_record"])],
+                    t_prod,
+                    r_prod,
+                    only,
+                    cmp,
+                    noise,
+                    first_step=steps[0],
+                )
+                found = judge.verdict()
+                if found is not None:
+                    return found
+    return None, None
+
+
+class _StepView:
+    """One step's ordered rows with both runs' fingerprints, and each run's producers, built on first use and
+    shared by the optimizer rule and the walk over the step's candidates."""
+
+    def __init__(self, rows: pl.DataFrame, step: int):
+        self.step, self._all = step, rows
+        self._producers: dict[str, _Producers] = {}
+
+    @cached_property
+    def rows(self) -> pl.DataFrame:
+        rows = self._all if self._all["step"].n_unique() == 1 else self._all.filter(pl.col("step") == self.step)
+        return rows.with_columns(_fingerprint(""), _fingerprint("ref_"))
+
+    def producers(self, prefix: str) -> _Producers:
+        if prefix not in self._producers:
+            self._producers[prefix] = _Producers(self.rows, prefix)
+        return self._producers[prefix]
+
+
+def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: int) -> tuple[Found, Found] | None:
+    """The update between two agreeing steps as culprit (see analysis/noise.py), located at the first record of
+    the later step that takes an updated parameter; the first divergence is the later step's first diverged
+    output."""
+    after, step_rows = view.step, view.rows
+    weights = step_rows.filter(
+        pl.col("_io").is_in(INPUT_IO)
+        & (pl.col("kind") == "tensor")
+        & (pl.col("requires_grad").fill_null(False) | (pl.col("_io") == "parameters"))
+    )
+    if not weights.filter(pl.col("status") == "diverged").height:
+        return None
+    produced = view.producers("")
+    fresh = [produced.producer_of(fp, seq) is None for fp, seq in weights.select("_fp_t", "seq").iter_rows()]
+    params = weights.filter(pl.Series(fresh, dtype=pl.Boolean))  # (named rows of every column: a second a step)
+    ev = update_evidence(rows, before, after, params)
+    if ev is None or not ev["differs"]:
+        return None
+    shows = params.row(0, named=True)
+    key = order_key(shows)
+    text = (
+        f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
+        f"in the reference between steps {before} and {after}, beyond their own spread (log ratio bar "
+        f"{ev['bar']:.2g}): learning rate, clipping or optimizer differs"
+    )
+    culprit = Finding(
+        after,
+        shows["rank"],
+        shows["_record"],
+        shows["name"],
+        "optimizer",
+        metric="update_ratio",
+        value=ev["median_ratio"],
+        detail=text,
+        evidence={k: v for k, v in ev.items() if k != "differs"},
+    )
+    first = recs.filter((pl.col("step") == after) & pl.col("out_div")).head(1)
+    if first.height:
+        r = first.row(0, named=True)
+        out = step_rows.filter(
+            (pl.col("rank") == r["rank"])
+            & (pl.col("_record") == r["_record"])
+            & (pl.col("status") == "diverged")
+            & pl.col("_io").is_in(OUTPUT_IO)
+        ).row(0, named=True)
+        return (culprit, key), (_finding(out), order_key(r))
+    return (culprit, key), (replace(culprit, evidence={}), key)
+
+
+class _Judge:
+    """Whether one candidate record (diverged output or differing argument) is the culprit."""
+
+    def __init__(
+        self,
+        rec: dict,
+        leaves: pl.DataFrame,
+        t_prod: _Producers,
+        r_prod: _Producers,
+        only: dict,
+        cmp: Comparison,
+        noise: NoiseModel,
+        first_step: int,
+    ):
+        self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
+        self.cmp, self.noise, self.first_step = cmp, noise, first_step
+        self.key = order_key(rec)
+
+    def verdict(self) -> tuple[Found, Found] | None:
+        if self.rec["arg_diff"]:
+            return self._argument()
+        if not self.rec["out_div"]:
+            return None
+        found = self._numeric()
+        if found is None:
+            return None
+        return (found, self.key), (self._first_output(), self.key)
+
+    def _first_output(self) -> Finding:
+        out = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
+        return _finding(out.row(0, named=True))
+
+    def _argument(self) -> tuple[Found, Found]:
+        leaves = self.leaves.filter(
+            pl.col("_io").is_in(INPUT_IO)
+            & (
+                (pl.col("kind") == "scalar")
+                | (pl.col("ref_kind") == "scalar")
+                | pl.col("match").is_in(["target_only", "ref_only"])
+            )
+        )
+        arg = leaves.filter((pl.col("err") > 0) | pl.col("match").is_in(["target_only", "ref_only"])).row(0, named=True)
+        if arg["match"] in ("target_only", "ref_only"):
+            side = "target" if arg["match"] == "target_only" else "reference"
+            value = arg["value"] if side == "target" else arg["ref_value"]
+            detail = f"{arg['name'] or arg['ref_name']} only in the {side}: {value}"
+        else:
+            detail = arg["detail"] or f"value {arg['value']} vs {arg['ref_value']}"
+        name = arg["name"] or arg["ref_name"]
+        culprit = Finding(
+            arg["step"], arg["rank"], self.rec["_record"], name, "scalar", detail=detail, evidence={"scalar": name}
+        )
+        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
+        if outs.height:
+            out = _finding(outs.row(0, named=True), "scalar")
+            out.detail, out.evidence = detail, {"scalar": name}
+            return (out, self.key), (_finding(outs.row(0, named=True)), self.key)
+        culprit.evidence["outputs"] = "within tolerance"
+        return (culprit, self.key), (replace(culprit), self.key)
+
+    def _numeric(self) -> Finding | None:
+        rec, leaves = self.rec, self.leaves
+        out = leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged")).row(0, named=True)
+        bad_in = leaves.filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("status") == "diverged") & (pl.col("kind") == "tensor")
+        )
+        if self._discrete_flip(bad_in):
+            return None
+        if self.t_prod.producer(out) is not None and self.r_prod.producer(out) is not None:
+            return None  # the same output was recorded earlier (a module and its last op): judged there
+        if bad_in.height == 0 and rec["fresh"]:
+            return self._fresh(out)
+        for leaf in bad_in.iter_rows(named=True):
+            found = self._producer(leaf, out)
+            if found is not None:
+                return found
+        amp = rec["amp"]
+        if amp is None or not amp >= self.cmp.tolerances.amplification:
+            return None
+        bar = self.noise.bar(rec["_direction"], False, self.key)
+        if bar is not None and amp <= bar:
+            return None
+        sib = self.noise.sibling_bar(rec)
+        if sib is not None and rec["local"] is not None and rec["local"] <= sib:
+            return None  # its siblings make as much error: the class's noise
+        if rec.get("in_bound"):  # input errors from statistics are lower bounds: amp is an upper bound
+            level = self.noise.carried(self.key)
+            if level is not None and rec["out_err"] is not None and rec["out_err"] <= level:
+                return None  # and the output error is no more than the pair carries here
+        q = "" if bar is None else f"; this pair's p{round(100 * QUANTILE)} before it is {bar / STAND_OUT:.3g}x"
+        return _with_evidence(
+            _finding(out, "op"),
+            input_err=rec["in_err"],
+            amplification=amp,
+            noise_bar=bar,
+            reason="error amplification stands out",
+            detail=f"amplification {amp:.3g}x{q}",
+        )
+
+    def _discrete_flip(self, bad_in: pl.DataFrame) -> bool:
+        """A discrete choice (top-k, argmax, sort indices, a mask) flipped by noise: the integer or boolean outputs
+        differ while the float inputs, and any float outputs (the values chosen), differ no more than the
+        error the pair carries here.  Equal values chosen at different places are a near tie; the flip is noted
+        (`NoiseModel.flips`) as noise, not judged as a culprit."""
+        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
+        exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+        flipped = outs.filter(exact)
+        if not flipped.height:
+            return False
+        ins = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor"))
+        if not ins.filter(~exact).height or ins.filter(exact & (pl.col("status") == "diverged")).height:
+            return False  # no float input to tie on, or a discrete input already differs (carried)
+        level = self.noise.carried(self.key)
+        bar = max(level or 0.0, float(self.rec["tol"] or 0.0))
+        floats = pl.concat([ins.filter(~exact), outs.filter(~exact)], how="diagonal_relaxed")
+        worst = floats["err"].drop_nulls().max()
+        if worst is not None and not float(worst) <= bar:  # type: ignore[arg-type]
+            return False
+        self.noise.flips.append(
+            {
+                "step": self.rec["step"],
+                "rank": self.rec["rank"],
+                "op": self.rec["_record"],
+                "outputs": flipped["name"].to_list(),
+                "float_err": None if worst is None else float(worst),  # type: ignore[arg-type]
+                "noise_bar": bar,
+                "detail": "discrete output changed where the float values agree within noise: a near tie",
+            }
+        )
+        return True
+
+    def _fresh(self, out: dict[str, Any]) -> Finding | None:
+        """Inputs agree, the output diverges: an op creating error, if more than the pair's fresh ops do."""
+        rec = self.rec
+        value = rec["out_err"] if rec["out_err"] is not None else out["err"]
+        bar = self.noise.bar(rec["_direction"], True, self.key)
+        if bar is not None and value is not None and value <= bar:
+            return None
+        sib = self.noise.sibling_bar(rec)
+        if sib is not None and value is not None and value <= sib:
+            return None  # its siblings (other layers) make as much error: the class's noise
+        one_sided = self.leaves.filter(
+            pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(["target_only", "ref_only"])
+        )
+        args = [
+            f"{r['name'] or r['ref_name']} ({'target' if r['match'] == 'target_only' else 'reference'} only"
+            f": {r['value'] if r['match'] == 'target_only' else r['ref_value']})"
+            for r in one_sided.iter_rows(named=True)
+        ]
+        q = "" if bar is None else (f"; fresh ops' p{round(100 * QUANTILE)} error before it is {bar / STAND_OUT:.3g}")
+        return _with_evidence(
+            _finding(out, "op"),
+            input_err=rec["in_err"],
+            reason="inputs agree, output diverges",
+            noise_bar=bar,
+            arguments_in_one_run=args or None,
+            detail=None if out["detail"] else f"inputs agree, output diverges{q}",
+        )
+
+    def _producer(self, leaf: dict[str, Any], out: dict[str, Any]) -> Finding | None:
+        """A diverged input: produced by an op in one run only, or by no op (a weight or data)."""
+        tp, rp = self.t_prod.producer(leaf), self.r_prod.producer(leaf)
+        key = (leaf["step"], leaf["rank"], leaf["source"])
+        if rp and self.only.get(key + (rp,)) == "ref_only":
+            return Finding(
+                leaf["step"],
+                leaf["rank"],
+                _forward_of(rp, key, self.only, "ref_only"),
+                None,
+                "missing_op",
+                detail=f"only in the reference; its output feeds {leaf['name']}",
+            )
+        if tp and self.only.get(key + (tp,)) == "target_only":
+            return Finding(
+                leaf["step"],
+                leaf["rank"],
+                _forward_of(tp, key, self.only, "target_only"),
+                None,
+                "extra_op",
+                detail=f"only in the target; its output feeds {leaf['name']}",
+            )
+        if tp is None and rp is None:
+            kind = "parameter" if self.t_prod.is_weight(leaf) else "input"
+            if kind == "parameter" and leaf["step"] != self.first_step:
+                return None  # later weights carry the optimizer's noise; the optimizer rule judges the update
+            if kind == "input" and leaf["err"] is not None:
+                bar = self.noise.carried(self.key)
+                if bar is not None and leaf["err"] <= bar:
+                    return None  # within the error the pair carries here: reached through unrecorded ops
+            return _with_evidence(
+                _finding(out, kind),
+                differing=leaf["name"],
+                input_err=leaf["err"],
+                detail=f"{leaf['name']} differs and no earlier op produced it",
+            )
+        return None
+
+
+def _forward_of(record: str, key: tuple, only: dict, side: str) -> str:
+    """An unmatched backward record is blamed on its forward record when that is unmatched too."""
+    if record.endswith(".backward"):
+        fwd = record[: -len(".backward")] + ".forward"
+        if only.get(key + (fwd,)) == side:
+            return fwd
+    return record
+
+
+def _with_evidence(f: Finding, detail: str | None = None, **evidence: Any) -> Finding:
+    f.evidence.update({k: v for k, v in evidence.items() if v is not None})
+    if detail:
+        f.detail = detail
+    return f

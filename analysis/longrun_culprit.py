@@ -1,0 +1,236 @@
+"""The long-run culprit: with msprobe monitor data of both runs, the first module or parameter whose statistic
+leaves its band (before the loss does), in execution order; and the hand-off, the steps and scope worth dumping
+as a ready msprobe config.json.
+
+Method: the two runs' monitor rows are joined on (rank, prefix, name, step, micro step, vpp stage). A row is
+out when |target - ref| of its norm, max or min exceeds max(atol, rtol |ref|, band): atol 2e-6 (TrainerMon rounds
+to 6 decimals), rtol 1e-6, and the band
+  with --ref2   3 x the largest |ref2 - ref| of that series within +-`persist` steps (the rerun's own spread)
+  without       3 x the largest |target - ref| of that series over its first `baseline` steps (5 % of the
+                monitored steps, at least 3): a pair that differs from the start (another chip) sets its own
+                level; a bitwise-identical start gives a zero band, any later change is a departure
+A series leaves its band at the first step that is out and after which at least 90 % of the next `persist`
+(10) monitored steps are out. The culprit is the series leaving first; at one step the earliest in execution
+order: param_origin (the step's weights), actv (forward, module order), actv_grad, grad_unreduced (hook order),
+grad_reduced, exp_avg, exp_avg_sq, param_updated. The loss's step (from `curves`) is mapped to monitor steps by
+`monitor_offset` (TrainerMon's step 0 is Megatron's iteration 1).
+The steps worth dumping are the culprit's step and the one before (the last that agreed), in msprobe's step
+numbering (PrecisionDebugger counts from 0 like TrainerMon), scoped to the culprit's module.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dumpstore.longrun.monitor import PREFIX_ORDER
+from dumpstore.longrun.store import read
+from dumpstore.store import Store
+
+from .curves import CurvesError, CurvesReport, Divergence, compare_curves
+
+STATS = ("norm", "max", "min")
+ATOL, RTOL = 2e-6, 1e-6
+BAND_K = 3.0
+PERSIST = 10
+STAY = 0.9
+_KEYS = ["rank", "prefix", "name", "step", "micro", "vpp"]
+
+
+def compare_long_runs(
+    store: Store,
+    target: str,
+    ref: str,
+    ref2: str | None = None,
+    *,
+    tag: str = "loss",
+    by: str = "iteration",
+    rank: int | None = None,
+    monitor_offset: int = 1,
+) -> CurvesReport:
+    """`curves` of two long runs, with the monitor culprit when both have monitor data."""
+    st, sr = read(store, "scalars", target), read(store, "scalars", ref)
+    s2 = read(store, "scalars", ref2) if ref2 is not None else None
+    if st.num_rows and sr.num_rows:
+        rep = compare_curves(
+            st, sr, s2 if s2 is not None and s2.num_rows else None, names=(target, ref, ref2), tag=tag, by=by, rank=rank
+        )
+    else:
+        rep = None
+    mt, mr = read(store, "monitor", target), read(store, "monitor", ref)
+    if mt.num_rows and mr.num_rows:
+        m2 = read(store, "monitor", ref2) if ref2 is not None else None
+        loss_step = None
+        if rep is not None and rep.divergence.step is not None and by == "iteration":
+            loss_step = rep.divergence.step - monitor_offset
+        culprit = monitor_culprit(mt, mr, m2 if m2 is not None and m2.num_rows else None, loss_step=loss_step)
+    else:
+        culprit = None
+    if rep is None:
+        if culprit is None:
+            raise CurvesError(
+                f"runs {target} and {ref} need scalars (a log or event file) or monitor data in both; ingest them "
+                "with dumpstore longrun-ingest"
+            )
+        rep = monitor_only(target, ref, ref2, tag, by)
+    rep.culprit = culprit
+    return rep
+
+
+def monitor_only(target: str, ref: str, ref2: str | None, tag: str, by: str) -> CurvesReport:
+    """The report of two runs with monitor data but no curves (no log ingested)."""
+    return CurvesReport(
+        target,
+        ref,
+        ref2,
+        tag,
+        by,
+        0,
+        0,
+        0,
+        "no curves: ingest the runs' logs or event files to compare them",
+        0,
+        [],
+        Divergence(None, None, None, None, None, None),
+        [],
+        [],
+        None,
+        math.nan,
+        math.nan,
+    )
+
+
+def _frame(table, suffix: str):
+    import polars as pl
+
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    return df.select(
+        pl.col("rank"),
+        pl.col("prefix"),
+        pl.col("name"),
+        pl.col("step"),
+        pl.col("micro_step").fill_null(-1).alias("micro"),
+        pl.col("vpp_stage").fill_null(-1).alias("vpp"),
+        *(pl.col(s).alias(f"{s}{suffix}") for s in STATS),
+        *([pl.col("module"), pl.col("param"), pl.col("seq")] if suffix == "_t" else []),
+    )
+
+
+def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: int = PERSIST) -> dict[str, Any]:
+    import polars as pl
+
+    df = _frame(mt, "_t").join(_frame(mr, "_r"), on=_KEYS, how="inner")
+    if m2 is not None:
+        df = df.join(_frame(m2, "_2"), on=_KEYS, how="left")
+    series = ["rank", "prefix", "name", "micro", "vpp"]
+    df = df.sort([*series, "step"])
+    outs = []
+    for s in STATS:
+        t, r = pl.col(f"{s}_t"), pl.col(f"{s}_r")
+        diff = (t - r).abs()
+        if m2 is not None:
+            noise = (pl.col(f"{s}_2") - r).abs().fill_nan(None).fill_null(0.0)
+            band = noise.rolling_max(2 * persist + 1, min_samples=1, center=True).over(series) * BAND_K
+        else:
+            idx = pl.int_range(pl.len()).over(series)
+            nsteps = pl.len().over(series)
+            cut = pl.max_horizontal(pl.lit(3), (nsteps * 0.05).cast(pl.Int64))
+            base = pl.when(idx < cut).then(diff.fill_nan(None)).otherwise(None)
+            band = base.max().over(series).fill_null(0.0) * BAND_K
+        limit = pl.max_horizontal(pl.lit(ATOL), r.abs() * RTOL, band)
+        # NaN on one side only is out; NaN on both (a tensor missing in both runs) is not
+        out = (
+            pl.when(t.is_nan() & r.is_nan())
+            .then(False)
+            .when(t.is_nan() | r.is_nan())
+            .then(True)
+            .otherwise(diff > limit)
+        )
+        outs.append(out.fill_null(False))
+    df = df.with_columns(pl.any_horizontal(outs).alias("out"))
+    # share of out among this and the next `persist - 1` monitored steps of the series
+    df = df.with_columns(
+        pl.col("out")
+        .cast(pl.Float64)
+        .reverse()
+        .rolling_mean(persist, min_samples=1)
+        .reverse()
+        .over(series)
+        .alias("ahead")
+    )
+    left = df.filter(pl.col("out") & (pl.col("ahead") >= STAY))
+    first = left.group_by(series, maintain_order=True).agg(pl.all().sort_by("step").first())
+    order = (
+        pl.col("prefix").cast(pl.String).replace_strict(PREFIX_ORDER, default=len(PREFIX_ORDER), return_dtype=pl.Int64)
+    )
+    first = first.with_columns(order.alias("exec")).sort(["step", "rank", "exec", "seq"])
+    n_series = df.select(pl.struct(series).n_unique()).item()
+    band_text = (
+        "3 x the rerun's |ref2 - ref|" if m2 is not None else "3 x each series' own |target - ref| over its first steps"
+    )
+    result: dict[str, Any] = {
+        "n_series": int(n_series),
+        "band": band_text,
+        "loss_step": loss_step,
+        "first": None,
+        "next": [],
+    }
+    if first.height == 0:
+        return result
+    rows = first.to_dicts()
+    top = _describe(rows[0])
+    result["first"] = top
+    seen = {top["name"]}
+    for row in rows[1:]:
+        if row["name"] not in seen and len(result["next"]) < 10:
+            seen.add(row["name"])
+            result["next"].append(_describe(row))
+    result["handoff"] = handoff(top)
+    return result
+
+
+def _describe(row: dict[str, Any]) -> dict[str, Any]:
+    stat = next(
+        (s for s in STATS if _out_value(row[f"{s}_t"], row[f"{s}_r"])),
+        STATS[0],
+    )
+    t, r = row[f"{stat}_t"], row[f"{stat}_r"]
+    rel = abs(t - r) / abs(r) if r not in (0, None) and t is not None and math.isfinite(r) else math.inf
+    return {
+        "rank": row["rank"],
+        "prefix": row["prefix"],
+        "name": row["name"],
+        "module": row["module"],
+        "param": row["param"],
+        "step": row["step"],
+        "stat": stat,
+        "target": t,
+        "ref": r,
+        "rel_diff": rel,
+    }
+
+
+def _out_value(t: float | None, r: float | None) -> bool:
+    if t is None or r is None:
+        return False
+    if math.isnan(t) or math.isnan(r):
+        return math.isnan(t) != math.isnan(r)
+    return abs(t - r) > max(ATOL, RTOL * abs(r))
+
+
+def handoff(first: dict[str, Any]) -> dict[str, Any]:
+    """The steps and scope worth dumping, as an msprobe config.json."""
+    step = int(first["step"])
+    steps = sorted({max(0, step - 1), step})
+    module = first["module"] or first["name"]
+    entry = f"{module}." if module else first["name"]
+    config = {
+        "task": "tensor",
+        "dump_path": f"./dump_longrun_step{step}",
+        "rank": [int(first["rank"])],
+        "step": steps,
+        "level": "mix",
+        "tensor": {"scope": [], "list": [entry], "data_mode": ["all"], "file_format": "npy"},
+    }
+    return {"steps": steps, "module": module, "config": config}

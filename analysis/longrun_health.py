@@ -1,0 +1,236 @@
+"""Single-run health over a long run (a log, event files and/or monitor data; no reference).
+
+Checks (status ok / warn / fail, with the step where it starts):
+  nonfinite_loss     a NaN/Inf loss (fail; the first step and the count)
+  zero_loss          the loss is exactly 0 over 10 steps or more in a row (fail)
+  constant_loss      the loss does not change at all over the last 10 % of the run (at least 10 steps; fail)
+  not_converging     the mean loss of the last 10 % of the run is not below 98 % of the first 10 % (warn; fail
+                     when it is above 110 %)
+  loss_spikes        spikes of the loss (curves' rules: 10 x the median of the previous 100, EMA z > 6; warn)
+  grad_explosion     a grad norm above 10 x the median of the previous 100 steps, or non-finite (warn)
+  grad_vanishing     grad norm below 1e-7 for 10 steps in a row, or the last 10 %'s median below 1e-3 x the first
+                     10 %'s (warn)
+  loss_scale         the loss scale below 1 (fail: fp16 collapse), else 5 or more drops within 100 steps (warn)
+  skipped_iterations Megatron's skipped / NaN iteration counters, MindFormers' overflow flag (warn)
+  update_ratio       with monitor param_origin/param_updated: per parameter |d norm| / norm (a lower bound of the
+                     update ratio ||w_t+1 - w_t|| / ||w_t||) whose median over the last 10 % is above 10 x the first
+                     10 %'s, or above 0.1 (warn)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dumpstore.longrun.store import read
+from dumpstore.store import Store
+
+from .curves import SPIKE_FACTOR, SPIKE_WINDOW, _ffill, _previous_median, find_events, find_spikes, series
+
+
+@dataclass
+class Finding:
+    check: str
+    status: str  # ok / warn / fail
+    step: int | None
+    value: float | None
+    detail: str
+
+
+@dataclass
+class LongRunHealth:
+    run: str
+    summary: str
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _runs_of(mask: np.ndarray, length: int) -> int | None:
+    """Index where the first run of `length` True values starts."""
+    run = 0
+    for i, m in enumerate(mask):
+        run = run + 1 if m else 0
+        if run >= length:
+            return i - length + 1
+    return None
+
+
+def long_run_health(store: Store, run: str, *, rank: int | None = None) -> LongRunHealth:
+    scalars = read(store, "scalars", run)
+    monitor = read(store, "monitor", run)
+    out: list[Finding] = []
+    loss = series(scalars, "loss", rank) if scalars.num_rows else None
+    summary = "no loss logged"
+    if loss is not None and len(loss.v):
+        x, v = loss.x, loss.v
+        n = len(v)
+        fin = np.isfinite(v)
+        summary = f"{n} loss points (steps {int(x[0])}..{int(x[-1])})"
+        bad = np.flatnonzero(~fin)
+        out.append(
+            Finding("nonfinite_loss", "fail", int(x[bad[0]]), float(len(bad)), f"{len(bad)} NaN/Inf losses")
+            if len(bad)
+            else Finding("nonfinite_loss", "ok", None, 0.0, "every loss is finite")
+        )
+        z = _runs_of(fin & (v == 0), 10)
+        if z is not None:
+            out.append(Finding("zero_loss", "fail", int(x[z]), 0.0, "the loss is exactly 0 for 10 steps or more"))
+        tail = max(10, n // 10)
+        if n >= 20:
+            last = v[-tail:][np.isfinite(v[-tail:])]
+            head = v[:tail][np.isfinite(v[:tail])]
+            if len(last) >= 10 and np.all(last == last[0]):
+                out.append(
+                    Finding(
+                        "constant_loss",
+                        "fail",
+                        int(x[-tail]),
+                        float(last[0]),
+                        f"the loss is {last[0]:.6g} at every one of the last {tail} steps",
+                    )
+                )
+            if len(last) and len(head):
+                ratio = float(last.mean() / head.mean()) if head.mean() else math.inf
+                status = "fail" if ratio > 1.1 else "warn" if ratio >= 0.98 else "ok"
+                out.append(
+                    Finding(
+                        "not_converging",
+                        status,
+                        None,
+                        ratio,
+                        f"mean loss of the last {tail} steps is {ratio:.3g} x the first {tail} steps' "
+                        f"({last.mean():.4g} vs {head.mean():.4g})",
+                    )
+                )
+        spikes = find_spikes(loss, run)
+        if spikes:
+            steps = ", ".join(str(s.step) for s in spikes[:10])
+            out.append(
+                Finding("loss_spikes", "warn", spikes[0].step, float(len(spikes)), f"{len(spikes)} spikes at {steps}")
+            )
+        else:
+            out.append(Finding("loss_spikes", "ok", None, 0.0, "no spike"))
+    gn = series(scalars, "grad_norm", rank) if scalars.num_rows else None
+    if gn is not None and len(gn.v) > 10:
+        out.extend(_grad_norm(gn))
+    for ev in find_events(scalars, run, rank) if scalars.num_rows else []:
+        if ev.kind == "nonfinite_loss":
+            continue
+        if ev.kind == "loss_scale_drop":
+            out.append(_loss_scale(scalars, rank, ev.steps))
+        else:
+            out.append(
+                Finding("skipped_iterations", "warn", ev.steps[0], float(len(ev.steps)), f"{ev.kind}: {ev.detail}")
+            )
+    if monitor.num_rows:
+        out.extend(_update_ratio(monitor))
+        if loss is None:
+            summary = f"monitor only: {monitor.num_rows} rows"
+    return LongRunHealth(run, summary, out)
+
+
+def _grad_norm(gn) -> list[Finding]:
+    v = gn.v
+    fin = np.isfinite(v)
+    out = []
+    base = _previous_median(_ffill(v), SPIKE_WINDOW)
+    with np.errstate(invalid="ignore"):
+        hit = np.flatnonzero((~fin) | ((base > 0) & (v > SPIKE_FACTOR * base)))
+    hit = hit[hit >= 10]
+    if len(hit):
+        i = int(hit[0])
+        out.append(
+            Finding(
+                "grad_explosion",
+                "warn",
+                int(gn.x[i]),
+                float(v[i]),
+                f"{len(hit)} steps with a grad norm above 10 x the previous 100 steps' median or non-finite; first "
+                f"{v[i]:.4g} (median {base[i]:.4g})",
+            )
+        )
+    else:
+        out.append(Finding("grad_explosion", "ok", None, None, "no grad-norm jump of 10x"))
+    tiny = _runs_of(fin & (np.abs(v) < 1e-7), 10)
+    n = len(v)
+    tail = max(10, n // 10)
+    head_med = float(np.median(v[:tail][fin[:tail]])) if fin[:tail].any() else math.nan
+    last_med = float(np.median(v[-tail:][fin[-tail:]])) if fin[-tail:].any() else math.nan
+    if tiny is not None:
+        out.append(
+            Finding("grad_vanishing", "warn", int(gn.x[tiny]), 0.0, "grad norm below 1e-7 for 10 steps in a row")
+        )
+    elif head_med > 0 and last_med < 1e-3 * head_med:
+        out.append(
+            Finding(
+                "grad_vanishing",
+                "warn",
+                int(gn.x[-tail]),
+                last_med,
+                f"grad norm median fell from {head_med:.3g} to {last_med:.3g}",
+            )
+        )
+    else:
+        out.append(Finding("grad_vanishing", "ok", None, last_med, "grad norm does not vanish"))
+    return out
+
+
+def _loss_scale(scalars, rank, drops: list[int]) -> Finding:
+    s = series(scalars, "loss_scale", rank)
+    assert s is not None
+    low = np.flatnonzero(s.v < 1)
+    if len(low):
+        return Finding(
+            "loss_scale",
+            "fail",
+            int(s.x[low[0]]),
+            float(s.v[low[0]]),
+            "loss scale below 1: fp16 loss scaling collapsed",
+        )
+    d = np.asarray(drops)
+    for i in range(len(d)):
+        j = np.searchsorted(d, d[i] + 100)
+        if j - i >= 5:
+            return Finding(
+                "loss_scale", "warn", int(d[i]), float(j - i), f"{j - i} loss-scale drops within 100 steps from {d[i]}"
+            )
+    return Finding("loss_scale", "ok", drops[0], float(len(drops)), f"{len(drops)} loss-scale drops, none clustered")
+
+
+def _update_ratio(monitor) -> list[Finding]:
+    import polars as pl
+
+    df = pl.from_arrow(monitor)
+    assert isinstance(df, pl.DataFrame)
+    keys = ["rank", "param", "step"]
+    o = df.filter(pl.col("prefix") == "param_origin").select(*keys, pl.col("norm").alias("n0"))
+    u = df.filter(pl.col("prefix") == "param_updated").select(*keys, pl.col("norm").alias("n1"))
+    if o.height == 0 or u.height == 0:
+        return []
+    j = o.join(u, on=keys).with_columns(((pl.col("n1") - pl.col("n0")).abs() / pl.col("n0")).alias("ratio"))
+    j = j.filter(pl.col("ratio").is_finite()).sort(keys)
+    agg = j.group_by(["rank", "param"]).agg(
+        pl.col("ratio").head(pl.max_horizontal(pl.len() // 10, 3)).median().alias("first"),
+        pl.col("ratio").tail(pl.max_horizontal(pl.len() // 10, 3)).median().alias("last"),
+        pl.col("step").tail(pl.max_horizontal(pl.len() // 10, 3)).first().alias("from_step"),
+    )
+    bad = agg.filter((pl.col("last") > 0.1) | ((pl.col("first") > 0) & (pl.col("last") > 10 * pl.col("first"))))
+    if bad.height == 0:
+        return [Finding("update_ratio", "ok", None, None, f"{agg.height} parameters: no update-ratio drift")]
+    out = []
+    for r in bad.sort("last", descending=True).head(10).to_dicts():
+        out.append(
+            Finding(
+                "update_ratio",
+                "warn",
+                int(r["from_step"]),
+                float(r["last"]),
+                f"{r['param']} (rank {r['rank']}): |d norm|/norm {r['first']:.3g} early, {r['last']:.3g} late",
+            )
+        )
+    return out

@@ -1,0 +1,133 @@
+"""The prior of the noise model: the precision each op class of a pair computes at, inferred from the pair.
+
+A device may run float32 matmuls with inputs cut to 10 mantissa bits (NVIDIA TF32, Ascend HF32) or to bfloat16's
+8, in runs whose tensors all say float32.  Every matmul of such a pair then differs by that rounding, nothing
+else does, and an fp32 tolerance flags the very first matmul.  So the compute precision of the matmul class
+(linear, matmul, bmm, addmm, baddbmm, einsum, conv, ...) is inferred from the pair itself:
+
+  evidence   the class's *fresh* records: a float32-judged record whose tensor inputs agree (error at most
+             QUIET x the fp32 tolerance: noise.QUIET) while its outputs may not; their output error is what
+             the op itself made;
+  nominal    float32 rounding of a K-term sum leaves a relative error of about eps32 x sqrt(K) (K: the
+             reduction length, the last axis of the first input); the class is off nominal when the median
+             of out_err / (eps32 x sqrt(K)) over at least MIN_EVIDENCE fresh records exceeds OFF_NOMINAL;
+  precision  the finest lower precision whose tolerance holds that median: tf32 (10 mantissa bits, the
+             tolerance of float16, which has as many) and then bfloat16.
+The class's records (both directions: a backward matmul runs on the same units) are then judged at that
+precision: tolerance, severity and status, and the eps floor of their amplification.  The verdict says so
+(`precision["matmul"]`, `precision["note"]`).  Non-matmul classes are never re-judged: an activation computed
+differently in every layer is a fault, not a device's right.
+
+The constants were chosen on the development set (sample_dumps/ xdev pairs and the pairs of
+sample_dumps/dev_extra.py), see docs/how-it-decides.md.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from dumpstore.dtypes import EPS
+
+from . import rules as R
+from .noise import median
+from .order import INPUT_IO, OUTPUT_IO
+from .tolerance import Tolerances
+
+MIN_EVIDENCE = 3  # fresh matmul records needed before a class precision is inferred
+OFF_NOMINAL = 8.0  # median fresh error beyond this many eps32 x sqrt(K): not float32 rounding
+QUIET = 0.1  # as noise.QUIET: inputs agree below this share of the tolerance
+LOWER = ("tf32", "bfloat16")  # candidate internal precisions of a float32 matmul, finest first
+NOTE = {
+    "tf32": "float32 matmuls of the pair differ as 10-bit-mantissa TF32/HF32 inputs would: judged at that precision",
+    "bfloat16": "float32 matmuls of the pair differ as bfloat16 inputs would: judged at that precision",
+}
+
+_MATMUL_TOKENS = {"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "mv", "dot", "tensordot"}
+
+
+def is_matmul(api: str | None) -> bool:
+    """Whether an API name (msprobe's `Functional.linear`, `Tensor.__matmul__`, `Torch.bmm`, `NPU.npu_bmmV2`,
+    `Mint.nn.functional.conv2d`, ...) is a matrix product or convolution."""
+    if not api:
+        return False
+    last = api.rsplit(".", 1)[-1].lower()
+    tokens = [t for t in re.split(r"[^a-z0-9]+", last) if t]
+    return any(t in _MATMUL_TOKENS or t.startswith("conv") or "matmul" in t or t.startswith("bmm") for t in tokens)
+
+
+def _api() -> pl.Expr:
+    return pl.coalesce(pl.col("api"), pl.col("ref_api"))
+
+
+def class_precision(rows: pl.DataFrame) -> tuple[str | None, dict[str, Any]]:
+    """The inferred compute precision of the pair's float32 matmuls (None: float32 explains them) and the
+    evidence: records, median error in units of eps32 x sqrt(K)."""
+    if not rows.height or "api" not in rows.columns:
+        return None, {}
+    apis = rows.select(_api().unique()).to_series().drop_nulls().to_list()
+    mm = [a for a in apis if is_matmul(a)]
+    if not mm:
+        return None, {}
+    tensor = (pl.col("kind") == "tensor") & (pl.col("ref_kind") == "tensor")
+    part = rows.filter(_api().is_in(mm) & tensor & (pl.col("tol_dtype") == "float32"))
+    if not part.height:
+        return None, {}
+    is_in, is_out = pl.col("io").is_in(INPUT_IO), pl.col("io").is_in(OUTPUT_IO)
+    k = pl.col("shape").list.last().cast(pl.Float64)
+    recs = part.group_by(["step", "rank", "source", "record"]).agg(
+        pl.col("err").filter(is_out).max().alias("out_err"),
+        pl.col("err").filter(is_in).max().alias("in_err"),
+        pl.col("tol").max().alias("tol"),
+        k.filter(is_in).first().alias("k"),
+    )
+    fresh = recs.filter(  # records with inputs (parameters_grad records have none: nothing says they agree)
+        pl.col("out_err").is_not_null()
+        & pl.col("out_err").is_finite()
+        & pl.col("in_err").is_not_null()
+        & (pl.col("in_err") <= QUIET * pl.col("tol"))
+    )
+    if fresh.height < MIN_EVIDENCE:
+        return None, {}
+    k_ = np.maximum(fresh["k"].fill_null(1.0).to_numpy(), 1.0)
+    err = fresh["out_err"].to_numpy()
+    z = float(median(err / (EPS["float32"] * np.sqrt(k_))))
+    level = float(median(err))
+    evidence = {"fresh_matmuls": fresh.height, "median_err": level, "median_eps32_sqrtk": z}
+    if z <= OFF_NOMINAL:
+        return None, evidence
+    table = Tolerances()
+    for cand in LOWER:
+        if level <= table.for_dtype(cand):
+            return cand, evidence
+    return None, evidence
+
+
+def judge_classes(rows: pl.DataFrame, precision: dict[str, str], tol: Tolerances) -> pl.DataFrame:
+    """Re-judge the matmul class at its inferred precision (see the module doc); `precision` gains `matmul`
+    and `note` when it is lower than float32."""
+    cand, _ = class_precision(rows)
+    if cand is None:
+        return rows
+    precision["matmul"] = cand
+    precision["note"] = NOTE[cand]
+    apis = [a for a in rows.select(_api().unique()).to_series().drop_nulls().to_list() if is_matmul(a)]
+    tensor = (pl.col("kind") == "tensor") & (pl.col("ref_kind") == "tensor")
+    hit = _api().is_in(apis) & tensor & (pl.col("tol_dtype") == "float32")
+    new_tol = tol.all_dtypes if tol.all_dtypes is not None else tol.for_dtype(cand)
+    rows = rows.with_columns(hit.alias("_rejudged"))
+    hit = pl.col("_rejudged")
+    rows = rows.with_columns(
+        pl.when(hit).then(pl.lit(cand)).otherwise(pl.col("tol_dtype")).alias("tol_dtype"),
+        pl.when(hit).then(pl.lit(new_tol)).otherwise(pl.col("tol")).alias("tol"),
+    )
+    unmatched = pl.col("match").is_in(["target_only", "ref_only"])
+    status = R.pair_status(unmatched, R.unreadable_kind(), R.has_error_text())
+    sev = R.severity(rows["err"].cast(pl.Float64).to_numpy(), rows["tol"].cast(pl.Float64).to_numpy())
+    return rows.with_columns(
+        pl.when(hit).then(status).otherwise(pl.col("status")).alias("status"),
+        pl.when(hit).then(R.nullable("severity", sev)).otherwise(pl.col("severity")).alias("severity"),
+    ).drop("_rejudged")

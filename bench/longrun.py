@@ -1,0 +1,179 @@
+#!/usr/bin/env python
+"""Long-run benchmark: `dumpstore curves` on two 100k-step Megatron logs, and the ingest rate of msprobe monitor CSV.
+
+Usage::
+
+    python bench/longrun.py                          # 2 x 100k-step logs, a 20M-row monitor run
+    python bench/longrun.py --steps 20000 --monitor-rows 2000000     # smaller
+    python bench/longrun.py --repeat 3               # keep the fastest of 3 (a busy machine)
+
+Data is synthetic, generated once into bench/.data/longrun/ (git-ignored):
+  logs      two Megatron logs of --steps iterations each (`iteration N/ M | consumed samples: ... | lm loss: ...`):
+            a decaying loss with noise; the target's learning rate x1.5 from 60 % of the run
+  monitor   a TrainerMon folder `<time>-rank0-<id>/<prefix>_<a>-<b>.csv`, 8 prefixes, 50 steps per file, enough
+            parameters x steps for --monitor-rows rows (the header and number format TrainerMon writes)
+Timed, each as a separate process exactly as typed (wall around the process, imports included):
+  `dumpstore longrun-ingest LOG --run R`, `dumpstore curves --target T --ref R --json`,
+  `dumpstore longrun-ingest MONITOR_DIR --run M` (rows/s = monitor rows / wall).
+Targets (issue 26): curves <= 2 s on 2 x 100k steps; monitor ingest >= 2M rows/s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dumpstore.longrun.monitor import PREFIXES as ALL_PREFIXES
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / ".data" / "longrun"
+PREFIXES = tuple(p for p in ALL_PREFIXES if p != "other")  # TrainerMon writes `other` only for extras
+OPS = ("norm", "min", "max", "zeros", "nans", "mean")
+
+
+def write_log(path: Path, steps: int, *, seed: int, lr_change: int | None) -> None:
+    rng = np.random.default_rng(seed)
+    t = np.arange(1, steps + 1)
+    lr = 3e-4 * np.minimum(1.0, t / 2000) * (0.1 + 0.45 * (1 + np.cos(np.pi * t / steps)))
+    if lr_change is not None:
+        lr = np.where(t >= lr_change, lr * 1.5, lr)
+    loss = 2.0 + 8.0 * np.exp(-t / (steps / 10)) + 0.05 * rng.standard_normal(steps)
+    if lr_change is not None:
+        loss = loss + np.where(t > lr_change, 0.02 * (1 - np.exp(-(t - lr_change) / 500)), 0.0)
+    gnorm = 1.0 + 0.2 * rng.standard_normal(steps) ** 2
+    with path.open("w") as f:
+        for i in range(steps):
+            f.write(
+                f" [2026-12-07 00:00:00] iteration {i + 1:8d}/{steps:8d} | consumed samples: {1024 * (i + 1):12d} | "
+                f"elapsed time per iteration (ms): 1500.0 | learning rate: {lr[i]:.6E} | global batch size:  1024 | "
+                f"lm loss: {loss[i]:.6E} | loss scale: 1.0 | grad norm: {gnorm[i]:.3f} | "
+                "number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+            )
+
+
+def write_monitor(root: Path, rows: int) -> int:
+    """A TrainerMon folder with about `rows` rows; returns the exact row count."""
+    import polars as pl
+
+    per_file_steps = 50
+    params = 250
+    steps = max(per_file_steps, -(-rows // (params * len(PREFIXES))) // per_file_steps * per_file_steps)
+    d = root / "Dec07_00-00-00-rank0-0123abcd"
+    d.mkdir(parents=True, exist_ok=True)
+    names = [f"decoder.layers.{i // 10}.mlp.linear_fc{i % 10}.weight" for i in range(params)]
+    rng = np.random.default_rng(0)
+    total = 0
+    for prefix in PREFIXES:
+        micro = prefix in ("actv", "actv_grad")
+        for a in range(0, steps, per_file_steps):
+            n = per_file_steps * params
+            step = np.repeat(np.arange(a, a + per_file_steps), params)
+            cols = {"vpp_stage": np.zeros(n, np.int64), "name": names * per_file_steps, "step": step}
+            if micro:
+                cols["micro_step"] = np.zeros(n, np.int64)
+            base = rng.random(n)
+            cols.update(
+                {
+                    "norm": np.round(base * 10, 6),
+                    "min": np.round(-base, 6),
+                    "max": np.round(base, 6),
+                    "zeros": np.round(base * 0.01, 6),
+                    "nans": np.zeros(n),
+                    "mean": np.round(base * 1e-3, 6),
+                    "shape": ["[4096, 4096]"] * n,
+                    "dtype": ["torch.bfloat16"] * n,
+                }
+            )
+            pl.DataFrame(cols).write_csv(d / f"{prefix}_{a}-{a + per_file_steps - 1}.csv")
+            total += n
+    return total
+
+
+def timed(cmd: list[str], repeat: int) -> tuple[float, float, str]:
+    """(wall s, CPU s of the process: user + system, all its threads, output) of the fastest of `repeat` runs."""
+    best, cpu, out = float("inf"), 0.0, ""
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout, stderr = proc.communicate()
+        wall = time.perf_counter() - t0
+        used = _child_cpu()
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed: {stderr.strip()}")
+        if wall < best:
+            best, cpu, out = wall, used, stdout
+    return best, cpu, out
+
+
+_CPU_SEEN = [0.0]
+
+
+def _child_cpu() -> float:
+    """CPU seconds of the children reaped since the last call."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = r.ru_utime + r.ru_stime
+    used, _CPU_SEEN[0] = total - _CPU_SEEN[0], total
+    return used
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--monitor-rows", type=int, default=20_000_000)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--data", type=Path, default=DATA)
+    args = ap.parse_args()
+    exe = str(Path(sys.executable).with_name("dumpstore"))
+    data = args.data
+    data.mkdir(parents=True, exist_ok=True)
+    logs = {"ref": data / f"ref_{args.steps}.log", "target": data / f"target_{args.steps}.log"}
+    if not logs["ref"].exists() or not logs["target"].exists():
+        write_log(logs["ref"], args.steps, seed=0, lr_change=None)
+        write_log(logs["target"], args.steps, seed=1, lr_change=int(args.steps * 0.6))
+    mon = data / f"monitor_{args.monitor_rows}"
+    stamp = data / f"monitor_{args.monitor_rows}.rows"
+    if not stamp.exists():
+        shutil.rmtree(mon, ignore_errors=True)
+        n_rows = write_monitor(mon, args.monitor_rows)
+        stamp.write_text(str(n_rows))
+    n_rows = int(stamp.read_text())
+    store = data / "store"
+    shutil.rmtree(store, ignore_errors=True)
+    results = {"cores": os.cpu_count(), "load": os.getloadavg()[0]}
+    _child_cpu()
+    for run, log in logs.items():
+        wall, cpu, _ = timed([exe, "longrun-ingest", str(log), "--run", run, "--store", str(store)], args.repeat)
+        results[f"ingest_log_{run}_s"] = round(wall, 3)
+        results[f"ingest_log_{run}_cpu_s"] = round(cpu, 3)
+    wall, cpu, out = timed(
+        [exe, "curves", "--target", "target", "--ref", "ref", "--store", str(store), "--json"], args.repeat
+    )
+    doc = json.loads(out)
+    results["curves_s"] = round(wall, 3)
+    results["curves_cpu_s"] = round(cpu, 3)
+    results["curves_points"] = doc["n_points"]
+    results["curves_divergence_step"] = doc["divergence"]["step"]
+    results["curves_lr_mismatch_step"] = (doc["lr_mismatch"] or {}).get("step")
+    wall, cpu, _ = timed([exe, "longrun-ingest", str(mon), "--run", "mon", "--store", str(store)], args.repeat)
+    results["monitor_rows"] = n_rows
+    results["monitor_ingest_s"] = round(wall, 3)
+    results["monitor_ingest_cpu_s"] = round(cpu, 3)
+    results["monitor_rows_per_s"] = round(n_rows / wall)
+    results["load_after"] = os.getloadavg()[0]
+    print(json.dumps(results, indent=2))
+    (data / "results.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

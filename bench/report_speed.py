@@ -1,0 +1,73 @@
+#!/usr/bin/env python
+"""The HTML report's speed: writing a large page, and drawing it in headless Chromium (measured, not asserted).
+
+Usage::
+
+    python bench/report_speed.py            # weight_1pct_stats vs ref_stats over 30 steps (~4,300 ops, 13,590 rows)
+    python bench/report_speed.py --repeat 5
+
+Prints the seconds `report.write_html` takes for the page, and from Chromium (when one is installed; see
+tests/browser.py) the page's own `render-ms` (charts drawn) and `data-first-paint-ms`, best of `--repeat` runs.
+The tests check what the page holds; how fast it is made lives here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "tests"))  # tests/browser.py: the headless Chromium driver
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    import polars as pl
+
+    from dumpstore._ingest import ingest
+    from dumpstore.analysis import report
+    from dumpstore.analysis._divergence import divergence
+    from dumpstore.store import open_store
+
+    with tempfile.TemporaryDirectory(prefix="report-speed-") as tmp:
+        root = Path(tmp)
+        for run in ("weight_1pct_stats", "ref_stats"):
+            ingest(ROOT / "sample_dumps" / run, run, store=root / "store", jobs=1)
+        st = open_store(root / "store")
+        base = report.analyze(st, "weight_1pct_stats", "ref_stats")
+        rows = pl.concat([base.cmp.rows.with_columns(pl.col("step") + 3 * i) for i in range(10)])
+        cmp = dataclasses.replace(base.cmp, rows=rows)
+        verdict = divergence(cmp)
+        path = root / "big.html"
+        writes = []
+        for _ in range(a.repeat):
+            t0 = time.perf_counter()
+            report.write_html(cmp, verdict, base.overflow, st, path)
+            writes.append(time.perf_counter() - t0)
+        print(f"write_html: {min(writes):.2f} s best of {a.repeat} ({rows.height} rows)")
+        import browser
+
+        if browser.chromium() is None:
+            print(f"chromium: skipped ({browser.why_no_chromium()})")
+            return 0
+        drawn, paint = [], []
+        for _ in range(a.repeat):
+            dom = browser.load(path).dom
+            drawn.append(int(re.search(r'id="render-ms">(\d+)<', dom).group(1)))
+            p = re.search(r'data-first-paint-ms="(\d*)"', dom).group(1)
+            if p:
+                paint.append(int(p))
+        print(f"chromium: charts drawn after {min(drawn)} ms, first paint {min(paint) if paint else '-'} ms (best)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

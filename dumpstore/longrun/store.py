@@ -1,0 +1,241 @@
+"""Long runs in the store: their own catalog and Parquet tables, next to the dump runs.
+
+  <store>/longruns.parquet                              the catalog: one row per long run
+  <store>/longrun/scalars/run=<run>/part-<id>.parquet   rank, step, consumed_samples, tag, value
+  <store>/longrun/monitor/run=<run>/part-<id>.parquet   the monitor statistics (see longrun.monitor)
+
+A long run is cataloged apart from the dump runs (runs.parquet): the commands that read dumps never meet a run
+with no tensors, and a name may be both a dump run and a long run (a job's dump and its log). Re-ingesting a
+run replaces it whole (the new files are written first, the catalog row is swapped under a lock, the old files
+are then removed). DuckDB views `scalars`, `monitor` and `longruns` are created in every connection of the
+store (`dumpstore query`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ..errors import StoreError
+from ..store import Store, open_store
+
+CATALOG = "longruns.parquet"
+BASE = "longrun"
+KINDS = ("scalars", "monitor")
+
+SCALAR_SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("consumed_samples", pa.int64()),
+        pa.field("tag", pa.string()),
+        pa.field("value", pa.float64()),
+    ]
+)
+MONITOR_SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("micro_step", pa.int64()),
+        pa.field("vpp_stage", pa.int64()),
+        pa.field("prefix", pa.string()),
+        pa.field("name", pa.string()),
+        pa.field("module", pa.string()),
+        pa.field("param", pa.string()),
+        pa.field("direction", pa.string()),
+        pa.field("io", pa.string()),
+        pa.field("seq", pa.int32()),
+        pa.field("norm", pa.float64()),
+        pa.field("min", pa.float64()),
+        pa.field("max", pa.float64()),
+        pa.field("mean", pa.float64()),
+        pa.field("zeros", pa.float64()),
+        pa.field("nans", pa.float64()),
+        pa.field("shape", pa.list_(pa.int64())),
+        pa.field("dtype", pa.string()),
+        pa.field("missing", pa.bool_()),
+    ]
+)
+SCHEMAS = {"scalars": SCALAR_SCHEMA, "monitor": MONITOR_SCHEMA}
+CATALOG_SCHEMA = pa.schema(
+    [
+        pa.field("run", pa.string()),
+        pa.field("ingest_id", pa.string()),
+        pa.field("kinds", pa.list_(pa.string())),
+        pa.field("formats", pa.list_(pa.string())),
+        pa.field("sources", pa.list_(pa.string())),
+        pa.field("tags", pa.list_(pa.string())),
+        pa.field("ranks", pa.list_(pa.int64())),
+        pa.field("first_step", pa.int64()),
+        pa.field("last_step", pa.int64()),
+        pa.field("n_scalars", pa.int64()),
+        pa.field("n_monitor", pa.int64()),
+        pa.field("created_at", pa.string()),
+    ]
+)
+
+
+@dataclass
+class LongRun:
+    """What one ingest of a long run read."""
+
+    run: str
+    scalars: pa.Table | None = None
+    monitor: Any = None  # pa.Table or a polars DataFrame (read_monitor_frame)
+    formats: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+
+
+def catalog(store: Store) -> pa.Table:
+    from ..parquetio import read_table
+
+    path = store.root / CATALOG
+    if not path.exists():
+        return CATALOG_SCHEMA.empty_table()
+    return read_table(path)
+
+
+def run_row(store: Store, run: str) -> dict[str, Any]:
+    rows = catalog(store).to_pylist()
+    for row in rows:
+        if row["run"] == run:
+            return dict(row)
+    known = ", ".join(r["run"] for r in rows) or "none"
+    raise StoreError(
+        f"long run {run!r} is not in store {store.root} (long runs: {known}); ingest its log, TensorBoard "
+        f"events or monitor output first: dumpstore longrun-ingest PATH --run {run}"
+    )
+
+
+def files(store: Store, kind: str, runs: list[str] | None = None) -> list[str]:
+    out = []
+    for row in catalog(store).to_pylist():
+        if (runs is None or row["run"] in runs) and kind in (row["kinds"] or []):
+            path = store.root / BASE / kind / f"run={row['run']}" / f"part-{row['ingest_id']}.parquet"
+            if path.exists():
+                out.append(str(path))
+    return out
+
+
+def read(store: Store, kind: str, run: str) -> pa.Table:
+    """The `kind` table of one long run (empty with the schema when the run has none)."""
+    from ..parquetio import read_table
+
+    row = run_row(store, run)
+    path = store.root / BASE / kind / f"run={run}" / f"part-{row['ingest_id']}.parquet"
+    if kind not in (row["kinds"] or []) or not path.exists():
+        return SCHEMAS[kind].empty_table()
+    return read_table(path)
+
+
+def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
+    """Publish a long run (replacing one of the same name); returns its catalog row."""
+    from ..lock import hold
+    from ..parquetio import write_table
+    from ..store import store_errors
+
+    with store_errors(path):
+        store = open_store(path, create=True)
+        ingest_id = uuid.uuid4().hex[:12]
+        kinds, written = [], []
+        try:
+            for kind, table in (("scalars", lr.scalars), ("monitor", lr.monitor)):
+                if table is None or _rows(table) == 0:
+                    continue
+                dest = store.root / BASE / kind / f"run={lr.run}" / f"part-{ingest_id}.parquet"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                written.append(dest)
+                if isinstance(table, pa.Table):
+                    write_table(table.select(SCHEMAS[kind].names).cast(SCHEMAS[kind]), dest)
+                else:  # a polars frame (the monitor: categorical names written as dictionary codes)
+                    table.select(SCHEMAS[kind].names).write_parquet(dest, compression="snappy")
+                kinds.append(kind)
+            row = _row(lr, ingest_id, kinds)
+            locks = store.root / ".locks"
+            locks.mkdir(parents=True, exist_ok=True)
+            with hold(locks / "longruns.lock", f"long-run catalog of store {store.root}"):
+                rows = [r for r in catalog(store).to_pylist() if r["run"] != lr.run]
+                rows.append(row)
+                rows.sort(key=lambda r: r["run"])
+                tmp = store.root / f".{CATALOG}.{os.getpid()}.tmp"
+                write_table(pa.Table.from_pylist(rows, CATALOG_SCHEMA), tmp)
+                os.replace(tmp, store.root / CATALOG)
+        except BaseException:
+            for p in written:
+                p.unlink(missing_ok=True)
+            raise
+        for kind in KINDS:  # the replaced ingest's files (readers hold open files: unlinking is safe)
+            d = store.root / BASE / kind / f"run={lr.run}"
+            for p in d.glob("part-*.parquet") if d.is_dir() else []:
+                if p.name != f"part-{ingest_id}.parquet":
+                    p.unlink(missing_ok=True)
+    return row
+
+
+def _rows(table: Any) -> int:
+    return table.num_rows if isinstance(table, pa.Table) else table.height
+
+
+def _row(lr: LongRun, ingest_id: str, kinds: list[str]) -> dict[str, Any]:
+    import polars as pl
+
+    steps: list[int] = []
+    ranks: set[int] = set()
+    tags: list[str] = []
+    for table in (lr.scalars, lr.monitor):
+        if table is None or _rows(table) == 0:
+            continue
+        df = pl.from_arrow(table.select(["step", "rank"])) if isinstance(table, pa.Table) else table
+        assert isinstance(df, pl.DataFrame)
+        agg = df.select(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
+        steps += [agg.item(0, "lo"), agg.item(0, "hi")]
+        ranks |= set(df.get_column("rank").unique().to_list())
+    if lr.scalars is not None and _rows(lr.scalars):
+        import pyarrow.compute as pc
+
+        tags = sorted(pc.unique(lr.scalars.column("tag")).to_pylist())
+    return {
+        "run": lr.run,
+        "ingest_id": ingest_id,
+        "kinds": kinds,
+        "formats": sorted(set(lr.formats)),
+        "sources": lr.sources,
+        "tags": tags,
+        "ranks": sorted(ranks),
+        "first_step": min(steps) if steps else None,
+        "last_step": max(steps) if steps else None,
+        "n_scalars": _rows(lr.scalars) if lr.scalars is not None else 0,
+        "n_monitor": _rows(lr.monitor) if lr.monitor is not None else 0,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def create_views(con, store: Store) -> None:
+    """Views `scalars`, `monitor` (with a `run` column) and `longruns` in a DuckDB connection of the store."""
+    cat = catalog(store)
+    con.register("__longruns", cat)
+    con.execute("CREATE OR REPLACE VIEW longruns AS SELECT * FROM __longruns")
+    for kind in KINDS:
+        paths = files(store, kind)
+        if paths:
+            lst = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+            con.execute(
+                f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM read_parquet({lst}, hive_partitioning=true, "
+                "hive_types={'run': 'VARCHAR'})"
+            )
+        else:
+            con.register(f"__empty_{kind}", SCHEMAS[kind].empty_table())
+            con.execute(
+                f"CREATE OR REPLACE VIEW {kind} AS SELECT CAST(NULL AS VARCHAR) AS run, * "
+                f"FROM __empty_{kind} WHERE false"
+            )
+
+
+def source_path(p: Path) -> str:
+    return str(p.resolve())

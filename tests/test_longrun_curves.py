@@ -1,0 +1,210 @@
+"""`curves`, the monitor culprit and long-run health, on runs with answers by construction: SGD curves in numpy
+(tests/longrun/synth.py: a learning-rate change from a step, a spike, clean reruns) and the real msprobe monitor
+runs of tests/longrun/gen_monitor.py (one layer's gradient rounded to bfloat16 from step 60)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+import browser
+from dumpstore.analysis.curves import compare_curves
+from dumpstore.analysis.curves_html import render
+from dumpstore.analysis.longrun_culprit import compare_long_runs
+from dumpstore.analysis.longrun_health import long_run_health
+from dumpstore.cli.main import main
+from dumpstore.longrun.ingest import ingest_longrun
+from dumpstore.longrun.logs import read_log
+from dumpstore.longrun.store import LongRun, write
+from dumpstore.store import open_store
+
+sys.path.insert(0, str(Path(__file__).parent / "longrun"))
+import gen_monitor  # noqa: E402
+from longrun_synth import megatron_log, sgd_run  # noqa: E402
+
+STEPS, N = 3000, 1200
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory) -> dict[str, pa.Table]:
+    d = tmp_path_factory.mktemp("curves")
+    runs = {
+        "ref": sgd_run(STEPS, data_seed=0),
+        "rerun": sgd_run(STEPS, data_seed=0),  # a bitwise rerun
+        "other_order": sgd_run(STEPS, data_seed=2),  # a clean rerun with another data order
+        "ref2": sgd_run(STEPS, data_seed=1),
+        "lr15": sgd_run(STEPS, data_seed=0, lr_factor_from=(N, 1.5)),
+        "spike": sgd_run(STEPS, data_seed=0, spike_at=2500),
+    }
+    return {k: read_log(megatron_log(d / f"{k}.log", v))[0] for k, v in runs.items()}
+
+
+def test_lr_change_found_at_its_step(logs):
+    rep = compare_curves(logs["lr15"], logs["ref"], names=("lr15", "ref", None))
+    assert rep.lr_mismatch is not None
+    assert rep.lr_mismatch.step == N and rep.lr_mismatch.ratio == pytest.approx(1.5, rel=1e-5)
+    assert rep.lr_mismatch.share_after == 1.0
+    # the loss first differs at N + 1 (the update of iteration N is the first with the new lr); stated window:
+    # within one smoothing window (w = n / 200 = 15 points) after it
+    assert N + 1 <= rep.divergence.step <= N + 1 + rep.window
+    assert rep.divergence.kind == "offset"
+    crit = {c.name: c.passed for c in rep.criteria}
+    assert crit["within_noise_band"] is False and crit["first_step_loss"] is True
+
+
+@pytest.mark.parametrize("target", ["rerun", "other_order"])
+def test_clean_reruns_are_quiet(logs, target):
+    for ref2 in (None, logs["ref2"]):
+        rep = compare_curves(logs[target], logs["ref"], ref2, names=(target, "ref", "ref2" if ref2 else None))
+        assert rep.divergence.step is None
+        assert rep.lr_mismatch is None and rep.spikes == [] and rep.events == []
+        assert rep.band_source.startswith("rerun" if ref2 is not None else "the difference's own")
+
+
+def test_spike_found_in_its_run_only(logs):
+    rep = compare_curves(logs["spike"], logs["ref"], names=("spike", "ref", None))
+    assert [(s.run, s.step, s.rule) for s in rep.spikes] == [("spike", 2500, "factor10")]
+    assert rep.divergence.step is None  # one step is not a divergence
+
+
+def test_align_by_samples(logs):
+    t = logs["ref"]
+    doubled = t.set_column(2, "consumed_samples", pa.compute.multiply(t.column("consumed_samples"), 2))
+    rep = compare_curves(doubled, t, names=("big_batch", "ref", None), by="samples")
+    assert rep.n_points == STEPS // 2 and rep.first_x == 32 and rep.last_x == 16 * STEPS
+
+
+@pytest.fixture(scope="module")
+def monitor_store(tmp_path_factory):
+    pytest.importorskip("msprobe")
+    gen = gen_monitor.ensure()
+    store = tmp_path_factory.mktemp("mon") / "store"
+    for run in ("ref", "ref2", "drift", "scaled"):
+        ingest_longrun([gen / run], run, store=store)
+    return store
+
+
+def test_culprit_is_the_drifting_layer_before_the_loss(monitor_store):
+    rep = compare_long_runs(open_store(monitor_store), "drift", "ref")
+    c = rep.culprit
+    assert c is not None and c["first"] is not None
+    first = c["first"]
+    assert first["param"] == "layers.2.weight" and first["step"] == 60
+    assert first["prefix"] in ("grad_unreduced", "grad_reduced")
+    assert c["loss_step"] is None or c["loss_step"] > 60  # the loss moves later, if at all
+    assert c["handoff"]["steps"] == [59, 60]
+    cfg = c["handoff"]["config"]
+    assert cfg["task"] == "tensor" and cfg["step"] == [59, 60] and cfg["tensor"]["list"] == ["layers.2."]
+
+
+def test_culprit_named_before_the_loss(monitor_store):
+    """One layer's gradient 5 % too large from step 60: its grad_reduced norm moves at step 60, the loss at
+    iteration 62 (monitor step 61: the first loss computed with weights updated by the faulty step)."""
+    rep = compare_long_runs(open_store(monitor_store), "scaled", "ref")
+    assert rep.divergence.step == 62
+    c = rep.culprit
+    assert (c["first"]["prefix"], c["first"]["param"], c["first"]["step"]) == ("grad_reduced", "layers.2.weight", 60)
+    assert c["first"]["rel_diff"] == pytest.approx(0.05, rel=1e-3)
+    assert c["loss_step"] == 61
+
+
+def test_culprit_quiet_on_a_clean_rerun(monitor_store):
+    rep = compare_long_runs(open_store(monitor_store), "ref2", "ref")
+    assert rep.culprit is not None and rep.culprit["first"] is None and rep.divergence.step is None
+    rep = compare_long_runs(open_store(monitor_store), "drift", "ref", "ref2")  # band from the rerun
+    assert rep.culprit["first"]["param"] == "layers.2.weight" and rep.culprit["first"]["step"] == 60
+
+
+def test_cli_curves_outputs(monitor_store):
+    base = ["curves", "--target", "drift", "--ref", "ref", "--store", str(monitor_store)]
+    r = CliRunner().invoke(main, base)
+    assert r.exit_code == 0, r.output
+    assert "first to move: grad_" in r.output and "layers.2.weight" in r.output
+    assert '"step": [59, 60]' in r.output
+    r = CliRunner().invoke(main, [*base, "--json"])
+    doc = json.loads(r.output)
+    assert doc["culprit"]["first"]["step"] == 60 and len(doc["criteria"]) == 4
+    r = CliRunner().invoke(main, [*base, "--csv"])
+    assert r.output.splitlines()[0] == "x,target,ref,diff,smoothed,band,out" and len(r.output.splitlines()) == 121
+    r = CliRunner().invoke(main, ["curves", "--target", "drift", "--ref", "nope", "--store", str(monitor_store)])
+    assert r.exit_code == 1 and "long run 'nope' is not in store" in r.output
+
+
+def _scalars(values: dict[str, list[float]]) -> pa.Table:
+    rows = [(i + 1, tag, v) for tag, vals in values.items() for i, v in enumerate(vals)]
+    return pa.table(
+        {
+            "rank": [0] * len(rows),
+            "step": [r[0] for r in rows],
+            "consumed_samples": pa.nulls(len(rows), pa.int64()),
+            "tag": [r[1] for r in rows],
+            "value": [float(r[2]) for r in rows],
+        }
+    )
+
+
+def test_health_findings(tmp_path):
+    store = tmp_path / "store"
+    n = 200
+    loss = [5.0 - 0.01 * i for i in range(150)] + [3.0] * 50  # constant tail
+    loss[40] = float("nan")
+    grad = [1.0] * n
+    grad[120] = 50.0
+    scale = [65536.0 / 2 ** min(i // 10, 17) for i in range(n)]  # halves every 10 steps, below 1 at the end
+    write(store, LongRun("sick", scalars=_scalars({"loss": loss, "grad_norm": grad, "loss_scale": scale})))
+    rep = long_run_health(open_store(store), "sick")
+    got = {f.check: (f.status, f.step) for f in rep.findings}
+    assert got["nonfinite_loss"] == ("fail", 41)
+    assert got["constant_loss"] == ("fail", 181)
+    assert got["grad_explosion"] == ("warn", 121)
+    assert got["loss_scale"][0] == "fail"
+    r = CliRunner().invoke(main, ["curves", "--run", "sick", "--health", "--store", str(store)])
+    assert r.exit_code == 0 and "FAIL  nonfinite_loss at step 41" in r.output
+
+
+def test_health_not_converging_and_zero(tmp_path):
+    store = tmp_path / "store"
+    write(store, LongRun("flat", scalars=_scalars({"loss": [2.0 + 0.001 * (i % 7) for i in range(100)]})))
+    write(store, LongRun("zero", scalars=_scalars({"loss": [1.0] * 50 + [0.0] * 50})))
+    flat = {f.check: f.status for f in long_run_health(open_store(store), "flat").findings}
+    assert flat["not_converging"] == "warn"
+    zero = {f.check: (f.status, f.step) for f in long_run_health(open_store(store), "zero").findings}
+    assert zero["zero_loss"] == ("fail", 51)
+
+
+def test_monitor_only_runs_and_update_ratio(tmp_path):
+    pytest.importorskip("msprobe")
+    gen = gen_monitor.ensure()
+    store = tmp_path / "store"
+    ingest_longrun([gen / "drift" / "monitor"], "d", store=store)
+    ingest_longrun([gen / "ref" / "monitor"], "r", store=store)
+    r = CliRunner().invoke(main, ["curves", "--target", "d", "--ref", "r", "--store", str(store)])
+    assert r.exit_code == 0, r.output
+    assert "no curves" in r.output and "first to move: grad_reduced layers.2.weight" in r.output
+    ingest_longrun([gen / "allprefix" / "monitor"], "a", store=store)
+    checks = {f.check for f in long_run_health(open_store(store), "a").findings}
+    assert "update_ratio" in checks  # param_origin and param_updated of every parameter
+
+
+def test_html_page_draws_in_chromium(logs, tmp_path):
+    name = "lr</script><img src=x onerror=alert(1)>"
+    rep = compare_curves(logs["lr15"], logs["ref"], names=(name, "ref", None))
+    text = render(rep, "summary")
+    assert "<img src=x" not in text  # escaped in markup and in the page's JSON
+    data = json.loads(re.search(r'id="curves-data">(.*?)</script>', text, re.DOTALL).group(1))
+    assert data["divergence"] == rep.divergence.step and data["lr_step"] == N
+    assert len(data["curves"]) == 2 and len(data["curves"][0]["x"]) == STEPS  # under 2 x 2000: every point
+    if browser.chromium() is None:
+        pytest.skip(browser.why_no_chromium())
+    path = tmp_path / "curves.html"
+    path.write_text(text)
+    page = browser.load(path)
+    assert not page.console_errors, page.console_errors[:5]
+    assert page.dom.count('class="main-svg"') >= 2
+    assert re.search(r'id="render-ms">\d+<', page.dom)

@@ -1,0 +1,189 @@
+"""The noise model as a method (issue 23), on small real dump pairs written by the dump factory and on the
+cross-device samples: the matmul class's compute precision inferred from the pair, discrete flips on near ties,
+the optimizer's update ratios against their own spread, and a second reference run as a noise band."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dumpstore import ingest, open_store
+from dumpstore.analysis import compare_runs, divergence
+from dumpstore.analysis.noise import OPT_FLOOR, update_evidence
+from dumpstore.analysis.prior import is_matmul
+from helpers import SAMPLES
+
+MODES = ("tensor", "statistics")
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32)
+
+
+def _tf32(a: np.ndarray) -> np.ndarray:
+    """Round float32 values to 10 mantissa bits (half away from zero on the bit pattern), as TF32 inputs are."""
+    bits = _f32(a).view(np.int32)
+    return ((bits + (1 << 12)) & -(1 << 13)).view(np.float32)
+
+
+def _ingest_pair(dump_writer, store_dir, mode: str, ref: dict, target: dict):
+    for name, recs in (("ref", ref), ("target", target)):
+        w = dump_writer(name, mode)
+        w.write(recs)
+        ingest(w.root, name, store=store_dir, jobs=1)
+    return open_store(store_dir)
+
+
+def _linears(rng, n: int, tf32: bool, faulty: int | None = None) -> dict:
+    """`n` linear records on the same (agreeing) input; the target's matmuls run on TF32-rounded inputs and
+    record `faulty` (if any) has its weight 1 % larger in the target."""
+    x = _f32(rng.normal(size=(16, 64)))
+    recs = {}
+    for i in range(n):
+        w = _f32(rng.normal(size=(32, 64)) / 8)
+        w_used = _f32(w * 1.01) if i == faulty else w
+        y = _tf32(x).astype(np.float64) @ _tf32(w_used).astype(np.float64).T if tf32 else x @ w_used.T
+        recs[f"Functional.linear.{i}.forward"] = {"input_args": [x, w_used], "output": [_f32(y)]}
+    return recs
+
+
+def test_matmul_class_names():
+    for api in ("linear", "Functional.linear", "__matmul__", "Torch.bmm", "npu_bmmV2", "conv2d", "baddbmm", "einsum"):
+        assert is_matmul(api), api
+    for api in ("gelu", "layer_norm", "softmax", "__add__", "embedding", "sum", "Tensor.summ", "comm", None):
+        assert not is_matmul(api), api
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tf32_matmuls_are_judged_at_tf32(dump_writer, store_dir, mode):
+    ref = _linears(np.random.default_rng(0), 5, tf32=False)
+    tgt = _linears(np.random.default_rng(0), 5, tf32=True)
+    cmp = compare_runs(_ingest_pair(dump_writer, store_dir, mode, ref, tgt), "target", "ref")
+    assert cmp.precision["matmul"] == "tf32" and "TF32/HF32" in cmp.precision["note"]
+    assert set(cmp.rows.filter(cmp.rows["io"] == "output")["tol_dtype"]) == {"tf32"}
+    v = divergence(cmp)
+    assert v.culprit is None and v.first_divergence is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_weight_fault_stands_out_of_tf32_noise(dump_writer, store_dir, mode):
+    ref = _linears(np.random.default_rng(0), 6, tf32=False)
+    tgt = _linears(np.random.default_rng(0), 6, tf32=True, faulty=5)
+    v = divergence(compare_runs(_ingest_pair(dump_writer, store_dir, mode, ref, tgt), "target", "ref"))
+    assert v.culprit is not None and v.culprit.op == "Functional.linear.5.forward"
+
+
+def test_one_matmul_is_no_evidence_of_a_lower_precision(dump_writer, store_dir):
+    """A single fresh matmul off by TF32 rounding is not a class: float32 judges it (a culprit)."""
+    ref = _linears(np.random.default_rng(0), 1, tf32=False)
+    tgt = _linears(np.random.default_rng(0), 1, tf32=True)
+    cmp = compare_runs(_ingest_pair(dump_writer, store_dir, "tensor", ref, tgt), "target", "ref")
+    assert "matmul" not in cmp.precision
+    v = divergence(cmp)
+    assert v.culprit is not None and v.culprit.kind == "op"
+
+
+def _topk(x: np.ndarray, x_t: np.ndarray) -> tuple[dict, dict]:
+    def rec(v):
+        idx = np.argmax(v, axis=-1)
+        vals = np.take_along_axis(v, idx[:, None], -1)
+        return {
+            "Torch.topk.0.forward": {
+                "input_args": [v, {"type": "int", "value": 1}],
+                "output": [_f32(vals), idx[:, None].astype(np.int64)],
+            }
+        }
+
+    return rec(x), rec(x_t)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_top1_flip_on_a_near_tie_is_noise(dump_writer, store_dir, mode):
+    rng = np.random.default_rng(3)
+    x = _f32(rng.normal(size=(8, 4)))
+    x[:, 1] = _f32(x[:, 0] * (1 + 1e-6))  # experts 0 and 1 tied for every token
+    x[:, 2:] = -10.0
+    x_t = x.copy()
+    x_t[0, 0], x_t[0, 1] = x[0, 1], x[0, 0]  # one token's tie broken the other way: values equal, index flips
+    ref, tgt = _topk(x, x_t)
+    v = divergence(compare_runs(_ingest_pair(dump_writer, store_dir, mode, ref, tgt), "target", "ref"))
+    if mode == "statistics" and v.counts.get("diverged", 0) == 0:
+        return  # msprobe keeps only max/min of int64: a flip inside the range is invisible
+    assert v.culprit is None and v.first_divergence is None
+    assert v.noise["discrete_flips"][0]["op"] == "Torch.topk.0.forward"
+
+
+def test_top1_flip_without_a_tie_is_a_fault(dump_writer, store_dir):
+    rng = np.random.default_rng(4)
+    x = _f32(rng.normal(size=(8, 4)))
+    x_t = x.copy()
+    x_t[0] = -x[0]  # a different choice because the scores differ: no tie
+    ref, tgt = _topk(x, x_t)
+    v = divergence(compare_runs(_ingest_pair(dump_writer, store_dir, "tensor", ref, tgt), "target", "ref"))
+    assert v.culprit is not None
+
+
+def _optimizer_rows(ratios: np.ndarray, seed: int = 0):
+    """Two steps of parameters whose target update is `ratios` x the reference's (statistics columns)."""
+    import polars as pl
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i, r in enumerate(ratios):
+        p0 = rng.normal(size=256)
+        u = rng.normal(size=256) * 1e-2
+        for step, (t, ref) in enumerate(((p0, p0), (p0 - r * u, p0 - u))):
+            row = {"step": step, "rank": 0, "source": "", "_record": f"Functional.linear.{i}.forward"}
+            row |= {"_io": "input", "index_path": "1", "numel": 256, "tol": 2.0**-13}
+            for side, v in (("", t), ("ref_", ref)):
+                row |= {f"{side}min": v.min(), f"{side}max": v.max(), f"{side}mean": v.mean()}
+                row[f"{side}norm"] = float(np.sqrt((v * v).sum()))
+            rows.append(row)
+    df = pl.DataFrame(rows)
+    return df, df.filter(pl.col("step") == 1)
+
+
+def test_update_ratios_are_judged_against_their_own_spread():
+    rng = np.random.default_rng(5)
+    noise = np.exp(rng.normal(size=40) * 0.01)  # device noise: ratios scattered by 1 % around 1
+    rows, params = _optimizer_rows(noise)
+    ev = update_evidence(rows, 0, 1, params)
+    assert ev is not None and not ev["differs"] and ev["spread"] > OPT_FLOOR
+    rows, params = _optimizer_rows(noise * 1.05)  # a 5 % learning-rate change on top of the same noise
+    ev = update_evidence(rows, 0, 1, params)
+    assert ev is not None and ev["differs"] and ev["median_ratio"] == pytest.approx(1.05, rel=0.01)
+    rows, params = _optimizer_rows(np.full(40, 1.01))  # 1 % on noise-free (fp32) updates
+    ev = update_evidence(rows, 0, 1, params)
+    assert ev is not None and ev["differs"] and ev["bar"] == OPT_FLOOR
+
+
+# ---------------------------------------------------------------------------------------- --noise-ref (samples)
+XDEV = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text())["device_noise_cases"]}
+
+
+@pytest.fixture(scope="module")
+def xdev_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("noise_ref")
+    for name in ("xdev_ref_stats", "xdev_clean_stats", "xdev_clean2_stats", "xdev_weight5pct_stats"):
+        ingest(SAMPLES / XDEV[name]["path"], name, store=root, jobs=1)
+    return open_store(root)
+
+
+def test_noise_ref_widens_each_tensors_band(xdev_store):
+    cmp = compare_runs(xdev_store, "xdev_clean_stats", "xdev_ref_stats", noise_ref="xdev_clean2_stats")
+    assert cmp.precision["noise_ref"] == "xdev_clean2_stats"
+    banded = cmp.rows.filter(cmp.rows["noise_band"].is_not_null())
+    assert banded.height > 0 and (banded["tol"] >= banded["noise_band"]).all()
+    floats = cmp.rows.filter((cmp.rows["kind"] == "tensor") & (cmp.rows["tol"] > 0))
+    assert (floats["tol"] >= 2.0**-6).all()  # never below the prior (bf16)
+    v = divergence(cmp)
+    assert v.culprit is None and v.first_divergence is None
+
+
+def test_noise_ref_keeps_a_fault(xdev_store):
+    cmp = compare_runs(xdev_store, "xdev_weight5pct_stats", "xdev_ref_stats", noise_ref="xdev_clean2_stats")
+    v = divergence(cmp)
+    exp = XDEV["xdev_weight5pct_stats"]["expected"]["culprit"]
+    assert v.culprit is not None and (v.culprit.step, v.culprit.op) == (exp["step"], exp["op"])

@@ -1,0 +1,577 @@
+"""Simulated device kernels for the held-out validation set: each changes values at the rounding level only.
+
+A "device" is a set of replacements for torch API functions (``torch.nn.functional.linear``, ``torch.matmul``,
+``softmax``, ``rsqrt``, ``silu``, ``gelu``, ``layer_norm``). Each replacement computes the same mathematical
+function another way -- another summation order or blocking, another exp/erf/rsqrt formula, another rounding of
+the fp32 accumulator -- in fp32 and returns a tensor of the dtype the stock kernel returns. They are installed on
+the ``torch`` modules *before* msprobe wraps the API, so msprobe records them under the stock names
+(``Functional.linear``, ``Torch.matmul``, ...), with the noisy values, and their backward comes from autograd
+through the replacement (so gradients carry the device's rounding too).
+
+Every replacement is differentiable by composition of torch ops (no custom ``autograd.Function`` whose Python
+backward msprobe would record as new API calls) and checks itself against the stock kernel on every call: a
+relative L2 difference above ``GUARD[dtype]`` raises (a replacement must never change more than rounding).
+
+``measure()`` prints the magnitudes documented in docs/validation.md (relative L2 error against float64).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+
+import torch
+import torch.nn.functional as F
+
+LOG2E = 1.0 / math.log(2.0)
+
+# the stock functions, captured before anyone (this module or msprobe) replaces them
+_STOCK = {
+    "linear": F.linear,
+    "matmul": torch.matmul,
+    "softmax": F.softmax,
+    "rsqrt": torch.rsqrt,
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "layer_norm": F.layer_norm,
+}
+_TARGETS = {
+    "linear": (F, "linear"),
+    "matmul": (torch, "matmul"),
+    "softmax": (F, "softmax"),
+    "rsqrt": (torch, "rsqrt"),
+    "silu": (F, "silu"),
+    "gelu": (F, "gelu"),
+    "layer_norm": (F, "layer_norm"),
+}
+# largest relative L2 difference from the stock kernel a replacement may make (a few units of the dtype's rounding)
+GUARD = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rounding and summation building blocks (all in fp32, all differentiable)
+# ---------------------------------------------------------------------------------------------------------------
+class _Counter:
+    n = 0
+
+
+def stochastic_round_bf16(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> bf16 by stochastic rounding (P(up) = distance to the lower neighbour / ulp), straight-through grad.
+
+    Deterministic: the random bits come from a generator seeded by a per-process call counter.
+    """
+    x = x.float()
+    _Counter.n += 1
+    g = torch.Generator().manual_seed(1_000_003 * _Counter.n + 17)
+    with torch.no_grad():
+        bits = x.detach().contiguous().view(torch.int32)
+        r = torch.randint(0, 1 << 16, bits.shape, generator=g, dtype=torch.int32)
+        up = ((bits + r) & ~0xFFFF).view(torch.float32)
+        finite = torch.isfinite(up) & torch.isfinite(x.detach())
+        sr = torch.where(finite, up, x.detach()).to(torch.bfloat16)
+        rne = x.detach().to(torch.bfloat16)
+        delta = sr - rne  # 0 or one bf16 ulp: exact
+    return x.to(torch.bfloat16) + delta
+
+
+def pairwise_sum(t: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+    """Sum along ``dim`` as a balanced binary tree of neighbours (a GPU-style tree reduction)."""
+    t = t.movedim(dim, -1)
+    while t.shape[-1] > 1:
+        if t.shape[-1] % 2:
+            t = F.pad(t, (0, 1))
+        t = t[..., 0::2] + t[..., 1::2]
+    out = t[..., 0]
+    if keepdim:
+        out = out.unsqueeze(-1).movedim(-1, dim)
+    return out
+
+
+def _combine(parts: list[torch.Tensor], order: str) -> torch.Tensor:
+    if order == "reverse":
+        acc = parts[-1]
+        for p in reversed(parts[:-1]):
+            acc = acc + p
+        return acc
+    while len(parts) > 1:  # pairwise
+        nxt = [parts[i] + parts[i + 1] for i in range(0, len(parts) - 1, 2)]
+        if len(parts) % 2:
+            nxt.append(parts[-1])
+        parts = nxt
+    return parts[0]
+
+
+def splitk_matmul(a: torch.Tensor, b: torch.Tensor, block: int, order: str) -> torch.Tensor:
+    """a @ b in fp32 with K cut into blocks of ``block``; block partials (fp32) combined in ``order``."""
+    a32, b32 = a.float(), b.float()
+    k = a32.shape[-1]
+    mm = _STOCK["matmul"]
+    parts = [mm(a32[..., s : s + block], b32[..., s : s + block, :]) for s in range(0, k, block)]
+    return _combine(parts, order)
+
+
+def _round_to(x32: torch.Tensor, dtype: torch.dtype, rounding: str) -> torch.Tensor:
+    if dtype == torch.bfloat16 and rounding == "stochastic":
+        return stochastic_round_bf16(x32)
+    return x32.to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# alternative formulas
+# ---------------------------------------------------------------------------------------------------------------
+def softmax_exp2(x32: torch.Tensor, dim: int) -> torch.Tensor:
+    """max-subtracted, exp as exp2(x*log2 e), tree-summed, normalised by one reciprocal and a multiply."""
+    m = x32.amax(dim, keepdim=True).detach()
+    e = torch.exp2((x32 - m) * LOG2E)
+    return e * (1.0 / pairwise_sum(e, dim, keepdim=True))
+
+
+def softmax_online(x32: torch.Tensor, dim: int, chunk: int = 4) -> torch.Tensor:
+    """flash-style online softmax: running max and running sum over chunks of ``chunk``, rescaled at each chunk."""
+    xs = x32.movedim(dim, -1)
+    n = xs.shape[-1]
+    m = xs[..., :chunk].amax(-1, keepdim=True).detach()
+    s = torch.exp(xs[..., :chunk] - m).sum(-1, keepdim=True)
+    for c in range(chunk, n, chunk):
+        blk = xs[..., c : c + chunk]
+        m_new = torch.maximum(m, blk.amax(-1, keepdim=True).detach())
+        s = s * torch.exp(m - m_new) + torch.exp(blk - m_new).sum(-1, keepdim=True)
+        m = m_new
+    return (torch.exp(xs - m) / s).movedim(-1, dim)
+
+
+def rsqrt_newton(x32: torch.Tensor) -> torch.Tensor:
+    """rsqrt from an 8-bit estimate (bf16) refined by two Newton-Raphson steps in fp32."""
+    y = _STOCK["rsqrt"](x32).to(torch.bfloat16).float()
+    for _ in range(2):
+        y = y * (1.5 - 0.5 * x32 * y * y)
+    return y
+
+
+def rsqrt_div(x32: torch.Tensor) -> torch.Tensor:
+    """rsqrt as 1 / sqrt(x)."""
+    return 1.0 / torch.sqrt(x32)
+
+
+def silu_tanh(x32: torch.Tensor) -> torch.Tensor:
+    """silu(x) = x * sigmoid(x) with sigmoid(x) = 0.5 + 0.5 tanh(x/2)."""
+    return x32 * (0.5 + 0.5 * torch.tanh(0.5 * x32))
+
+
+def silu_exp2(x32: torch.Tensor) -> torch.Tensor:
+    """silu(x) = x / (1 + 2^(-x log2 e))."""
+    return x32 / (1.0 + torch.exp2(-x32 * LOG2E))
+
+
+_AS = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def erf_as(z: torch.Tensor) -> torch.Tensor:
+    """erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), a 5-term polynomial in 1/(1 + 0.3275911|z|)."""
+    az = z.abs()
+    t = 1.0 / (1.0 + 0.3275911 * az)
+    poly = t * (_AS[0] + t * (_AS[1] + t * (_AS[2] + t * (_AS[3] + t * _AS[4]))))
+    return torch.sign(z) * (1.0 - poly * torch.exp(-az * az))
+
+
+def gelu_as(x32: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x32 * (1.0 + erf_as(x32 * (1.0 / math.sqrt(2.0))))
+
+
+def layer_norm_onepass(x32, normalized_shape, weight, bias, eps):
+    """LayerNorm with the variance as E[x^2] - E[x]^2 (one pass over the data) instead of two passes."""
+    dims = tuple(range(-len(normalized_shape), 0))
+    mean = x32.mean(dims, keepdim=True)
+    var = ((x32 * x32).mean(dims, keepdim=True) - mean * mean).clamp_min(0.0)
+    y = (x32 - mean) * rsqrt_div(var + eps)
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# devices: replacements with the stock signatures
+# ---------------------------------------------------------------------------------------------------------------
+def _autocast_dtype():
+    if torch.is_autocast_enabled("cpu"):
+        return torch.get_autocast_dtype("cpu")
+    return None
+
+
+def _guard(name: str, got: torch.Tensor, stock: torch.Tensor, precision: torch.dtype | None = None) -> torch.Tensor:
+    if got.dtype != stock.dtype or got.shape != stock.shape:
+        raise AssertionError("device %s: %s %s vs stock %s %s" % (name, got.dtype, got.shape, stock.dtype, stock.shape))
+    with torch.no_grad():
+        a, b = got.detach().double(), stock.detach().double()
+        finite = torch.isfinite(b)
+        if not torch.equal(torch.isfinite(a), finite):
+            raise AssertionError("device %s: finiteness differs from the stock kernel" % name)
+        ref = b[finite].norm()
+        err = (a[finite] - b[finite]).norm() / max(ref.item(), 1e-30)
+    if err > GUARD.get(precision or stock.dtype, 2e-2):
+        raise AssertionError("device %s: rel_l2 %.3g from the stock kernel" % (name, err))
+    return got
+
+
+def _replace(name: str, out: torch.Tensor, noisy: torch.Tensor) -> None:
+    """Overwrite the stock output's values with the device's (after the guard)."""
+    _guard(name, noisy, out)
+    out.data.copy_(noisy)
+
+
+def _alias(t):
+    """A view of a tensor that needs a gradient, to hang a gradient hook on; other values as they are."""
+    if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
+        return t.view_as(t)
+    return t
+
+
+class _GradOut:
+    """Keeps the gradient arriving at an output (a tensor hook that changes nothing)."""
+
+    def __init__(self, out: torch.Tensor):
+        self.g = None
+        out.register_hook(_quiet(self._keep))
+
+    def _keep(self, g):
+        self.g = g.detach()
+
+
+def _quiet(fn):
+    """Run a backward hook with msprobe's recording off (its torch calls are the device's, not the model's)."""
+
+    def run(*args):
+        try:
+            from msprobe.core.dump.hook_manager import BaseHookManager
+        except ImportError:  # pragma: no cover - msprobe absent: nothing records
+            return fn(*args)
+        tid = threading.get_ident()
+        old = BaseHookManager.inner_switch[tid]
+        BaseHookManager.inner_switch[tid] = True
+        try:
+            with torch.no_grad():
+                return fn(*args)
+        finally:
+            BaseHookManager.inner_switch[tid] = old
+
+    return run
+
+
+def _grad_like(name: str, got: torch.Tensor, stock: torch.Tensor) -> torch.Tensor:
+    """The device's gradient in the stock gradient's dtype, guarded at the precision it was computed in."""
+    return _guard(name, got.to(stock.dtype), stock, got.dtype)
+
+
+class Device:
+    """One simulated device: a name, a description and the options of its kernels."""
+
+    def __init__(self, name, text, block, order, rounding, softmax, rsqrt, silu, gelu, layer_norm):
+        self.name, self.text = name, text
+        self.block, self.order, self.rounding = block, order, rounding
+        self.softmax, self.rsqrt, self.silu, self.gelu, self.layer_norm = softmax, rsqrt, silu, gelu, layer_norm
+        self._saved: dict = {}
+
+    # -- the replacements ------------------------------------------------------------------------------------
+    # Each runs the stock kernel (so the output's autograd node, which msprobe hooks for the backward record, is
+    # the stock one) and then overwrites the output's values with the device's (``.data``: no version bump; a
+    # stock backward that saved the output uses the device's values). linear and matmul also compute their input
+    # gradients the device's way: tensor hooks on aliases of the inputs replace the stock gradients.
+    def _rnd(self, y32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return _round_to(y32, dtype, self.rounding)
+
+    def linear(self, input, weight, bias=None):
+        cast = _autocast_dtype()
+        x_in, w_in = _alias(input), _alias(weight)
+        out = _STOCK["linear"](x_in, w_in, bias)
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            x, w, b = input.detach(), weight.detach(), bias.detach() if bias is not None else None
+            if cast is not None:
+                x, w = x.to(cast), w.to(cast)
+                b = b.to(cast) if b is not None else None
+            y = splitk_matmul(x, w.t(), self.block, self.order)
+            if b is not None:
+                y = y + b.float()
+            _replace("linear", out, self._rnd(y, out.dtype))
+        if out.requires_grad:
+            grad = _GradOut(out)
+            cdt = cast or out.dtype
+            if x_in is not input:
+                x_in.register_hook(
+                    _quiet(
+                        lambda gx: _grad_like(
+                            "linear dx", self._rnd(splitk_matmul(grad.g, w, self.block, self.order), cdt), gx
+                        )
+                    )
+                )
+            if w_in is not weight:
+                n, k = w.shape
+
+                def dw(gw):
+                    g2 = grad.g.reshape(-1, n).float()
+                    x2 = x.reshape(-1, k).float()
+                    return _grad_like(
+                        "linear dw", self._rnd(splitk_matmul(g2.t(), x2, self.block, self.order), cdt), gw
+                    )
+
+                w_in.register_hook(_quiet(dw))
+        return out
+
+    def matmul(self, input, other, *, out=None):
+        if out is not None or input.dim() < 2 or other.dim() < 2:
+            return _STOCK["matmul"](input, other, out=out)
+        cast = _autocast_dtype()
+        a_in, b_in = _alias(input), _alias(other)
+        res = _STOCK["matmul"](a_in, b_in)
+        blk = max(self.block // 4, 2)
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            a, b = input.detach(), other.detach()
+            if cast is not None:
+                a, b = a.to(cast), b.to(cast)
+            _replace("matmul", res, self._rnd(splitk_matmul(a, b, blk, self.order), res.dtype))
+        if res.requires_grad and a.shape[:-2] == b.shape[:-2]:
+            grad = _GradOut(res)
+            cdt = cast or res.dtype
+            if a_in is not input:
+                a_in.register_hook(
+                    _quiet(
+                        lambda ga: _grad_like(
+                            "matmul da", self._rnd(splitk_matmul(grad.g, b.transpose(-1, -2), blk, self.order), cdt), ga
+                        )
+                    )
+                )
+            if b_in is not other:
+                b_in.register_hook(
+                    _quiet(
+                        lambda gb: _grad_like(
+                            "matmul db", self._rnd(splitk_matmul(a.transpose(-1, -2), grad.g, blk, self.order), cdt), gb
+                        )
+                    )
+                )
+        return res
+
+    def softmax_fn(self, input, dim=None, _stacklevel=3, dtype=None):
+        out = _STOCK["softmax"](input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
+        if dim is None:
+            return out
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            x32 = (input.detach().to(dtype) if dtype is not None else input.detach()).float()
+            y = softmax_exp2(x32, dim) if self.softmax == "exp2" else softmax_online(x32, dim)
+            _replace("softmax", out, y.to(out.dtype))
+        return out
+
+    def rsqrt_fn(self, input, *, out=None):
+        res = _STOCK["rsqrt"](input, out=out) if out is not None else _STOCK["rsqrt"](input)
+        with torch.no_grad():
+            x32 = input.detach().float()
+            y = rsqrt_newton(x32) if self.rsqrt == "newton" else rsqrt_div(x32)
+            _replace("rsqrt", res, y.to(res.dtype))
+        return res
+
+    def silu_fn(self, input, inplace=False):
+        if inplace:
+            return _STOCK["silu"](input, inplace=True)
+        out = _STOCK["silu"](input)
+        with torch.no_grad():
+            x32 = input.detach().float()
+            y = silu_tanh(x32) if self.silu == "tanh" else silu_exp2(x32)
+            _replace("silu", out, y.to(out.dtype))
+        return out
+
+    def gelu_fn(self, input, approximate="none"):
+        out = _STOCK["gelu"](input, approximate=approximate)
+        if approximate == "none":
+            with torch.no_grad():
+                _replace("gelu", out, gelu_as(input.detach().float()).to(out.dtype))
+        return out
+
+    def layer_norm_fn(self, input, normalized_shape, weight=None, bias=None, eps=1e-5):
+        out = _STOCK["layer_norm"](input, normalized_shape, weight, bias, eps)
+        cast = _autocast_dtype()
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            x = input.detach()
+            w = weight.detach() if weight is not None else None
+            b = bias.detach() if bias is not None else None
+            if cast is not None:  # this device's autocast policy runs LayerNorm at the autocast dtype
+                x = x.to(cast)
+                w = w.to(cast) if w is not None else None
+                b = b.to(cast) if b is not None else None
+            y = layer_norm_onepass(x.float(), tuple(normalized_shape), w, b, eps)
+            if cast is not None:
+                y = y.to(cast)
+            noisy = y.to(out.dtype)
+            _guard("layer_norm", noisy, out, cast)
+            out.data.copy_(noisy)
+        return out
+
+    # -- installing ---------------------------------------------------------------------------------------------
+    def replacements(self) -> dict:
+        out = {"linear": self.linear, "matmul": self.matmul, "softmax": self.softmax_fn, "rsqrt": self.rsqrt_fn}
+        if self.silu:
+            out["silu"] = self.silu_fn
+        if self.gelu:
+            out["gelu"] = self.gelu_fn
+        if self.layer_norm:
+            out["layer_norm"] = self.layer_norm_fn
+        return out
+
+    def install(self) -> None:
+        for key, fn in self.replacements().items():
+            mod, attr = _TARGETS[key]
+            self._saved[key] = getattr(mod, attr)
+            setattr(mod, attr, fn)
+
+    def uninstall(self) -> None:
+        for key, fn in self._saved.items():
+            mod, attr = _TARGETS[key]
+            setattr(mod, attr, fn)
+        self._saved.clear()
+
+
+DEVICES = {
+    "A": Device(
+        "A",
+        "bf16 cube unit: matmul/linear split-K in blocks of 16 with fp32 partials combined as a tree, the fp32 "
+        "accumulator rounded to bf16 STOCHASTICALLY; softmax with exp2 and a reciprocal multiply; rsqrt from an "
+        "8-bit estimate plus 2 Newton steps; silu through tanh",
+        block=16,
+        order="pairwise",
+        rounding="stochastic",
+        softmax="exp2",
+        rsqrt="newton",
+        silu="tanh",
+        gelu=False,
+        layer_norm=False,
+    ),
+    "B": Device(
+        "B",
+        "fp32 vector unit: matmul/linear split-K in blocks of 8 with fp32 partials added in reverse block order; "
+        "online (chunked, flash-style) softmax; rsqrt as 1/sqrt; silu through exp2",
+        block=8,
+        order="reverse",
+        rounding="nearest",
+        softmax="online",
+        rsqrt="div",
+        silu="exp2",
+        gelu=False,
+        layer_norm=False,
+    ),
+    "C": Device(
+        "C",
+        "mixed precision: linear/matmul on the autocast bf16 inputs split-K in blocks of 32, fp32 partials as a "
+        "tree, rounded to nearest; an autocast policy that runs LayerNorm at bf16 (inputs, weight and output "
+        "rounded to bf16; the GPU's autocast runs it in fp32) with the variance in one pass E[x^2]-E[x]^2; GELU "
+        "through the A&S 7.1.26 erf polynomial; online softmax",
+        block=32,
+        order="pairwise",
+        rounding="nearest",
+        softmax="online",
+        rsqrt="div",
+        silu=False,
+        gelu=True,
+        layer_norm=True,
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# measured magnitudes (docs/validation.md)
+# ---------------------------------------------------------------------------------------------------------------
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a, ref = a.double(), ref.double()
+    return ((a - ref).norm() / ref.norm()).item()
+
+
+def _inputs(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "linear": (torch.randn(32, 64, generator=g), torch.randn(96, 64, generator=g) * 0.1),
+        "matmul": (torch.randn(4, 16, 12, generator=g), torch.randn(4, 12, 16, generator=g)),
+        "softmax": (torch.randn(4, 16, 16, generator=g) * 3,),
+        "rsqrt": (torch.rand(256, generator=g) * 2 + 1e-3,),
+        "silu": (torch.randn(4096, generator=g) * 2,),
+        "gelu": (torch.randn(4096, generator=g) * 2,),
+        "layer_norm": (torch.randn(32, 64, generator=g) + 0.5,),
+    }
+
+
+def _call(fn, key: str, args: tuple):
+    if key == "softmax":
+        return fn(args[0], -1)
+    if key == "layer_norm":
+        return fn(args[0], (args[0].shape[-1],))
+    return fn(*args)
+
+
+def measure(seed: int = 0) -> list[dict]:
+    """Per device, op and dtype: relative L2 error against float64 of the stock kernel and of the device's, the
+    relative L2 difference between the two, and the share of elements that differ; for linear and matmul also
+    the input gradient's difference (backward of sum(y * r), r fixed). Inputs are rounded to the dtype first; the
+    softmax of bf16 scores runs in fp32 (as the families call it); ``autocast`` rows run under bf16 autocast with
+    fp32 inputs."""
+    rows = []
+    base = _inputs(seed)
+    settings = [
+        ("float32", torch.float32, False),
+        ("bfloat16", torch.bfloat16, False),
+        ("autocast", torch.float32, True),
+    ]
+    for dev in DEVICES.values():
+        for label, dtype, ac in settings:
+            for key, fn in dev.replacements().items():
+                args = tuple(t.to(dtype) for t in base[key])
+                if key == "softmax" and dtype == torch.bfloat16:
+                    args = (args[0].float(),)
+                with torch.no_grad():
+                    exact = _call(_STOCK[key], key, tuple(t.double() for t in args))
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ac):
+                        stock = _call(_STOCK[key], key, args)
+                        got = _call(fn, key, args)
+                row = {
+                    "device": dev.name,
+                    "op": key,
+                    "dtype": label,
+                    "stock_vs_f64": _rel(stock, exact),
+                    "device_vs_f64": _rel(got, exact),
+                    "device_vs_stock": _rel(got, stock),
+                    "elements_differing": (got.double() != stock.double()).float().mean().item(),
+                }
+                if key in ("linear", "matmul"):
+                    grads = []
+                    r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
+                    for f in (_STOCK[key], fn):
+                        x = args[0].clone().requires_grad_()
+                        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ac):
+                            y = f(x, args[1])
+                        (y.float() * r).sum().backward()
+                        grads.append(x.grad)
+                    row["grad_device_vs_stock"] = _rel(grads[1], grads[0])
+                rows.append(row)
+    return rows
+
+
+def _fmt(v) -> str:
+    return "%.2g" % v if isinstance(v, float) else str(v)
+
+
+if __name__ == "__main__":
+    cols = [
+        "device",
+        "op",
+        "dtype",
+        "stock_vs_f64",
+        "device_vs_f64",
+        "device_vs_stock",
+        "elements_differing",
+        "grad_device_vs_stock",
+    ]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    # each device as its family runs it (docs/validation.md); --all: every device in every setting
+    used = {"A": "bfloat16", "B": "float32", "C": "autocast"}
+    for r in measure():
+        if "--all" not in sys.argv and used[r["device"]] != r["dtype"]:
+            continue
+        print("| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |")

@@ -1,0 +1,788 @@
+"""Held-out validation pairs for dumpstore's verdict: msprobe dumps of three Hugging Face model families.
+
+Every pair is a reference run ("GPU": plain CPU torch in the family's dtype) and a target run on a simulated
+device (``validation/devices.py``: other blocking, summation order, exp/erf/rsqrt formulas, stochastic
+rounding), with or without one fault. The answer of every case is known by construction and written to
+``<out>/key.json``; the culprit's msprobe record name is read from msprobe while the faulty call runs (both runs
+mark the same call), so the key never depends on dumpstore.
+
+    .venv/bin/python validation/make_pairs.py [--out validation/.data] [--jobs 2] [--only CASE ...]
+
+Each run is a fresh process forked from this one after torch, transformers and msprobe are imported (msprobe's
+debugger is a process-wide singleton). Runs: 3 training steps, AdamW, optimizer step and gradient clipping
+outside msprobe's window (forward + backward dumped), msprobe level "mix", statistics mode for every case and
+tensor mode for a subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+STEPS = 3
+BATCH, SEQ, VOCAB = 2, 16, 96
+LR, CLIP = 2e-3, 1.0
+DATA_SEED = 1234
+
+# family -> model, dtype, device; every family is a transformers model built from a config (no download)
+FAMILIES = {
+    "llama": {
+        "text": "Llama, GQA (4 query heads, 2 KV heads), RMSNorm, SiLU MLP, RoPE; hidden 48, 2 layers; pure bf16 "
+        "(weights, activations and AdamW state)",
+        "device": "A",
+        "seed": 11,
+    },
+    "moe": {
+        "text": "Mixtral MoE, 4 experts top-2 (eager expert loop), GQA, RMSNorm; hidden 32, 2 layers; fp32",
+        "device": "B",
+        "seed": 12,
+    },
+    "neox": {
+        "text": "GPT-NeoX, LayerNorm, GELU, parallel residual, partial rotary (50 %); hidden 48, 2 layers; fp32 "
+        "weights under bf16 autocast",
+        "device": "C",
+        "seed": 13,
+    },
+}
+
+# name -> family, reference variant, fault (None: clean), modes, expectation text
+# fault kinds: eps, act, softmax_dtype, lr, weight, clip, extra_mul, data, missing_scale
+CASES = {
+    "llama_clean": ("llama", "base", None, ("stats", "tensor")),
+    "moe_clean": ("moe", "base", None, ("stats",)),
+    "neox_clean": ("neox", "base", None, ("stats", "tensor")),
+    "moe_flip": ("moe", "flip", None, ("stats", "tensor")),
+    "llama_rmsnorm_eps": ("llama", "base", {"kind": "eps", "layer": 1, "eps": 1e-5}, ("stats",)),
+    "llama_silu_to_gelu": ("llama", "base", {"kind": "act", "layer": 1}, ("stats", "tensor")),
+    "llama_softmax_dtype": ("llama", "base", {"kind": "softmax_dtype", "layer": 1}, ("stats",)),
+    "llama_lr_step2": ("llama", "base", {"kind": "lr", "after_step": 1, "factor": 1.05}, ("stats",)),
+    "moe_router_weight": (
+        "moe",
+        "base",
+        {"kind": "weight", "param": "model.layers.1.mlp.gate.weight", "step": 0, "how": "row0x1.03"},
+        ("stats",),
+    ),
+    "moe_vproj_step1": (
+        "moe",
+        "base",
+        {"kind": "weight", "param": "model.layers.0.self_attn.v_proj.weight", "step": 1, "how": "sign3pct"},
+        ("stats", "tensor"),
+    ),
+    "moe_grad_clip_step2": ("moe", "base", {"kind": "clip", "after_step": 1, "max_norm": 0.05}, ("stats", "tensor")),
+    "moe_extra_mul": ("moe", "base", {"kind": "extra_mul", "layer": 1, "factor": 1.05}, ("stats",)),
+    "neox_data_step1": ("neox", "base", {"kind": "data", "step": 1}, ("stats",)),
+    "neox_missing_scale": ("neox", "base", {"kind": "missing_scale", "layer": 1}, ("stats", "tensor")),
+    "neox_lr_step2": ("neox", "base", {"kind": "lr", "after_step": 1, "factor": 1.05}, ("stats",)),
+    "neox_ln_weight_step2": (
+        "neox",
+        "base",
+        {"kind": "weight", "param": "gpt_neox.layers.0.post_attention_layernorm.weight", "step": 2, "how": "head8x1.1"},
+        ("stats",),
+    ),
+}
+
+
+# =================================================================================================================
+# one run (in a forked child)
+# =================================================================================================================
+class Tracer:
+    """Reads msprobe's name of the record being made; keeps marks and the top-k choices of every call."""
+
+    def __init__(self):
+        self.step = 0
+        self.marks: list[dict] = []
+        self.topk: list[dict] = []
+        self.watch: dict[int, tuple[str, int]] = {}  # id(param) -> (tag, step)
+        self._seen: set = set()
+        self.events: list[tuple] = []  # msprobe's record names as it makes them, and module entries and exits
+
+    def install_modules(self, model) -> None:
+        """Log every record name msprobe makes, and every module's entry and exit, to find leaf module records."""
+        from msprobe.core.dump.data_dump.data_processor.base import BaseDataProcessor
+
+        tracer = self
+        update = BaseDataProcessor.update_api_or_module_name
+
+        def logged(dp, name):
+            tracer.events.append(("name", tracer.step, name))
+            return update(dp, name)
+
+        BaseDataProcessor.update_api_or_module_name = logged
+        for path, mod in model.named_modules():
+            if path:
+                prefix = "Module.%s.%s.forward." % (path, type(mod).__name__)
+                mod.register_forward_pre_hook(lambda m, a, p=prefix: tracer.events.append(("start", tracer.step, p)))
+                mod.register_forward_hook(lambda m, a, o, p=prefix: tracer.events.append(("end", tracer.step, p)))
+
+    def leaf_modules(self) -> dict:
+        """{step: {api record: [module record]}} for each module call whose forward made exactly one API record:
+        msprobe's two names of the same computation."""
+        out: dict = {}
+        stack: list = []  # [prefix, record name, api records inside]
+        for kind, step, name in self.events:
+            if kind == "start":
+                stack.append([name, None, set()])
+            elif kind == "end":
+                prefix, record, apis = stack.pop()
+                if record and len(apis) == 1:
+                    out.setdefault(str(step), {}).setdefault(next(iter(apis)), []).append(record)
+            elif name.startswith("Module."):
+                if stack and stack[-1][1] is None and name.startswith(stack[-1][0]):
+                    stack[-1][1] = name
+            elif name.endswith(".forward"):
+                for frame in stack:
+                    frame[2].add(name)
+        return out
+
+    @staticmethod
+    def current() -> str | None:
+        from msprobe.pytorch import PrecisionDebugger
+
+        inst = PrecisionDebugger._instance
+        try:
+            return inst.service.data_collector.data_processor.current_api_or_module_name
+        except AttributeError:
+            return None
+
+    def mark(self, tag: str) -> None:
+        self.marks.append({"step": self.step, "tag": tag, "record": self.current()})
+
+    def install(self) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        lin, ln, topk = F.linear, F.layer_norm, torch.topk
+        tracer = self
+
+        def linear(input, weight, bias=None):
+            out = lin(input, weight, bias)
+            tracer._param_use(weight)
+            return out
+
+        def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+            out = ln(input, normalized_shape, weight, bias, eps)
+            tracer._param_use(weight)
+            return out
+
+        def topk_fn(input, k, dim=-1, largest=True, sorted=True, *, out=None):
+            res = topk(input, k, dim=dim, largest=largest, sorted=sorted)
+            tracer.topk.append(
+                {
+                    "step": tracer.step,
+                    "record": tracer.current(),
+                    "indices": res.indices.tolist(),
+                    "values": res.values.detach().float().tolist(),
+                    "input": input.detach().float().tolist(),
+                }
+            )
+            return res
+
+        F.linear, F.layer_norm, torch.topk = linear, layer_norm, topk_fn
+
+    def _param_use(self, weight) -> None:
+        tag, step = self.watch.get(id(weight), (None, None))
+        if tag is not None and self.step == step and (tag, self.step) not in self._seen:
+            self._seen.add((tag, self.step))
+            self.mark("uses:" + tag)
+
+
+def build_model(family: str, variant: str, tracer: Tracer):
+    import torch
+
+    torch.manual_seed(FAMILIES[family]["seed"])
+    if family == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=48,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+        )
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    elif family == "moe":
+        from transformers import MixtralConfig, MixtralForCausalLM
+
+        cfg = MixtralConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+            experts_implementation="eager",
+        )
+        model = MixtralForCausalLM(cfg)
+    else:
+        from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+        from transformers.activations import GELUActivation
+
+        cfg = GPTNeoXConfig(
+            vocab_size=VOCAB,
+            hidden_size=48,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            rotary_pct=0.5,
+            use_parallel_residual=True,
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+        )
+        model = GPTNeoXForCausalLM(cfg)
+        for m in model.modules():  # the activation looks F.gelu up at call time, so msprobe records it
+            if isinstance(m, GELUActivation):
+                m.act = lambda x: torch.nn.functional.gelu(x)
+    model.train()
+    return model
+
+
+def batches(fault):
+    import torch
+
+    g = torch.Generator().manual_seed(DATA_SEED)
+    out = [torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(STEPS)]
+    if fault and fault["kind"] == "data":
+        ids = out[fault["step"]].clone()
+        ids[0, 5] = (ids[0, 5] + 1) % VOCAB
+        out[fault["step"]] = ids
+    return out
+
+
+def patch_attention(family: str, tracer: Tracer, fault) -> None:  # fault: the active one (targets) or None
+    """Both runs: the family's eager attention, call for call as in transformers, with marks (and the fault)."""
+    import torch
+
+    if family == "llama":
+        from transformers.models.llama import modeling_llama as hf
+    elif family == "moe":
+        from transformers.models.mixtral import modeling_mixtral as hf
+    else:
+        from transformers.models.gpt_neox import modeling_gpt_neox as hf
+    repeat_kv = getattr(hf, "repeat_kv", None)
+    kind = fault["kind"] if fault else None
+    layer = fault.get("layer") if fault else None
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        li = module.layer_idx
+        if repeat_kv is not None and hasattr(module, "num_key_value_groups"):
+            key = repeat_kv(key, module.num_key_value_groups)
+            value = repeat_kv(value, module.num_key_value_groups)
+        scores = torch.matmul(query, key.transpose(2, 3))
+        tracer.mark("L%d.qk" % li)
+        if not (kind == "missing_scale" and li == layer):
+            scores = scores * scaling
+            tracer.mark("L%d.scale" % li)
+        if attention_mask is not None:
+            scores = scores + attention_mask
+            tracer.mark("L%d.mask_add" % li)
+        if kind == "softmax_dtype" and li == layer:
+            probs = torch.nn.functional.softmax(scores, dim=-1)
+        else:
+            probs = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32)
+        tracer.mark("L%d.softmax" % li)
+        probs = probs.to(query.dtype)
+        probs = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
+        out = torch.matmul(probs, value)
+        out = out.transpose(1, 2).contiguous()
+        return out, probs
+
+    hf.eager_attention_forward = attention
+
+
+def family_faults(family: str) -> list[dict]:
+    return [fault for fam, _, fault, _ in CASES.values() if fam == family and fault]
+
+
+def patch_modules(family: str, model, tracer: Tracer, active) -> None:
+    """Every run of a family: marks at the call of each of the family's faults (the same calls as transformers
+    makes, so runs of a family have the same records); ``active``: the fault this run has (targets only)."""
+    import torch
+
+    layers = model.model.layers if family != "neox" else model.gpt_neox.layers
+    emb = model.get_input_embeddings()
+    emb_forward = emb.forward
+
+    def embed(ids):
+        out = emb_forward(ids)
+        tracer.mark("embedding")
+        return out
+
+    emb.forward = embed
+    for fault in family_faults(family):
+        on = fault is active
+        kind = fault["kind"]
+        if kind == "eps":
+            norm = layers[fault["layer"]].post_attention_layernorm
+            if on:
+                norm.variance_epsilon = fault["eps"]
+            tag = "L%d.eps_add" % fault["layer"]
+
+            def rms(hidden_states, norm=norm, tag=tag):
+                input_dtype = hidden_states.dtype
+                hidden_states = hidden_states.to(torch.float32)
+                variance = hidden_states.pow(2).mean(-1, keepdim=True)
+                v = variance + norm.variance_epsilon
+                tracer.mark(tag)
+                hidden_states = hidden_states * torch.rsqrt(v)
+                return norm.weight * hidden_states.to(input_dtype)
+
+            norm.forward = rms
+        elif kind == "act":  # the module stays (its record name too); its forward calls GELU in the faulty run
+            tag = "L%d.act" % fault["layer"]
+
+            def act(x, on=on, tag=tag):
+                y = torch.nn.functional.gelu(x) if on else torch.nn.functional.silu(x)
+                tracer.mark(tag)
+                return y
+
+            layers[fault["layer"]].mlp.act_fn.forward = act
+        elif kind == "extra_mul":
+            proj = layers[fault["layer"]].self_attn.o_proj
+
+            def o_proj(x, on=on, proj_forward=proj.forward, fault=fault):
+                if on:
+                    x.mul_(fault["factor"])
+                    tracer.mark("L%d.extra_mul" % fault["layer"])
+                return proj_forward(x)
+
+            proj.forward = o_proj
+        elif kind == "weight":
+            params = dict(model.named_parameters())
+            tracer.watch[id(params[fault["param"]])] = (fault["param"], fault["step"])
+
+
+def corrupt(model, fault) -> None:
+    import torch
+
+    p = dict(model.named_parameters())[fault["param"]]
+    with torch.no_grad():
+        if fault["how"] == "row0x1.03":
+            p[0].mul_(1.03)
+        elif fault["how"] == "sign3pct":
+            g = torch.Generator().manual_seed(5)
+            sel = torch.rand(p.shape, generator=g) < 0.03
+            p[sel] = -p[sel]
+        elif fault["how"] == "head8x1.1":
+            p[:8].mul_(1.1)
+        else:
+            raise ValueError(fault["how"])
+
+
+def craft_near_tie(model, ids, device) -> dict:
+    """moe 'flip' variant (both runs): tilt layer 0's router so that one token's 2nd and 3rd experts are tied to
+    within rounding, at a tilt where device B's rounding flips that token's choice and nothing else.
+
+    Returns what was done (token, experts, logit gap in the reference)."""
+    import torch
+
+    routers = [m for m in model.modules() if type(m).__name__ == "MixtralTopKRouter"]
+    r0 = routers[0]
+    seen: list = []
+
+    def hook(mod, inp, out):
+        seen.append((inp[0].detach().clone(), out[0].detach().clone(), out[2].detach().clone()))
+
+    def route(dev):
+        seen.clear()
+        if dev is not None:
+            dev.install()
+        try:
+            with torch.no_grad():
+                model(input_ids=ids)
+        finally:
+            if dev is not None:
+                dev.uninstall()
+        return [s[2] for s in seen], seen[0]
+
+    handles = [r.register_forward_hook(hook) for r in routers]
+    try:
+        _, (h, logits, idx) = route(None)
+        srt = logits.sort(-1, descending=True)
+        gaps = srt.values[:, 1] - srt.values[:, 2]
+        t = int(gaps.argmin())
+        e2, e3 = int(srt.indices[t, 1]), int(srt.indices[t, 2])
+        w0 = r0.weight.detach().clone()
+        ht = h[t]
+        ulp = float(logits[t, e2].abs()) * 2.0**-23
+        for k in [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16]:
+            with torch.no_grad():
+                r0.weight.copy_(w0)
+                r0.weight[e3] += (float(gaps[t]) + k * ulp) * ht / float(ht @ ht)
+            ref_idx, (_, ref_logits, _) = route(None)
+            dev_idx, _ = route(device)
+            diff = [
+                (li, tok)
+                for li, (a, b) in enumerate(zip(ref_idx, dev_idx))
+                for tok in range(a.shape[0])
+                if not torch.equal(a[tok].sort().values, b[tok].sort().values)
+            ]
+            if diff == [(0, t)]:
+                gap = float(ref_logits[t, e2] - ref_logits[t, e3])
+                return {
+                    "token": t,
+                    "experts": [e2, e3],
+                    "ref_logit_gap": gap,
+                    "tilt_ulps": k,
+                    "ref_logits": ref_logits[t].tolist(),
+                }
+        raise RuntimeError("no tilt of the router flips exactly one token on device B")
+    finally:
+        for hd in handles:
+            hd.remove()
+
+
+def write_config(path: Path, dump_dir: Path, mode: str) -> None:
+    task = "statistics" if mode == "stats" else "tensor"
+    cfg = {
+        "task": task,
+        "dump_path": str(dump_dir),
+        "rank": [],
+        "step": list(range(STEPS)),
+        "level": "mix",
+        task: {"scope": [], "list": [], "data_mode": ["all"]},
+    }
+    if task == "statistics":
+        cfg[task]["summary_mode"] = "statistics"
+    path.write_text(json.dumps(cfg, indent=1))
+
+
+def run_one(job: dict) -> dict:
+    """One msprobe run; returns the marks and the top-k log. Runs in a fresh forked process."""
+    import torch
+    import torch.distributed as dist
+    from devices import DEVICES
+
+    family, variant, fault, role, mode = job["family"], job["variant"], job["fault"], job["role"], job["mode"]
+    target = role == "target"
+    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.chdir(scratch)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
+
+    tracer = Tracer()
+    model = build_model(family, variant, tracer)
+    data = batches(fault if target else None)
+    device = DEVICES[FAMILIES[family]["device"]]
+    info: dict = {}
+    if variant == "flip":
+        info["flip"] = craft_near_tie(model, data[0], device)
+    active = fault if target else None
+    patch_attention(family, tracer, active)
+    patch_modules(family, model, tracer, active)
+    if target:
+        device.install()
+    tracer.install()
+
+    from msprobe.pytorch import PrecisionDebugger
+
+    write_config(scratch / "config.json", out_dir, mode)
+    debugger = PrecisionDebugger(config_path=str(scratch / "config.json"))
+    tracer.install_modules(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    kind = fault["kind"] if (fault and target) else None
+    autocast = family == "neox"
+    losses = []
+    for step in range(STEPS):
+        tracer.step = step
+        if kind == "weight" and fault["step"] == step:
+            corrupt(model, fault)
+        debugger.start(model)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(input_ids=data[step], labels=data[step])
+        out.loss.backward()
+        debugger.stop()
+        losses.append(float(out.loss.detach()))
+        max_norm = CLIP
+        if kind == "clip" and step >= fault["after_step"]:
+            max_norm = fault["max_norm"]
+        info.setdefault("grad_norm", []).append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+        if kind == "lr" and step == fault["after_step"]:
+            for group in opt.param_groups:
+                group["lr"] = LR * fault["factor"]
+        opt.step()
+        opt.zero_grad()
+        debugger.step()
+    dist.destroy_process_group()
+    return {
+        "job": job["name"],
+        "marks": tracer.marks,
+        "topk": tracer.topk,
+        "leaf": tracer.leaf_modules(),
+        "losses": losses,
+        "info": info,
+    }
+
+
+def _child(job: dict, conn) -> None:
+    log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # msprobe and torch talk: to a file
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    try:
+        res = run_one(job)
+        conn.send(("ok", res))
+    except BaseException as exc:  # report to the parent, whatever it was
+        import traceback
+
+        conn.send(("error", "%s: %s\n%s" % (job["name"], exc, traceback.format_exc())))
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def run_jobs(jobs: list[dict], n: int) -> dict:
+    """Run jobs in forked children, at most n at a time; returns name -> result."""
+    ctx = mp.get_context("fork")
+    pending, running, results = list(jobs), [], {}
+    while pending or running:
+        while pending and len(running) < n:
+            job = pending.pop(0)
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(job, child))
+            p.start()
+            child.close()
+            running.append((job, p, parent, time.time()))
+        for item in list(running):
+            job, p, conn, t0 = item
+            if conn.poll(0.2):
+                status, res = conn.recv()
+                p.join()
+                running.remove(item)
+                if status != "ok":
+                    raise SystemExit("run failed (log: %s): %s" % (job["log"], res))
+                results[job["name"]] = res
+                print("  %-34s %5.1fs" % (job["name"], time.time() - t0), flush=True)
+            elif not p.is_alive():
+                running.remove(item)
+                raise SystemExit("run %s died (exit code %s; log: %s)" % (job["name"], p.exitcode, job["log"]))
+    return results
+
+
+# =================================================================================================================
+# the key
+# =================================================================================================================
+def _names(res: dict, tag: str, step: int | None = None) -> list[str]:
+    return [m["record"] for m in res["marks"] if m["tag"] == tag and (step is None or m["step"] == step)]
+
+
+def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
+    """What the verdict should say, from the marks both runs made at the faulty call."""
+    if fault is None:
+        return {"clean": True}
+    kind = fault["kind"]
+
+    def one(res, tag, step):
+        names = _names(res, tag, step)
+        if len(names) != 1 or names[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
+        return names[0]
+
+    if kind in ("lr", "clip"):
+        step = fault["after_step"] + 1
+        return {
+            "step": step,
+            "ops": [],
+            "optimizer": True,
+            "what": "%s changed in the update after step %d: parameters first differ at step %d"
+            % (
+                "learning rate x%g" % fault["factor"]
+                if kind == "lr"
+                else "gradient clipping at max_norm %g" % fault["max_norm"],
+                fault["after_step"],
+                step,
+            ),
+        }
+    if kind == "eps":
+        tag = "L%d.eps_add" % fault["layer"]
+        what = "RMSNorm eps %g instead of 1e-6 in layer %d (post-attention norm)" % (fault["eps"], fault["layer"])
+        return {"step": 0, "ops": sorted({one(tgt, tag, 0), one(ref, tag, 0)}), "what": what}
+    if kind == "act":
+        return {
+            "step": 0,
+            "ops": [one(tgt, "L%d.act" % fault["layer"], 0), one(ref, "L%d.act" % fault["layer"], 0)],
+            "what": "GELU instead of SiLU in layer %d's MLP" % fault["layer"],
+        }
+    if kind == "softmax_dtype":
+        tag = "L%d.softmax" % fault["layer"]
+        return {
+            "step": 0,
+            "ops": sorted({one(tgt, tag, 0), one(ref, tag, 0)}),
+            "what": "attention softmax in bf16 (no dtype=float32) in layer %d" % fault["layer"],
+        }
+    if kind == "weight":
+        tag = "uses:" + fault["param"]
+        step = fault["step"]
+        return {
+            "step": step,
+            "ops": sorted({one(tgt, tag, step), one(ref, tag, step)}),
+            "what": "%s corrupted (%s) before step %d; the op is its first consumer"
+            % (fault["param"], fault["how"], step),
+        }
+    if kind == "extra_mul":
+        return {
+            "step": 0,
+            "ops": [one(tgt, "L%d.extra_mul" % fault["layer"], 0)],
+            "what": "an extra in-place x.mul_(%g) on the input of layer %d's o_proj, in the target only"
+            % (fault["factor"], fault["layer"]),
+        }
+    if kind == "data":
+        step = fault["step"]
+        return {
+            "step": step,
+            "ops": sorted({one(tgt, "embedding", step), one(ref, "embedding", step)}),
+            "what": "one token id differs in the batch of step %d" % step,
+        }
+    if kind == "missing_scale":
+        li = fault["layer"]
+        missing = one(ref, "L%d.scale" % li, 0)
+        consumer = one(tgt, "L%d.mask_add" % li, 0)
+        return {
+            "step": 0,
+            "ops": [missing, consumer],
+            "what": "attention scores not multiplied by 1/sqrt(head_dim) in layer %d (the reference's multiply "
+            "is missing in the target; its consumer, the mask add, also counts)" % li,
+        }
+    raise ValueError(kind)
+
+
+def topk_flips(tgt: dict, ref: dict) -> list[dict]:
+    """Tokens whose set of chosen experts differs, per step and top-k call, with the reference's top values."""
+    flips = []
+    for a, b in zip(tgt["topk"], ref["topk"]):
+        for tok, (ia, ib) in enumerate(zip(a["indices"], b["indices"])):
+            if sorted(ia) != sorted(ib):
+                row = b["input"][tok]
+                order = sorted(range(len(row)), key=lambda e: -row[e])
+                flips.append(
+                    {
+                        "step": b["step"],
+                        "record": b["record"],
+                        "token": tok,
+                        "target_experts": ia,
+                        "ref_experts": ib,
+                        "ref_probs_sorted": [row[e] for e in order],
+                    }
+                )
+    return flips
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(HERE / ".data"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", nargs="*", help="cases to make (default: all)")
+    ap.add_argument("--modes", nargs="*", default=["stats", "tensor"], help="dump modes to make (default: both)")
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+    cases = {
+        k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
+        for k, (fam, var, fault, modes) in CASES.items()
+        if not args.only or k in args.only
+    }
+    t0 = time.time()
+    import devices  # noqa: F401  (the children use this copy)
+    import torch  # noqa: F401  (imported once, before forking)
+    import transformers  # noqa: F401
+    from msprobe.pytorch import PrecisionDebugger  # noqa: F401
+    from transformers import GPTNeoXForCausalLM, LlamaForCausalLM, MixtralForCausalLM  # noqa: F401
+    from transformers.activations import GELUActivation  # noqa: F401
+
+    print("imports %.1fs" % (time.time() - t0), flush=True)
+    jobs, refs = [], {}
+    for case, (family, variant, fault, modes) in cases.items():
+        for mode in modes:
+            ref = "%s_%s_ref_%s" % (family, variant, mode)  # one reference per family, variant and mode
+            if ref not in refs:
+                refs[ref] = {
+                    "name": ref,
+                    "family": family,
+                    "variant": variant,
+                    "fault": None,
+                    "role": "ref",
+                    "mode": mode,
+                }
+                jobs.append(refs[ref])
+            jobs.append(
+                {
+                    "name": "%s_target_%s" % (case, mode),
+                    "family": family,
+                    "variant": variant,
+                    "fault": fault,
+                    "role": "target",
+                    "mode": mode,
+                }
+            )
+    for job in jobs:
+        job["dump_dir"] = str(out / job["mode"] / job["name"])
+        job["scratch"] = str(out / "scratch" / job["name"])
+        job["log"] = str(out / "logs" / (job["name"] + ".log"))
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(job["dump_dir"], ignore_errors=True)
+        shutil.rmtree(job["scratch"], ignore_errors=True)
+    results = run_jobs(jobs, args.jobs)
+    key_path = out / "key.json"
+    key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}
+    for case, (family, variant, fault, modes) in cases.items():
+        for mode in modes:
+            tgt = results["%s_target_%s" % (case, mode)]
+            ref_name = "%s_%s_ref_%s" % (family, variant, mode)
+            ref = results[ref_name]
+            exp = expectation(case, fault, tgt, ref)
+            if exp.get("ops"):
+                step = str(exp["step"])
+                exp["modules"] = sorted(
+                    {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
+                )
+            flips = topk_flips(tgt, ref)
+            if variant == "flip" and not flips:
+                raise SystemExit("%s: no routing flip happened" % case)
+            if variant != "flip" and fault is None and flips:
+                raise SystemExit("%s: a clean pair without a crafted tie flipped routing: %r" % (case, flips))
+            key["cases"]["%s_%s" % (case, mode)] = {
+                "case": case,
+                "mode": mode,
+                "family": family,
+                "device": FAMILIES[family]["device"],
+                "ref": str(Path(mode) / ref_name),
+                "target": str(Path(mode) / ("%s_target_%s" % (case, mode))),
+                "expect": exp,
+                "flips": flips,
+                "crafted": ref["info"].get("flip"),
+                "losses": {"ref": ref["losses"], "target": tgt["losses"]},
+                "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
+            }
+    from devices import DEVICES
+
+    key["families"] = {k: v["text"] for k, v in FAMILIES.items()}
+    key["devices"] = {k: v.text for k, v in DEVICES.items()}
+    key["steps"] = STEPS
+    key_path.write_text(json.dumps(key, indent=1, sort_keys=True))
+    shutil.rmtree(out / "scratch", ignore_errors=True)
+    print("%d runs, %d cases in %.1fs; key: %s" % (len(jobs), len(key["cases"]), time.time() - t0, key_path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""Score dumpstore's verdict on the held-out validation pairs made by ``validation/make_pairs.py``.
+
+    .venv/bin/python validation/score.py [--data validation/.data] [--jobs 2] [--msprobe] [--json OUT]
+
+Each pair goes into its own store (``dumpstore ingest REF TARGET --run ref --run target``), then
+``dumpstore divergence --target target --ref ref --json``; clean pairs also get ``dumpstore overflow --run target
+--ref ref --json`` and ``dumpstore overflow --run ref --json``. dumpstore is used through its CLI only.
+
+What counts (the key is ``<data>/key.json``):
+
+* a **clean** pair is quiet when ``culprit`` is null; its overflow checks are quiet when ``first_overflow`` is null;
+* a **fault** is found when the culprit's ``step`` equals the key's step and
+  - for an optimizer fault (learning rate, gradient clipping), the culprit's ``kind`` is ``optimizer`` (the step
+    is the first step whose parameters the changed update touched);
+  - otherwise the culprit's ``op`` is one of the key's ops: the msprobe record of the faulty call, read from
+    msprobe while the call ran (in the target and, where the reference makes the same call, in the reference);
+    for a corrupted parameter, the first op that consumes it at that step; for a missing op, the reference's
+    record or the target's op that consumes what it should have produced; for changed data, the embedding;
+    or the key's ``modules``: the record of a module whose forward made exactly one API record, one of those
+    ops (``Module.model.layers.1.mlp.act_fn.SiLUActivation.forward.0`` for the ``Functional.gelu.0.forward`` it
+    made): msprobe's two names of the same computation.
+  The culprit's ``kind`` is shown, not judged.
+
+``--msprobe`` adds a baseline column for tensor pairs: ``msprobe compare`` of each step, and its first row (steps
+in order, rows in msprobe's order) whose ``Result`` is ``error``, judged by the same rule (msprobe has no notion
+of an optimizer update: an optimizer fault never counts as found by it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _bin(name: str) -> str:
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else (shutil.which(name) or name)
+
+
+def _msprobe() -> list[str]:
+    """msprobe's console script beside this Python, else on PATH, else its entry point through this Python."""
+    found = _bin("msprobe")
+    if Path(found).is_file():
+        return [found]
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from msprobe.msprobe import main; sys.argv[0] = 'msprobe'; sys.exit(main())",
+    ]
+
+
+def _cli(args: list[str]) -> dict:
+    proc = subprocess.run([_bin("dumpstore"), *args], capture_output=True, text=True)
+    if proc.returncode not in (0, 3):
+        raise RuntimeError("dumpstore %s: exit %d: %s" % (" ".join(args), proc.returncode, proc.stderr.strip()[-500:]))
+    return json.loads(proc.stdout) if "--json" in args else {}
+
+
+def judge(expect: dict, culprit: dict | None) -> bool:
+    if expect.get("clean"):
+        return culprit is None
+    if culprit is None or culprit.get("step") != expect["step"]:
+        return False
+    if expect.get("optimizer"):
+        return culprit.get("kind") == "optimizer"
+    return culprit.get("op") in expect["ops"] or culprit.get("op") in expect.get("modules", [])
+
+
+def describe(culprit: dict | None) -> str:
+    if culprit is None:
+        return "none"
+    return "%s step %s %s" % (culprit.get("kind"), culprit.get("step"), culprit.get("op"))
+
+
+def expected_text(expect: dict) -> str:
+    if expect.get("clean"):
+        return "none"
+    if expect.get("optimizer"):
+        return "optimizer step %d" % expect["step"]
+    return "step %d %s" % (expect["step"], " | ".join(expect["ops"]))
+
+
+def score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool) -> dict:
+    store = work / name
+    shutil.rmtree(store, ignore_errors=True)
+    t0 = time.time()
+    _cli(
+        [
+            "ingest",
+            str(data / case["ref"]),
+            str(data / case["target"]),
+            "--run",
+            "ref",
+            "--run",
+            "target",
+            "--store",
+            str(store),
+        ]
+    )
+    t_ingest = time.time() - t0
+    verdict = _cli(["divergence", "--target", "target", "--ref", "ref", "--store", str(store), "--json"])
+    culprit = verdict.get("culprit")
+    row = {
+        "name": name,
+        "case": case["case"],
+        "mode": case["mode"],
+        "family": case["family"],
+        "clean": bool(case["expect"].get("clean")),
+        "expected": expected_text(case["expect"]),
+        "got": describe(culprit),
+        "ok": judge(case["expect"], culprit),
+        "culprit": culprit,
+        "seconds": round(time.time() - t0, 2),
+        "ingest_seconds": round(t_ingest, 2),
+    }
+    if row["clean"]:
+        ov_t = _cli(["overflow", "--run", "target", "--ref", "ref", "--store", str(store), "--json"])
+        ov_r = _cli(["overflow", "--run", "ref", "--store", str(store), "--json"])
+        row["overflow_target"] = ov_t.get("first_overflow")
+        row["overflow_ref"] = ov_r.get("first_overflow")
+    if with_msprobe and case["mode"] == "tensor":
+        row["msprobe"] = msprobe_first(data / case["ref"], data / case["target"], work / (name + "_msprobe"))
+        row["msprobe_ok"] = judge_msprobe(case["expect"], row["msprobe"])
+    shutil.rmtree(store, ignore_errors=True)
+    return row
+
+
+# ------------------------------------------------------------------------------------------------------------
+# msprobe compare baseline (tensor pairs)
+# ------------------------------------------------------------------------------------------------------------
+def msprobe_first(ref: Path, target: Path, out: Path) -> dict | None:
+    """Run ``msprobe compare -tp TARGET/stepN -gp REF/stepN`` step by step; return the first row (steps in order,
+    rows in msprobe's order) whose ``Result`` is ``error``: ``{step, op, name, result}`` (op: the record name,
+    ``.input.N`` / ``.output.N`` / ``.parameters...`` cut off), or None when no row is an error."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    steps = sorted(int(p.name[4:]) for p in target.glob("step*") if p.name[4:].isdigit())
+    for step in steps:
+        odir = out / ("step%d" % step)
+        cmd = [
+            *_msprobe(),
+            "compare",
+            "-tp",
+            str(target / ("step%d" % step)),
+            "-gp",
+            str(ref / ("step%d" % step)),
+            "-o",
+            str(odir),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
+        files = sorted(odir.glob("compare_result_*.csv"))
+        if proc.returncode != 0 or not files:
+            return {"step": step, "op": None, "name": None, "result": "compare failed: %s" % proc.stderr[-200:]}
+        for r in _rows(files[0]):
+            result = (r.get("Result") or "").strip()
+            if result.lower() == "error":
+                nm = r.get("NPU Name") or ""
+                return {"step": step, "op": _record(nm), "name": nm, "result": result}
+    return None
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _record(name: str) -> str:
+    """msprobe's row name cut to its record: ``Functional.linear.3.forward.input.0`` -> ``Functional.linear.3.forward``,
+    ``Module.m.Linear.forward.0.parameters.weight`` -> ``Module.m.Linear.forward.0``."""
+    m = re.match(r"^(.*?\.(?:forward|backward)(?:\.\d+)?)(?:\.|$)", name)
+    return m.group(1) if m else name
+
+
+def judge_msprobe(expect: dict, first: dict | None) -> bool:
+    if expect.get("clean"):
+        return first is None
+    if first is None or first.get("step") != expect["step"]:
+        return False
+    if expect.get("optimizer"):
+        return False  # msprobe compare has no notion of an update: never counted as found
+    return first.get("op") in expect["ops"] or first.get("op") in expect.get("modules", [])
+
+
+# ------------------------------------------------------------------------------------------------------------
+def table(rows: list[dict], with_msprobe: bool) -> str:
+    lines = []
+    head = "%-28s %-6s %-44s %-44s %-3s" % ("case", "mode", "expected", "dumpstore", "ok")
+    if with_msprobe:
+        head += "  msprobe (tensor)"
+    lines.append(head)
+    for r in rows:
+        line = "%-28s %-6s %-44s %-44s %-3s" % (
+            r["case"],
+            r["mode"],
+            r["expected"][:44],
+            r["got"][:44],
+            "yes" if r["ok"] else "NO",
+        )
+        if r["clean"]:
+            line += "  overflow: target %s, ref %s" % (_ov(r["overflow_target"]), _ov(r["overflow_ref"]))
+        if with_msprobe and "msprobe" in r:
+            m = r["msprobe"]
+            line += "  msprobe: %s %s" % (
+                "none" if m is None else "step %s %s" % (m["step"], m["op"]),
+                "yes" if r["msprobe_ok"] else "NO",
+            )
+        lines.append(line)
+    lines.append("")
+    for mode in ("stats", "tensor", "all"):
+        sel = [r for r in rows if mode == "all" or r["mode"] == mode]
+        if not sel:
+            continue
+        faults = [r for r in sel if not r["clean"]]
+        clean = [r for r in sel if r["clean"]]
+        line = "%-6s faults found %d of %d; clean pairs quiet %d of %d (false alarms %d); overflow quiet %d of %d" % (
+            mode,
+            sum(r["ok"] for r in faults),
+            len(faults),
+            sum(r["ok"] for r in clean),
+            len(clean),
+            sum(not r["ok"] for r in clean),
+            sum(r["overflow_target"] is None and r["overflow_ref"] is None for r in clean),
+            len(clean),
+        )
+        ms = [r for r in sel if "msprobe" in r]
+        if ms:
+            line += "; msprobe: faults %d of %d, clean quiet %d of %d" % (
+                sum(r["msprobe_ok"] for r in ms if not r["clean"]),
+                sum(not r["clean"] for r in ms),
+                sum(r["msprobe_ok"] for r in ms if r["clean"]),
+                sum(r["clean"] for r in ms),
+            )
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _ov(first: dict | None) -> str:
+    return "none" if first is None else "%s@%s %s" % (first.get("kind"), first.get("step"), first.get("op"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(HERE / ".data"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--msprobe", action="store_true", help="add msprobe compare's first flagged row (tensor pairs)")
+    ap.add_argument("--json", help="also write the rows as JSON here")
+    ap.add_argument("--only", nargs="*", help="key names to score (default: all)")
+    args = ap.parse_args(argv)
+    data = Path(args.data).resolve()
+    key_path = data / "key.json"
+    if not key_path.exists():
+        print("Error: %s not found: make the pairs first (validation/make_pairs.py)" % key_path, file=sys.stderr)
+        return 1
+    key = json.loads(key_path.read_text())
+    names = [
+        n
+        for n in sorted(key["cases"], key=lambda n: (key["cases"][n]["mode"], n))
+        if not args.only or n in args.only or key["cases"][n]["case"] in args.only
+    ]
+    t0 = time.time()
+    work = Path(tempfile.mkdtemp(prefix="dumpstore_validation_"))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            rows = list(pool.map(lambda n: score_case(n, key["cases"][n], data, work, args.msprobe), names))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(table(rows, args.msprobe))
+    print("scored %d pairs in %.1fs" % (len(rows), time.time() - t0))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    bad = [r for r in rows if not r["ok"]]
+    return 0 if not bad else (2 if os.environ.get("VALIDATION_STRICT") else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -274,3 +274,52 @@ def test_statistic_csv_bad_header(tmp_path):
 
     with pytest.raises(DumpstoreError, match="statistic.csv: header lacks"):
         ingest(root, "bad", store=tmp_path / "store", jobs=1)
+
+
+def test_kernel_files_dtypes_ranks_and_graphs(tmp_path):
+    """Files written the way MindSpore writes them, without MindSpore: bf16 saved as float32 and int4 as int8 keep
+    the name's dtype; rank_1 is rank 1; graph 1's iteration folder is its own unit (source graph_1); a file whose
+    name is not a kernel file's is left out, a .npy that is not numeric is an error row naming the file; without
+    the execution-order CSV a kernel keeps the file's form of its name."""
+    import numpy as np
+
+    def put(rank: int, graph: int, it: int, name: str, arr) -> None:
+        folder = tmp_path / "d" / f"rank_{rank}" / "Net" / str(graph) / str(it)
+        folder.mkdir(parents=True, exist_ok=True)
+        np.save(folder / name, arr)
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for rank in (0, 1):
+        put(rank, 0, 0, "Cast.Default_Cast-op0.0.0.10.output.0.DefaultFormat.BFloat16.npy", x)
+        put(rank, 0, 0, "Quant.Default_Quant-op0.0.0.11.output.0.DefaultFormat.Int4.npy", x.astype(np.int8))
+        put(rank, 1, 0, "Add.Default_Add-op0.0.0.12.input.0.DefaultFormat.Float32.npy", x)
+    put(0, 0, 0, "notes.npy", x)
+    bad = (
+        tmp_path / "d" / "rank_0" / "Net" / "0" / "0" / "Mul.Default_Mul-op0.0.0.13.output.0.DefaultFormat.Float32.npy"
+    )
+    np.save(bad, np.array(["a", "b"]))
+    units = find_units(tmp_path / "d")
+    assert [(u.kind, u.step, u.rank, u.source) for u in units] == [
+        ("msgraph", 0, 0, ""),
+        ("msgraph", 0, 1, ""),
+        ("msgraph", 0, 0, "graph_1"),
+        ("msgraph", 0, 1, "graph_1"),
+    ]
+    ingest(tmp_path / "d", "k", store=tmp_path / "store", jobs=1)
+    got = run_query(
+        open_store(tmp_path / "store"),
+        "SELECT rank, source, record, dtype, dtype_raw, max, file_status, error FROM tensors WHERE run = 'k' "
+        "ORDER BY source, rank, seq",
+    ).to_pylist()
+    by = {(r["rank"], r["source"], r["record"]): r for r in got}
+    cast = by[(1, "", "Kernel.Default_Cast.0.forward")]
+    assert (cast["dtype"], cast["dtype_raw"], cast["max"]) == ("bfloat16", "BFloat16", 5.0)
+    assert by[(0, "", "Kernel.Default_Quant.0.forward")]["dtype_raw"] == "Int4"
+    assert by[(0, "graph_1", "Kernel.Default_Add.0.forward")]["file_status"] == "loaded"
+    mul = by[(0, "", "Kernel.Default_Mul.0.forward")]
+    assert (
+        mul["file_status"] == "error"
+        and "Mul.Default_Mul-op0" in mul["error"]
+        and "not a numeric array" in mul["error"]
+    )
+    assert not any("notes" in r["record"] for r in got)

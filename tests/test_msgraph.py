@@ -117,6 +117,8 @@ def test_weight_fault_names_the_second_fc1(graph_dumps):
     v = _verdict(_store(graph_dumps), "weight", "ref")
     assert v["first_divergence"]["step"] == 0
     assert "b1-Block/fc1-Dense/MatMul" in v["first_divergence"]["op"], v["first_divergence"]
+    # the traced graph says the MatMul's input 1 is the parameter b1.fc1.weight: a weight, not data
+    assert v["culprit"]["kind"] == "parameter" and v["culprit"]["op"] == v["first_divergence"]["op"], v["culprit"]
 
 
 @pytest.mark.msgraph

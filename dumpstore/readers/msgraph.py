@@ -84,7 +84,7 @@ def rows(unit, res, opts, stacks: list[list[str]]) -> Iterator[dict[str, Any]]:
     folder: Path = unit.path
     rank_dir, graph = folder.parents[2], int(folder.parent.name)
     order = {graph: _execution_order(rank_dir, graph)}
-    frames = _source_lines(rank_dir, [graph])
+    traced = _traced(rank_dir, [graph])
     leaves: list[dict[str, Any]] = []
     mapping = _mapping(folder)
     for entry in sorted(os.listdir(folder)):
@@ -100,7 +100,7 @@ def rows(unit, res, opts, stacks: list[list[str]]) -> Iterator[dict[str, Any]]:
         leaves = _merge_stats(leaves)  # statistics beside the files: keep the files, add the dumper's numbers
     res.meta = {"task": "tensor" if has_files else "statistics", "level": "L2", "framework": "mindspore"}
     seen: set[int] = set()
-    for row in _records(leaves, order, frames, stacks):
+    for row in _records(leaves, order, traced, stacks):
         if row["seq"] not in seen:
             seen.add(row["seq"])
             res.records += 1
@@ -286,19 +286,46 @@ def _execution_order(rank_dir: Path, graph: int) -> list[str]:
     return [r[0].strip() for r in table[1:] if r and r[0].strip()]
 
 
-def _source_lines(rank_dir: Path, graphs: list[int]) -> dict[str, list[str]]:
-    """Full name -> its source lines (msprobe's stack frame text), from the traced graphs."""
-    out: dict[str, list[str]] = {}
+_IR_NODE = re.compile(r"^\s*%(?P<id>[\w.]+)(?:\([^)]*\))?\s*=\s*(?P<prim>[\w.]+)\((?P<args>.*)$")
+_IR_PARAM = re.compile(r"^%para\d+_(?P<name>.+)$")
+
+
+class _Traced:
+    """What the traced graph (.ir) says of each kernel, by full name: its source lines and which input slots are
+    parameters (an input `%paraN_name`, or a `Load` of one)."""
+
+    def __init__(self) -> None:
+        self.frames: dict[str, list[str]] = {}
+        self.params: dict[str, dict[int, str]] = {}
+
+
+def _traced(rank_dir: Path, graphs: list[int]) -> _Traced:
+    out = _Traced()
     for g in graphs:
         path = rank_dir / "graphs" / f"ms_output_trace_code_graph_{g}.ir"
         if not path.is_file() or path.is_symlink() or path.stat().st_size > _MAX_CSV_BYTES:
             continue
+        loads: dict[str, str] = {}  # node id -> the parameter it loads
+        args: list[str] = []
         current: list[str] | None = None
         with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                if m := _IR_NAME.search(line):
-                    current = out.setdefault(m["name"], [])
+                if m := _IR_NODE.match(line):
+                    args = _ir_args(m["args"])
+                    if m["prim"] == "Load" and args and (p := _IR_PARAM.match(args[0])):
+                        loads[m["id"]] = p["name"]
+                    current = None
+                elif m := _IR_NAME.search(line):
+                    current = out.frames.setdefault(m["name"], [])
                     current.clear()
+                    params = {}
+                    for slot, arg in enumerate(args):
+                        p = _IR_PARAM.match(arg)
+                        name = p["name"] if p else loads.get(arg[1:]) if arg.startswith("%") else None
+                        if name:
+                            params[slot] = name
+                    out.params[m["name"]] = params
+                    args = []
                 elif current is not None and (m := _IR_FILE.search(line)):
                     current.append(f"File {m['path']}, line {m['line']}, in graph, \n {m['code'].strip()}")
                 elif current is not None and not line.lstrip().startswith("#"):
@@ -306,8 +333,28 @@ def _source_lines(rank_dir: Path, graphs: list[int]) -> dict[str, list[str]]:
     return out
 
 
+def _ir_args(text: str) -> list[str]:
+    """The top-level arguments of a node's call (`%17, %18, Bool(0), Bool(1)) {...`), stripped."""
+    out: list[str] = []
+    depth, cur = 0, list[str]()
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+            continue
+        cur.append(ch)
+    last = "".join(cur).strip()
+    return out + ([last] if last else [])
+
+
 def _records(
-    leaves: list[dict[str, Any]], order: dict[int, list[str]], frames: dict[str, list[str]], stacks: list[list[str]]
+    leaves: list[dict[str, Any]], order: dict[int, list[str]], traced: _Traced, stacks: list[list[str]]
 ) -> Iterator[dict[str, Any]]:
     """The leaves as store rows, records in execution order."""
     full: dict[tuple[int, str], tuple[int, str]] = {}  # (graph, file op name) -> (position, full name)
@@ -344,13 +391,15 @@ def _records(
             record = f"Kernel.{api}.{call}.{direction}"
             module = api.rsplit("/", 1)[0] if "/" in api else None
         sid = None
-        if name in frames and frames[name]:
+        if traced.frames.get(name):
             sid = stack_ids.get(name)
             if sid is None:
                 sid = stack_ids[name] = len(stacks)
-                stacks.append(frames[name])
+                stacks.append(traced.frames[name])
         for lf in sorted(by_op[key], key=lambda x: (x["io"] != "input", x["slot"])):
             row = _row(lf)
+            if op_type == "Parameter" or (lf["io"] == "input" and lf["slot"] in traced.params.get(name, {})):
+                row["requires_grad"] = True  # a weight (the traced graph's parameter input): not data
             row.update(
                 seq=seq,
                 leaf=leaf_no,

@@ -180,18 +180,26 @@ def write_csv(
     done, total)` is called every PROGRESS_ROWS rows.  `only_differing`: only the rows whose status is not
     `pass` (diverged, unmatched, unknown, error).
     """
-    if only_differing:
-        cmp = differing(cmp)
     p = Path(path)
     part = p.with_name(p.name + ".part")
-    total, n = cmp.rows.height, 0
+    total = differing(cmp).rows.height if only_differing else cmp.rows.height
+    n = 0
+    stack_of: dict[tuple, Any] = {}  # an op's stack, held for its first written row when its first row is left out
     cols = msprobe_csv.columns(CSV_COLUMNS, msprobe_csv.dump_mode(cmp, store))
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         with open(part, "w", encoding="utf-8", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(cols)
+            # msprobe's Result and Err_message are judged per op over all its rows, then the rows are left out
             for row in iter_csv_rows(cmp, store=store):
+                if only_differing:
+                    op = (row["step"], row["rank"], row["op"])
+                    if row["NPU_Stack_Info"] != N_A:
+                        stack_of[op] = row["NPU_Stack_Info"]
+                    if row["dumpstore_status"] in (None, "pass"):
+                        continue
+                    row["NPU_Stack_Info"] = stack_of.pop(op, N_A)
                 w.writerow(safe_row(row[c] for c in cols))
                 n += 1
                 if progress is not None and n % PROGRESS_ROWS == 0:

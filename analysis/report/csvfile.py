@@ -111,6 +111,7 @@ _STATS = (("max", "max"), ("min", "min"), ("mean", "mean"), ("norm", "l2norm"))
 
 _SIDE_INPUTS = (
     "name",
+    "index_path",
     "kind",
     "dtype",
     "dtype_raw",
@@ -331,10 +332,9 @@ def _msprobe_dtype(r: dict, pre: str) -> str:
     if kind == "tensor":
         raw = r.get(f"{pre}dtype_raw")
         return raw or (f"torch.{r[f'{pre}dtype']}" if r.get(f"{pre}dtype") else N_A)
-    vt = r.get(f"{pre}value_type")
-    if not vt:
-        return r.get(f"{pre}dtype") or N_A
-    return vt if "." in vt else f"<class '{vt}'>"
+    if kind == "scalar":
+        return msprobe_csv.argument_cells(r, pre)[0]
+    return r.get(f"{pre}dtype") or N_A
 
 
 def _msprobe_shape(r: dict, pre: str) -> str:
@@ -344,9 +344,7 @@ def _msprobe_shape(r: dict, pre: str) -> str:
     shape = r.get(f"{pre}shape")
     if kind == "tensor" and shape is not None:
         return "[" + ", ".join(str(int(x)) for x in shape) + "]"
-    if r.get(f"{pre}value_type") == "torch.Size" and r.get(f"{pre}value"):
-        return str(r[f"{pre}value"])
-    return "[]" if kind == "scalar" else N_A
+    return msprobe_csv.argument_cells(r, pre)[1] if kind == "scalar" else N_A
 
 
 def _stat_value(r: dict, pre: str, stat: str) -> float | None:

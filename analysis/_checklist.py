@@ -43,6 +43,7 @@ from dumpstore.names import strip_call
 from dumpstore.store import Store
 
 from .compare import Comparison, compare_runs
+from .defaults import default_keywords, frameworks
 from .order import OUTPUT_IO
 from .tolerance import Tolerances
 
@@ -538,6 +539,7 @@ def _scalar_rows(cmp: Comparison) -> tuple[pl.DataFrame, int]:
     both_nan = (pl.col("scalar_value").is_nan() & pl.col("ref_scalar_value").is_nan()).fill_null(False)
     differ = differ.filter(~both_nan)
     one = _one_run_leaves(cmp, ("scalar",))
+    one = one.filter(~default_keywords(one, frameworks(cmp.rows)))  # a keyword left at the API's default
     return pl.concat([differ, one.select(differ.columns)], how="vertical"), both.height + one.height
 
 

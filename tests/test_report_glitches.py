@@ -62,6 +62,9 @@ def test_only_differing_for_csv_and_page(tmp_path):
     statuses = {r["dumpstore_status"] for r in out["diff"]}
     assert "pass" not in statuses and "diverged" in statuses
     assert len(out["diff"]) == sum(r["dumpstore_status"] != "pass" for r in out["all"]) < len(out["all"])
+    every = {(r["step"], r["NPU Name"]): r for r in out["all"]}  # msprobe's verdict: per op over all its rows
+    assert all(r["Result"] == every[r["step"], r["NPU Name"]]["Result"] for r in out["diff"])
+    assert any(r["Result"] == "warning" for r in out["diff"])
     page = (tmp_path / "diff.html").read_text()
     assert f"{len(out['diff'])} rows (the compared leaves that differ: --only-differing)" in page
 

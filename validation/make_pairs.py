@@ -1,4 +1,4 @@
-"""Held-out validation pairs for dumpstore's verdict: msprobe dumps of three Hugging Face model families.
+"""Held-out validation pairs for dumpstore's verdict: msprobe dumps of four Hugging Face model families.
 
 Every pair is a reference run ("GPU": plain CPU torch in the family's dtype) and a target run on a simulated
 device (``validation/devices.py``: other blocking, summation order, exp/erf/rsqrt formulas, stochastic
@@ -54,6 +54,12 @@ FAMILIES = {
         "device": "C",
         "seed": 13,
     },
+    "gpt2": {
+        "text": "GPT-2, Conv1D (addmm) projections, learned positions, LayerNorm, tanh-GELU; hidden 48, 2 layers; "
+        "fp32 weights under fp16 autocast with dynamic loss scaling (GradScaler, initial scale 2^12)",
+        "device": "D",
+        "seed": 14,
+    },
 }
 
 # name -> family, reference variant ("flip": a router tilted to a near-tie, see craft_near_tie), fault (None:
@@ -85,6 +91,13 @@ CASES = {
     "neox_data_step1": ("neox", "base", {"kind": "data", "step": 1}, ("stats",)),
     "neox_missing_scale": ("neox", "base", {"kind": "missing_scale", "layer": 1}, ("stats", "tensor")),
     "neox_lr_step2": ("neox", "base", {"kind": "lr", "after_step": 1, "factor": 1.05}, ("stats",)),
+    "gpt2_clean": ("gpt2", "base", None, ("stats", "tensor")),
+    "gpt2_cfc_step1": (
+        "gpt2",
+        "base",
+        {"kind": "weight", "param": "transformer.h.1.mlp.c_fc.weight", "step": 1, "how": "sign3pct"},
+        ("stats",),
+    ),
     "neox_ln_weight_step2": (
         "neox",
         "base",
@@ -163,8 +176,13 @@ class Tracer:
         import torch
         import torch.nn.functional as F
 
-        lin, ln, topk = F.linear, F.layer_norm, torch.topk
+        lin, ln, topk, addmm = F.linear, F.layer_norm, torch.topk, torch.addmm
         tracer = self
+
+        def addmm_fn(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+            res = addmm(input, mat1, mat2, beta=beta, alpha=alpha, out=out)
+            tracer._param_use(mat2)
+            return res
 
         def linear(input, weight, bias=None):
             out = lin(input, weight, bias)
@@ -189,7 +207,7 @@ class Tracer:
             )
             return res
 
-        F.linear, F.layer_norm, torch.topk = linear, layer_norm, topk_fn
+        F.linear, F.layer_norm, torch.topk, torch.addmm = linear, layer_norm, topk_fn, addmm_fn
 
     def _param_use(self, weight) -> None:
         tag, step = self.watch.get(id(weight), (None, None))
@@ -236,6 +254,19 @@ def build_model(family: str):
             experts_implementation="eager",
         )
         model = MixtralForCausalLM(cfg)
+    elif family == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=48,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+        )
+        model = GPT2LMHeadModel(cfg)
     else:
         from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
         from transformers.activations import GELUActivation
@@ -276,6 +307,8 @@ def patch_attention(family: str, tracer: Tracer, fault) -> None:  # fault: the a
     """Both runs: the family's eager attention, call for call as in transformers, with marks (and the fault)."""
     import torch
 
+    if family == "gpt2":
+        return  # transformers' own attention (no fault of this family is in it)
     if family == "llama":
         from transformers.models.llama import modeling_llama as hf
     elif family == "moe":
@@ -322,7 +355,9 @@ def patch_modules(family: str, model, tracer: Tracer, active) -> None:
     makes, so runs of a family have the same records); ``active``: the fault this run has (targets only)."""
     import torch
 
-    layers = model.model.layers if family != "neox" else model.gpt_neox.layers
+    layers = {"neox": lambda: model.gpt_neox.layers, "gpt2": lambda: model.transformer.h}.get(
+        family, lambda: model.model.layers
+    )()
     emb = model.get_input_embeddings()
     emb_forward = emb.forward
 
@@ -559,7 +594,9 @@ def run_one(job: dict) -> dict:
     tracer.install_modules(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     kind = fault["kind"] if (fault and target) else None
-    autocast = family == "neox"
+    autocast = {"neox": torch.bfloat16, "gpt2": torch.float16}.get(family)
+    # fp16: dynamic loss scaling (the scaled loss is what backward sees, and what msprobe records)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12) if autocast == torch.float16 else None
     losses = []
     for step in range(STEPS):
         tracer.step = step
@@ -569,10 +606,12 @@ def run_one(job: dict) -> dict:
             with torch.no_grad():
                 [m for m in model.modules() if type(m).__name__ == "MixtralTopKRouter"][0].weight += tilt
         debugger.start(model)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
             out = model(input_ids=data[step], labels=data[step])
-        out.loss.backward()
+        (scaler.scale(out.loss) if scaler else out.loss).backward()
         debugger.stop()
+        if scaler:
+            scaler.unscale_(opt)
         losses.append(float(out.loss.detach()))
         max_norm = CLIP
         if kind == "clip" and step >= fault["after_step"]:
@@ -581,7 +620,12 @@ def run_one(job: dict) -> dict:
         if kind == "lr" and step == fault["after_step"]:
             for group in opt.param_groups:
                 group["lr"] = LR * fault["factor"]
-        opt.step()
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+            info.setdefault("loss_scale", []).append(scaler.get_scale())
+        else:
+            opt.step()
         opt.zero_grad()
         debugger.step()
     dist.destroy_process_group()

@@ -61,7 +61,7 @@ samples: $(STAMP)
 # The held-out validation set (docs/validation.md): make the pairs into validation/.data, then score the verdict.
 validate: $(STAMP)
 	$(BIN)/python validation/make_pairs.py --out validation/.data
-	$(BIN)/python validation/score.py --data validation/.data --msprobe
+	$(BIN)/python validation/score.py --data validation/.data
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

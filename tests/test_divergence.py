@@ -115,8 +115,12 @@ def test_compare_cli_ranks_worst_first(store):
         ],
     )
     rows = json.loads(res.output)["rows"]
-    assert len(rows) == 3 and rows[0]["severity"] >= rows[1]["severity"] >= rows[2]["severity"]
-    assert all(r["status"] == "diverged" for r in rows)
+    # ranked by significance (analysis/rank.py): the keyword in one run only (`approximate`, the fault) is infinitely
+    # significant (JSON: null and `significance_nonfinite`), then the diverged tensors, most significant first
+    sig = [float(r["significance_nonfinite"]) if r["significance"] is None else r["significance"] for r in rows]
+    assert len(rows) == 3 and sig[0] >= sig[1] >= sig[2]
+    assert rows[0]["name"].endswith(".forward.input.approximate") and rows[0]["status"] == "unmatched"
+    assert all(r["status"] == "diverged" for r in rows[1:])
 
 
 def test_overflow_cli_json(store):

@@ -59,9 +59,9 @@ def test_only_differing_for_csv_and_page(tmp_path):
         assert res.exit_code == 0, res.output
         with open(tmp_path / f"{name}.csv", newline="") as f:
             out[name] = list(csv.DictReader(f))
-    statuses = {r["status"] for r in out["diff"]}
+    statuses = {r["dumpstore_status"] for r in out["diff"]}
     assert "pass" not in statuses and "diverged" in statuses
-    assert len(out["diff"]) == sum(r["status"] != "pass" for r in out["all"]) < len(out["all"])
+    assert len(out["diff"]) == sum(r["dumpstore_status"] != "pass" for r in out["all"]) < len(out["all"])
     page = (tmp_path / "diff.html").read_text()
     assert f"{len(out['diff'])} rows (the compared leaves that differ: --only-differing)" in page
 

@@ -372,6 +372,13 @@ def patch_modules(family: str, model, tracer: Tracer, active) -> None:
             tracer.watch[id(params[fault["param"]])] = (fault["param"], fault["step"])
 
 
+HOW = {
+    "row0x1.03": "row 0 x1.03",
+    "sign3pct": "the sign of 3 % of the elements flipped",
+    "head8x1.1": "the first 8 elements x1.1",
+}
+
+
 def corrupt(model, fault) -> None:
     import torch
 
@@ -389,67 +396,112 @@ def corrupt(model, fault) -> None:
             raise ValueError(fault["how"])
 
 
-def craft_near_tie(model, ids, device) -> dict:
-    """moe 'flip' variant (both runs): tilt layer 0's router so that one token's 2nd and 3rd experts are tied to
-    within rounding, at a tilt where device B's rounding flips that token's choice and nothing else.
+FLIP_STEP = STEPS - 1  # the crafted tie is at the last step: the flip is the pair's only discrete difference
 
-    Returns what was done (token, experts, logit gap in the reference)."""
+
+def craft_near_tie(model, data, device) -> tuple[dict, object]:
+    """moe 'flip' variant, in both runs alike: a tilt of layer 0's router weight, added before the last step, that
+    ties one token's 2nd and 3rd experts in the reference to within a few fp32 ulps, chosen (by simulating both
+    runs without msprobe) so that device B's rounding flips that token's choice and nothing else.
+
+    Returns (what was done, the tilt to add to the router weight before step FLIP_STEP)."""
+    import copy
+
     import torch
 
     routers = [m for m in model.modules() if type(m).__name__ == "MixtralTopKRouter"]
-    r0 = routers[0]
     seen: list = []
+    handles = [
+        r.register_forward_hook(lambda mod, inp, out: seen.append((inp[0].detach().clone(), out[0].detach(), out[2])))
+        for r in routers
+    ]
+    start = copy.deepcopy(model.state_dict())
 
-    def hook(mod, inp, out):
-        seen.append((inp[0].detach().clone(), out[0].detach().clone(), out[2].detach().clone()))
+    def train(dev, steps):
+        """Both runs' training (same optimizer, clipping, data) for ``steps`` steps; the routings of each step."""
+        model.load_state_dict(start)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR)
+        routes = []
+        if dev is not None:
+            dev.install()
+        try:
+            for step in range(steps):
+                seen.clear()
+                model(input_ids=data[step], labels=data[step]).loss.backward()
+                routes.append([s[2].clone() for s in seen])
+                torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+                opt.step()
+                opt.zero_grad()
+        finally:
+            if dev is not None:
+                dev.uninstall()
+        return routes, copy.deepcopy(model.state_dict())
 
-    def route(dev):
+    def route(state, dev, tilt):
+        model.load_state_dict(state)
+        with torch.no_grad():
+            routers[0].weight += tilt
         seen.clear()
         if dev is not None:
             dev.install()
         try:
             with torch.no_grad():
-                model(input_ids=ids)
+                model(input_ids=data[FLIP_STEP])
         finally:
             if dev is not None:
                 dev.uninstall()
-        return [s[2] for s in seen], seen[0]
+        return [s[2].clone() for s in seen], seen[0]
 
-    handles = [r.register_forward_hook(hook) for r in routers]
+    def differ(a, b):
+        return [
+            (layer, tok)
+            for layer, (x, y) in enumerate(zip(a, b))
+            for tok in range(x.shape[0])
+            if not torch.equal(x[tok].sort().values, y[tok].sort().values)
+        ]
+
     try:
-        _, (h, logits, idx) = route(None)
+        ref_routes, ref_state = train(None, FLIP_STEP)
+        dev_routes, dev_state = train(device, FLIP_STEP)
+        if any(differ(a, b) for a, b in zip(ref_routes, dev_routes)):
+            raise RuntimeError("device B flips a routing before the crafted step")
+        zero = torch.zeros_like(routers[0].weight)
+        _, (h, logits, _) = route(ref_state, None, zero)
+        _, (_, dev_logits, _) = route(dev_state, device, zero)
         srt = logits.sort(-1, descending=True)
         gaps = srt.values[:, 1] - srt.values[:, 2]
-        t = int(gaps.argmin())
+        # among the 8 tokens nearest a tie, the one whose 2nd-3rd gap device B's rounding moves most
+        pick = gaps.argsort()[:8].tolist()
+        moved = {
+            tok: float(dev_logits[tok, srt.indices[tok, 1]] - dev_logits[tok, srt.indices[tok, 2]]) - float(gaps[tok])
+            for tok in pick
+        }
+        t = max(pick, key=lambda tok: abs(moved[tok]))
         e2, e3 = int(srt.indices[t, 1]), int(srt.indices[t, 2])
-        w0 = r0.weight.detach().clone()
-        ht = h[t]
+        ht = h[t].float()
         ulp = float(logits[t, e2].abs()) * 2.0**-23
         for k in [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16]:
-            with torch.no_grad():
-                r0.weight.copy_(w0)
-                r0.weight[e3] += (float(gaps[t]) + k * ulp) * ht / float(ht @ ht)
-            ref_idx, (_, ref_logits, _) = route(None)
-            dev_idx, _ = route(device)
-            diff = [
-                (li, tok)
-                for li, (a, b) in enumerate(zip(ref_idx, dev_idx))
-                for tok in range(a.shape[0])
-                if not torch.equal(a[tok].sort().values, b[tok].sort().values)
-            ]
-            if diff == [(0, t)]:
-                gap = float(ref_logits[t, e2] - ref_logits[t, e3])
-                return {
+            tilt = zero.clone()
+            # aim the reference's gap at minus half the device's shift: the device lands on the other side
+            tilt[e3] = (float(gaps[t]) + moved[t] / 2 + k * ulp) * ht / float(ht @ ht)
+            ref_idx, (_, ref_logits, _) = route(ref_state, None, tilt)
+            dev_idx, _ = route(dev_state, device, tilt)
+            if differ(ref_idx, dev_idx) == [(0, t)]:
+                info = {
+                    "step": FLIP_STEP,
                     "token": t,
                     "experts": [e2, e3],
-                    "ref_logit_gap": gap,
+                    "ref_logit_gap": float(ref_logits[t, e2] - ref_logits[t, e3]),
+                    "device_gap_shift": moved[t],
                     "tilt_ulps": k,
-                    "ref_logits": ref_logits[t].tolist(),
+                    "tilt_norm": float(tilt.norm()),
                 }
+                return info, tilt
         raise RuntimeError("no tilt of the router flips exactly one token on device B")
     finally:
         for hd in handles:
             hd.remove()
+        model.load_state_dict(start)
 
 
 def write_config(path: Path, dump_dir: Path, mode: str) -> None:
@@ -487,8 +539,9 @@ def run_one(job: dict) -> dict:
     data = batches(fault if target else None)
     device = DEVICES[FAMILIES[family]["device"]]
     info: dict = {}
+    tilt = None
     if variant == "flip":
-        info["flip"] = craft_near_tie(model, data[0], device)
+        info["flip"], tilt = craft_near_tie(model, data, device)
     active = fault if target else None
     patch_attention(family, tracer, active)
     patch_modules(family, model, tracer, active)
@@ -509,6 +562,9 @@ def run_one(job: dict) -> dict:
         tracer.step = step
         if kind == "weight" and fault["step"] == step:
             corrupt(model, fault)
+        if tilt is not None and step == FLIP_STEP:
+            with torch.no_grad():
+                [m for m in model.modules() if type(m).__name__ == "MixtralTopKRouter"][0].weight += tilt
         debugger.start(model)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             out = model(input_ids=data[step], labels=data[step])
@@ -638,7 +694,7 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
             "step": step,
             "ops": sorted({one(tgt, tag, step), one(ref, tag, step)}),
             "what": "%s corrupted (%s) before step %d; the op is its first consumer"
-            % (fault["param"], fault["how"], step),
+            % (fault["param"], HOW[fault["how"]], step),
         }
     if kind == "extra_mul":
         return {
@@ -756,8 +812,10 @@ def main(argv=None) -> int:
                     {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
                 )
             flips = topk_flips(tgt, ref)
-            if variant == "flip" and not flips:
-                raise SystemExit("%s: no routing flip happened" % case)
+            if variant == "flip" and [(f["step"], f["token"]) for f in flips] != [
+                (FLIP_STEP, ref["info"]["flip"]["token"])
+            ]:
+                raise SystemExit("%s: not the one crafted routing flip: %r" % (case, flips))
             if variant != "flip" and fault is None and flips:
                 raise SystemExit("%s: a clean pair without a crafted tie flipped routing: %r" % (case, flips))
             key["cases"]["%s_%s" % (case, mode)] = {

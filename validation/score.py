@@ -21,8 +21,9 @@ What counts (the key is ``<data>/key.json``):
     made): msprobe's two names of the same computation.
   The culprit's ``kind`` is shown, not judged.
 
-``--msprobe`` adds a baseline column for tensor pairs: ``msprobe compare`` of each step, and its first row (steps
-in order, rows in msprobe's order) whose ``Result`` is ``error``, judged by the same rule (msprobe has no notion
+``--msprobe`` adds a baseline column for tensor pairs: ``msprobe compare`` of each step, and its first API row
+(steps in order, rows in msprobe's order, ``Module.`` rows skipped) whose ``Result`` is ``error``, judged by the
+same rule (msprobe has no notion
 of an optimizer update: an optimizer fault never counts as found by it).
 """
 
@@ -142,7 +143,8 @@ def score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool
 # ------------------------------------------------------------------------------------------------------------
 def msprobe_first(ref: Path, target: Path, out: Path) -> dict | None:
     """Run ``msprobe compare -tp TARGET/stepN -gp REF/stepN`` step by step; return the first row (steps in order,
-    rows in msprobe's order) whose ``Result`` is ``error``: ``{step, op, name, result}`` (op: the record name,
+    rows in msprobe's order) of an API (not a ``Module.`` row, which sums up a block) whose ``Result`` is
+    ``error``: ``{step, op, name, result}`` (op: the record name,
     ``.input.N`` / ``.output.N`` / ``.parameters...`` cut off), or None when no row is an error."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -165,8 +167,8 @@ def msprobe_first(ref: Path, target: Path, out: Path) -> dict | None:
             return {"step": step, "op": None, "name": None, "result": "compare failed: %s" % proc.stderr[-200:]}
         for r in _rows(files[0]):
             result = (r.get("Result") or "").strip()
-            if result.lower() == "error":
-                nm = r.get("NPU Name") or ""
+            nm = r.get("NPU Name") or ""
+            if result.lower() == "error" and not nm.startswith("Module."):
                 return {"step": step, "op": _record(nm), "name": nm, "result": result}
     return None
 
@@ -246,6 +248,23 @@ def table(rows: list[dict], with_msprobe: bool) -> str:
     return "\n".join(lines)
 
 
+def markdown(rows: list[dict], with_msprobe: bool) -> str:
+    head = ["case", "mode", "expected", "dumpstore", "ok"] + (["msprobe compare", "ok"] if with_msprobe else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["case"], r["mode"], r["expected"].replace("|", "or"), r["got"], "yes" if r["ok"] else "**no**"]
+        if r["clean"]:
+            cells[3] += "; overflow: target %s, ref %s" % (_ov(r["overflow_target"]), _ov(r["overflow_ref"]))
+        if with_msprobe:
+            m = r.get("msprobe", "-")
+            cells += [
+                "-" if m == "-" else ("none" if m is None else "step %s %s" % (m["step"], m["op"])),
+                "-" if m == "-" else ("yes" if r["msprobe_ok"] else "**no**"),
+            ]
+        lines.append("| " + " | ".join("`%s`" % c if i in (0,) else str(c) for i, c in enumerate(cells)) + " |")
+    return "\n".join(lines)
+
+
 def _ov(first: dict | None) -> str:
     return "none" if first is None else "%s@%s %s" % (first.get("kind"), first.get("step"), first.get("op"))
 
@@ -256,6 +275,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--msprobe", action="store_true", help="add msprobe compare's first flagged row (tensor pairs)")
     ap.add_argument("--json", help="also write the rows as JSON here")
+    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/validation.md)")
     ap.add_argument("--only", nargs="*", help="key names to score (default: all)")
     args = ap.parse_args(argv)
     data = Path(args.data).resolve()
@@ -276,7 +296,10 @@ def main(argv=None) -> int:
             rows = list(pool.map(lambda n: score_case(n, key["cases"][n], data, work, args.msprobe), names))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(table(rows, args.msprobe))
+    print(markdown(rows, args.msprobe) if args.markdown else table(rows, args.msprobe))
+    if args.markdown:
+        print()
+        print(table(rows, args.msprobe).split("\n\n", 1)[1])
     print("scored %d pairs in %.1fs" % (len(rows), time.time() - t0))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -35,7 +35,7 @@ from dumpstore.dtypes import EPS
 from . import rules as R
 from .noise import median
 from .order import INPUT_IO, OUTPUT_IO
-from .tolerance import Tolerances
+from .tolerance import REL_L2_DEFAULT, Tolerances
 
 MIN_EVIDENCE = 3  # fresh matmul records needed before a class precision is inferred
 OFF_NOMINAL = 8.0  # median fresh error beyond this many eps32 x sqrt(K): not float32 rounding
@@ -108,7 +108,10 @@ def class_precision(rows: pl.DataFrame) -> tuple[str | None, dict[str, Any]]:
 
 def judge_classes(rows: pl.DataFrame, precision: dict[str, str], tol: Tolerances) -> pl.DataFrame:
     """Re-judge the matmul class at its inferred precision (see the module doc); `precision` gains `matmul`
-    and `note` when it is lower than float32."""
+    and `note` when it is lower than float32.  A float32 tolerance the user stated (`--tol float32=X`, `--tol X`)
+    is taken as stated: the class is not re-judged."""
+    if tol.all_dtypes is not None or tol.rel_l2.get("float32") != REL_L2_DEFAULT["float32"]:
+        return rows
     cand, _ = class_precision(rows)
     if cand is None:
         return rows

@@ -22,7 +22,9 @@ def _common(fn):
         "tol",
         multiple=True,
         metavar="[DTYPE=]VALUE",
-        help="Relative-L2 tolerance, for all dtypes or one (repeatable), e.g. --tol bfloat16=2e-2.",
+        callback=checked_tol,
+        help="Relative-L2 tolerance, for all dtypes or one (repeatable), e.g. --tol bfloat16=2e-2 (bf16, fp16, "
+        "fp32, half, float, ... accepted).",
     )(fn)
     fn = click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank (repeatable).")(fn)
     fn = click.option("--step", "steps", type=int, multiple=True, help="Only this step (repeatable).")(fn)
@@ -30,6 +32,17 @@ def _common(fn):
     fn = click.option("--ref", required=True, help="Reference run name.")(fn)
     fn = click.option("--target", required=True, help="Target run name.")(fn)
     return store_option(fn)
+
+
+def checked_tol(ctx, param, value):
+    """--tol checked when parsed: an unknown dtype name or a bad number is a usage error (exit 2)."""
+    from dumpstore.analysis.tolerance import ToleranceError, Tolerances
+
+    try:
+        Tolerances.parse(value)
+    except ToleranceError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
 
 
 def compare_options(steps, ranks, tol, exact, maps, noise_ref=None) -> dict:
@@ -111,7 +124,11 @@ def compare(
             **compare_options(steps, ranks, tol, exact, maps, noise_ref),
         )
     else:
-        table = rank_rows(run_compare(store, target, ref, steps, ranks, tol, exact, maps, noise_ref), **ranking)
+        from dumpstore.analysis.rank import check_filters
+
+        cmp = run_compare(store, target, ref, steps, ranks, tol, exact, maps, noise_ref)
+        check_filters(cmp, module=module, op_type=op_type)
+        table = rank_rows(cmp, **ranking)
     from dumpstore.analysis.explain import run_modes
 
     _warn_modes(run_modes(store, target, ref), target, ref, exact)
@@ -148,6 +165,13 @@ def divergence(
     click.echo(verdict_out(v, fmt, store))
     if check and v["first_divergence"] is not None:
         raise SystemExit(3)
+    missing = (v.get("not_judged") or {}).get("exact_unavailable")
+    if check and missing:  # no divergence among what was compared, but --exact could not compare everything
+        click.echo(
+            f"Error: --check: {missing} tensor pairs were not compared (--exact); the runs are not shown to agree",
+            err=True,
+        )
+        raise SystemExit(1)
 
 
 FINDING_COLUMNS = [
@@ -293,14 +317,40 @@ def noise_line(v: dict) -> str:
     """A quiet verdict says so: the runs agree within the noise measured from the pair itself."""
     n, over = v.get("noise") or {}, v["counts"].get("diverged", 0)
     line = "AGREE within the measured noise"
+    if v["counts"].get("unknown"):
+        line += " (on what could be judged: see NOT JUDGED)"
     if over:
         line += f": {over} tensors over their tolerance, none standing out"
+    flips = n.get("discrete_flips") or []
+    if flips:
+        f = flips[0]
+        line += (
+            f"; {len(flips)} discrete outputs changed on near ties, noise (first: step {f['step']} rank {f['rank']}"
+            f" {f['op']})"
+        )
     if n.get("largest_amplification") is not None:
         line += (
             f"; largest amplification {num(n['largest_amplification'])}x at step {n['step']} rank {n['rank']}"
             f" {n['op']} (p{round(100 * n['quantile'])} {num(n['amplification_quantile'])}x)"
         )
     return line
+
+
+def not_judged_lines(v: dict) -> list[str]:
+    """What the verdict could not judge, said (never a silent pass): pairs --exact could not read again, and the other
+    `unknown` pairs (NaN/Inf in both runs hiding their finite values, no statistics to compare)."""
+    nj = v.get("not_judged") or {}
+    exact = int(nj.get("exact_unavailable") or 0)
+    other = int(v["counts"].get("unknown", 0)) - exact
+    lines = []
+    if exact:
+        lines.append(f"NOT JUDGED: {exact} tensor pairs --exact could not compare, left unknown ({nj.get('first')})")
+    if other > 0:
+        lines.append(
+            f"NOT JUDGED: {other} tensor pairs unknown (NaN/Inf in both runs hiding their finite values, or nothing "
+            f"comparable dumped); `dumpstore compare --target {v['target']} --ref {v['ref']}` lists them"
+        )
+    return lines
 
 
 def verdict_text(v: dict) -> str:
@@ -334,6 +384,7 @@ def verdict_text(v: dict) -> str:
     lines += explanation_lines(culprit, config=True)
     if v["first_divergence"] is None and v["culprit"] is None:
         lines.append(noise_line(v))
+    lines.extend(not_judged_lines(v))
     for s in v["steps"]:
         lines.append(
             f"  step {s['step']}: {s['compared']} compared, {s['diverged']} diverged, "

@@ -520,8 +520,10 @@ def test_cli_report(store, tmp_path) -> None:
         "rel_l2=0.00921 > tol=0.0001 (float32, stats)"
     )
     assert lines[1].startswith("CULPRIT (parameter): step 1 rank 0  Functional.linear.6.forward")
-    assert lines[2] == f"wrote {csv_path} (453 rows)"
-    assert lines[3].startswith(f"wrote {html_path} (") and html_path.stat().st_size > 1_000_000
+    assert lines[2] == "  where: layers.1.fc1 (Linear), called at generate.py:140 in forward: h = self.fc1(self.ln2(x))"
+    wrote = [x for x in lines if x.startswith("wrote ")]  # after the explanation lines (analysis/explain.py)
+    assert wrote[0] == f"wrote {csv_path} (453 rows)"
+    assert wrote[1].startswith(f"wrote {html_path} (") and html_path.stat().st_size > 1_000_000
     res = runner.invoke(
         main, ["report", "--store", str(store.root), "--target", "nope", "--ref", "ref_stats", "--csv", str(csv_path)]
     )

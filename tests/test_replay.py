@@ -157,6 +157,33 @@ def test_ref_side_by_side(replayed, tmp_path):
     assert sbs["ref_status"].to_list() == ["pass", "pass", "pass", "pass"]
 
 
+@pytest.mark.msprobe
+def test_divergence_shows_the_kernel_finding(replayed, tmp_path):
+    """`divergence` carries the replay's kernel finding of a replayed target (text line, --json key, --csv row);
+    none before the replay."""
+    target = _copy_step(SAMPLES / "dump" / "step3", tmp_path / "t")
+    ref = _copy_step(SAMPLES / "dump" / "step0", tmp_path / "r")
+    root = tmp_path / "store"
+    ingest(target, "t", store=root, jobs=1)
+    ingest(ref, "r", store=root, jobs=1)
+    base = ["divergence", "--target", "t", "--ref", "r", "--store", str(root)]
+    before = CliRunner().invoke(main, [*base, "--json"])
+    assert before.exit_code == 0, before.output
+    assert json.loads(before.output)["kernel"] is None
+    for run in ("t", "r"):
+        assert (
+            CliRunner().invoke(main, ["replay", "--run", run, "--store", str(root), "--op-type", "gelu"]).exit_code == 0
+        )
+    res = CliRunner().invoke(main, base)
+    kernel = [x for x in res.output.splitlines() if x.startswith("KERNEL")]
+    assert kernel and kernel[0].startswith("KERNEL (kernel): step 0 rank 0  Functional.gelu.0.forward  output.0  ")
+    assert "; the reference's is 1×" in kernel[0]
+    got = json.loads(CliRunner().invoke(main, [*base, "--json", "--no-cache"]).output)["kernel"]
+    assert got["op"] == "Functional.gelu.0.forward" and got["kind"] == "kernel" and got["source"] == "replay"
+    rows = list(csv.DictReader(CliRunner().invoke(main, [*base, "--csv"]).output.splitlines()))
+    assert [r["op"] for r in rows if r["finding"] == "kernel"] == ["Functional.gelu.0.forward"]
+
+
 def test_statistics_dump_refused(tmp_path):
     ingest(ROOT / "sample_dumps" / "ref_stats", "s", store=tmp_path, jobs=1)
     with pytest.raises(ReplayError) as e:

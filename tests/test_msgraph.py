@@ -281,8 +281,9 @@ def test_statistic_csv_bad_header(tmp_path):
 def test_kernel_files_dtypes_ranks_and_graphs(tmp_path):
     """Files written the way MindSpore writes them, without MindSpore: bf16 saved as float32 and int4 as int8 keep
     the name's dtype; rank_1 is rank 1; graph 1's iteration folder is its own unit (source graph_1); a file whose
-    name is not a kernel file's is left out, a .npy that is not numeric is an error row naming the file; without
-    the execution-order CSV a kernel keeps the file's form of its name."""
+    name is not a kernel file's is left out; a graph's constants/ folder is a unit of its own; a .npy that is not
+    numeric is an error row naming the file; without the execution-order CSV a kernel keeps the file's form of its
+    name."""
     import numpy as np
 
     def put(rank: int, graph: int, it: int, name: str, arr) -> None:
@@ -296,6 +297,9 @@ def test_kernel_files_dtypes_ranks_and_graphs(tmp_path):
         put(rank, 0, 0, "Quant.Default_Quant-op0.0.0.11.output.0.DefaultFormat.Int4.npy", x.astype(np.int8))
         put(rank, 1, 0, "Add.Default_Add-op0.0.0.12.input.0.DefaultFormat.Float32.npy", x)
     put(0, 0, 0, "notes.npy", x)
+    const = tmp_path / "d" / "rank_0" / "Net" / "0" / "constants"
+    const.mkdir()
+    np.save(const / "Parameter.data-1.0.0.5.output.0.DefaultFormat.Float32.npy", np.float32(1e-5))
     bad = (
         tmp_path / "d" / "rank_0" / "Net" / "0" / "0" / "Mul.Default_Mul-op0.0.0.13.output.0.DefaultFormat.Float32.npy"
     )
@@ -304,6 +308,7 @@ def test_kernel_files_dtypes_ranks_and_graphs(tmp_path):
     assert [(u.kind, u.step, u.rank, u.source) for u in units] == [
         ("msgraph", 0, 0, ""),
         ("msgraph", 0, 1, ""),
+        ("msgraph", 0, 0, "constants_0"),
         ("msgraph", 0, 0, "graph_1"),
         ("msgraph", 0, 1, "graph_1"),
     ]
@@ -325,3 +330,4 @@ def test_kernel_files_dtypes_ranks_and_graphs(tmp_path):
         and "not a numeric array" in mul["error"]
     )
     assert not any("notes" in r["record"] for r in got)
+    assert by[(0, "constants_0", "Constant.data-1.0.forward")]["max"] == pytest.approx(1e-5)

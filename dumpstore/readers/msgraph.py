@@ -21,8 +21,9 @@ one record:
 
 so two runs pair by scope and execution order (the `-opN` numbers of ops outside a network scope shift when one
 is removed; the ordinal does too, in the same way as msprobe's call counters).  `Parameter.{name}` files are
-records `Parameter.{name}.0.forward` (the weights after the iteration's update).  Records follow the execution
-order (graph by graph), then the timestamp for kernels it does not list.  `statistic.csv` rows give the dumper's
+records `Parameter.{name}.0.forward` (the weights after the iteration's update); a graph's `constants/` folder is a
+unit of its own (step 0, source `constants_{graph}`), its files records `Constant.{name}.0.forward`.  Records follow
+the execution order, then the timestamp for kernels it does not list.  `statistic.csv` rows give the dumper's
 statistics (Max/Min/Avg/L2Norm Value, NaN and Inf counts where present; both MindSpore's header and CANN adump's
 with `Format` and `Input/Output`).  Tensor files are read as the msprobe reader's files are (bf16 is saved as
 float32 by MindSpore; the name's dtype is the one recorded).  Source lines come from the traced graph (`.ir`).
@@ -53,13 +54,17 @@ _OP_NUMBER = re.compile(r"-op\d+$")
 _IR_NAME = re.compile(r"#\s*Fullname with scope:\s*\((?P<name>[^)]*)\)")
 _IR_FILE = re.compile(r"#\s*In file (?P<path>.+?):(?P<line>\d+)(?:~\d+)?,\s*[\d~]+/(?P<code>.*)/\s*$")
 _STATISTIC = "statistic.csv"
+_CONSTANTS = "constants"
 _MAPPING = "mapping.csv"
 _MAX_CSV_BYTES = 1 << 30
 
 
 def claim(folder: Path, filenames: list[str]) -> Claim | None:
-    """An iteration folder `rank_{r}/{net}/{graph}/{iteration}` holding kernel files or statistic.csv."""
-    if not folder.name.isdigit() or not folder.parent.name.isdigit() or not _RANK_DIR.match(folder.parents[2].name):
+    """An iteration folder `rank_{r}/{net}/{graph}/{iteration}` holding kernel files or statistic.csv, or a graph's
+    `constants` folder beside its iterations."""
+    if len(folder.parents) < 3 or not folder.parent.name.isdigit() or not _RANK_DIR.match(folder.parents[2].name):
+        return None
+    if not folder.name.isdigit() and folder.name != _CONSTANTS:
         return None
     if _STATISTIC in filenames or any(_FILE.match(f) for f in filenames if f.endswith(".npy")):
         return Claim(folder, NAME, whole=True)
@@ -72,6 +77,8 @@ def place(path: Path) -> tuple[int, int, str, str]:
     """(step, rank, rank folder, source) of an iteration folder: its iteration, rank_{r}, and the graph."""
     rank_dir = path.parents[2]
     graph, rank = int(path.parent.name), int(rank_dir.name.removeprefix("rank_"))
+    if path.name == _CONSTANTS:  # the graph's constants: one unit of their own at step 0
+        return 0, rank, rank_dir.name, f"{_CONSTANTS}_{graph}"
     return int(path.name), rank, rank_dir.name, "" if graph == 0 else f"graph_{graph}"
 
 
@@ -90,6 +97,8 @@ def rows(unit, res, opts, stacks: list[list[str]]) -> Iterator[dict[str, Any]]:
     for entry in sorted(os.listdir(folder)):
         if entry.endswith(".npy"):
             leaf = _file_leaf(folder, entry, mapping.get(entry, entry), graph)
+            if leaf is not None and folder.name == _CONSTANTS:
+                leaf["op_type"] = "Constant"  # dumped as Parameter.{name}: a constant of the graph, not a weight
             if leaf is not None:
                 leaves.append(leaf)
     has_files = bool(leaves)
@@ -379,8 +388,8 @@ def _records(
     leaf_no = 0
     for seq, key in enumerate(sorted(by_op, key=position)):
         g, op_type, op_name = key
-        if op_type == "Parameter":
-            record, api, module, direction, call = f"Parameter.{op_name}.0.forward", op_name, None, "forward", 0
+        if op_type in ("Parameter", "Constant"):
+            record, api, module, direction, call = f"{op_type}.{op_name}.0.forward", op_name, None, "forward", 0
             name = op_name
         else:
             name = full.get((g, op_name), (0, op_name))[1]
@@ -404,7 +413,7 @@ def _records(
                 seq=seq,
                 leaf=leaf_no,
                 record=record,
-                prefix="Parameter" if op_type == "Parameter" else "Kernel",
+                prefix=op_type if op_type in ("Parameter", "Constant") else "Kernel",
                 api=api,
                 op_type=op_type,
                 call=call,

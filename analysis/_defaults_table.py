@@ -1,5 +1,7 @@
 """Keyword defaults of the APIs msprobe hooks, per framework: written by tests/tools/gen_defaults.py from
-the signatures of torch 2.13.0 and mindspore 2.10.0 (do not edit by hand)."""
+the signatures of torch 2.13.0 and mindspore 2.10.0 (do not edit by hand).
+
+Size: a generated table, one line per API."""
 
 # fmt: off
 DEFAULTS: dict[str, dict[str, dict]] = {'mindspore': {'Functional.adaptive_max_pool2d': {'return_indices': False},

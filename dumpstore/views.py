@@ -104,7 +104,7 @@ def stats_bound_sql(t: str, r: str, sqrt_n: str, nonfinite: str) -> str:
         WHEN {t}norm IS NOT NULL AND {r}norm IS NOT NULL THEN (CASE
             WHEN isfinite({r}norm) AND ({num}) IS NOT NULL THEN (CASE
                 WHEN {r}norm > 0 THEN ({num}) / {r}norm WHEN ({num}) = 0 THEN 0.0 ELSE 'inf'::DOUBLE END)
-            WHEN NOT isfinite({r}norm) AND coalesce({same}, false) THEN 0.0 END)
+            WHEN NOT isfinite({r}norm) AND coalesce({same} AND isinf({t}max) AND {t}max = {t}min, false) THEN 0.0 END)
         WHEN {d("max")} IS NOT NULL AND {d("min")} IS NOT NULL THEN (CASE
             WHEN {scale} > 0 THEN ({ext}) / {scale} WHEN ({ext}) = 0 THEN 0.0 ELSE 'inf'::DOUBLE END)
     END)"""

@@ -122,7 +122,7 @@ def main() -> None:
     head = (
         '"""Keyword defaults of the APIs msprobe hooks, per framework: written by tests/tools/gen_defaults.py from\n'
         f"the signatures of torch {torch.__version__.split('+')[0]} and mindspore {mindspore.__version__} "
-        '(do not edit by hand)."""\n\n'
+        '(do not edit by hand).\n\nSize: a generated table, one line per API."""\n\n'
         "# fmt: off\n"
     )
     OUT.write_text(head + "DEFAULTS: dict[str, dict[str, dict]] = " + pprint.pformat(tables, width=120) + "\n")

@@ -37,6 +37,7 @@ from dumpstore.dtypes import eps
 from . import rules as R
 from .compare import Comparison
 from .culprit import _culprit
+from .defaults import default_keywords, framework_of
 from .findings import Finding, Verdict
 from .noise import NoiseModel, order_key, record_measures
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
@@ -89,7 +90,9 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
         & pl.col("match").is_in(["target_only", "ref_only"])
         & pl.col("_paired")
         & (pl.coalesce(pl.col("kind"), pl.col("ref_kind")).is_in(["scalar", "null"]))
+        & ~pl.col("_kw_default")  # a keyword one run leaves at the API's default (analysis/defaults.py)
     )
+    rows = rows.with_columns(default_keywords(rows))
     keys = ["step", "rank", "source", "_record"]
     recs = (
         rows.group_by(keys, maintain_order=True)
@@ -161,7 +164,11 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison) -> Verdict:
     noise = NoiseModel.fit(recs)
     unmatched = _unmatched(cmp.records)
     found, shown = _culprit(rows, recs, cmp, noise)
-    first, culprit = _settle(_earliest(_extra_op(rows), shown), found, unmatched)
+    # across frameworks (MindSpore vs PyTorch), records of one framework only are expected structure: listed as
+    # unmatched, named only as the producer of a diverged input (missing_op / extra_op culprits)
+    cross = _cross_framework(rows)
+    extra = None if cross else _extra_op(rows)
+    first, culprit = _settle(_earliest(extra, shown), found, [] if cross else unmatched)
     counts = {s: int(n) for s, n in rows.group_by("status", maintain_order=True).len().iter_rows() if s is not None}
     quiet = first is None and culprit is None
     units = _unit_summaries(rows)
@@ -178,6 +185,14 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison) -> Verdict:
         cmp.coverage,
         noise.summary(recs) if quiet else {},
     )
+
+
+def _cross_framework(rows: pl.DataFrame) -> bool:
+    """Whether the target and the reference come from different frameworks (their tensor leaves' types)."""
+    if "value_type" not in rows.columns or "ref_value_type" not in rows.columns:
+        return False
+    fw = framework_of(rows["value_type"]), framework_of(rows["ref_value_type"])
+    return None not in fw and fw[0] != fw[1]
 
 
 def _earliest(*found: tuple[Finding, tuple] | None) -> tuple[Finding, tuple] | None:
@@ -378,7 +393,8 @@ def _screened(
         unmatched += [u for u in v.unmatched if u["step"] == step]
         summaries.append(_unit_summaries(rows.filter(pl.col("step") == step)))
         detailed |= these
-    if culprit is None and first is None and unmatched:
+    same_framework = t_info.get("framework") == r_info.get("framework")  # else one-sided records are structure
+    if culprit is None and first is None and unmatched and same_framework:
         first, culprit = _settle(None, None, unmatched)
     if detailed:
         done = pl.DataFrame(sorted(detailed), schema={"step": pl.Int64, "rank": pl.Int64}, orient="row")

@@ -23,10 +23,14 @@ ingest (content hashes) and are unchanged since are compared once:
 Rows without two loaded files keep their values and get nulls in the new columns. A pair whose files cannot
 be read again (moved, deleted, changed since ingest, unreadable) keeps its sketch/stats values; the reason is
 appended to `detail`.
+
+Size: one path (files found again, loaded in bounded batches, compared, the rows rewritten) whose steps share
+the batch bookkeeping and the content-hash groups.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
@@ -44,7 +48,16 @@ import polars as pl
 from dumpstore.errors import DumpFormatError, DumpstoreError
 from dumpstore.layout import find_units
 from dumpstore.schema import TENSOR_FILE_COLUMNS
-from dumpstore.tensorfile import TENSOR_DIR, MissingFile, forget_folders, load, load_leaf, loaded_in_batches, resolve
+from dumpstore.tensorfile import (
+    TENSOR_DIR,
+    MissingFile,
+    fingerprint,
+    forget_folders,
+    load,
+    load_leaf,
+    loaded_in_batches,
+    resolve,
+)
 
 from . import metrics
 from . import rules as R
@@ -119,7 +132,7 @@ class _RunFiles:
             self.root = str(store.run_info(run).get("source_path") or "")
             if not self.root:
                 raise DumpFormatError("the catalog holds no source path")
-            for u in find_units(self.root):
+            for u in find_units(self.root, quiet=True):
                 folder = u.path.parent if u.kind == "dump" else u.path
                 self.folders[(int(u.step), int(u.rank), u.source or "")] = _Folder(folder, u.kind, u.rank_dir)
         except (DumpstoreError, OSError) as exc:
@@ -149,20 +162,24 @@ class _RunFiles:
             raise DumpFormatError(f"tensor file {path} is missing (moved or deleted since ingest)")
         return path
 
-    def load(self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str) -> np.ndarray:
-        """The values of one leaf's tensor file (at `where`); raises DumpFormatError saying why it cannot be read.
+    def load(
+        self, step: int, rank: int, source: str | None, rank_dir: str | None, data_name: str
+    ) -> tuple[np.ndarray, str]:
+        """The values and stored dtype of one leaf's tensor file (at `where`); raises DumpFormatError saying why it
+        cannot be read.
 
         A .pt file of a dump folder costs the syscalls of `load_leaf` (an lstat, an open that refuses links, an
         fstat, a read)."""
         folder = self._folder(step, rank, source, rank_dir)
         if folder.kind == "dump" and os.path.splitext(data_name)[1].lower() == ".pt":
             try:
-                return load_leaf(folder.path, data_name)[0]
+                arr, stored, _ = load_leaf(folder.path, data_name)
+                return arr, stored
             except MissingFile as exc:
                 raise DumpFormatError(f"{exc} (moved or deleted since ingest)") from None
         path = self.path(step, rank, source, rank_dir, data_name)
         try:
-            return load(path)[0]
+            return load(path)
         except OSError as exc:
             raise DumpFormatError(f"{path}: cannot be read ({_first_line(exc)})") from None
 
@@ -252,24 +269,41 @@ def _first_line(exc: BaseException) -> str:
 # three times slower); `_load` and `_unchanged_rows` take it apart
 _LOC = (
     *("step", "rank", "source"),
-    *("rank_dir", "data_name", "shape", "file_size", "file_mtime_ns"),
-    *("ref_rank_dir", "ref_data_name", "ref_shape", "ref_file_size", "ref_file_mtime_ns"),
+    *("rank_dir", "data_name", "shape", "file_size", "file_mtime_ns", "content_hash"),
+    *("ref_rank_dir", "ref_data_name", "ref_shape", "ref_file_size", "ref_file_mtime_ns", "ref_content_hash"),
 )
 _Loc = tuple[Any, ...]
-_TARGET, _REF = slice(3, 8), slice(8, 13)  # one side's rank_dir, data_name, shape, file_size, file_mtime_ns
+# one side's rank_dir, data_name, shape, file_size, file_mtime_ns, content_hash
+_TARGET, _REF = slice(3, 9), slice(9, 15)
 
 
 def _load(files: _RunFiles, row: _Loc, side: str) -> np.ndarray:
-    """The values of one side's tensor file of a row, checked against the shape it had at ingest."""
-    rank_dir, name, shape, _, _ = row[_TARGET if side == "target" else _REF]
-    arr = files.load(row[0], row[1], row[2], rank_dir, name)
+    """One side's tensor of a row, for comparison (`_read_side`)."""
+    return _read_side(files, row, side)
+
+
+def _read_side(files: _RunFiles, row: _Loc, side: str) -> np.ndarray:
+    """The values of one side's tensor file of a row, checked against the shape and content (hash) it had at ingest:
+    a file edited since (even with its size and mtime put back) is refused, never compared."""
+    rank_dir, name, shape, _, _, digest = row[_TARGET if side == "target" else _REF]
+    arr, stored = files.load(row[0], row[1], row[2], rank_dir, name)
     if shape is not None and list(arr.shape) != list(shape):
         path = files.where(row[0], row[1], row[2], rank_dir, name)
         raise DumpFormatError(
             f"{path}: has shape {list(arr.shape)} but had {list(shape)} at ingest "
             "(changed since ingest); re-ingest the run"
         )
+    if digest is not None and fingerprint(arr, stored) != digest:
+        path = files.where(row[0], row[1], row[2], rank_dir, name)
+        raise DumpFormatError(f"{path}: contents changed since ingest; re-ingest the run")
+    if arr.dtype.kind == "c":  # both parts compared: (..., 2) real and imaginary (x and conj(x) differ)
+        arr = np.ascontiguousarray(arr).view(arr.real.dtype).reshape(*arr.shape, 2)
     return arr
+
+
+def _verified(files: _RunFiles, row: _Loc) -> None:
+    """Read the reference's file of a row only to check its content hash (raises DumpFormatError when it changed)."""
+    _read_side(files, row, "ref")
 
 
 def _finite_max_abs(x: np.ndarray, y: np.ndarray) -> float | None:
@@ -286,11 +320,15 @@ def _pair_arrays(
 ) -> tuple[np.ndarray, np.ndarray] | str:
     """The pair's two tensors, or why they cannot be read.
 
-    `same`: the two files hold equal contents (equal content hashes), so only the target is read and compared
-    with itself: every metric works on copies of its inputs, so the values are those of the two files."""
+    `same`: the two files held equal contents at ingest (equal content hashes), so the target is compared with
+    itself (every metric works on copies of its inputs, so the values are those of the two files); the reference
+    file is still read for its hash (`_verified`): an edit of either file since ingest is caught."""
     try:
         x = _load(t_files, row, "target")
-        return x, x if same else _load(r_files, row, "ref")
+        if same:
+            _verified(r_files, row)
+            return x, x
+        return x, _load(r_files, row, "ref")
     except (DumpFormatError, ValueError) as exc:
         return f"exact metrics unavailable: {_first_line(exc)}"
 
@@ -307,6 +345,13 @@ def _pair_values(arrays: tuple[np.ndarray, np.ndarray] | str, tm: metrics.Tensor
         except ValueError as exc:
             return f"exact metrics unavailable: {_first_line(exc)}"
     same_size = x.size == y.size and x.size > 0
+    if same_size and x.size > metrics.LARGE and (tm.cosine is None or tm.max_abs_err is None):
+        cos, max_abs = metrics.large_finite_cosine_and_max_abs(x, y)  # chunk by chunk: no full-size copies
+        tm = dataclasses.replace(
+            tm,
+            cosine=tm.cosine if tm.cosine is not None else cos,
+            max_abs_err=tm.max_abs_err if tm.max_abs_err is not None else max_abs,
+        )
     return {
         **{col: str(tm.msprobe[name]) for name, col in MSPROBE_COLUMNS.items()},
         "msprobe_message": tm.message,
@@ -371,9 +416,25 @@ def _updated(frame: pl.DataFrame, pairs: pl.DataFrame, pair: pl.Series) -> pl.Da
     mismatch = col("_v_nonfinite") | row_nonfinite
     positions = pl.when(~row_nonfinite | d.is_null() | (d == "")).then(_joined(d, col("_v_positions"))).otherwise(d)
     f = f.with_columns(
-        pl.when(exact & mismatch).then(math.inf).when(exact).then(col("_v_rel_l2")).otherwise(col("err")).alias("err"),
-        pl.when(exact).then(pl.lit("exact")).otherwise(col("err_source")).alias("err_source"),
-        pl.when(exact).then(0.0).otherwise(col("err_bound")).alias("err_bound"),
+        # a pair whose files cannot be read again (missing, changed since ingest) is not judged: --exact never
+        # answers from the sketch in its place (issue 24)
+        pl.when(exact & mismatch)
+        .then(math.inf)
+        .when(exact)
+        .then(col("_v_rel_l2"))
+        .when(~is_set)
+        .then(None)
+        .otherwise(col("err"))
+        .alias("err"),
+        pl.when(exact)
+        .then(pl.lit("exact"))
+        .when(~is_set)
+        .then(pl.lit("none"))
+        .otherwise(col("err_source"))
+        .alias("err_source"),
+        pl.when(exact).then(0.0).when(~is_set).then(None).otherwise(col("err_bound")).alias("err_bound"),
+        pl.when(~is_set).then(None).otherwise(col("severity")).alias("severity"),
+        pl.when(~is_set).then(pl.lit("unknown")).otherwise(col("status")).alias("status"),
         pl.when(exact).then(mismatch).otherwise(col("nonfinite_mismatch")).alias("nonfinite_mismatch"),
         pl.when(~is_set)
         .then(_joined(d, col("_v_why")))
@@ -387,7 +448,48 @@ def _updated(frame: pl.DataFrame, pairs: pl.DataFrame, pair: pl.Series) -> pl.Da
         ],
         (exact & col("tol").is_not_null()).alias("_verdict"),
     )
+    _note_unavailable(f.filter(~is_set)["_v_why"].to_list())
     return _with_verdicts(f).select(*_UPDATED, *[col(f"_v_{c}").alias(c) for c in NEW_SCHEMA])
+
+
+def tensor_dirs(store, runs: list[str]) -> list[str]:
+    """The folders holding the tensor files of `runs` (for the memo of `--exact` answers: `memo.folders_digest`)."""
+    out: set[str] = set()
+    for run in runs:
+        files = _RunFiles(store, run)
+        for folder in files.folders.values():
+            out.add(str(folder.path / TENSOR_DIR if folder.kind == "dump" else folder.path))
+    return sorted(out)
+
+
+_UNAVAILABLE: list[list[str]] = []  # open `unavailable_pairs` collections (innermost last)
+
+
+@contextmanager
+def unavailable_pairs() -> Iterator[list[str]]:
+    """Collect, while open, why each pair `--exact` could not compare (missing, changed or unreadable files): such
+    pairs are `unknown` rows, and the verdict says how many (never a silent fallback to the sketch)."""
+    got: list[str] = []
+    _UNAVAILABLE.append(got)
+    try:
+        yield got
+    finally:
+        _UNAVAILABLE.remove(got)
+
+
+def _note_unavailable(why: list[str]) -> None:
+    if not why:
+        return
+    for got in _UNAVAILABLE:
+        got.extend(why)
+    if not _UNAVAILABLE:
+        import warnings
+
+        from dumpstore.errors import DumpstoreWarning
+
+        warnings.warn(
+            f"--exact: {len(why)} tensor pairs not compared, left unknown ({why[0]})", DumpstoreWarning, stacklevel=2
+        )
 
 
 def _with_verdicts(f: pl.DataFrame) -> pl.DataFrame:
@@ -507,7 +609,7 @@ def _side_files(rows: list[_Loc], side: slice) -> list[tuple[tuple, str, int | N
     """((step, rank, source, rank_dir), data_name, size, mtime ns) of one side's file of each row."""
     out = []
     for row in rows:
-        rank_dir, name, _, size, mtime = row[side]
+        rank_dir, name, _, size, mtime, _ = row[side]
         out.append(((row[0], row[1], row[2], rank_dir), name, size, mtime))
     return out
 

@@ -51,6 +51,9 @@ class Verdict:
     counts: dict[str, int]
     coverage: dict[str, list[int]]
     noise: dict[str, Any] = field(default_factory=dict)  # the pair's own noise (analysis/noise.py)
+    # what could not be judged beyond the `unknown` count: `exact_unavailable` pairs whose tensor files --exact
+    # could not read again (missing, changed since ingest), with the `first` reason
+    not_judged: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -53,6 +53,9 @@ def lookup(root: Path, k: str, live_ids: Callable[[], dict[str, Any]], *, folder
     sig = catalog_signature(root)
     if sig is None:
         return None
+    files = saved.get("files")
+    if files is not None and folders_digest(files.get("dirs", [])) != files.get("digest"):
+        return None  # a tensor file an --exact answer read was added, removed, replaced or edited since
     if saved.get("catalog") != sig:
         if saved.get("ingest_ids") != live_ids():
             return None
@@ -62,16 +65,45 @@ def lookup(root: Path, k: str, live_ids: Callable[[], dict[str, Any]], *, folder
 
 
 def save(
-    root: Path, k: str, ingest_ids: dict[str, Any], catalog: list | None, value: Any, *, folder: str = DIR
+    root: Path,
+    k: str,
+    ingest_ids: dict[str, Any],
+    catalog: list | None,
+    value: Any,
+    files: dict | None = None,
+    *,
+    folder: str = DIR,
 ) -> None:
     """Keep `value` for key `k`; `catalog` is catalog_signature() taken before the answer was computed (the
     answer is not kept when an ingest published in the meantime).  Best effort: a read-only store keeps
     nothing."""
     if catalog is None or catalog != catalog_signature(root):
         return
-    _write(
-        root / folder / f"{k}.json", {"format": FORMAT, "catalog": catalog, "ingest_ids": ingest_ids, "value": value}
-    )
+    payload = {"format": FORMAT, "catalog": catalog, "ingest_ids": ingest_ids, "value": value}
+    if files is not None:
+        payload["files"] = files
+    _write(root / folder / f"{k}.json", payload)
+
+
+def folders_digest(dirs: list[str]) -> str:
+    """A digest of what the folders `dirs` hold: each entry's name, inode, size, mtime and ctime (an in-place edit
+    that puts size and mtime back still moves ctime). One scandir and one stat per entry; no file is opened."""
+    h = hashlib.sha256()
+    for d in dirs:
+        h.update(f"{d}\0".encode())
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as exc:
+            h.update(f"unreadable {exc.errno}\0".encode())
+            continue
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                h.update(f"{e.name}\0gone\0".encode())
+                continue
+            h.update(f"{e.name}\0{st.st_ino} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns}\0".encode())
+    return h.hexdigest()
 
 
 def catalog_signature(root: Path) -> list | None:

@@ -6,6 +6,9 @@ validation chain, the dtype in which each metric is computed and the rounding of
 Statistics mode (`stats_diff`) follows `acc_compare.py::CalcStatsDiff` for one row. `rel_l2`, `cosine` and
 `nonfinite_mismatch` are dumpstore's own metrics over the positions finite on both sides.
 numpy only: no torch, pandas or msprobe here.
+
+Size: msprobe's tensor and statistics metrics reproduced cell by cell in one place, so that their shared
+validation chain and rounding read in msprobe's order.
 """
 
 from __future__ import annotations
@@ -218,16 +221,25 @@ def _ratio_below(below: np.integer, size: int) -> _Metric:
     return _Metric(format_value(ratio), float(ratio))
 
 
-def _cosine_cell(nf: np.ndarray, bf: np.ndarray, a_norm: np.floating, b_norm: np.floating) -> _Metric:
-    """msprobe alg_cosine_similarity on flattened float64 arrays and their L2 norms (size >= 2); numpy's
-    floating-point warnings off (`_array_metrics`)."""
+def _cosine_cell(
+    nf: np.ndarray | None,
+    bf: np.ndarray | None,
+    a_norm: np.floating,
+    b_norm: np.floating,
+    dot: np.floating | None = None,
+) -> _Metric:
+    """msprobe alg_cosine_similarity on flattened float64 arrays and their L2 norms (size >= 2), or their `dot`
+    product where already summed (`_large_metrics`); numpy's floating-point warnings off (`_array_metrics`)."""
     if a_norm <= _FLOAT_EPSILON and b_norm <= _FLOAT_EPSILON:
         return _Metric(1.0, 1.0)
     if a_norm <= _FLOAT_EPSILON:
         return _Metric(NAN, None, MSG_COS_NPU_ZERO)
     if b_norm <= _FLOAT_EPSILON:
         return _Metric(NAN, None, MSG_COS_BENCH_ZERO)
-    cos = np.dot(nf, bf) / (a_norm * b_norm)  # under the caller's np.errstate(all="ignore")
+    if dot is None:
+        assert nf is not None and bf is not None
+        dot = np.dot(nf, bf)
+    cos = dot / (a_norm * b_norm)  # under the caller's np.errstate(all="ignore")
     if math.isnan(cos):
         return _Metric(NAN, None, MSG_COS_NAN)
     cell = format_value(cos)
@@ -355,6 +367,8 @@ def tensor_metrics(npu: np.ndarray, bench: np.ndarray) -> TensorMetrics:
         return _uniform(UNSUPPORTED, MSG_EMPTY, None, 0)
     if n.shape != b.shape:
         return _uniform(SHAPE_UNMATCHED, MSG_SHAPE, None, 0)
+    if n.size > LARGE and n.ndim > 0:
+        return _large_metrics(n, b)
     finite = _all_finite(n) and _all_finite(b)
     masks = None if finite else (*_nonfinite_masks(n), *_nonfinite_masks(b))
     mismatch = 0 if masks is None else _status_mismatch(n, b, masks)
@@ -367,6 +381,117 @@ def tensor_metrics(npu: np.ndarray, bench: np.ndarray) -> TensorMetrics:
         n, b = zeroed
     [(metrics, rl2)] = _array_metrics([n], [b])
     return _result(metrics, MSG_DTYPE if n.dtype != b.dtype else "", rl2, mismatch)
+
+
+# ---------------------------------------------------------------- large tensors, in chunks
+
+LARGE = 1 << 22  # tensors of more elements are compared CHUNK elements at a time: memory stays the two arrays
+CHUNK = 1 << 20  # plus a few chunk-sized float64 temporaries (8 MB each), not ~10 full-size copies
+
+
+def _large_metrics(n: np.ndarray, b: np.ndarray) -> TensorMetrics:
+    """`tensor_metrics` of a same-shape pair of more than LARGE elements, CHUNK elements at a time: the same
+    validation chain and cells (sums taken chunk by chunk: the last bits of the float sums may differ from one
+    whole-array pass), with the working memory of a chunk."""
+    nf, bf = n.reshape(-1), b.reshape(-1)
+    size = nf.size
+    acc = _Sums()
+    for start in range(0, size, CHUNK):
+        acc.add(nf[start : start + CHUNK], bf[start : start + CHUNK])
+    rl2 = acc.rel_l2(nf, bf)
+    if not acc.masks_equal:
+        return _uniform(N_A, MSG_NONFINITE, rl2, acc.mismatch)
+    with np.errstate(all="ignore"):
+        a_norm, b_norm = np.sqrt(np.float64(acc.xx)), np.sqrt(np.float64(acc.yy))
+        euc = float(np.sqrt(acc.dd))
+        metrics = [
+            _cosine_cell(None, None, a_norm, b_norm, dot=np.float64(acc.xy)),
+            _Metric(euc, euc),
+            _max_abs(np.max(np.array(acc.max_abs))),
+            _max_rel(np.max(np.array(acc.max_rel))),
+            _ratio_below(np.int64(acc.below[0]), size),
+            _ratio_below(np.int64(acc.below[1]), size),
+        ]
+    return _result(metrics, MSG_DTYPE if n.dtype != b.dtype else "", rl2, acc.mismatch)
+
+
+class _Sums:
+    """What `_large_metrics` gathers chunk by chunk: the NaN/Inf masks' agreement and mismatch count, the sums of the
+    pair with NaN/Inf positions zeroed (msprobe's handle_inf_nan: equal to the positions finite on both sides when
+    the masks agree), the maxima and the counts below the thousandth thresholds."""
+
+    def __init__(self) -> None:
+        self.masks_equal = True
+        self.mismatch = 0
+        self.xx = self.yy = self.xy = self.dd = 0.0
+        self.max_abs: list[float] = []
+        self.max_rel: list[float] = []
+        self.below = [0, 0]
+        self.scale = 0.0
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        if not (_all_finite(x) and _all_finite(y)):
+            masks = (*_nonfinite_masks(x), *_nonfinite_masks(y))
+            self.mismatch += _status_mismatch(x, y, masks)
+            self.masks_equal &= bool(np.array_equal(masks[0], masks[2]) and np.array_equal(masks[1], masks[3]))
+            keep = np.isfinite(x) & np.isfinite(y)
+            x, y = np.where(keep, x, 0).astype(x.dtype), np.where(keep, y, 0).astype(y.dtype)
+        xf, yf = x.astype(float), y.astype(float)
+        with np.errstate(all="ignore"):
+            d = xf - yf
+            self.xx += float(xf.dot(xf))
+            self.yy += float(yf.dot(yf))
+            self.xy += float(xf.dot(yf))
+            self.dd += float(d.dot(d))
+            self.scale = max(self.scale, float(np.max(np.abs(xf))), float(np.max(np.abs(yf))))
+            self.max_abs.append(float(np.max(np.abs(d))))
+            rel = _relative_err(x, y)
+            self.max_rel.append(float(np.max(rel)))
+            self.below[0] += int(np.count_nonzero(rel < _THOUSAND))
+            self.below[1] += int(np.count_nonzero(rel < _FIVE_THOUSAND))
+
+    def rel_l2(self, nf: np.ndarray, bf: np.ndarray) -> float:
+        """||x - y|| / ||y|| over positions finite on both sides (as `rel_l2`), from the sums, or chunk by chunk on
+        the unit scale where they over- or underflow."""
+        if self.scale == 0.0:
+            return 0.0
+        dd, yy = self.dd, self.yy
+        if not (_SAFE_LOW < self.scale < _SAFE_HIGH and math.isfinite(dd) and math.isfinite(yy)):
+            dd = yy = 0.0
+            for start in range(0, nf.size, CHUNK):
+                x, y = _finite_pair(nf[start : start + CHUNK], bf[start : start + CHUNK])
+                x, y = x / self.scale, y / self.scale
+                dd += float((x - y).dot(x - y))
+                yy += float(y.dot(y))
+        if yy == 0.0:
+            return 0.0 if dd == 0.0 else math.inf
+        return math.sqrt(dd) / math.sqrt(yy)
+
+
+def large_finite_cosine_and_max_abs(x: np.ndarray, y: np.ndarray) -> tuple[float | None, float | None]:
+    """`cosine(x, y)` and the largest |x - y| over positions finite on both sides, CHUNK elements at a time (for
+    pairs of more than LARGE elements)."""
+    xf, yf = x.reshape(-1), y.reshape(-1)
+    xx = yy = xy = 0.0
+    best: float | None = None
+    scale = 0.0
+    for start in range(0, xf.size, CHUNK):
+        a, b = _finite_pair(xf[start : start + CHUNK], yf[start : start + CHUNK])
+        if a.size:
+            scale = max(scale, _max_abs_of(a, b))
+            m = float(np.max(np.abs(a - b)))
+            best = m if best is None else max(best, m)
+    unit = 1.0 if scale == 0.0 or _SAFE_LOW < scale < _SAFE_HIGH else scale
+    for start in range(0, xf.size, CHUNK):
+        a, b = _finite_pair(xf[start : start + CHUNK], yf[start : start + CHUNK])
+        a, b = a / unit, b / unit
+        xx += float(a.dot(a))
+        yy += float(b.dot(b))
+        xy += float(a.dot(b))
+    xn, yn = math.sqrt(xx), math.sqrt(yy)
+    if xn == 0.0 or yn == 0.0:
+        return (1.0 if xn == yn else None), best
+    return min(1.0, max(-1.0, xy / (xn * yn))), best
 
 
 _TOGETHER = 1 << 14  # elements computed together by tensor_metrics_many: the working arrays stay in the CPU cache

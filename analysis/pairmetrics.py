@@ -36,6 +36,7 @@ def pair_metrics(pairs: pl.DataFrame, tol: Tolerances, floor: str) -> pl.DataFra
         R.sample_max_abs().alias("_sample_abs"),
         R.scalar_err().alias("_sc_err"),
     )
+    df = R.nonfinite_sketch(df)
     df = df.with_columns(*_choose(R.both_tensors(), R.both_scalars()))
     df = df.with_columns(*_verdict(df))
     drop = [x for x in df.columns if x.startswith("_")] + ["sketch", "ref_sketch", "sample", "ref_sample"]
@@ -50,12 +51,14 @@ def _choose(is_tensors: pl.Expr, is_scalars: pl.Expr) -> list[pl.Expr]:
     tensor_src = (
         when(shape)
         .then(lit("value"))
-        .when(c("_sk_err").is_not_null())
+        .when(c("_sk_err").is_not_null() | c("_nf_err").is_not_null())
         .then(lit("sketch"))
-        .when(c("_st_err").is_not_null() | c("nonfinite_mismatch"))
+        .when(c("nonfinite_mismatch"))
         .then(lit("stats"))
         .when(c("checksum_equal").is_not_null())
         .then(lit("checksum"))
+        .when(c("_st_err").is_not_null())
+        .then(lit("stats"))
     )
     src = (
         when(unmatched)
@@ -83,7 +86,11 @@ def _choose(is_tensors: pl.Expr, is_scalars: pl.Expr) -> list[pl.Expr]:
     return [
         err.alias("err"),
         src.alias("err_source"),
-        when(c("_sk_err").is_not_null()).then(c("_sk_bound")).alias("err_bound"),
+        when(c("_sk_err").is_not_null())
+        .then(c("_sk_bound"))
+        .when(c("_nf_err").is_not_null())
+        .then(c("_nf_bound"))
+        .alias("err_bound"),
         when(c("_sk_err").is_not_null()).then(c("_sk_cos")).alias("cosine"),
         max_abs.alias("max_abs_err"),
         lit(None, pl.Float64).alias("max_rel_err"),
@@ -119,4 +126,9 @@ def _verdict(df: pl.DataFrame) -> list[pl.Expr | pl.Series]:
     unmatched = c("match").is_in(["target_only", "ref_only"])
     status = R.pair_status(unmatched, R.unreadable_kind(), R.has_error_text())
     sev = R.severity(df["err"].cast(pl.Float64).to_numpy(), df["tol"].cast(pl.Float64).to_numpy())
-    return [R.nullable("severity", sev), status.alias("status")]
+    hidden = R.nonfinite_hidden() & ~unmatched & c("detail").is_null()
+    return [
+        R.nullable("severity", sev),
+        status.alias("status"),
+        when(hidden).then(lit(R.NOT_JUDGED_NONFINITE)).otherwise(c("detail")).alias("detail"),
+    ]

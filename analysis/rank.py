@@ -148,3 +148,26 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
     )
     out = df.with_columns(sig.alias("significance")).sort("_row")
     return out.drop("_row", "_rec", "_seq", "_dir", "_io", "_phase", "_in_err", "_before")
+
+
+def _module_filter(module: str) -> pl.Expr:
+    return pl.col("module").str.contains(module, literal=True) | pl.col("record").str.contains(module, literal=True)
+
+
+def check_filters(cmp: Comparison, *, module: str | None = None, op_type: str | None = None) -> None:
+    """A --module or --op-type that matches no row of the comparison is an error listing what exists (never an
+    empty table that reads as 'no mismatch')."""
+    from dumpstore.errors import SelectionError
+
+    rows = cmp.rows
+    for flag, value, expr, column in (
+        ("--module", module, _module_filter, "module"),
+        ("--op-type", op_type, lambda v: pl.col("op_type").str.contains(v, literal=True), "op_type"),
+    ):
+        if not value or column not in rows.columns or rows.filter(expr(value)).height:
+            continue
+        known = rows.select(pl.col(column).drop_nulls().unique().sort()).to_series().to_list()
+        shown = ", ".join(known[:20]) + (f", ... ({len(known)} in all)" if len(known) > 20 else "")
+        raise SelectionError(
+            f"{flag} {value!r} matches nothing in this comparison ({column} values: {shown or 'none'})"
+        )

@@ -17,6 +17,7 @@ err, relative L2 of target x against reference y, best available first:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ import polars as pl
 from dumpstore.arrays import to_polars
 from dumpstore.dtypes import EPS, INT_DTYPES, eps
 
-from .tolerance import Tolerances
+from .tolerance import EXACT_DTYPES_TOL, Tolerances
 
 INF = float("inf")
 VALUE_RTOL = 1e-6  # numeric non-tensor arguments: relative difference allowed
@@ -85,7 +86,7 @@ def dtype_tol(tol: Tolerances) -> pl.Expr:
     """The relative-L2 threshold of column `tol_dtype` (ints and bools exact; an override for all dtypes)."""
     if tol.all_dtypes is not None:
         return lit(tol.all_dtypes).alias("tol")
-    table = dict(tol.rel_l2) | {d: 0.0 for d in INT_DTYPES + ("bool",)}
+    table = dict(tol.rel_l2) | {d: EXACT_DTYPES_TOL for d in INT_DTYPES + ("bool",)}
     return c("tol_dtype").replace_strict(table, default=tol.rel_l2["float32"], return_dtype=pl.Float64).alias("tol")
 
 
@@ -157,13 +158,30 @@ def nonfinite_mismatch() -> pl.Expr:
 
 
 def nonfinite_detail() -> pl.Expr:
+    """Which NaN/Inf counts differ; where they agree, the positions (seen in the sketches) do."""
     parts = []
     for f, k, label in zip(FLAGS, COUNTS, COUNT_LABELS):
         known = c(k).is_not_null() & c(f"ref_{k}").is_not_null()
         a = when(known).then(c(k).cast(pl.String)).otherwise(c(f).cast(pl.String).str.to_titlecase())
         b = when(known).then(c(f"ref_{k}").cast(pl.String)).otherwise(c(f"ref_{f}").cast(pl.String).str.to_titlecase())
         parts.append(when(a != b).then(pl.format(f"{label} {{}} vs {{}}", a, b)))
-    return pl.concat_str([lit("non-finite values differ: "), pl.concat_list(parts).list.drop_nulls().list.join(", ")])
+    listed = pl.concat_list(parts).list.drop_nulls().list.join(", ")
+    return (
+        when(listed == "")
+        .then(lit("NaN/Inf positions differ (sketch)"))
+        .otherwise(pl.concat_str([lit("non-finite values differ: "), listed]))
+    )
+
+
+NOT_JUDGED_NONFINITE = (
+    "NaN/Inf in both runs hide the finite values (equal counts and statistics say nothing about them): not judged; "
+    "--exact compares the tensor files"
+)
+
+
+def nonfinite_hidden() -> pl.Expr:
+    """Two tensors whose norms are not finite (NaN/Inf in both, counts agreeing) and whose err is unknown."""
+    return (both_tensors() & (~_finite(c("norm")) | ~_finite(c("ref_norm"))) & c("err").is_null()).fill_null(False)
 
 
 # ------------------------------------------------------------------------------------------------ statistics bound
@@ -186,7 +204,8 @@ def stats_bound(
 
       both norms present, ||y|| finite:   max(|dNorm|, |dMax|, |dMin|, |dMean| sqrt(n)) / ||y||  (inf when the
                                           target's norm is not finite but the non-finite counts agree; 0/0 = 0);
-      both norms present, ||y|| not finite: 0 when all four statistics are equal (NaN equal to NaN);
+      both norms present, ||y|| not finite: 0 when all four statistics are equal and say nothing is finite
+                                          (max = min = +-Inf); else unknown (the finite part is hidden);
       a norm missing (integer tensors):   max(|dMax|, |dMin|) / max(|yMax|, |yMin|)  (0/0 = 0).
     Differences are taken only where both sides are finite; `known` is False where no rule applies."""
     d = {s: np.abs(stat_diff(t[s], r[s])) for s in STATS}
@@ -209,7 +228,10 @@ def stats_bound(
         ext = np.fmax(d["max"], d["min"])
         by_ext = np.where(scale > 0, ext / scale, np.where(ext == 0, 0.0, np.inf))
     use_norm = has_norms & np.isfinite(rn) & ~np.isnan(num)
-    use_same = has_norms & ~np.isfinite(rn) & same
+    # non-finite norms hide the finite values: equal statistics say nothing about them, unless nothing is finite
+    # (max = min = +-Inf: every element that value; a NaN makes every statistic NaN, finite values or not)
+    nothing_finite = np.isinf(t["max"]) & (t["max"] == t["min"])
+    use_same = has_norms & ~np.isfinite(rn) & same & nothing_finite
     use_ext = ~has_norms & ~np.isnan(d["max"]) & ~np.isnan(d["min"])
     err = np.where(use_norm, by_norm, np.where(use_same, 0.0, np.where(use_ext, by_ext, np.nan)))
     return err, use_norm | use_same | use_ext
@@ -258,6 +280,8 @@ def sketch_err() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
     rn, tn = c("ref_norm"), c("norm")
     err = when(ok & (rn > 0)).then(d / rn).when(ok & (d == 0) & (tn == 0)).then(0.0).when(ok).then(INF)
     n = pl.coalesce(c("numel"), c("sketch").list.len()).cast(pl.Float64)
+    # a complex tensor's sketch folds both parts (summary.summarize): it holds every value at 2 x numel buckets
+    n = n * when(c("dtype").cast(pl.String).str.starts_with("complex").fill_null(False)).then(2.0).otherwise(1.0)
     bound = when(ok).then(
         when(c("sketch").list.len() >= n).then(0.0).otherwise((2.0 / c("sketch").list.len().cast(pl.Float64)).sqrt())
     )
@@ -269,6 +293,78 @@ def sketch_err() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
         .then(1.0)
     )
     return err, bound, cos
+
+
+def nonfinite_sketch(df: pl.DataFrame) -> pl.DataFrame:
+    """`df` with `_nf_err`, `_nf_bound` (the sketch error of the finite part of two tensors that both hold NaN/Inf,
+    null where it cannot be told) and `nonfinite_mismatch` set where their NaN/Inf positions differ.
+
+    Equal NaN/Inf counts do not make two tensors equal: `[1, 2, inf]` and `[1, 3, inf]` differ in their finite part,
+    `[nan, 2, 3]` and `[2, nan, 3]` in where the NaN is. A sketch bucket holds NaN/+Inf/-Inf exactly when one of its
+    elements does (an +Inf and a -Inf give NaN), so the buckets' classes are compared (a bucket non-finite in one run
+    only, or of another class: positions differ), and the buckets finite in both estimate the finite part's relative
+    L2 error (exact, element by element, when the sketch holds every element). Without a finite bucket in both runs
+    (or without sketches: statistics mode) the pair stays unknown, unless both are wholly one non-finite value."""
+    n = df.height
+    err, bound = np.full(n, np.nan), np.full(n, np.nan)
+    moved = np.zeros(n, dtype=bool)
+    need = {"sketch", "ref_sketch", "norm", "ref_norm", "nonfinite_mismatch"}
+    if n and need <= set(df.columns):
+        tensors = c("_is_tensors") if "_is_tensors" in df.columns else both_tensors()  # the screen's frames
+        pick = df.select(
+            (
+                tensors
+                & ~c("nonfinite_mismatch")
+                & (~_finite(c("norm")) | ~_finite(c("ref_norm")))
+                & c("norm").is_not_null()
+                & c("ref_norm").is_not_null()
+                & (c("sketch").list.len() == c("ref_sketch").list.len())
+                & (c("sketch").list.len() > 0)
+            ).fill_null(False)
+        ).to_series()
+        if pick.any():
+            at = np.flatnonzero(pick.to_numpy())
+            sub = df.filter(pick)
+            numel = sub["numel"].to_list() if "numel" in sub.columns else [None] * len(at)
+            dtypes = sub["dtype"].to_list() if "dtype" in sub.columns else [None] * len(at)
+            for i, a, b, k, dt in zip(at, sub["sketch"].to_list(), sub["ref_sketch"].to_list(), numel, dtypes):
+                got = _finite_part(np.asarray(a, np.float64), np.asarray(b, np.float64), k, dt)
+                if got is None:
+                    continue
+                if got[0] == "moved":
+                    moved[i] = True
+                else:
+                    err[i], bound[i] = got[1], got[2]
+    return df.with_columns(
+        nullable("_nf_err", err),
+        nullable("_nf_bound", bound),
+        (c("nonfinite_mismatch") | to_polars("_nf_moved", moved)).alias("nonfinite_mismatch")
+        if "nonfinite_mismatch" in df.columns
+        else lit(False).alias("nonfinite_mismatch"),
+    )
+
+
+def _finite_part(a: np.ndarray, b: np.ndarray, numel: Any, dtype: Any) -> tuple[str, float, float] | None:
+    """('moved', ...) when the non-finite buckets of sketches `a`, `b` differ in class, else ('err', rel_l2 of the
+    buckets finite in both, its error bar), None when no bucket is finite in both and not all are equal."""
+    cls_a = np.where(np.isnan(a), 3, np.where(a == np.inf, 1, np.where(a == -np.inf, 2, 0)))
+    cls_b = np.where(np.isnan(b), 3, np.where(b == np.inf, 1, np.where(b == -np.inf, 2, 0)))
+    if (cls_a != cls_b).any():
+        return ("moved", math.inf, 0.0)
+    fin = cls_a == 0
+    elements = int(numel) * (2 if str(dtype or "").startswith("complex") else 1) if numel is not None else None
+    exact = elements is not None and a.size >= elements
+    if not fin.any():
+        # nothing finite in a bucket of either: equal only when the sketch holds each element (every one non-finite,
+        # of the same class at the same place)
+        return ("err", 0.0, 0.0) if exact else None
+    with np.errstate(all="ignore"):
+        d = float(np.sqrt(np.sum((a[fin] - b[fin]) ** 2)))
+        rn = float(np.sqrt(np.sum(b[fin] ** 2)))
+    if not (math.isfinite(d) and math.isfinite(rn)):
+        return None
+    rel = d / rn if rn > 0 else (0.0 if d == 0 else math.inf)
+    return ("err", rel, 0.0 if exact else math.sqrt(2.0 / int(fin.sum())))
 
 
 def sample_max_abs() -> pl.Expr:
@@ -291,14 +387,16 @@ def scalar_err() -> pl.Expr:
 
 # ------------------------------------------------------------------------------------------------ err and status
 def tensor_err(shape: pl.Expr) -> pl.Expr:
-    """err of a tensor pair: inf on a shape or non-finite mismatch, else sketch, statistics, checksum (best first)."""
+    """err of a tensor pair: inf on a shape or non-finite mismatch, else sketch (of the finite part where both hold
+    NaN/Inf: `nonfinite_sketch`), checksum, statistics (best first: a checksum that differs is a difference the
+    statistics bound, a lower bound, may not see)."""
     ck = when(c("checksum_equal")).then(0.0).when(~c("checksum_equal")).then(INF)
     return (
         when(shape)
         .then(INF)
         .when(c("nonfinite_mismatch"))
         .then(INF)
-        .otherwise(pl.coalesce(c("_sk_err"), c("_st_err"), ck))
+        .otherwise(pl.coalesce(c("_sk_err"), c("_nf_err"), ck, c("_st_err")))
     )
 
 

@@ -23,6 +23,9 @@ ranks share their structure, so
 Two passes: the first parses every footer and counts forward float outputs by dtype (the runs' compute
 precision, as compare_runs finds it over all compared steps); the second judges the units step by step on a
 few threads, each file mapped once.  Only the live ingest's files are read (`Store.tensor_files`).
+
+Size: one engine: the caches keyed by column-chunk bytes serve the decoding, the structure checks and the numpy
+bound alike; split, each part would take the caches as arguments.
 """
 
 from __future__ import annotations
@@ -316,12 +319,14 @@ def _static(
         R.has_error_text().alias("_err_text"),
         c("numel"),
         c("ref_numel"),
+        c("dtype"),
         R.dtype_eps(c("tol_dtype")).fill_null(0.0).alias("_eps_judged"),
         R.small_value_scale().alias("_scale"),
     )
     # pairs whose err can only be the statistics bound, when the statistics are finite and ||y|| > 0 (_fast)
     plain = (
         c("_is_tensors")
+        & c("checksum_equal").is_null()  # a checksum decides before the statistics bound (rules.tensor_err)
         & ~c("_kinds_differ")
         & ~c("_shape")
         & ~c("nonfinite_mismatch")
@@ -376,6 +381,7 @@ def _verdicts(df: pl.DataFrame, sketches: bool) -> pl.DataFrame:
     """err and status of every pair from the static parts and the statistics (pairmetrics' expressions)."""
     sk = R.sketch_err()[0] if sketches else lit(None, pl.Float64)
     df = df.with_columns(R.stats_columns(df)["_st_err"], sk.alias("_sk_err"))
+    df = R.nonfinite_sketch(df) if sketches else df.with_columns(lit(None, pl.Float64).alias("_nf_err"))
     df = df.with_columns(
         R.pair_err(
             lit(False), c("_kinds_differ"), c("_is_tensors"), c("_is_scalars"), c("_nulls"), R.tensor_err(c("_shape"))

@@ -1,4 +1,4 @@
-"""Default tolerances by dtype, derived from published values (see METRICS.md), overridable per command.
+"""Default tolerances by dtype, derived from published values (below), overridable per command.
 
 The primary metric is relative L2 error ||x - y|| / ||y||.  Default thresholds per dtype:
   fp32 2^-13 = 1.2e-4   CANN operator precision standard T (torch.testing's 1.3e-6 is bit-level, too strict
@@ -14,6 +14,8 @@ dtypes, and at the run's compute precision when that is lower (bf16 autocast mak
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from dumpstore.errors import DumpstoreError
 
 REL_L2_DEFAULT: dict[str, float] = {
     "float8_e4m3fn": 2.0**-3,
@@ -37,6 +39,8 @@ class Tolerances:
     amplification: float = AMPLIFICATION
 
     def for_dtype(self, dtype: str | None) -> float:
+        """The threshold of one dtype as named (an override for all dtypes first; ints and bools exact); the dtype
+        a pair is judged at (compute precision included) is rules.tol_dtype's."""
         if self.all_dtypes is not None:
             return self.all_dtypes
         if dtype in self.rel_l2:
@@ -53,12 +57,50 @@ class Tolerances:
         for spec in specs or ():
             if "=" in spec:
                 name, value = spec.split("=", 1)
-                from dumpstore.dtypes import canonical
-
-                table[canonical(name.strip())] = _positive(value, spec)
+                table[tol_dtype_name(name, spec)] = _positive(value, spec)
             else:
                 everything = _positive(spec, spec)
         return cls(table, everything, amplification or AMPLIFICATION)
+
+
+# short names people type for dtypes (torch's own aliases `half`, `float`, `double` come from dumpstore.dtypes)
+_SHORT = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "f16": "float16",
+    "fp32": "float32",
+    "f32": "float32",
+    "tf32": "float32",
+    "single": "float32",
+    "fp64": "float64",
+    "f64": "float64",
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "e5m2": "float8_e5m2",
+}
+
+
+class ToleranceError(DumpstoreError, ValueError):
+    """A `--tol` spec that names no known dtype or holds no non-negative number (a usage error)."""
+
+
+def tol_dtype_name(name: str, spec: str | None = None) -> str:
+    """The canonical dtype a `--tol NAME=VALUE` names (`bf16`, `fp32`, `half`, `torch.float16`, `BFloat16`, ...);
+    raises ToleranceError listing the known names for anything else (a typo must not be ignored silently)."""
+    from dumpstore.dtypes import COMPLEX_DTYPES, FLOAT8_DTYPES, FLOAT_DTYPES, INT_DTYPES, canonical
+
+    known = (*FLOAT_DTYPES, *FLOAT8_DTYPES, *INT_DTYPES, "bool", *COMPLEX_DTYPES)
+    low = name.strip().lower()
+    got = _SHORT.get(low) or canonical(name.strip())
+    if got not in known:
+        short = ", ".join(sorted(_SHORT))
+        raise ToleranceError(
+            f"--tol {spec or name!r}: {name.strip()!r} is not a dtype; use one of {', '.join(known)} "
+            f"(or {short}, half, float, double)"
+        )
+    return got
 
 
 def _positive(value: str, spec: str) -> float:
@@ -66,8 +108,6 @@ def _positive(value: str, spec: str) -> float:
         v = float(value)
     except ValueError:
         v = -1.0
-    if not v >= 0:
-        from dumpstore.errors import DumpstoreError
-
-        raise DumpstoreError(f"tolerance {spec!r} is not a non-negative number; use e.g. 1e-3 or bfloat16=1e-2")
+    if not v >= 0 or v == float("inf"):
+        raise ToleranceError(f"tolerance {spec!r} is not a non-negative number; use e.g. 1e-3 or bfloat16=1e-2")
     return v

@@ -11,6 +11,7 @@ This module stays light: the heavy analysis is imported only when a verdict has 
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,15 +93,26 @@ def answer(
 
     st = _opened(store, root)
     before = memo.catalog_signature(st.root)
-    if comparison is not None:
-        verdict = divergence(comparison)
-    elif cluster is not None and not question.noise_ref:  # (a noise reference is compared here, in one process)
-        from .distributed import divergence_by_steps as on_cluster
+    files = None
+    with ExitStack() as stack:
+        unavailable: list[str] = []
+        if question.exact:  # the answer holds while the tensor files it read are as they were (memo.folders_digest)
+            from . import exact
 
-        verdict = on_cluster(st, question.target, question.ref, **options, **cluster)
-    else:
-        verdict = divergence_by_steps(st, question.target, question.ref, **options)
-    memo.save(st.root, key, live_ingests(st, question), before, verdict.to_dict())
+            dirs = exact.tensor_dirs(st, [question.target, question.ref])
+            files = {"dirs": dirs, "digest": memo.folders_digest(dirs)}
+            unavailable = stack.enter_context(exact.unavailable_pairs())
+        if comparison is not None:
+            verdict = divergence(comparison)
+        elif cluster is not None and not question.noise_ref:  # (a noise reference is compared here, in one process)
+            from .distributed import divergence_by_steps as on_cluster
+
+            verdict = on_cluster(st, question.target, question.ref, **options, **cluster)
+        else:
+            verdict = divergence_by_steps(st, question.target, question.ref, **options)
+    if unavailable:
+        verdict.not_judged = {"exact_unavailable": len(unavailable), "first": unavailable[0]}
+    memo.save(st.root, key, live_ingests(st, question), before, verdict.to_dict(), files)
     return verdict
 
 

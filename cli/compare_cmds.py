@@ -22,7 +22,9 @@ def _common(fn):
         "tol",
         multiple=True,
         metavar="[DTYPE=]VALUE",
-        help="Relative-L2 tolerance, for all dtypes or one (repeatable), e.g. --tol bfloat16=2e-2.",
+        callback=checked_tol,
+        help="Relative-L2 tolerance, for all dtypes or one (repeatable), e.g. --tol bfloat16=2e-2 (bf16, fp16, "
+        "fp32, half, float, ... accepted).",
     )(fn)
     fn = click.option("--rank", "ranks", type=int, multiple=True, help="Only this rank (repeatable).")(fn)
     fn = click.option("--step", "steps", type=int, multiple=True, help="Only this step (repeatable).")(fn)
@@ -30,6 +32,17 @@ def _common(fn):
     fn = click.option("--ref", required=True, help="Reference run name.")(fn)
     fn = click.option("--target", required=True, help="Target run name.")(fn)
     return store_option(fn)
+
+
+def checked_tol(ctx, param, value):
+    """--tol checked when parsed: an unknown dtype name or a bad number is a usage error (exit 2)."""
+    from dumpstore.analysis.tolerance import ToleranceError, Tolerances
+
+    try:
+        Tolerances.parse(value)
+    except ToleranceError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
 
 
 def compare_options(steps, ranks, tol, exact, maps, noise_ref=None) -> dict:
@@ -111,7 +124,11 @@ def compare(
             **compare_options(steps, ranks, tol, exact, maps, noise_ref),
         )
     else:
-        table = rank_rows(run_compare(store, target, ref, steps, ranks, tol, exact, maps, noise_ref), **ranking)
+        from dumpstore.analysis.rank import check_filters
+
+        cmp = run_compare(store, target, ref, steps, ranks, tol, exact, maps, noise_ref)
+        check_filters(cmp, module=module, op_type=op_type)
+        table = rank_rows(cmp, **ranking)
     from dumpstore.analysis.explain import run_modes
 
     _warn_modes(run_modes(store, target, ref), target, ref, exact)
@@ -138,16 +155,25 @@ def divergence(
 ):
     """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops.
 
-    --json prints one object; --csv one row per finding (first divergence, culprit)."""
+    --json prints one object; --csv one row per finding (first divergence, culprit, and the kernel replay found
+    when the target was replayed)."""
     cluster = {"address": address, "batch": batch} if engine == "ray" else None
     v = verdict(
         store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache, cluster=cluster, noise_ref=noise_ref
     )
     with_explanations(store, question(target, ref, steps, ranks, tol, exact, maps, noise_ref), v, use_memo=not no_cache)
     v["modes"]["notes"] = _warn_modes(v["modes"], target, ref, exact)
+    v["kernel"] = kernel_of(store, target, ref)
     click.echo(verdict_out(v, fmt, store))
     if check and v["first_divergence"] is not None:
         raise SystemExit(3)
+    missing = (v.get("not_judged") or {}).get("exact_unavailable")
+    if check and missing:  # no divergence among what was compared, but --exact could not compare everything
+        click.echo(
+            f"Error: --check: {missing} tensor pairs were not compared (--exact); the runs are not shown to agree",
+            err=True,
+        )
+        raise SystemExit(1)
 
 
 FINDING_COLUMNS = [
@@ -173,6 +199,24 @@ FINDING_COLUMNS = [
     "source_line",
     "advice",
 ]
+
+
+def kernel_of(store, target: str, ref: str | None) -> dict | None:
+    """The target's first op over its replay standard (culprit kind `kernel`, docs/replay.md) when the target was
+    replayed (`dumpstore replay`), with the reference's local error beside it when that was replayed too; None
+    otherwise (nothing is imported or read for a run never replayed)."""
+    from dataclasses import asdict
+
+    from dumpstore.replaytable import replay_path
+    from dumpstore.store import open_store
+
+    st = open_store(store)
+    if not replay_path(st, target, st.run_info(target)["ingest_id"]).is_file():
+        return None
+    from dumpstore.analysis.replay.findings import kernel_finding
+
+    f = kernel_finding(st, target, ref=ref)
+    return asdict(f) if f is not None else None
 
 
 def with_explanations(store, q, v: dict, *, use_memo: bool = True) -> dict:
@@ -243,7 +287,11 @@ def verdict_out(v: dict, fmt: str, store=None) -> str:
     if fmt == "csv":
         rows = [
             _csv_finding(label, f)
-            for label, f in (("first_divergence", v["first_divergence"]), ("culprit", v["culprit"]))
+            for label, f in (
+                ("first_divergence", v["first_divergence"]),
+                ("culprit", v["culprit"]),
+                ("kernel", v.get("kernel")),
+            )
             if f is not None
         ]
         return rows_out(FINDING_COLUMNS, rows, "csv")
@@ -293,6 +341,8 @@ def noise_line(v: dict) -> str:
     """A quiet verdict says so: the runs agree within the noise measured from the pair itself."""
     n, over = v.get("noise") or {}, v["counts"].get("diverged", 0)
     line = "AGREE within the measured noise"
+    if v["counts"].get("unknown"):
+        line += " (on what could be judged: see NOT JUDGED)"
     if over:
         line += f": {over} tensors over their tolerance, none standing out"
     flips = n.get("discrete_flips") or []
@@ -308,6 +358,23 @@ def noise_line(v: dict) -> str:
             f" {n['op']} (p{round(100 * n['quantile'])} {num(n['amplification_quantile'])}x)"
         )
     return line
+
+
+def not_judged_lines(v: dict) -> list[str]:
+    """What the verdict could not judge, said (never a silent pass): pairs --exact could not read again, and the other
+    `unknown` pairs (NaN/Inf in both runs hiding their finite values, no statistics to compare)."""
+    nj = v.get("not_judged") or {}
+    exact = int(nj.get("exact_unavailable") or 0)
+    other = int(v["counts"].get("unknown", 0)) - exact
+    lines = []
+    if exact:
+        lines.append(f"NOT JUDGED: {exact} tensor pairs --exact could not compare, left unknown ({nj.get('first')})")
+    if other > 0:
+        lines.append(
+            f"NOT JUDGED: {other} tensor pairs unknown (NaN/Inf in both runs hiding their finite values, or nothing "
+            f"comparable dumped); `dumpstore compare --target {v['target']} --ref {v['ref']}` lists them"
+        )
+    return lines
 
 
 def verdict_text(v: dict) -> str:
@@ -339,8 +406,11 @@ def verdict_text(v: dict) -> str:
         lines += [x for x in explanation_lines(first, config=False) if not x.startswith("  fix:")]
     lines.append(finding_line("CULPRIT", culprit))
     lines += explanation_lines(culprit, config=True)
+    if v.get("kernel"):  # the target was replayed (dumpstore replay) and an op's own output is off its standard
+        lines.append(finding_line("KERNEL", v["kernel"]))
     if v["first_divergence"] is None and v["culprit"] is None:
         lines.append(noise_line(v))
+    lines.extend(not_judged_lines(v))
     for s in v["steps"]:
         lines.append(
             f"  step {s['step']}: {s['compared']} compared, {s['diverged']} diverged, "

@@ -20,11 +20,101 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            with _notices_as_warnings():
+            with _notices_as_warnings(), _terminate_as_interrupt():
                 return super().invoke(ctx)
         except DumpstoreError as exc:
             click.echo(f"Error: {text(exc)}", err=True)  # one line: a name from a dump cannot break it
             ctx.exit(1)
+        except KeyboardInterrupt:  # SIGINT (and SIGTERM, below): what was being written is cleaned up on the way
+            click.echo("Error: interrupted; the store is as it was before this command", err=True)
+            ctx.exit(130)
+        except Exception as exc:
+            if "Interrupt" in type(exc).__name__ or str(exc) == "Query interrupted":  # DuckDB's, on Ctrl-C
+                click.echo("Error: interrupted; the store is as it was before this command", err=True)
+                ctx.exit(130)
+            line = _damaged_file(exc, ctx)
+            if line is None:
+                raise
+            click.echo(f"Error: {text(line)}", err=True)
+            ctx.exit(1)
+
+
+_SIGNALS = None
+
+
+def _quiet_children() -> None:
+    """Processes forked by a command (ingest and --exact workers) end quietly on Ctrl-C, leaving the cleanup and the
+    one line to the command itself: SIGINT and SIGTERM are blocked across each fork, and a child ends on SIGINT at
+    once (exit 130, no traceback), on SIGTERM as by default."""
+    import signal
+
+    global _SIGNALS
+    if _SIGNALS is not None or not hasattr(os, "register_at_fork"):
+        return
+    _SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+    def before() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+
+    def parent() -> None:
+        # a signal that came during the fork is taken off (ignored while unblocked) and sent again from a thread, so
+        # that it is raised in the command's code, not inside this hook (where Python would drop the exception)
+        pending = signal.sigpending() & _SIGNALS
+        held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in pending}
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        for sig in pending:
+            import threading
+
+            threading.Timer(0.01, os.kill, (os.getpid(), sig)).start()
+
+    def child() -> None:
+        signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+
+    os.register_at_fork(before=before, after_in_parent=parent, after_in_child=child)
+
+
+@contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt in this process (not in forked workers), so a terminated command cleans up
+    as an interrupted one does (staging folders, report .part files) and exits 130 with one line."""
+    import signal
+
+    me = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != me:  # a forked worker: die as the default handler would
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (a test runner): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _damaged_file(exc: Exception, ctx: click.Context) -> str | None:
+    """One line for an unreadable Parquet file of the store (flipped, truncated or empty), from pyarrow's, Polars'
+    or DuckDB's error; None for anything else (a bug keeps its traceback)."""
+    del ctx
+    words = " ".join(str(exc).split())
+    low = words.lower()
+    if "parquet" not in low and "magic bytes" not in low:
+        return None
+    return (
+        f"a Parquet file of the store is damaged ({words[:300]}); `dumpstore repair --store STORE` names the runs "
+        "to ingest again"
+    )
 
 
 @contextmanager
@@ -47,6 +137,20 @@ def _notices_as_warnings():
         yield
 
 
+class _PowerOfTwo(click.ParamType):
+    """--sketch-m: a power of two the sketch can hold (dumpstore.summary.check_sketch_m), else a usage error."""
+
+    name = "power of two"
+
+    def convert(self, value, param, ctx):
+        from dumpstore.summary import check_sketch_m
+
+        try:
+            return check_sketch_m(int(value))
+        except (TypeError, ValueError) as exc:
+            self.fail(f"{value!r}: {exc}" if "sketch" in str(exc) else f"{value!r} is not an integer", param, ctx)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dumpstore")
 def main() -> None:
@@ -63,9 +167,16 @@ def main() -> None:
     help="Name of the run in the store (re-ingest replaces it); one --run per PATH, in order.",
 )
 @store_option
-@click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: CPU count).")
-@click.option("--sample-k", type=int, default=None, help="Sample size per tensor (default 64).")
-@click.option("--sketch-m", type=int, default=None, help="Sketch buckets per tensor, power of two (default 512).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Worker processes (default: CPU count).")
+@click.option(
+    "--sample-k", type=click.IntRange(min=0, max=1 << 20), default=None, help="Sample size per tensor (default 64)."
+)
+@click.option(
+    "--sketch-m",
+    type=_PowerOfTwo(),
+    default=None,
+    help="Sketch buckets per tensor, a power of two from 1 to 65536 (default 512).",
+)
 @click.option("--no-tensors", is_flag=True, help="Do not read tensor files; keep the dumper's statistics only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ingest summary as JSON (a list for several runs).")
 @engine_options
@@ -94,7 +205,9 @@ def ingest(
     if len(set(runs)) != len(runs):
         raise click.UsageError("each --run name may appear once")
     opts = IngestOptions(
-        sample_k=sample_k or DEFAULT_SAMPLE_K, sketch_m=sketch_m or DEFAULT_SKETCH_M, load_tensors=not no_tensors
+        sample_k=DEFAULT_SAMPLE_K if sample_k is None else sample_k,
+        sketch_m=DEFAULT_SKETCH_M if sketch_m is None else sketch_m,
+        load_tensors=not no_tensors,
     )
     if engine == "ray":  # one run after the other, each over the whole cluster
         from dumpstore._ingest import ingest as do_ingest
@@ -233,12 +346,12 @@ def runs(store: Path | None, fmt: str) -> None:
     from dumpstore.store import CATALOG, open_store
 
     st = open_store(store)
+    table = st.runs()  # a store that lost its catalog but holds data: the error naming `dumpstore repair`
     if not (st.root / CATALOG).is_file():
         raise StoreError(
             f"{st.root}: not a dumpstore store (no {CATALOG}); ingest a dump first (dumpstore ingest PATH --run "
             "NAME --store DIR), or point --store / $DUMPSTORE_STORE at a store"
         )
-    table = st.runs()
     if fmt == "table":
         table = table.select(
             [
@@ -292,14 +405,40 @@ def query(
 
 @main.command()
 @store_option
-@click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: CPU count).")
-def upgrade(store: Path | None, jobs: int | None) -> None:
-    """Re-ingest the runs of a store written by an older dumpstore from their dump folders."""
-    from dumpstore._ingest import upgrade as do_upgrade
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Worker processes (default: CPU count).")
+@click.option(
+    "--from-source",
+    is_flag=True,
+    help="Re-ingest what the dump folders hold now, even where they changed since the runs were ingested.",
+)
+def upgrade(store: Path | None, jobs: int | None, from_source: bool) -> None:
+    """Re-ingest the runs of a store written by an older dumpstore from their dump folders (all or nothing)."""
+    from dumpstore.upgrade import upgrade as do_upgrade
 
     with _Progress("upgrade") as bar:
-        done = do_upgrade(store, jobs=jobs, progress=bar.update)
+        done = do_upgrade(store, jobs=jobs, progress=bar.update, from_source=from_source)
     click.echo(f"upgraded {len(done)} runs" + (": " + ", ".join(r.run for r in done) if done else ""))
+
+
+@main.command()
+@store_option
+def repair(store: Path | None) -> None:
+    """Rebuild the catalog (runs.parquet) from the ingests' records and check the live Parquet files."""
+    from dumpstore.repair import repair as do_repair
+    from dumpstore.store import store_errors
+
+    with store_errors(store):
+        res = do_repair(store)
+    what = "rebuilt the catalog" if res.rewritten else "the catalog is complete"
+    click.echo(f"{what}: {len(res.runs)} runs" + (": " + ", ".join(res.runs) if res.runs else ""))
+    for run in res.unrecorded:
+        click.echo(
+            f"warning: run {run}: data without a record (ingested by an older dumpstore); ingest it again", err=True
+        )
+    for run, why in res.damaged.items():
+        click.echo(f"warning: run {run}: damaged file {why}; ingest the run again", err=True)
+    if res.damaged or res.unrecorded:
+        raise SystemExit(1)
 
 
 from .compare_cmds import compare, divergence, overflow  # noqa: E402
@@ -348,6 +487,7 @@ def run() -> None:
     from dumpstore import retain
 
     retain.RETAINED = []
+    _quiet_children()
     try:
         main()
     except SystemExit as exc:

@@ -16,6 +16,15 @@ def store_option(fn):
     )(fn)
 
 
+def _set_connect_timeout(ctx, param, value):
+    """--connect-timeout goes to dumpstore.engine_ray (imported only when it differs from its default there)."""
+    if value is not None and value != 10.0:
+        from dumpstore import engine_ray
+
+        engine_ray.CONNECT_TIMEOUT = float(value)
+    return value
+
+
 def engine_options(fn):
     """--engine local|ray, --address, --batch: where the work runs (see README, Ray)."""
     fn = click.option(
@@ -23,6 +32,15 @@ def engine_options(fn):
         type=click.IntRange(min=1),
         default=None,
         help="--engine ray: (step, rank) units per Ray task (default: by cluster size, at most 32).",
+    )(fn)
+    fn = click.option(
+        "--connect-timeout",
+        type=click.FloatRange(min=0.1),
+        default=10.0,
+        show_default=True,
+        expose_value=False,
+        callback=_set_connect_timeout,
+        help="--engine ray: seconds to reach the cluster named by --address before giving up with one line.",
     )(fn)
     fn = click.option(
         "--address",

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,57 @@ def ray_module():
     return ray
 
 
+CONNECT_TIMEOUT = 10.0  # seconds to reach a cluster named by --address (the CLI's --connect-timeout)
+
+
+def _reachable(address: str | None, timeout: float) -> None:
+    """A cluster address given as HOST:PORT (or ray://HOST:PORT) answers a TCP connection within `timeout` seconds,
+    else one EngineError line (ray.init itself retries for minutes)."""
+    import socket
+
+    if not address or address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # not HOST:PORT: Ray's own parsing says what is wrong
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+        raise EngineError(
+            f"cannot reach Ray at {address} within {timeout:g} s ({why}); check --address (`ray status` on the head "
+            "node prints it) or raise --connect-timeout"
+        ) from None
+
+
+def _init_within(ray, options: dict, timeout: float) -> None:
+    """`ray.init(**options)` for a cluster address, given up after `timeout` seconds with one EngineError line (Ray
+    retries an address that answers but is no Ray cluster for minutes). Its C++ warnings stay quiet meanwhile."""
+    import threading
+
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+    got: list[BaseException | None] = []
+
+    def init() -> None:
+        try:
+            ray.init(**options)
+            got.append(None)
+        except BaseException as exc:  # re-raised in the calling thread
+            got.append(exc)
+
+    worker = threading.Thread(target=init, name="dumpstore-ray-init", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not got:
+        raise EngineError(
+            f"cannot join Ray at {options['address']} within {timeout:g} s (no Ray cluster answered there); check "
+            "--address (`ray status` on the head node prints it) or raise --connect-timeout"
+        )
+    if got[0] is not None:
+        raise got[0]
+
+
 class session:
     """Connect to Ray for the block: a running instance is used as it is; else `ray.init(address)` (None: a new
     local instance, 'auto': the cluster this machine belongs to) and shut down again after."""
@@ -51,18 +104,24 @@ class session:
     def __init__(self, address: str | None = None):
         self.address = address
         self.started = False
+        self.watcher: int | None = None
 
     def __enter__(self):
         ray = ray_module()
         if not ray.is_initialized():
+            _reachable(self.address, CONNECT_TIMEOUT)
+            options = {
+                "address": self.address or "local",
+                "include_dashboard": False,
+                "logging_level": "ERROR",
+                "log_to_driver": False,
+                "configure_logging": False,
+            }
             try:
-                ray.init(
-                    address=self.address or "local",
-                    include_dashboard=False,
-                    logging_level="ERROR",
-                    log_to_driver=False,
-                    configure_logging=False,
-                )
+                if self.address in (None, "local"):
+                    ray.init(**options)
+                else:
+                    _init_within(ray, options, CONNECT_TIMEOUT)
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 where = self.address or "a local instance"
                 raise EngineError(
@@ -70,11 +129,79 @@ class session:
                     "check --address (ray status on the head node prints it)"
                 ) from None
             self.started = True
+            if self.address in (None, "local"):
+                self.watcher = _reaper(_descendants(os.getpid()))
         return ray
 
     def __exit__(self, *exc):
         if self.started:
             ray_module().shutdown()
+        if self.watcher is not None:
+            _stop(self.watcher)
+
+
+def _descendants(pid: int) -> list[tuple[int, int]]:
+    """(pid, start time) of every process below `pid` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    start: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        child = int(stat.parent.name)
+        children.setdefault(int(fields[1]), []).append(child)
+        start[child] = int(fields[19])
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append((p, start[p]))
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _reaper(procs: list[tuple[int, int]]) -> int | None:
+    """A process that ends `procs` (the local Ray this driver started) when the driver dies without shutting Ray
+    down (SIGKILL): it waits on a pipe whose only writer is the driver; end of file means the driver is gone."""
+    if not procs or not sys.platform.startswith("linux"):
+        return None
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the reaper: no Python beyond reads, kills and _exit (the driver has threads)
+        try:
+            os.close(w)
+            os.setsid()  # not in the driver's process group: a Ctrl-C there is not its business
+            while os.read(r, 1):
+                pass
+            for p, started in procs:
+                try:
+                    with open(f"/proc/{p}/stat", "rb") as fh:
+                        if int(fh.read().rsplit(b")", 1)[1].split()[19]) != started:
+                            continue  # the pid now names another process
+                    os.kill(p, signal.SIGKILL)
+                except (OSError, ValueError, IndexError):
+                    pass
+        finally:
+            os._exit(0)
+    os.close(r)
+    os.set_inheritable(w, False)
+    _REAPER_PIPES[pid] = w
+    return pid
+
+
+_REAPER_PIPES: dict[int, int] = {}
+
+
+def _stop(pid: int) -> None:
+    """The driver shut Ray down itself: the reaper is not needed (killed, not let loose on reused pids)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+    w = _REAPER_PIPES.pop(pid, None)
+    if w is not None:
+        os.close(w)
 
 
 def run_units(

@@ -30,8 +30,10 @@ class Unit:
     source: str  # '' / graph / pynative
 
 
-def find_units(root: str | os.PathLike) -> list[Unit]:
-    """All ingest units under `root` (a dump root, a step or rank folder, or one dump.json)."""
+def find_units(root: str | os.PathLike, *, quiet: bool = False) -> list[Unit]:
+    """All ingest units under `root` (a dump root, a step or rank folder, or one dump.json). A step, rank or proc
+    folder that yields nothing (no dump.json, empty, or a link, which is not followed) is skipped with a notice
+    (none when `quiet`)."""
     root = Path(root)
     if not root.exists():
         raise DumpFormatError(f"{root}: no such file or directory")
@@ -40,7 +42,7 @@ def find_units(root: str | os.PathLike) -> list[Unit]:
         if got is None or got[1].path != root:
             raise DumpFormatError(f"{root}: not a dump file; expected {_record_files()} or a dump folder")
         return [_unit(root, got[1].kind, root.parent)]
-    units = [_unit(c.path, c.kind, folder) for c, folder in _walk(root)]
+    units = [_unit(c.path, c.kind, folder) for c, folder in _walk(root, None if quiet else _skipped)]
     units = _drop_proc_beside_rank(units)
     if not units:
         raise DumpFormatError(
@@ -57,21 +59,60 @@ def _record_files() -> str:
     return ", ".join(f for r in readers.READERS for f in getattr(r, "FILES", ()))
 
 
-def _walk(root: Path) -> list[tuple[readers.Claim, Path]]:
-    """What the readers claim under `root`, with the folder of each claim."""
+def _skipped(folder: Path, why: str) -> None:
+    import warnings
+
+    from .errors import DumpstoreWarning
+
+    warnings.warn(f"{folder}: {why}; skipped", DumpstoreWarning, stacklevel=4)
+
+
+def _is_unit_folder_name(name: str) -> bool:
+    return bool(_STEP.match(name) or _RANK.match(name) or _PROC.match(name))
+
+
+def _walk(root: Path, skipped=None) -> list[tuple[readers.Claim, Path]]:
+    """What the readers claim under `root`, with the folder of each claim. With `skipped`, each step, rank or proc
+    folder that yields nothing (empty, no record file, a link: not followed) is passed to it with the reason."""
     found: list[tuple[readers.Claim, Path]] = []
+    folders: list[Path] = []  # step / rank / proc folders seen, to tell those that gave nothing
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames.sort()
         d = Path(dirpath)
+        if skipped is not None:
+            for name in dirnames:
+                if _is_unit_folder_name(name) and (d / name).is_symlink():
+                    skipped(d / name, "is a link (not followed)")
+            if d != root and _is_unit_folder_name(d.name):
+                folders.append(d)
         got = readers.claim(d, filenames)
         if got is not None:
             found.append((got[1], d))
             if got[1].whole:
                 dirnames[:] = []  # e.g. dump_tensor_data belongs to this dump.json
+    if skipped is not None and found:
+        _report_idle(found, folders, skipped)
     return found
 
 
+def _report_idle(found: list[tuple[readers.Claim, Path]], folders: list[Path], skipped) -> None:
+    """Pass to `skipped` the deepest step/rank/proc folders under which nothing was claimed."""
+    covered: set[Path] = set()
+    for _, unit_dir in found:
+        covered.add(unit_dir)
+        covered.update(unit_dir.parents)
+    idle = [f for f in folders if f not in covered]
+    inner = {parent for f in idle for parent in f.parents}
+    for folder in idle:
+        if folder not in inner:  # the deepest only: step8/rank0, not step8 as well
+            empty = not any(folder.iterdir())
+            skipped(folder, "is empty" if empty else f"holds no {_record_files()} or tensor files")
+
+
 def _unit(path: Path, kind: str, folder: Path) -> Unit:
+    place = getattr(readers.reader(kind), "place", None) if kind not in ("dump", "files") else None
+    if place is not None:  # a format with folders of its own (MindSpore graph dumps: rank_{r}/.../{iteration})
+        return Unit(path, kind, *place(path))
     step, rank, rank_dir, source = 0, 0, "", ""
     parts = folder.resolve().parts if folder.exists() else folder.parts
     for part in parts:

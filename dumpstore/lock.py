@@ -143,11 +143,38 @@ def _wait_message(path: Path, what: str) -> str:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         owner = _read_owner(fd)
+        for _ in range(10):  # a new owner writes its record just after taking the lock: give it a moment
+            if owner:
+                break
+            time.sleep(0.05)
+            owner = _read_owner(fd)
     finally:
         os.close(fd)
+    if owner is None:  # locked, yet no record: the owner is between taking the lock and writing it
+        return f"waiting: {what}: held by another process"
     if owner and owner_gone(owner):
         return (
             f"waiting: {what}: the lock is held by processes left behind by {_describe(owner)}, which has "
             f"ended (workers of an older dumpstore?); end them to continue (fuser {path})"
         )
     return f"waiting: {what}: held by {_describe(owner)}"
+
+
+@contextmanager
+def try_hold(path: Path) -> Iterator[bool]:
+    """Hold the lock at `path` if no one holds it now (yields True), else yield False at once; a stale record is
+    overwritten silently (the caller only tidies up)."""
+    fd = _try_lock(path)
+    if fd is None:
+        yield False
+        return
+    _HELD.add(fd)
+    try:
+        _write_owner(fd)
+        yield True
+    finally:
+        _HELD.discard(fd)
+        try:
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)

@@ -169,20 +169,43 @@ def run_query(store: Store, sql: str, *, limits: Limits | None = None) -> pa.Tab
     limits = limits or Limits()
     statement = read_only_statement(sql)
     memory_limit(limits.memory_limit)  # a bad size is refused before the store is opened
+    cap = result_cap(limits.memory_limit)
     with tempfile.TemporaryDirectory(prefix="dumpstore-query-") as spill:  # not the working directory
-        return _run(connect(store, limits=limits, temp_dir=spill), statement, limits.timeout)
+        return _run(connect(store, limits=limits, temp_dir=spill), statement, limits.timeout, cap)
 
 
-def _run(con: duckdb.DuckDBPyConnection, statement: str, timeout: float | None) -> pa.Table:
-    """Fetch `statement` on `con`, interrupted after `timeout` seconds; closes `con`."""
+RESULT_SHARE = 0.25  # of the memory limit: the result, fetched batch by batch, may hold at most this much
+
+
+def result_cap(value: str | None) -> int:
+    """The most bytes a query's result may hold: RESULT_SHARE of its memory limit (rendering it as text takes a
+    few times that again; DuckDB's own memory is bounded by the limit itself)."""
+    return max(1 << 20, int(_size_bytes(memory_limit(value)) * RESULT_SHARE))
+
+
+_UNITS = {"B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
+_UNITS |= {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+def _size_bytes(limit: str) -> int:
+    m = _SIZE.match(limit)
+    assert m is not None  # memory_limit() returns sizes only
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").upper()])
+
+
+def _run(con: duckdb.DuckDBPyConnection, statement: str, timeout: float | None, cap: int | None = None) -> pa.Table:
+    """Fetch `statement` on `con` batch by batch, stopped when the result passes `cap` bytes or after `timeout`
+    seconds; closes `con`."""
     timer = None
     if timeout is not None:
         timer = threading.Timer(timeout, con.interrupt)
         timer.daemon = True
         timer.start()
     try:
-        return fetch_arrow(con, statement)
+        return fetch_arrow(con, statement) if cap is None else _fetch_capped(con, statement, cap)
     except duckdb.InterruptException:
+        if timer is None or timer.is_alive():  # not our timer: Ctrl-C
+            raise KeyboardInterrupt from None
         raise QueryError(
             f"the query ran past its time limit of {timeout:g} s and was stopped (raise --timeout, or narrow the query)"
         ) from None
@@ -192,6 +215,23 @@ def _run(con: duckdb.DuckDBPyConnection, statement: str, timeout: float | None) 
         if timer is not None:
             timer.cancel()
         con.close()
+
+
+def _fetch_capped(con: duckdb.DuckDBPyConnection, sql: str, cap: int) -> pa.Table:
+    """The result of `sql`, streamed in record batches; QueryError as soon as it holds more than `cap` bytes."""
+    reader = con.sql(sql).to_arrow_reader(2048)  # one DuckDB vector per batch
+    batches, held, rows = [], 0, 0
+    for batch in reader:
+        held += batch.nbytes
+        rows += batch.num_rows
+        if held > cap:
+            reader.close()
+            raise QueryError(
+                f"the query's result passed {cap // 2**20} MiB (a quarter of the memory limit) after {rows} rows and "
+                "was stopped; add a LIMIT, select fewer or shorter columns, or raise --memory-limit"
+            )
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=reader.schema)
 
 
 def fetch_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: list | dict | None = None) -> pa.Table:

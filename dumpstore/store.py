@@ -47,6 +47,7 @@ class Store:
         try:
             st = path.stat()
         except FileNotFoundError:
+            self._no_catalog()
             return RUN_SCHEMA.empty_table(), []
         key = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if self._catalog is None or self._catalog[0] != key:
@@ -54,12 +55,45 @@ class Store:
             self._catalog = key, table, table.to_pylist()
         return self._catalog[1], self._catalog[2]
 
-    def _checked_catalog(self, path: Path) -> pa.Table:
+    def _no_catalog(self) -> None:
+        """A store without runs.parquet is empty only when it holds no run's data: a catalog deleted or lost is an
+        error naming the runs it held and the fix, never an empty store (an ingest would orphan their data)."""
+        from .runrecord import runs_with_data
+
+        held = runs_with_data(self.root)
+        if held:
+            raise StoreError(
+                f"{self.root / CATALOG}: the store's catalog is missing, but the store holds data of runs "
+                f"{', '.join(held[:10])}{' ...' if len(held) > 10 else ''}; rebuild it with "
+                f"`dumpstore repair --store {self.root}`"
+            )
+
+    def _read_catalog_file(self, path: Path) -> pa.Table:
+        """runs.parquet as a table; a file that is not a readable catalog is one StoreError naming it and the fix."""
         from .parquetio import read_table
+
+        try:
+            table = read_table(path)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise StoreError(
+                f"{path}: the store's catalog is unreadable ({' '.join(str(exc).split())[:200]}); rebuild it with "
+                f"`dumpstore repair --store {self.root}`"
+            ) from None
+        if "run" not in table.schema.names or "ingest_id" not in table.schema.names:
+            raise StoreError(
+                f"{path}: not a dumpstore catalog (no run / ingest_id columns); rebuild it with "
+                f"`dumpstore repair --store {self.root}`"
+            )
+        return table
+
+    def _checked_catalog(self, path: Path) -> pa.Table:
         from .schema import SCHEMA_VERSION
 
-        table = read_table(path)
+        table = self._read_catalog_file(path)
         versions = set(table.column("schema_version").to_pylist()) if "schema_version" in table.schema.names else {0}
+        newer = sorted(v for v in versions if isinstance(v, int) and v > SCHEMA_VERSION)
+        if newer:
+            raise StoreError(newer_schema_message(self.root, table.to_pylist()))
         old = sorted(v for v in versions if v != SCHEMA_VERSION)
         if old:
             raise StoreError(
@@ -70,11 +104,13 @@ class Store:
         return table
 
     def raw_runs(self) -> list[dict[str, Any]]:
-        """Catalog rows whatever their schema version (for upgrades)."""
-        from .parquetio import read_table
-
+        """Catalog rows whatever their schema version (for upgrades); errors as `runs()` for a missing or unreadable
+        catalog."""
         path = self.root / CATALOG
-        return read_table(path).to_pylist() if path.exists() else []
+        if not path.exists():
+            self._no_catalog()
+            return []
+        return self._read_catalog_file(path).to_pylist()
 
     def run_names(self) -> list[str]:
         return [str(r) for r in self.runs().column("run").to_pylist()]
@@ -104,7 +140,44 @@ class Store:
         holding it left behind (its staging folder, files of a publish cut short) is removed on taking it."""
         with self._lock(f"run-{run}", f"ingest of run {run!r} into {self.root}"):
             self.collect_garbage(run, keep=self._live_id(run))
+            self.sweep_stale(but=run)
             yield
+
+    def sweep_stale(self, but: str | None = None) -> None:
+        """Remove what killed ingests of other runs left (staging of a new run nobody ingests again included): each
+        run whose lock no one holds now is collected as its own next ingest would (`collect_garbage`)."""
+        from .lock import try_hold
+
+        base = self.root / _STAGING
+        try:
+            names = sorted(d.name[4:] for d in base.iterdir() if d.name.startswith("run=") and d.is_dir())
+        except OSError:
+            return
+        try:
+            live = {r["run"]: r["ingest_id"] for r in self.raw_runs()}
+        except StoreError:  # a catalog that cannot be read: nothing is removed
+            return
+        now = time.time()
+        for run in names:
+            if run == but:
+                continue
+            try:  # cheap first: only a run with a folder to remove is locked and collected
+                stale = [
+                    d
+                    for d in (base / f"run={run}").iterdir()
+                    if d.name != live.get(run) and _replaced_for(d, now) >= GC_GRACE_SECONDS
+                ]
+            except OSError:
+                continue
+            if not stale:
+                continue
+            with try_hold(self.root / ".locks" / f"run-{run}.lock") as held:
+                if held:
+                    try:
+                        self.collect_garbage(run, keep=self._live_id(run))
+                    except StoreError:  # a catalog that cannot be read: nothing is removed
+                        return
+                    _rmdir_quietly(base / f"run={run}")
 
     def _live_id(self, run: str) -> str | None:
         return next((r["ingest_id"] for r in self.raw_runs() if r["run"] == run), None)
@@ -127,14 +200,18 @@ class Store:
         """Make an ingest live: link its files into tensors/ and stacks/, replace the run's catalog row atomically,
         then take the replaced ingest's files out of the tree at once (readers of the old catalog still find them
         in its staging folder for GC_GRACE_SECONDS; files already open stay readable)."""
+        from .runrecord import mark_published, write_run_record
+
         run, new = row["run"], row["ingest_id"]
         staged = self.staging_dir(run, new)
+        write_run_record(staged, row)  # the catalog can be rebuilt from the data (dumpstore repair)
         self._link_into_tree(staged, run)
         with self._lock("catalog", f"catalog of store {self.root}"):
             rows = [r for r in self.runs().to_pylist() if r["run"] != run]
             old = next((r["ingest_id"] for r in self.raw_runs() if r["run"] == run), None)
             rows.append(row)
             rows.sort(key=lambda r: r["run"])
+            mark_published(staged)
             self._write_catalog(rows)
         if old is not None and old != new:
             _touch(self.staging_dir(run, old) / _REPLACED)
@@ -219,6 +296,21 @@ class Store:
             if any(d.glob(f"part-{ingest_id}*.parquet")):
                 out.append(str(d / f"part-{ingest_id}*.parquet"))
         return out
+
+
+def newer_schema_message(root: Path, rows: list[dict[str, Any]]) -> str:
+    """The refusal of a store written by a newer dumpstore (never read, upgraded or downgraded by this one)."""
+    from . import __version__
+    from .schema import SCHEMA_VERSION
+
+    newest = max(
+        (r for r in rows if isinstance(r.get("schema_version"), int)), key=lambda r: r["schema_version"], default={}
+    )
+    by = newest.get("dumpstore_version") or f"schema version {newest.get('schema_version')}"
+    return (
+        f"{root}: store written by dumpstore {by} (schema version {newest.get('schema_version')}); this is dumpstore "
+        f"{__version__} (schema version {SCHEMA_VERSION}): upgrade dumpstore"
+    )
 
 
 _STAGING = ".ingests"  # hidden: Parquet readers of the store (and of tensors/) skip names starting with "."

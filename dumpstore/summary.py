@@ -101,7 +101,16 @@ def summarize(
     if n == 0:
         return Stats(None, None, None, None, 0, 0, 0, 0, 0), smp, np.zeros(0)
     total, sumsq, lo, hi, zeros, sk = _reduce(flat, m)
+    if arr.dtype.kind == "c":  # statistics of |x|, but the sketch of both parts: x and conj(x) must not look equal
+        sk = _complex_sketch(arr, m)
     return _finish(flat, dtype, total, sumsq, lo, hi, zeros), smp, sk
+
+
+def _complex_sketch(arr: np.ndarray, m: int) -> np.ndarray:
+    """The sketch of a complex tensor: the linear fold of its real and imaginary parts, interleaved (2 numel values
+    into min(m, 2 numel) buckets): ||sketch(x) - sketch(y)|| estimates ||x - y|| over both parts."""
+    parts = np.ascontiguousarray(arr).reshape(-1).view(arr.real.dtype)
+    return _reduce(parts, m)[5]
 
 
 class _Scratch(threading.local):
@@ -328,6 +337,8 @@ def sketch(arr: np.ndarray, m: int = DEFAULT_SKETCH_M) -> np.ndarray:
     """Linear signed fold of the flattened tensor into `min(m, numel)` float64 buckets."""
     check_sketch_m(m)
     flat = _real_view(arr)
+    if flat.size and arr.dtype.kind == "c":
+        return _complex_sketch(arr, m)
     return _reduce(flat, m)[5] if flat.size else np.zeros(0)
 
 

@@ -59,7 +59,8 @@ GOLDEN = {
         "  parameter: layers.1.fc1.weight (norm 3.27379 in the target vs 3.24137)\n"
         "  fix: Check how each run initialises, loads (checkpoint) or converts layers.1.fc1.weight: the two runs start from different weights.\n"
         '  next: dump it at tensor level with this msprobe config.json: {"task": "tensor", "dump_path": "./dump_tensor", "rank": [0], "step": [0], "level": "mix", "async_dump": false, "tensor": {"scope": [], "list": ["Module.layers.1.fc1.Linear.forward.0", "Module.layers.1.fc1.Linear.backward.0"], "data_mode": ["all"]}}\n'
-        "  step 0: 453 compared, 201 diverged, 0 unmatched, max rel_l2 0.0119, first Functional.linear.6.forward\n"
+        "NOT JUDGED: 12 tensor pairs unknown (NaN/Inf in both runs hiding their finite values, or nothing comparable dumped); `dumpstore compare --target target --ref ref` lists them\n"
+        "  step 0: 449 compared, 201 diverged, 0 unmatched, max rel_l2 0.0119, first Functional.linear.6.forward\n"
         "  step 1: 449 compared, 218 diverged, 0 unmatched, max rel_l2 0.0113, first Functional.linear.6.forward\n"
         "  step 2: 449 compared, 204 diverged, 0 unmatched, max rel_l2 0.0126, first Functional.linear.6.forward\n"
     ),

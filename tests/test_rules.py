@@ -36,7 +36,11 @@ def test_statistics_bound_edge_cases():
     assert _bound([1.0, 3.0, None, None], [1.0, 2.0, None, None]) == 0.5  # no norms: range of the reference
     assert _bound([None] * 4, [None] * 4) is None  # nothing known
     nan = float("nan")
-    assert _bound([nan, nan, nan, nan], [nan, nan, nan, nan]) == 0.0  # equal non-finite statistics
+    # equal non-finite statistics hide the finite values: unknown, never 0 (issue 24) ...
+    assert _bound([nan, nan, nan, nan], [nan, nan, nan, nan]) is None
+    assert _bound([1.0, math.inf, math.inf, math.inf], [1.0, math.inf, math.inf, math.inf]) is None
+    # ... unless nothing is finite: every element +Inf in both
+    assert _bound([math.inf] * 4, [math.inf] * 4) == 0.0
     assert _bound([0.0, 1.0, 0.5, math.inf], [0.0, 1.0, 0.5, 1.0]) == math.inf
 
 

@@ -63,9 +63,22 @@ def write_text(text: str, path: str | Path) -> int:
     """Write a report file (making its folder), or a one-line error naming it."""
     data = text.encode("utf-8")
     p = Path(path)
+    part = p.with_name(p.name + ".part")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
+        part.write_bytes(data)
+        part.replace(p)  # whole or not at all
     except OSError as exc:
+        _gone(part)
         raise DumpstoreError(f"{p}: cannot write the report ({exc.strerror or exc}); pick another path") from None
+    except BaseException:  # Ctrl-C, SIGTERM: no half file left
+        _gone(part)
+        raise
     return len(data)
+
+
+def _gone(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass

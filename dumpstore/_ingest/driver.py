@@ -1,5 +1,5 @@
 """Ingest a dump tree into the store: its units run by a local process pool or on Ray, published atomically
-per run; and the upgrade of a store written by an older schema."""
+per run (the upgrade of a store written by an older schema, which re-ingests, is dumpstore/upgrade.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import re
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from .. import summary
@@ -35,11 +34,14 @@ def ingest(
     progress: Callable[[int, int], None] | None = None,
     engine: str = "local",
     engine_options: dict[str, Any] | None = None,
+    staged: Callable[[dict[str, Any]], None] | None = None,
 ) -> IngestResult:
     """Ingest every dump under `path` as run `run`; replaces an earlier run of that name atomically.
 
     `engine`: 'local' (a process pool on this machine) or 'ray' (tasks on a Ray cluster writing into a store
-    every node reaches; `engine_options` go to `engine_ray.run_units`: address, batch, retries)."""
+    every node reaches; `engine_options` go to `engine_ray.run_units`: address, batch, retries).
+    `staged`: the ingest is only staged, not published: its catalog row goes to `staged` (dumpstore.upgrade
+    publishes several at once, holding the runs' locks itself)."""
     opts = options or IngestOptions()
     summary.check_sketch_m(opts.sketch_m)
     if engine not in ("local", "ray"):
@@ -52,7 +54,8 @@ def ingest(
             st = open_store(store, create=True)
             ingest_id = uuid.uuid4().hex[:12]
             # errors are worded inside: a full file system is told from one without inodes before the cleanup
-            with st.run_lock(run), _discarded_on_failure(st, run, ingest_id), store_errors(st.root):
+            lock = st.run_lock(run) if staged is None else nullcontext()
+            with lock, _discarded_on_failure(st, run, ingest_id), store_errors(st.root):
                 if engine == "ray":
                     from ..engine_ray import run_units as ray_units
 
@@ -63,7 +66,8 @@ def ingest(
                     results = _run_units(st, run, ingest_id, units, opts, jobs, progress)
                 total = _combine(run, ingest_id, results)
                 _warn(results)
-                st.publish_run(_catalog_row(run, ingest_id, path, units, results, total, opts))
+                row = _catalog_row(run, ingest_id, path, units, results, total, opts)
+                st.publish_run(row) if staged is None else staged(row)
     except DumpFormatError as exc:
         if one_line(str(exc)) == str(exc):
             raise
@@ -123,38 +127,3 @@ def _warn(results: list[UnitResult]) -> None:
     for res in results:
         for message in res.meta.get("warnings", []):
             warnings.warn(message, DumpstoreWarning, stacklevel=3)
-
-
-def upgrade(
-    store: str | os.PathLike | None = None,
-    *,
-    jobs: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> list[IngestResult]:
-    """Re-ingest every run of a store written by an older schema from the dump folder it came from."""
-    from ..schema import SCHEMA_VERSION
-
-    st = open_store(store)
-    old = [r for r in st.raw_runs() if r.get("schema_version") != SCHEMA_VERSION]
-    missing = [r["run"] for r in old if not Path(str(r.get("source_path"))).exists()]
-    if missing:
-        raise StoreError(
-            f"{st.root}: cannot upgrade runs {', '.join(missing)}: their dump folders are gone; "
-            "ingest them again from a copy into a new store"
-        )
-    keep = [r for r in st.raw_runs() if r.get("schema_version") == SCHEMA_VERSION]
-    st.rewrite_catalog(keep)
-    return [
-        ingest(
-            r["source_path"],
-            r["run"],
-            store=st.root,
-            jobs=jobs,
-            progress=progress,
-            options=IngestOptions(
-                sample_k=r.get("sample_k") or summary.DEFAULT_SAMPLE_K,
-                sketch_m=r.get("sketch_m") or summary.DEFAULT_SKETCH_M,
-            ),
-        )
-        for r in old
-    ]

@@ -10,6 +10,7 @@ from typing import Any
 
 import ujson
 
+from ..dupkeys import duplicate_records, duplicate_warning
 from ..errors import DumpFormatError
 from ..framework import detect_framework
 from ..layout import Unit
@@ -71,6 +72,8 @@ def _aux_json(path: Path, res: UnitResult, lost: str) -> Any:
         res.meta.setdefault("warnings", []).append(f"{path}: a link; not read (copy the file instead); {lost}")
         return None
     if not path.is_file():
+        if path.exists():  # a FIFO, a folder, a device: not read, and said so
+            res.meta.setdefault("warnings", []).append(f"{path}: not a regular file; not read; {lost}")
         return None
     try:
         return read_json(path)
@@ -85,7 +88,7 @@ def _tensor_task(doc: dict) -> bool:
 
 def _open_dump(unit: Unit, res: UnitResult, raw: bytes) -> tuple[dict, dict, dict[str, int], list[list[str]]]:
     """The unit's dump.json (its bytes `raw`; checked to hold a 'data' object), construct.json and stack.json."""
-    doc = _decode_json(unit.path, raw)
+    doc = whole = _decode_json(unit.path, raw)
     if unit.path.name == "debug.json" and isinstance(doc, dict) and "data" not in doc:
         doc = {"data": doc, "level": "debug"}
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
@@ -94,6 +97,8 @@ def _open_dump(unit: Unit, res: UnitResult, raw: bytes) -> tuple[dict, dict, dic
             "(msprobe dump.json); is this the right file?"
         )
     _set_meta(res, doc)
+    if dups := duplicate_records(raw, doc["data"], whole):  # never silent: JSON keeps one of each
+        res.meta.setdefault("warnings", []).append(duplicate_warning(unit.path, dups))
     return (doc, *_aux_files(unit, res))
 
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from .. import jsonsplit
 from ..arrays import to_arrow
+from ..dupkeys import record_lines
 from ..framework import detect_framework
 from ..layout import Unit
 from ..retain import retain
@@ -85,8 +86,8 @@ def _text_split(
     if any(part_res is None for _, (part_res, _, _) in parts):
         return None  # a later part does not parse as required
     names = [name for _, (_, keys, _) in parts for name in keys]
-    if len(set(names)) != len(names):
-        return None  # a record name in two parts: the whole text merges them
+    if len(set(names)) != len(names) or record_lines(job.raw) != len(names):
+        return None  # a record name twice (in two parts, or in one): the whole text merges them, and says so
     retain(got["doc"])
     found = next((framework for _, (_, _, framework) in parts if framework), None)
     if "framework" not in res.meta and found:  # none in the first part: a later part's first framework-typed value

@@ -24,6 +24,9 @@ where):
               outputs); when they differ (bf16 autocast vs fp32) it is said once, with the number of
               tensors whose dtype differs by design.
   coverage    the steps and ranks of each run (only the common ones are compared).
+
+Size: six checks over one pair of loaded runs, each a few short functions; they share its frames and helpers
+(the first forward record, the aligned pairs), which a split would pass between modules.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from dumpstore.names import strip_call
 from dumpstore.store import Store
 
 from .compare import Comparison, compare_runs
+from .defaults import default_keywords, frameworks
 from .order import OUTPUT_IO
 from .tolerance import Tolerances
 
@@ -535,6 +539,7 @@ def _scalar_rows(cmp: Comparison) -> tuple[pl.DataFrame, int]:
     both_nan = (pl.col("scalar_value").is_nan() & pl.col("ref_scalar_value").is_nan()).fill_null(False)
     differ = differ.filter(~both_nan)
     one = _one_run_leaves(cmp, ("scalar",))
+    one = one.filter(~default_keywords(one, frameworks(cmp.rows)))  # a keyword left at the API's default
     return pl.concat([differ, one.select(differ.columns)], how="vertical"), both.height + one.height
 
 

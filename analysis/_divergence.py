@@ -32,6 +32,7 @@ from dumpstore.dtypes import eps
 from . import rules as R
 from .compare import Comparison
 from .culprit import _culprit
+from .defaults import default_keywords, framework_of
 from .findings import Finding, Verdict
 from .noise import NoiseModel, order_key, record_measures
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
@@ -84,7 +85,9 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
         & pl.col("match").is_in(["target_only", "ref_only"])
         & pl.col("_paired")
         & (pl.coalesce(pl.col("kind"), pl.col("ref_kind")).is_in(["scalar", "null"]))
+        & ~pl.col("_kw_default")  # a keyword one run leaves at the API's default (analysis/defaults.py)
     )
+    rows = rows.with_columns(default_keywords(rows))
     keys = ["step", "rank", "source", "_record"]
     recs = (
         rows.group_by(keys, maintain_order=True)
@@ -156,7 +159,11 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison) -> Verdict:
     noise = NoiseModel.fit(recs)
     unmatched = _unmatched(cmp.records)
     found, shown = _culprit(rows, recs, cmp, noise)
-    first, culprit = _settle(_earliest(_extra_op(rows), shown), found, unmatched)
+    # across frameworks (MindSpore vs PyTorch), records of one framework only are expected structure: listed as
+    # unmatched, named only as the producer of a diverged input (missing_op / extra_op culprits)
+    cross = _cross_framework(rows)
+    extra = None if cross else _extra_op(rows)
+    first, culprit = _settle(_earliest(extra, shown), found, [] if cross else unmatched)
     counts = {s: int(n) for s, n in rows.group_by("status", maintain_order=True).len().iter_rows() if s is not None}
     quiet = first is None and culprit is None
     units = _unit_summaries(rows)
@@ -173,6 +180,14 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison) -> Verdict:
         cmp.coverage,
         noise.summary(recs) if quiet else {},
     )
+
+
+def _cross_framework(rows: pl.DataFrame) -> bool:
+    """Whether the target and the reference come from different frameworks (their tensor leaves' types)."""
+    if "value_type" not in rows.columns or "ref_value_type" not in rows.columns:
+        return False
+    fw = framework_of(rows["value_type"]), framework_of(rows["ref_value_type"])
+    return None not in fw and fw[0] != fw[1]
 
 
 def _earliest(*found: tuple[Finding, tuple] | None) -> tuple[Finding, tuple] | None:
@@ -347,11 +362,12 @@ def _screened(
     unmatched: list[dict[str, Any]] = []
     summaries, detailed = [], set()
     for step in sorted({s for s, _ in complex_units | hits}):
-        these = {u for u in complex_units | (hits if culprit is None else set()) if u[0] == step}
+        open_ = culprit is None or _held(culprit)  # nothing found yet, or only a weak op alarm (culprit.py)
+        these = {u for u in complex_units | (hits if open_ else set()) if u[0] == step}
         if not these:  # found already: later steps only for their units that need alignment
             continue
         prev = max((x for x in steps_c if x < step), default=None)
-        context = {(prev, k) for _, k in these} if culprit is None and prev is not None else set()
+        context = {(prev, k) for _, k in these} if open_ and prev is not None else set()
         cmp = compare_runs(
             store,
             target,
@@ -364,14 +380,16 @@ def _screened(
         )
         rows = _ordered(cmp.rows, cmp.records)
         v = _verdict_of(rows, cmp)
-        if culprit is None and (v.culprit is not None or v.first_divergence is not None):
+        stronger = _held(culprit) and v.culprit is not None and not _held(v.culprit)
+        if (culprit is None and (v.culprit is not None or v.first_divergence is not None)) or stronger:
             first, culprit, noise = v.first_divergence, v.culprit, v.noise
         elif not noise or (v.noise.get("largest_amplification") or 0) > (noise.get("largest_amplification") or 0):
             noise = noise if culprit is not None else v.noise
         unmatched += [u for u in v.unmatched if u["step"] == step]
         summaries.append(_unit_summaries(rows.filter(pl.col("step") == step)))
         detailed |= these
-    if culprit is None and first is None and unmatched:
+    same_framework = t_info.get("framework") == r_info.get("framework")  # else one-sided records are structure
+    if culprit is None and first is None and unmatched and same_framework:
         first, culprit = _settle(None, None, unmatched)
     if detailed:
         done = pl.DataFrame(sorted(detailed), schema={"step": pl.Int64, "rank": pl.Int64}, orient="row")
@@ -466,10 +484,17 @@ def _rank_view(units: pl.DataFrame) -> list[dict[str, Any]]:
     return _peers(out)
 
 
+def _held(f: Finding | None) -> bool:
+    """A weak op alarm (culprit.py `_is_weak`): a later batch's stronger finding replaces it."""
+    return f is not None and bool(f.evidence.get("weak"))
+
+
 def _merge(parts: list[Verdict]) -> Verdict:
     if len(parts) == 1:
         return parts[0]
     first = next((p for p in parts if p.first_divergence is not None), None)
+    if first is not None and _held(first.culprit):  # a weak op alarm yields to a later part's stronger finding
+        first = next((p for p in parts if p.culprit is not None and not _held(p.culprit)), first)
     counts: dict[str, int] = {}
     for p in parts:
         for k, n in p.counts.items():

@@ -35,6 +35,7 @@ The method (docs/longrun.md has the walkthrough):
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -229,7 +230,7 @@ def _significant_mean(post: np.ndarray, w: int) -> bool:
 
 def change_points(d: np.ndarray, sigma: np.ndarray, max_blocks: int = 2000) -> list[int]:
     """Indices (into d) where the mean of d changes: ruptures' KernelCPD (linear kernel: the L2 cost of a change
-    in the mean) on means of blocks of d, penalty 3 log(blocks) per change in units of the block means' noise."""
+    in the mean) on means of blocks of d, penalty 6 log(blocks) per change in units of the block means' noise."""
     try:
         import ruptures as rpt
     except ImportError:
@@ -242,7 +243,8 @@ def change_points(d: np.ndarray, sigma: np.ndarray, max_blocks: int = 2000) -> l
     if nb < 4:
         return []
     z = np.where(np.isfinite(d), d, np.nan)[: nb * block].reshape(nb, block)
-    with np.errstate(invalid="ignore"):
+    with warnings.catch_warnings(), np.errstate(invalid="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN block: its mean is NaN, filled below
         means = np.nanmean(z, axis=1) if block > 1 else z[:, 0]
     fill = np.nanmax(np.abs(means)) * 10 if np.isfinite(means).any() else 1.0
     means = np.where(np.isfinite(means), means, fill)  # a non-finite block: far out
@@ -310,6 +312,7 @@ class CurvesReport:
     max_abs_diff: float
     mean_abs_diff: float
     culprit: dict[str, Any] | None = None
+    dump_verdict: dict[str, Any] | None = None  # the verdict of a dump pair of the flagged steps (--dump-target)
     points: dict[str, np.ndarray] | None = None
 
     def to_dict(self) -> dict[str, Any]:

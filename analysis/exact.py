@@ -23,6 +23,9 @@ ingest (content hashes) and are unchanged since are compared once:
 Rows without two loaded files keep their values and get nulls in the new columns. A pair whose files cannot
 be read again (moved, deleted, changed since ingest, unreadable) keeps its sketch/stats values; the reason is
 appended to `detail`.
+
+Size: one path (files found again, loaded in bounded batches, compared, the rows rewritten) whose steps share
+the batch bookkeeping and the content-hash groups.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dumpstore.names import module_of, without_direction, without_direction_and_call
+
 __all__ = [
     "SIGNATURES",
     "Explanation",
@@ -120,7 +122,6 @@ _STDLIB = re.compile(r"[/\\]lib[/\\]python\d+(\.\d+)?[/\\](?!.*(site|dist)-packa
 _FRAME = re.compile(
     r"^\s*File\s+(?P<file>.*?),\s+line\s+(?P<line>\d+),\s+in\s+(?P<func>[^,\n]*),?\s*(?P<code>.*)$", re.S
 )
-_MODULE = re.compile(r"^(?P<kind>Module|Cell)\.(?P<body>.+)\.(?P<dir>forward|backward)(?:\.(?P<n>\d+))?$")
 
 ADVICE = {
     "parameter": "Check how each run initialises, loads (checkpoint) or converts {parameter}: the two runs start "
@@ -163,6 +164,8 @@ class Explanation:
         parts = []
         if self.module:
             parts.append(f"{self.module} ({self.module_class})" if self.module_class else self.module)
+        elif self.module_class:  # the top-level module: msprobe names it by its class alone
+            parts.append(f"the model itself ({self.module_class})")
         if self.source:
             parts.append(f"called at {source_text(self.source)}")
         return ", ".join(parts) or None
@@ -220,26 +223,16 @@ def user_frame(frames: list[str] | None) -> dict[str, Any] | None:
     return None
 
 
-def module_of(module_record: str | None) -> tuple[str | None, str | None]:
-    """(path, class) of a module record: `Module.layers.0.ln2.LayerNorm.forward.0` -> (`layers.0.ln2`,
-    `LayerNorm`); a top-level module (`Module.TinyNet.forward.0`) has the path ''."""
-    m = _MODULE.match(module_record or "")
-    if not m:
-        return None, None
-    path, _, cls = m["body"].rpartition(".")
-    return path, cls
-
-
 def next_dump_config(op: str, module_record: str | None, step: int, rank: int) -> dict[str, Any]:
     """The msprobe config.json dumping exactly one module (level mix, its forward and backward) or, without a
     module, one API (level L1), at tensor level, at one step and rank."""
     if module_record:
-        base = re.sub(r"\.(forward|backward)\.(\d+)$", "", module_record)
+        base = without_direction_and_call(module_record)
         n = re.search(r"\.(\d+)$", module_record)
         k = n.group(1) if n else "0"
         names, level = [f"{base}.forward.{k}", f"{base}.backward.{k}"], "mix"
     else:
-        base = re.sub(r"\.(forward|backward)$", "", op)
+        base = without_direction(op)
         names, level = [f"{base}.forward", f"{base}.backward"], "L1"
     return {
         "task": "tensor",

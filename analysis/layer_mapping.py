@@ -21,8 +21,10 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from dumpstore.names import MODULE_PREFIXES
+
 TOP = "TopLayer"
-_LAYERS = ("Cell", "Module")
+_LAYERS = MODULE_PREFIXES  # Cell (MindSpore), Module (PyTorch)
 _NO_STACK = ("Primitive", "Jit")
 _FRAMEWORK_FILES = ("site-packages/torch", "package/torch", "site-packages/mindspore", "package/mindspore")
 _SKIP_FILES = ("msprobe", "MindSpeed")

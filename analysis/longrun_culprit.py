@@ -77,6 +77,22 @@ def compare_long_runs(
     return rep
 
 
+def dump_verdict(store: Store, target: str, ref: str) -> dict[str, Any]:
+    """The divergence verdict of a dump pair in the same store (the dump the hand-off asked for): its first
+    divergence and culprit, as `dumpstore divergence` finds them."""
+    from dataclasses import asdict
+
+    from .verdict import Question, answer
+
+    v = answer(store, Question(target, ref))
+    return {
+        "target": target,
+        "ref": ref,
+        "first_divergence": asdict(v.first_divergence) if v.first_divergence is not None else None,
+        "culprit": asdict(v.culprit) if v.culprit is not None else None,
+    }
+
+
 def monitor_only(target: str, ref: str, ref2: str | None, tag: str, by: str) -> CurvesReport:
     """The report of two runs with monitor data but no curves (no log ingested)."""
     return CurvesReport(
@@ -186,7 +202,7 @@ def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: i
         if row["name"] not in seen and len(result["next"]) < 10:
             seen.add(row["name"])
             result["next"].append(_describe(row))
-    result["handoff"] = handoff(top)
+    result["handoff"] = handoff(top, distributed=df.get_column("rank").n_unique() > 1)
     return result
 
 
@@ -219,8 +235,10 @@ def _out_value(t: float | None, r: float | None) -> bool:
     return abs(t - r) > max(ATOL, RTOL * abs(r))
 
 
-def handoff(first: dict[str, Any]) -> dict[str, Any]:
-    """The steps and scope worth dumping, as an msprobe config.json."""
+def handoff(first: dict[str, Any], *, distributed: bool = True) -> dict[str, Any]:
+    """The steps and scope worth dumping, as an msprobe config.json. `rank` names the culprit's rank in a
+    distributed job; a single-process job gets `[]` (msprobe dumps nothing for `rank: [0]` when
+    torch.distributed is not initialised)."""
     step = int(first["step"])
     steps = sorted({max(0, step - 1), step})
     module = first["module"] or first["name"]
@@ -228,7 +246,7 @@ def handoff(first: dict[str, Any]) -> dict[str, Any]:
     config = {
         "task": "tensor",
         "dump_path": f"./dump_longrun_step{step}",
-        "rank": [int(first["rank"])],
+        "rank": [int(first["rank"])] if distributed else [],
         "step": steps,
         "level": "mix",
         "tensor": {"scope": [], "list": [entry], "data_mode": ["all"], "file_format": "npy"},

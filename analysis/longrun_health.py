@@ -12,6 +12,9 @@ Checks (status ok / warn / fail, with the step where it starts):
                      10 %'s (warn)
   loss_scale         the loss scale below 1 (fail: fp16 collapse), else 5 or more drops within 100 steps (warn)
   skipped_iterations Megatron's skipped / NaN iteration counters, MindFormers' overflow flag (warn)
+  monitor_nan        with monitor data: the first tensor holding NaN, in step then execution order (fail)
+  monitor_grad_*     with monitor data: a parameter's gradient norm above 10 x the median of its previous 100
+                     monitored steps, or below 1e-7 (warn)
   update_ratio       with monitor param_origin/param_updated: per parameter |d norm| / norm (a lower bound of the
                      update ratio ||w_t+1 - w_t|| / ||w_t||) whose median over the last 10 % is above 10 x the first
                      10 %'s, or above 0.1 (warn)
@@ -128,6 +131,8 @@ def long_run_health(store: Store, run: str, *, rank: int | None = None) -> LongR
                 Finding("skipped_iterations", "warn", ev.steps[0], float(len(ev.steps)), f"{ev.kind}: {ev.detail}")
             )
     if monitor.num_rows:
+        out.extend(_monitor_nans(monitor))
+        out.extend(_monitor_grads(monitor))
         out.extend(_update_ratio(monitor))
         if loss is None:
             summary = f"monitor only: {monitor.num_rows} rows"
@@ -200,6 +205,78 @@ def _loss_scale(scalars, rank, drops: list[int]) -> Finding:
                 "loss_scale", "warn", int(d[i]), float(j - i), f"{j - i} loss-scale drops within 100 steps from {d[i]}"
             )
     return Finding("loss_scale", "ok", drops[0], float(len(drops)), f"{len(drops)} loss-scale drops, none clustered")
+
+
+def _monitor_nans(monitor) -> list[Finding]:
+    """The first monitored tensor holding NaN (its `nans` count > 0, or a NaN norm where the tensor exists), in
+    step then execution order."""
+    import polars as pl
+
+    from dumpstore.longrun.monitor import PREFIX_ORDER
+
+    df = pl.from_arrow(monitor)
+    assert isinstance(df, pl.DataFrame)
+    bad = df.filter(~pl.col("missing").fill_null(False) & ((pl.col("nans") > 0) | pl.col("norm").is_nan()))
+    if bad.height == 0:
+        return [Finding("monitor_nan", "ok", None, 0.0, "no monitored tensor holds NaN")]
+    order = (
+        pl.col("prefix").cast(pl.String).replace_strict(PREFIX_ORDER, default=len(PREFIX_ORDER), return_dtype=pl.Int64)
+    )
+    first = bad.with_columns(order.alias("exec")).sort(["step", "exec", "seq"]).row(0, named=True)
+    return [
+        Finding(
+            "monitor_nan",
+            "fail",
+            int(first["step"]),
+            float(bad.height),
+            f"{bad.height} monitored tensors hold NaN; first {first['prefix']} {first['name']} (rank {first['rank']})",
+        )
+    ]
+
+
+def _monitor_grads(monitor) -> list[Finding]:
+    """Per parameter gradient norm (grad_reduced, else grad_unreduced): above 10 x the median of its previous 100
+    monitored steps (explosion), or below 1e-7 (vanishing)."""
+    import polars as pl
+
+    df = pl.from_arrow(monitor)
+    assert isinstance(df, pl.DataFrame)
+    df = df.with_columns(pl.col("prefix").cast(pl.String))
+    prefix = "grad_reduced" if df.filter(pl.col("prefix") == "grad_reduced").height else "grad_unreduced"
+    g = df.filter((pl.col("prefix") == prefix) & pl.col("norm").is_finite()).sort(["rank", "param", "step"])
+    if g.height == 0:
+        return []
+    base = pl.col("norm").rolling_median(SPIKE_WINDOW, min_samples=5).shift(1).over(["rank", "param"])
+    g = g.with_columns(base.alias("base"))
+    out = []
+    jump = g.filter(pl.col("base") > 0).filter(pl.col("norm") > SPIKE_FACTOR * pl.col("base")).sort("step")
+    if jump.height:
+        r = jump.row(0, named=True)
+        out.append(
+            Finding(
+                "monitor_grad_explosion",
+                "warn",
+                int(r["step"]),
+                float(r["norm"]),
+                f"{jump.height} {prefix} norms above 10 x their previous median; first {r['param']} "
+                f"{r['norm']:.4g} (median {r['base']:.4g}, rank {r['rank']})",
+            )
+        )
+    tiny = g.filter(pl.col("norm") < 1e-7).sort("step")
+    if tiny.height:
+        r = tiny.row(0, named=True)
+        out.append(
+            Finding(
+                "monitor_grad_vanishing",
+                "warn",
+                int(r["step"]),
+                float(r["norm"]),
+                f"{tiny.height} {prefix} norms below 1e-7; first {r['param']} (rank {r['rank']})",
+            )
+        )
+    if not out:
+        out.append(Finding("monitor_grads", "ok", None, None, f"{prefix}: no 10x jump, no vanishing norm"))
+    return out
 
 
 def _update_ratio(monitor) -> list[Finding]:

@@ -6,6 +6,9 @@ validation chain, the dtype in which each metric is computed and the rounding of
 Statistics mode (`stats_diff`) follows `acc_compare.py::CalcStatsDiff` for one row. `rel_l2`, `cosine` and
 `nonfinite_mismatch` are dumpstore's own metrics over the positions finite on both sides.
 numpy only: no torch, pandas or msprobe here.
+
+Size: msprobe's tensor and statistics metrics reproduced cell by cell in one place, so that their shared
+validation chain and rounding read in msprobe's order.
 """
 
 from __future__ import annotations

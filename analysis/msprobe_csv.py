@@ -337,8 +337,32 @@ def _held_stat(r: dict[str, Any], pre: str, stat: str) -> Any:
         value = _json_value(r.get(f"{pre}value"))
         if vtype == "torch.ProcessGroup" and isinstance(value, dict):
             return str(value.get("group_ranks"))
+        if _peer(r, pre):
+            return str(value)
         return value
     return None
+
+
+_PEERS = ("src", "dst", "group_src", "group_dst")  # msprobe keeps these arguments' own type names
+
+
+def _peer(r: dict[str, Any], pre: str) -> bool:
+    return (r.get(f"{pre}index_path") or "").rsplit(".", 1)[-1] in _PEERS
+
+
+def argument_cells(r: dict[str, Any], pre: str) -> tuple[str, str]:
+    """(Dtype, Tensor Shape) msprobe prints for a non-tensor argument (utils.gen_op_item): its type for
+    torch.Size, slice, ellipsis, ProcessGroup and src/dst peers, else `str(type(value))` (`<class 'int'>`,
+    `<class 'str'>` for a dtype given as text); the shape `[]`, a torch.Size's value, a slice's numpy shape."""
+    vtype = r.get(f"{pre}value_type") or ""
+    value = _json_value(r.get(f"{pre}value"))
+    if vtype == "torch.Size":
+        return vtype, str(value)
+    if vtype == "slice":
+        return vtype, str(tuple([len(value)] if isinstance(value, list) else []))
+    if vtype in ("ellipsis", "torch.ProcessGroup") or _peer(r, pre):
+        return vtype, "[]"
+    return str(type(value)), "[]"
 
 
 def _json_value(text: str | None) -> Any:

@@ -38,7 +38,8 @@ QUIET = 0.1  # inputs "agree" when their error is below this share of the tolera
 QUANTILE = 0.99  # the high quantile of the pair's own spread
 STAND_OUT = 3.0  # a culprit's measure exceeds this multiple of that quantile
 MIN_GROUP = 4  # fewer ops than this in a group: only the fixed floors apply
-SIBLING_Q = 0.75  # siblings: the quantile of their own error a candidate must stand STAND_OUT x above
+SIBLING_Q = 0.75  # siblings: the quantile of their own error a candidate must stand STAND_OUT x above ...
+MIN_SIBLINGS = 3  # ... of at least this many (2 layers x 3 steps give a record 3 siblings)
 OPT_Z = 4.0  # optimizer: the median log update ratio off 0 by more than this many standard errors ...
 OPT_FLOOR = 2.0**-10  # ... and by more than this (0.1 %: far below a fault of 1 %, above float32 rounding) ...
 OPT_SHARE = 0.75  # ... with at least this share of the parameters moved the same way
@@ -87,13 +88,13 @@ class NoiseModel:
     def sibling_bar(self, rec: dict[str, Any]) -> float | None:
         """STAND_OUT x the SIBLING_Q quantile of the error the same op class made in the same direction at other
         positions (records of another name: other layers; its own name at other steps is not a sibling, a fault
-        there repeats every step).  None: fewer than MIN_GROUP siblings.  A fault in one layer stands out of
+        there repeats every step).  None: fewer than MIN_SIBLINGS siblings.  A fault in one layer stands out of
         its siblings; a device's rounding of the class does not."""
         names, local = self.siblings.get((str(rec.get("op_class")), str(rec.get("_direction"))), ([], np.zeros(0)))
         if not names:
             return None
         other = local[np.array([n != rec["_record"] for n in names], dtype=bool)]
-        if other.size < MIN_GROUP:
+        if other.size < MIN_SIBLINGS:
             return None
         return STAND_OUT * float(quantile(other, SIBLING_Q))
 
@@ -229,7 +230,7 @@ def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.Data
     r = ratio[ok]
     med = float(median(r))
     same_way = int((r > 1).sum()) if med > 1 else int((r < 1).sum())
-    logs = np.log(r)
+    logs = np.log(np.maximum(r, 1e-12))  # a parameter the target did not move at all: a ratio of ~0
     spread = 1.4826 * float(median(np.abs(logs - median(logs))))  # robust sigma of the log ratios
     se = 1.2533 * spread / np.sqrt(r.size)  # standard error of their median
     bar = float(max(OPT_Z * se, OPT_FLOOR))

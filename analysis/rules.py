@@ -26,7 +26,7 @@ import polars as pl
 from dumpstore.arrays import to_polars
 from dumpstore.dtypes import EPS, INT_DTYPES, eps
 
-from .tolerance import Tolerances
+from .tolerance import EXACT_DTYPES_TOL, Tolerances
 
 INF = float("inf")
 VALUE_RTOL = 1e-6  # numeric non-tensor arguments: relative difference allowed
@@ -86,7 +86,7 @@ def dtype_tol(tol: Tolerances) -> pl.Expr:
     """The relative-L2 threshold of column `tol_dtype` (ints and bools exact; an override for all dtypes)."""
     if tol.all_dtypes is not None:
         return lit(tol.all_dtypes).alias("tol")
-    table = dict(tol.rel_l2) | {d: 0.0 for d in INT_DTYPES + ("bool",)}
+    table = dict(tol.rel_l2) | {d: EXACT_DTYPES_TOL for d in INT_DTYPES + ("bool",)}
     return c("tol_dtype").replace_strict(table, default=tol.rel_l2["float32"], return_dtype=pl.Float64).alias("tol")
 
 
@@ -485,13 +485,21 @@ def small_value_err(
     return out, np.where(np.isfinite(ctx_row) & (ctx_row > 0), ctx_row, np.nan), small
 
 
+def small_value_scale() -> pl.Expr:
+    """Tensors that take part in the small-value rule (as candidates and as their record's scale): not those
+    whose non-finite counts differ, nor a reference holding +-finfo.max, a mask's fill (`torch.where(mask,
+    finfo.min, x)`): its RMS is no scale of the record, and would make every other tensor of it look like
+    residue."""
+    return (~c("nonfinite_mismatch") & ~c("ref_has_sat").fill_null(False)).fill_null(False)
+
+
 def apply_small_values(rows: pl.DataFrame) -> pl.DataFrame:
     """`small_value_err` over compared rows (after any exact metrics): err, severity and status of the small
     values change; `context_rms` and `small_value` say which and on what scale."""
     rows = rows.drop("context_rms", "small_value", strict=False)  # judged again (after exact metrics)
     keys = [pl.coalesce(c("ref_record"), c("record")), c("step"), c("rank"), c("source")]
     group = rows.select(pl.struct(keys).rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
-    tensor = rows.select(both_tensors().fill_null(False) & ~c("nonfinite_mismatch")).to_series().to_numpy()
+    tensor = rows.select(both_tensors().fill_null(False) & small_value_scale()).to_series().to_numpy()
     judged = rows.select(dtype_eps(c("tol_dtype")).fill_null(0.0)).to_series().to_numpy()
     err, ctx, small = small_value_err(
         _f64(rows, "err"), _f64(rows, "norm"), _f64(rows, "ref_norm"), _f64(rows, "ref_numel"), tensor, group, judged

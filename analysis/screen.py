@@ -23,6 +23,9 @@ ranks share their structure, so
 Two passes: the first parses every footer and counts forward float outputs by dtype (the runs' compute
 precision, as compare_runs finds it over all compared steps); the second judges the units step by step on a
 few threads, each file mapped once.  Only the live ingest's files are read (`Store.tensor_files`).
+
+Size: one engine: the caches keyed by column-chunk bytes serve the decoding, the structure checks and the numpy
+bound alike; split, each part would take the caches as arguments.
 """
 
 from __future__ import annotations
@@ -318,6 +321,7 @@ def _static(
         c("ref_numel"),
         c("dtype"),
         R.dtype_eps(c("tol_dtype")).fill_null(0.0).alias("_eps_judged"),
+        R.small_value_scale().alias("_scale"),
     )
     # pairs whose err can only be the statistics bound, when the statistics are finite and ||y|| > 0 (_fast)
     plain = (
@@ -350,7 +354,7 @@ def _static(
         c("tol"),
         R.sqrt_numel(),
         c("_is_scalars").fill_null(False).alias("scalar"),
-        (c("_is_tensors") & ~c("nonfinite_mismatch")).fill_null(False).alias("tensor"),
+        (c("_is_tensors").fill_null(False) & c("_scale")).alias("tensor"),
         c("ref_numel").cast(pl.Float64).alias("ref_numel"),
         c("_eps_judged").alias("eps"),
     )

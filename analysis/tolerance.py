@@ -1,4 +1,4 @@
-"""Default tolerances by dtype, derived from published values (see METRICS.md), overridable per command.
+"""Default tolerances by dtype, derived from published values (below), overridable per command.
 
 The primary metric is relative L2 error ||x - y|| / ||y||.  Default thresholds per dtype:
   fp32 2^-13 = 1.2e-4   CANN operator precision standard T (torch.testing's 1.3e-6 is bit-level, too strict
@@ -39,6 +39,8 @@ class Tolerances:
     amplification: float = AMPLIFICATION
 
     def for_dtype(self, dtype: str | None) -> float:
+        """The threshold of one dtype as named (an override for all dtypes first; ints and bools exact); the dtype
+        a pair is judged at (compute precision included) is rules.tol_dtype's."""
         if self.all_dtypes is not None:
             return self.all_dtypes
         if dtype in self.rel_l2:

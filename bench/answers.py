@@ -9,7 +9,7 @@ Usage::
 
 For each case of `sample_dumps/` that has a reference (`catalog.json`'s `ref`; `xdev_*` against `xdev_ref_<mode>`)
 both runs are ingested into a fresh store, then `dumpstore divergence --json` and `dumpstore compare --csv --top 0`
-run on the pair, in this process through the CLI.  Each run's ingested rows are hashed too (every Parquet table,
+run on the pair, in this process through the CLI (the store's temporary path written as `<store>`).  Each run's ingested rows are hashed too (every Parquet table,
 rows sorted, without the columns that name an ingest or a time: `ingest_id`, `file_mtime_ns`, `created_at`,
 `source_path`).  The saved file holds each answer's sha256 and its text, so `--check` can show the first
 differing line.
@@ -102,8 +102,9 @@ def answers() -> dict[str, str]:
                     out[f"rows {run}"] = _rows_digest(store, run)
                     ingested.add(run)
             common = ["--target", target, "--ref", ref, "--store", str(store)]
-            out[f"divergence {target} {ref}"] = _cli(["divergence", *common, "--json"])
-            out[f"compare {target} {ref}"] = _cli(["compare", *common, "--csv", "--top", "0"])
+            for name, args in (("divergence", ["--json"]), ("compare", ["--csv", "--top", "0"])):
+                text = _cli([name, *common, *args])
+                out[f"{name} {target} {ref}"] = text.replace(str(store), "<store>")  # a fresh folder each time
     return out
 
 

@@ -169,6 +169,10 @@ def main() -> int:
     results["monitor_ingest_s"] = round(wall, 3)
     results["monitor_ingest_cpu_s"] = round(cpu, 3)
     results["monitor_rows_per_s"] = round(n_rows / wall)
+    import resource
+
+    # the largest resident set of any child so far (the monitor ingest is the biggest of them)
+    results["max_child_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
     results["load_after"] = os.getloadavg()[0]
     print(json.dumps(results, indent=2))
     (data / "results.json").write_text(json.dumps(results, indent=2))

@@ -155,13 +155,15 @@ def divergence(
 ):
     """The verdict: first divergence, culprit, per-step timeline, ranks, unmatched ops.
 
-    --json prints one object; --csv one row per finding (first divergence, culprit)."""
+    --json prints one object; --csv one row per finding (first divergence, culprit, and the kernel replay found
+    when the target was replayed)."""
     cluster = {"address": address, "batch": batch} if engine == "ray" else None
     v = verdict(
         store, target, ref, steps, ranks, tol, exact, maps, use_memo=not no_cache, cluster=cluster, noise_ref=noise_ref
     )
     with_explanations(store, question(target, ref, steps, ranks, tol, exact, maps, noise_ref), v, use_memo=not no_cache)
     v["modes"]["notes"] = _warn_modes(v["modes"], target, ref, exact)
+    v["kernel"] = kernel_of(store, target, ref)
     click.echo(verdict_out(v, fmt, store))
     if check and v["first_divergence"] is not None:
         raise SystemExit(3)
@@ -197,6 +199,24 @@ FINDING_COLUMNS = [
     "source_line",
     "advice",
 ]
+
+
+def kernel_of(store, target: str, ref: str | None) -> dict | None:
+    """The target's first op over its replay standard (culprit kind `kernel`, docs/replay.md) when the target was
+    replayed (`dumpstore replay`), with the reference's local error beside it when that was replayed too; None
+    otherwise (nothing is imported or read for a run never replayed)."""
+    from dataclasses import asdict
+
+    from dumpstore.replaytable import replay_path
+    from dumpstore.store import open_store
+
+    st = open_store(store)
+    if not replay_path(st, target, st.run_info(target)["ingest_id"]).is_file():
+        return None
+    from dumpstore.analysis.replay.findings import kernel_finding
+
+    f = kernel_finding(st, target, ref=ref)
+    return asdict(f) if f is not None else None
 
 
 def with_explanations(store, q, v: dict, *, use_memo: bool = True) -> dict:
@@ -267,7 +287,11 @@ def verdict_out(v: dict, fmt: str, store=None) -> str:
     if fmt == "csv":
         rows = [
             _csv_finding(label, f)
-            for label, f in (("first_divergence", v["first_divergence"]), ("culprit", v["culprit"]))
+            for label, f in (
+                ("first_divergence", v["first_divergence"]),
+                ("culprit", v["culprit"]),
+                ("kernel", v.get("kernel")),
+            )
             if f is not None
         ]
         return rows_out(FINDING_COLUMNS, rows, "csv")
@@ -321,6 +345,13 @@ def noise_line(v: dict) -> str:
         line += " (on what could be judged: see NOT JUDGED)"
     if over:
         line += f": {over} tensors over their tolerance, none standing out"
+    flips = n.get("discrete_flips") or []
+    if flips:
+        f = flips[0]
+        line += (
+            f"; {len(flips)} discrete outputs changed on near ties, noise (first: step {f['step']} rank {f['rank']}"
+            f" {f['op']})"
+        )
     if n.get("largest_amplification") is not None:
         line += (
             f"; largest amplification {num(n['largest_amplification'])}x at step {n['step']} rank {n['rank']}"
@@ -375,6 +406,8 @@ def verdict_text(v: dict) -> str:
         lines += [x for x in explanation_lines(first, config=False) if not x.startswith("  fix:")]
     lines.append(finding_line("CULPRIT", culprit))
     lines += explanation_lines(culprit, config=True)
+    if v.get("kernel"):  # the target was replayed (dumpstore replay) and an op's own output is off its standard
+        lines.append(finding_line("KERNEL", v["kernel"]))
     if v["first_divergence"] is None and v["culprit"] is None:
         lines.append(noise_line(v))
     lines.extend(not_judged_lines(v))

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .options import store_option
-from .render import num, output_options, render, rows_out, text, to_json
+from .render import contract, num, output_options, render, rows_out, text, to_json
 
 
 @click.command("longrun-ingest")
@@ -37,7 +37,7 @@ def longrun_ingest(paths, run, store, fmt, pattern, rank, logging_steps, as_json
         list(paths), run, store=store, fmt=fmt, pattern=pattern, rank=rank, logging_steps=logging_steps
     )
     if as_json:
-        click.echo(to_json(row))
+        click.echo(to_json(contract("longrun-ingest", store, row, run=row.pop("run"))))
         return
     click.echo(
         f"long run {text(run)}: {row['n_scalars']} scalar rows ({', '.join(row['tags']) or '-'}), "
@@ -69,6 +69,8 @@ def longruns(store, fmt):
 @click.option("--by", type=click.Choice(["iteration", "samples"]), default="iteration", show_default=True)
 @click.option("--tag", default="loss", show_default=True, help="Scalar to compare (loss, grad_norm, lr, ...).")
 @click.option("--rank", type=int, default=None, help="Rank of the curves (default: the lowest logged).")
+@click.option("--dump-target", default=None, help="A dump run of the flagged steps (target): its verdict is shown.")
+@click.option("--dump-ref", default=None, help="The reference dump run of the flagged steps.")
 @click.option(
     "--html",
     "html_path",
@@ -78,7 +80,7 @@ def longruns(store, fmt):
 )
 @store_option
 @output_options
-def curves(target, ref, ref2, run, health_only, by, tag, rank, html_path, store, fmt):
+def curves(target, ref, ref2, run, health_only, by, tag, rank, dump_target, dump_ref, html_path, store, fmt):
     """Compare two long runs' curves: alignment, noise band, Huawei's criteria, divergence step, spikes, NaN and
     skipped iterations, loss-scale drops, lr schedule; with monitor data, the first module to move and the
     msprobe config for the dump. `--run R --health`: one run's health.
@@ -96,13 +98,20 @@ def curves(target, ref, ref2, run, health_only, by, tag, rank, html_path, store,
     from dumpstore.analysis.longrun_culprit import compare_long_runs
 
     rep = compare_long_runs(st, target, ref, ref2, tag=tag, by=by, rank=rank)
+    if (dump_target is None) != (dump_ref is None):
+        raise click.UsageError("give both --dump-target and --dump-ref (the dump pair of the flagged steps)")
+    if dump_target is not None:
+        from dumpstore.analysis.longrun_culprit import dump_verdict
+
+        rep.dump_verdict = dump_verdict(st, dump_target, dump_ref)
     if html_path is not None:
         from dumpstore.analysis.curves_html import write as write_html
 
         size = write_html(rep, curves_text(rep), html_path)
         click.echo(f"wrote {text(str(html_path))} ({size / 1e6:.1f} MB)", err=True)
     if fmt == "json":
-        click.echo(to_json(rep.to_dict()))
+        body = rep.to_dict()
+        click.echo(to_json(contract("curves", store, body, target=body.pop("target"), ref=body.pop("ref"))))
     elif fmt == "csv":
         rows = rep.rows()
         click.echo(rows_out(list(rows[0]) if rows else [], rows, "csv"))
@@ -155,7 +164,24 @@ def curves_text(rep) -> str:
         lines.append(f"{ev.kind}: run {text(ev.run)}: {text(ev.detail)}; steps {steps}")
     if rep.culprit is not None:
         lines.extend(culprit_lines(rep.culprit))
+    if rep.dump_verdict is not None:
+        lines.extend(verdict_lines(rep.dump_verdict))
     return "\n".join(lines)
+
+
+def verdict_lines(v: dict) -> list[str]:
+    head = f"dump verdict ({text(v['target'])} vs {text(v['ref'])}):"
+    out = []
+    for key, label in (("first_divergence", "first divergence"), ("culprit", "culprit")):
+        f = v.get(key)
+        if f is None:
+            out.append(f"  {label}: none")
+        else:
+            out.append(
+                f"  {label} ({text(f['kind'])}): step {f['step']} rank {f['rank']}  {text(f['op'])}"
+                + (f"  {text(f['name'])}" if f.get("name") else "")
+            )
+    return [head, *out]
 
 
 def culprit_lines(c: dict) -> list[str]:
@@ -180,6 +206,10 @@ def culprit_lines(c: dict) -> list[str]:
     h = c["handoff"]
     lines.append(f"dump next: steps {h['steps']}, scope {text(h['module'])}; msprobe config.json:")
     lines.append(json.dumps(h["config"]))
+    lines.append(
+        "then, with both runs dumped with it: dumpstore ingest TARGET_DUMP REF_DUMP --run t_dump --run r_dump && "
+        "dumpstore divergence --target t_dump --ref r_dump"
+    )
     return lines
 
 
@@ -190,7 +220,8 @@ def _health(st, run, rank, fmt):
 
     rep = long_run_health(st, run, rank=rank)
     if fmt == "json":
-        click.echo(to_json(rep.to_dict()))
+        body = rep.to_dict()
+        click.echo(to_json(contract("curves", st.root, body, run=body.pop("run"))))
     elif fmt == "csv":
         cols = ["check", "status", "step", "value", "detail"]
         click.echo(rows_out(cols, [asdict(f) for f in rep.findings], "csv"))

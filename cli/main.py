@@ -420,7 +420,7 @@ def query(
 )
 def upgrade(store: Path | None, jobs: int | None, from_source: bool) -> None:
     """Re-ingest the runs of a store written by an older dumpstore from their dump folders (all or nothing)."""
-    from dumpstore._ingest import upgrade as do_upgrade
+    from dumpstore.upgrade import upgrade as do_upgrade
 
     with _Progress("upgrade") as bar:
         done = do_upgrade(store, jobs=jobs, progress=bar.update, from_source=from_source)

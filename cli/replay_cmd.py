@@ -23,7 +23,7 @@ REF_COLUMNS = ["ref_err", "ref_ratio", "ref_status"]
     "--acc-csv",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
-    help="Also write the run's results as msprobe acc_check's details CSV (its column names).",
+    help="Also write the run's results as msprobe acc_check's result CSV (FILE) and details CSV (beside it).",
 )
 @click.option("--all", "show_all", is_flag=True, help="List every output, not only those that failed or errored.")
 @store_option
@@ -42,31 +42,29 @@ def replay(run, ref, steps, op_types, jobs, acc_csv, show_all, store, fmt):
     df = replay_run(s, run, **kw)
     if ref is not None:
         replay_run(s, ref, **kw)
-    if acc_csv is not None:
-        write_acc_check_csv(df, acc_csv)
+    written = write_acc_check_csv(df, acc_csv) if acc_csv is not None else None
     finding = kernel_finding(s, run, ref=ref)
-    rows = side_by_side(s, run, ref).to_dicts() if ref is not None else df.to_dicts()
-    if ref is not None:
-        status = {(r["step"], r["rank"], r["record"], r["output"]): r for r in df.to_dicts()}
-        rows = [{**status[(r["step"], r["rank"], r["record"], r["output"])], **r} for r in rows]
+    rows = df.to_dicts()
+    if ref is not None:  # the reference's error, ratio and status beside each output of the target
+        key = lambda r: (r["step"], r["rank"], r["record"], r["output"])  # noqa: E731
+        refs = {key(r): r for r in side_by_side(s, run, ref).to_dicts()}
+        rows = [{**r, **{k: v for k, v in refs.get(key(r), {}).items() if k.startswith("ref_")}} for r in rows]
     counts = _counts(df)
     if fmt == "json":
         out = {"run": run, "ref": ref, "counts": counts, "kernel": None if finding is None else finding.__dict__}
-        click.echo(to_json({**out, "rows": df.to_dicts()}))
+        click.echo(to_json({**out, "rows": rows}))  # with --ref: the ref_* columns beside each output
         return
     cols = COLUMNS + (REF_COLUMNS if ref is not None else []) + ["reason"]
     if fmt == "csv":
-        click.echo(
-            rows_out(cols + ["name", "standard", "api_level", "same_as"], df.to_dicts() if ref is None else rows, "csv")
-        )
+        click.echo(rows_out(cols + ["name", "standard", "api_level", "same_as"], rows, "csv"))
         return
     click.echo(f"replay of run {text(run)}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     click.echo(finding_line("kernel", None if finding is None else _finding_dict(finding)))
     shown = [r for r in rows if show_all or r.get("status") in ("fail", "error")]
     if shown:
         click.echo(format_table(cols, [[_cell(r.get(c)) for c in cols] for r in shown], max_width=90))
-    if acc_csv is not None:
-        click.echo(f"acc_check-shaped CSV: {text(acc_csv)}", err=True)
+    if written is not None:
+        click.echo(f"acc_check-shaped CSVs: {text(written[0])}, {text(written[1])}", err=True)
 
 
 def _finding_dict(f) -> dict:
@@ -84,6 +82,6 @@ def _counts(df) -> dict[str, int]:
     """Outputs by status, and the calls not replayed."""
     outs = df.filter(df["output"].is_not_null())
     counts = {s: int((outs["status"] == s).sum()) for s in ("pass", "fail", "error", "no_standard")}
-    counts["skipped calls"] = int((df["status"] == "skipped").sum())
-    counts["calls not replayable"] = int(((df["status"] == "error") & df["output"].is_null()).sum())
+    counts["skipped_calls"] = int((df["status"] == "skipped").sum())
+    counts["unreplayable_calls"] = int(((df["status"] == "error") & df["output"].is_null()).sum())
     return counts

@@ -56,7 +56,7 @@ def _report(
 
     from .compare_cmds import _warn_modes, explanation_lines
 
-    _warn_modes(run_modes(st, target, ref), target, ref, exact)
+    notes = _warn_modes(run_modes(st, target, ref), target, ref, exact)
     explained = explain_findings(st, data.verdict)
     click.echo(finding_line("FIRST DIVERGENCE", v["first_divergence"]))
     if v["first_divergence"] is not None:
@@ -72,7 +72,7 @@ def _report(
     if html_path is not None:
         with Stages("report") as progress:
             size = write_report_html(
-                data, st, html_path, progress=progress, only_differing=only_differing, explained=explained
+                data, st, html_path, progress=progress, only_differing=only_differing, explained=explained, notes=notes
             )
         click.echo(f"wrote {html_path} ({size / 1e6:.1f} MB, self-contained)")
 

@@ -110,6 +110,9 @@ def _report_idle(found: list[tuple[readers.Claim, Path]], folders: list[Path], s
 
 
 def _unit(path: Path, kind: str, folder: Path) -> Unit:
+    place = getattr(readers.reader(kind), "place", None) if kind not in ("dump", "files") else None
+    if place is not None:  # a format with folders of its own (MindSpore graph dumps: rank_{r}/.../{iteration})
+        return Unit(path, kind, *place(path))
     step, rank, rank_dir, source = 0, 0, "", ""
     parts = folder.resolve().parts if folder.exists() else folder.parts
     for part in parts:

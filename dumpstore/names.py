@@ -1,4 +1,7 @@
-"""Parse msprobe record keys: Functional.linear.0.forward, Module.fc1.Linear.forward.0, ...parameters_grad.0."""
+"""Parse msprobe record keys: Functional.linear.0.forward, Module.fc1.Linear.forward.0, ...parameters_grad.0.
+
+The one home of msprobe's name patterns (tests/test_one_home.py greps the other modules for copies); the SQL
+views use `MODULE_PATH_SQL`."""
 
 from __future__ import annotations
 
@@ -11,6 +14,16 @@ _MODULE = re.compile(r"^(?P<prefix>Module|Cell)\.(?P<api>.+)\.(?P<dir>forward|ba
 _PGRAD = re.compile(r"^(?P<prefix>Module|Cell)\.(?P<api>.+)\.parameters_grad(?:\.(?P<call>\d+))?$")
 _MAX_CALL_DIGITS = 4000  # int() refuses strings past 4300 digits
 _DEBUG = re.compile(r"^(?P<api>.+)\.(?P<call>\d+)\.debug$")
+# a module record key's path without its class (Module.layers.0.fc1.Linear.forward.0 -> layers.0.fc1)
+_MODULE_PATH = re.compile(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.(?:forward|backward)\.\d+$")
+# the same for DuckDB's regexp_extract (group 1; the class is any run of non-dots)
+MODULE_PATH_SQL = r"'^(?:Module|Cell)\.(.+)\.[^.]+\.(?:forward|backward)\.\d+$'"
+# a module record key, its call counter optional: path and class (body), direction
+_MODULE_RECORD = re.compile(r"^(?P<kind>Module|Cell)\.(?P<body>.+)\.(?P<dir>forward|backward)(?:\.(?P<n>\d+))?$")
+_DIRECTION_CALL_TAIL = re.compile(r"\.(forward|backward)\.(\d+)$")
+_DIRECTION_TAIL = re.compile(r"\.(forward|backward)$")
+# a parameter gradient's leaf name: module path, class, parameters_grad[.call], parameter
+_PGRAD_LEAF = re.compile(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.parameters_grad(?:\.\d+)?\.(.+)$")
 
 
 class RecordName(NamedTuple):
@@ -56,11 +69,45 @@ def _call(digits: str | None) -> int | None:
     return int(digits) if digits is not None and len(digits) <= _MAX_CALL_DIGITS else None
 
 
+def module_path(key: str | None) -> str | None:
+    """The module path of a module record key without its class (`Module.layers.1.fc1.Linear.forward.0` ->
+    'layers.1.fc1'); None for another key."""
+    m = _MODULE_PATH.match(key or "")
+    return m.group(1) if m else None
+
+
+def module_of(module_record: str | None) -> tuple[str | None, str | None]:
+    """(path, class) of a module record: `Module.layers.0.ln2.LayerNorm.forward.0` -> (`layers.0.ln2`,
+    `LayerNorm`); a top-level module (`Module.TinyNet.forward.0`) has the path ''; (None, None) for another key."""
+    m = _MODULE_RECORD.match(module_record or "")
+    if not m:
+        return None, None
+    path, _, cls = m["body"].rpartition(".")
+    return path, cls
+
+
+def without_direction_and_call(key: str) -> str:
+    """A module record key without its `.forward.N` / `.backward.N` tail (`Module.a.Linear.forward.0` ->
+    `Module.a.Linear`); another key as it is."""
+    return _DIRECTION_CALL_TAIL.sub("", key)
+
+
+def without_direction(key: str) -> str:
+    """An API record key without its `.forward` / `.backward` tail (`Functional.linear.0.forward` ->
+    `Functional.linear.0`); another key as it is."""
+    return _DIRECTION_TAIL.sub("", key)
+
+
+def parameter_of_grad(name: str) -> str | None:
+    """The parameter a gradient leaf belongs to (`Module.layers.1.fc1.Linear.parameters_grad.weight` ->
+    'layers.1.fc1.weight'); None for another name."""
+    m = _PGRAD_LEAF.match(name)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
 def strip_call(key: str) -> str:
     """Record key without its call counter (used to align calls of the same API)."""
     r = parse_record(key)
-    if r.direction in ("forward", "backward") and r.prefix not in MODULE_PREFIXES:
-        return f"{r.prefix}.{r.api}.{r.direction}"
-    if r.direction in ("forward", "backward"):
+    if r.direction in ("forward", "backward"):  # an API call's or a module's: the counter is all that goes
         return f"{r.prefix}.{r.api}.{r.direction}"
     return key

@@ -58,6 +58,12 @@ REPLAY_FIELDS = [
     ("cpu_eb", pa.float64(), "the same of the CPU same-dtype output"),
     ("error_rate", pa.float64(), "binary standard: share of elements unequal to the CPU same-dtype output"),
     (
+        "autocast",
+        pa.string(),
+        "the run's autocast dtype where cpu_err is the larger of the CPU's error in the recorded dtype and at that "
+        "dtype (an fp32 op a device's autocast policy may run in bf16)",
+    ),
+    (
         "msprobe_status",
         pa.string(),
         "msprobe's benchmark verdict (its ratio floors and L0/L1/L2 thresholds): pass / error",

@@ -58,7 +58,7 @@ class Store:
     def _no_catalog(self) -> None:
         """A store without runs.parquet is empty only when it holds no run's data: a catalog deleted or lost is an
         error naming the runs it held and the fix, never an empty store (an ingest would orphan their data)."""
-        from .repair import runs_with_data
+        from .runrecord import runs_with_data
 
         held = runs_with_data(self.root)
         if held:
@@ -200,7 +200,7 @@ class Store:
         """Make an ingest live: link its files into tensors/ and stacks/, replace the run's catalog row atomically,
         then take the replaced ingest's files out of the tree at once (readers of the old catalog still find them
         in its staging folder for GC_GRACE_SECONDS; files already open stay readable)."""
-        from .repair import mark_published, write_run_record
+        from .runrecord import mark_published, write_run_record
 
         run, new = row["run"], row["ingest_id"]
         staged = self.staging_dir(run, new)

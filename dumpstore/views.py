@@ -5,10 +5,12 @@ Created in every DuckDB connection of the store (`dumpstore.query.connect`), `du
   param_stats       one row per parameter per step, rank and source (the first call's `parameters` leaf of its
                     module record); `param` is the module path plus the parameter name (`layers.0.qkv.weight`)
   weight_change     param_stats between consecutive dumped steps: differences of the statistics and
-                    `ratio_est`, an estimate (a lower bound) of ||w_t - w_prev|| / ||w_prev||:
-                    max(|d norm|, |d mean|*sqrt(n), |d max|, |d min|) / ||w_prev||; `ratio_sketch` the same
-                    ratio from the linear sketches when both steps have tensor files (exact when numel <= M,
-                    else within sqrt(2/M)); `unchanged` when all four statistics are equal and finite
+                    `ratio_est`, an estimate (a lower bound) of ||w_t - w_prev|| / ||w_prev||: the statistics
+                    bound of analysis/rules.py's `stats_bound` with w_prev as the reference (`stats_bound_sql`;
+                    tests/test_one_home.py checks the two agree), NULL where ||w_prev|| is 0 or null;
+                    `ratio_sketch` the same ratio from the linear sketches when both steps have tensor files
+                    (exact when numel <= M, else within sqrt(2/M)); `unchanged` when all four statistics are
+                    equal and finite
   grad_norms        parameter gradients (`kind` 'parameter', from parameters_grad records) and backward
                     outputs (`kind` 'backward') with their norms, per step, rank and `layer` (module path)
   layer_grad_norms  per step, rank and layer: sqrt(sum of squared parameter-gradient norms)
@@ -19,6 +21,8 @@ Created in every DuckDB connection of the store (`dumpstore.query.connect`), `du
 from __future__ import annotations
 
 import duckdb
+
+from .names import MODULE_PATH_SQL
 
 LOSS_OPS = (
     "cross_entropy",
@@ -59,10 +63,7 @@ MODULE_PATH = (
     "THEN left(api, length(api) - length(op_type) - 1) ELSE api END"
 )
 # module path of the parent module record (Module.layers.0.fc1.Linear.forward.0 -> layers.0.fc1)
-_PARENT_PATH = (
-    r"nullif(regexp_extract(module, "
-    r"'^(?:Module|Cell)\.(.+)\.[^.]+\.(?:forward|backward)\.\d+$', 1), '')"
-)
+_PARENT_PATH = f"nullif(regexp_extract(module, {MODULE_PATH_SQL}, 1), '')"
 
 PARAM_STATS = f"""
 CREATE OR REPLACE VIEW param_stats AS
@@ -79,19 +80,53 @@ FROM (
 WHERE call_rank = 1
 """
 
-WEIGHT_CHANGE = """
+
+def stats_bound_sql(t: str, r: str, sqrt_n: str, nonfinite: str) -> str:
+    """analysis/rules.py's `stats_bound` as a SQL expression (tested equal to it on a grid of null, NaN, +-Inf, 0
+    and finite values): the lower bound of ||x - y|| / ||y|| from the statistics `{t}norm`, `{t}mean`, `{t}max`,
+    `{t}min` of x and `{r}...` of y (column prefixes), `sqrt_n` and `nonfinite` (the non-finite flags differ).
+    NULL where no rule applies (stats_bound's `known` false)."""
+
+    def d(s: str) -> str:  # |x_s - y_s| where both are finite (else NULL: no difference known)
+        return f"CASE WHEN isfinite({t}{s}) AND isfinite({r}{s}) THEN abs({t}{s} - {r}{s}) END"
+
+    def v(s: str) -> str:  # a value, NaN as NULL (numpy's fmax passes over NaN as greatest passes over NULL)
+        return f"CASE WHEN NOT isnan({r}{s}) THEN {r}{s} END"
+
+    num = (
+        f"greatest({d('norm')}, {d('max')}, {d('min')}, ({d('mean')}) * {sqrt_n}, "
+        f"CASE WHEN NOT isfinite({t}norm) AND NOT {nonfinite} THEN 'inf'::DOUBLE END)"
+    )
+    ext = f"greatest({d('max')}, {d('min')})"
+    scale = f"greatest(abs({v('max')}), abs({v('min')}))"
+    same = " AND ".join(f"{t}{s} = {r}{s}" for s in ("norm", "mean", "max", "min"))  # NaN = NaN in DuckDB
+    return f"""(CASE
+        WHEN {t}norm IS NOT NULL AND {r}norm IS NOT NULL THEN (CASE
+            WHEN isfinite({r}norm) AND ({num}) IS NOT NULL THEN (CASE
+                WHEN {r}norm > 0 THEN ({num}) / {r}norm WHEN ({num}) = 0 THEN 0.0 ELSE 'inf'::DOUBLE END)
+            WHEN NOT isfinite({r}norm) AND coalesce({same} AND isinf({t}max) AND {t}max = {t}min, false) THEN 0.0 END)
+        WHEN {d("max")} IS NOT NULL AND {d("min")} IS NOT NULL THEN (CASE
+            WHEN {scale} > 0 THEN ({ext}) / {scale} WHEN ({ext}) = 0 THEN 0.0 ELSE 'inf'::DOUBLE END)
+    END)"""
+
+
+_FLAGS = ("has_nan", "has_posinf", "has_neginf", "has_sat")
+_NONFINITE_DIFFERS = "coalesce(" + " OR ".join(f"{f} <> prev_{f}" for f in _FLAGS) + ", false)"
+
+WEIGHT_CHANGE = f"""
 CREATE OR REPLACE VIEW weight_change AS
 WITH p AS (
     SELECT *, lag(step) OVER w AS prev_step, lag(norm) OVER w AS prev_norm, lag(mean) OVER w AS prev_mean,
-           lag(max) OVER w AS prev_max, lag(min) OVER w AS prev_min, lag(sketch) OVER w AS prev_sketch
+           lag(max) OVER w AS prev_max, lag(min) OVER w AS prev_min, lag(sketch) OVER w AS prev_sketch,
+           {", ".join(f"lag({f}) OVER w AS prev_{f}" for f in _FLAGS)}
     FROM param_stats
     WINDOW w AS (PARTITION BY run, rank, source, param ORDER BY step)
 )
 SELECT run, step, prev_step, rank, source, seq, leaf, param, record, name, dtype, shape, numel, norm,
        prev_norm, norm - prev_norm AS d_norm, mean - prev_mean AS d_mean, max - prev_max AS d_max,
        min - prev_min AS d_min,
-       greatest(abs(norm - prev_norm), abs(mean - prev_mean) * sqrt(numel), abs(max - prev_max),
-                abs(min - prev_min)) / nullif(prev_norm, 0) AS ratio_est,
+       CASE WHEN prev_norm <> 0 THEN
+           {stats_bound_sql("", "prev_", "sqrt(coalesce(numel, 1))", _NONFINITE_DIFFERS)} END AS ratio_est,
        CASE WHEN len(sketch) > 0 AND len(sketch) = len(prev_sketch)
             THEN list_distance(sketch, prev_sketch) / nullif(prev_norm, 0) END AS ratio_sketch,
        coalesce(isfinite(norm) AND isfinite(max) AND isfinite(min) AND norm = prev_norm AND max = prev_max

@@ -18,12 +18,19 @@ Families (each runs msprobe 26.2.0 in its own subprocess, as generate.py does, 3
   dx_*  a 2-layer GPT-style model in fp32 (no autocast) with a Llama-like causal mask
         (`torch.where(mask, finfo.min, scores)`) and SGD with momentum.  The target ("device T") runs every fp32
         mm/addmm/bmm with its inputs rounded to 10 mantissa bits (TF32 / HF32), forward and backward.
+  ds_*  the dx model and reference; the target ("device S") computes fp32 softmax on float16 inside:
+        ds_clean (none), ds_weight2pct (layers.0.fc1.weight x1.02 at init).
+  dl_*  a Llama-like model (RMSNorm from tensor ops, RoPE, grouped-query attention with repeat_kv, an additive
+        finfo.min mask, SwiGLU): dl_clean (TF32), dl_clean_sm (fp16 softmax), dl_rms_eps (layer 1's RMSNorm eps),
+        dl_lr2pct (lr x1.02 from the 2nd update, fp16 softmax); statistics only.
   xb_*  generate.py's cross-device bf16 model (AdamW, device B's split bf16 reductions), with an optimizer fault.
 
 Faults (the catalog's `expected.culprit`, checked by hand on the dumps: the op names are deterministic):
   dx_clean       none: TF32 matmuls only
   dx_router      none: a top-1 router in layer 0 whose two experts' scores are near-tied for every token
                  (TF32 noise may flip a token's choice: noise, not a culprit)
+  dx_moe         none: a 4-expert top-1 mixture of experts in layer 0 (softmax router, topk, per-expert token
+                 dispatch with nonzero / index / index_add_), experts 0 and 1 near-tied for every token
   dx_lr1pct      SGD learning rate x1.01 from the second update on (seen at step 2)
   dx_clip        gradients clipped to norm 0.5 before every update (the reference does not clip)
   dx_extra_mul   one extra in-place `h.mul_(1.02)` on layer 1's ln2 output, feeding fc1 (a parameterised op)
@@ -33,6 +40,7 @@ Faults (the catalog's `expected.culprit`, checked by hand on the dumps: the op n
 """
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -49,12 +57,14 @@ D_MODEL, HIDDEN, VOCAB = 32, 64, 16
 DX_LR, DX_MOMENTUM = 0.05, 0.9
 STEPS = {"statistics": 3, "tensor": 3}
 DEVICE_T = {"tf32": True}
+MODES = (("statistics", "stats"), ("tensor", "tensor"))
 DEVICE_B = G.XDEV_B1
 
 # name stem -> (faults, expected culprit or None, description); steps are filled per mode
 DX = {
     "clean": ({}, None, "no fault: TF32 matmuls only"),
     "router": ({"router": True}, None, "no fault: near-tied top-1 router in layer 0"),
+    "moe": ({"moe": True}, None, "no fault: a 4-expert top-1 MoE in layer 0 dispatching tokens, near-tied router"),
     "lr1pct": (
         {"lr_from_2nd": 1.01},
         (2, "Functional.embedding.0.forward", "optimizer"),
@@ -73,6 +83,31 @@ DX = {
         "layers.1.fc2.weight x1.01 at init",
     ),
 }
+# device S: exact fp32 matmuls, but softmax computed at float16 internally
+SM = {
+    "clean": ({}, None, "no fault: softmax at float16 inside"),
+    "weight2pct": (
+        {"weight_scale": {"layers.0.fc1.weight": 1.02}},
+        (0, "Functional.linear.4.forward", "parameter"),
+        "layers.0.fc1.weight x1.02 at init",
+    ),
+}
+# a Llama-like family: RMSNorm from tensor ops, RoPE, grouped-query attention (repeat_kv), an additive finfo.min
+# causal mask, SwiGLU MLP; fp32, SGD with momentum; device T (TF32) or S (fp16 softmax)
+DL = {
+    "clean": ({"device": {"tf32": True}}, None, "device T (TF32): no fault"),
+    "clean_sm": ({"device": {"softmax16": True}}, None, "device S (fp16 softmax): no fault"),
+    "rms_eps": (
+        {"device": {"tf32": True}, "rms_eps": {1: 1e-3}},
+        (0, "Tensor.__add__.7.forward", "scalar"),
+        "device T: layer 1's RMSNorm eps 1e-3 instead of 1e-6",
+    ),
+    "lr2pct": (
+        {"device": {"softmax16": True}, "lr_from_2nd": 1.02},
+        (2, "Functional.embedding.0.forward", "optimizer"),
+        "device S: SGD lr x1.02 from the 2nd update",
+    ),
+}
 XB = {
     "lr5pct": (
         {"lr_from_2nd": 1.05},
@@ -89,12 +124,21 @@ def cases():
     for mode, sfx in (("statistics", "stats"), ("tensor", "tensor")):
         out.append(("dx_ref_" + sfx, "dx", mode, None, {}, None, "device A: fp32 reference"))
         out.append(("dx_rref_" + sfx, "dx", mode, None, {"router": True}, None, "device A: fp32 reference, router"))
+        if mode == "statistics":
+            out.append(("dx_mref_" + sfx, "dx", mode, None, {"moe": True}, None, "device A: fp32 reference, MoE"))
         for stem, (faults, exp, desc) in DX.items():
             if mode == "tensor" and stem not in TENSOR:
                 continue
             f = dict(faults, device=DEVICE_T)
-            ref = ("dx_rref_" if faults.get("router") else "dx_ref_") + sfx
+            ref = ("dx_rref_" if faults.get("router") else "dx_mref_" if faults.get("moe") else "dx_ref_") + sfx
             out.append(("dx_%s_%s" % (stem, sfx), "dx", mode, ref, f, exp, "device T (TF32): " + desc))
+    for (stem, (faults, exp, desc)), (mode, sfx) in itertools.product(SM.items(), MODES):
+        f = dict(faults, device={"softmax16": True})
+        name, ref = "ds_%s_%s" % (stem, sfx), "dx_ref_" + sfx
+        out.append((name, "dx", mode, ref, f, exp, "device S (fp16 softmax): " + desc))
+    out.append(("dl_ref_stats", "dl", "statistics", None, {}, None, "device A: Llama-like fp32 reference"))
+    for stem, (faults, exp, desc) in DL.items():
+        out.append(("dl_%s_stats" % stem, "dl", "statistics", "dl_ref_stats", faults, exp, desc))
     out.append(("xb_ref_stats", "xb", "statistics", None, {}, None, "device A: bf16 autocast reference"))
     for stem, (faults, exp, desc) in XB.items():
         f = dict(faults, device=DEVICE_B)
@@ -133,6 +177,26 @@ def tf32_kernels():
     return DeviceT()
 
 
+def softmax16_kernels():
+    """Device S: a TorchDispatchMode computing fp32 softmax (forward) on float16 inside, as some accelerators'
+    fused softmax does; everything else is untouched."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+
+    class DeviceS(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is aten._softmax.default and args[0].dtype == torch.float32:
+                x16 = aten._to_copy.default(args[0], dtype=torch.float16)
+                y16 = func(x16, args[1], False)
+                return aten._to_copy.default(y16, dtype=torch.float32)
+            return func(*args, **kwargs)
+
+    return DeviceS()
+
+
 def build_dx_model(faults):
     """fp32 2-layer GPT: biased q/k/v, Llama-like where-mask with finfo.min, LayerNorm, GELU; optional router."""
     import torch
@@ -152,6 +216,10 @@ def build_dx_model(faults):
             self.router = nn.Linear(D_MODEL, 2, bias=False) if faults.get("router") and idx == 0 else None
             if self.router is not None:
                 self.fc1b = nn.Linear(D_MODEL, HIDDEN)
+            self.moe = faults.get("moe") and idx == 0
+            if self.moe:
+                self.gate = nn.Linear(D_MODEL, 4, bias=False)
+                self.experts = nn.ModuleList([nn.Linear(D_MODEL, D_MODEL) for _ in range(4)])
 
         def forward(self, x, mask):
             h = self.ln1(x)
@@ -166,6 +234,15 @@ def build_dx_model(faults):
             if self.router is not None:  # top-1 of two experts' first layers
                 choice = torch.topk(self.router(h), 1, dim=-1).indices
                 a = torch.where(choice == 0, a, self.fc1b(h))
+            if self.moe:  # top-1 mixture of experts, tokens dispatched per expert (Mixtral-like)
+                flat = h.reshape(-1, D_MODEL)
+                probs = F.softmax(self.gate(flat), dim=-1)
+                weight, choice = torch.topk(probs, 1, dim=-1)
+                moe = torch.zeros_like(flat)
+                for e, expert in enumerate(self.experts):
+                    rows = torch.nonzero(choice.squeeze(-1) == e).squeeze(-1)
+                    moe = moe.index_add(0, rows, expert(flat[rows]) * weight[rows])
+                x = x + moe.reshape(h.shape)
             return x + self.fc2(F.gelu(a, **self.gelu_kw))
 
     class GPT(nn.Module):
@@ -191,9 +268,88 @@ def build_dx_model(faults):
         if faults.get("router"):  # both experts' router rows equal up to a relative 1e-6: a near tie everywhere
             r = model.layers[0].router.weight
             r[1] = r[0] * (1 + 1e-6)
+        if faults.get("moe"):  # experts 0 and 1 near-tied for every token
+            g = model.layers[0].gate.weight
+            g[1] = g[0] * (1 + 1e-6)
         for name, factor in faults.get("weight_scale", {}).items():
             params[name].mul_(factor)
     return model
+
+
+def build_dl_model(faults):
+    """A 2-layer Llama-like model written as Hugging Face writes it (tensor ops msprobe records one by one)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    heads, kv_heads, head_dim = 4, 2, D_MODEL // 4
+
+    class RMSNorm(nn.Module):
+        def __init__(self, eps):
+            super().__init__()
+            self.weight, self.eps = nn.Parameter(torch.ones(D_MODEL)), eps
+
+        def forward(self, x):
+            var = x.pow(2).mean(-1, keepdim=True)
+            return self.weight * (x * torch.rsqrt(var + self.eps))
+
+    def rotate_half(x):
+        return torch.cat((-x[..., head_dim // 2 :], x[..., : head_dim // 2]), dim=-1)
+
+    class Block(nn.Module):
+        def __init__(self, idx):
+            super().__init__()
+            eps = faults.get("rms_eps", {}).get(idx, 1e-6)
+            self.norm1, self.norm2 = RMSNorm(eps), RMSNorm(1e-6)
+            self.wq = nn.Linear(D_MODEL, heads * head_dim, bias=False)
+            self.wk = nn.Linear(D_MODEL, kv_heads * head_dim, bias=False)
+            self.wv = nn.Linear(D_MODEL, kv_heads * head_dim, bias=False)
+            self.wo = nn.Linear(heads * head_dim, D_MODEL, bias=False)
+            self.gate = nn.Linear(D_MODEL, HIDDEN, bias=False)
+            self.up = nn.Linear(D_MODEL, HIDDEN, bias=False)
+            self.down = nn.Linear(HIDDEN, D_MODEL, bias=False)
+
+        def forward(self, x, mask, cos, sin):
+            b, t, _ = x.shape
+            h = self.norm1(x)
+            q = self.wq(h).view(b, t, heads, head_dim).transpose(1, 2)
+            k = self.wk(h).view(b, t, kv_heads, head_dim).transpose(1, 2)
+            v = self.wv(h).view(b, t, kv_heads, head_dim).transpose(1, 2)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            rep = heads // kv_heads  # repeat_kv: expand and reshape, not recorded
+            k = k[:, :, None].expand(b, kv_heads, rep, t, head_dim).reshape(b, heads, t, head_dim)
+            v = v[:, :, None].expand(b, kv_heads, rep, t, head_dim).reshape(b, heads, t, head_dim)
+            scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(head_dim) + mask
+            attn = F.softmax(scores, dim=-1, dtype=torch.float32)
+            o = torch.matmul(attn, v).transpose(1, 2).reshape(b, t, heads * head_dim)
+            x = x + self.wo(o)
+            h = self.norm2(x)
+            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, D_MODEL)
+            self.layers = nn.ModuleList([Block(i) for i in range(G.N_LAYERS)])
+            self.norm = RMSNorm(1e-6)
+            self.head = nn.Linear(D_MODEL, VOCAB, bias=False)
+
+        def forward(self, tokens):
+            t = tokens.shape[1]
+            fmin = torch.finfo(torch.float32).min
+            mask = torch.full((t, t), fmin).triu(1)
+            pos = torch.arange(t, dtype=torch.float32)
+            inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+            ang = torch.outer(pos, inv)
+            emb = torch.cat((ang, ang), dim=-1)
+            cos, sin = emb.cos(), emb.sin()
+            x = self.emb(tokens)
+            for layer in self.layers:
+                x = layer(x, mask, cos, sin)
+            return self.head(self.norm(x).mean(dim=1))
+
+    torch.manual_seed(G.SEED)
+    return Llama()
 
 
 def run_case(name, init_file):
@@ -211,12 +367,12 @@ def run_case(name, init_file):
     from msprobe.pytorch import PrecisionDebugger
 
     config_path = G.write_config(name, mode, steps, 0)
-    if family == "dx":
-        model = build_dx_model(faults)
+    if family in ("dx", "dl"):
+        model = build_dx_model(faults) if family == "dx" else build_dl_model(faults)
         optimizer = torch.optim.SGD(model.parameters(), lr=DX_LR, momentum=DX_MOMENTUM)
         vocab, autocast = VOCAB, contextlib.nullcontext
         dev = faults.get("device")
-        kernels = tf32_kernels if dev else contextlib.nullcontext
+        kernels = (softmax16_kernels if dev.get("softmax16") else tf32_kernels) if dev else contextlib.nullcontext
     else:
         model = G.build_xdev_model(faults)
         optimizer = torch.optim.AdamW(model.parameters(), lr=G.XD_LR)

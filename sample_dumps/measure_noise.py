@@ -109,6 +109,7 @@ def measure(store, cases, exact, compare_top=0):
                     "--json",
                 )
             )
+            table = table["rows"] if isinstance(table, dict) else table  # (compare --json: {"rows": [...], ...})
             top = any((r["name"] or "").startswith(exp["op"] + ".") for r in table)
         rows.append(
             {

@@ -9,6 +9,9 @@ only the values of one op's output differ:
   gelu_tanh      fp32; every `F.gelu` (erf form) computed with the tanh approximation (another device's GELU)
   mean_bf16      fp32; the sequence mean (`Tensor.mean`) accumulated in bf16, one element at a time
   attn_noscale   bf16; `F.scaled_dot_product_attention` of layer 1 computed without its 1/sqrt(d) scale
+  autocast_ln_bf16  fp32 weights under bf16 autocast, LayerNorm run at bf16 (a device's autocast policy; the CPU's
+                 runs it in fp32): clean, replay must stay quiet
+  autocast_mean_bf16  fp32 weights under bf16 autocast, the sequence mean accumulated in bf16
 
 Run as a script: `python tests/replay_samples.py OUT_DIR [CASE ...]` (each case in its own subprocess: msprobe's
 PrecisionDebugger is a per-process singleton). tests/test_replay.py makes them into a git-ignored folder.
@@ -16,8 +19,10 @@ PrecisionDebugger is a per-process singleton). tests/test_replay.py makes them i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,12 +34,15 @@ CASES: dict[str, dict] = {
     "gelu_tanh": {"dtype": "float32", "fault": "gelu_tanh"},
     "mean_bf16": {"dtype": "float32", "fault": "mean_bf16"},
     "attn_noscale": {"dtype": "bfloat16", "fault": "attn_noscale", "layer": 1},
+    "autocast_ln_bf16": {"dtype": "float32", "autocast": True, "fault": "ln_bf16"},
+    "autocast_mean_bf16": {"dtype": "float32", "autocast": True, "fault": "mean_bf16"},
 }
 # the op each faulty case must be found at (record key), by replay alone
 EXPECTED = {
     "gelu_tanh": "Functional.gelu.0.forward",
     "mean_bf16": "Tensor.mean.0.forward",
     "attn_noscale": "Functional.scaled_dot_product_attention.1.forward",
+    "autocast_mean_bf16": "Tensor.mean.0.forward",
 }
 VOCAB, D_MODEL, HEADS, HIDDEN, LAYERS, BATCH, SEQ = 32, 32, 2, 64, 2, 2, 16
 
@@ -69,6 +77,9 @@ def _fault_mode(fault: str, layer: int | None):
                 return gelu_tanh(args[0])
             if fault == "mean_bf16" and func is aten.mean.dim and args[0].dtype == torch.float32 and len(args[1]) == 1:
                 return mean_bf16(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+            if fault == "ln_bf16" and func is aten.native_layer_norm.default and args[0].dtype == torch.float32:
+                low = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) else a for a in args]
+                return tuple(t.to(torch.float32) for t in func(*low, **kwargs))
             if fault == "attn_noscale" and "scaled_dot_product" in func.__name__:
                 Fault.sdpa_calls += 1
                 if Fault.sdpa_calls - 1 == layer:
@@ -151,7 +162,8 @@ def run_all(out: Path, big: int = 0) -> None:
         fault = case.get("fault")
         mode = _fault_mode(fault, case.get("layer")) if fault else contextlib.nullcontext()
         debugger.start(model)
-        with mode:
+        amp = torch.autocast("cpu", dtype=torch.bfloat16) if case.get("autocast") else contextlib.nullcontext()
+        with mode, amp:
             logits = model(tokens)
         F.cross_entropy(logits.float(), labels).backward()
         debugger.stop()
@@ -163,7 +175,10 @@ def generate(out: Path, big: int = 0) -> dict[str, Path]:
     """Make the cases under `out` (kept when already made); returns {case: its step folder, a dump to ingest}; with
     `big`, {"big": the dump root of 4 steps of a `big`-layer clean bf16 model}."""
     out.mkdir(parents=True, exist_ok=True)
-    if not (out / ".complete").exists():
+    stamp = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # made again when this script changes
+    done = out / ".complete"
+    if not done.exists() or done.read_text() != stamp:
+        shutil.rmtree(out / "dump", ignore_errors=True)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
         cmd = [sys.executable, __file__, "--make", str(out), str(big)]
         proc = subprocess.run(cmd, env=env, capture_output=True)
@@ -171,7 +186,7 @@ def generate(out: Path, big: int = 0) -> dict[str, Path]:
             raise RuntimeError(
                 f"replay samples failed:\n{(proc.stdout + proc.stderr).decode(errors='replace')[-3000:]}"
             )
-        (out / ".complete").touch()
+        done.write_text(stamp)
     if big:
         return {"big": out / "dump"}
     return {name: out / "dump" / f"step{i}" for i, name in enumerate(CASES)}

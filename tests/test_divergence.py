@@ -104,29 +104,23 @@ def test_divergence_cli_json_and_check(store):
     assert runner.invoke(main, same).exit_code == 0
 
 
+def _compare_json(store, *args):
+    cmd = ["compare", "--target", "gelu_tanh_tensor", "--ref", "ref_tensor", "--store", str(store.root)]
+    return json.loads(CliRunner().invoke(main, cmd + ["--top", "3", "--json", *args]).output)["rows"]
+
+
 def test_compare_cli_ranks_worst_first(store):
-    res = CliRunner().invoke(
-        main,
-        [
-            "compare",
-            "--target",
-            "gelu_tanh_tensor",
-            "--ref",
-            "ref_tensor",
-            "--store",
-            str(store.root),
-            "--top",
-            "3",
-            "--json",
-        ],
-    )
-    rows = json.loads(res.output)["rows"]
-    # ranked by significance (analysis/rank.py): the keyword in one run only (`approximate`, the fault) is infinitely
-    # significant (JSON: null and `significance_nonfinite`), then the diverged tensors, most significant first
-    sig = [float(r["significance_nonfinite"]) if r["significance"] is None else r["significance"] for r in rows]
-    assert len(rows) == 3 and sig[0] >= sig[1] >= sig[2]
-    assert rows[0]["name"].endswith(".forward.input.approximate") and rows[0]["status"] == "unmatched"
-    assert all(r["status"] == "diverged" for r in rows[1:])
+    rows = _compare_json(store, "--by", "severity")
+    assert len(rows) == 3 and rows[0]["severity"] >= rows[1]["severity"] >= rows[2]["severity"]
+    assert all(r["status"] == "diverged" for r in rows)
+
+
+def test_compare_cli_ranks_by_significance_by_default(store):
+    """The default order is significance (analysis/rank.py): the culprit's argument in one run only first."""
+    rows = _compare_json(store)
+    sig = [float("inf") if r["significance"] in (None, "inf") else r["significance"] for r in rows]  # JSON: no inf
+    assert rows[0]["name"] == "Functional.gelu.1.forward.input.approximate" and sig[0] == float("inf")
+    assert sig[0] >= sig[1] >= sig[2]
 
 
 def test_overflow_cli_json(store):

@@ -151,6 +151,14 @@ def test_module_of():
     assert module_of("Functional.gelu.0.forward") == (None, None)
 
 
+def test_where_names_the_top_level_module():
+    from dumpstore.analysis.explain import Explanation
+
+    ex = Explanation("Functional.linear.9.forward", "t", module="", module_class="TinyNet")
+    assert ex.where() == "the model itself (TinyNet)"
+    assert module_of("Module.TinyNet.forward.0") == ("", "TinyNet")
+
+
 def test_argument_name():
     assert argument_name({"index_path": "4", "op_type": "layer_norm"}) == ("eps", "signature")
     assert argument_name({"index_path": "1.0", "op_type": "layer_norm"}) == ("normalized_shape[0]", "signature")

@@ -1,5 +1,5 @@
 """`curves`, the monitor culprit and long-run health, on runs with answers by construction: SGD curves in numpy
-(tests/longrun/synth.py: a learning-rate change from a step, a spike, clean reruns) and the real msprobe monitor
+(tests/longrun/longrun_synth.py: a learning-rate change from a step, a spike, clean reruns) and the real msprobe monitor
 runs of tests/longrun/gen_monitor.py (one layer's gradient rounded to bfloat16 from step 60)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dumpstore.longrun.ingest import ingest_longrun
 from dumpstore.longrun.logs import read_log
 from dumpstore.longrun.store import LongRun, write
 from dumpstore.store import open_store
+from helpers import SAMPLES
 
 sys.path.insert(0, str(Path(__file__).parent / "longrun"))
 import gen_monitor  # noqa: E402
@@ -90,6 +91,7 @@ def monitor_store(tmp_path_factory):
     return store
 
 
+@pytest.mark.msprobe
 def test_culprit_is_the_drifting_layer_before_the_loss(monitor_store):
     rep = compare_long_runs(open_store(monitor_store), "drift", "ref")
     c = rep.culprit
@@ -103,6 +105,7 @@ def test_culprit_is_the_drifting_layer_before_the_loss(monitor_store):
     assert cfg["task"] == "tensor" and cfg["step"] == [59, 60] and cfg["tensor"]["list"] == ["layers.2."]
 
 
+@pytest.mark.msprobe
 def test_culprit_named_before_the_loss(monitor_store):
     """One layer's gradient 5 % too large from step 60: its grad_reduced norm moves at step 60, the loss at
     iteration 62 (monitor step 61: the first loss computed with weights updated by the faulty step)."""
@@ -114,6 +117,7 @@ def test_culprit_named_before_the_loss(monitor_store):
     assert c["loss_step"] == 61
 
 
+@pytest.mark.msprobe
 def test_culprit_quiet_on_a_clean_rerun(monitor_store):
     rep = compare_long_runs(open_store(monitor_store), "ref2", "ref")
     assert rep.culprit is not None and rep.culprit["first"] is None and rep.divergence.step is None
@@ -121,6 +125,7 @@ def test_culprit_quiet_on_a_clean_rerun(monitor_store):
     assert rep.culprit["first"]["param"] == "layers.2.weight" and rep.culprit["first"]["step"] == 60
 
 
+@pytest.mark.msprobe
 def test_cli_curves_outputs(monitor_store):
     base = ["curves", "--target", "drift", "--ref", "ref", "--store", str(monitor_store)]
     r = CliRunner().invoke(main, base)
@@ -178,6 +183,7 @@ def test_health_not_converging_and_zero(tmp_path):
     assert zero["zero_loss"] == ("fail", 51)
 
 
+@pytest.mark.msprobe
 def test_monitor_only_runs_and_update_ratio(tmp_path):
     pytest.importorskip("msprobe")
     gen = gen_monitor.ensure()
@@ -208,3 +214,149 @@ def test_html_page_draws_in_chromium(logs, tmp_path):
     assert not page.console_errors, page.console_errors[:5]
     assert page.dom.count('class="main-svg"') >= 2
     assert re.search(r'id="render-ms">\d+<', page.dom)
+
+
+def _monitor(values: dict[str, list[float]], steps: int) -> pa.Table:
+    """A grad_reduced monitor table: one row per parameter and step."""
+    rows = [
+        {"rank": 0, "step": s, "micro_step": None, "vpp_stage": 0, "prefix": "grad_reduced", "name": p,
+         "module": p.rsplit(".", 1)[0], "param": p, "seq": i, "norm": v[s], "min": -v[s] / 10, "max": v[s] / 10}
+        for i, (p, v) in enumerate(values.items())
+        for s in range(steps)
+    ]  # fmt: skip
+    return pa.Table.from_pylist(rows)
+
+
+def test_culprit_on_noisy_reruns():
+    """Non-deterministic reruns (every statistic 1e-4 relative noise): a clean pair is quiet with and without a
+    rerun band; a 1 % gradient error of one parameter from step 120 is named at 120."""
+    import numpy as np
+
+    from dumpstore.analysis.longrun_culprit import monitor_culprit
+
+    steps, names = 200, [f"layers.{i}.weight" for i in range(8)]
+    base = {n: 1.0 + 0.5 * np.sin(np.arange(steps) / (7 + i)) for i, n in enumerate(names)}
+
+    def run(seed, fault=False):
+        rng = np.random.default_rng(seed)
+        vals = {}
+        for n in names:
+            v = base[n] * (1 + 1e-4 * rng.standard_normal(steps))
+            if fault and n == "layers.5.weight":
+                v[120:] *= 1.01
+            vals[n] = v.tolist()
+        return _monitor(vals, steps)
+
+    ref, ref2, clean, bad = run(0), run(1), run(2), run(3, fault=True)
+    for m2 in (None, ref2):
+        assert monitor_culprit(clean, ref, m2)["first"] is None
+        first = monitor_culprit(bad, ref, m2)["first"]
+        assert (first["param"], first["step"]) == ("layers.5.weight", 120)
+
+
+@pytest.mark.msprobe
+def test_json_contract(monitor_store):
+    import json as _json
+    from importlib import resources
+
+    import jsonschema
+
+    schema = _json.loads((resources.files("dumpstore") / "schemas" / "curves.json").read_text())
+    r = CliRunner().invoke(
+        main,
+        ["ingest", str(SAMPLES / "ref_stats"), str(SAMPLES / "ln_eps_stats"), "--run", "dref", "--run", "dtgt",
+         "--store", str(monitor_store)],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    for args in (
+        ["--target", "scaled", "--ref", "ref", "--ref2", "ref2", "--dump-target", "dtgt", "--dump-ref", "dref"],
+        ["--run", "drift", "--health"],
+    ):
+        r = CliRunner().invoke(main, ["curves", *args, "--store", str(monitor_store), "--json"])
+        assert r.exit_code == 0, r.output
+        doc = _json.loads(r.output, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+        jsonschema.validate(doc, schema)
+        assert doc["command"] == "curves" and doc["store"] == str(monitor_store)
+        if "target" in doc:  # the dump pair's verdict rides along (the samples' layer_norm eps case)
+            assert doc["dump_verdict"]["culprit"]["op"] == "Functional.layer_norm.1.forward"
+
+
+def test_health_on_monitor_data(tmp_path):
+    """One parameter's gradient jumps 50x at step 80 and holds NaN from step 90: both named at their steps."""
+    steps = 120
+    rows = []
+    for s in range(steps):
+        for i, p in enumerate(["layers.0.weight", "layers.1.weight"]):
+            norm = 1.0 + 0.01 * (s % 5)
+            nans = 0.0
+            if p == "layers.1.weight" and s == 80:
+                norm *= 50
+            if p == "layers.1.weight" and s >= 90:
+                norm, nans = float("nan"), 3.0
+            rows.append(
+                {"rank": 0, "step": s, "micro_step": None, "vpp_stage": 0, "prefix": "grad_reduced", "name": p,
+                 "module": p.rsplit(".", 1)[0], "param": p, "direction": "parameters_grad", "io": "parameters_grad",
+                 "seq": i, "norm": norm, "min": -0.1, "max": 0.1, "mean": 0.0, "zeros": 0.0, "nans": nans,
+                 "shape": [4, 4], "dtype": "float32", "missing": False}
+            )  # fmt: skip
+    from dumpstore.longrun.store import MONITOR_SCHEMA
+
+    write(tmp_path / "s", LongRun("m", monitor=pa.Table.from_pylist(rows, MONITOR_SCHEMA)))
+    got = {f.check: (f.status, f.step) for f in long_run_health(open_store(tmp_path / "s"), "m").findings}
+    assert got["monitor_nan"] == ("fail", 90)
+    assert got["monitor_grad_explosion"] == ("warn", 80)
+
+
+_DUMP_WITH_HANDOFF = """
+import json, sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+from msprobe.pytorch import PrecisionDebugger
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(4)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+torch.manual_seed(0)
+model = Net()
+opt = torch.optim.SGD(model.parameters(), 0.1)
+debugger = PrecisionDebugger(config_path=sys.argv[1])
+for _ in range(4):
+    debugger.start(model)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    debugger.stop()
+    debugger.step()
+"""
+
+
+@pytest.mark.msprobe
+def test_handoff_config_dumps_that_module_at_those_steps(tmp_path):
+    """The hand-off's config.json, given to msprobe's PrecisionDebugger as is, dumps the culprit's module (and
+    what runs inside it) at the two steps, nothing else."""
+    import subprocess
+
+    from dumpstore.analysis.longrun_culprit import handoff
+
+    first = {"step": 2, "rank": 0, "module": "layers.2", "name": "layers.2.weight"}
+    cfg = handoff(first, distributed=False)["config"]
+    assert cfg["step"] == [1, 2] and cfg["rank"] == []
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "train.py").write_text(_DUMP_WITH_HANDOFF)
+    proc = subprocess.run(
+        [sys.executable, "train.py", "config.json"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dumps = sorted((tmp_path / "dump_longrun_step2").glob("step*/*/dump.json"))
+    assert [d.parent.parent.name for d in dumps] == ["step1", "step2"]
+    for d in dumps:
+        records = json.loads(d.read_text())["data"]
+        assert "Module.layers.2.Linear.forward.0" in records and "Module.layers.2.Linear.parameters_grad.0" in records
+        assert all("layers.2." in r or r.startswith("Functional.linear.2.") for r in records), sorted(records)

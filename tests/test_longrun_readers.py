@@ -73,7 +73,7 @@ def test_mindformers_global_step_and_brackets():
 def test_hf_trainer_lines_and_state(tmp_path):
     table, fmt = read_log(DATA / "hf_trainer.log", logging_steps=10)
     assert fmt == "hf"
-    assert _series(table, "loss") == {10: 2.3456, 20: 2.1001, 30: 1.95}
+    assert _series(table, "loss") == {10: 2.3456, 20: 2.1001, 30: 1.95, 40: 1.9}  # 40: values as strings
     assert _series(table, "eval_loss") == {20: 2.2}
     assert math.isnan(_series(table, "grad_norm")[30])
     state = tmp_path / "trainer_state.json"
@@ -113,6 +113,7 @@ def test_tensorboard_every_point_and_truncated_tail(tmp_path):
     assert _series(table, "lr") == {3: 0.5}
     samples = {r["step"]: r["consumed_samples"] for r in table.to_pylist() if r["tag"] == "grad_norm"}
     assert samples == {1: 512, 2: 1024, 3: 1536}
+    assert not any(t.endswith("_vs_samples") for t in table.column("tag").to_pylist())
     cut = tmp_path / "cut.tfevents"
     cut.write_bytes(path.read_bytes()[:-7])
     with pytest.warns(UserWarning, match="cut short"):
@@ -123,6 +124,7 @@ def test_tensorboard_every_point_and_truncated_tail(tmp_path):
         read_events(bad)
 
 
+@pytest.mark.msprobe
 def test_monitor_trainermon_all_prefixes(generated):
     table = read_monitor(generated / "allprefix" / "monitor")
     rows = table.to_pylist()
@@ -137,6 +139,7 @@ def test_monitor_trainermon_all_prefixes(generated):
     assert min(r["step"] for r in rows if r["prefix"] == "exp_avg") == 1  # Adam's moments start at step 1
 
 
+@pytest.mark.msprobe
 def test_monitor_v2_layout(generated):
     table = read_monitor(generated / "v2" / "monitor")
     prefixes = {r["prefix"] for r in table.to_pylist()}
@@ -155,6 +158,7 @@ def test_monitor_errors(tmp_path):
         read_monitor(tmp_path)
 
 
+@pytest.mark.msprobe
 def test_ingest_run_folder_into_store_views(generated, tmp_path):
     store = tmp_path / "store"
     row = ingest_longrun([generated / "drift"], "drift", store=store)
@@ -170,6 +174,7 @@ def test_ingest_run_folder_into_store_views(generated, tmp_path):
     assert len(list((store / "longrun" / "monitor" / "run=drift").glob("*.parquet"))) == 0
 
 
+@pytest.mark.msprobe
 def test_cli_ingest_and_errors(generated, tmp_path):
     store = str(tmp_path / "store")
     r = CliRunner().invoke(main, ["longrun-ingest", str(DATA / "megatron_resumed.log"), "--run", "a", "--store", store])
@@ -181,6 +186,7 @@ def test_cli_ingest_and_errors(generated, tmp_path):
     assert r.exit_code == 0 and "megatron" in r.output
 
 
+@pytest.mark.msprobe
 def test_collect_mixed(generated):
     lr = collect([generated / "ref" / "train.log", generated / "ref" / "tb"], "x")
     assert lr.monitor is None and lr.scalars is not None

@@ -62,3 +62,11 @@ def test_exact_without_tensor_files_names_its_fallback(store):
 def test_same_modes_say_nothing(store):
     res = _run(store, "divergence", "--target", "t", "--ref", "rt", "--exact")
     assert res.stderr == "" and "modes:" not in res.stdout
+
+
+def test_report_says_so_on_stderr_and_in_the_page(store, tmp_path):
+    page = tmp_path / "r.html"
+    res = _run(store, "report", "--target", "t", "--ref", "ref", "--exact", "--html", str(page))
+    assert res.stderr == f"warning: {MIXED}\nwarning: {FELL_BACK}\n"
+    html = page.read_text()
+    assert html.count('class="warn modes-note"') == 2 and "modes: the runs were dumped in different modes" in html

@@ -187,3 +187,108 @@ def test_noise_ref_keeps_a_fault(xdev_store):
     v = divergence(cmp)
     exp = XDEV["xdev_weight5pct_stats"]["expected"]["culprit"]
     assert v.culprit is not None and (v.culprit.step, v.culprit.op) == (exp["step"], exp["op"])
+
+
+def _routing(noise: float, pick: np.ndarray) -> dict:
+    """Noisy float ops (the pair differs from here on, within tolerance), then a discrete op on a boolean mask
+    whose output (the chosen token indices) is `pick`."""
+    rng = np.random.default_rng(6)
+    x = _f32(rng.normal(size=(16, 8)))
+    mask = np.zeros((16,), dtype=bool)
+    mask[:8] = True
+    recs = {f"Functional.gelu.{i}.forward": {"input_args": [x], "output": [_f32(x * (1 + noise))]} for i in range(4)}
+    return recs | {"Torch.nonzero.0.forward": {"input_args": [mask], "output": [pick.astype(np.int64)]}}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_discrete_output_on_inputs_compared_by_max_min_only(dump_writer, store_dir, mode):
+    """Statistics keep only max/min of an integer or boolean tensor: a flip upstream can hide in it.  A discrete
+    output that then changes (here its shape) is noted as a possible flip in statistics mode; with tensors the
+    inputs are compared exactly, and the op is a culprit."""
+    ref = _routing(0.0, np.arange(8))
+    tgt = _routing(5e-5, np.arange(9))
+    v = divergence(compare_runs(_ingest_pair(dump_writer, store_dir, mode, ref, tgt), "target", "ref"))
+    if mode == "statistics":
+        assert v.culprit is None and v.noise["discrete_flips"][0]["op"] == "Torch.nonzero.0.forward"
+    else:
+        assert v.culprit is not None and v.culprit.op == "Torch.nonzero.0.forward"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_weak_op_alarm_yields_to_a_stronger_finding_of_its_step(dump_writer, store_dir, mode):
+    """An op 2x over its tolerance with nothing to compare it to comes first in the step, a weight 1 % off
+    later: the weight is the culprit.  Without the weight fault, the weak alarm stands."""
+    rng = np.random.default_rng(8)
+    x, w = _f32(rng.normal(size=(16, 32))), _f32(rng.normal(size=(8, 32)))
+    y = _f32(x * 0.5)
+    noisy = _f32(y * (1 + 2 * 2.0**-13 * rng.choice([-1.0, 1.0], size=y.shape)))
+
+    def pair(w_t):
+        ref = {"Tensor.mul.0.forward": {"input_args": [x, {"type": "float", "value": 0.5}], "output": [y]}}
+        ref["Functional.linear.0.forward"] = {"input_args": [x, w], "output": [_f32(x @ w.T)]}
+        tgt = {"Tensor.mul.0.forward": {"input_args": [x, {"type": "float", "value": 0.5}], "output": [noisy]}}
+        tgt["Functional.linear.0.forward"] = {"input_args": [x, w_t], "output": [_f32(x @ w_t.T)]}
+        return ref, tgt
+
+    v = divergence(compare_runs(_ingest_pair(dump_writer, store_dir, mode, *pair(_f32(w * 1.01))), "target", "ref"))
+    assert v.culprit is not None and v.culprit.op == "Functional.linear.0.forward"
+
+
+def test_a_weak_op_alarm_alone_stands(dump_writer, store_dir):
+    rng = np.random.default_rng(8)
+    x = _f32(rng.normal(size=(16, 32)))
+    y = _f32(x * 0.5)
+    noisy = _f32(y * (1 + 2 * 2.0**-13 * rng.choice([-1.0, 1.0], size=y.shape)))
+    ref = {"Tensor.mul.0.forward": {"input_args": [x, {"type": "float", "value": 0.5}], "output": [y]}}
+    tgt = {"Tensor.mul.0.forward": {"input_args": [x, {"type": "float", "value": 0.5}], "output": [noisy]}}
+    v = divergence(compare_runs(_ingest_pair(dump_writer, store_dir, "tensor", ref, tgt), "target", "ref"))
+    assert v.culprit is not None and v.culprit.op == "Tensor.mul.0.forward" and v.culprit.severity < 4
+
+
+def test_a_weak_op_alarm_yields_to_a_later_steps_finding_in_every_path(dump_writer, store_dir):
+    """Step 0: an op 2x over its tolerance, nothing else; step 1: a weight 1 % off.  The whole comparison, the
+    per-step batches and the screen agree on the weight."""
+    from dumpstore.analysis import divergence_by_steps
+    from dumpstore.analysis._divergence import divergence_in_batches
+
+    rng = np.random.default_rng(9)
+    x, w = _f32(rng.normal(size=(16, 32))), _f32(rng.normal(size=(8, 32)))
+    y = _f32(x * 0.5)
+    noisy = _f32(y * (1 + 2 * 2.0**-13 * rng.choice([-1.0, 1.0], size=y.shape)))
+    scale = {"type": "float", "value": 0.5}
+
+    def step(out, w_used):
+        return {
+            "Tensor.mul.0.forward": {"input_args": [x, scale], "output": [out]},
+            "Functional.linear.0.forward": {"input_args": [x, w_used], "output": [_f32(x @ w_used.T)]},
+        }
+
+    for name, recs in (("ref", [step(y, w), step(y, w)]), ("target", [step(noisy, w), step(y, _f32(w * 1.01))])):
+        wr = dump_writer(name, "tensor")
+        for i, r in enumerate(recs):
+            wr.write(r, step=i)
+        ingest(wr.root, name, store=store_dir, jobs=1)
+    st = open_store(store_dir)
+    whole = divergence(compare_runs(st, "target", "ref"))
+    assert whole.culprit is not None and (whole.culprit.step, whole.culprit.op) == (1, "Functional.linear.0.forward")
+    for v in (
+        divergence_in_batches(st, "target", "ref", max_rows=1),
+        divergence_by_steps(st, "target", "ref", max_rows=1),
+    ):
+        assert v.culprit is not None and (v.culprit.step, v.culprit.op) == (1, "Functional.linear.0.forward")
+
+
+def test_noise_ref_on_the_command_line(xdev_store):
+    from click.testing import CliRunner
+
+    from dumpstore.cli.main import main
+
+    args = ["--target", "xdev_clean_stats", "--ref", "xdev_ref_stats", "--noise-ref", "xdev_clean2_stats"]
+    args += ["--store", str(xdev_store.root)]
+    res = CliRunner().invoke(main, ["divergence", *args, "--no-cache"])
+    assert res.exit_code == 0, res.output
+    assert "noise band per tensor: 3x its error in xdev_clean2_stats against xdev_ref_stats" in res.output
+    assert "CULPRIT: none" in res.output
+    res = CliRunner().invoke(main, ["compare", *args, "--top", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["by"] == "significance"

@@ -62,6 +62,9 @@ def test_only_differing_for_csv_and_page(tmp_path):
     statuses = {r["dumpstore_status"] for r in out["diff"]}
     assert "pass" not in statuses and "diverged" in statuses
     assert len(out["diff"]) == sum(r["dumpstore_status"] != "pass" for r in out["all"]) < len(out["all"])
+    every = {(r["step"], r["NPU Name"]): r for r in out["all"]}  # msprobe's verdict: per op over all its rows
+    assert all(r["Result"] == every[r["step"], r["NPU Name"]]["Result"] for r in out["diff"])
+    assert any(r["Result"] == "warning" for r in out["diff"])
     page = (tmp_path / "diff.html").read_text()
     assert f"{len(out['diff'])} rows (the compared leaves that differ: --only-differing)" in page
 
@@ -100,3 +103,33 @@ def test_verdict_link_shows_exactly_the_culprits_rows(tmp_path):
     assert op == "Functional.linear.6.forward"
     shown = [r.split(",") for r in rows.split(";")]
     assert shown and all(r == ["0", "0", op] for r in shown), shown
+
+
+def test_culprit_star_hover_is_its_own():
+    """On a long run many ops share the star's pixels; only the culprit's own op answers a hover there."""
+    from dumpstore.analysis.report.figures import line_figure
+    from dumpstore.analysis.verdict import Finding
+
+    n, at = 3000, 1500
+    ops = pl.DataFrame(
+        {
+            "step": [0] * n,
+            "rank": [0] * n,
+            "op": [f"Functional.op.{i}.forward" for i in range(n)],
+            "leaf_name": [f"Functional.op.{i}.forward.output.0" for i in range(n)],
+            "err": [0.01] * n,
+            "tol": [1e-4] * n,
+            "err_source": ["stats"] * n,
+            "tol_dtype": ["float32"] * n,
+            "unmatched": [False] * n,
+            "direction": ["forward"] * n,
+        }
+    )
+    culprit = Finding(0, 0, f"Functional.op.{at}.forward", None, "op")
+    v = Verdict("t", "r", culprit, culprit, [], [], [], {}, {}, {})
+    fig = line_figure(ops, v, 0, 10_000)
+    hoverable = [t for t in fig["data"] if t.get("hoverinfo") != "skip" and t.get("mode") == "markers"]
+    close = {x for t in hoverable for x in t["x"] if abs(x - at) <= 20}
+    assert close == {at}
+    quiet = [t for t in fig["data"] if t.get("hoverinfo") == "skip" and t.get("mode") == "markers"]
+    assert sorted(x for t in quiet for x in t["x"]) == [x for x in range(at - 27, at + 28) if x != at]

@@ -23,10 +23,14 @@ class Blocker:
 
 
 sys.meta_path.insert(0, Blocker())
-skip = {"dumpstore.engine_ray", "dumpstore.analysis.distributed"}  # the ray extra
-for name in ("dumpstore", "dumpstore.analysis", "dumpstore.analysis.report", "dumpstore.cli"):
+skip = {
+    "dumpstore.engine_ray",  # the ray extra
+    "dumpstore.analysis.distributed",
+    "dumpstore.analysis.replay.preload",  # replay runs the recorded calls with torch, in the device's environment
+}
+for name in ("dumpstore", "dumpstore.analysis", "dumpstore.cli"):
     pkg = importlib.import_module(name)
-    for m in pkgutil.iter_modules(pkg.__path__, name + "."):
+    for m in pkgutil.walk_packages(pkg.__path__, name + "."):
         if m.name not in skip and not m.name.endswith("__main__"):
             importlib.import_module(m.name)
 

@@ -35,6 +35,8 @@ _STOCK = {
     "silu": F.silu,
     "gelu": F.gelu,
     "layer_norm": F.layer_norm,
+    "addmm": torch.addmm,
+    "tanh": torch.tanh,
 }
 _TARGETS = {
     "linear": (F, "linear"),
@@ -44,6 +46,8 @@ _TARGETS = {
     "silu": (F, "silu"),
     "gelu": (F, "gelu"),
     "layer_norm": (F, "layer_norm"),
+    "addmm": (torch, "addmm"),
+    "tanh": (torch, "tanh"),
 }
 # largest relative L2 difference from the stock kernel a replacement may make (a few units of the dtype's rounding)
 GUARD = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
@@ -111,9 +115,23 @@ def splitk_matmul(a: torch.Tensor, b: torch.Tensor, block: int, order: str) -> t
     return _combine(parts, order)
 
 
+def round_toward_zero(x32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 -> a 16-bit float by truncation (round toward zero) instead of to nearest; straight-through grad."""
+    x32 = x32.float()
+    with torch.no_grad():
+        rne = x32.detach().to(dtype)
+        over = (rne.float().abs() > x32.detach().abs()) & torch.isfinite(rne) & (rne != 0)
+        bits = rne.view(torch.int16)
+        rtz = torch.where(over, bits - 1, bits).view(dtype)  # one step toward zero: magnitude bits minus one
+        delta = rtz - rne  # zero or one ulp: exact
+    return x32.to(dtype) + delta
+
+
 def _round_to(x32: torch.Tensor, dtype: torch.dtype, rounding: str) -> torch.Tensor:
     if dtype == torch.bfloat16 and rounding == "stochastic":
         return stochastic_round_bf16(x32)
+    if dtype in (torch.float16, torch.bfloat16) and rounding == "toward_zero":
+        return round_toward_zero(x32, dtype)
     return x32.to(dtype)
 
 
@@ -268,8 +286,11 @@ def _grad_like(name: str, got: torch.Tensor, stock: torch.Tensor) -> torch.Tenso
 class Device:
     """One simulated device: a name, a description and the options of its kernels."""
 
-    def __init__(self, name, text, block, order, rounding, softmax, rsqrt, silu, gelu, layer_norm):
+    def __init__(
+        self, name, text, block, order, rounding, softmax, rsqrt, silu, gelu, layer_norm, addmm=False, tanh=False
+    ):
         self.name, self.text = name, text
+        self.addmm, self.tanh = addmm, tanh
         self.block, self.order, self.rounding = block, order, rounding
         self.softmax, self.rsqrt, self.silu, self.gelu, self.layer_norm = softmax, rsqrt, silu, gelu, layer_norm
         self._saved: dict = {}
@@ -387,6 +408,46 @@ class Device:
                 _replace("gelu", out, gelu_as(input.detach().float()).to(out.dtype))
         return out
 
+    def addmm_fn(self, input, mat1, mat2, *, beta=1, alpha=1, out=None):
+        if out is not None or beta != 1 or alpha != 1 or mat1.dim() != 2 or mat2.dim() != 2:
+            return _STOCK["addmm"](input, mat1, mat2, beta=beta, alpha=alpha, out=out)
+        cast = _autocast_dtype()
+        a_in, b_in = _alias(mat1), _alias(mat2)
+        res = _STOCK["addmm"](input, a_in, b_in)
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            a, b, c = mat1.detach(), mat2.detach(), input.detach()
+            if cast is not None:
+                a, b, c = a.to(cast), b.to(cast), c.to(cast)
+            y = splitk_matmul(a, b, self.block, self.order) + c.float()
+            _replace("addmm", res, self._rnd(y, res.dtype))
+        if res.requires_grad:
+            grad = _GradOut(res)
+            cdt = cast or res.dtype
+            if a_in is not mat1:
+                a_in.register_hook(
+                    _quiet(
+                        lambda ga: _grad_like(
+                            "addmm da", self._rnd(splitk_matmul(grad.g, b.t(), self.block, self.order), cdt), ga
+                        )
+                    )
+                )
+            if b_in is not mat2:
+                b_in.register_hook(
+                    _quiet(
+                        lambda gb: _grad_like(
+                            "addmm db", self._rnd(splitk_matmul(a.t(), grad.g, self.block, self.order), cdt), gb
+                        )
+                    )
+                )
+        return res
+
+    def tanh_fn(self, input, *, out=None):
+        res = _STOCK["tanh"](input, out=out) if out is not None else _STOCK["tanh"](input)
+        with torch.no_grad():
+            x32 = input.detach().float()
+            _replace("tanh", res, (1.0 - 2.0 / (torch.exp(2.0 * x32) + 1.0)).to(res.dtype))
+        return res
+
     def layer_norm_fn(self, input, normalized_shape, weight=None, bias=None, eps=1e-5):
         out = _STOCK["layer_norm"](input, normalized_shape, weight, bias, eps)
         cast = _autocast_dtype()
@@ -415,6 +476,10 @@ class Device:
             out["gelu"] = self.gelu_fn
         if self.layer_norm:
             out["layer_norm"] = self.layer_norm_fn
+        if self.addmm:
+            out["addmm"] = self.addmm_fn
+        if self.tanh:
+            out["tanh"] = self.tanh_fn
         return out
 
     def install(self) -> None:
@@ -473,6 +538,22 @@ DEVICES = {
         gelu=True,
         layer_norm=True,
     ),
+    "D": Device(
+        "D",
+        "fp16 with dynamic loss scaling: linear/matmul/addmm on the autocast fp16 inputs split-K in blocks of 16, "
+        "fp32 partials in reverse block order, the accumulator rounded to fp16 TOWARD ZERO (truncated; forward "
+        "and input gradients); tanh as 1 - 2/(exp(2x) + 1); softmax with exp2 and a reciprocal multiply",
+        block=16,
+        order="reverse",
+        rounding="toward_zero",
+        softmax="exp2",
+        rsqrt="div",
+        silu=False,
+        gelu=False,
+        layer_norm=False,
+        addmm=True,
+        tanh=True,
+    ),
 }
 
 
@@ -494,6 +575,12 @@ def _inputs(seed: int) -> dict:
         "silu": (torch.randn(4096, generator=g) * 2,),
         "gelu": (torch.randn(4096, generator=g) * 2,),
         "layer_norm": (torch.randn(32, 64, generator=g) + 0.5,),
+        "addmm": (
+            torch.randn(96, generator=g) * 0.1,
+            torch.randn(32, 64, generator=g),
+            torch.randn(64, 96, generator=g) * 0.1,
+        ),
+        "tanh": (torch.randn(4096, generator=g) * 2,),
     }
 
 
@@ -510,13 +597,14 @@ def measure(seed: int = 0) -> list[dict]:
     relative L2 difference between the two, and the share of elements that differ; for linear and matmul also
     the input gradient's difference (backward of sum(y * r), r fixed). Inputs are rounded to the dtype first; the
     softmax of bf16 scores runs in fp32 (as the families call it); ``autocast`` rows run under bf16 autocast with
-    fp32 inputs."""
+    fp32 inputs, ``autocast_fp16`` rows under fp16 autocast."""
     rows = []
     base = _inputs(seed)
     settings = [
-        ("float32", torch.float32, False),
-        ("bfloat16", torch.bfloat16, False),
-        ("autocast", torch.float32, True),
+        ("float32", torch.float32, None),
+        ("bfloat16", torch.bfloat16, None),
+        ("autocast", torch.float32, torch.bfloat16),
+        ("autocast_fp16", torch.float32, torch.float16),
     ]
     for dev in DEVICES.values():
         for label, dtype, ac in settings:
@@ -526,7 +614,7 @@ def measure(seed: int = 0) -> list[dict]:
                     args = (args[0].float(),)
                 with torch.no_grad():
                     exact = _call(_STOCK[key], key, tuple(t.double() for t in args))
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ac):
+                    with torch.autocast("cpu", dtype=ac or torch.bfloat16, enabled=ac is not None):
                         stock = _call(_STOCK[key], key, args)
                         got = _call(fn, key, args)
                 row = {
@@ -538,13 +626,15 @@ def measure(seed: int = 0) -> list[dict]:
                     "device_vs_stock": _rel(got, stock),
                     "elements_differing": (got.double() != stock.double()).float().mean().item(),
                 }
-                if key in ("linear", "matmul"):
+                if key in ("linear", "matmul", "addmm"):
                     grads = []
                     r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
                     for f in (_STOCK[key], fn):
-                        x = args[0].clone().requires_grad_()
-                        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ac):
-                            y = f(x, args[1])
+                        i = 1 if key == "addmm" else 0  # the gradient of the first matrix
+                        x = args[i].clone().requires_grad_()
+                        call = (args[0], x, args[2]) if key == "addmm" else (x, args[1])
+                        with torch.autocast("cpu", dtype=ac or torch.bfloat16, enabled=ac is not None):
+                            y = f(*call)
                         (y.float() * r).sum().backward()
                         grads.append(x.grad)
                     row["grad_device_vs_stock"] = _rel(grads[1], grads[0])
@@ -570,7 +660,7 @@ if __name__ == "__main__":
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     # each device as its family runs it (docs/validation.md); --all: every device in every setting
-    used = {"A": "bfloat16", "B": "float32", "C": "autocast"}
+    used = {"A": "bfloat16", "B": "float32", "C": "autocast", "D": "autocast_fp16"}
     for r in measure():
         if "--all" not in sys.argv and used[r["device"]] != r["dtype"]:
             continue

@@ -1,4 +1,4 @@
-"""Held-out validation pairs for dumpstore's verdict: msprobe dumps of three Hugging Face model families.
+"""Held-out validation pairs for dumpstore's verdict: msprobe dumps of four Hugging Face model families.
 
 Every pair is a reference run ("GPU": plain CPU torch in the family's dtype) and a target run on a simulated
 device (``validation/devices.py``: other blocking, summation order, exp/erf/rsqrt formulas, stochastic
@@ -6,7 +6,7 @@ rounding), with or without one fault. The answer of every case is known by const
 ``<out>/key.json``; the culprit's msprobe record name is read from msprobe while the faulty call runs (both runs
 mark the same call), so the key never depends on dumpstore.
 
-    .venv/bin/python validation/make_pairs.py [--out validation/.data] [--jobs 2] [--only CASE ...]
+    .venv/bin/python validation/make_pairs.py [--out validation/.data] [--jobs 2] [--only CASE ...] [--modes M ...]
 
 Each run is a fresh process forked from this one after torch, transformers and msprobe are imported (msprobe's
 debugger is a process-wide singleton). Runs: 3 training steps, AdamW, optimizer step and gradient clipping
@@ -27,6 +27,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: nothing to download, ever
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 STEPS = 3
 BATCH, SEQ, VOCAB = 2, 16, 96
@@ -52,9 +54,16 @@ FAMILIES = {
         "device": "C",
         "seed": 13,
     },
+    "gpt2": {
+        "text": "GPT-2, Conv1D (addmm) projections, learned positions, LayerNorm, tanh-GELU; hidden 48, 2 layers; "
+        "fp32 weights under fp16 autocast with dynamic loss scaling (GradScaler, initial scale 2^12)",
+        "device": "D",
+        "seed": 14,
+    },
 }
 
-# name -> family, reference variant, fault (None: clean), modes, expectation text
+# name -> family, reference variant ("flip": a router tilted to a near-tie, see craft_near_tie), fault (None:
+# clean), dump modes; the expected culprit is derived in expectation() from what msprobe named at the faulty call
 # fault kinds: eps, act, softmax_dtype, lr, weight, clip, extra_mul, data, missing_scale
 CASES = {
     "llama_clean": ("llama", "base", None, ("stats", "tensor")),
@@ -82,6 +91,13 @@ CASES = {
     "neox_data_step1": ("neox", "base", {"kind": "data", "step": 1}, ("stats",)),
     "neox_missing_scale": ("neox", "base", {"kind": "missing_scale", "layer": 1}, ("stats", "tensor")),
     "neox_lr_step2": ("neox", "base", {"kind": "lr", "after_step": 1, "factor": 1.05}, ("stats",)),
+    "gpt2_clean": ("gpt2", "base", None, ("stats", "tensor")),
+    "gpt2_cfc_step1": (
+        "gpt2",
+        "base",
+        {"kind": "weight", "param": "transformer.h.1.mlp.c_fc.weight", "step": 1, "how": "sign3pct"},
+        ("stats",),
+    ),
     "neox_ln_weight_step2": (
         "neox",
         "base",
@@ -160,8 +176,13 @@ class Tracer:
         import torch
         import torch.nn.functional as F
 
-        lin, ln, topk = F.linear, F.layer_norm, torch.topk
+        lin, ln, topk, addmm = F.linear, F.layer_norm, torch.topk, torch.addmm
         tracer = self
+
+        def addmm_fn(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+            res = addmm(input, mat1, mat2, beta=beta, alpha=alpha, out=out)
+            tracer._param_use(mat2)
+            return res
 
         def linear(input, weight, bias=None):
             out = lin(input, weight, bias)
@@ -186,7 +207,7 @@ class Tracer:
             )
             return res
 
-        F.linear, F.layer_norm, torch.topk = linear, layer_norm, topk_fn
+        F.linear, F.layer_norm, torch.topk, torch.addmm = linear, layer_norm, topk_fn, addmm_fn
 
     def _param_use(self, weight) -> None:
         tag, step = self.watch.get(id(weight), (None, None))
@@ -195,7 +216,7 @@ class Tracer:
             self.mark("uses:" + tag)
 
 
-def build_model(family: str, variant: str, tracer: Tracer):
+def build_model(family: str):
     import torch
 
     torch.manual_seed(FAMILIES[family]["seed"])
@@ -233,6 +254,19 @@ def build_model(family: str, variant: str, tracer: Tracer):
             experts_implementation="eager",
         )
         model = MixtralForCausalLM(cfg)
+    elif family == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=48,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+        )
+        model = GPT2LMHeadModel(cfg)
     else:
         from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
         from transformers.activations import GELUActivation
@@ -273,6 +307,8 @@ def patch_attention(family: str, tracer: Tracer, fault) -> None:  # fault: the a
     """Both runs: the family's eager attention, call for call as in transformers, with marks (and the fault)."""
     import torch
 
+    if family == "gpt2":
+        return  # transformers' own attention (no fault of this family is in it)
     if family == "llama":
         from transformers.models.llama import modeling_llama as hf
     elif family == "moe":
@@ -319,7 +355,9 @@ def patch_modules(family: str, model, tracer: Tracer, active) -> None:
     makes, so runs of a family have the same records); ``active``: the fault this run has (targets only)."""
     import torch
 
-    layers = model.model.layers if family != "neox" else model.gpt_neox.layers
+    layers = {"neox": lambda: model.gpt_neox.layers, "gpt2": lambda: model.transformer.h}.get(
+        family, lambda: model.model.layers
+    )()
     emb = model.get_input_embeddings()
     emb_forward = emb.forward
 
@@ -535,7 +573,7 @@ def run_one(job: dict) -> dict:
     dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
 
     tracer = Tracer()
-    model = build_model(family, variant, tracer)
+    model = build_model(family)
     data = batches(fault if target else None)
     device = DEVICES[FAMILIES[family]["device"]]
     info: dict = {}
@@ -556,7 +594,9 @@ def run_one(job: dict) -> dict:
     tracer.install_modules(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     kind = fault["kind"] if (fault and target) else None
-    autocast = family == "neox"
+    autocast = {"neox": torch.bfloat16, "gpt2": torch.float16}.get(family)
+    # fp16: dynamic loss scaling (the scaled loss is what backward sees, and what msprobe records)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12) if autocast == torch.float16 else None
     losses = []
     for step in range(STEPS):
         tracer.step = step
@@ -566,10 +606,12 @@ def run_one(job: dict) -> dict:
             with torch.no_grad():
                 [m for m in model.modules() if type(m).__name__ == "MixtralTopKRouter"][0].weight += tilt
         debugger.start(model)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
             out = model(input_ids=data[step], labels=data[step])
-        out.loss.backward()
+        (scaler.scale(out.loss) if scaler else out.loss).backward()
         debugger.stop()
+        if scaler:
+            scaler.unscale_(opt)
         losses.append(float(out.loss.detach()))
         max_norm = CLIP
         if kind == "clip" and step >= fault["after_step"]:
@@ -578,7 +620,12 @@ def run_one(job: dict) -> dict:
         if kind == "lr" and step == fault["after_step"]:
             for group in opt.param_groups:
                 group["lr"] = LR * fault["factor"]
-        opt.step()
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+            info.setdefault("loss_scale", []).append(scaler.get_scale())
+        else:
+            opt.step()
         opt.zero_grad()
         debugger.step()
     dist.destroy_process_group()
@@ -744,6 +791,40 @@ def topk_flips(tgt: dict, ref: dict) -> list[dict]:
     return flips
 
 
+def _leaves(obj, path=()):
+    """(path, (type, dtype, shape, requires_grad)) of every leaf of a dump.json record tree."""
+    if isinstance(obj, dict):
+        if "dtype" in obj or obj.get("type") == "torch.Tensor":
+            yield path, (obj.get("type"), obj.get("dtype"), tuple(obj.get("shape") or ()), obj.get("requires_grad"))
+            return
+        if "type" in obj:
+            yield path, (obj.get("type"),)
+        for k, v in obj.items():
+            if isinstance(v, (dict, list)):
+                yield from _leaves(v, path + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, path + (i,))
+
+
+def structure_differences(ref_dir: Path, tgt_dir: Path) -> list[str]:
+    """Where two runs' dumps differ in records, leaf types, dtypes, shapes or requires_grad (values aside)."""
+    out = []
+    for step in range(STEPS):
+        a = json.loads((ref_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
+        b = json.loads((tgt_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
+        if list(a) != list(b):
+            out.append("step %d: records differ" % step)
+            continue
+        la, lb = dict(_leaves(a)), dict(_leaves(b))
+        out += [
+            "step %d: %s" % (step, ".".join(map(str, k)))
+            for k in sorted(set(la) | set(lb), key=str)
+            if la.get(k) != lb.get(k)
+        ]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / ".data"))
@@ -818,6 +899,10 @@ def main(argv=None) -> int:
                 raise SystemExit("%s: not the one crafted routing flip: %r" % (case, flips))
             if variant != "flip" and fault is None and flips:
                 raise SystemExit("%s: a clean pair without a crafted tie flipped routing: %r" % (case, flips))
+            if variant != "flip" and fault is None:  # the device changes values only: same records, shapes, dtypes
+                odd = structure_differences(out / mode / ref_name, out / mode / ("%s_target_%s" % (case, mode)))
+                if odd:
+                    raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
             key["cases"]["%s_%s" % (case, mode)] = {
                 "case": case,
                 "mode": mode,

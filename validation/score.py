@@ -21,9 +21,9 @@ What counts (the key is ``<data>/key.json``):
     made): msprobe's two names of the same computation.
   The culprit's ``kind`` is shown, not judged.
 
-``--msprobe`` adds a baseline column for tensor pairs: ``msprobe compare`` of each step, and its first API row
-(steps in order, rows in msprobe's order, ``Module.`` rows skipped) whose ``Result`` is ``error``, judged by the
-same rule (msprobe has no notion
+``--msprobe`` adds baseline columns for tensor pairs: ``msprobe compare`` of each step, and its first API row
+(steps in order, rows in msprobe's order, ``Module.`` rows skipped) whose ``Result`` is ``error`` (a second
+column: ``error`` or ``warning``), judged by the same rule (msprobe has no notion
 of an optimizer update: an optimizer fault never counts as found by it).
 """
 
@@ -94,6 +94,31 @@ def expected_text(expect: dict) -> str:
 
 
 def score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool) -> dict:
+    """One pair's row; a dumpstore command that fails (exit code other than 0 or 3, output that is not JSON)
+    makes a row that is not ok, with the error as what dumpstore said, instead of stopping the whole run."""
+    try:
+        return _score_case(name, case, data, work, with_msprobe)
+    except (RuntimeError, ValueError) as exc:
+        shutil.rmtree(work / name, ignore_errors=True)
+        clean = bool(case["expect"].get("clean"))
+        row = {
+            "name": name,
+            "case": case["case"],
+            "mode": case["mode"],
+            "family": case["family"],
+            "clean": clean,
+            "expected": expected_text(case["expect"]),
+            "got": "error: %s" % str(exc)[:200],
+            "ok": False,
+            "culprit": None,
+            "error": str(exc),
+        }
+        if clean:
+            row["overflow_target"] = row["overflow_ref"] = {"kind": "error", "step": None, "op": None}
+        return row
+
+
+def _score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool) -> dict:
     store = work / name
     shutil.rmtree(store, ignore_errors=True)
     t0 = time.time()
@@ -132,8 +157,10 @@ def score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool
         row["overflow_target"] = ov_t.get("first_overflow")
         row["overflow_ref"] = ov_r.get("first_overflow")
     if with_msprobe and case["mode"] == "tensor":
-        row["msprobe"] = msprobe_first(data / case["ref"], data / case["target"], work / (name + "_msprobe"))
+        firsts = msprobe_first(data / case["ref"], data / case["target"], work / (name + "_msprobe"))
+        row["msprobe"], row["msprobe_warning"] = firsts["error"], firsts["warning"]
         row["msprobe_ok"] = judge_msprobe(case["expect"], row["msprobe"])
+        row["msprobe_warning_ok"] = judge_msprobe(case["expect"], row["msprobe_warning"])
     shutil.rmtree(store, ignore_errors=True)
     return row
 
@@ -141,15 +168,19 @@ def score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool
 # ------------------------------------------------------------------------------------------------------------
 # msprobe compare baseline (tensor pairs)
 # ------------------------------------------------------------------------------------------------------------
-def msprobe_first(ref: Path, target: Path, out: Path) -> dict | None:
-    """Run ``msprobe compare -tp TARGET/stepN -gp REF/stepN`` step by step; return the first row (steps in order,
-    rows in msprobe's order) of an API (not a ``Module.`` row, which sums up a block) whose ``Result`` is
-    ``error``: ``{step, op, name, result}`` (op: the record name,
-    ``.input.N`` / ``.output.N`` / ``.parameters...`` cut off), or None when no row is an error."""
+def msprobe_first(ref: Path, target: Path, out: Path) -> dict:
+    """Run ``msprobe compare -tp TARGET/stepN -gp REF/stepN`` step by step; for each flag set (``error``;
+    ``warning`` = error or warning) the first row (steps in order, rows in msprobe's order) of an API (not a
+    ``Module.`` row, which sums up a block) whose ``Result`` is flagged: ``{step, op, name, result}`` (op: the
+    record name, ``.input.N`` / ``.output.N`` / ``.parameters...`` cut off), or None when no row is."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    flags = {"error": {"error"}, "warning": {"error", "warning"}}
+    first: dict = dict.fromkeys(flags)
     steps = sorted(int(p.name[4:]) for p in target.glob("step*") if p.name[4:].isdigit())
     for step in steps:
+        if all(v is not None for v in first.values()):
+            break
         odir = out / ("step%d" % step)
         cmd = [
             *_msprobe(),
@@ -164,13 +195,15 @@ def msprobe_first(ref: Path, target: Path, out: Path) -> dict | None:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
         files = sorted(odir.glob("compare_result_*.csv"))
         if proc.returncode != 0 or not files:
-            return {"step": step, "op": None, "name": None, "result": "compare failed: %s" % proc.stderr[-200:]}
+            failed = {"step": step, "op": None, "name": None, "result": "compare failed: %s" % proc.stderr[-200:]}
+            return {k: v if v is not None else failed for k, v in first.items()}
         for r in _rows(files[0]):
             result = (r.get("Result") or "").strip()
             nm = r.get("NPU Name") or ""
-            if result.lower() == "error" and not nm.startswith("Module."):
-                return {"step": step, "op": _record(nm), "name": nm, "result": result}
-    return None
+            for key, flagged in flags.items():
+                if first[key] is None and result.lower() in flagged and not nm.startswith("Module."):
+                    first[key] = {"step": step, "op": _record(nm), "name": nm, "result": result}
+    return first
 
 
 def _rows(path: Path) -> list[dict]:
@@ -213,11 +246,13 @@ def table(rows: list[dict], with_msprobe: bool) -> str:
         if r["clean"]:
             line += "  overflow: target %s, ref %s" % (_ov(r["overflow_target"]), _ov(r["overflow_ref"]))
         if with_msprobe and "msprobe" in r:
-            m = r["msprobe"]
-            line += "  msprobe: %s %s" % (
-                "none" if m is None else "step %s %s" % (m["step"], m["op"]),
-                "yes" if r["msprobe_ok"] else "NO",
-            )
+            for key in ("msprobe", "msprobe_warning"):
+                m = r[key]
+                line += "  %s: %s %s" % (
+                    key.replace("_", " "),
+                    "none" if m is None else "step %s %s" % (m["step"], m["op"]),
+                    "yes" if r[key + "_ok"] else "NO",
+                )
         lines.append(line)
     lines.append("")
     for mode in ("stats", "tensor", "all"):
@@ -238,29 +273,33 @@ def table(rows: list[dict], with_msprobe: bool) -> str:
         )
         ms = [r for r in sel if "msprobe" in r]
         if ms:
-            line += "; msprobe: faults %d of %d, clean quiet %d of %d" % (
-                sum(r["msprobe_ok"] for r in ms if not r["clean"]),
-                sum(not r["clean"] for r in ms),
-                sum(r["msprobe_ok"] for r in ms if r["clean"]),
-                sum(r["clean"] for r in ms),
-            )
+            for key, label in (("msprobe_ok", "msprobe error"), ("msprobe_warning_ok", "msprobe error|warning")):
+                line += "; %s: faults %d of %d, clean quiet %d of %d" % (
+                    label,
+                    sum(r[key] for r in ms if not r["clean"]),
+                    sum(not r["clean"] for r in ms),
+                    sum(r[key] for r in ms if r["clean"]),
+                    sum(r["clean"] for r in ms),
+                )
         lines.append(line)
     return "\n".join(lines)
 
 
 def markdown(rows: list[dict], with_msprobe: bool) -> str:
-    head = ["case", "mode", "expected", "dumpstore", "ok"] + (["msprobe compare", "ok"] if with_msprobe else [])
+    extra = ["msprobe error", "ok", "msprobe error or warning", "ok"] if with_msprobe else []
+    head = ["case", "mode", "expected", "dumpstore", "ok"] + extra
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["case"], r["mode"], r["expected"].replace("|", "or"), r["got"], "yes" if r["ok"] else "**no**"]
         if r["clean"]:
             cells[3] += "; overflow: target %s, ref %s" % (_ov(r["overflow_target"]), _ov(r["overflow_ref"]))
         if with_msprobe:
-            m = r.get("msprobe", "-")
-            cells += [
-                "-" if m == "-" else ("none" if m is None else "step %s %s" % (m["step"], m["op"])),
-                "-" if m == "-" else ("yes" if r["msprobe_ok"] else "**no**"),
-            ]
+            for key in ("msprobe", "msprobe_warning"):
+                m = r.get(key, "-")
+                cells += [
+                    "-" if m == "-" else ("none" if m is None else "step %s %s" % (m["step"], m["op"])),
+                    "-" if m == "-" else ("yes" if r[key + "_ok"] else "**no**"),
+                ]
         lines.append("| " + " | ".join("`%s`" % c if i in (0,) else str(c) for i, c in enumerate(cells)) + " |")
     return "\n".join(lines)
 

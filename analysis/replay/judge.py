@@ -60,8 +60,11 @@ def _nonfinite_pattern(x: np.ndarray) -> np.ndarray:
     return np.select([np.isnan(x), np.isposinf(x), np.isneginf(x)], [1, 2, 3], 0)
 
 
-def judge(api: str, dtype: str, run: np.ndarray, cpu: np.ndarray, golden: np.ndarray) -> dict[str, Any]:
-    """Columns of the replay table for one output (status, standard, metrics), all arrays float64 and same shape."""
+def judge(
+    api: str, dtype: str, run: np.ndarray, cpu: np.ndarray, golden: np.ndarray, *, low: np.ndarray | None = None
+) -> dict[str, Any]:
+    """Columns of the replay table for one output (status, standard, metrics), all arrays float64 and same shape;
+    `low`: the CPU's output of the op run at the run's autocast dtype, whose error the benchmark may also take."""
     std = S.standard_for(api, dtype)
     row: dict[str, Any] = {"standard": None if std is None else std.name}
     if std is None:
@@ -78,11 +81,17 @@ def judge(api: str, dtype: str, run: np.ndarray, cpu: np.ndarray, golden: np.nda
                 "reason": f"{int(differ.sum())} of {differ.size} elements differ from the CPU's",
             }
         return {**row, "status": "pass", "reason": None}
-    return _benchmark(row, std, api, dtype, run, cpu, golden)
+    return _benchmark(row, std, dtype, run, cpu, golden, low)
 
 
 def _benchmark(
-    row: dict[str, Any], std: S.Standard, api: str, dtype: str, run: np.ndarray, cpu: np.ndarray, golden: np.ndarray
+    row: dict[str, Any],
+    std: S.Standard,
+    dtype: str,
+    run: np.ndarray,
+    cpu: np.ndarray,
+    golden: np.ndarray,
+    low: np.ndarray | None,
 ) -> dict[str, Any]:
     mr, mc = benchmark_metrics(run, golden, dtype), benchmark_metrics(cpu, golden, dtype)
     c_run, c_cpu = closeness(run, golden), closeness(cpu, golden)
@@ -92,6 +101,9 @@ def _benchmark(
         row[m], row["cpu_" + m] = mr[m], mc[m]
     row["msprobe_status"], row["msprobe_reason"] = _msprobe_verdict(std, dtype, mr, mc)
     err, cpu_err = c_run["rel_l2"], c_cpu["rel_l2"]
+    if low is not None and cpu_err is not None:  # under autocast: the op at the autocast dtype is a benchmark too
+        low_err = closeness(low, golden)["rel_l2"]
+        cpu_err = max(cpu_err, low_err) if low_err is not None else cpu_err
     threshold = S.REPLAY_THRESHOLD
     ratio = None if err is None or cpu_err is None else err / max(cpu_err, S.rel_l2_floor(dtype, run.size))
     row.update(metric=S.REL_L2, err=err, cpu_err=cpu_err, ratio=ratio, threshold=threshold)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dumpstore.dtypes import canonical
 from dumpstore.errors import DumpFormatError, DumpstoreError
 from dumpstore.layout import find_units
 from dumpstore.store import Store
@@ -89,6 +90,7 @@ class Call:
     body: dict[str, Any] = field(repr=False)
     skip: str | None = None
     key: str | None = None  # identity of the call for replaying identical calls once
+    autocast: str | None = None  # the run's autocast dtype (step and rank) where some of its calls show one
 
 
 def parse_key(key: str) -> tuple[str, str, str] | None:
@@ -213,20 +215,79 @@ def plan_calls(
             folder = str(unit.path.parent)
             calls.append(Call(unit.step, unit.rank, seq, record, prefix, api, direction, folder, body, skip))
     calls.sort(key=lambda c: (c.step, c.rank, c.seq))
+    _mark_autocast(calls)
     return calls
+
+
+LOW = ("float16", "bfloat16")
+# the ops CUDA autocast runs in float32 ("CUDA Ops that can autocast to float32", torch.amp docs): how precisely they
+# run under autocast is a device's policy (one may run LayerNorm in bf16), so replay also benchmarks them at the
+# autocast dtype; any other op is judged as recorded
+AUTOCAST_FP32_OPS = frozenset(
+    {
+        "__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin", "binary_cross_entropy_with_logits",
+        "cosh", "cosine_embedding_loss", "cdist", "cosine_similarity", "cross_entropy", "cumprod", "cumsum", "dist",
+        "erfinv", "exp", "expm1", "group_norm", "hinge_embedding_loss", "kl_div", "l1_loss", "layer_norm", "log",
+        "log_softmax", "log10", "log1p", "log2", "margin_ranking_loss", "mse_loss", "multilabel_margin_loss",
+        "multi_margin_loss", "nll_loss", "norm", "normalize", "pdist", "poisson_nll_loss", "pow", "prod",
+        "reciprocal", "rsqrt", "sinh", "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus",
+        "sum", "renorm", "tan", "triplet_margin_loss", "rms_norm", "native_layer_norm", "_softmax",
+        "_log_softmax",
+    }
+)  # fmt: skip
+
+
+def _dtypes(v: Any) -> set[str]:
+    return {str(canonical(str(leaf.get("dtype")))) for leaf in _tensor_leaves(v)}
+
+
+CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as", "_to_copy", "_cast_Float"})
+
+
+def _names_dtype(v: Any) -> bool:
+    if isinstance(v, dict):
+        return v.get("type") == "torch.dtype" or ("type" not in v and any(_names_dtype(x) for x in v.values()))
+    return isinstance(v, list) and any(_names_dtype(x) for x in v)
+
+
+def autocast_of(body: Any, api: str) -> str | None:
+    """The autocast dtype a forward record shows, or None: its floating inputs and outputs mix one low-precision
+    dtype (fp16/bf16) with a wider one (autocast casts inside the op: a bf16 linear of fp32 weights, an fp32
+    cross_entropy of bf16 logits), and not because the call asked for a dtype (a cast, `softmax(dtype=...)`)."""
+    if not isinstance(body, dict) or api.split(".")[0] in CASTS:
+        return None
+    if _names_dtype([body.get("input_args"), body.get("input_kwargs") or {}]):
+        return None
+    floats = _dtypes([body.get("input_args"), body.get("input_kwargs") or {}, body.get("output")])
+    low = sorted(floats & set(LOW))
+    return low[0] if len(low) == 1 and floats & {"float32", "float64"} else None
+
+
+def _mark_autocast(calls: list[Call]) -> None:
+    """Each call of a step and rank where some forward call shows autocast gets that dtype (the most common one)."""
+    seen: dict[tuple[int, int], dict[str, int]] = {}
+    for c in calls:
+        dt = autocast_of(c.body, c.api) if c.direction == "forward" and c.skip is None else None
+        if dt is not None:
+            counts = seen.setdefault((c.step, c.rank), {})
+            counts[dt] = counts.get(dt, 0) + 1
+    for c in calls:
+        found = seen.get((c.step, c.rank))
+        if found:
+            c.autocast = max(found, key=lambda d: found[d])
 
 
 def backward_body(forward: Any, body: Any) -> tuple[dict[str, Any], str | None]:
     """The body replayed for a backward record (its forward call, the gradients in and out), or why not: the replay
-    recomputes the forward from the recorded inputs and differentiates it; possible only where the record's one
-    input gradient belongs to the forward's one floating output (the worker then checks the autograd node)."""
+    recomputes the forward from the recorded inputs and differentiates it with the record's one input gradient,
+    which belongs to the forward's first output tensor (msprobe hooks that tensor's autograd node)."""
     if not isinstance(forward, dict) or not isinstance(body, dict):
         return {"forward": {}}, "backward record without its forward record"
     out = {"forward": forward, "input": body.get("input"), "output": body.get("output")}
     grads_in = list(_tensor_leaves(body.get("input")))
-    outs = [leaf for leaf in _tensor_leaves(forward.get("output")) if str(leaf.get("dtype", "")).find("float") >= 0]
-    if len(grads_in) != 1 or len(outs) != 1 or grads_in[0].get("shape") != outs[0].get("shape"):
-        return out, "backward record: its gradients do not match one floating output of the forward call"
+    outs = list(_tensor_leaves(forward.get("output")))
+    if len(grads_in) != 1 or not outs or grads_in[0].get("shape") != outs[0].get("shape"):
+        return out, "backward record: not one output gradient of the forward's first output (a multi-output node)"
     if not any(_tensor_leaves(body.get("output"))):
         return out, "backward record without input gradients"
     return out, None

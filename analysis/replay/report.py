@@ -1,9 +1,13 @@
-"""The replay table in msprobe acc_check's details-CSV shape (`accuracy_checking_details_*.csv`).
+"""The replay table in the shape of msprobe acc_check's two CSVs.
 
-Column names are those of msprobe 26.2.0 `api_accuracy_checker/compare/compare_utils.py::DETAIL_TEST_ROWS`. One
-row per replayed output, named as acc_check names it (`<record prefix>.forward.output.<i>`). "Bench" is the
-float64 replay on the CPU, "DEVICE" the run's recorded output; Status is replay's verdict (pass / error, or
-skip), Message the standard and the deciding ratio. Columns replay does not compute are empty.
+- result (`accuracy_checking_result_*.csv`, columns of `compare/compare.py::Comparator.write_csv_title`): one row per
+  API call, `API name` as acc_check names it (`Functional.gelu.0`), `Forward Test Success` and `Backward Test
+  Success` (pass / error / SKIP, or a space when the call has no backward record), `Message` (the first failure's
+  reason, or why the call was skipped);
+- details (`accuracy_checking_details_*.csv`, columns of `compare/compare_utils.py::DETAIL_TEST_ROWS`): one row per
+  replayed output (`Functional.gelu.0.forward.output.0`, `.backward.output.<i>` for gradients). "Bench" is the
+  float64 replay on the CPU, "DEVICE" the run's recorded output; Status is replay's verdict, Message the standard
+  and the deciding ratio, or the reason. Columns replay does not compute are empty.
 """
 
 from __future__ import annotations
@@ -52,7 +56,9 @@ _FROM = {
     "相对误差最大值": "max_rel_err",
     "相对误差平均值": "mean_rel_err",
 }
-_STATUS = {"pass": "pass", "fail": "error", "skipped": "skip", "error": "error", "no_standard": "skip"}
+RESULT_COLUMNS = ["API name", "Forward Test Success", "Backward Test Success", "Message"]
+_STATUS = {"pass": "pass", "fail": "error", "skipped": "SKIP", "error": "error", "no_standard": "SKIP"}
+_RANK = {"SKIP": 0, "pass": 1, "error": 2}
 
 
 def _cell(v: Any) -> Any:
@@ -63,10 +69,15 @@ def _cell(v: Any) -> Any:
     return v
 
 
+def _api_name(record: str) -> str:
+    return record.rsplit(".", 1)[0]  # Functional.gelu.0.forward -> Functional.gelu.0
+
+
 def acc_check_rows(df: pl.DataFrame) -> list[list[Any]]:
+    """The details CSV's rows."""
     rows = []
     for r in df.filter(pl.col("output").is_not_null()).iter_rows(named=True):
-        name = r["record"].rsplit(".forward", 1)[0] + f".forward.output.{r['output']}"
+        name = f"{_api_name(r['record'])}.{r['direction']}.output.{r['output']}"
         message = r["reason"] or (f"{r['standard']}: {r['metric']} ratio {r['ratio']:.3g}" if r["standard"] else "")
         base = {
             "API Name": name,
@@ -80,11 +91,38 @@ def acc_check_rows(df: pl.DataFrame) -> list[list[Any]]:
     return rows
 
 
-def write_acc_check_csv(df: pl.DataFrame, path: str | os.PathLike) -> int:
-    """Write the details CSV; returns the number of rows."""
-    rows = acc_check_rows(df)
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(ACC_CHECK_COLUMNS)
-        w.writerows(csvsafe.row(r) for r in rows)
-    return len(rows)
+def result_rows(df: pl.DataFrame) -> list[list[Any]]:
+    """The result CSV's rows: per call, the worst status of its forward and of its backward outputs."""
+    calls: dict[str, dict[str, Any]] = {}
+    for r in df.iter_rows(named=True):
+        c = calls.setdefault(f"{r['step']}.{r['rank']}.{_api_name(r['record'])}", {"name": _api_name(r["record"])})
+        status = _STATUS.get(r["status"], "error")
+        prev = c.get(r["direction"])
+        if prev is None or _RANK.get(status, 2) > _RANK.get(prev, 2):  # the worst of the call's outputs
+            c[r["direction"]] = status
+        if r["status"] != "pass" and r["reason"] and not c.get("message"):
+            c["message"] = r["reason"]
+    return [[c["name"], c.get("forward", " "), c.get("backward", " "), c.get("message", "")] for c in calls.values()]
+
+
+def details_path(path: str | os.PathLike) -> str:
+    """Where the details CSV goes beside the result CSV `path`: `result` in its name becomes `details`, else
+    `_details` before the suffix."""
+    head, name = os.path.split(os.fspath(path))
+    stem, suffix = os.path.splitext(name)
+    new = stem.replace("result", "details") if "result" in stem else f"{stem}_details"
+    return os.path.join(head, new + (suffix or ".csv"))
+
+
+def write_acc_check_csv(df: pl.DataFrame, path: str | os.PathLike) -> tuple[str, str]:
+    """Write the result CSV at `path` and the details CSV beside it (`details_path`); returns both paths."""
+    details = details_path(path)
+    for where, columns, rows in (
+        (path, RESULT_COLUMNS, result_rows(df)),
+        (details, ACC_CHECK_COLUMNS, acc_check_rows(df)),
+    ):
+        with open(where, "w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            w.writerow(columns)
+            w.writerows(csvsafe.row(r) for r in rows)
+    return os.fspath(path), details

@@ -18,6 +18,13 @@ BATCH = 16  # calls per worker task
 MIN_CALLS_PER_WORKER = 200
 
 
+def have_torch() -> bool:
+    """Whether torch can be imported (looked up, not imported: only the replay's workers import it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
 def _content_hashes(store: Store, run: str, steps: list[int] | None) -> dict[tuple[int, int, str], str]:
     """{(step, rank, data_name): content hash} of the run's tensor files, from the store."""
     from dumpstore.parquetio import read_columns
@@ -49,11 +56,17 @@ def replay_run(
     """Replay the run's forward API calls (float64 and the recorded dtype, on the CPU), judge every recorded output,
     store the table (`replay` view) and return it in execution order (one row per output; one per call not
     replayed). Identical calls are replayed once; the others get `same_as`."""
+    if not have_torch():
+        raise ReplayError("dumpstore replay needs torch (the CPU build is enough): pip install 'dumpstore[replay]'")
     calls = plan_calls(store, run, steps=steps, op_types=op_types)
+    if not calls and steps:
+        have = store.run_info(run).get("steps") or []
+        if not set(steps) & set(have):
+            raise ReplayError(f"run {run!r} has no step {', '.join(map(str, steps))}; its steps: {have}")
     if not calls and not op_types:
         raise ReplayError(
-            f"run {run!r} has no API records{' in the steps asked' if steps else ''} (a level L0 dump records modules "
-            "only); replay calls the recorded APIs: dump with level L1 or mix"
+            f"run {run!r} has no API records (a level L0 dump records modules only); replay calls the recorded "
+            "APIs: dump with level L1 or mix"
         )
     call_keys(calls, _content_hashes(store, run, steps))
     first: dict[str, Call] = {}

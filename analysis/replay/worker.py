@@ -21,9 +21,7 @@ from dumpstore.errors import DumpstoreError
 from dumpstore.tensorfile import load_leaf
 
 from .judge import judge
-from .plan import Call, is_tensor_leaf
-
-_LOW = ("float16", "bfloat16")
+from .plan import AUTOCAST_FP32_OPS, Call, autocast_of, is_tensor_leaf
 
 
 class NotReplayable(Exception):
@@ -31,7 +29,7 @@ class NotReplayable(Exception):
 
 
 class NotFeasible(NotReplayable):
-    """A backward record whose gradients cannot be placed (a row `skipped`, not an error)."""
+    """A backward record that cannot be recomputed here (a row `skipped`, not an error)."""
 
 
 def init_worker() -> None:
@@ -99,25 +97,28 @@ class Loader:
             self.cache[name] = t
         return self.cache[name]
 
-    def build(self, v: Any, golden: bool) -> Any:
+    def build(self, v: Any, golden: bool, cast: Any = None) -> Any:
+        """The record value `v` as a call argument: float64 tensors and dtypes when `golden`, floating tensors in
+        the torch dtype `cast` when given."""
         import torch
 
         if v is None:
             return None
         if isinstance(v, list):
-            return [self.build(x, golden) for x in v]
+            return [self.build(x, golden, cast) for x in v]
         if not isinstance(v, dict):
             raise NotReplayable(f"unexpected record value {v!r}")
         if is_tensor_leaf(v):
             t = self.tensor(v)
             t = t.double() if golden and t.is_floating_point() else t
+            t = t.to(cast) if cast is not None and t.is_floating_point() else t
             if self.grad_leaves is not None and t.is_floating_point() and v.get("requires_grad"):
                 t = t.detach().clone().requires_grad_(True)
                 self.grad_leaves.append(t)
             return t
         kind = v.get("type")
         if kind is None and "class_type" not in v:
-            return {k: self.build(x, golden) for k, x in v.items()}
+            return {k: self.build(x, golden, cast) for k, x in v.items()}
         value: Any = v.get("value")
         if kind in ("int", "float", "bool", "str") or str(kind).startswith(("int", "float", "uint", "bool")):
             return value if kind in ("str", "bool") else _number(value, str(kind))
@@ -173,16 +174,21 @@ def _flat_recorded(v: Any, path: list[str], out: list) -> list:
     return out
 
 
-def _autocast_dtype(body: dict[str, Any]):
-    """The dtype of the CPU autocast region the call ran in, or None: its recorded floating inputs and outputs mix a
-    low-precision dtype (fp16/bf16) with a wider one (autocast casts inside the op: a bf16 linear of fp32 weights,
-    an fp32 cross_entropy of bf16 logits)."""
-    leaves = _flat_recorded([body.get("input_args"), body.get("input_kwargs") or {}, body.get("output")], [], [])
-    floats = {str(canonical(leaf["dtype"])) for _, leaf in leaves if leaf}
-    low = sorted(floats & set(_LOW))
-    if len(low) == 1 and floats & {"float32", "float64"}:
-        return _torch_dtype(low[0])
-    return None
+def _autocast_dtype(body: dict[str, Any], api: str):
+    """The torch dtype of the CPU autocast region the call ran in (plan.autocast_of), or None."""
+    low = autocast_of(body, api)
+    return None if low is None else _torch_dtype(low)
+
+
+_MALFORMED = (TypeError, ValueError, KeyError, AttributeError, OverflowError, RuntimeError)
+
+
+def _rebuilt(loader: Loader, value: Any, golden: bool, cast: Any = None) -> Any:
+    """`loader.build`, a malformed record value (a slice of text, a shape of strings) as NotReplayable."""
+    try:
+        return loader.build(value, golden, cast)
+    except _MALFORMED as exc:
+        raise NotReplayable(f"malformed argument in the record ({type(exc).__name__}: {str(exc)[:120]})") from None
 
 
 def _index(index: list, body: dict[str, Any]) -> Any:
@@ -197,19 +203,24 @@ def _index(index: list, body: dict[str, Any]) -> Any:
     return index
 
 
-def _call(fn, call: Call, loader: Loader, golden: bool, body: dict[str, Any] | None = None):
+def _call(fn, call: Call, loader: Loader, golden: bool, body: dict[str, Any] | None = None, low: Any = None):
+    """Call the API with the record's arguments: in float64 (`golden`), in the recorded dtypes, or with its floating
+    inputs in the torch dtype `low` (what a device's autocast policy running the op at that dtype computes)."""
     import contextlib
 
     import torch
 
     body = call.body if body is None else body
-    args = loader.build(body.get("input_args") or [], golden)
-    kwargs = loader.build(body.get("input_kwargs") or {}, golden)
-    if not isinstance(kwargs, dict):
-        raise NotReplayable("input_kwargs is not an object")
-    if call.api == "__getitem__" and len(args) == 2 and isinstance(args[1], list):
-        args[1] = _index(args[1], body)
-    cast = None if golden else _autocast_dtype(body)
+    args = _rebuilt(loader, body.get("input_args") or [], golden, low)
+    kwargs = _rebuilt(loader, body.get("input_kwargs") or {}, golden, low)
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise NotReplayable("input_args is not a list or input_kwargs not an object")
+    try:
+        if call.api == "__getitem__" and len(args) == 2 and isinstance(args[1], list):
+            args[1] = _index(args[1], body)
+        cast = None if golden or low is not None else _autocast_dtype(body, call.api)
+    except _MALFORMED as exc:
+        raise NotReplayable(f"malformed record ({type(exc).__name__}: {str(exc)[:120]})") from None
     ctx = torch.autocast("cpu", dtype=cast) if cast is not None else contextlib.nullcontext()
     try:
         with torch.set_grad_enabled(loader.grad_leaves is not None), ctx:
@@ -246,13 +257,33 @@ def replay_call(call: Call) -> list[dict[str, Any]]:
         recorded = _flat_recorded(call.body.get("output"), [], [])
         if len(recorded) != len(golden):
             raise NotReplayable(f"the replay gave {len(golden)} outputs, the record has {len(recorded)}")
-        return [row for row in _judged(base, call, loader, recorded, golden, same) if row is not None]
+        low = _low_outputs(fn, call, loader, len(golden))
+        return [row for row in _judged(base, call, loader, recorded, golden, same, low) if row is not None]
     except NotReplayable as exc:
         return [{**base, "status": "error", "reason": f"not replayable: {exc}"}]
 
 
-def _judged(base, call: Call, loader: Loader, recorded, golden, same):
-    for (path, leaf), g, c in zip(recorded, golden, same):
+def _policy_op(call: Call) -> bool:
+    """A call in an autocast run whose precision there is a device's policy (plan.AUTOCAST_FP32_OPS)."""
+    return call.autocast is not None and call.api.split(".")[0] in AUTOCAST_FP32_OPS
+
+
+def _low_outputs(fn, call: Call, loader: Loader, n: int) -> list[Any]:
+    """In a run under autocast, a call that shows no cast of its own (fp32 in, fp32 out) may have been run at the
+    autocast dtype by the device's autocast policy (LayerNorm at bf16 where the GPU runs it in fp32): its outputs
+    with the floating inputs cast to that dtype, for the benchmark. Nones otherwise, or when that call fails."""
+    if not _policy_op(call) or autocast_of(call.body, call.api) is not None:
+        return [None] * n
+    try:
+        out = _flat_outputs(_call(fn, call, loader, golden=False, low=_torch_dtype(str(call.autocast))), [])
+    except NotReplayable:
+        return [None] * n
+    return out if len(out) == n else [None] * n
+
+
+def _judged(base, call: Call, loader: Loader, recorded, golden, same, low=None):
+    low = low or [None] * len(recorded)
+    for (path, leaf), g, c, lo in zip(recorded, golden, same, low):
         if leaf is None:
             continue
         dtype = str(canonical(leaf["dtype"]))
@@ -262,7 +293,7 @@ def _judged(base, call: Call, loader: Loader, recorded, golden, same):
             yield {**row, "status": "error", "reason": "the replay gave no tensor at this output"}
             continue
         try:
-            run = loader.tensor(leaf)
+            run = _rebuilt(loader, leaf, False)
         except NotReplayable as exc:
             yield {**row, "status": "error", "reason": f"recorded output unreadable: {exc}"}
             continue
@@ -275,45 +306,46 @@ def _judged(base, call: Call, loader: Loader, recorded, golden, same):
             yield {**row, "status": "error", "reason": reason}
             continue
         arrays = [_f64(x) for x in (run, c, g)]
+        if (
+            lo is not None
+            and lo.is_floating_point()
+            and tuple(lo.shape) == tuple(g.shape)
+            and dtype in ("float32", "float64")
+        ):
+            row["autocast"] = call.autocast
+            yield {**row, **judge(call.api, dtype, *arrays, low=_f64(lo))}
+            continue
         yield {**row, **judge(call.api, dtype, *arrays)}
 
 
-def _gradients(fn, call: Call, loader: Loader, golden: bool, n_out: int) -> list[Any]:
-    """The forward recomputed from the recorded inputs (float64 or recorded dtype) and differentiated with the
-    recorded output gradient: one gradient (or None) per slot of the backward record's output, which msprobe fills
-    from the output's autograd node. Only when that node's inputs are the call's own input leaves (a one-node API)
-    are the slots known; otherwise NotReplayable."""
+def _gradients(fn, call: Call, loader: Loader, golden: bool, n_out: int, low: Any = None) -> list[Any]:
+    """The backward record's outputs recomputed: the forward run again from the recorded inputs (float64 or the
+    recorded dtype) and differentiated with the recorded output gradient. msprobe hooks the autograd node of the API's
+    first output tensor (`grad_fn.register_hook`) and records that node's gradient inputs; the same hook here gives
+    the same slots, whatever the node (an addmm behind linear, a view behind a 3-d matmul)."""
     import torch
 
     loader.grad_leaves = []
     try:
-        out = _flat_outputs(_call(fn, call, loader, golden, body=call.body["forward"]), [])
-        leaves = loader.grad_leaves
+        out = _flat_outputs(_call(fn, call, loader, golden, body=call.body["forward"], low=low), [])
     finally:
         loader.grad_leaves = None
-    outs = [t for t in out if t is not None and t.is_floating_point()]
-    if len(outs) != 1 or outs[0].grad_fn is None:
-        raise NotFeasible("the forward's output does not depend on a floating input that requires grad")
-    slots = outs[0].grad_fn.next_functions
-    if len(slots) != n_out:
-        raise NotFeasible(f"the output's autograd node has {len(slots)} inputs, the record {n_out} gradients")
-    mapped: list[Any] = []
-    for fn_next, _ in slots:
-        leaf = getattr(fn_next, "variable", None) if fn_next is not None else None
-        if fn_next is not None and not any(leaf is x for x in leaves):
-            raise NotFeasible(
-                "the output's autograd node is not the API's own (a composite): which gradient is whose is unknown"
-            )
-        mapped.append(leaf)
+    first = next((t for t in out if t is not None), None)
+    if first is None or first.grad_fn is None:
+        raise NotFeasible("the forward's first output does not depend on an input that requires grad")
+    captured: list[Any] = []
+    first.grad_fn.register_hook(lambda grad_inputs, grad_outputs: captured.append(grad_inputs))
     (grad_leaf,) = [x for x in _flat_recorded(call.body.get("input"), [], []) if x[1] is not None]
-    g = loader.tensor(grad_leaf[1])
-    g = g.double() if golden else g.to(outs[0].dtype)
-    wanted = [x for x in mapped if x is not None]
+    g = _rebuilt(loader, grad_leaf[1], False)
+    g = g.double() if golden else g.to(first.dtype)
     try:
-        grads = iter(torch.autograd.grad(outs[0], wanted, grad_outputs=g, allow_unused=True))
+        torch.autograd.backward(first, grad_tensors=g)
     except RuntimeError as exc:
         raise NotReplayable(f"differentiating the forward failed: {str(exc).splitlines()[0][:200]}") from None
-    return [next(grads) if x is not None else None for x in mapped]
+    if len(captured) != 1 or len(captured[0]) != n_out:
+        got = len(captured[0]) if captured else 0
+        raise NotFeasible(f"the output's autograd node has {got} gradient inputs, the record {n_out}")
+    return list(captured[0])
 
 
 def _replay_backward(base: dict[str, Any], call: Call, loader: Loader) -> list[dict[str, Any]]:
@@ -321,7 +353,13 @@ def _replay_backward(base: dict[str, Any], call: Call, loader: Loader) -> list[d
     recorded = _flat_recorded(call.body.get("output"), [], [])
     golden = _gradients(fn, call, loader, True, len(recorded))
     same = _gradients(fn, call, loader, False, len(recorded))
-    return [row for row in _judged(base, call, loader, recorded, golden, same) if row is not None]
+    low: list[Any] = [None] * len(recorded)
+    if _policy_op(call) and autocast_of(call.body["forward"], call.api) is None:
+        try:  # as for the forward (_low_outputs): the gradients of the op run at the autocast dtype
+            low = _gradients(fn, call, loader, False, len(recorded), low=_torch_dtype(str(call.autocast)))
+        except NotReplayable:
+            pass
+    return [row for row in _judged(base, call, loader, recorded, golden, same, low) if row is not None]
 
 
 def _f64(t) -> np.ndarray:

@@ -111,6 +111,7 @@ _STATS = (("max", "max"), ("min", "min"), ("mean", "mean"), ("norm", "l2norm"))
 
 _SIDE_INPUTS = (
     "name",
+    "index_path",
     "kind",
     "dtype",
     "dtype_raw",
@@ -180,18 +181,26 @@ def write_csv(
     done, total)` is called every PROGRESS_ROWS rows.  `only_differing`: only the rows whose status is not
     `pass` (diverged, unmatched, unknown, error).
     """
-    if only_differing:
-        cmp = differing(cmp)
     p = Path(path)
     part = p.with_name(p.name + ".part")
-    total, n = cmp.rows.height, 0
+    total = differing(cmp).rows.height if only_differing else cmp.rows.height
+    n = 0
+    stack_of: dict[tuple, Any] = {}  # an op's stack, held for its first written row when its first row is left out
     cols = msprobe_csv.columns(CSV_COLUMNS, msprobe_csv.dump_mode(cmp, store))
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         with open(part, "w", encoding="utf-8", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(cols)
+            # msprobe's Result and Err_message are judged per op over all its rows, then the rows are left out
             for row in iter_csv_rows(cmp, store=store):
+                if only_differing:
+                    op = (row["step"], row["rank"], row["op"])
+                    if row["NPU_Stack_Info"] != N_A:
+                        stack_of[op] = row["NPU_Stack_Info"]
+                    if row["dumpstore_status"] in (None, "pass"):
+                        continue
+                    row["NPU_Stack_Info"] = stack_of.pop(op, N_A)
                 w.writerow(safe_row(row[c] for c in cols))
                 n += 1
                 if progress is not None and n % PROGRESS_ROWS == 0:
@@ -327,10 +336,9 @@ def _msprobe_dtype(r: dict, pre: str) -> str:
     if kind == "tensor":
         raw = r.get(f"{pre}dtype_raw")
         return raw or (f"torch.{r[f'{pre}dtype']}" if r.get(f"{pre}dtype") else N_A)
-    vt = r.get(f"{pre}value_type")
-    if not vt:
-        return r.get(f"{pre}dtype") or N_A
-    return vt if "." in vt else f"<class '{vt}'>"
+    if kind == "scalar":
+        return msprobe_csv.argument_cells(r, pre)[0]
+    return r.get(f"{pre}dtype") or N_A
 
 
 def _msprobe_shape(r: dict, pre: str) -> str:
@@ -340,9 +348,7 @@ def _msprobe_shape(r: dict, pre: str) -> str:
     shape = r.get(f"{pre}shape")
     if kind == "tensor" and shape is not None:
         return "[" + ", ".join(str(int(x)) for x in shape) + "]"
-    if r.get(f"{pre}value_type") == "torch.Size" and r.get(f"{pre}value"):
-        return str(r[f"{pre}value"])
-    return "[]" if kind == "scalar" else N_A
+    return msprobe_csv.argument_cells(r, pre)[1] if kind == "scalar" else N_A
 
 
 def _stat_value(r: dict, pre: str, stat: str) -> float | None:

@@ -2,16 +2,20 @@
 
 Also the per-op table the charts are drawn from (`per_op`: the worst output leaf of each op, step and rank).
 Labels that come from a dump are HTML-escaped (plotly renders them as markup).
+
+Size: one builder per chart of the page (line, heat maps, loss, gradient norms, update ratios), each short;
+they share the per-op table, the palette and the step marks.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import polars as pl
+
+from dumpstore.names import module_path, parameter_of_grad
 
 from ..order import OUTPUT_IO
 from ..verdict import Verdict
@@ -166,6 +170,7 @@ def line_figure(
             "connectgaps": True,
         },
     )
+    _quiet_around(traces, ops, keep)
     annotations: list[dict[str, Any]] = []
     for (step, op), (label, symbol, color) in marks.items():
         hit = [i for i, o in enumerate(ops) if o["step"] == step and o["op"] == op]
@@ -266,6 +271,45 @@ def _scatter(name: str, ops: list[dict], ys: list, xs: list[int], marker: dict, 
     }
 
 
+CHART_PX = 1300  # about the plot's width in pixels
+MARK_PX = 12  # a marked point's radius and margin: points of other ops this close do not take its hover
+
+
+def _quiet_around(traces: list[dict], ops: list[dict], marked: set[int]) -> None:
+    """Points of other ops drawn under a marked point (culprit star, first divergence) do not answer its hover.
+
+    Plotly's 'closest' hover measures a marker's distance minus its radius, at least 1 - 3/radius: a small point
+    under the big star is nearer than the star, so hovering the star named a neighbour (many ops share its pixels
+    on a long run).  Such neighbours move to a companion trace drawn alike with hoverinfo 'skip' (plotly honours
+    'skip' per trace only)."""
+    window = len(ops) * MARK_PX // CHART_PX
+    if not marked or window == 0:
+        return
+    near = {i for m in marked for i in range(max(0, m - window), min(len(ops), m + window + 1))}
+    own = {ops[m]["op"] for m in marked}
+    for t in list(traces):
+        xs = t.get("x") or []
+        if t.get("mode") != "markers" or not xs:
+            continue
+        quiet = [k for k, x in enumerate(xs) if x in near and ops[x]["op"] not in own]
+        if not quiet:
+            continue
+        gone = set(quiet)
+        keys = [k for k in ("x", "y", "text", "customdata") if k in t]
+        traces.append(
+            {
+                **t,
+                **{k: [t[k][q] for q in quiet] for k in keys},
+                "hoverinfo": "skip",
+                "showlegend": False,
+                "legendgroup": t["name"],
+            }
+        )
+        for k in keys:
+            t[k] = [v for j, v in enumerate(t[k]) if j not in gone]
+        t["legendgroup"] = t["name"]
+
+
 def _leaf(name: str | None, op: str) -> str:
     """A leaf's name without its op's ('Functional.linear.6.forward.output.0' -> 'output.0')."""
     return (name or "").removeprefix(op + ".")
@@ -305,13 +349,10 @@ def _step_lines(ops: list[dict], annotations: list[dict]) -> list[dict]:
     return shapes
 
 
-_MODULE_PATH = re.compile(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.(?:forward|backward)\.\d+$")
-
-
 def _layer(module: str | None, op: str, direction: str | None) -> str:
     """A layer label from the parent module: Module.layers.1.fc1.Linear.forward.0 -> 'layers.1 (fwd)'."""
-    m = _MODULE_PATH.match(module or "")
-    parts = m.group(1).split(".") if m else ([module] if module else [op.split(".")[0]])
+    path = module_path(module)
+    parts = path.split(".") if path else ([module] if module else [op.split(".")[0]])
     name = parts[0]
     for i, p in enumerate(parts):
         if p.isdigit():
@@ -559,8 +600,7 @@ def _finding_marks(findings: list, y_of) -> list[dict[str, Any]]:
 
 def _param_label(name: str) -> str:
     """'Module.layers.1.fc1.Linear.parameters_grad.weight' -> 'layers.1.fc1.weight'."""
-    m = re.match(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.parameters_grad(?:\.\d+)?\.(.+)$", name)
-    return f"{m.group(1)}.{m.group(2)}" if m else name
+    return parameter_of_grad(name) or name
 
 
 def update_figure(

@@ -110,6 +110,7 @@ def render_html(
     progress: Callable[[str, int, int], None] | None = None,
     only_differing: bool = False,
     explained: dict | None = None,
+    notes: list[str] | None = None,
 ) -> str:
     """One self-contained HTML page: verdict, charts, curves, every compared row, culprit's stack, run metadata.
 
@@ -135,7 +136,12 @@ def render_html(
             "verdict",
             "Verdict",
             sections.verdict_section(
-                cmp, verdict, overflow_report, rows, explained if explained is not None else _explained(store, verdict)
+                cmp,
+                verdict,
+                overflow_report,
+                rows,
+                explained if explained is not None else _explained(store, verdict),
+                notes if notes is not None else _mode_notes(store, cmp),
             ),
         ),
         ("checklist", "Checklist", sections.checklist_section(checklist_report)),
@@ -281,3 +287,12 @@ def _explained(store, verdict) -> dict:
     from ..explain import explain_findings
 
     return explain_findings(store, verdict)
+
+
+def _mode_notes(store, cmp: Comparison) -> list[str]:
+    """Runs dumped in different modes, said in the verdict's header as `dumpstore divergence` says it."""
+    if store is None:
+        return []
+    from ..explain import mode_notes, run_modes
+
+    return mode_notes(run_modes(store, cmp.target, cmp.ref), cmp.target, cmp.ref, False)

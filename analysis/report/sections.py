@@ -146,11 +146,14 @@ def verdict_section(
     ovf: OverflowReport | None,
     rows: pl.DataFrame,
     explained: dict[str, Explanation | None] | None = None,
+    notes: list[str] | None = None,
 ) -> str:
-    """The verdict line, the four cards (first divergence, culprit in words, overflow, unmatched), by step."""
+    """The verdict line, the four cards (first divergence, culprit in words, overflow, unmatched), by step;
+    `notes`: what the dump modes mean for this verdict (analysis/explain.py mode_notes)."""
     f = verdict.first_divergence
     words = culprit_words(rows, verdict.culprit) if verdict.culprit is not None else None
     ex = explained or {}
+    modes = "".join(f'<p class="warn modes-note">modes: {esc(n)}</p>' for n in notes or [])
     said = ex.get("culprit")
     if said is not None and said.argument and verdict.culprit is not None:
         a = said.argument
@@ -179,7 +182,7 @@ def verdict_section(
 <p class="headline" id="verdict-line">{head}</p>
 <p class="rule">Primary metric: relative L2 error ‖target − ref‖ / ‖ref‖ per leaf, judged against a tolerance per
 dtype ({esc(tol_text)}; a pair is judged at the less precise of its dtypes and the run's compute precision
-{esc(verdict.precision.get("floor"))}). Leaf counts: {esc(counts_text(verdict.counts))}.</p>{_coverage_html(cmp)}
+{esc(verdict.precision.get("floor"))}). Leaf counts: {esc(counts_text(verdict.counts))}.</p>{_coverage_html(cmp)}{modes}
 <div class="findings">
 {_finding_html("First divergence", f, "none: every compared output is within tolerance", ex=ex.get("first_divergence"))}
 {_finding_html("Culprit", verdict.culprit, "none found" if f is not None else "none", words, ex.get("culprit"), True)}

@@ -1,6 +1,7 @@
 """Ingest: a dump tree into the store's Parquet files.
 
-    driver    ingest() and upgrade(): units found, run by a local pool or on Ray, the run published atomically
+    driver    ingest(): units found, run by a local pool or on Ray, the run published atomically (upgrade:
+              dumpstore/upgrade.py)
     unit      one (step, rank) unit into its part file: the code both engines run
     dumpjson  dump.json / debug.json, construct.json, stack.json read (size limit, one-line errors)
     batches   records (or a plain tensor folder's files) into batches of leaf rows
@@ -17,7 +18,7 @@ The package is named `_ingest` (private) so that `dumpstore.ingest` stays the fu
 
 from __future__ import annotations
 
-from .driver import ingest, upgrade
+from .driver import ingest
 from .dumpjson import MAX_DUMP_JSON_BYTES, parse_json, read_json
 from .model import ROW_COLUMNS, IngestOptions, IngestResult, UnitResult, one_line, utf8
 
@@ -31,6 +32,5 @@ __all__ = [
     "one_line",
     "parse_json",
     "read_json",
-    "upgrade",
     "utf8",
 ]

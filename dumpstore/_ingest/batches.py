@@ -91,9 +91,17 @@ def _leaf_batch(recs: _Records, tensor_task: bool, res: UnitResult) -> Batch:
     return cols
 
 
-def _file_batches(unit: Unit, opts: IngestOptions, res: UnitResult):
-    """The batches of a folder of plain tensor files, or of a unit whose reader makes its own rows."""
-    rows = _file_rows(unit, opts, res) if unit.kind == "files" else readers.reader(unit.kind).rows(unit, res)
+def _file_batches(unit: Unit, opts: IngestOptions, res: UnitResult, stacks: list[list[str]] | None = None):
+    """The batches of a folder of plain tensor files, or of a unit whose reader makes its own rows (the call stacks
+    its rows point at go into `stacks`)."""
+    if unit.kind == "files":
+        rows = _file_rows(unit, opts, res)
+    else:
+        reader = readers.reader(unit.kind)
+        if getattr(reader, "ROWS_OPTIONS", False):
+            rows = reader.rows(unit, res, opts, [] if stacks is None else stacks)
+        else:
+            rows = reader.rows(unit, res)
     while batch := list(islice(rows, _BATCH_ROWS)):
         yield {c: [r.get(c) for r in batch] for c in ROW_COLUMNS + TENSOR_FILE_COLUMNS}
 

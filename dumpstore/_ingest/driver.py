@@ -1,5 +1,5 @@
 """Ingest a dump tree into the store: its units run by a local process pool or on Ray, published atomically
-per run; and the upgrade of a store written by an older schema."""
+per run (the upgrade of a store written by an older schema, which re-ingests, is dumpstore/upgrade.py)."""
 
 from __future__ import annotations
 
@@ -127,17 +127,3 @@ def _warn(results: list[UnitResult]) -> None:
     for res in results:
         for message in res.meta.get("warnings", []):
             warnings.warn(message, DumpstoreWarning, stacklevel=3)
-
-
-def upgrade(
-    store: str | os.PathLike | None = None,
-    *,
-    jobs: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    from_source: bool = False,
-) -> list[IngestResult]:
-    """Re-ingest every run of a store written by an older schema from the dump folder it came from, as one
-    transaction (dumpstore.upgrade)."""
-    from ..upgrade import upgrade as transaction
-
-    return transaction(store, jobs=jobs, progress=progress, from_source=from_source)

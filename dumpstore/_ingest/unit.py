@@ -89,8 +89,9 @@ def _write_unit(
     if unit.kind == "dump":
         tables, stacks = _dump_tables(unit, opts, res, files_pool, constants, cores)
     else:
-        batches = _file_batches(unit, opts, res)
-        tables, stacks = (_batch_table(b, constants, res) for b in batches), []
+        stacks = []  # filled as the rows are made (a reader's source lines), written after them
+        batches = _file_batches(unit, opts, res, stacks)
+        tables = (_batch_table(b, constants, res) for b in batches)
     with parquetio.Writer(
         out,
         TENSOR_SCHEMA,

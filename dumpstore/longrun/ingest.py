@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from ..errors import DumpstoreError, DumpstoreWarning
 from .logs import LogFormatError, last_wins, read_log
-from .monitor import NoMonitorFiles, read_monitor_frame
+from .monitor import NoMonitorFiles, monitor_files
 from .store import LongRun, write
 from .tensorboard import event_files, read_events
 
@@ -43,7 +43,6 @@ def collect(
     event files, trainer_state.json and monitor CSV)."""
     lr = LongRun(run)
     scalars: list[pa.Table] = []
-    monitors: list = []
     for path in paths:
         if not path.exists():
             raise LongRunInputError(f"{path}: no such file or folder; give a training log, an event file or folder")
@@ -80,7 +79,8 @@ def collect(
                 lr.sources.append(str(log))
                 found = True
         try:
-            monitors.append(read_monitor_frame(path))
+            monitor_files(path)  # any there? (read while written: write streams them)
+            lr.monitor_roots.append(path)
             lr.formats.append("monitor")
             lr.sources.append(str(path))
             found = True
@@ -92,10 +92,6 @@ def collect(
                 ) from None
     if scalars:
         lr.scalars = last_wins(pa.concat_tables(scalars)) if len(scalars) > 1 else scalars[0]
-    if monitors:
-        import polars as pl
-
-        lr.monitor = pl.concat(monitors, how="diagonal_relaxed") if len(monitors) > 1 else monitors[0]
     return lr
 
 

@@ -73,7 +73,7 @@ _WITH_UNIT = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?:[A-Z
 
 def to_number(text: str) -> float | None:
     """A log field as a float: numbers, nan/inf, True/False, `[1.23]`; None for anything else."""
-    s = text.strip().strip("[]()").strip().rstrip(",").strip()
+    s = text.strip().strip("[]()'\"").strip().rstrip(",").strip()
     if _NUM.match(s):
         return float(s)
     unit = _WITH_UNIT.match(s)  # 123ms, 12.3T, 45%

@@ -148,18 +148,40 @@ def _frame(paths: list[Path], head: list[str], rank: int, layout: str, slug: str
 
 def read_monitor(root: Path) -> pa.Table:
     """Every monitor CSV under `root` as one `monitor` table (see the module doc)."""
-    return read_monitor_frame(root).to_arrow()
-
-
-def read_monitor_frame(root: Path):
-    """read_monitor as a polars DataFrame (what the store writes, without a copy into Arrow strings)."""
     import polars as pl
 
+    return pl.concat(list(iter_monitor_frames(root)), how="vertical_relaxed").to_arrow()
+
+
+def iter_monitor_frames(root: Path, *, max_rows: int = 4_000_000):
+    """The monitor table of `root` in pieces (polars DataFrames of COLUMNS): one per (rank, prefix, header)
+    group of files, a group of more than `max_rows` rows (estimated from file sizes) in several reads, so memory
+    stays bounded whatever the run's length."""
     groups: dict[tuple, list[Path]] = {}
     for path, rank, layout, slug in monitor_files(root):  # one read per (rank, prefix, header)
         groups.setdefault((rank, layout, slug, tuple(_header(path))), []).append(path)
-    frames = [_frame(paths, list(head), rank, layout, slug) for (rank, layout, slug, head), paths in groups.items()]
-    df = pl.concat(frames, how="diagonal_relaxed")
+    for (rank, layout, slug, head), paths in groups.items():
+        for chunk in _chunks(paths, max_rows):
+            yield _complete(_frame(chunk, list(head), rank, layout, slug))
+
+
+def _chunks(paths: list[Path], max_rows: int) -> list[list[Path]]:
+    """Consecutive runs of files of at most ~max_rows rows (about 100 bytes a row)."""
+    out: list[list[Path]] = [[]]
+    size = 0
+    for p in paths:
+        n = p.stat().st_size // 100
+        if out[-1] and size + n > max_rows:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += n
+    return out
+
+
+def _complete(df):
+    import polars as pl
+
     for col, dt in (
         ("micro_step", pl.Int64),
         ("vpp_stage", pl.Int64),

@@ -87,7 +87,8 @@ class LongRun:
 
     run: str
     scalars: pa.Table | None = None
-    monitor: Any = None  # pa.Table or a polars DataFrame (read_monitor_frame)
+    monitor: pa.Table | None = None
+    monitor_roots: list[Path] = field(default_factory=list)  # monitor output folders, read while written
     formats: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
 
@@ -113,13 +114,16 @@ def run_row(store: Store, run: str) -> dict[str, Any]:
     )
 
 
+def _parts(store: Store, kind: str, run: str, ingest_id: str) -> list[Path]:
+    d = store.root / BASE / kind / f"run={run}"
+    return sorted(d.glob(f"part-{ingest_id}*.parquet")) if d.is_dir() else []
+
+
 def files(store: Store, kind: str, runs: list[str] | None = None) -> list[str]:
     out = []
     for row in catalog(store).to_pylist():
         if (runs is None or row["run"] in runs) and kind in (row["kinds"] or []):
-            path = store.root / BASE / kind / f"run={row['run']}" / f"part-{row['ingest_id']}.parquet"
-            if path.exists():
-                out.append(str(path))
+            out += [str(p) for p in _parts(store, kind, row["run"], row["ingest_id"])]
     return out
 
 
@@ -128,10 +132,11 @@ def read(store: Store, kind: str, run: str) -> pa.Table:
     from ..parquetio import read_table
 
     row = run_row(store, run)
-    path = store.root / BASE / kind / f"run={run}" / f"part-{row['ingest_id']}.parquet"
-    if kind not in (row["kinds"] or []) or not path.exists():
+    parts = _parts(store, kind, run, row["ingest_id"]) if kind in (row["kinds"] or []) else []
+    if not parts:
         return SCHEMAS[kind].empty_table()
-    return read_table(path)
+    tables = [read_table(p) for p in parts]
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
 
 
 def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
@@ -145,18 +150,21 @@ def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
         ingest_id = uuid.uuid4().hex[:12]
         kinds, written = [], []
         try:
+            stats: dict[str, Any] = {}
             for kind, table in (("scalars", lr.scalars), ("monitor", lr.monitor)):
-                if table is None or _rows(table) == 0:
+                if table is None or table.num_rows == 0:
                     continue
                 dest = store.root / BASE / kind / f"run={lr.run}" / f"part-{ingest_id}.parquet"
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 written.append(dest)
-                if isinstance(table, pa.Table):
-                    write_table(table.select(SCHEMAS[kind].names).cast(SCHEMAS[kind]), dest)
-                else:  # a polars frame (the monitor: categorical names written as dictionary codes)
-                    table.select(SCHEMAS[kind].names).write_parquet(dest, compression="snappy")
+                write_table(table.select(SCHEMAS[kind].names).cast(SCHEMAS[kind]), dest)
                 kinds.append(kind)
-            row = _row(lr, ingest_id, kinds)
+            if lr.monitor_roots and lr.monitor is None:
+                folder = store.root / BASE / "monitor" / f"run={lr.run}"
+                folder.mkdir(parents=True, exist_ok=True)
+                stats = _write_monitor(lr.monitor_roots, folder, ingest_id, written)
+                kinds.append("monitor")
+            row = _row(lr, ingest_id, kinds, stats)
             locks = store.root / ".locks"
             locks.mkdir(parents=True, exist_ok=True)
             with hold(locks / "longruns.lock", f"long-run catalog of store {store.root}"):
@@ -173,33 +181,50 @@ def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
         for kind in KINDS:  # the replaced ingest's files (readers hold open files: unlinking is safe)
             d = store.root / BASE / kind / f"run={lr.run}"
             for p in d.glob("part-*.parquet") if d.is_dir() else []:
-                if p.name != f"part-{ingest_id}.parquet":
+                if not p.name.startswith(f"part-{ingest_id}"):
                     p.unlink(missing_ok=True)
     return row
 
 
-def _rows(table: Any) -> int:
-    return table.num_rows if isinstance(table, pa.Table) else table.height
-
-
-def _row(lr: LongRun, ingest_id: str, kinds: list[str]) -> dict[str, Any]:
+def _write_monitor(roots: list[Path], folder: Path, ingest_id: str, written: list[Path]) -> dict[str, Any]:
+    """Stream the monitor output under `roots` into Parquet part files (`part-<id>-<k>.parquet`, one per piece
+    that iter_monitor_frames reads, written by polars); returns rows, steps, ranks."""
     import polars as pl
 
+    from .monitor import COLUMNS, iter_monitor_frames
+
+    rows, lo, hi, ranks = 0, None, None, set()
+    k = 0
+    for root in roots:
+        for df in iter_monitor_frames(root):
+            agg = df.select(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
+            a, b = agg.item(0, "lo"), agg.item(0, "hi")
+            lo = a if lo is None or (a is not None and a < lo) else lo
+            hi = b if hi is None or (b is not None and b > hi) else hi
+            ranks |= set(df.get_column("rank").unique().to_list())
+            rows += df.height
+            dest = folder / f"part-{ingest_id}-{k:05d}.parquet"
+            written.append(dest)
+            df.select(COLUMNS).write_parquet(dest, compression="snappy")
+            k += 1
+    return {"rows": rows, "lo": lo, "hi": hi, "ranks": ranks}
+
+
+def _row(lr: LongRun, ingest_id: str, kinds: list[str], stats: dict[str, Any]) -> dict[str, Any]:
+    import pyarrow.compute as pc
+
     steps: list[int] = []
-    ranks: set[int] = set()
+    ranks: set[int] = set(stats.get("ranks", ()))
     tags: list[str] = []
     for table in (lr.scalars, lr.monitor):
-        if table is None or _rows(table) == 0:
-            continue
-        df = pl.from_arrow(table.select(["step", "rank"])) if isinstance(table, pa.Table) else table
-        assert isinstance(df, pl.DataFrame)
-        agg = df.select(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
-        steps += [agg.item(0, "lo"), agg.item(0, "hi")]
-        ranks |= set(df.get_column("rank").unique().to_list())
-    if lr.scalars is not None and _rows(lr.scalars):
-        import pyarrow.compute as pc
-
+        if table is not None and table.num_rows:
+            mm = pc.min_max(table.column("step"))
+            steps += [mm["min"].as_py(), mm["max"].as_py()]
+            ranks |= set(pc.unique(table.column("rank")).to_pylist())
+    steps += [v for v in (stats.get("lo"), stats.get("hi")) if v is not None]
+    if lr.scalars is not None and lr.scalars.num_rows:
         tags = sorted(pc.unique(lr.scalars.column("tag")).to_pylist())
+    n_monitor = lr.monitor.num_rows if lr.monitor is not None else stats.get("rows", 0)
     return {
         "run": lr.run,
         "ingest_id": ingest_id,
@@ -210,8 +235,8 @@ def _row(lr: LongRun, ingest_id: str, kinds: list[str]) -> dict[str, Any]:
         "ranks": sorted(ranks),
         "first_step": min(steps) if steps else None,
         "last_step": max(steps) if steps else None,
-        "n_scalars": _rows(lr.scalars) if lr.scalars is not None else 0,
-        "n_monitor": _rows(lr.monitor) if lr.monitor is not None else 0,
+        "n_scalars": lr.scalars.num_rows if lr.scalars is not None else 0,
+        "n_monitor": n_monitor,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -227,7 +252,7 @@ def create_views(con, store: Store) -> None:
             lst = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
             con.execute(
                 f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM read_parquet({lst}, hive_partitioning=true, "
-                "hive_types={'run': 'VARCHAR'})"
+                "union_by_name=true, hive_types={'run': 'VARCHAR'})"
             )
         else:
             con.register(f"__empty_{kind}", SCHEMAS[kind].empty_table())

@@ -119,7 +119,8 @@ def read_events(path: Path, rank: int = 0) -> pa.Table:
 
 def samples_from_vs_tags(table: pa.Table) -> pa.Table:
     """Megatron writes each scalar twice, `X` at the iteration and `X vs samples` at the consumed samples: the
-    n-th points of the pair give iteration -> consumed samples, filled into every row of that iteration."""
+    n-th points of the pair give iteration -> consumed samples, filled into every row of that iteration; the
+    `vs samples` rows are then dropped (the same values again)."""
     import polars as pl
 
     df = pl.from_arrow(table)
@@ -140,6 +141,8 @@ def samples_from_vs_tags(table: pa.Table) -> pa.Table:
         )
         df = df.drop("_samples")
         break
+    if any(t.endswith("_vs_samples") for t in tags):  # the twins said what they had to say
+        df = df.filter(~pl.col("tag").str.ends_with("_vs_samples"))
     return df.to_arrow().cast(table.schema)
 
 

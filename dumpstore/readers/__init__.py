@@ -15,7 +15,10 @@ and then, by the kind of unit it claims:
               load(path, *, max_bytes=None) -> (array, stored dtype), which reads one file without running code;
     its NAME  a format with rows of its own: the module defines rows(unit, res) -> Iterator[dict], one dict of
               row columns (dumpstore._ingest.model.ROW_COLUMNS; a missing key is null) per row, counting the files
-              and records it reads into `res` (a UnitResult).
+              and records it reads into `res` (a UnitResult); with ROWS_OPTIONS = True it is called as
+              rows(unit, res, opts, stacks): it reads tensor files as `opts` (IngestOptions) asks and appends the
+              call stacks its rows' stack_id index to `stacks`.  It may define place(path) -> (step, rank, rank
+              folder, source) where its folders are not stepN/rankN (MindSpore graph dumps).
 
 Adding a format is adding a module here (and its test): `READERS` imports every module of this package.  Formats
 with tables of their own (logs, monitor CSVs) keep their own modules and are not readers of dump units.

@@ -40,12 +40,15 @@ class _Group(click.Group):
 
 
 _SIGNALS = None
+_FORKING: list[int] = []  # set while a fork's hooks run: a signal then is put off (_DEFERRED) and sent again after
+_DEFERRED: list[int] = []
 
 
 def _quiet_children() -> None:
     """Processes forked by a command (ingest and --exact workers) end quietly on Ctrl-C, leaving the cleanup and the
     one line to the command itself: SIGINT and SIGTERM are blocked across each fork, and a child ends on SIGINT at
-    once (exit 130, no traceback), on SIGTERM as by default."""
+    once (exit 130, no traceback), on SIGTERM as by default. In the command, a signal that came during the fork is
+    not raised inside the fork's hook (Python would print and drop it) but sent again once the fork is done."""
     import signal
 
     global _SIGNALS
@@ -55,21 +58,20 @@ def _quiet_children() -> None:
 
     def before() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        _FORKING.append(1)
 
     def parent() -> None:
-        # a signal that came during the fork is taken off (ignored while unblocked) and sent again from a thread, so
-        # that it is raised in the command's code, not inside this hook (where Python would drop the exception)
-        pending = signal.sigpending() & _SIGNALS
-        held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in pending}
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
-        for sig, handler in held.items():
-            signal.signal(sig, handler)
-        for sig in pending:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)  # a pending signal's handler runs here: put off
+        if _DEFERRED:
             import threading
 
-            threading.Timer(0.01, os.kill, (os.getpid(), sig)).start()
+            for sig in _DEFERRED:
+                threading.Timer(0.01, os.kill, (os.getpid(), sig)).start()
+            _DEFERRED.clear()
+        _FORKING.clear()  # the last statement: no signal check between it and the return
 
     def child() -> None:
+        _FORKING.clear()
         signal.signal(signal.SIGINT, lambda *_: os._exit(130))
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
@@ -79,28 +81,33 @@ def _quiet_children() -> None:
 
 @contextmanager
 def _terminate_as_interrupt():
-    """SIGTERM raises KeyboardInterrupt in this process (not in forked workers), so a terminated command cleans up
-    as an interrupted one does (staging folders, report .part files) and exits 130 with one line."""
+    """SIGINT and SIGTERM raise KeyboardInterrupt in this process (not in forked workers), so a terminated command
+    cleans up as an interrupted one does (staging folders, report .part files) and exits 130 with one line; a
+    signal that comes while a fork's hooks run is put off until they are done (`_quiet_children`)."""
     import signal
 
     me = os.getpid()
 
     def handler(signum, frame):
         if os.getpid() != me:  # a forked worker: die as the default handler would
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if _FORKING:
+            _DEFERRED.append(signum)
             return
         raise KeyboardInterrupt
 
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread (a test runner): leave signals alone
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _damaged_file(exc: Exception, ctx: click.Context) -> str | None:

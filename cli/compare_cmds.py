@@ -201,19 +201,28 @@ FINDING_COLUMNS = [
 ]
 
 
+REPLAY_DIR = "replay"  # dumpstore.replaytable.REPLAY_DIR (which imports pyarrow; tests/test_replay.py holds them equal)
+
+
 def kernel_of(store, target: str, ref: str | None) -> dict | None:
     """The target's first op over its replay standard (culprit kind `kernel`, docs/replay.md) when the target was
     replayed (`dumpstore replay`), with the reference's local error beside it when that was replayed too; None
     otherwise (nothing is imported or read for a run never replayed)."""
+    import os
+    from pathlib import Path
+
+    root = Path(store if store is not None else os.environ.get("DUMPSTORE_STORE") or "dumpstore_store")
+    if not (root / REPLAY_DIR / f"run={target}").is_dir():  # a path test: a memoised answer imports nothing
+        return None
     from dataclasses import asdict
 
+    from dumpstore.analysis.replay.findings import kernel_finding
     from dumpstore.replaytable import replay_path
     from dumpstore.store import open_store
 
     st = open_store(store)
     if not replay_path(st, target, st.run_info(target)["ingest_id"]).is_file():
         return None
-    from dumpstore.analysis.replay.findings import kernel_finding
 
     f = kernel_finding(st, target, ref=ref)
     return asdict(f) if f is not None else None

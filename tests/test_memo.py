@@ -49,9 +49,9 @@ def _divergence(store: Path, *args: str) -> dict:
 
 
 def _verdict(out: dict) -> dict:
-    """The library's verdict in `divergence --json`: without the contract's keys and the explanations (memoized
-    apart, analysis/explain.py)."""
-    v = {k: x for k, x in out.items() if k not in ("schema_version", "command", "store", "modes")}
+    """The library's verdict in `divergence --json`: without the contract's keys, the explanations (memoized
+    apart, analysis/explain.py) and the replay's kernel finding (read from the replay table, not memoized)."""
+    v = {k: x for k, x in out.items() if k not in ("schema_version", "command", "store", "modes", "kernel")}
     for key in ("steps", "ranks"):
         v[key] = [{("max_err" if k == "max_rel_l2" else k): x for k, x in s.items()} for s in v[key]]
     for key in ("first_divergence", "culprit"):

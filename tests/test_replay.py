@@ -167,6 +167,10 @@ def test_divergence_shows_the_kernel_finding(replayed, tmp_path):
     ingest(target, "t", store=root, jobs=1)
     ingest(ref, "r", store=root, jobs=1)
     base = ["divergence", "--target", "t", "--ref", "r", "--store", str(root)]
+    from dumpstore.cli import compare_cmds
+    from dumpstore.replaytable import REPLAY_DIR
+
+    assert compare_cmds.REPLAY_DIR == REPLAY_DIR
     before = CliRunner().invoke(main, [*base, "--json"])
     assert before.exit_code == 0, before.output
     assert json.loads(before.output)["kernel"] is None

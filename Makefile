@@ -34,9 +34,10 @@ demo: setup
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-# The inner loop: lint and the core tests, without msprobe cross-checks, MindSpore graph dumps, Ray and Chromium.
+# The inner loop: lint and the core tests, without msprobe cross-checks, MindSpore graph dumps, Ray, Chromium and
+# the signal/kill tests (marker processes).
 check: lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m 'not slow and not validation and not msprobe and not msgraph and not ray and not browser'
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m 'not slow and not validation and not msprobe and not msgraph and not ray and not browser and not processes'
 
 test-all: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m ''

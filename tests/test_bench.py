@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from helpers import ROOT
 
 
+@pytest.mark.processes
 def test_tiny_bench_finds_every_injected_fault(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "run.py"), "--tiny", "--data", str(tmp_path)],

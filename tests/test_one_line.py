@@ -121,6 +121,7 @@ def _interrupt(args: list[str], delay: float, sig: int) -> subprocess.CompletedP
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_report_interrupted_leaves_no_part_file_and_one_line(pair, tmp_path, sig):
     out = tmp_path / "out"

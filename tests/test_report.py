@@ -657,6 +657,7 @@ def test_html_synthetic_300_layers_in_chromium(tmp_path) -> None:
     _check_synth_page(data, man, store, tmp_path / "synth300.html")
 
 
+@pytest.mark.processes
 def test_progress_is_reported_by_callback(store, tmp_path) -> None:
     calls: list[tuple[str, int, int]] = []
     data = report.analyze(store, "weight_1pct_stats", "ref_stats", steps=[0], progress=lambda *a: calls.append(a))

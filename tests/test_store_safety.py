@@ -35,6 +35,7 @@ def _rows(store_dir, run: str) -> list[tuple]:
     ]
 
 
+@pytest.mark.processes
 def test_sigkill_at_random_points_leaves_run_absent_or_complete(store_dir, tmp_path):
     ingest(DATASET, "good", store=store_dir, jobs=1)
     expected = _rows(store_dir, "good")
@@ -162,6 +163,7 @@ def _many_units(tmp_path, n: int = 12):
     return root
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the worker processes")
 def test_sigkill_of_main_process_only_frees_the_run(store_dir, tmp_path):
     """Killing only the main ingest process (not its group) ends its workers and frees the run's lock: the next

@@ -63,6 +63,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals and process groups")
 def test_upgrade_under_signals_at_random_moments_loses_nothing(two_runs):
     store, before = two_runs

@@ -13,18 +13,16 @@ import pyarrow as pa
 
 from .. import readers
 from ..arrays import to_arrow
-from ..errors import DumpFormatError
 from ..layout import Unit
 from ..names import parse_record
 from ..records import leaf_column_lists, record_leaves
 from ..schema import TENSOR_FILE_COLUMNS, TENSOR_SCHEMA
 from ..tensorfile import (
     load,
-    stamp,
 )
 from .dumpjson import _parent
 from .model import _RECORD_COLUMNS, ROW_COLUMNS, Batch, IngestOptions, UnitResult, _int32
-from .tensors import _fill_loaded
+from .tensors import load_file_into
 from .writer import _array
 
 _BATCH_ROWS = 4096  # rows turned into Arrow at a time
@@ -130,17 +128,5 @@ def _file_rows(unit: Unit, opts: IngestOptions, res: UnitResult):
             "data_name": path.name,
             "value_type": path.suffix.lstrip("."),
         }
-        try:
-            if path.is_symlink():
-                raise DumpFormatError(f"{path}: tensor file is a link; refusing to read it (copy the file instead)")
-            file_stamp = stamp(path)
-            arr, stored = load(path)
-            res.tensor_files += 1
-            row.update(dtype=stored, dtype_raw=stored, shape=list(arr.shape), numel=int(arr.size))
-            _fill_loaded(row, arr, stored, file_stamp, opts)
-        except OSError as exc:  # the stat: gone since the folder was listed
-            why = f"{path}: cannot read tensor file: {exc.strerror}"
-            row.update(file_status="error", error=why, stats_source="none")
-        except DumpFormatError as exc:
-            row.update(file_status="error", error=str(exc), stats_source="none")
+        load_file_into(row, path, load, opts, res)
         yield row

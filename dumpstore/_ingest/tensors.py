@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from ..tensorfile import (
     fingerprint,
     load_leaf,
     loaded_in_batches,
+    stamp,
 )
 from .model import Batch, IngestOptions, UnitResult
 
@@ -224,6 +225,33 @@ def _fill_loaded(row: dict[str, Any], arr, stored: str, file_stamp: Stamp, opts:
     row.update(zip(_SUMMARY_COLUMNS, values))
     row.update({flag: row[count] > 0 for flag, count in _FLAGS})
     row.update(file_status="loaded", stats_source="tensor", sample=sample, sketch=sketch)
+
+
+def load_file_into(
+    row: dict[str, Any],
+    path: Path,
+    load: Callable[[Path], tuple[Any, str]],
+    opts: IngestOptions,
+    res: UnitResult,
+    saved_as: dict[str, tuple[str, ...]] | None = None,
+) -> None:
+    """Read one tensor file that is a record of its own (a plain folder's file, a kernel dump's file) into its row:
+    dtype, shape and summary, or an error row when it is a link, gone since its folder was listed or unreadable.
+    `saved_as`: a stored dtype and the dtypes a row may already name for it (MindSpore writes bfloat16 as float32),
+    kept as the row's dtype."""
+    try:
+        if path.is_symlink():
+            raise DumpFormatError(f"{path}: tensor file is a link; refusing to read it (copy the file instead)")
+        file_stamp = stamp(path)
+        arr, stored = load(path)
+        res.tensor_files += 1
+        dtype = row["dtype"] if row.get("dtype") in (saved_as or {}).get(stored, ()) else stored
+        row.update(dtype=dtype, dtype_raw=row.get("dtype_raw") or stored, shape=list(arr.shape), numel=int(arr.size))
+        _fill_loaded(row, arr, stored, file_stamp, opts)
+    except OSError as exc:  # the stat: gone since the folder was listed
+        row.update(file_status="error", error=f"{path}: cannot read tensor file: {exc.strerror}", stats_source="none")
+    except DumpFormatError as exc:
+        row.update(file_status="error", error=str(exc), stats_source="none")
 
 
 def _max_bytes(numel: int | None) -> int | None:

@@ -132,23 +132,10 @@ _SAVED_AS = {"float32": ("bfloat16",), "int8": ("Int4", "int4")}
 
 def _read_file(row: dict[str, Any], path: Path, opts, res) -> None:
     """Load one kernel file into its row (an error row when it cannot be read), as the ingest reads tensor files."""
-    from .._ingest.tensors import _fill_loaded
-    from ..tensorfile import stamp
+    from .._ingest.tensors import load_file_into
     from .npy import load
 
-    try:
-        if path.is_symlink():
-            raise DumpFormatError(f"{path}: tensor file is a link; refusing to read it (copy the file instead)")
-        file_stamp = stamp(path)
-        arr, stored = load(path)
-        res.tensor_files += 1
-        dtype = row["dtype"] if row.get("dtype") in _SAVED_AS.get(stored, ()) else stored
-        row.update(dtype=dtype, dtype_raw=row.get("dtype_raw") or stored, shape=list(arr.shape), numel=int(arr.size))
-        _fill_loaded(row, arr, stored, file_stamp, opts)
-    except OSError as exc:  # gone since the folder was listed
-        row.update(file_status="error", error=f"{path}: cannot read tensor file: {exc.strerror}", stats_source="none")
-    except DumpFormatError as exc:
-        row.update(file_status="error", error=str(exc), stats_source="none")
+    load_file_into(row, path, load, opts, res, _SAVED_AS)
 
 
 def _file_leaf(folder: Path, entry: str, long_name: str, graph: int) -> dict[str, Any] | None:

@@ -119,13 +119,6 @@ def read_replay(store: Store, run: str) -> pa.Table | None:
 
 def create_replay_view(con: duckdb.DuckDBPyConnection, store: Store, catalog: pa.Table) -> None:
     """The view `replay` (with a `run` column) over the live replay files; empty when there are none."""
-    files = replay_files(store, None, catalog)
-    if files:
-        paths = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in files) + "]"
-        con.execute(
-            f"CREATE VIEW replay AS SELECT * FROM read_parquet({paths}, hive_partitioning=true, "
-            "hive_types={'run': 'VARCHAR'}, union_by_name=true)"
-        )
-    else:
-        con.register("__empty_replay", REPLAY_SCHEMA.empty_table())
-        con.execute("CREATE VIEW replay AS SELECT CAST(NULL AS VARCHAR) AS run, * FROM __empty_replay WHERE false")
+    from .views import partitioned_view
+
+    partitioned_view(con, "replay", replay_files(store, None, catalog), REPLAY_SCHEMA)

@@ -20,6 +20,8 @@ Created in every DuckDB connection of the store (`dumpstore.query.connect`), `du
 
 from __future__ import annotations
 
+from typing import Any
+
 import duckdb
 
 from .names import MODULE_PATH_SQL
@@ -176,6 +178,22 @@ WHERE direction = 'forward' AND io = 'output' AND kind = 'tensor' AND coalesce(m
 
 VIEWS = (PARAM_STATS, WEIGHT_CHANGE, GRAD_NORMS, LAYER_GRAD_NORMS, LOSS, ACTIVATIONS)
 VIEW_NAMES = ("param_stats", "weight_change", "grad_norms", "layer_grad_norms", "loss", "activations")
+
+
+def partitioned_view(con: duckdb.DuckDBPyConnection, name: str, paths: list[str], empty: Any) -> None:
+    """The view `name` over Parquet files laid out as `.../run=NAME/part-*.parquet` (with a `run` column), or an
+    empty view of the pyarrow schema `empty` (with a `run` column) when there are none."""
+    if paths:
+        lst = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+        con.execute(
+            f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet({lst}, hive_partitioning=true, "
+            "union_by_name=true, hive_types={'run': 'VARCHAR'})"
+        )
+    else:
+        con.register(f"__empty_{name}", empty.empty_table())
+        con.execute(
+            f"CREATE OR REPLACE VIEW {name} AS SELECT CAST(NULL AS VARCHAR) AS run, * FROM __empty_{name} WHERE false"
+        )
 
 
 def create_views(con: duckdb.DuckDBPyConnection) -> None:

@@ -246,20 +246,10 @@ def create_views(con, store: Store) -> None:
     cat = catalog(store)
     con.register("__longruns", cat)
     con.execute("CREATE OR REPLACE VIEW longruns AS SELECT * FROM __longruns")
+    from ..views import partitioned_view
+
     for kind in KINDS:
-        paths = files(store, kind)
-        if paths:
-            lst = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
-            con.execute(
-                f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM read_parquet({lst}, hive_partitioning=true, "
-                "union_by_name=true, hive_types={'run': 'VARCHAR'})"
-            )
-        else:
-            con.register(f"__empty_{kind}", SCHEMAS[kind].empty_table())
-            con.execute(
-                f"CREATE OR REPLACE VIEW {kind} AS SELECT CAST(NULL AS VARCHAR) AS run, * "
-                f"FROM __empty_{kind} WHERE false"
-            )
+        partitioned_view(con, kind, files(store, kind), SCHEMAS[kind])
 
 
 def source_path(p: Path) -> str:

@@ -208,23 +208,19 @@ def kernel_of(store, target: str, ref: str | None) -> dict | None:
     """The target's first op over its replay standard (culprit kind `kernel`, docs/replay.md) when the target was
     replayed (`dumpstore replay`), with the reference's local error beside it when that was replayed too; None
     otherwise (nothing is imported or read for a run never replayed)."""
-    import os
     from pathlib import Path
 
-    root = Path(store if store is not None else os.environ.get("DUMPSTORE_STORE") or "dumpstore_store")
+    from dumpstore.store import default_store_path  # a light module: no pyarrow
+
+    root = Path(store) if store is not None else default_store_path()
     if not (root / REPLAY_DIR / f"run={target}").is_dir():  # a path test: a memoised answer imports nothing
         return None
     from dataclasses import asdict
 
     from dumpstore.analysis.replay.findings import kernel_finding
-    from dumpstore.replaytable import replay_path
     from dumpstore.store import open_store
 
-    st = open_store(store)
-    if not replay_path(st, target, st.run_info(target)["ingest_id"]).is_file():
-        return None
-
-    f = kernel_finding(st, target, ref=ref)
+    f = kernel_finding(open_store(store), target, ref=ref)  # None where the live ingest was not replayed
     return asdict(f) if f is not None else None
 
 

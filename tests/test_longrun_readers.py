@@ -223,3 +223,17 @@ def test_bad_inputs_one_line_errors(tmp_path):
         main, ["curves", "--target", "c", "--ref", "c", "--by", "samples", "--store", str(tmp_path / "s")]
     )
     assert r.exit_code == 1 and "logged no consumed samples; align by iteration" in r.output
+
+
+def test_an_event_file_without_a_whole_record_is_an_error_not_an_empty_run(tmp_path):
+    """A cut-short event file with no whole record gives a one-line error (exit 1) and writes no long run."""
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "events.out.tfevents.1").write_bytes(b"\x01\x02\x03")
+    store = tmp_path / "store"
+    res = CliRunner().invoke(main, ["longrun-ingest", str(tmp_path / "tb"), "--run", "r", "--store", str(store)])
+    assert res.exit_code == 1
+    assert res.output.splitlines()[-1] == (
+        f"Error: {tmp_path / 'tb' / 'events.out.tfevents.1'}: no scalar point found (an empty or cut-short event "
+        "file?); point at a log or event file that holds the run's points"
+    )
+    assert not (store / "longruns.parquet").exists()

@@ -92,6 +92,11 @@ def collect(
                 ) from None
     if scalars:
         lr.scalars = last_wins(pa.concat_tables(scalars)) if len(scalars) > 1 else scalars[0]
+    if not lr.monitor_roots and (lr.scalars is None or lr.scalars.num_rows == 0):  # never an empty long run
+        raise LongRunInputError(
+            f"{', '.join(lr.sources) or paths[0]}: no scalar point found (an empty or cut-short event file?); "
+            "point at a log or event file that holds the run's points"
+        )
     return lr
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 from .metrics import stats_diff
@@ -82,14 +83,51 @@ def columns(base: tuple[str, ...], mode: str | None) -> tuple[str, ...]:
     return tuple(cols)
 
 
-def fill(d: dict[str, Any], r: dict[str, Any], mode: str | None) -> None:
-    """Set msprobe's cells of CSV row `d` from the aligned leaf pair `r` (target columns, `ref_` columns):
-    the summary cells as msprobe holds them and the mode's own cells (see the module docstring)."""
+def held_summary(r: dict[str, Any]) -> dict[tuple[str, str], Any]:
+    """{(side, stat key): the value msprobe holds} of the leaf pair `r` before pandas sees it (N/A: no leaf)."""
     here = (r.get("name") is not None, r.get("ref_name") is not None)
-    held = {}
-    for side, pre, present in (("NPU", "", here[0]), ("Bench", "ref_", here[1])):
-        for (key, stat), col in zip(_STATS, SUMMARY_COLUMNS):
-            value = held[side, key] = _held_stat(r, pre, stat) if present else N_A
+    return {
+        (side, key): _held_stat(r, pre, stat) if present else N_A
+        for side, pre, present in (("NPU", "", here[0]), ("Bench", "ref_", here[1]))
+        for key, stat in _STATS
+    }
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not _isnan(value)
+
+
+def _isnan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def float_columns(helds: Iterator[dict[tuple[str, str], Any]]) -> frozenset[tuple[str, str]]:
+    """The summary columns ((side, stat key)) pandas makes float64 in msprobe's table: those whose every value
+    over msprobe's rows (`helds`, one per row with an NPU leaf) is an int or a float (no None, bool, text, NaN:
+    msprobe writes NaN as the text 'Nan').  msprobe then prints their integers as floats (`3.0`) and compares
+    them as such (`0.0%` where the other side holds `3`)."""
+    cols = {(side, key) for side in ("NPU", "Bench") for key, _ in _STATS}
+    for held in helds:
+        cols = {c for c in cols if _is_number(held[c])}
+        if not cols:
+            break
+    return frozenset(cols)
+
+
+def fill(
+    d: dict[str, Any], r: dict[str, Any], mode: str | None, floats: frozenset[tuple[str, str]] = frozenset()
+) -> None:
+    """Set msprobe's cells of CSV row `d` from the aligned leaf pair `r` (target columns, `ref_` columns):
+    the summary cells as msprobe holds them and the mode's own cells (see the module docstring); `floats`: the
+    summary columns msprobe's table holds as floats (float_columns)."""
+    here = (r.get("name") is not None, r.get("ref_name") is not None)
+    held = held_summary(r)
+    for c in floats:
+        if here[0] and _is_number(held[c]):  # a row of msprobe's table (it has no reference-only rows)
+            held[c] = float(held[c])
+    for side, pre in (("NPU", ""), ("Bench", "ref_")):
+        for (key, _), col in zip(_STATS, SUMMARY_COLUMNS):
+            value = held[side, key]
             if r.get(f"{pre}kind") == "tensor" and value is None and not _has_dump_stats(r, pre):
                 value = d.get(f"{side} {col}")  # no dumper statistics (a folder of tensor files): the store's
             d[f"{side} {col}"] = _summary_cell(value)

@@ -11,7 +11,10 @@ dumps reads the files as `--exact` does), `Result` / `Err_message` by msprobe's 
 dumpstore's judgement is in its own columns: `rel_l2` (relative L2 error), `err_source`, `err_bound`, `tol`,
 `tol_dtype`, `severity` (rel_l2 / tol), `dumpstore_status` (pass, diverged, unmatched, unknown, error),
 `dumpstore_result` (its pass / warning / error), `dumpstore_detail` and `dumpstore_message` (a JSON list naming
-the metric and threshold).
+the metric and threshold), `dumpstore_paired_with` (the reference leaf dumpstore paired the row with, N/A for none).
+msprobe's columns follow msprobe's own pairing (msprobe_pairing.py: by name, backward calls renumbered): where an
+extra or missing call makes dumpstore pair a row with another reference leaf than msprobe does, `Bench Name` and
+the other msprobe cells describe msprobe's pair and dumpstore's columns its own.
 
 `write_csv` is the one function that writes the file (streaming, row by row, one op at a time);
 `iter_csv_rows` / `csv_rows` build the rows, `_csv_row` one row and `dumpstore.csvsafe` neutralises each cell.
@@ -32,7 +35,7 @@ import polars as pl
 from dumpstore.csvsafe import row as safe_row
 from dumpstore.errors import DumpstoreError
 
-from .. import msprobe_csv
+from .. import msprobe_csv, msprobe_pairing
 from ..compare import Comparison
 from .data import fetch
 from .text import fmt
@@ -94,6 +97,7 @@ DUMPSTORE_COLUMNS: tuple[str, ...] = (
     "dumpstore_status",
     "dumpstore_detail",
     "dumpstore_message",
+    "dumpstore_paired_with",
 )
 CSV_COLUMNS: tuple[str, ...] = MSPROBE_COLUMNS + DUMPSTORE_COLUMNS
 
@@ -106,6 +110,15 @@ _METRIC_SOURCES = {
     "One Thousandth Err Ratio": ("msprobe_one_thousandth", "one_thousandth"),
     "Five Thousandths Err Ratio": ("msprobe_five_thousandth", "five_thousandth"),
 }
+# what a row's msprobe cells must not take from dumpstore's pair when msprobe pairs the row otherwise
+_PAIR_ONLY = (
+    *(c for pair in _METRIC_SOURCES.values() for c in pair),
+    "max_diff",
+    "min_diff",
+    "mean_diff",
+    "norm_diff",
+    "msprobe_message",
+)
 RESULT_OF_STATUS = {"pass": "pass", "diverged": "error", "error": "error", "unmatched": "warning", "unknown": "warning"}
 _STATS = (("max", "max"), ("min", "min"), ("mean", "mean"), ("norm", "l2norm"))
 
@@ -238,12 +251,38 @@ def iter_csv_rows(cmp: Comparison, *, store=None) -> Iterator[dict[str, Any]]:
     rows = rows.select([c for c in rows.columns if c.removeprefix("ref_") in _CSV_INPUTS])
     stacks = _all_stacks(store, cmp.target) if store is not None else {}
     seen_ops, mode = set(), msprobe_csv.dump_mode(cmp, store)
+    # msprobe's columns follow msprobe's own pairing (msprobe_pairing.py), dumpstore's columns its own
+    own_pairing = not msprobe_pairing.applies(cmp, store)
+    ms_pairs = {} if own_pairing else msprobe_pairing.msprobe_pairs(rows)
+    benches = {j: rows.row(j, named=True) for j in set(ms_pairs.values()) if j is not None}
+    cells = msprobe_pairing.exact_cells(store, cmp, ms_pairs) if ms_pairs and mode == "tensor" else {}
+
+    def view(i: int, r: dict[str, Any]) -> dict[str, Any]:
+        """The leaf pair msprobe's cells describe: msprobe's pair of the row's target leaf."""
+        if i in ms_pairs:
+            j = ms_pairs[i]
+            r = msprobe_pairing.repaired(r, benches[j] if j is not None else None, _PAIR_ONLY)
+            r.update(cells.get(i, {}))
+        if own_pairing or r.get("name") is None or r.get("ref_name") is None:
+            return r
+        if msprobe_pairing.dtype_match(_msprobe_dtype(r, ""), _msprobe_dtype(r, "ref_")):
+            return r
+        return msprobe_pairing.repaired(r, None, _PAIR_ONLY)  # dtypes msprobe does not pair: unmatched
+
+    # a summary column msprobe's pandas table holds as float64 prints its integers as floats: one pass to find them
+    helds = (msprobe_csv.held_summary(view(i, r)) for i, r in enumerate(rows.iter_rows(named=True)) if r["name"])
+    floats = msprobe_csv.float_columns(helds) if mode in ("statistics", "tensor", "md5") else frozenset()
     group: list[dict[str, Any]] = []  # the rows of one op: msprobe's verdict rules run per op
     group_key = None
-    for r in rows.iter_rows(named=True):
+    for i, r in enumerate(rows.iter_rows(named=True)):
         d = _csv_row(r)
-        msprobe_csv.fill(d, r, mode)  # msprobe's cells as msprobe writes them for this dump mode
-        op_key = (r["step"], r["rank"], r["source"], r["record"] or r.get("ref_record"))
+        d["dumpstore_paired_with"] = r["ref_name"] if r.get("ref_name") is not None else N_A
+        ms = view(i, r)
+        if ms is not r:
+            d.update({c: v for c, v in _csv_row(ms).items() if c in MSPROBE_COLUMNS})
+        msprobe_csv.fill(d, ms, mode, floats)  # msprobe's cells as msprobe writes them for this dump mode
+        # a reference-only row is an op of its own, even where the target has a record of the same name
+        op_key = (r["step"], r["rank"], r["source"], r["record"] or ("", r.get("ref_record")))
         frames = stacks.get((r["step"], r["rank"], r["stack_id"])) if r["record"] else None
         if frames is not None and op_key not in seen_ops:
             d["NPU_Stack_Info"] = str(list(frames))

@@ -20,6 +20,7 @@ from dumpstore.summary import fold_sketch
 
 from . import rules as R
 from .align import align_leaves, align_records, apply_data_mapping
+from .graph_modules import module_view
 from .layer_mapping import layer_records, layer_rules
 from .load import load_run
 from .mapping import Mapping
@@ -74,6 +75,7 @@ def compare_runs(
     steps = [s for s in cov["common_steps"] if steps is None or s in steps]
     ranks = [k for k in cov["common_ranks"] if ranks is None or k in ranks]
     t, r = _load_both(store, (target, ref), steps=steps, ranks=ranks, units=units)
+    t, r = module_view(t, r, t_info, r_info)  # a graph-mode run against module records: module outputs only
     t, r = _common_summaries(t, r, t_info, r_info)
     renamed = {k: mapping.record(k) for k in t["record"].unique().to_list()} if mapping and not mapping.layer else {}
     if renamed:

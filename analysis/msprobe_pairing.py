@@ -25,14 +25,16 @@ from typing import Any
 
 import polars as pl
 
+from dumpstore.names import CALL_DIRECTION_SQL, DIRECTION_CALL_SQL
+
 GROUP = ["step", "rank", "source"]
 # msprobe's CompareConst.DTYPE_MATCH_GROUPS: dtypes in one group pair with each other
 _FLOAT_GROUPS = (
     frozenset(("Float16", "Float32", "Float64", "BFloat16")),
     frozenset(("torch.float16", "torch.float32", "torch.float64", "torch.bfloat16")),
 )
-_API = r"^(.+)\.(\d+)\.(forward|backward)$"  # {op}.{n}.{direction}
-_MODULE = r"^(.+)\.(forward|backward)\.(\d+)$"  # {op}.{direction}.{n}
+_API = CALL_DIRECTION_SQL  # {op}.{n}.{direction}
+_MODULE = DIRECTION_CALL_SQL  # {op}.{direction}.{n}
 
 
 def applies(cmp, store) -> bool:

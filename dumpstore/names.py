@@ -20,6 +20,13 @@ _MODULE_PATH = re.compile(r"^(?:Module|Cell)\.(.+?)\.[A-Za-z_]\w*\.(?:forward|ba
 MODULE_PATH_SQL = r"'^(?:Module|Cell)\.(.+)\.[^.]+\.(?:forward|backward)\.\d+$'"
 # a module record key, its call counter optional: path and class (body), direction
 _MODULE_RECORD = re.compile(r"^(?P<kind>Module|Cell)\.(?P<body>.+)\.(?P<dir>forward|backward)(?:\.(?P<n>\d+))?$")
+# for Polars' str.extract: msprobe compare's split of a key into op, call and direction (acc_compare.py
+# split_data_name_components; any prefix): `{op}.{n}.{direction}` (an API call) and `{op}.{direction}.{n}` (a module)
+CALL_DIRECTION_SQL = r"^(.+)\.(\d+)\.(forward|backward)$"
+DIRECTION_CALL_SQL = r"^(.+)\.(forward|backward)\.(\d+)$"
+# for Polars: a module record key (any direction), and a forward one
+MODULE_KEY_SQL = r"^(?:Module|Cell)\."
+MODULE_FORWARD_SQL = r"^(?:Module|Cell)\..+\.forward\.\d+$"
 _DIRECTION_CALL_TAIL = re.compile(r"\.(forward|backward)\.(\d+)$")
 _DIRECTION_TAIL = re.compile(r"\.(forward|backward)$")
 # a parameter gradient's leaf name: module path, class, parameters_grad[.call], parameter

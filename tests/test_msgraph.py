@@ -7,7 +7,11 @@ statistic.csv dumps in MindSpore's header and CANN adump's (with Format and Inpu
   instance first; a 1 % weight change names the second block's fc1 MatMul;
 - parity with msprobe's `ms_graph_compare` (`msprobe compare --rank 0`) on the kernels both pair alike: the six
   tensor metrics agree (one-element tensors aside: ms_graph_compare does not squeeze them, msprobe compare does);
-- mapping.csv long names; overflow and report run on such runs.
+- mapping.csv long names; overflow and report run on such runs;
+- a graph-mode run against a PyTorch msprobe dump of the same network (tests/msgraph/generate_torch.py: the same
+  weights, L0 statistics and mix tensor) at module granularity (analysis/graph_modules.py): the clean pair is
+  quiet both ways, the GELU fault names `Module.b1.act.GELU.forward.0`, the weight fault
+  `Module.b1.fc1.Linear.forward.0`.
 """
 
 from __future__ import annotations
@@ -56,8 +60,29 @@ def graph_dumps(tmp_path_factory):
     return base
 
 
-def _verdict(st, target: str, ref: str) -> dict:
-    return divergence(compare_runs(st, target, ref)).to_dict()
+GENERATE_TORCH = Path(__file__).resolve().parent / "msgraph" / "generate_torch.py"
+TORCH_RUNS = {"pt_L0": ("L0", "statistics"), "pt_mix": ("mix", "tensor")}
+
+
+@pytest.fixture(scope="session")
+def torch_dumps(graph_dumps):
+    """The PyTorch side: the same network dumped by msprobe (L0 statistics, mix tensor), in graph_dumps' store."""
+    if importlib.util.find_spec("torch") is None or msprobe_command() is None:
+        pytest.skip("torch and mindstudio-probe are needed for the PyTorch side")
+    procs = []
+    for run, (level, task) in TORCH_RUNS.items():
+        cmd = [sys.executable, str(GENERATE_TORCH), str(graph_dumps / run), "--level", level, "--task", task]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for p in procs:
+        out = p.communicate(timeout=600)[0]
+        assert p.returncode == 0, out.decode(errors="replace")[-2000:]
+    for run in TORCH_RUNS:
+        ingest(graph_dumps / run, run, store=graph_dumps / "store", jobs=1)
+    return graph_dumps
+
+
+def _verdict(st, target: str, ref: str, exact: bool = False) -> dict:
+    return divergence(compare_runs(st, target, ref, exact=exact)).to_dict()
 
 
 def _store(base: Path):
@@ -331,3 +356,40 @@ def test_kernel_files_dtypes_ranks_and_graphs(tmp_path):
     )
     assert not any("notes" in r["record"] for r in got)
     assert by[(0, "constants_0", "Constant.data-1.0.forward")]["max"] == pytest.approx(1e-5)
+
+
+MODULES = [
+    f"Module.{path}.forward.0"
+    for block in ("b0", "b1")
+    for path in (
+        f"{block}.ln.LayerNorm",
+        f"{block}.fc1.Linear",
+        f"{block}.act.GELU",
+        f"{block}.fc2.Linear",
+        f"{block}.Block",
+    )
+] + ["Module.head.Linear.forward.0"]
+
+
+@pytest.mark.msgraph
+@pytest.mark.parametrize("torch_run", sorted(TORCH_RUNS))
+def test_graph_against_pytorch_modules(torch_dumps, torch_run):
+    """Module outputs pair by path and call: b1's GELU and residual Add run under b0's scope (a shared compiled body)
+    and still pair with b1's modules; a clean pair is quiet within fp32 noise, either way round."""
+    st, exact = _store(torch_dumps), TORCH_RUNS[torch_run][1] == "tensor"
+    rows = compare_runs(st, "ref", torch_run, exact=exact).rows
+    assert rows.filter(pl.col("step") == 0)["record"].unique(maintain_order=True).to_list() == MODULES
+    assert rows.filter(pl.col("step") == 0)["io"].to_list() == ["input", "output"] * len(MODULES)
+    assert rows["status"].to_list() == ["pass"] * 4 * len(MODULES)  # two steps, input 0 and output 0
+    assert rows["err"].max() < 1e-6
+    assert _verdict(st, torch_run, "ref", exact)["first_divergence"] is None
+
+
+@pytest.mark.msgraph
+@pytest.mark.parametrize("torch_run", sorted(TORCH_RUNS))
+def test_graph_against_pytorch_names_the_faulty_module(torch_dumps, torch_run):
+    st, exact = _store(torch_dumps), TORCH_RUNS[torch_run][1] == "tensor"
+    for target, module in (("gelu", "Module.b1.act.GELU.forward.0"), ("weight", "Module.b1.fc1.Linear.forward.0")):
+        v = _verdict(st, target, torch_run, exact)
+        assert (v["first_divergence"]["step"], v["first_divergence"]["op"]) == (0, module), v["first_divergence"]
+        assert v["culprit"]["op"] == module, v["culprit"]

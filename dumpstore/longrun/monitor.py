@@ -105,6 +105,7 @@ def _header(path: Path) -> list[str]:
 _INT_COLUMNS = ("step", "micro_step", "vpp_stage")
 _TEXT_COLUMNS = ("name", "module_name", "scope", "shape", "dtype")
 _DICT = pa.dictionary(pa.int32(), pa.string())
+_BLOCK = 16 << 20  # bytes of CSV per batch (a larger file is read in several)
 _ACT_SUFFIX = r"\.(?:grad_)?(input|output)(?:_grad)?(?:\.\d+)?$"
 _ACT = re.compile(_ACT_SUFFIX)
 _LAST = re.compile(r"\.[^.]+$")
@@ -244,7 +245,7 @@ def _read_file(path: Path, rank: int, layout: str, slug: str, head: tuple[str, .
     try:
         reader = pcsv.open_csv(
             path,
-            read_options=pcsv.ReadOptions(use_threads=False, block_size=16 << 20),
+            read_options=pcsv.ReadOptions(use_threads=False, block_size=_BLOCK),
             convert_options=pcsv.ConvertOptions(
                 column_types=types, include_columns=cols, null_values=[""], strings_can_be_null=True
             ),
@@ -432,18 +433,16 @@ def _shapes(shape: pa.DictionaryArray, dtype: pa.DictionaryArray) -> tuple:
 
 
 def _shape_list(text: str | None) -> list | None:
-    """`[4096, 4096]` -> [4096, 4096]; an element that is not an integer: None; no text: None."""
+    """`[4096, 4096]` -> [4096, 4096], `(2,)` -> [2]; an element that is not an integer: None; no text: None."""
     if text is None:
         return None
     t = text.strip("[]() ")
     if t == "":
         return None
     out: list = []
-    for part in t.split(","):
-        try:
-            out.append(int(part.strip()))
-        except ValueError:
-            out.append(None)
+    for part in (p.strip() for p in t.split(",")):
+        if part:
+            out.append(int(part) if part.lstrip("-").isdigit() else None)
     return out
 
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from ..errors import StoreError
 from ..store import Store, open_store
+from .monitor import SCHEMA as MONITOR_PARTS_SCHEMA
 
 CATALOG = "longruns.parquet"
 BASE = "longrun"
@@ -38,29 +39,9 @@ SCALAR_SCHEMA = pa.schema(
         pa.field("value", pa.float64()),
     ]
 )
+# the monitor table with plain strings (monitor.SCHEMA, the parts' schema, has them dictionary-encoded)
 MONITOR_SCHEMA = pa.schema(
-    [
-        pa.field("rank", pa.int64()),
-        pa.field("step", pa.int64()),
-        pa.field("micro_step", pa.int64()),
-        pa.field("vpp_stage", pa.int64()),
-        pa.field("prefix", pa.string()),
-        pa.field("name", pa.string()),
-        pa.field("module", pa.string()),
-        pa.field("param", pa.string()),
-        pa.field("direction", pa.string()),
-        pa.field("io", pa.string()),
-        pa.field("seq", pa.int32()),
-        pa.field("norm", pa.float64()),
-        pa.field("min", pa.float64()),
-        pa.field("max", pa.float64()),
-        pa.field("mean", pa.float64()),
-        pa.field("zeros", pa.float64()),
-        pa.field("nans", pa.float64()),
-        pa.field("shape", pa.list_(pa.int64())),
-        pa.field("dtype", pa.string()),
-        pa.field("missing", pa.bool_()),
-    ]
+    [pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type) for f in MONITOR_PARTS_SCHEMA]
 )
 SCHEMAS = {"scalars": SCALAR_SCHEMA, "monitor": MONITOR_SCHEMA}
 CATALOG_SCHEMA = pa.schema(

@@ -426,6 +426,7 @@ class CurvesReport:
     mean_abs_diff: float
     culprit: dict[str, Any] | None = None
     dump_verdict: dict[str, Any] | None = None  # the verdict of a dump pair of the flagged steps (--dump-target)
+    msprobe_flagged: list[dict[str, Any]] = field(default_factory=list)  # msprobe's own alarms, per run
     points: dict[str, np.ndarray] | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from dumpstore.longrun.store import read
 from dumpstore.store import Store
 
 from .curves import CurvesError, CurvesReport, Divergence, compare_curves
+from .longrun_anomalies import msprobe_flagged
 
 STATS = ("norm", "max", "min")
 ATOL, RTOL = 2e-6, 1e-6
@@ -74,6 +75,9 @@ def compare_long_runs(
             )
         rep = monitor_only(target, ref, ref2, tag, by)
     rep.culprit = culprit
+    first = (culprit or {}).get("first")
+    focus = (first["prefix"], first["name"]) if first else None
+    rep.msprobe_flagged = [f for f in (msprobe_flagged(store, r, focus) for r in (target, ref)) if f is not None]
     return rep
 
 

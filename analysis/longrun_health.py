@@ -32,6 +32,7 @@ from dumpstore.longrun.store import read
 from dumpstore.store import Store
 
 from .curves import SPIKE_FACTOR, SPIKE_WINDOW, _ffill, _previous_median, find_events, find_spikes, series
+from .longrun_anomalies import msprobe_flagged
 
 
 @dataclass
@@ -48,6 +49,7 @@ class LongRunHealth:
     run: str
     summary: str
     findings: list[Finding] = field(default_factory=list)
+    msprobe_flagged: dict[str, Any] | None = None  # msprobe monitor's own alarms, beside the findings
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,7 +138,7 @@ def long_run_health(store: Store, run: str, *, rank: int | None = None) -> LongR
         out.extend(_update_ratio(monitor))
         if loss is None:
             summary = f"monitor only: {monitor.num_rows} rows"
-    return LongRunHealth(run, summary, out)
+    return LongRunHealth(run, summary, out, msprobe_flagged(store, run))
 
 
 def _grad_norm(gn) -> list[Finding]:

@@ -1,11 +1,18 @@
 """The monitor CSV reader on hand-written TrainerMon and monitor_v2 folders: the values of each derived column,
-seq over a group's files, a file read in several batches, rows without a name or dtype, and bad files."""
+seq over a group's files, a file read in several batches, rows without a name or dtype, and bad files; msprobe's
+anomaly.json (its format from msprobe's AnomalyDataWriter) read in msprobe's order, ingested, and bad ones named."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import math
 
+import pytest
+from click.testing import CliRunner
+
+from dumpstore.cli.main import main
 from dumpstore.longrun import monitor
+from dumpstore.longrun.anomalies import anomaly_files, read_anomalies
 from dumpstore.longrun.monitor import MonitorFormatError, iter_monitor_tables, read_monitor
 from dumpstore.longrun.store import LongRun, read, write
 from dumpstore.store import open_store
@@ -126,3 +133,59 @@ def test_bad_files_name_the_file(tmp_path):
     (d / "actv_0-0.csv").write_text(V1_HEAD + "0,a.output,zero,0,1,2,3,4,5,6,[1],float32\n")
     with pytest.raises(MonitorFormatError, match=r"actv_0-0.csv: not a monitor CSV \(.*int64"):
         read_monitor(tmp_path)
+
+
+def _alarm(tag: str, stat: str, step: int, call: int, value: str = "2.5", **extra) -> dict:
+    msg = (
+        f"Rule AnomalyTurbulence reports anomaly signal in ('{tag}', '{stat}') at step {step}, "
+        f"current value {value}, history mean 1.25."
+    )
+    return {"rank": 1, "step": step, "micro_step": 0, "pp_stage": 0, "vpp_stage": 0, "call_id": call,
+            "tag_name": tag, "message": msg, "group_mates": [0, 1], **extra}  # fmt: skip
+
+
+def test_anomaly_json_in_msprobes_order(tmp_path):
+    d = tmp_path / "monitor" / "anomaly_detected" / "rank1"
+    d.mkdir(parents=True)
+    alarms = [
+        _alarm("0:layers.0.weight/rank1/exp_avg", "norm", 3, 0),  # optimizer stage
+        _alarm("0:layers.0.weight/rank1/post_grad", "mean", 3, 1, value="nan"),  # backward stage
+        _alarm("0:layers.1.output:0/rank1/actv", "norm", 3, 5),  # forward stage: first of step 3
+        _alarm("0:layers.0.weight/rank1/acc_grad", "norm", 2, 7),
+    ]
+    (d / "anomaly.json").write_text(json.dumps({f"k{i}": a for i, a in enumerate(alarms)}))
+    files = anomaly_files(tmp_path / "monitor")
+    assert files == [(d / "anomaly.json", 1)]
+    rows = read_anomalies(files).to_pylist()
+    assert [(r["step"], r["prefix"], r["name"], r["stat"], r["call_id"]) for r in rows] == [
+        (2, "grad_unreduced", "layers.0.weight", "norm", 7),
+        (3, "actv", "layers.1.output", "norm", 5),
+        (3, "grad_reduced", "layers.0.weight", "mean", 1),
+        (3, "exp_avg", "layers.0.weight", "norm", 0),
+    ]
+    assert rows[0]["value"] == 2.5 and rows[0]["history"] == 1.25 and rows[0]["rule"] == "AnomalyTurbulence"
+    assert math.isnan(rows[2]["value"]) and rows[1]["micro_step"] == 0 and rows[1]["rank"] == 1
+
+
+def test_anomaly_json_ingested_and_bad_one_named(tmp_path):
+    d = tmp_path / "monitor" / "anomaly_detected" / "rank0"
+    d.mkdir(parents=True)
+    (d / "anomaly.json").write_text(json.dumps({"a": _alarm("0:x.weight/rank0/post_grad", "norm", 4, 0)}))
+    store = str(tmp_path / "store")
+    r = CliRunner().invoke(main, ["longrun-ingest", str(tmp_path / "monitor"), "--run", "m", "--store", store])
+    assert r.exit_code == 0 and "msprobe_anomalies" in r.output, r.output
+    r = CliRunner().invoke(
+        main, ["query", "select step, prefix, name from monitor_anomalies", "--store", store, "--json"]
+    )
+    assert json.loads(r.output) == [{"step": 4, "prefix": "grad_reduced", "name": "x.weight"}]
+    r = CliRunner().invoke(main, ["curves", "--run", "m", "--health", "--store", store])
+    assert "msprobe flagged (its own alarms, not this verdict): run m: 1 alarms" in r.output, r.output
+    for text, why in (
+        ("{", "not JSON"),
+        ("[1]", "a JSON object of alarms"),
+        ('{"a": {"step": 1}}', "alarm 'a' has no"),
+    ):
+        (d / "anomaly.json").write_text(text)
+        r = CliRunner().invoke(main, ["longrun-ingest", str(tmp_path / "monitor"), "--run", "m", "--store", store])
+        assert r.exit_code == 1 and len(r.output.splitlines()) == 1, r.output
+        assert f"{d / 'anomaly.json'}: " in r.output and why in r.output, r.output

@@ -3,12 +3,13 @@
   <store>/longruns.parquet                              the catalog: one row per long run
   <store>/longrun/scalars/run=<run>/part-<id>.parquet   rank, step, consumed_samples, tag, value
   <store>/longrun/monitor/run=<run>/part-<id>.parquet   the monitor statistics (see longrun.monitor)
+  <store>/longrun/monitor_anomalies/run=<run>/part-<id>.parquet   msprobe monitor's own alarms (longrun.anomalies)
 
 A long run is cataloged apart from the dump runs (runs.parquet): the commands that read dumps never meet a run
 with no tensors, and a name may be both a dump run and a long run (a job's dump and its log). Re-ingesting a
 run replaces it whole (the new files are written first, the catalog row is swapped under a lock, the old files
-are then removed). DuckDB views `scalars`, `monitor` and `longruns` are created in every connection of the
-store (`dumpstore query`).
+are then removed). DuckDB views `scalars`, `monitor`, `monitor_anomalies` and `longruns` are created in every
+connection of the store (`dumpstore query`).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ import pyarrow as pa
 
 from ..errors import StoreError
 from ..store import Store, open_store
+from .anomalies import SCHEMA as ANOMALY_SCHEMA
 from .monitor import SCHEMA as MONITOR_PARTS_SCHEMA
 
 CATALOG = "longruns.parquet"
 BASE = "longrun"
-KINDS = ("scalars", "monitor")
+KINDS = ("scalars", "monitor", "monitor_anomalies")
 
 SCALAR_SCHEMA = pa.schema(
     [
@@ -43,7 +45,7 @@ SCALAR_SCHEMA = pa.schema(
 MONITOR_SCHEMA = pa.schema(
     [pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type) for f in MONITOR_PARTS_SCHEMA]
 )
-SCHEMAS = {"scalars": SCALAR_SCHEMA, "monitor": MONITOR_SCHEMA}
+SCHEMAS = {"scalars": SCALAR_SCHEMA, "monitor": MONITOR_SCHEMA, "monitor_anomalies": ANOMALY_SCHEMA}
 CATALOG_SCHEMA = pa.schema(
     [
         pa.field("run", pa.string()),
@@ -70,6 +72,7 @@ class LongRun:
     scalars: pa.Table | None = None
     monitor: pa.Table | None = None
     monitor_roots: list[Path] = field(default_factory=list)  # monitor output folders, read while written
+    anomalies: pa.Table | None = None  # msprobe monitor's own alarms (anomaly_detected/rank<r>/anomaly.json)
     formats: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
 
@@ -132,7 +135,7 @@ def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
         kinds, written = [], []
         try:
             stats: dict[str, Any] = {}
-            for kind, table in (("scalars", lr.scalars), ("monitor", lr.monitor)):
+            for kind, table in (("scalars", lr.scalars), ("monitor", lr.monitor), ("monitor_anomalies", lr.anomalies)):
                 if table is None or table.num_rows == 0:
                     continue
                 dest = store.root / BASE / kind / f"run={lr.run}" / f"part-{ingest_id}.parquet"

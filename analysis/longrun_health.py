@@ -56,13 +56,13 @@ class LongRunHealth:
 
 
 def _runs_of(mask: np.ndarray, length: int) -> int | None:
-    """Index where the first run of `length` True values starts."""
-    run = 0
-    for i, m in enumerate(mask):
-        run = run + 1 if m else 0
-        if run >= length:
-            return i - length + 1
-    return None
+    """Index where the first run of `length` True values starts (the first window of `length` all True)."""
+    mask = np.asarray(mask, bool)
+    if length <= 0 or len(mask) < length:
+        return None
+    c = np.concatenate([[0], np.cumsum(mask)])
+    full = np.flatnonzero(c[length:] - c[:-length] == length)
+    return int(full[0]) if len(full) else None
 
 
 def long_run_health(store: Store, run: str, *, rank: int | None = None) -> LongRunHealth:

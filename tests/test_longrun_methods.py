@@ -1,5 +1,5 @@
 """The vectorised parts of `curves` give the answers of their plain definitions: the EMA z-score spikes against
-the step-by-step recursion, the change points against ruptures' public KernelCPD, the per-tag series against
+the step-by-step recursion, the change points against ruptures. public KernelCPD, the per-tag series against
 a row-by-row filter; and `curves` loads neither scipy nor pandas (ruptures' C solver is loaded on its own)."""
 
 from __future__ import annotations
@@ -127,3 +127,21 @@ def test_curves_loads_neither_scipy_nor_pandas():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert 1995 <= int(out[0]) <= 2010  # the shift at 2001, found by the change points
     assert out[1:] == ["[]"]
+
+
+def test_runs_of_is_the_first_full_window():
+    from dumpstore.analysis.longrun_health import _runs_of
+
+    def loop(mask, length):
+        run = 0
+        for i, m in enumerate(mask):
+            run = run + 1 if m else 0
+            if run >= length:
+                return i - length + 1
+        return None
+
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        mask = rng.random(int(rng.integers(0, 80))) < rng.random()
+        length = int(rng.integers(1, 12))
+        assert _runs_of(mask, length) == loop(mask, length)

@@ -394,7 +394,7 @@ def _derive_name(prefix: str | None, name: str) -> tuple:
     else:
         direction = "other"
     got = (module, None if act else name, direction, io)
-    if len(_DERIVED) < 1_000_000:
+    if len(_DERIVED) < 200_000:  # a bounded cache: a run has thousands of names, not millions
         _DERIVED[key] = got
     return got
 

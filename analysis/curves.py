@@ -35,7 +35,6 @@ The method (docs/longrun.md has the walkthrough):
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,6 +43,8 @@ import numpy as np
 import pyarrow as pa
 
 from dumpstore.errors import DumpstoreError
+
+from .curves_kernels import _by_tag, ema_outliers, kernel_cpd_l2
 
 FIRST_STEP_ABS, FIRST_STEP_REL = 0.005, 0.005
 MEAN_ABS, MEAN_REL = 0.01, 0.01
@@ -65,72 +66,6 @@ class Series:
     x: np.ndarray  # steps (int64)
     v: np.ndarray  # values (float64)
     samples: np.ndarray | None = None  # consumed samples per step (float64, NaN where unknown)
-
-
-class _Tags:
-    """A scalars table's rows by tag: the tag column dictionary-encoded once, each tag's rows (rank, step,
-    consumed_samples, value as numpy arrays, in table order) taken when first asked for; no per-row Python."""
-
-    def __init__(self, scalars: pa.Table):
-        import pyarrow.compute as pc
-
-        self.table = scalars
-        self.cols: dict[str, np.ndarray] = {}
-        self.codes = np.zeros(0, np.int64)
-        self.index: dict[str, int] = {}
-        self.parts: dict[str, dict[str, np.ndarray] | None] = {}
-        if scalars.num_rows:
-            enc = pc.dictionary_encode(scalars.column("tag")).combine_chunks()
-            self.codes = _numpy(enc.indices, np.int64, -1)
-            self.index = {t: k for k, t in enumerate(enc.dictionary.to_pylist())}
-
-    def get(self, tag: str) -> dict[str, np.ndarray] | None:
-        if tag not in self.parts:
-            k = self.index.get(tag)
-            if k is None:
-                self.parts[tag] = None
-            else:
-                if not self.cols:
-                    t = self.table
-                    self.cols = {
-                        "rank": _numpy(t.column("rank"), np.int64, 0),
-                        "step": _numpy(t.column("step"), np.int64, 0),
-                        "consumed_samples": _numpy(t.column("consumed_samples"), np.float64, np.nan),
-                        "value": _numpy(t.column("value"), np.float64, np.nan),
-                    }
-                rows = np.flatnonzero(self.codes == k)
-                self.parts[tag] = {c: a[rows] for c, a in self.cols.items()}
-        return self.parts[tag]
-
-
-_SPLIT: list[_Tags] = []  # the last few scalars tables, by tag (series is asked ~10 times per table)
-
-
-def _by_tag(scalars: pa.Table) -> _Tags:
-    for tags in _SPLIT:
-        if tags.table is scalars:
-            return tags
-    tags = _Tags(scalars)
-    _SPLIT.append(tags)
-    del _SPLIT[:-4]
-    return tags
-
-
-def _numpy(col: Any, dtype: Any, null: Any) -> np.ndarray:
-    """A numeric column (Array or ChunkedArray) as a numpy array of `dtype` (int64 or float64), nulls as `null`.
-    Read from the Arrow buffer: pyarrow's to_numpy and __array__ import pandas (0.3-0.5 s)."""
-    import pyarrow.compute as pc
-
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    want = pa.float64() if dtype is np.float64 else pa.int64()
-    if col.type != want:
-        col = pc.cast(col, want)
-    if col.null_count:
-        col = pc.fill_null(col, null)
-    if len(col) == 0:
-        return np.zeros(0, dtype)
-    return np.frombuffer(col.buffers()[1], dtype=dtype, count=len(col), offset=col.offset * 8).copy()
 
 
 def series(scalars: pa.Table, tag: str, rank: int | None = None) -> Series | None:
@@ -296,77 +231,13 @@ def change_points(d: np.ndarray, sigma: np.ndarray, max_blocks: int = 2000) -> l
     sig_b = float(np.median(sigma)) / math.sqrt(block)
     scale = sig_b if sig_b > 0 else (float(np.std(means)) or 1.0)
     sig = (means / scale).reshape(-1, 1)
-    bkps = kernel_cpd_l2(sig, pen=3.0 * math.log(nb) * 2)
+    try:
+        bkps = kernel_cpd_l2(sig, pen=3.0 * math.log(nb) * 2)
+    except ImportError:
+        raise CurvesError(
+            "change-point detection needs ruptures: pip install 'dumpstore[longrun]' (or pip install ruptures)"
+        ) from None
     return [b * block for b in bkps[:-1]]
-
-
-def kernel_cpd_l2(signal: np.ndarray, pen: float, min_size: int = 2) -> list[int]:
-    """`ruptures.KernelCPD(kernel="linear", min_size=min_size).fit(signal).predict(pen=pen)`: the breakpoints
-    (segment ends, the last one len(signal)) of ruptures' C Pelt solver for the linear kernel.
-
-    The solver (`ruptures.detection._detection.ekcpd`, a C extension needing only numpy) is loaded on its own:
-    `import ruptures` imports all of ruptures' cost functions and with them scipy.stats, scipy.signal and
-    scipy.spatial (about 1 s of CPU, more than the rest of `curves`). Where that extension is not found (another
-    ruptures layout) the public API is used."""
-    sig = np.ascontiguousarray(signal, dtype=np.float64).reshape(len(signal), -1)
-    ek = _ekcpd()
-    if ek is None:
-        try:
-            import ruptures as rpt
-        except ImportError:
-            raise CurvesError(
-                "change-point detection needs ruptures: pip install 'dumpstore[longrun]' (or pip install ruptures)"
-            ) from None
-        return [int(b) for b in rpt.KernelCPD(kernel="linear", min_size=min_size, jump=1).fit(sig).predict(pen=pen)]
-    if len(sig) < 2 * min_size:  # ruptures' sanity check for one change: no segmentation possible
-        return [len(sig)]
-    path = ek.ekcpd_pelt_L2(sig, float(pen), int(min_size))
-    out, i = [], len(sig)
-    while i > 0:
-        out.append(int(i))
-        i = int(path[i])
-    return out[::-1]
-
-
-_EKCPD: list[Any] = []
-
-
-def _ekcpd() -> Any:
-    """ruptures' compiled kernel change-point module, loaded without importing the ruptures package; None where
-    ruptures is not installed in the expected layout."""
-    if _EKCPD:
-        return _EKCPD[0]
-    import importlib.machinery
-    import importlib.util
-    import sys
-
-    name = "ruptures.detection._detection.ekcpd"
-    mod = sys.modules.get(name)
-    if mod is None:
-        try:
-            spec = importlib.util.find_spec("ruptures")
-        except (ImportError, ValueError):
-            spec = None
-        locations = list(spec.submodule_search_locations or []) if spec is not None else []
-        for loc in locations:
-            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-                path = os.path.join(loc, "detection", "_detection", "ekcpd" + suffix)
-                if not os.path.isfile(path):
-                    continue
-                try:
-                    ext = importlib.util.spec_from_file_location(name, path)
-                    assert ext is not None and ext.loader is not None
-                    mod = importlib.util.module_from_spec(ext)
-                    ext.loader.exec_module(mod)
-                except Exception:  # noqa: BLE001 - a broken build: the public API decides
-                    mod = None
-                break
-            if mod is not None:
-                break
-    if mod is not None and not hasattr(mod, "ekcpd_pelt_L2"):
-        mod = None
-    _EKCPD.append(mod)
-    return mod
 
 
 @dataclass
@@ -597,7 +468,7 @@ def find_spikes(s: Series, run: str) -> list[Spike]:
         for i in hit[hit >= 10]:
             med = float(base[i])
             hits[int(i)] = Spike(run, int(s.x[i]), float(v[i]), med, "factor10", float(v[i] / med))
-        for i, x, mean, z in ema_outliers(v):
+        for i, x, mean, z in ema_outliers(v, EMA_SPAN, EMA_Z):
             if i not in hits:
                 hits[i] = Spike(run, int(s.x[i]), x, mean, "ema_z", z)
     merged: list[Spike] = []
@@ -610,50 +481,6 @@ def find_spikes(s: Series, run: str) -> list[Spike]:
             merged.append(hits[i])
         last = i
     return merged
-
-
-def ema_outliers(v: np.ndarray, span: int = EMA_SPAN, zmax: float = EMA_Z, chunk: int = 512) -> list[tuple]:
-    """(index, value, EMA mean, z) of each value of `v` above its exponential mean by more than `zmax` exponential
-    standard deviations (span `span`; from the 21st finite value on, while the variance is positive). An outlier
-    does not update the mean and variance; non-finite values are skipped.
-
-    The recursion, for each accepted value x (the first sets the mean): delta = x - mean, mean += a delta,
-    var = (1 - a)(var + a delta^2), a = 2 / (span + 1). It is linear in the accepted values, so it is evaluated
-    `chunk` values at a time with cumulative sums (weights b^-k, b = 1 - a, stay below e^(a chunk)); at the first
-    outlier of a chunk the state is taken from just before it and the next chunk starts after it. Exact for a
-    constant stretch (its deviations from the mean are zero); otherwise equal to the step-by-step loop to
-    rounding."""
-    idx = np.flatnonzero(np.isfinite(v))
-    y = v[idx].astype(np.float64)
-    n = len(y)
-    out: list[tuple] = []
-    if n == 0:
-        return out
-    a = 2.0 / (span + 1)
-    b = 1.0 - a
-    powers = b ** np.arange(chunk + 1)  # b^k
-    mean, var, seen, p = float(y[0]), 0.0, 1, 1
-    while p < n:
-        seg = y[p : p + chunk]
-        m = len(seg)
-        dev = seg - mean
-        # mean before the k-th value of the chunk: mean + a sum_{i<k} b^(k-1-i) dev_i
-        acc = np.concatenate([[0.0], np.cumsum(dev / powers[1 : m + 1])])
-        means = mean + a * powers[: m + 1] * acc
-        delta = seg - means[:m]
-        accv = np.concatenate([[0.0], np.cumsum(delta * delta / powers[:m])])
-        vars_ = powers[: m + 1] * (var + a * accv)  # var before the k-th value: b^k var + a sum_{i<k} b^(k-i) d_i^2
-        checked = (seen + np.arange(m) >= 20) & (vars_[:m] > 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            z = np.where(checked, delta / np.sqrt(np.where(checked, vars_[:m], 1.0)), -np.inf)
-        hit = np.flatnonzero(z > zmax)
-        if len(hit) == 0:
-            mean, var, seen, p = float(means[m]), float(vars_[m]), seen + m, p + m
-            continue
-        j = int(hit[0])
-        out.append((int(idx[p + j]), float(seg[j]), float(means[j]), float(z[j])))
-        mean, var, seen, p = float(means[j]), float(vars_[j]), seen + j, p + j + 1
-    return out
 
 
 def _ffill(v: np.ndarray) -> np.ndarray:

@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dumpstore.analysis.curves import EMA_SPAN, EMA_Z, ema_outliers, kernel_cpd_l2, series
+from dumpstore.analysis.curves import EMA_SPAN, EMA_Z, series
+from dumpstore.analysis.curves_kernels import ema_outliers, kernel_cpd_l2
 
 
 def _ema_loop(v: np.ndarray) -> list[tuple]:
@@ -60,7 +61,7 @@ def _curves(seed: int) -> list[np.ndarray]:
 def test_ema_outliers_equal_the_recursion():
     hits = 0
     for v in _curves(1):
-        fast, slow = ema_outliers(v), _ema_loop(v)
+        fast, slow = ema_outliers(v, EMA_SPAN, EMA_Z), _ema_loop(v)
         assert [h[0] for h in fast] == [h[0] for h in slow]
         for a, b in zip(fast, slow):
             assert a[1] == b[1]

@@ -11,23 +11,31 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from dumpstore.longrun.arrow import codes, to_numpy
+
 
 class _Tags:
-    """A scalars table's rows by tag: the tag column dictionary-encoded once, each tag's rows (rank, step,
-    consumed_samples, value as numpy arrays, in table order) taken when first asked for; no per-row Python."""
+    """A scalars table's rows by tag: the tag column's dictionary codes (as stored, or encoded once), each tag's
+    rows (rank, step, consumed_samples, value as numpy arrays, in table order) taken when first asked for; no
+    per-row Python."""
 
     def __init__(self, scalars: pa.Table):
-        import pyarrow.compute as pc
-
         self.table = scalars
         self.cols: dict[str, np.ndarray] = {}
         self.codes = np.zeros(0, np.int64)
         self.index: dict[str, int] = {}
         self.parts: dict[str, dict[str, np.ndarray] | None] = {}
-        if scalars.num_rows:
-            enc = pc.dictionary_encode(scalars.column("tag")).combine_chunks()
-            self.codes = _numpy(enc.indices, np.int64, -1)
-            self.index = {t: k for k, t in enumerate(enc.dictionary.to_pylist())}
+        if scalars.num_rows == 0:
+            return
+        tag = scalars.column("tag")
+        if pa.types.is_dictionary(tag.type):  # read so from Parquet (store.read): no hashing
+            tag = pa.Table.from_arrays([tag], ["tag"]).unify_dictionaries().column("tag")
+        else:
+            import pyarrow.compute as pc
+
+            tag = pc.dictionary_encode(tag)
+        self.codes = np.concatenate([codes(c) for c in tag.chunks])
+        self.index = {t: k for k, t in enumerate(tag.chunk(0).dictionary.to_pylist())}
 
     def get(self, tag: str) -> dict[str, np.ndarray] | None:
         if tag not in self.parts:
@@ -38,10 +46,10 @@ class _Tags:
                 if not self.cols:
                     t = self.table
                     self.cols = {
-                        "rank": _numpy(t.column("rank"), np.int64, 0),
-                        "step": _numpy(t.column("step"), np.int64, 0),
-                        "consumed_samples": _numpy(t.column("consumed_samples"), np.float64, np.nan),
-                        "value": _numpy(t.column("value"), np.float64, np.nan),
+                        "rank": to_numpy(t.column("rank"), np.int64, 0),
+                        "step": to_numpy(t.column("step"), np.int64, 0),
+                        "consumed_samples": to_numpy(t.column("consumed_samples"), np.float64, np.nan),
+                        "value": to_numpy(t.column("value"), np.float64, np.nan),
                     }
                 rows = np.flatnonzero(self.codes == k)
                 self.parts[tag] = {c: a[rows] for c, a in self.cols.items()}
@@ -59,23 +67,6 @@ def _by_tag(scalars: pa.Table) -> _Tags:
     _SPLIT.append(tags)
     del _SPLIT[:-4]
     return tags
-
-
-def _numpy(col: Any, dtype: Any, null: Any) -> np.ndarray:
-    """A numeric column (Array or ChunkedArray) as a numpy array of `dtype` (int64 or float64), nulls as `null`.
-    Read from the Arrow buffer: pyarrow's to_numpy and __array__ import pandas (0.3-0.5 s)."""
-    import pyarrow.compute as pc
-
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    want = pa.float64() if dtype is np.float64 else pa.int64()
-    if col.type != want:
-        col = pc.cast(col, want)
-    if col.null_count:
-        col = pc.fill_null(col, null)
-    if len(col) == 0:
-        return np.zeros(0, dtype)
-    return np.frombuffer(col.buffers()[1], dtype=dtype, count=len(col), offset=col.offset * 8).copy()
 
 
 def ema_outliers(v: np.ndarray, span: int, zmax: float, chunk: int = 512) -> list[tuple]:

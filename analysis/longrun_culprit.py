@@ -50,8 +50,8 @@ def compare_long_runs(
     monitor_offset: int = 1,
 ) -> CurvesReport:
     """`curves` of two long runs, with the monitor culprit when both have monitor data."""
-    st, sr = read(store, "scalars", target), read(store, "scalars", ref)
-    s2 = read(store, "scalars", ref2) if ref2 is not None else None
+    st, sr = read(store, "scalars", target, dictionary=["tag"]), read(store, "scalars", ref, dictionary=["tag"])
+    s2 = read(store, "scalars", ref2, dictionary=["tag"]) if ref2 is not None else None
     if st.num_rows and sr.num_rows:
         rep = compare_curves(
             st, sr, s2 if s2 is not None and s2.num_rows else None, names=(target, ref, ref2), tag=tag, by=by, rank=rank

@@ -66,7 +66,7 @@ def _runs_of(mask: np.ndarray, length: int) -> int | None:
 
 
 def long_run_health(store: Store, run: str, *, rank: int | None = None) -> LongRunHealth:
-    scalars = read(store, "scalars", run)
+    scalars = read(store, "scalars", run, dictionary=["tag"])
     monitor = read(store, "monitor", run)
     out: list[Finding] = []
     loss = series(scalars, "loss", rank) if scalars.num_rows else None

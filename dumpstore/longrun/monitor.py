@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import DumpstoreError
+from .arrow import bool_array, codes, int_array, strings
 
 PREFIXES = (
     "actv",
@@ -228,7 +229,7 @@ class _Seq:
 def _with_seq(table: pa.Table, pairs: list[tuple], pair_idx: np.ndarray, seq: _Seq) -> pa.Table:
     """The table with its seq column, counted over the group's files so far."""
     valid = pair_idx >= 0
-    col = _int_array(seq.codes(pairs)[pair_idx], pa.int32(), None if valid.all() else valid)
+    col = int_array(seq.codes(pairs)[pair_idx], pa.int32(), None if valid.all() else valid)
     return table.set_column(SCHEMA.get_field_index("seq"), "seq", col)
 
 
@@ -271,15 +272,15 @@ def _piece(batch: pa.RecordBatch, rank: int, layout: str, slug: str) -> tuple:
 
     name = col("name" if layout == "v1" else "module_name", _DICT)
     if layout == "v1":
-        prefix = pa.DictionaryArray.from_arrays(_int_array(np.zeros(n, np.int32), pa.int32()), _strings([slug]))
+        prefix = pa.DictionaryArray.from_arrays(int_array(np.zeros(n, np.int32), pa.int32()), strings([slug]))
     else:
         scope = col("scope", _DICT)
         mapped = [None if v is None else _V2_SCOPE.get((slug, v), v) for v in scope.dictionary.to_pylist()]
-        prefix = pa.DictionaryArray.from_arrays(scope.indices, _strings(mapped))
+        prefix = pa.DictionaryArray.from_arrays(scope.indices, strings(mapped))
     pairs, pair_idx, derived = _names(prefix, name)
     shape, dtype, missing = _shapes(col("shape", _DICT), col("dtype", _DICT))
     arrays = {
-        "rank": _int_array(np.full(n, rank, np.int64), pa.int64()),
+        "rank": int_array(np.full(n, rank, np.int64), pa.int64()),
         "step": col("step", pa.int64()),
         "micro_step": col("micro_step", pa.int64()),
         "vpp_stage": col("vpp_stage", pa.int64()),
@@ -301,8 +302,8 @@ def _names(prefix: pa.DictionaryArray, name: pa.DictionaryArray) -> tuple[list[t
     and taken by the rows as dictionary codes."""
     pnames = prefix.dictionary.to_pylist()
     nnames = name.dictionary.to_pylist()
-    pi = _codes(prefix.indices)
-    ni = _codes(name.indices)
+    pi = codes(prefix)
+    ni = codes(name)
     key = None
     # one prefix (TrainerMon) and the name dictionary in order of first appearance (Arrow's CSV reader builds it
     # so): the pairs are the dictionary, the rows' codes their index
@@ -326,7 +327,7 @@ def _names(prefix: pa.DictionaryArray, name: pa.DictionaryArray) -> tuple[list[t
     cols = {}
     for c, (values, known) in dicts.items():  # a pair without the value (no param of an activation): null code
         valid = has if known[:-1].all() else has & known[code]
-        cols[c] = pa.DictionaryArray.from_arrays(_int_array(code, pa.int32(), None if valid.all() else valid), values)
+        cols[c] = pa.DictionaryArray.from_arrays(int_array(code, pa.int32(), None if valid.all() else valid), values)
     return pairs, pair_idx, cols
 
 
@@ -341,7 +342,7 @@ def _derived_dictionaries(pairs: list[tuple]) -> dict[str, tuple[pa.Array, np.nd
     for k, c in enumerate(("module", "param", "direction", "io")):
         values = [d[k] for d in derived]
         known = np.array([v is not None for v in values] + [False])
-        out[c] = (_strings(["" if v is None else v for v in values]), known)
+        out[c] = (strings(["" if v is None else v for v in values]), known)
     return out
 
 
@@ -404,15 +405,15 @@ def _shapes(shape: pa.DictionaryArray, dtype: pa.DictionaryArray) -> tuple:
     of nan strings) of each row, worked out once per distinct text."""
     dvals = dtype.dictionary.to_pylist()
     miss_of = np.array([d is None or d.lower() in ("nan", "") for d in dvals] + [True])
-    di = _codes(dtype.indices)
+    di = codes(dtype)
     missing = miss_of[di]  # -1 (null dtype): the last entry, missing
     canon = [None if d is None else re.sub(r"^torch\.", "", d) for d in dvals]
     dvalid = ~missing
-    d_idx = _int_array(np.where(dvalid, di, 0).astype(np.int32), pa.int32(), None if dvalid.all() else dvalid)
+    d_idx = int_array(np.where(dvalid, di, 0).astype(np.int32), pa.int32(), None if dvalid.all() else dvalid)
     # a missing entry's text (`nan`) never becomes a dictionary value: map it to the first kept one, masked
-    dtype_out = pa.DictionaryArray.from_arrays(d_idx, _strings([c if c is not None else "" for c in canon]))
+    dtype_out = pa.DictionaryArray.from_arrays(d_idx, strings([c if c is not None else "" for c in canon]))
     lists = [_shape_list(s) for s in shape.dictionary.to_pylist()]
-    si = _codes(shape.indices)
+    si = codes(shape)
     svalid = (si >= 0) & ~missing
     ok = np.array([v is not None for v in lists] + [False])
     svalid &= ok[si]
@@ -421,15 +422,15 @@ def _shapes(shape: pa.DictionaryArray, dtype: pa.DictionaryArray) -> tuple:
     for k, v in enumerate(lists):
         flat += v or []
         offsets[k + 1] = len(flat)
-    values = _int_array(
+    values = int_array(
         np.array([0 if x is None else x for x in flat], np.int64),
         pa.int64(),
         None if all(x is not None for x in flat) else np.array([x is not None for x in flat]),
     )
-    uniques = pa.ListArray.from_arrays(_int_array(offsets, pa.int32()), values)
-    take = _int_array(np.where(svalid, si, 0).astype(np.int32), pa.int32(), None if svalid.all() else svalid)
+    uniques = pa.ListArray.from_arrays(int_array(offsets, pa.int32()), values)
+    take = int_array(np.where(svalid, si, 0).astype(np.int32), pa.int32(), None if svalid.all() else svalid)
     shape_out = uniques.take(take) if len(lists) else pa.nulls(len(si), pa.list_(pa.int64()))
-    return shape_out, dtype_out, _bool_array(missing)
+    return shape_out, dtype_out, bool_array(missing)
 
 
 def _shape_list(text: str | None) -> list | None:
@@ -444,46 +445,3 @@ def _shape_list(text: str | None) -> list | None:
         if part:
             out.append(int(part) if part.lstrip("-").isdigit() else None)
     return out
-
-
-def _codes(indices: pa.Array) -> np.ndarray:
-    """Dictionary codes as int64 numpy, -1 for a null."""
-    if len(indices) == 0:
-        return np.zeros(0, np.int64)
-    raw = np.frombuffer(indices.buffers()[1], np.int32, len(indices), indices.offset * 4).astype(np.int64)
-    if indices.null_count:
-        raw[~_valid(indices)] = -1
-    return raw
-
-
-def _valid(arr: pa.Array) -> np.ndarray:
-    bits = arr.buffers()[0]
-    if bits is None:
-        return np.ones(len(arr), bool)
-    return np.unpackbits(np.frombuffer(bits, np.uint8), bitorder="little")[arr.offset : arr.offset + len(arr)].astype(
-        bool
-    )
-
-
-# Arrow arrays built from numpy buffers: pyarrow's pa.array and pa.scalar import pandas (0.3-0.5 s)
-def _int_array(values: np.ndarray, typ: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
-    values = np.ascontiguousarray(values)
-    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    nulls = -1 if valid is None else int(len(valid) - valid.sum())
-    return pa.Array.from_buffers(typ, len(values), [bitmap, pa.py_buffer(values)], null_count=nulls)
-
-
-def _bool_array(values: np.ndarray) -> pa.Array:
-    return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(np.packbits(values, bitorder="little"))])
-
-
-def _strings(values: list[str | None]) -> pa.Array:
-    """A string array (None: null)."""
-    data = [b"" if v is None else v.encode("utf-8") for v in values]
-    offsets = np.zeros(len(data) + 1, np.int32)
-    np.cumsum([len(b) for b in data], out=offsets[1:])
-    valid = np.array([v is not None for v in values], bool)
-    bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(
-        pa.string(), len(values), [bitmap, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
-    )

@@ -111,15 +111,16 @@ def files(store: Store, kind: str, runs: list[str] | None = None) -> list[str]:
     return out
 
 
-def read(store: Store, kind: str, run: str) -> pa.Table:
-    """The `kind` table of one long run (empty with the schema when the run has none)."""
+def read(store: Store, kind: str, run: str, *, dictionary: list[str] | None = None) -> pa.Table:
+    """The `kind` table of one long run (empty with the schema when the run has none); the `dictionary`
+    columns dictionary-encoded, as Parquet stores them (no hashing of a tag per row)."""
     from ..parquetio import read_table
 
     row = run_row(store, run)
     parts = _parts(store, kind, run, row["ingest_id"]) if kind in (row["kinds"] or []) else []
     if not parts:
         return SCHEMAS[kind].empty_table()
-    tables = [read_table(p) for p in parts]
+    tables = [read_table(p, read_dictionary=dictionary) for p in parts]
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..arrays import to_arrow
 from ..errors import DumpstoreError
 from .arrow import bool_array, codes, int_array, strings
 
@@ -414,22 +415,20 @@ def _shapes(shape: pa.DictionaryArray, dtype: pa.DictionaryArray) -> tuple:
     dtype_out = pa.DictionaryArray.from_arrays(d_idx, strings([c if c is not None else "" for c in canon]))
     lists = [_shape_list(s) for s in shape.dictionary.to_pylist()]
     si = codes(shape)
-    svalid = (si >= 0) & ~missing
     ok = np.array([v is not None for v in lists] + [False])
-    svalid &= ok[si]
-    offsets = np.zeros(len(lists) + 1, np.int32)
-    flat: list = []
-    for k, v in enumerate(lists):
-        flat += v or []
-        offsets[k + 1] = len(flat)
-    values = int_array(
-        np.array([0 if x is None else x for x in flat], np.int64),
-        pa.int64(),
-        None if all(x is not None for x in flat) else np.array([x is not None for x in flat]),
-    )
-    uniques = pa.ListArray.from_arrays(int_array(offsets, pa.int32()), values)
-    take = int_array(np.where(svalid, si, 0).astype(np.int32), pa.int32(), None if svalid.all() else svalid)
-    shape_out = uniques.take(take) if len(lists) else pa.nulls(len(si), pa.list_(pa.int64()))
+    svalid = (si >= 0) & ~missing & ok[si]
+    # each row's list gathered from the distinct shapes' flat values (no pyarrow.compute)
+    ulen = np.array([len(v or []) for v in lists] + [0], np.int64)
+    ustart = np.concatenate([[0], np.cumsum(ulen)])
+    flat = [x for v in lists for x in (v or [])]
+    uvals = np.array([0 if x is None else x for x in flat], np.int64)
+    uknown = np.array([x is not None for x in flat], bool)
+    lens = np.where(svalid, ulen[si], 0)
+    offsets = np.zeros(len(si) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    gather = np.repeat(np.where(svalid, ustart[si], 0) - offsets[:-1], lens) + np.arange(offsets[-1])
+    values = to_arrow(uvals[gather], pa.int64(), None if uknown.all() else ~uknown[gather])
+    shape_out = to_arrow(offsets.astype(np.int32), pa.list_(pa.int64()), ~svalid, child=values)
     return shape_out, dtype_out, bool_array(missing)
 
 

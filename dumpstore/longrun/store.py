@@ -178,9 +178,10 @@ def _write_monitor(
     prefix, header) group of files, a new one after `max_rows` rows), row groups of ~256k rows, written while the
     next files are parsed; returns rows, steps, ranks. The text columns are dictionary-encoded, the statistics
     plain (a float column's dictionary never pays: the writer would build it and drop it)."""
-    import pyarrow.compute as pc
+    import numpy as np
 
     from ..parquetio import Writer
+    from .arrow import to_numpy
     from .monitor import SCHEMA, TEXT_COLUMNS, iter_monitor_tables
 
     rows, lo, hi, ranks = 0, None, None, set()
@@ -223,8 +224,8 @@ def _write_monitor(
                 state["rows"] += table.num_rows
                 if sum(t.num_rows for t in buf) >= _ROW_GROUP:
                     flush()
-                mm = pc.min_max(table.column("step"))
-                a, b = mm["min"].as_py(), mm["max"].as_py()
+                steps = to_numpy(table.column("step"), np.float64, np.nan)
+                a, b = (int(np.nanmin(steps)), int(np.nanmax(steps))) if (steps == steps).any() else (None, None)
                 lo = a if lo is None or (a is not None and a < lo) else lo
                 hi = b if hi is None or (b is not None and b > hi) else hi
                 ranks.add(key[0])
@@ -240,18 +241,20 @@ _ROW_GROUP = 1 << 18
 
 
 def _row(lr: LongRun, ingest_id: str, kinds: list[str], stats: dict[str, Any]) -> dict[str, Any]:
-    import pyarrow.compute as pc
-
     steps: list[int] = []
     ranks: set[int] = set(stats.get("ranks", ()))
     tags: list[str] = []
     for table in (lr.scalars, lr.monitor):
         if table is not None and table.num_rows:
+            import pyarrow.compute as pc  # (not for a monitor folder: streamed, counted by _write_monitor)
+
             mm = pc.min_max(table.column("step"))
             steps += [mm["min"].as_py(), mm["max"].as_py()]
             ranks |= set(pc.unique(table.column("rank")).to_pylist())
     steps += [v for v in (stats.get("lo"), stats.get("hi")) if v is not None]
     if lr.scalars is not None and lr.scalars.num_rows:
+        import pyarrow.compute as pc
+
         tags = sorted(pc.unique(lr.scalars.column("tag")).to_pylist())
     n_monitor = lr.monitor.num_rows if lr.monitor is not None else stats.get("rows", 0)
     return {

@@ -122,14 +122,17 @@ def kernel_cpd_l2(signal: np.ndarray, pen: float, min_size: int = 2) -> list[int
     scipy.spatial (about 1 s of CPU, more than the rest of `curves`). Where that extension is not found (another
     ruptures layout) the public API is used."""
     sig = np.ascontiguousarray(signal, dtype=np.float64).reshape(len(signal), -1)
+    if len(sig) < 2 * min_size:  # ruptures' sanity check for one change: no segmentation possible
+        return [len(sig)]
     ek = _ekcpd()
-    if ek is None:  # ImportError without ruptures
+    try:
+        path = ek.ekcpd_pelt_L2(sig, float(pen), int(min_size)) if ek is not None else None
+    except TypeError:  # another signature: the public API
+        path = None
+    if path is None:  # ImportError without ruptures
         import ruptures as rpt
 
         return [int(b) for b in rpt.KernelCPD(kernel="linear", min_size=min_size, jump=1).fit(sig).predict(pen=pen)]
-    if len(sig) < 2 * min_size:  # ruptures' sanity check for one change: no segmentation possible
-        return [len(sig)]
-    path = ek.ekcpd_pelt_L2(sig, float(pen), int(min_size))
     out, i = [], len(sig)
     while i > 0:
         out.append(int(i))

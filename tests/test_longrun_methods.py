@@ -85,6 +85,17 @@ def test_kernel_cpd_equals_ruptures():
     assert kernel_cpd_l2(np.zeros((3, 1)), 1.0) == [3]  # too short for a change (ruptures raises)
 
 
+def test_kernel_cpd_without_the_compiled_module(monkeypatch):
+    """Where ruptures' C module is not where it is looked for, the public API gives the answer."""
+    pytest.importorskip("ruptures")
+    from dumpstore.analysis import curves_kernels
+
+    sig = np.concatenate([np.zeros(50), np.ones(50) * 3.0]).reshape(-1, 1)
+    direct = kernel_cpd_l2(sig, 5.0)
+    monkeypatch.setattr(curves_kernels, "_EKCPD", [None])
+    assert kernel_cpd_l2(sig, 5.0) == direct == [50, 100]
+
+
 def test_series_by_tag_equals_a_row_filter():
     rows = []
     rng = np.random.default_rng(5)

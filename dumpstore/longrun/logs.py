@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..errors import DumpstoreError
+from .store import SCALAR_SCHEMA
 
 FAMILIES = ("megatron", "mindformers", "hf", "pattern")
 
@@ -175,7 +176,7 @@ def _megatron_columnar(lines: list[str], rank: int) -> pa.Table:
     keys = df.get_column("key").unique().to_list()
     df = df.with_columns(pl.col("key").replace_strict({k: canonical_tag(k) for k in keys}).alias("tag"))
     out = df.select(pl.lit(rank, pl.Int64).alias("rank"), "step", "consumed_samples", "tag", "value")
-    return out.to_arrow().cast(Rows().table(rank).schema)
+    return out.to_arrow().cast(SCALAR_SCHEMA)  # (not a Rows table's: pa.array imports pandas)
 
 
 def _mindformers(m: re.Match) -> tuple[int, int | None, list[tuple[str, float]]]:

@@ -14,7 +14,7 @@ from dumpstore.cli.main import main
 from dumpstore.longrun import monitor
 from dumpstore.longrun.anomalies import anomaly_files, read_anomalies
 from dumpstore.longrun.monitor import MonitorFormatError, iter_monitor_tables, read_monitor
-from dumpstore.longrun.store import LongRun, read, write
+from dumpstore.longrun.store import LongRun, catalog, read, write
 from dumpstore.store import open_store
 
 V1_HEAD = "vpp_stage,name,step,micro_step,norm,min,max,zeros,nans,mean,shape,dtype\n"
@@ -189,3 +189,31 @@ def test_anomaly_json_ingested_and_bad_one_named(tmp_path):
         r = CliRunner().invoke(main, ["longrun-ingest", str(tmp_path / "monitor"), "--run", "m", "--store", store])
         assert r.exit_code == 1 and len(r.output.splitlines()) == 1, r.output
         assert f"{d / 'anomaly.json'}: " in r.output and why in r.output, r.output
+
+
+def test_a_bad_file_among_many_ranks_leaves_no_part(tmp_path):
+    """Files of 3 ranks parsed on several threads: one bad file in the middle stops the ingest with its name, and
+    the parts written before it are removed (the catalog never names the run)."""
+    for rank in range(3):
+        d = tmp_path / "mon" / f"Dec01_00-00-00-rank{rank}-0123abcd"
+        d.mkdir(parents=True)
+        for a in range(0, 40, 4):
+            rows = "".join(
+                f"0,layers.{k}.weight,{s},0.5,-0.1,0.1,0.0,0.0,0.0\n" for s in range(a, a + 4) for k in range(3)
+            )
+            (d / f"grad_reduced_{a}-{a + 3}.csv").write_text(
+                "vpp_stage,name,step,norm,min,max,zeros,nans,mean\n" + rows
+            )
+    store = tmp_path / "store"
+    row = write(store, LongRun("m", monitor_roots=[tmp_path / "mon"]))
+    assert (row["n_monitor"], row["ranks"], row["first_step"], row["last_step"]) == (360, [0, 1, 2], 0, 39)
+    back = read(open_store(store), "monitor", "m")
+    assert back.num_rows == 360 and sorted(set(back.column("seq").to_pylist())) == [0, 1, 2]
+    bad = tmp_path / "mon" / "Dec01_00-00-00-rank1-0123abcd" / "grad_reduced_20-23.csv"
+    bad.write_text("vpp_stage,name,step,norm,min,max,zeros,nans,mean\n0,layers.0.weight,x,1,1,1,0,0,0\n")
+    with pytest.raises(MonitorFormatError, match="grad_reduced_20-23.csv: not a monitor CSV"):
+        write(store, LongRun("n", monitor_roots=[tmp_path / "mon"]))
+    assert not (store / "longrun" / "monitor" / "run=n").exists() or not any(
+        (store / "longrun" / "monitor" / "run=n").iterdir()
+    )
+    assert [r["run"] for r in catalog(open_store(store)).to_pylist()] == ["m"]

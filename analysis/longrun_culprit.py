@@ -36,6 +36,8 @@ BAND_K = 3.0
 PERSIST = 10
 STAY = 0.9
 _KEYS = ["rank", "prefix", "name", "step", "micro", "vpp"]
+# the monitor columns the culprit reads (the rest of a run's tens of millions of rows stays on disk)
+_COLUMNS = ["rank", "step", "micro_step", "vpp_stage", "prefix", "name", "module", "param", "seq", *STATS]
 
 
 def compare_long_runs(
@@ -58,9 +60,9 @@ def compare_long_runs(
         )
     else:
         rep = None
-    mt, mr = read(store, "monitor", target), read(store, "monitor", ref)
+    mt, mr = read(store, "monitor", target, columns=_COLUMNS), read(store, "monitor", ref, columns=_COLUMNS)
     if mt.num_rows and mr.num_rows:
-        m2 = read(store, "monitor", ref2) if ref2 is not None else None
+        m2 = read(store, "monitor", ref2, columns=_COLUMNS) if ref2 is not None else None
         loss_step = None
         if rep is not None and rep.divergence.step is not None and by == "iteration":
             loss_step = rep.divergence.step - monitor_offset

@@ -111,16 +111,23 @@ def files(store: Store, kind: str, runs: list[str] | None = None) -> list[str]:
     return out
 
 
-def read(store: Store, kind: str, run: str, *, dictionary: list[str] | None = None) -> pa.Table:
+def read(
+    store: Store, kind: str, run: str, *, dictionary: list[str] | None = None, columns: list[str] | None = None
+) -> pa.Table:
     """The `kind` table of one long run (empty with the schema when the run has none); the `dictionary`
-    columns dictionary-encoded, as Parquet stores them (no hashing of a tag per row)."""
-    from ..parquetio import read_table
+    columns dictionary-encoded, as Parquet stores them (no hashing of a tag per row); only `columns` when given
+    (a monitor run is tens of millions of rows)."""
+    from ..parquetio import read_columns, read_table
 
     row = run_row(store, run)
     parts = _parts(store, kind, run, row["ingest_id"]) if kind in (row["kinds"] or []) else []
     if not parts:
-        return SCHEMAS[kind].empty_table()
-    tables = [read_table(p, read_dictionary=dictionary) for p in parts]
+        empty = SCHEMAS[kind].empty_table()
+        return empty.select(columns) if columns is not None else empty
+    if columns is not None:
+        tables = [read_columns(p, columns) for p in parts]
+    else:
+        tables = [read_table(p, read_dictionary=dictionary) for p in parts]
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
 
 

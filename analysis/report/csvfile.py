@@ -13,8 +13,9 @@ dumpstore's judgement is in its own columns: `rel_l2` (relative L2 error), `err_
 `dumpstore_result` (its pass / warning / error), `dumpstore_detail` and `dumpstore_message` (a JSON list naming
 the metric and threshold).
 
-`write_csv` is the one function that writes the file (streaming, row by row, one op at a time);
-`iter_csv_rows` / `csv_rows` build the rows, `_csv_row` one row and `dumpstore.csvsafe` neutralises each cell.
+`write_csv` is the one function that writes the file: by columns (csvcols.py: statistics mode and runs of
+different modes) or row by row (tensor and md5 modes), the same bytes either way; `iter_csv_rows` / `csv_rows`
+build the rows one op at a time, `_csv_row` one row and `dumpstore.csvsafe` neutralises each cell.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def write_csv(
     progress: Progress | None = None,
     only_differing: bool = False,
 ) -> int:
-    """Write the comparison as CSV (see the module docstring), row by row; returns the number of data rows.
+    """Write the comparison as CSV (see the module docstring); returns the number of data rows.
 
     The file is written under a temporary name beside `path` and renamed when complete.  `progress("csv",
     done, total)` is called every PROGRESS_ROWS rows.  `only_differing`: only the rows whose status is not
@@ -187,8 +188,20 @@ def write_csv(
     n = 0
     stack_of: dict[tuple, Any] = {}  # an op's stack, held for its first written row when its first row is left out
     cols = msprobe_csv.columns(CSV_COLUMNS, msprobe_csv.dump_mode(cmp, store))
+    from . import csvcols
+
+    cells = csvcols.frame(cmp, store, msprobe_csv.dump_mode(cmp, store), cols)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
+        if cells is not None:
+            if only_differing:
+                cells = _differing_cells(cells)
+            with open(part, "wb") as fb:
+                n = csvcols.write(cells, fb, cols, progress, PROGRESS_ROWS)
+            part.replace(p)
+            if progress is not None:
+                progress("csv", n, total)
+            return n
         with open(part, "w", encoding="utf-8", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(cols)
@@ -217,6 +230,21 @@ def write_csv(
     if progress is not None:
         progress("csv", n, total)
     return n
+
+
+def _differing_cells(cells: pl.DataFrame) -> pl.DataFrame:
+    """The rows whose status is not `pass`; an op's stack moves to its first row written (as write_csv's loop)."""
+    held: dict[tuple, Any] = {}
+    keep, stack_col = [], []
+    keys = zip(cells["step"].to_list(), cells["rank"].to_list(), cells["op"].to_list())
+    for i, (op, stack, status) in enumerate(zip(keys, cells["NPU_Stack_Info"].to_list(), cells["dumpstore_status"])):
+        if stack != N_A:
+            held[op] = stack
+        if status in (None, "pass"):
+            continue
+        keep.append(i)
+        stack_col.append(held.pop(op, N_A))
+    return cells[keep].with_columns(pl.Series("NPU_Stack_Info", stack_col, dtype=pl.String))
 
 
 def differing(cmp: Comparison) -> Comparison:

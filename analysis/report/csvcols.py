@@ -83,7 +83,25 @@ _NUMERIC = frozenset(
 _WORDS = frozenset(
     ("NPU Requires_grad", "Bench Requires_grad", "Requires_grad Consistent", "step", "rank", "seq", "dumpstore_result")
 )
-_FEATURES = ("_ign", "_infnan", "_nrel_pct", "_nrel_ext", "_rg", "_param", "_dtype", "_shape")
+# what msprobe's rules read of a row apart from its names (`_verdicts` adds the names' part)
+_FEATURES = ("_infnan", "_nrel_pct", "_nrel_ext", "_rg", "_param", "_dtype", "_shape")
+# the cells that depend on the leaves' kinds and values (the others come from the column expressions for every row)
+_KIND_CELLS = (
+    *(f"{side} {what}" for side in ("NPU", "Bench") for what in ("Dtype", "Tensor Shape", "Requires_grad")),
+    *(f"{side} {label}" for side in ("NPU", "Bench") for _, label, _ in _STATS),
+    *msprobe_csv.DIFF_COLUMNS,
+    *msprobe_csv.STAT_REL_COLUMNS,
+    "Requires_grad Consistent",
+)
+# inputs of a row that the kind cells do not read (names, places, dumpstore's judgement): left out of the cache key
+_NOT_KEY = frozenset(
+    (
+        "_i", "step", "rank", "seq", "ref_seq", "record", "ref_record", "io", "ref_io", "stack_id", "ref_stack_id",
+        "source", "name", "ref_name", "data_name", "ref_data_name", "err", "err_source", "err_bound", "tol",
+        "tol_dtype", "severity", "status", "detail", "match", "msprobe_message", "nonfinite_mismatch",
+        *_OWN_METRICS.values(),
+    )
+)  # fmt: skip
 
 
 def frame(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> pl.DataFrame | None:
@@ -99,10 +117,11 @@ def frame(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> pl
     fast = _fast(rows)
     cells = _fast_cells(rows, mode)
     cells = cells.with_columns([_fix_floats(cells[c]) for c in cells.columns if c in _NUMERIC])
-    cells = cells.with_columns(_fast_features(cells)).filter(fast)
+    cells = cells.with_columns(_fast_features(cells))
     slow_rows = rows.filter(~fast)
     if slow_rows.height:
-        cells = pl.concat([cells, _slow_cells(slow_rows, mode, cells.schema)]).sort("_i")
+        slow = _slow_cells(slow_rows, mode, cells.filter(~fast))
+        cells = pl.concat([cells.filter(fast), slow]).sort("_i")
     stacks = _all_stacks(store, cmp.target) if store is not None else {}
     cells = cells.with_columns(
         _stack_info(rows, stacks),
@@ -364,31 +383,51 @@ def _final(v: Any) -> str | None:
     return text
 
 
-def _slow_cells(rows: pl.DataFrame, mode: str | None, schema) -> pl.DataFrame:
-    """The cells of the other rows, by the row path's own functions, with their verdict features."""
+def _slow_cells(rows: pl.DataFrame, mode: str | None, fast: pl.DataFrame) -> pl.DataFrame:
+    """The other rows: their kind cells and rule features by the row path's own functions (`_csv_row`,
+    `msprobe_csv.fill`), computed once per distinct set of the inputs they read (arguments repeat over layers and
+    steps); their other cells from the column expressions (`fast`, the same rows), Data_name by Python."""
     from .csvfile import _CSV_INPUTS, _csv_row
 
-    names = [c for c in schema if c != "_i" and not c.startswith("_")]
     keep = [c for c in rows.columns if c.removeprefix("ref_") in _CSV_INPUTS or c == "_i"]
-    out: dict[str, list] = {c: [] for c in ("_i", *names, *_FEATURES)}
+    key_cols = [c for c in keep if c not in _NOT_KEY or (mode is None and c.endswith("_diff"))]
+    cached: dict[tuple, tuple] = {}
+    out: list[tuple] = []
+    data_names: list[str] = []
     for r in rows.select(keep).iter_rows(named=True):
-        d = _csv_row(r)
-        msprobe_csv.fill(d, r, mode)
-        out["_i"].append(r["_i"])
-        for c in names:
-            out[c].append(_final(d.get(c)) if c in _NUMERIC or c in _WORDS else _text(d.get(c)))
-        for c, v in zip(_FEATURES, _row_features(d, mode)):
-            out[c].append(v)
-    types = {c: schema[c] for c in ("_i", *names)}
-    types.update({"_ign": pl.String, "_nrel_pct": pl.Float64, "_nrel_ext": pl.Float64})
-    return pl.DataFrame(out, schema={c: types.get(c, pl.Boolean) for c in out}).select(schema.keys())
+        key = (r["name"] is not None, r["ref_name"] is not None) + tuple(
+            tuple(v) if isinstance(v, list) else v for v in (r[c] for c in key_cols)
+        )
+        got = cached.get(key)
+        if got is None:
+            d = _csv_row(r)
+            msprobe_csv.fill(d, r, mode)
+            cells = tuple(_final(d.get(c)) if c in _NUMERIC or c in _WORDS else _text(d.get(c)) for c in _KIND_CELLS)
+            got = cached[key] = cells + _row_features(d, mode)
+        out.append(got)
+        data_names.append(_data_name_cell(r))
+    own = () if mode == "statistics" else msprobe_csv.STAT_REL_COLUMNS  # MaxRelativeErr: dumpstore's own then
+    names = [c for c in _KIND_CELLS if c in fast.columns and c not in own]
+    types = {**{c: pl.String for c in _KIND_CELLS}, "_nrel_pct": pl.Float64, "_nrel_ext": pl.Float64}
+    schema = {c: types.get(c, pl.Boolean) for c in (*_KIND_CELLS, *_FEATURES)}
+    kind = pl.DataFrame(out, schema=schema, orient="row").select(*names, *_FEATURES)
+    rest = fast.drop(*names, *_FEATURES, "Data_name")
+    return pl.concat([rest, kind, pl.DataFrame({"Data_name": data_names})], how="horizontal").select(fast.columns)
+
+
+def _data_name_cell(r: dict[str, Any]) -> str:
+    from .csvfile import _data_name
+
+    t_here, r_here = r.get("name") is not None, r.get("ref_name") is not None
+    return str([_data_name(r.get("data_name"), t_here), _data_name(r.get("ref_data_name"), r_here)])
 
 
 def _row_features(d: dict[str, Any], mode: str | None) -> tuple:
-    """What msprobe's per-op rules read of one row (msprobe_csv's checkers), for `_verdicts`."""
-    from ..msprobe_csv import _is_inf_or_nan, _matched, _percent
+    """What msprobe's per-op rules read of one row (msprobe_csv's checkers) apart from its names, for `_verdicts`:
+    (NPU inf/nan and the bench's not, NormRelativeErr as a fraction, its part in the op's extreme, requires_grad
+    differs, a scalar parameter differs, dtype differs, shape differs)."""
+    from ..msprobe_csv import _is_inf_or_nan, _percent
 
-    matched = _matched(d)
     infnan = not (_is_inf_or_nan(d["Bench max"]) or _is_inf_or_nan(d["Bench min"])) and (
         _is_inf_or_nan(d["NPU max"]) or _is_inf_or_nan(d["NPU min"])
     )
@@ -398,24 +437,16 @@ def _row_features(d: dict[str, Any], mode: str | None) -> tuple:
         pct = abs(_percent(v))
         ext = _extreme_part(v)
     npu_rg, bench_rg = str(d["NPU Requires_grad"]), str(d["Bench Requires_grad"])
-    rg = bool(matched and npu_rg and bench_rg and npu_rg != bench_rg)
-    param = (
-        matched
-        and "class" in d["NPU Dtype"]
+    rg = bool(npu_rg and bench_rg and npu_rg != bench_rg)
+    param = bool(
+        "class" in d["NPU Dtype"]
         and "class" in d["Bench Dtype"]
         and d["NPU Tensor Shape"] == "[]"
         and d["NPU max"] != d["Bench max"]
     )
-    bench = d["Bench Name"]
-    dtype = bool(
-        matched
-        and not ("qkv" in bench or "gate_up" in bench)
-        and d["NPU Dtype"]
-        and d["Bench Dtype"]
-        and d["NPU Dtype"] != d["Bench Dtype"]
-    )
-    shape = matched and d["NPU Tensor Shape"] != d["Bench Tensor Shape"]
-    return _ignore_kind(d["NPU Name"]), infnan, pct, ext, rg, bool(param), dtype, bool(shape)
+    dtype = bool(d["NPU Dtype"] and d["Bench Dtype"] and d["NPU Dtype"] != d["Bench Dtype"])
+    shape = d["NPU Tensor Shape"] != d["Bench Tensor Shape"]
+    return infnan, pct, ext, rg, param, dtype, bool(shape)
 
 
 def _extreme_part(value: Any) -> float | None:
@@ -431,39 +462,15 @@ def _extreme_part(value: Any) -> float | None:
     return float(value)
 
 
-def _ignore_kind(name: str) -> str:
-    parts = name.split(".")
-    if len(parts) < 2:
-        return "none"
-    return (
-        "all"
-        if parts[1] in msprobe_csv._IGNORED_APIS
-        else "input"
-        if parts[1] in msprobe_csv._INPUT_IGNORED_APIS
-        else "none"
-    )
-
-
 def _fast_features(cells: pl.DataFrame) -> list[pl.Expr]:
-    """`_row_features` by column (right for the `_fast` rows)."""
+    """`_row_features` by column (right for the `_fast` rows, whose cells are numbers or fixed words)."""
 
     def infnan(c: str) -> pl.Expr:
         return pl.col(c).str.strip_chars().str.to_lowercase().is_in(["inf", "-inf", "nan"])
 
-    npu_name, bench_name = pl.col("NPU Name"), pl.col("Bench Name")
-    matched = (bench_name != "") & (bench_name != N_A)
-    part = npu_name.str.split(".").list.get(1, null_on_oob=True)
-    ign = (
-        pl.when(part.is_in(list(msprobe_csv._IGNORED_APIS)))
-        .then(pl.lit("all"))
-        .when(part.is_in(list(msprobe_csv._INPUT_IGNORED_APIS)))
-        .then(pl.lit("input"))
-        .otherwise(pl.lit("none"))
-    )
-    feats = [ign.alias("_ign")]
-    feats.append(
+    feats = [
         ((~(infnan("Bench max") | infnan("Bench min"))) & (infnan("NPU max") | infnan("NPU min"))).alias("_infnan")
-    )
+    ]
     if "NormRelativeErr" in cells.columns:
         nrel = pl.col("NormRelativeErr")
         pct = (nrel.str.strip_chars("%").cast(pl.Float64, strict=False) / 100).abs().fill_null(0.0)
@@ -473,22 +480,15 @@ def _fast_features(cells: pl.DataFrame) -> list[pl.Expr]:
         feats += [pl.lit(None, dtype=pl.Float64).alias("_nrel_pct"), pl.lit(None, dtype=pl.Float64).alias("_nrel_ext")]
     npu_dtype, bench_dtype = pl.col("NPU Dtype"), pl.col("Bench Dtype")
     feats += [
-        (matched & (pl.col("NPU Requires_grad") != pl.col("Bench Requires_grad"))).alias("_rg"),
+        (pl.col("NPU Requires_grad") != pl.col("Bench Requires_grad")).alias("_rg"),
         (
-            matched
-            & npu_dtype.str.contains("class", literal=True)
+            npu_dtype.str.contains("class", literal=True)
             & bench_dtype.str.contains("class", literal=True)
             & (pl.col("NPU Tensor Shape") == "[]")
             & (pl.col("NPU max") != pl.col("Bench max"))
         ).alias("_param"),
-        (
-            matched
-            & ~(bench_name.str.contains("qkv", literal=True) | bench_name.str.contains("gate_up", literal=True))
-            & (npu_dtype != "")
-            & (bench_dtype != "")
-            & (npu_dtype != bench_dtype)
-        ).alias("_dtype"),
-        (matched & (pl.col("NPU Tensor Shape") != pl.col("Bench Tensor Shape"))).alias("_shape"),
+        ((npu_dtype != "") & (bench_dtype != "") & (npu_dtype != bench_dtype)).alias("_dtype"),
+        (pl.col("NPU Tensor Shape") != pl.col("Bench Tensor Shape")).alias("_shape"),
     ]
     return feats
 
@@ -536,11 +536,21 @@ def _json_list(parts: list[pl.Series], name: str) -> pl.Series:
     return pl.select(pl.lit("[") + joined + pl.lit("]")).to_series().alias(name)
 
 
+def _fmt_where(s: pl.Series, where: pl.Series) -> pl.Series:
+    """text.fmt of the values where `where` holds (null elsewhere), each distinct value formatted once."""
+    done: dict[Any, str] = {}
+    texts = [done[v] if v in done else done.setdefault(v, fmt(v)) for v in s.filter(where).to_list()]
+    out = pl.Series(s.name, [None] * s.len(), dtype=pl.String)
+    return out.scatter(where.arg_true(), pl.Series(texts, dtype=pl.String)) if texts else out
+
+
 def _dumpstore_messages(rows: pl.DataFrame, cells: pl.DataFrame) -> pl.Series:
     """csvfile._messages for every row, as JSON text."""
     status, detail = pl.col("status"), pl.col("detail")
-    err = pl.Series([fmt(v) for v in rows["err"].to_list()], dtype=pl.String)
-    tol = pl.Series([fmt(v) for v in rows["tol"].to_list()], dtype=pl.String)
+    said = rows.select(
+        ((status == "diverged") & ~pl.col("nonfinite_mismatch").fill_null(False)).fill_null(False).alias("said")
+    )["said"]
+    err, tol = _fmt_where(rows["err"], said), _fmt_where(rows["tol"], said)
     some_detail = detail.fill_null("") != ""
     frame = rows.select(
         "status", "detail", "nonfinite_mismatch", "tol_dtype", "err_source", "name", "msprobe_message"
@@ -597,16 +607,27 @@ def _verdicts(cells: pl.DataFrame) -> list[pl.Series]:
     inputs = npu & ~output
     ext = pl.col("_nrel_ext")
     usable = ext.is_not_null() & ~ext.is_nan().fill_null(True)
+    bench = pl.col("Bench Name")
+    matched = (bench != "") & (bench != N_A)
+    part = name.str.split(".").list.get(1, null_on_oob=True)
+    ign = (
+        pl.when(part.is_in(list(msprobe_csv._IGNORED_APIS)))
+        .then(pl.lit("all"))
+        .when(part.is_in(list(msprobe_csv._INPUT_IGNORED_APIS)))
+        .then(pl.lit("input"))
+        .otherwise(pl.lit("none"))
+    )
+    qkv = bench.str.contains("qkv", literal=True) | bench.str.contains("gate_up", literal=True)
     base = cells.select(
         "_g",
-        "_ign",
         "_infnan",
         "_nrel_pct",
         "_nrel_ext",
-        "_rg",
-        "_param",
-        "_dtype",
-        "_shape",
+        ign.alias("_ign"),
+        (matched & pl.col("_rg")).alias("_rg"),
+        (matched & pl.col("_param")).alias("_param"),
+        (matched & ~qkv & pl.col("_dtype")).alias("_dtype"),
+        (matched & pl.col("_shape")).alias("_shape"),
         output.alias("_out"),
         inputs.alias("_in"),
     )

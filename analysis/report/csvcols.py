@@ -8,6 +8,9 @@ own functions (`_csv_row`, `msprobe_csv.fill`), one row at a time.  msprobe's Re
 rules, statistics mode), the op's stack on its first row and dumpstore's messages are then computed by column
 for every row.  Floats are written as Python's `repr` writes them (`_float_text`), so the file does not change
 with the writer; tests/test_csv_columnar.py holds the two paths to the same bytes.
+
+Size: the cell rules by column, the row path's cache and the writer of the text frame are one piece (each cell
+rule has its row twin in csvfile.py / msprobe_csv.py); split, the rules of one cell would sit in two files.
 """
 
 from __future__ import annotations

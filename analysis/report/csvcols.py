@@ -16,6 +16,7 @@ rule has its row twin in csvfile.py / msprobe_csv.py); split, the rules of one c
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import polars as pl
@@ -398,9 +399,7 @@ def _slow_cells(rows: pl.DataFrame, mode: str | None, fast: pl.DataFrame) -> pl.
     out: list[tuple] = []
     data_names: list[str] = []
     for r in rows.select(keep).iter_rows(named=True):
-        key = (r["name"] is not None, r["ref_name"] is not None) + tuple(
-            tuple(v) if isinstance(v, list) else v for v in (r[c] for c in key_cols)
-        )
+        key = (r["name"] is not None, r["ref_name"] is not None) + tuple(_key(r[c]) for c in key_cols)
         got = cached.get(key)
         if got is None:
             d = _csv_row(r)
@@ -416,6 +415,16 @@ def _slow_cells(rows: pl.DataFrame, mode: str | None, fast: pl.DataFrame) -> pl.
     kind = pl.DataFrame(out, schema=schema, orient="row").select(*names, *_FEATURES)
     rest = fast.drop(*names, *_FEATURES, "Data_name")
     return pl.concat([rest, kind, pl.DataFrame({"Data_name": data_names})], how="horizontal").select(fast.columns)
+
+
+def _key(v: Any) -> Any:
+    """A value as a cache key: lists as tuples, -0.0 apart from 0.0 (they print apart); a NaN never matches, so a
+    row holding one is computed on its own."""
+    if isinstance(v, list):
+        return tuple(_key(x) for x in v)
+    if isinstance(v, float) and v == 0.0:
+        return ("zero", math.copysign(1.0, v))
+    return v
 
 
 def _data_name_cell(r: dict[str, Any]) -> str:

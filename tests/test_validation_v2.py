@@ -2,7 +2,7 @@
 (marker ``validation``) the verdict on its pairs.
 
 The unmarked tests run the devices of ``validation/v2/devices.py`` on small random inputs (torch CPU, about a
-second). The marked tests make the pairs (36 msprobe runs of four transformers models, minutes) into
+second). The marked tests make the pairs (35 msprobe runs of four transformers models, minutes) into
 ``validation/v2/.data`` unless a key is already there (``VALIDATION_V2_DATA`` names another folder), then score
 every pair through dumpstore's CLI with ``validation/score.py``.
 """

@@ -15,6 +15,9 @@ Each run is a fresh process forked from this one after torch, transformers and m
 debugger is a process-wide singleton). Runs: 3 training steps, AdamW (weight decay 0.01), gradient clipping at 1.0,
 optimizer step outside msprobe's window (forward + backward dumped), msprobe level "mix", statistics mode for
 every case and tensor mode for a subset.
+
+The run harness (the tracer that reads msprobe's record names, the forked runs, the structure check, the near-tie
+crafting) follows set 1's and is copied, not imported, so that changes to set 1 do not change this set.
 """
 
 from __future__ import annotations

@@ -40,6 +40,11 @@ def test_round_half_away_differs_from_half_even_only_on_ties():
     got = devices.round_half_away_bf16(x).float().tolist()
     assert got == [1.0 + 2.0**-7, -(1.0 + 2.0**-7), 1.0 + 2 * 2.0**-7, 1.0, 3.0, float("inf")]
     assert x.to(torch.bfloat16).float().tolist()[:2] == [1.0, -1.0]
+    # a float64 value just off the tie, whose fp32 rounding is the tie, is rounded once, to its own side
+    near = torch.tensor(
+        [1.0 + 2.0**-8 - 2.0**-40, 1.0 + 2.0**-8 + 2.0**-40, -(1.0 + 2.0**-8 - 2.0**-40)], dtype=torch.float64
+    )
+    assert devices.round_half_away_bf16(near).float().tolist() == [1.0, 1.0 + 2.0**-7, -1.0]
 
 
 def test_bf16x3_is_an_fp32_matmul_at_about_16_bits():

@@ -65,19 +65,27 @@ GUARD = {torch.float32: 2e-5, "bf16x3": 2e-4, torch.bfloat16: 2e-2, torch.float1
 # ---------------------------------------------------------------------------------------------------------------
 # rounding, summation and formula building blocks (fp32 unless said; forward values only)
 # ---------------------------------------------------------------------------------------------------------------
-def round_half_away_bf16(x32: torch.Tensor) -> torch.Tensor:
-    """fp32 -> bf16 rounding ties away from zero: add half a bf16 ulp to the magnitude bits and cut."""
-    x32 = x32.detach().float().contiguous()
+def round_half_away_bf16(x: torch.Tensor) -> torch.Tensor:
+    """fp32 (or float64) -> bf16 rounding ties away from zero: add half a bf16 ulp to the magnitude bits and cut.
+
+    A float64 input is rounded once: where its fp32 rounding lands exactly on a bf16 tie that the float64 value
+    is not on, the value is rounded toward the side it lies on (no double rounding)."""
+    x = x.detach()
+    x32 = x.float().contiguous()
     bits = x32.view(torch.int32)
     rna = ((bits + 0x8000) & ~0xFFFF).view(torch.float32)
     ok = torch.isfinite(x32)
+    if x.dtype == torch.float64:
+        tie = (bits & 0xFFFF) == 0x8000
+        below = x.abs() < x32.double().abs()  # the exact value lies below the tie: toward zero
+        rna = torch.where(tie & below, (bits & ~0xFFFF).view(torch.float32), rna)
     return torch.where(ok, rna, x32).to(torch.bfloat16)  # exact: rna is a bf16 value
 
 
-def to_dtype(x32: torch.Tensor, dtype: torch.dtype, rounding: str) -> torch.Tensor:
+def to_dtype(x: torch.Tensor, dtype: torch.dtype, rounding: str) -> torch.Tensor:
     if dtype == torch.bfloat16 and rounding == "rna":
-        return round_half_away_bf16(x32)
-    return x32.to(dtype)
+        return round_half_away_bf16(x)
+    return x.float().to(dtype)
 
 
 def wide_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -322,7 +330,7 @@ class Device:
         return _STOCK["matmul"](a.float(), b.float())  # "rna": fp32 accumulation, the rounding differs
 
     def _round(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return to_dtype(y.float(), dtype, "rna" if self.mm in ("rna", "wide") else "nearest")
+        return to_dtype(y, dtype, "rna" if self.mm in ("rna", "wide") else "nearest")
 
     def _precision(self, dtype: torch.dtype):
         return "bf16x3" if (self.mm == "bf16x3" and dtype == torch.float32) else dtype
@@ -506,7 +514,11 @@ DEVICES = {
 def _inputs(seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     return {
-        "linear": (torch.randn(32, 64, generator=g), torch.randn(96, 64, generator=g) * 0.1, torch.randn(96) * 0.1),
+        "linear": (
+            torch.randn(32, 64, generator=g),
+            torch.randn(96, 64, generator=g) * 0.1,
+            torch.randn(96, generator=g) * 0.1,
+        ),
         "matmul": (torch.randn(4, 16, 12, generator=g), torch.randn(4, 12, 16, generator=g)),
         "softmax": (torch.randn(4, 16, 16, generator=g) * 3,),
         "silu": (torch.randn(4096, generator=g) * 2,),

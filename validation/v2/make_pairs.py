@@ -659,6 +659,7 @@ def run_one(job: dict) -> dict:
     patch_modules(family, model, tracer, active)
     if variant == "flip":
         info["flip"], tilt = craft_near_tie(model, batches(None), device)
+        tracer.marks.clear()  # the crafting's own forward calls are not the run's
     if target:
         device.install()
     tracer.install()

@@ -1,0 +1,110 @@
+"""Parameters after the first step (analysis/steps.py): a parameter changed between steps is named at its first
+consumer, an update that differs from what the gradients explain is the optimizer, and the noise an update
+carries is neither; on small real dump pairs in both dump modes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_noise import MODES, _ingest_pair, _mark_parameters, _t, _verdict
+
+from dumpstore import open_store
+
+N_PARAMS = 6
+
+
+def _runs(rng: np.random.Generator, steps: int = 2):
+    x = _t(rng.normal(size=(4, 8)))
+    params = [_t(rng.normal(size=(8, 8)) * 0.1) for _ in range(N_PARAMS)]
+    grads = [_t(np.sign(rng.normal(size=(8, 8)))) for _ in range(N_PARAMS)]  # Adam-like: updates of +-lr
+    return x, params, grads
+
+
+def _run(x, params, grads, steps: int, change=None) -> list[dict]:
+    """Steps of N_PARAMS linear records; parameter i at step s is p_i - s * 0.01 * g_i, then `change(step, i, q)`."""
+    out = []
+    for step in range(steps):
+        recs = {}
+        for i, (p, g) in enumerate(zip(params, grads)):
+            q = _t(p - step * 0.01 * g)
+            if change is not None:
+                q = _t(change(step, i, q, g))
+            recs[f"Functional.linear.{i}.forward"] = {"input_args": [x, q], "output": [x @ q.T]}
+        out.append(recs)
+    return out
+
+
+def _pair(dump_writer, store_dir, mode, ref, target):
+    st = _ingest_pair(dump_writer, store_dir, mode, ref, target, steps=len(ref))
+    _mark_parameters(st, store_dir)
+    return _verdict(open_store(store_dir))
+
+
+def _noise(seed: int):
+    """The target device's update noise: each update moved by 1e-4 of itself (rounding of the gradient)."""
+    r = np.random.default_rng(seed)
+
+    def change(step, i, q, g):
+        return q + step * 0.01 * g * 1e-4 * r.normal(size=q.shape)
+
+    return change
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_parameter_changed_between_steps_is_named_at_its_first_consumer(dump_writer, store_dir, mode):
+    x, params, grads = _runs(np.random.default_rng(10))
+    noise = _noise(11)
+    flip = np.random.default_rng(12).random(size=(8, 8)) < 0.2
+
+    def corrupt(step, i, q, g):
+        q = noise(step, i, q, g)
+        return np.where(flip, -q, q) if (step == 1 and i == 3) else q  # signs flipped in parameter 3 at step 1
+
+    v = _pair(dump_writer, store_dir, mode, _run(x, params, grads, 2), _run(x, params, grads, 2, corrupt))
+    c = v.culprit
+    assert c is not None and (c.kind, c.step, c.op) == ("parameter", 1, "Functional.linear.3.forward")
+    assert c.evidence["siblings"] == N_PARAMS - 1
+    assert c.evidence["update_units"] > 100 * c.evidence["siblings_max"]
+    assert "of its own update at this step" in c.detail
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_parameter_without_siblings_is_not_judged_against_the_others(dump_writer, store_dir, mode):
+    """Siblings are the same op's parameter of the same shape: a tensor of its own shape has none, so its
+    difference (whatever its size) is not measured against the optimizer's noise of other kinds of tensors."""
+    rng = np.random.default_rng(13)
+    x, params, grads = _runs(rng)
+    params[3], grads[3] = _t(rng.normal(size=(5, 8)) * 0.1), _t(np.sign(rng.normal(size=(5, 8))))
+    noise = _noise(14)
+
+    def corrupt(step, i, q, g):
+        q = noise(step, i, q, g)
+        return -q if (step == 1 and i == 3) else q
+
+    v = _pair(dump_writer, store_dir, mode, _run(x, params, grads, 2), _run(x, params, grads, 2, corrupt))
+    assert v.culprit is None or v.culprit.kind != "parameter"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_updates_that_differ_from_what_their_gradients_explain_are_the_optimizer(dump_writer, store_dir, mode):
+    """Clipping at another norm under Adam rescales each element's update differently: every parameter differs
+    from the reference by a sizeable part of its update, with update sizes alike (no common ratio)."""
+    x, params, grads = _runs(np.random.default_rng(15))
+    flips = [np.random.default_rng(16 + i).random(size=(8, 8)) < 0.5 for i in range(N_PARAMS)]
+
+    def clipped(step, i, q, g):  # half of the elements moved the other way at the update after step 1
+        return q + 2 * 0.01 * g * flips[i] if step == 2 else q
+
+    v = _pair(dump_writer, store_dir, mode, _run(x, params, grads, 3), _run(x, params, grads, 3, clipped))
+    c = v.culprit
+    assert c is not None and (c.kind, c.step) == ("optimizer", 2)
+    assert c.evidence["unexplained"] == c.evidence["parameters"] == N_PARAMS
+    assert c.evidence["median_update_units"] > 0.25 and c.evidence["median_carried_in"] == 0.0
+    assert "of their own update (median) between steps 1 and 2" in c.detail
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_update_noise_is_neither_a_changed_parameter_nor_the_optimizer(dump_writer, store_dir, mode):
+    x, params, grads = _runs(np.random.default_rng(17))
+    v = _pair(dump_writer, store_dir, mode, _run(x, params, grads, 3), _run(x, params, grads, 3, _noise(18)))
+    assert v.culprit is None

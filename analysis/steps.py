@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from dumpstore.dtypes import eps
+
 from . import rules as R
 from .noise import OPT_SHARE, STAND_OUT, median
 
@@ -52,7 +54,8 @@ def _bound(t: dict[str, np.ndarray], r: dict[str, np.ndarray], numel: np.ndarray
     nulls_r = {s: np.isnan(r[s]) for s in R.STATS}
     err, known = R.stats_bound(t, r, nulls_t, nulls_r, np.sqrt(numel), np.zeros(numel.size, dtype=bool))
     with np.errstate(invalid="ignore"):
-        return np.where(known & np.isfinite(err), err * np.abs(r["norm"]), np.nan)
+        gap = np.where(known & np.isfinite(err), err * np.abs(r["norm"]), np.nan)
+    return np.where(r["norm"] == 0, np.abs(t["norm"]), gap)  # ||x - 0|| = ||x||: a bias that starts at zero
 
 
 def parameters_of(params: pl.DataFrame) -> pl.DataFrame:
@@ -70,7 +73,7 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     stats = [*R.STATS, *(f"ref_{s}" for s in R.STATS)]
     cols = rows.select("step", *_KEYS, *stats, "numel")
     params = parameters_of(params)
-    now = params.select(*_KEYS, "_fp_t", "shape", "status").join(
+    now = params.select(*_KEYS, "_fp_t", "shape", "status", "dtype").join(
         cols.filter(pl.col("step") == after).drop("step").unique(subset=_KEYS, keep="first"), on=_KEYS, how="inner"
     )
     then = cols.filter(pl.col("step") == before).drop("step", "numel").unique(subset=_KEYS, keep="first")
@@ -85,12 +88,14 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     gap = _bound(side(""), side("ref_"), numel)
     gap_b = _bound(side("", "_b"), side("ref_", "_b"), numel)
     upd = _bound(side("ref_"), side("ref_", "_b"), numel)
+    rounding = np.array([eps(d or "") for d in both["dtype"].to_list()]) * np.abs(side("ref_", "_b")["norm"])
     with np.errstate(all="ignore"):
         x = np.where(upd > 0, gap / upd, np.nan)
         x_prev = np.where(upd > 0, gap_b / upd, np.nan)
+        x_round = np.where(upd > 0, rounding / upd, np.nan)
     module = pl.col("_record").str.replace(_MODULE, "")
     out = both.select(*_KEYS, "_fp_t", "shape", "status").with_columns(
-        pl.Series("x", x), pl.Series("x_prev", x_prev), module.alias("_module")
+        pl.Series("x", x), pl.Series("x_prev", x_prev), pl.Series("x_round", x_round), module.alias("_module")
     )
     grads = (
         rows.filter((pl.col("step") == before) & (pl.col("_io") == "parameters_grad") & (pl.col("kind") == "tensor"))
@@ -111,14 +116,23 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
 
 
 def _explained(t: pl.DataFrame) -> np.ndarray:
-    """max(x_prev, g_prev) per parameter (0 where neither is known)."""
-    return np.fmax(t["x_prev"].fill_null(np.nan).to_numpy(), t["g_prev"].cast(pl.Float64).fill_null(np.nan).to_numpy())
+    """max(x_prev, g_prev, x_round) per parameter (NaN where none is known)."""
+    cols = [t[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in ("x_prev", "g_prev", "x_round")]
+    return np.fmax(np.fmax(cols[0], cols[1]), cols[2])
+
+
+def _beyond(t: pl.DataFrame) -> np.ndarray:
+    """x > STAND_OUT x what the update was fed, carried in, or one rounding of the parameter explains."""
+    x = t["x"].fill_null(np.nan).to_numpy()
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(x) & (x > STAND_OUT * np.nan_to_num(_explained(t), nan=0.0))
 
 
 def _unexplained(t: pl.DataFrame) -> np.ndarray:
+    """Beyond what explains it, and a sizeable part of an update (X_MIN)."""
     x = t["x"].fill_null(np.nan).to_numpy()
     with np.errstate(invalid="ignore"):
-        return np.isfinite(x) & (x >= X_MIN) & (x > STAND_OUT * np.nan_to_num(_explained(t), nan=0.0))
+        return _beyond(t) & (x >= X_MIN)
 
 
 def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
@@ -158,13 +172,12 @@ def update_differs(t: pl.DataFrame | None) -> dict[str, Any] | None:
     measured = np.isfinite(x)
     if measured.sum() < MIN_MEASURED:
         return None
-    unexplained = _unexplained(t)
-    share = float(unexplained[measured].mean())
-    if share < OPT_SHARE:
+    beyond = _beyond(t)
+    if float(beyond[measured].mean()) < OPT_SHARE or not median(x[measured]) >= X_MIN:
         return None
     return {
         "parameters": int(measured.sum()),
-        "unexplained": int(unexplained[measured].sum()),
+        "unexplained": int(beyond[measured].sum()),
         "median_update_units": float(median(x[measured])),
         "median_carried_in": float(median(np.nan_to_num(_explained(t)[measured], nan=0.0))),
     }

@@ -99,7 +99,7 @@ def test_updates_that_differ_from_what_their_gradients_explain_are_the_optimizer
     c = v.culprit
     assert c is not None and (c.kind, c.step) == ("optimizer", 2)
     assert c.evidence["unexplained"] == c.evidence["parameters"] == N_PARAMS
-    assert c.evidence["median_update_units"] > 0.25 and c.evidence["median_carried_in"] == 0.0
+    assert c.evidence["median_update_units"] > 0.25 and c.evidence["median_carried_in"] < 1e-4  # fp32 rounding
     assert "of their own update (median) between steps 1 and 2" in c.detail
 
 

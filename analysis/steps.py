@@ -20,8 +20,9 @@ max(x_prev, g_prev).  Hence:
                        max(x_prev, g_prev) (not explained by what the update was fed or what was carried in),
                        the parameter is over its tolerance, and x > STAND_OUT x the largest x of its
                        siblings (same module class, parameter name and shape, other modules: the same
-                       optimizer's noise on the same kind of tensor): a parameter changed between steps
-                       (written to, loaded wrongly).  Named at its first consumer at step a.
+                       optimizer's noise on the same kind of tensor; a parameter without siblings: the largest
+                       x of every other parameter): a parameter changed between steps (written to, loaded
+                       wrongly).  Named at its first consumer at step a.
   update differs       at least OPT_SHARE of the measured parameters have x >= X_MIN and x > STAND_OUT x
                        max(x_prev, g_prev): every parameter moved differently from what its gradient explains
                        (clipping at another norm, another optimizer): the optimizer culprit.  A learning-rate
@@ -150,14 +151,18 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     for i in np.flatnonzero(unexplained & over):
         sib = [j for j in range(t.height) if klass[j] == klass[i] and record[j] != record[i]]
         sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
+        kin = "siblings"
+        if not sx.size:  # no tensor of its kind: every other parameter of the step
+            kin, sx = "parameters", x[(np.arange(t.height) != i) & np.isfinite(x)]
         if not sx.size or not x[i] > STAND_OUT * float(sx.max()):
-            continue  # no sibling to measure the optimizer's noise on this kind of tensor, or within it
+            continue  # within the optimizer's noise on its kind of tensor (or, without any, on any)
         fp = t["_fp_t"][int(i)]
         if fp is None:
             continue
         out[int(fp)] = {
             "update_units": float(x[i]),
             "carried_in": None if not np.isfinite(expl[i]) else float(expl[i]),
+            "judged_against": kin,
             "siblings": len(sx),
             "siblings_max": float(sx.max()),
         }

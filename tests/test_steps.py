@@ -63,15 +63,15 @@ def test_a_parameter_changed_between_steps_is_named_at_its_first_consumer(dump_w
     v = _pair(dump_writer, store_dir, mode, _run(x, params, grads, 2), _run(x, params, grads, 2, corrupt))
     c = v.culprit
     assert c is not None and (c.kind, c.step, c.op) == ("parameter", 1, "Functional.linear.3.forward")
-    assert c.evidence["siblings"] == N_PARAMS - 1
+    assert c.evidence["judged_against"] == "siblings" and c.evidence["siblings"] == N_PARAMS - 1
     assert c.evidence["update_units"] > 100 * c.evidence["siblings_max"]
     assert "of its own update at this step" in c.detail
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_parameter_without_siblings_is_not_judged_against_the_others(dump_writer, store_dir, mode):
-    """Siblings are the same op's parameter of the same shape: a tensor of its own shape has none, so its
-    difference (whatever its size) is not measured against the optimizer's noise of other kinds of tensors."""
+def test_a_parameter_without_siblings_is_judged_against_every_other_parameter(dump_writer, store_dir, mode):
+    """Siblings are the same op's parameter of the same shape; a tensor of its own shape has none and is judged
+    against the largest difference of every other parameter of the step."""
     rng = np.random.default_rng(13)
     x, params, grads = _runs(rng)
     params[3], grads[3] = _t(rng.normal(size=(5, 8)) * 0.1), _t(np.sign(rng.normal(size=(5, 8))))
@@ -81,8 +81,11 @@ def test_a_parameter_without_siblings_is_not_judged_against_the_others(dump_writ
         q = noise(step, i, q, g)
         return -q if (step == 1 and i == 3) else q
 
-    v = _pair(dump_writer, store_dir, mode, _run(x, params, grads, 2), _run(x, params, grads, 2, corrupt))
-    assert v.culprit is None or v.culprit.kind != "parameter"
+    ref = _run(x, params, grads, 2)
+    v = _pair(dump_writer, store_dir, mode, ref, _run(x, params, grads, 2, corrupt))
+    c = v.culprit
+    assert c is not None and (c.kind, c.step, c.op) == ("parameter", 1, "Functional.linear.3.forward")
+    assert c.evidence["judged_against"] == "parameters" and c.evidence["siblings"] == N_PARAMS - 1
 
 
 @pytest.mark.parametrize("mode", MODES)

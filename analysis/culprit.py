@@ -483,7 +483,8 @@ class _Judge:
                     **changed,
                     detail=(
                         f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step "
-                        f"(its siblings at most {changed['siblings_max']:.3g}, what its update was fed "
+                        f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
+                        f" at most {changed['siblings_max']:.3g}, what its update was fed "
                         f"{changed['carried_in'] or 0:.3g}): changed between steps"
                     ),
                 )

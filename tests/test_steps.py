@@ -9,6 +9,7 @@ import pytest
 from test_noise import MODES, _ingest_pair, _mark_parameters, _t, _verdict
 
 from dumpstore import open_store
+from dumpstore.analysis.explain import explain_findings
 
 N_PARAMS = 6
 
@@ -65,7 +66,9 @@ def test_a_parameter_changed_between_steps_is_named_at_its_first_consumer(dump_w
     assert c is not None and (c.kind, c.step, c.op) == ("parameter", 1, "Functional.linear.3.forward")
     assert c.evidence["judged_against"] == "siblings" and c.evidence["siblings"] == N_PARAMS - 1
     assert c.evidence["update_units"] > 100 * c.evidence["siblings_max"]
-    assert "of its own update at this step" in c.detail
+    assert "of its own update at this step (its siblings at most" in c.detail
+    advice = explain_findings(open_store(store_dir), v)["culprit"].advice
+    assert advice.startswith("Functional.linear.3.forward.input.1 agrees before this step and differs after it")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -86,6 +89,7 @@ def test_a_parameter_without_siblings_is_judged_against_every_other_parameter(du
     c = v.culprit
     assert c is not None and (c.kind, c.step, c.op) == ("parameter", 1, "Functional.linear.3.forward")
     assert c.evidence["judged_against"] == "parameters" and c.evidence["siblings"] == N_PARAMS - 1
+    assert "(its other parameters at most" in c.detail
 
 
 @pytest.mark.parametrize("mode", MODES)

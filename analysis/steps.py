@@ -9,25 +9,26 @@ grad and that no recorded op produced) between steps b and a = the next compared
   x        gap(a) / upd: how much of one update the runs disagree by after it
   x_prev   gap(b) / upd: the disagreement the runs carried into the update
   g_prev   the relative error of p's gradient at step b (its `parameters_grad` leaf): what the update was fed
+  x_round  eps(p's dtype) x ||p_r(b)|| / upd: one rounding of the parameter, in the same units
 
 All norms are the statistics lower bound of analysis/rules.py (`stats_bound`) in both dump modes, so that `x`
 is a ratio of two quantities measured the same way.  Device noise moves an update by about the error of the
 gradient it was computed from (Adam's normalisation can flip the sign of updates of near-zero gradients, but
 those carry little of the update's norm), and carries the earlier disagreement on: x stays of the order of
-max(x_prev, g_prev).  Hence:
+its explanation max(x_prev, g_prev, x_round).  Hence:
 
-  corrupted parameter  x >= X_MIN (the runs disagree by a sizeable part of an update), x > STAND_OUT x
-                       max(x_prev, g_prev) (not explained by what the update was fed or what was carried in),
-                       the parameter is over its tolerance, and x > STAND_OUT x the largest x of its
-                       siblings (same module class, parameter name and shape, other modules: the same
-                       optimizer's noise on the same kind of tensor; a parameter without siblings: the largest
-                       x of every other parameter): a parameter changed between steps (written to, loaded
-                       wrongly).  Named at its first consumer at step a.
-  update differs       at least OPT_SHARE of the measured parameters have x >= X_MIN and x > STAND_OUT x
-                       max(x_prev, g_prev): every parameter moved differently from what its gradient explains
-                       (clipping at another norm, another optimizer): the optimizer culprit.  A learning-rate
-                       change moves every update by the same factor and is found by the update-ratio rule of
-                       analysis/noise.py (`update_evidence`), which runs first.
+  corrupted parameter  x >= X_MIN (the runs disagree by a sizeable part of an update), x > STAND_OUT x its
+                       explanation (not what the update was fed, carried in, or rounding), the parameter is
+                       over its tolerance, and x > STAND_OUT x the largest x of its siblings (same module class
+                       or API, parameter name and shape, other records: the same optimizer's noise on the same
+                       kind of tensor; a parameter without siblings: the largest x of every other parameter):
+                       a parameter changed between steps (written to, loaded wrongly).  Named at its first
+                       consumer at step a.
+  update differs       at least OPT_SHARE of the measured parameters have x > STAND_OUT x their explanation,
+                       and the median x is at least X_MIN: every parameter moved otherwise than its gradient
+                       explains (clipping at another norm, another optimizer): the optimizer culprit.  A
+                       learning-rate change moves every update by the same factor and is found by the
+                       update-ratio rule of analysis/noise.py (`update_evidence`), which runs first.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def parameters_of(params: pl.DataFrame) -> pl.DataFrame:
 
 def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> pl.DataFrame | None:
     """One row per parameter of step `after` (see the module's docstring): its keys, `_fp_t`, shape, status,
-    `x`, `x_prev`, `g_prev`, `klass` (module class, parameter name, shape).  None: nothing measurable."""
+    `x`, `x_prev`, `x_round`, `g_prev`, `klass` (module class or API, parameter name, shape).  None: nothing
+    measurable."""
     stats = [*R.STATS, *(f"ref_{s}" for s in R.STATS)]
     cols = rows.select("step", *_KEYS, *stats, "numel")
     params = parameters_of(params)

@@ -5,10 +5,12 @@ carries is neither; on small real dump pairs in both dump modes."""
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 from test_noise import MODES, _ingest_pair, _mark_parameters, _t, _verdict
 
 from dumpstore import open_store
+from dumpstore.analysis import steps
 from dumpstore.analysis.explain import explain_findings
 
 N_PARAMS = 6
@@ -115,3 +117,52 @@ def test_update_noise_is_neither_a_changed_parameter_nor_the_optimizer(dump_writ
     x, params, grads = _runs(np.random.default_rng(17))
     v = _pair(dump_writer, store_dir, mode, _run(x, params, grads, 3), _run(x, params, grads, 3, _noise(18)))
     assert v.culprit is None
+
+
+def _table(x, status=None, klass=None, x_prev=None, g_prev=None, x_round=None) -> pl.DataFrame:
+    n = len(x)
+    return pl.DataFrame(
+        {
+            "_record": [f"Functional.linear.{i}.forward" for i in range(n)],
+            "_fp_t": list(range(100, 100 + n)),
+            "status": status or ["diverged"] * n,
+            "klass": klass or ["linear|1|8x8"] * n,
+            "x": x,
+            "x_prev": x_prev or [0.0] * n,
+            "g_prev": g_prev or [1e-3] * n,
+            "x_round": x_round or [1e-5] * n,
+        },
+        schema_overrides={"g_prev": pl.Float64},
+    )
+
+
+def test_a_changed_parameter_needs_its_tolerance_a_quarter_update_and_three_times_its_siblings():
+    noise = [0.01, 0.02, 0.015, 0.012]
+    assert list(steps.corrupted(_table([0.3, *noise]))) == [100]
+    assert steps.corrupted(_table([0.3, *noise]))[100] == {
+        "update_units": 0.3,
+        "carried_in": 1e-3,
+        "judged_against": "siblings",
+        "siblings": 4,
+        "siblings_max": 0.02,
+    }
+    assert steps.corrupted(_table([0.3, *noise], status=["pass"] * 5)) == {}  # within its tolerance: rounding
+    assert steps.corrupted(_table([0.2, *noise])) == {}  # under X_MIN
+    assert steps.corrupted(_table([0.3, 0.11, 0.02, 0.015, 0.012])) == {}  # a sibling at 0.11: 0.3 < 3 x 0.11
+    assert steps.corrupted(_table([0.3, *noise], x_prev=[0.2, *noise])) == {}  # carried in from step b
+    # its siblings are of its own kind; another kind's larger noise does not hide it
+    other = ["linear|1|8x8", "linear|1|8x8", "linear|1|8x8", "embedding|1|96x8", "embedding|1|96x8"]
+    assert list(steps.corrupted(_table([0.3, 0.02, 0.01, 0.5, 0.4], klass=other))) == [100]
+
+
+def test_updates_differ_when_most_parameters_are_beyond_their_explanation_by_a_quarter_update():
+    assert steps.update_differs(_table([0.3, 0.4, 0.35, 0.5])) == {
+        "parameters": 4,
+        "unexplained": 4,
+        "median_update_units": 0.375,
+        "median_carried_in": 1e-3,
+    }
+    assert steps.update_differs(_table([0.2, 0.2, 0.2, 0.2])) is None  # a median under X_MIN
+    explained = steps.update_differs(_table([0.3, 0.4, 0.35, 0.5], g_prev=[0.2, 0.2, 1e-3, 1e-3]))
+    assert explained is None  # 2 of 4 explained by their gradients: under OPT_SHARE
+    assert steps.update_differs(_table([0.3, 0.4])) is None  # fewer than MIN_MEASURED parameters

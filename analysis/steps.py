@@ -20,7 +20,7 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
   corrupted parameter  x >= X_MIN (the runs disagree by a sizeable part of an update), x > STAND_OUT x its
                        explanation (not what the update was fed, carried in, or rounding), the parameter is
                        over its tolerance, and x > STAND_OUT x the largest x of its siblings (same module class
-                       or API, parameter name and shape, other records: the same optimizer's noise on the same
+                       or API, parameter name and shape, other records or ranks: the same optimizer's noise on the same
                        kind of tensor; a parameter without siblings: the largest x of every other parameter):
                        a parameter changed between steps (written to, loaded wrongly).  Named at its first
                        consumer at step a.
@@ -146,7 +146,7 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     x = t["x"].fill_null(np.nan).to_numpy()
     unexplained = _unexplained(t)
     klass = t["klass"].to_list()
-    record = t["_record"].to_list()
+    record = list(zip(t["_record"].to_list(), t["rank"].to_list()))  # another layer, or the same on another rank
     over = (t["status"] == "diverged").to_numpy()
     expl = _explained(t)
     out: dict[int, dict[str, Any]] = {}

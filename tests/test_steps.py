@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from test_noise import MODES, _ingest_pair, _mark_parameters, _t, _verdict
 
-from dumpstore import open_store
+from dumpstore import ingest, open_store
 from dumpstore.analysis import steps
 from dumpstore.analysis.explain import explain_findings
 
@@ -95,6 +95,33 @@ def test_a_parameter_without_siblings_is_judged_against_every_other_parameter(du
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_parameter_changed_on_one_rank_is_judged_against_its_copies_on_the_others(dump_writer, store_dir, mode):
+    """Data parallel: each rank holds the same parameters; one rank's copy written to between the steps stands
+    out of its copies (its siblings on the other ranks), with no other layer of its kind."""
+    rng = np.random.default_rng(19)
+    x, params, grads = _runs(rng)
+    params, grads = params[:1], grads[:1]  # one parameter of its kind per rank
+    flip = np.random.default_rng(20).random(size=(8, 8)) < 0.2
+    for name in ("ref", "target"):
+        w = dump_writer(name, mode)
+        for rank in range(3):
+            noise = _noise(21 + rank) if name == "target" else None
+            hit = name == "target" and rank == 2  # this rank's copy is written to before step 1
+
+            def change(step, i, q, g, noise=noise, hit=hit):
+                q = noise(step, i, q, g) if noise else q
+                return np.where(flip, -q, q) if (hit and step == 1) else q
+
+            for step, recs in enumerate(_run(x, params, grads, 2, change)):
+                w.write(recs, step=step, rank=rank)
+        ingest(w.root, name, store=store_dir, jobs=1)
+    _mark_parameters(open_store(store_dir), store_dir)
+    c = _verdict(open_store(store_dir)).culprit
+    assert c is not None and (c.kind, c.step, c.rank, c.op) == ("parameter", 1, 2, "Functional.linear.0.forward")
+    assert c.evidence["judged_against"] == "siblings" and c.evidence["siblings"] == 2
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_updates_that_differ_from_what_their_gradients_explain_are_the_optimizer(dump_writer, store_dir, mode):
     """Clipping at another norm under Adam rescales each element's update differently: every parameter differs
     from the reference by a sizeable part of its update, with update sizes alike (no common ratio)."""
@@ -124,6 +151,7 @@ def _table(x, status=None, klass=None, x_prev=None, g_prev=None, x_round=None) -
     return pl.DataFrame(
         {
             "_record": [f"Functional.linear.{i}.forward" for i in range(n)],
+            "rank": [0] * n,
             "_fp_t": list(range(100, 100 + n)),
             "status": status or ["diverged"] * n,
             "klass": klass or ["linear|1|8x8"] * n,

@@ -39,6 +39,7 @@ import numpy as np
 import polars as pl
 
 from dumpstore.dtypes import eps
+from dumpstore.names import parse_record
 
 from . import rules as R
 from .noise import OPT_SHARE, STAND_OUT, median
@@ -47,7 +48,6 @@ X_MIN = 0.25  # a gap of a quarter of the reference's own update: far beyond rou
 MIN_MEASURED = 3  # fewer measured parameters than this: the update-differs rule does not apply
 
 _KEYS = ["rank", "source", "_record", "_io", "index_path"]
-_MODULE = r"(\.\d+)?\.(forward|backward|parameters_grad)(\.\d+)?$"  # record -> module / API
 
 
 def _bound(t: dict[str, np.ndarray], r: dict[str, np.ndarray], numel: np.ndarray) -> np.ndarray:
@@ -96,19 +96,18 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         x = np.where(upd > 0, gap / upd, np.nan)
         x_prev = np.where(upd > 0, gap_b / upd, np.nan)
         x_round = np.where(upd > 0, rounding / upd, np.nan)
-    module = pl.col("_record").str.replace(_MODULE, "")
     out = both.select(*_KEYS, "_fp_t", "shape", "status").with_columns(
-        pl.Series("x", x), pl.Series("x_prev", x_prev), pl.Series("x_round", x_round), module.alias("_module")
+        pl.Series("x", x), pl.Series("x_prev", x_prev), pl.Series("x_round", x_round), _module("_record")
     )
-    grads = (
-        rows.filter((pl.col("step") == before) & (pl.col("_io") == "parameters_grad") & (pl.col("kind") == "tensor"))
-        .select("rank", "source", module.alias("_module"), "index_path", pl.col("err").alias("g_prev"))
-        .unique(subset=["rank", "source", "_module", "index_path"], keep="first")
-    )
-    out = out.join(grads, on=["rank", "source", "_module", "index_path"], how="left", nulls_equal=True)
+    grads = rows.filter(
+        (pl.col("step") == before) & (pl.col("_io") == "parameters_grad") & (pl.col("kind") == "tensor")
+    ).select("rank", "source", "_record", "index_path", pl.col("err").alias("g_prev"))
+    grads = grads.with_columns(_module("_record")).drop("_record")
+    keys = ["rank", "source", "_module", "index_path"]
+    out = out.join(grads.unique(subset=keys, keep="first"), on=keys, how="left", nulls_equal=True)
     klass = pl.concat_str(
         [
-            pl.col("_module").str.extract(r"\.([^.]+)$"),
+            pl.col("_record").map_elements(lambda r: parse_record(r).op_type, return_dtype=pl.String),
             pl.col("index_path"),
             pl.col("shape").cast(pl.List(pl.String)).list.join("x"),
         ],
@@ -116,6 +115,12 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         ignore_nulls=True,
     )
     return out.with_columns(klass.alias("klass"))
+
+
+def _module(col: str) -> pl.Expr:
+    """The module (or API) a record belongs to: its prefix and api (a module's forward and parameters_grad
+    records share them)."""
+    return pl.col(col).map_elements(lambda r: ".".join(parse_record(r)[:2]), return_dtype=pl.String).alias("_module")
 
 
 def _explained(t: pl.DataFrame) -> np.ndarray:

@@ -11,6 +11,7 @@ import polars as pl
 
 from dumpstore.dtypes import INT_DTYPES
 
+from . import steps as ST
 from .compare import Comparison
 from .findings import Finding
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
@@ -124,8 +125,9 @@ def _culprit(
     weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
     for i, step in enumerate(steps):
         view = _StepView(rows, step)
+        changed: dict[int, dict[str, Any]] = {}
         if i:
-            found = _optimizer(rows, recs, view, steps[i - 1])
+            found, changed = _optimizer(rows, recs, view, steps[i - 1])
             if found is not None:
                 return found
         candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff")))
@@ -146,6 +148,7 @@ def _culprit(
                     cmp,
                     noise,
                     first_step=steps[0],
+                    changed=changed,
                 )
                 found = judge.verdict()
                 if found is None:
@@ -190,10 +193,13 @@ class _StepView:
         return self._producers[prefix]
 
 
-def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: int) -> tuple[Found, Found] | None:
-    """The update between two agreeing steps as culprit (see analysis/noise.py), located at the first record of
-    the later step that takes an updated parameter; the first divergence is the later step's first diverged
-    output."""
+def _optimizer(
+    rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: int
+) -> tuple[tuple[Found, Found] | None, dict[int, dict[str, Any]]]:
+    """The update between two agreeing steps as culprit (see analysis/noise.py and analysis/steps.py), located at
+    the first record of the later step that takes an updated parameter; the first divergence is the later step's
+    first diverged output.  Else the parameters changed between the steps beyond what the update explains
+    (analysis/steps.py `corrupted`, by target fingerprint), for the judges of the later step."""
     after, step_rows = view.step, view.rows
     weights = step_rows.filter(
         pl.col("_io").is_in(INPUT_IO)
@@ -201,30 +207,43 @@ def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: 
         & (pl.col("requires_grad").fill_null(False) | (pl.col("_io") == "parameters"))
     )
     if not weights.filter(pl.col("status") == "diverged").height:
-        return None
+        return None, {}
     produced = view.producers("")
     fresh = [produced.producer_of(fp, seq) is None for fp, seq in weights.select("_fp_t", "seq").iter_rows()]
     params = weights.filter(pl.Series(fresh, dtype=pl.Boolean))  # (named rows of every column: a second a step)
     ev = update_evidence(rows, before, after, params)
-    if ev is None or not ev["differs"]:
-        return None
+    table = ST.table(rows, before, after, params) if params.height else None
+    if ev is not None and ev["differs"]:
+        evidence = {k: v for k, v in ev.items() if k != "differs"}
+        value = ev["median_ratio"]
+        text = (
+            f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
+            f"in the reference between steps {before} and {after}, beyond their own spread (log ratio bar "
+            f"{ev['bar']:.2g}): learning rate, clipping or optimizer differs"
+        )
+    else:
+        broad = ST.update_differs(table)
+        if broad is None:
+            return None, ST.corrupted(table)
+        evidence, value = broad, broad["median_update_units"]
+        text = (
+            f"{broad['unexplained']} of {broad['parameters']} parameters differ from the reference by "
+            f"{broad['median_update_units']:.3g} of their own update (median) between steps {before} and {after}, "
+            f"where their gradients and earlier differences explain {broad['median_carried_in']:.3g}: clipping, "
+            "learning rate or optimizer differs"
+        )
     shows = params.row(0, named=True)
     key = order_key(shows)
-    text = (
-        f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
-        f"in the reference between steps {before} and {after}, beyond their own spread (log ratio bar "
-        f"{ev['bar']:.2g}): learning rate, clipping or optimizer differs"
-    )
     culprit = Finding(
         after,
         shows["rank"],
         shows["_record"],
         shows["name"],
         "optimizer",
-        metric="update_ratio",
-        value=ev["median_ratio"],
+        metric="update_ratio" if ev is not None and ev["differs"] else "update_units",
+        value=value,
         detail=text,
-        evidence={k: v for k, v in ev.items() if k != "differs"},
+        evidence=evidence,
     )
     first = recs.filter((pl.col("step") == after) & pl.col("out_div")).head(1)
     if first.height:
@@ -235,8 +254,8 @@ def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: 
             & (pl.col("status") == "diverged")
             & pl.col("_io").is_in(OUTPUT_IO)
         ).row(0, named=True)
-        return (culprit, key), (_finding(out), order_key(r))
-    return (culprit, key), (replace(culprit, evidence={}), key)
+        return ((culprit, key), (_finding(out), order_key(r))), {}
+    return ((culprit, key), (replace(culprit, evidence={}), key)), {}
 
 
 class _Judge:
@@ -252,9 +271,11 @@ class _Judge:
         cmp: Comparison,
         noise: NoiseModel,
         first_step: int,
+        changed: dict[int, dict[str, Any]] | None = None,
     ):
         self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
         self.cmp, self.noise, self.first_step = cmp, noise, first_step
+        self.changed = changed or {}  # parameters changed between steps (analysis/steps.py), by fingerprint
         self.key = order_key(rec)
 
     def verdict(self) -> tuple[Found, Found] | None:
@@ -450,7 +471,23 @@ class _Judge:
         if tp is None and rp is None:
             kind = "parameter" if self.t_prod.is_weight(leaf) else "input"
             if kind == "parameter" and leaf["step"] != self.first_step:
-                return None  # later weights carry the optimizer's noise; the optimizer rule judges the update
+                # later weights carry the optimizer's noise: named only when changed beyond what the update
+                # explains (analysis/steps.py), at their first consumer
+                changed = self.changed.get(leaf.get("_fp_t"))  # type: ignore[arg-type]
+                if changed is None:
+                    return None
+                return _with_evidence(
+                    _finding(out, kind),
+                    differing=leaf["name"],
+                    input_err=leaf["err"],
+                    **changed,
+                    detail=(
+                        f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step "
+                        f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
+                        f" at most {changed['siblings_max']:.3g}, what its update was fed "
+                        f"{changed['carried_in'] or 0:.3g}): changed between steps"
+                    ),
+                )
             if kind == "input" and leaf["err"] is not None:
                 bar = self.noise.carried(self.key)
                 if bar is not None and leaf["err"] <= bar:

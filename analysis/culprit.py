@@ -13,6 +13,8 @@ from dumpstore.dtypes import INT_DTYPES
 
 from .compare import Comparison
 from .findings import Finding
+from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip
+from .hidden_index import hidden_index_stands
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 
@@ -128,7 +130,8 @@ def _culprit(
             found = _optimizer(rows, recs, view, steps[i - 1])
             if found is not None:
                 return found
-        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff")))
+        hidden = pl.col("idx_hidden").fill_null(False) & (pl.col("out_err") > 0)  # analysis/hidden_index.py
+        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff") | hidden))
         if not candidates.height:
             continue
         t_prod, r_prod = view.producers(""), view.producers("ref_")
@@ -146,6 +149,7 @@ def _culprit(
                     cmp,
                     noise,
                     first_step=steps[0],
+                    parents=view.parents,
                 )
                 found = judge.verdict()
                 if found is None:
@@ -178,6 +182,12 @@ class _StepView:
     def __init__(self, rows: pl.DataFrame, step: int):
         self.step, self._all = step, rows
         self._producers: dict[str, _Producers] = {}
+
+    @cached_property
+    def parents(self) -> dict[str, str]:
+        """Each record's enclosing module record (msprobe's `module` of a record), in the target's names."""
+        pairs = self.rows.select("_record", "module").drop_nulls().unique(subset="_record")
+        return dict(zip(pairs["_record"].to_list(), pairs["module"].to_list()))
 
     @cached_property
     def rows(self) -> pl.DataFrame:
@@ -252,20 +262,62 @@ class _Judge:
         cmp: Comparison,
         noise: NoiseModel,
         first_step: int,
+        parents: dict[str, str] | None = None,
     ):
         self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
         self.cmp, self.noise, self.first_step = cmp, noise, first_step
+        self.parents = parents or {}
         self.key = order_key(rec)
 
     def verdict(self) -> tuple[Found, Found] | None:
         if self.rec["arg_diff"]:
             return self._argument()
+        hidden = self._hidden_index()
+        if hidden is not None:
+            return (hidden, self.key), (hidden, self.key)
         if not self.rec["out_div"]:
             return None
         found = self._numeric()
         if found is None:
             return None
         return (found, self.key), (self._first_output(), self.key)
+
+    def _hidden_index(self) -> Finding | None:
+        """An integer input no op produced whose statistics agree, read by an op whose output differs beyond what
+        its float inputs explain: the integer values differ (analysis/hidden_index.py)."""
+        rec = self.rec
+        if not rec.get("idx_hidden") or rec.get("out_dtype") is None:
+            return None
+        ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]))
+        if ev is None:
+            return None
+        exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+        ints = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact)
+        data = [
+            r
+            for r in ints.iter_rows(named=True)
+            if self.t_prod.producer(r) is None
+            and self.r_prod.producer(r) is None
+            and explained_by_flip(self.noise, self.key, r) is None
+        ]
+        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor") & ~exact)
+        if not data or not outs.height:
+            return None
+        out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
+        leaf = data[0]
+        f = _finding(out, "input")
+        f.threshold, f.dtype = ev["bar"], rec["out_dtype"]
+        return _with_evidence(
+            f,
+            differing=leaf["name"],
+            hidden_by_statistics=True,
+            float_inputs_explain=ev["carried"],
+            detail=(
+                f"{leaf['name']} (an integer input no earlier op produced) has the same max/min in both runs, but "
+                f"this op's output differs {out['err']:.3g} where its float inputs explain at most "
+                f"{ev['carried']:.3g}: its values differ (msprobe's statistics of integers keep only max/min)"
+            ),
+        )
 
     def _first_output(self) -> Finding:
         out = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
@@ -309,12 +361,18 @@ class _Judge:
             return None
         if self.t_prod.producer(out) is not None and self.r_prod.producer(out) is not None:
             return None  # the same output was recorded earlier (a module and its last op): judged there
+        # fed by a near-tie flip upstream in its step, within what the flip explains (analysis/flipflow.py)
+        fed = fed_by_flip(self.noise, self.key, rec) is not None
+        if fed:
+            self.noise.flip_explained.add(self.key)
         if bad_in.height == 0 and rec["fresh"]:
-            return self._fresh(out)
+            return None if fed else self._fresh(out)
         for leaf in bad_in.iter_rows(named=True):
             found = self._producer(leaf, out)
             if found is not None:
                 return found
+        if fed:
+            return None
         if bad_in.filter(pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])).height:
             return None  # a differing discrete input (indices, a mask) can change any output: carried, no ratio
         amp = rec["amp"]
@@ -379,11 +437,9 @@ class _Judge:
             "discrete output changed where the float values agree within noise: a near tie",
         )
 
-    def _after_flip(self) -> bool:
-        """Whether a near-tie flip was noted earlier in this step and rank."""
-        return any(f["step"] == self.rec["step"] and f["rank"] == self.rec["rank"] for f in self.noise.flips)
-
     def _note_flip(self, flipped: pl.DataFrame, worst: float | None, bar: float, detail: str) -> bool:
+        self.noise.flip_marks.append((self.key, enclosing_modules(self.rec["_record"], self.parents)))
+        self.noise.flip_explained.add(self.key)
         self.noise.flips.append(
             {
                 "step": self.rec["step"],
@@ -455,8 +511,9 @@ class _Judge:
                 bar = self.noise.carried(self.key)
                 if bar is not None and leaf["err"] <= bar:
                     return None  # within the error the pair carries here: reached through unrecorded ops
-                if str(leaf.get("detail") or "").startswith("shape") and self._after_flip():
-                    return None  # a data-dependent shape (the tokens an expert got) after a near-tie flip
+                if explained_by_flip(self.noise, self.key, leaf) is not None:
+                    self.noise.flip_explained.add(self.key)
+                    return None  # fed by a near-tie flip upstream in its step, within what the flip explains
             return _with_evidence(
                 _finding(out, kind),
                 differing=leaf["name"],

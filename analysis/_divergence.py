@@ -43,6 +43,7 @@ from .hidden_index import hidden_index_columns
 from .noise import NoiseModel, order_key, record_measures
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
 from .rules import STATUSES
+from .sibling_prior import reach_columns
 from .tolerance import Tolerances
 
 
@@ -119,6 +120,7 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             .alias("same_call"),
             pl.col("match").first(),
             *hidden_index_columns(is_in, is_out, tensor),
+            *reach_columns(is_in, tensor),
         )
         .sort(["step", "_phase", "rank", "source", "_seq"])
     )

@@ -17,6 +17,7 @@ from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip
 from .hidden_index import hidden_index_stands
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
+from .sibling_prior import siblings_excuse
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -381,9 +382,8 @@ class _Judge:
         bar = self.noise.bar(rec["_direction"], False, self.key)
         if bar is not None and amp <= bar:
             return None
-        sib = self.noise.sibling_bar(rec)
-        if sib is not None and rec["local"] is not None and rec["local"] <= sib:
-            return None  # its siblings make as much error: the class's noise
+        if siblings_excuse(rec, rec["local"], self.noise.sibling_bar(rec)):
+            return None  # its siblings make as much error, within the prior's reach: the class's noise
         if rec.get("in_bound"):  # input errors from statistics are lower bounds: amp is an upper bound
             level = self.noise.carried(self.key)
             if level is not None and rec["out_err"] is not None and rec["out_err"] <= level:
@@ -460,9 +460,8 @@ class _Judge:
         bar = self.noise.bar(rec["_direction"], True, self.key)
         if bar is not None and value is not None and value <= bar:
             return None
-        sib = self.noise.sibling_bar(rec)
-        if sib is not None and value is not None and value <= sib:
-            return None  # its siblings (other layers) make as much error: the class's noise
+        if siblings_excuse(rec, value, self.noise.sibling_bar(rec)):
+            return None  # its siblings (other layers) make as much error, within the prior's reach
         one_sided = self.leaves.filter(
             pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(["target_only", "ref_only"])
         )

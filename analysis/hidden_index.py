@@ -74,6 +74,8 @@ def hidden_index_stands(rec: dict[str, Any], own_tol: float) -> dict[str, Any] |
     """The evidence that an integer input hidden by its statistics differs, or None (see the module doc)."""
     if not rec.get("idx_hidden") or rec.get("out_dtype") is None or not is_gather(rec.get("op_class")):
         return None
+    if rec.get("_direction") != "forward":
+        return None  # (an embedding's backward sums the gradients of repeated ids: arithmetic)
     out_err = rec.get("out_err")
     if out_err is None or not math.isfinite(out_err):
         return None

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dumpstore import ingest, open_store
-from dumpstore.analysis import compare_runs, divergence
+from dumpstore.analysis import compare_runs, divergence, rank_rows
 from dumpstore.analysis.rules import stats_bound
 from helpers import leaf
 
@@ -24,13 +24,17 @@ def _int(a: np.ndarray, mode: str):
     return a if mode == "tensor" else leaf(a, stats=("Max", "Min"))
 
 
-def _pair(dump_writer, store_dir, mode: str, ref: list[dict], target: list[dict]):
+def _comparison(dump_writer, store_dir, mode: str, ref: list[dict], target: list[dict]):
     for name, steps in (("ref", ref), ("target", target)):
         w = dump_writer(name, mode)
         for i, recs in enumerate(steps):
             w.write(recs, step=i)
         ingest(w.root, name, store=store_dir, jobs=1)
-    return divergence(compare_runs(open_store(store_dir), "target", "ref"))
+    return compare_runs(open_store(store_dir), "target", "ref")
+
+
+def _pair(dump_writer, store_dir, mode: str, ref: list[dict], target: list[dict]):
+    return divergence(_comparison(dump_writer, store_dir, mode, ref, target))
 
 
 def _moe(mode: str, flipped: bool, *, fresh_fault: float = 0.0, grad_scale: float = 1.0) -> dict:
@@ -171,3 +175,27 @@ def test_an_integer_mean_that_differs_is_a_differing_value():
     nulls = {s: np.isnan(t[s]) for s in t}
     err, known = stats_bound(t, r, nulls, nulls, np.array([np.sqrt(32.0)]), np.zeros(1, dtype=bool))
     assert known[0] and err[0] == pytest.approx(0.03125 / 95.0)
+
+
+def test_indices_and_shapes_changed_downstream_rank_as_carriers(dump_writer, store_dir):
+    """compare's significance: after float error, a changed index, mask or data-dependent shape carries it
+    (significance 1); the faulty op on agreeing inputs tops the list, not the flip's integer consequences."""
+    cmp = _comparison(
+        dump_writer, store_dir, "tensor", [_moe("tensor", False)], [_moe("tensor", True, fresh_fault=0.05)]
+    )
+    top = rank_rows(cmp, top=3)
+    assert top["name"][0] == "Tensor.mul.0.forward.output.0"
+    sig = dict(zip(*rank_rows(cmp, top=0).select("name", "significance")))
+    assert sig["Torch.topk.0.forward.output.1"] == 1.0  # the flipped indices
+    assert sig["Tensor.index_add_.0.forward.input.2"] == 1.0  # the tokens expert 1 got: another shape
+
+
+def test_a_gathers_output_ranks_at_its_own_dtype(dump_writer, store_dir):
+    """The embedding's output (fp32, a copy) in a bf16 run ranks at the fp32 tolerance: first in its step."""
+    table = _table(np.random.default_rng(12))
+    ref = [_embedding_step(_ids(False), table, "statistics") for _ in range(2)]
+    tgt = [_embedding_step(_ids(False), table, "statistics"), _embedding_step(_ids(True), table, "statistics")]
+    cmp = _comparison(dump_writer, store_dir, "statistics", ref, tgt)
+    top = rank_rows(cmp, top=1).row(0, named=True)
+    assert (top["step"], top["name"]) == (1, "Functional.embedding.0.forward.output.0")
+    assert top["significance"] == pytest.approx(top["rel_l2"] / 2.0**-13)

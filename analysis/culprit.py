@@ -9,7 +9,7 @@ from typing import Any
 
 import polars as pl
 
-from dumpstore.dtypes import INT_DTYPES
+from dumpstore.dtypes import FLOAT_DTYPES, INT_DTYPES
 
 from .compare import Comparison
 from .findings import Finding
@@ -60,6 +60,19 @@ def _fingerprint(prefix: str) -> pl.Expr:
     return pl.when(known).then(pl.struct(cols).hash()).alias(f"_fp_{prefix or 't'}")
 
 
+def _view_fingerprint(prefix: str) -> pl.Expr:
+    """Hash of (dtype, number of elements, step, rank, source, statistics) of a float tensor with all four
+    statistics: the same values through a view msprobe does not record (view, reshape, transpose, permute: the
+    statistics do not depend on the order), of any shape; null otherwise (integer statistics, max/min only,
+    match too easily)."""
+    cols = [pl.col(f"{prefix}dtype"), pl.col(f"{prefix}numel"), pl.col("step"), pl.col("rank"), pl.col("source")]
+    cols += [pl.col(f"{prefix}{s}") for s in _FP_STATS]
+    known = pl.all_horizontal([pl.col(f"{prefix}{s}").is_not_null() for s in _FP_STATS]) & pl.col(
+        f"{prefix}dtype"
+    ).is_in(list(FLOAT_DTYPES))
+    return pl.when(known).then(pl.struct(cols).hash()).alias(f"_vfp_{prefix or 't'}")
+
+
 class _Producers:
     """Which record of one run first produced a tensor, by fingerprint (dtype, shape, statistics)."""
 
@@ -81,6 +94,22 @@ class _Producers:
         self.first = dict(
             zip(outs[col].to_list(), zip(outs[f"{prefix}seq"].to_list(), outs[f"{prefix}record"].to_list()))
         )
+        vcol = f"_vfp_{prefix or 't'}"
+        views = (
+            rows.lazy()
+            .filter(
+                pl.col(f"{prefix}io").is_in(OUTPUT_IO)
+                & (pl.col(f"{prefix}kind") == "tensor")
+                & pl.col(vcol).is_not_null()
+            )
+            .sort(f"{prefix}seq")
+            .group_by(vcol, maintain_order=True)
+            .agg(pl.col(f"{prefix}seq").first(), pl.col(f"{prefix}record").first())
+            .collect()
+        )
+        self.first_view = dict(
+            zip(views[vcol].to_list(), zip(views[f"{prefix}seq"].to_list(), views[f"{prefix}record"].to_list()))
+        )
         # the module records' `parameters` leaves (msprobe mix level): which tensors are weights
         self.params = set(
             rows.lazy()
@@ -100,8 +129,17 @@ class _Producers:
             return False
         return not self.params or r.get(f"_fp_{self.prefix or 't'}") in self.params
 
-    def producer(self, r: dict[str, Any]) -> str | None:
-        return self.producer_of(r.get(f"_fp_{self.prefix or 't'}"), r.get(f"{self.prefix}seq"))
+    def producer(self, r: dict[str, Any], views: bool = True) -> str | None:
+        """The record that produced this tensor before its own record: the same tensor, or (`views`) the same
+        values through a view msprobe does not record (a transpose or reshape of q_proj's output)."""
+        seq = r.get(f"{self.prefix}seq")
+        found = self.producer_of(r.get(f"_fp_{self.prefix or 't'}"), seq)
+        if found is not None or not views:
+            return found
+        hit = self.first_view.get(r.get(f"_vfp_{self.prefix or 't'}"))
+        if hit is None or seq is None or hit[0] >= seq:
+            return None
+        return hit[1]
 
     def producer_of(self, fingerprint: int | None, seq: int | None) -> str | None:
         """The record that produced a tensor of this fingerprint before record `seq` (None: none did)."""
@@ -193,7 +231,9 @@ class _StepView:
     @cached_property
     def rows(self) -> pl.DataFrame:
         rows = self._all if self._all["step"].n_unique() == 1 else self._all.filter(pl.col("step") == self.step)
-        return rows.with_columns(_fingerprint(""), _fingerprint("ref_"))
+        return rows.with_columns(
+            _fingerprint(""), _fingerprint("ref_"), _view_fingerprint(""), _view_fingerprint("ref_")
+        )
 
     def producers(self, prefix: str) -> _Producers:
         if prefix not in self._producers:
@@ -360,7 +400,7 @@ class _Judge:
         )
         if self._discrete_flip(bad_in):
             return None
-        if self.t_prod.producer(out) is not None and self.r_prod.producer(out) is not None:
+        if self.t_prod.producer(out, views=False) is not None and self.r_prod.producer(out, views=False) is not None:
             return None  # the same output was recorded earlier (a module and its last op): judged there
         # fed by a near-tie flip upstream in its step, within what the flip explains (analysis/flipflow.py)
         fed = fed_by_flip(self.noise, self.key, rec) is not None

@@ -199,3 +199,31 @@ def test_a_gathers_output_ranks_at_its_own_dtype(dump_writer, store_dir):
     top = rank_rows(cmp, top=1).row(0, named=True)
     assert (top["step"], top["name"]) == (1, "Functional.embedding.0.forward.output.0")
     assert top["significance"] == pytest.approx(top["rel_l2"] / 2.0**-13)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_view_msprobe_does_not_record_keeps_its_producer(dump_writer, store_dir, mode):
+    """q = linear(x).view(...).transpose(...): the mul's input is the linear's output through ops msprobe does
+    not record; same values, another shape.  Its producer is the linear (a float tensor with all four statistics
+    equal and as many elements), not 'no op': an integer tensor is never matched so (max/min only)."""
+    from dumpstore.analysis._divergence import _ordered
+    from dumpstore.analysis.culprit import _StepView
+
+    rng = np.random.default_rng(13)
+    x, w = _f32(rng.normal(size=(16, 32))), _f32(rng.normal(size=(32, 32)) / 6)
+    y = _f32(x @ w.T)
+    q = np.ascontiguousarray(y.reshape(2, 8, 4, 8).transpose(0, 2, 1, 3))
+    ids = np.arange(32, dtype=np.int64)
+    recs = {
+        "Functional.linear.0.forward": {"input_args": [x, w], "output": [y]},
+        "Tensor.__mul__.0.forward": {"input_args": [q, {"type": "float", "value": 2.0}], "output": [_f32(q * 2)]},
+        "Tensor.__add__.0.forward": {"input_args": [ids.reshape(4, 8), 1], "output": [ids.reshape(4, 8) + 1]},
+        "Tensor.__sub__.0.forward": {"input_args": [(ids + 1).reshape(8, 4), 1], "output": [ids.reshape(8, 4)]},
+    }
+    cmp = _comparison(dump_writer, store_dir, mode, [recs], [recs])
+    view = _StepView(_ordered(cmp.rows, cmp.records), 0)
+    rows = {r["name"]: r for r in view.rows.iter_rows(named=True)}
+    for prefix in ("", "ref_"):
+        producers = view.producers(prefix)
+        assert producers.producer(rows["Tensor.__mul__.0.forward.input.0"]) == "Functional.linear.0.forward"
+        assert producers.producer(rows["Tensor.__sub__.0.forward.input.0"]) is None  # ints: no view match

@@ -73,43 +73,29 @@ def _view_fingerprint(prefix: str) -> pl.Expr:
     return pl.when(known).then(pl.struct(cols).hash()).alias(f"_vfp_{prefix or 't'}")
 
 
+def _first_outputs(rows: pl.DataFrame, prefix: str, col: str) -> dict[Any, tuple[int, str]]:
+    """Fingerprint (column `col`) -> (seq, record) of the first output tensor of one run with it."""
+    outs = (
+        rows.lazy()  # lazy: only the columns used are filtered and sorted
+        .filter(
+            pl.col(f"{prefix}io").is_in(OUTPUT_IO) & (pl.col(f"{prefix}kind") == "tensor") & pl.col(col).is_not_null()
+        )
+        .sort(f"{prefix}seq")
+        .group_by(col, maintain_order=True)
+        .agg(pl.col(f"{prefix}seq").first(), pl.col(f"{prefix}record").first())
+        .collect()
+    )
+    return dict(zip(outs[col].to_list(), zip(outs[f"{prefix}seq"].to_list(), outs[f"{prefix}record"].to_list())))
+
+
 class _Producers:
     """Which record of one run first produced a tensor, by fingerprint (dtype, shape, statistics)."""
 
     def __init__(self, rows: pl.DataFrame, prefix: str):
         self.prefix = prefix
         col = f"_fp_{prefix or 't'}"
-        outs = (
-            rows.lazy()  # lazy: only the columns used are filtered and sorted
-            .filter(
-                pl.col(f"{prefix}io").is_in(OUTPUT_IO)
-                & (pl.col(f"{prefix}kind") == "tensor")
-                & pl.col(col).is_not_null()
-            )
-            .sort(f"{prefix}seq")
-            .group_by(col, maintain_order=True)
-            .agg(pl.col(f"{prefix}seq").first(), pl.col(f"{prefix}record").first())
-            .collect()
-        )
-        self.first = dict(
-            zip(outs[col].to_list(), zip(outs[f"{prefix}seq"].to_list(), outs[f"{prefix}record"].to_list()))
-        )
-        vcol = f"_vfp_{prefix or 't'}"
-        views = (
-            rows.lazy()
-            .filter(
-                pl.col(f"{prefix}io").is_in(OUTPUT_IO)
-                & (pl.col(f"{prefix}kind") == "tensor")
-                & pl.col(vcol).is_not_null()
-            )
-            .sort(f"{prefix}seq")
-            .group_by(vcol, maintain_order=True)
-            .agg(pl.col(f"{prefix}seq").first(), pl.col(f"{prefix}record").first())
-            .collect()
-        )
-        self.first_view = dict(
-            zip(views[vcol].to_list(), zip(views[f"{prefix}seq"].to_list(), views[f"{prefix}record"].to_list()))
-        )
+        self.first = _first_outputs(rows, prefix, col)
+        self.first_view = _first_outputs(rows, prefix, f"_vfp_{prefix or 't'}")
         # the module records' `parameters` leaves (msprobe mix level): which tensors are weights
         self.params = set(
             rows.lazy()

@@ -41,9 +41,11 @@ from .compare import Comparison
 from .culprit import _culprit
 from .defaults import default_keywords, framework_of
 from .findings import Finding, Verdict
+from .hidden_index import hidden_index_columns
 from .noise import NoiseModel, order_key, record_measures
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
 from .rules import STATUSES
+from .sibling_prior import reach_columns
 from .tolerance import Tolerances
 
 
@@ -119,6 +121,8 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             .any()
             .alias("same_call"),
             pl.col("match").first(),
+            *hidden_index_columns(is_in, is_out, tensor),
+            *reach_columns(is_in, tensor),
         )
         .sort(["step", "_phase", "rank", "source", "_seq"])
     )

@@ -225,7 +225,9 @@ def stats_bound(
         for s in STATS:
             same &= ~t_null[s] & ~r_null[s] & ((t[s] == r[s]) | (np.isnan(t[s]) & np.isnan(r[s])))
         scale = np.fmax(np.abs(r["max"]), np.abs(r["min"]))
-        ext = np.fmax(d["max"], d["min"])
+        # (msprobe's statistics of an integer tensor: max/min, some versions the mean: a mean that differs, even by
+        # 1/n, is a differing value, not rounding)
+        ext = np.fmax(np.fmax(d["max"], d["min"]), d["mean"])
         by_ext = np.where(scale > 0, ext / scale, np.where(ext == 0, 0.0, np.inf))
     use_norm = has_norms & np.isfinite(rn) & ~np.isnan(num)
     # non-finite norms hide the finite values: equal statistics say nothing about them, unless nothing is finite

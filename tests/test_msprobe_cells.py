@@ -7,9 +7,9 @@ writes for the same pair, cell for cell, in the three dump modes (statistics, te
 matrix of tests/msprobe_matrix.py: one small network dumped by msprobe on CPU under L0, L1 and mix, statistics,
 md5 and tensor mode, forward-only and backward-only, API and module lists, a scope range, with a changed weight,
 an extra call and a missing call (made once into tests/.data/msprobe_matrix/, git-ignored, with msprobe's own
-compare results).  Where an extra or missing call makes dumpstore pair rows otherwise than msprobe (msprobe
-pairs by name, backward calls renumbered by their backward order), msprobe's columns follow msprobe's pairing
-and `dumpstore_paired_with` names dumpstore's.
+compare results; marker slow: `pytest -m slow tests/test_msprobe_cells.py`).  Where an extra or missing call
+makes dumpstore pair rows otherwise than msprobe (msprobe pairs by name, backward calls renumbered by their
+backward order), msprobe's columns follow msprobe's pairing and `dumpstore_paired_with` names dumpstore's.
 """
 
 from __future__ import annotations
@@ -211,6 +211,7 @@ def matrix():
     return out
 
 
+@pytest.mark.slow  # made fresh: 37 msprobe runs and 23 compares, about 12 minutes on 2 busy cores; cached: 1.5
 @pytest.mark.parametrize("pair", sorted(MATRIX.PAIRS))
 def test_matrix_cells(pair, matrix, tmp_path):
     tgt, ref = (MATRIX.dump_json(matrix / "runs", run).parent for run in MATRIX.PAIRS[pair])

@@ -147,19 +147,22 @@ def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: i
         df = df.join(_frame(m2, "_2"), on=_KEYS, how="left")
     series = ["rank", "prefix", "name", "micro", "vpp"]
     df = df.sort([*series, "step"])
+    # one integer id per series (the rows are sorted by series): the windows below group by it, not by 5 keys
+    key = pl.struct(series)
+    df = df.with_columns(key.ne_missing(key.shift()).cum_sum().alias("_sid"))
     outs = []
     for s in STATS:
         t, r = pl.col(f"{s}_t"), pl.col(f"{s}_r")
         diff = (t - r).abs()
         if m2 is not None:
             noise = (pl.col(f"{s}_2") - r).abs().fill_nan(None).fill_null(0.0)
-            band = noise.rolling_max(2 * persist + 1, min_samples=1, center=True).over(series) * BAND_K
+            band = noise.rolling_max(2 * persist + 1, min_samples=1, center=True).over("_sid") * BAND_K
         else:
-            idx = pl.int_range(pl.len()).over(series)
-            nsteps = pl.len().over(series)
+            idx = pl.int_range(pl.len()).over("_sid")
+            nsteps = pl.len().over("_sid")
             cut = pl.max_horizontal(pl.lit(3), (nsteps * 0.05).cast(pl.Int64))
             base = pl.when(idx < cut).then(diff.fill_nan(None)).otherwise(None)
-            band = base.max().over(series).fill_null(0.0) * BAND_K
+            band = base.max().over("_sid").fill_null(0.0) * BAND_K
         limit = pl.max_horizontal(pl.lit(ATOL), r.abs() * RTOL, band)
         # NaN on one side only is out; NaN on both (a tensor missing in both runs) is not
         out = (
@@ -178,7 +181,7 @@ def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: i
         .reverse()
         .rolling_mean(persist, min_samples=1)
         .reverse()
-        .over(series)
+        .over("_sid")
         .alias("ahead")
     )
     left = df.filter(pl.col("out") & (pl.col("ahead") >= STAY))
@@ -187,7 +190,7 @@ def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: i
         pl.col("prefix").cast(pl.String).replace_strict(PREFIX_ORDER, default=len(PREFIX_ORDER), return_dtype=pl.Int64)
     )
     first = first.with_columns(order.alias("exec")).sort(["step", "rank", "exec", "seq"])
-    n_series = df.select(pl.struct(series).n_unique()).item()
+    n_series = df.get_column("_sid").max() or 0
     band_text = (
         "3 x the rerun's |ref2 - ref|" if m2 is not None else "3 x each series' own |target - ref| over its first steps"
     )

@@ -67,7 +67,10 @@ def _runs_of(mask: np.ndarray, length: int) -> int | None:
 
 def long_run_health(store: Store, run: str, *, rank: int | None = None) -> LongRunHealth:
     scalars = read(store, "scalars", run, dictionary=["tag"])
-    monitor = read(store, "monitor", run)
+    # the monitor columns the checks read (a run is tens of millions of rows: the rest stays on disk)
+    monitor = read(
+        store, "monitor", run, columns=["rank", "step", "prefix", "name", "param", "seq", "norm", "nans", "missing"]
+    )
     out: list[Finding] = []
     loss = series(scalars, "loss", rank) if scalars.num_rows else None
     summary = "no loss logged"

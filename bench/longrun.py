@@ -6,12 +6,14 @@ Usage::
     python bench/longrun.py                          # 2 x 100k-step logs, a 20M-row monitor run
     python bench/longrun.py --steps 20000 --monitor-rows 2000000     # smaller
     python bench/longrun.py --repeat 3               # keep the fastest of 3 (a busy machine)
+    python bench/longrun.py --monitor-rows 2000000 --steps-per-file 1   # TrainerMon's default: a file per step
 
 Data is synthetic, generated once into bench/.data/longrun/ (git-ignored):
   logs      two Megatron logs of --steps iterations each (`iteration N/ M | consumed samples: ... | lm loss: ...`):
             a decaying loss with noise; the target's learning rate x1.5 from 60 % of the run
-  monitor   a TrainerMon folder `<time>-rank0-<id>/<prefix>_<a>-<b>.csv`, 8 prefixes, 50 steps per file, enough
-            parameters x steps for --monitor-rows rows (the header and number format TrainerMon writes)
+  monitor   a TrainerMon folder `<time>-rank0-<id>/<prefix>_<a>-<b>.csv`, 8 prefixes, 50 steps per file (or
+            --steps-per-file), enough parameters x steps for --monitor-rows rows (the header and number format
+            TrainerMon writes)
 Timed, each as a separate process exactly as typed (wall around the process, imports included; the sources
 byte-compiled first, as bench/run.py does):
   `dumpstore longrun-ingest LOG --run R`, `dumpstore curves --target T --ref R --json`,
@@ -62,11 +64,10 @@ def write_log(path: Path, steps: int, *, seed: int, lr_change: int | None) -> No
             )
 
 
-def write_monitor(root: Path, rows: int) -> int:
-    """A TrainerMon folder with about `rows` rows; returns the exact row count."""
+def write_monitor(root: Path, rows: int, per_file_steps: int = 50) -> int:
+    """A TrainerMon folder with about `rows` rows, `per_file_steps` steps a file; returns the exact row count."""
     import polars as pl
 
-    per_file_steps = 50
     params = 250
     steps = max(per_file_steps, -(-rows // (params * len(PREFIXES))) // per_file_steps * per_file_steps)
     d = root / "Dec07_00-00-00-rank0-0123abcd"
@@ -134,6 +135,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--monitor-rows", type=int, default=20_000_000)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument(
+        "--steps-per-file", type=int, default=50, help="monitor steps per CSV file (TrainerMon's default: 1)"
+    )
     ap.add_argument("--data", type=Path, default=DATA)
     args = ap.parse_args()
     exe = str(Path(sys.executable).with_name("dumpstore"))
@@ -147,11 +151,12 @@ def main() -> int:
     if not logs["ref"].exists() or not logs["target"].exists():
         write_log(logs["ref"], args.steps, seed=0, lr_change=None)
         write_log(logs["target"], args.steps, seed=1, lr_change=int(args.steps * 0.6))
-    mon = data / f"monitor_{args.monitor_rows}"
-    stamp = data / f"monitor_{args.monitor_rows}.rows"
+    tail = "" if args.steps_per_file == 50 else f"_{args.steps_per_file}spf"
+    mon = data / f"monitor_{args.monitor_rows}{tail}"
+    stamp = data / f"monitor_{args.monitor_rows}{tail}.rows"
     if not stamp.exists():
         shutil.rmtree(mon, ignore_errors=True)
-        n_rows = write_monitor(mon, args.monitor_rows)
+        n_rows = write_monitor(mon, args.monitor_rows, args.steps_per_file)
         stamp.write_text(str(n_rows))
     n_rows = int(stamp.read_text())
     store = data / "store"

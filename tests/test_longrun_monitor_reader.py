@@ -217,3 +217,24 @@ def test_a_bad_file_among_many_ranks_leaves_no_part(tmp_path):
         (store / "longrun" / "monitor" / "run=n").iterdir()
     )
     assert [r["run"] for r in catalog(open_store(store)).to_pylist()] == ["m"]
+
+
+def test_small_files_read_as_one_text(tmp_path, monkeypatch):
+    """TrainerMon's default is one file per step: files of a group are parsed as one text (the header once),
+    which gives the rows that reading them one by one gives, a file without a final newline or without rows
+    included; a bad one among them is still named."""
+    d = tmp_path / "mon" / "Dec01_00-00-00-rank0-0123abcd"
+    d.mkdir(parents=True)
+    head = "vpp_stage,name,step,norm,min,max,zeros,nans,mean\n"
+    for s in range(12):
+        rows = "".join(f"0,layers.{k}.weight,{s},{s + k / 10},-0.1,0.1,0.0,0.0,0.0\n" for k in range(3 + s % 2))
+        text = head + (rows if s != 5 else "")  # step 5: a header only
+        (d / f"grad_reduced_{s}-{s}.csv").write_text(text.rstrip("\n") if s == 7 else text)  # 7: no final newline
+    together = _rows(read_monitor(tmp_path / "mon"))
+    assert len(together) == sum(3 + s % 2 for s in range(12) if s != 5)
+    monkeypatch.setattr(monitor, "_BLOCK", 300)  # every file its own batch
+    assert _rows(read_monitor(tmp_path / "mon")) == together
+    monkeypatch.undo()
+    (d / "grad_reduced_9-9.csv").write_text(head + "0,layers.0.weight,nine,1,1,1,0,0,0\n")
+    with pytest.raises(MonitorFormatError, match=r"grad_reduced_9-9.csv: not a monitor CSV"):
+        read_monitor(tmp_path / "mon")

@@ -156,8 +156,16 @@ def numbers(col):
     )
 
 
+_CHUNK_LINES = 20_000  # lines parsed at a time: polars' split and explode copy each line's text a few times
+
+
 def _megatron_columnar(lines: list[str], rank: int) -> pa.Table:
-    """Megatron lines parsed column-wise (polars): every `key: number` field between the bars."""
+    """Megatron lines parsed column-wise (polars): every `key: number` field between the bars; in chunks of
+    lines, so memory follows the chunk, not the log."""
+    if len(lines) > _CHUNK_LINES:
+        return pa.concat_tables(
+            _megatron_columnar(lines[i : i + _CHUNK_LINES], rank) for i in range(0, len(lines), _CHUNK_LINES)
+        )
     import polars as pl
 
     df = pl.DataFrame({"line": lines}, schema={"line": pl.String})

@@ -107,7 +107,7 @@ def _header(path: Path) -> list[str]:
 _INT_COLUMNS = ("step", "micro_step", "vpp_stage")
 _TEXT_COLUMNS = ("name", "module_name", "scope", "shape", "dtype")
 _DICT = pa.dictionary(pa.int32(), pa.string())
-_BLOCK = 16 << 20  # bytes of CSV per batch (a larger file is read in several)
+_BLOCK = 8 << 20  # bytes of CSV per batch: small files of a group joined up to it, a larger file read in several
 _ACT_SUFFIX = r"\.(?:grad_)?(input|output)(?:_grad)?(?:\.\d+)?$"
 _ACT = re.compile(_ACT_SUFFIX)
 _LAST = re.compile(r"\.[^.]+$")
@@ -153,12 +153,13 @@ def read_monitor(root: Path) -> pa.Table:
     return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
 
-def iter_monitor_tables(root: Path, *, workers: int | None = None, window: int = 4):
-    """(group, table) for each monitor CSV file under `root` (each read of a very large file: each batch of
-    ~16 MB), in file order: group = (rank, layout, slug-or-prefix, header), the files of a group consecutive,
-    table of SCHEMA. Files are parsed by Arrow's C++ CSV reader on `workers` threads (default: the usable
-    cores), at most `window` files per thread ahead of the consumer, so memory stays bounded whatever the run's
-    length; seq (first appearance of a name within its prefix) runs over each group's files in order."""
+def iter_monitor_tables(root: Path, *, workers: int | None = None, window: int = 2):
+    """(group, table) for each batch of monitor CSV files under `root` (consecutive files of a group joined up
+    to ~8 MB of text; a larger file read 8 MB at a time), in file order: group = (rank, layout, slug-or-prefix,
+    header), the batches of a group consecutive, table of SCHEMA. Batches are parsed by Arrow's C++ CSV reader on
+    `workers` threads (default: the usable cores), at most `window` batches per thread ahead of the consumer, so
+    memory stays bounded whatever the run's length; seq (first appearance of a name within its prefix) runs over
+    each group's files in order."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
@@ -172,21 +173,21 @@ def iter_monitor_tables(root: Path, *, workers: int | None = None, window: int =
                 f"{paths[0]}: header {','.join(head)} lacks {', '.join(sorted(need - set(head)))}; "
                 "not a monitor CSV of this msprobe layout"
             )
-    jobs = [(key, p) for key, paths in groups.items() for p in paths]
+    jobs = [(key, batch) for key, paths in groups.items() for batch in _batches(paths)]
     n = workers or _cores()
     seqs: dict[tuple, _Seq] = {}
     with ThreadPoolExecutor(max_workers=n) as pool:
         pending: deque = deque()
         todo = iter(jobs)
-        for key, path in todo:
-            pending.append((key, pool.submit(_read_file, path, *key)))
+        for key, batch in todo:
+            pending.append((key, pool.submit(_read_files, batch, *key)))
             if len(pending) >= n * window:
                 break
         while pending:
             key, fut = pending.popleft()
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append((nxt[0], pool.submit(_read_file, nxt[1], *nxt[0])))
+                pending.append((nxt[0], pool.submit(_read_files, nxt[1], *nxt[0])))
             try:
                 pieces = fut.result()
             except BaseException:
@@ -234,9 +235,56 @@ def _with_seq(table: pa.Table, pairs: list[tuple], pair_idx: np.ndarray, seq: _S
     return table.set_column(SCHEMA.get_field_index("seq"), "seq", col)
 
 
-def _read_file(path: Path, rank: int, layout: str, slug: str, head: tuple[str, ...]) -> list[tuple]:
-    """The pieces of one monitor CSV: (table of SCHEMA with seq 0, its (prefix, name) pairs in order of first
-    appearance, each row's index into them, -1 for a row without a name)."""
+def _batches(paths: list[Path]) -> list[list[Path]]:
+    """Consecutive files of one group, up to _BLOCK bytes a batch (TrainerMon writes a file per step unless
+    step_count_per_record says otherwise: thousands of files of a few hundred rows)."""
+    out: list[list[Path]] = []
+    size = _BLOCK
+    for p in paths:
+        try:
+            n = p.stat().st_size
+        except OSError:
+            n = _BLOCK
+        if size + n > _BLOCK:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += n
+    return out
+
+
+def _read_files(paths: list[Path], rank: int, layout: str, slug: str, head: tuple[str, ...]) -> list[tuple]:
+    """The pieces of a batch of monitor CSV files of one header: a lone file read from disk by itself, several
+    read as one text (the header once, each file's rows in order), parsed once; a file that does not parse is
+    named by reading the batch's files one by one."""
+    if len(paths) == 1:
+        return _read_file(paths[0], rank, layout, slug, head)
+    parts = []
+    for k, p in enumerate(paths):
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise MonitorFormatError(f"{p}: cannot read ({exc.strerror})") from None
+        if k:
+            cut = data.find(b"\n")
+            data = data[cut + 1 :] if cut >= 0 else b""
+        if data and not data.endswith(b"\n"):
+            data += b"\n"
+        parts.append(data)
+    try:
+        return _read_file(pa.py_buffer(b"".join(parts)), rank, layout, slug, head, name=paths[0])
+    except MonitorFormatError:
+        for p in paths:
+            _read_file(p, rank, layout, slug, head)  # raises, naming the file
+        raise
+
+
+def _read_file(
+    path: Path | pa.Buffer, rank: int, layout: str, slug: str, head: tuple[str, ...], name: Path | None = None
+) -> list[tuple]:
+    """The pieces of one monitor CSV (a file, or CSV text in a buffer: `name` in errors): (table of SCHEMA with
+    seq 0, its (prefix, name) pairs in order of first appearance, each row's index into them, -1 for a row
+    without a name)."""
     import pyarrow.csv as pcsv
 
     cols = [c for c in dict.fromkeys(head) if c in STAT_COLUMNS or c in _INT_COLUMNS or c in _TEXT_COLUMNS]
@@ -244,9 +292,10 @@ def _read_file(path: Path, rank: int, layout: str, slug: str, head: tuple[str, .
     types.update({c: pa.int64() for c in cols if c in _INT_COLUMNS})
     types.update({c: _DICT for c in cols if c in _TEXT_COLUMNS})
     out = []
+    source = pa.BufferReader(path) if isinstance(path, pa.Buffer) else path
     try:
         reader = pcsv.open_csv(
-            path,
+            source,
             read_options=pcsv.ReadOptions(use_threads=False, block_size=_BLOCK),
             convert_options=pcsv.ConvertOptions(
                 column_types=types, include_columns=cols, null_values=[""], strings_can_be_null=True
@@ -259,7 +308,7 @@ def _read_file(path: Path, rank: int, layout: str, slug: str, head: tuple[str, .
         text = str(exc).strip()
         line = text.splitlines()[0] if text else type(exc).__name__
         raise MonitorFormatError(
-            f"{path}: not a monitor CSV ({line}); expected header vpp_stage,name,step[,micro_step],<ops>"
+            f"{name or path}: not a monitor CSV ({line}); expected header vpp_stage,name,step[,micro_step],<ops>"
         ) from None
     return out
 

@@ -13,7 +13,7 @@ from dumpstore.dtypes import FLOAT_DTYPES, INT_DTYPES
 
 from .compare import Comparison
 from .findings import Finding
-from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip
+from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
 from .hidden_index import hidden_index_stands
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
@@ -533,8 +533,8 @@ class _Judge:
             if kind == "parameter" and leaf["step"] != self.first_step:
                 return None  # later weights carry the optimizer's noise; the optimizer rule judges the update
             if kind == "input" and leaf["err"] is not None:
-                bar = self.noise.carried(self.key)
-                if bar is not None and leaf["err"] <= bar:
+                bar = max(self.noise.carried(self.key) or 0.0, step_level(self.noise, self.key) or 0.0)
+                if bar > 0 and leaf["err"] <= bar:
                     return None  # within the error the pair carries here: reached through unrecorded ops
                 if explained_by_flip(self.noise, self.key, leaf) is not None:
                     self.noise.flip_explained.add(self.key)

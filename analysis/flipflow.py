@@ -65,6 +65,13 @@ def flip_level(noise: NoiseModel, since: tuple, key: tuple) -> float | None:
     return max(found) if found else None
 
 
+def step_level(noise: NoiseModel, key: tuple) -> float | None:
+    """The largest finite output error of the records before `key` in its step and rank: the error some
+    recorded op of this step already showed, which an input reached through ops msprobe does not record (a
+    rotate_half of the query states, a gradient through a transpose) can carry on."""
+    return flip_level(noise, (key[0],), key)
+
+
 def fed_by_flip(noise: NoiseModel, key: tuple, rec: dict[str, Any]) -> dict[str, Any] | None:
     """Whether a record's diverged output is explained by a near-tie flip upstream of it (see the module doc):
     the evidence (flip, level, how it is fed), or None."""

@@ -99,6 +99,33 @@ def test_what_a_near_tie_flip_feeds_is_explained_by_it(dump_writer, store_dir, m
     )
 
 
+def test_a_module_enclosing_the_flip_is_fed_by_it(dump_writer, store_dir):
+    """The MoE block's record: its input agrees, its output is made through the flipped routing (construct.json
+    says it encloses the top-k): explained by the flip, not a fresh op."""
+    construct = {
+        "Torch.topk.0.forward": "Module.moe.MoeBlock.forward.0",
+        "Tensor.index_add_.0.forward": "Module.moe.MoeBlock.forward.0",
+    }
+
+    def block(flipped: bool) -> dict:
+        recs = _moe("tensor", flipped)
+        x = recs["Functional.gelu.0.forward"]["input_args"][0]
+        combined = recs["Tensor.index_add_.0.forward"]["output"][0]
+        out = {}
+        for k, v in recs.items():
+            out[k] = v
+            if k == "Tensor.index_add_.0.forward":
+                out["Module.moe.MoeBlock.forward.0"] = {"input_args": [x], "output": [_f32(combined.reshape(2, 8, D))]}
+        return out
+
+    for name, flipped in (("ref", False), ("target", True)):
+        w = dump_writer(name, "tensor")
+        w.write(block(flipped), construct=construct)
+        ingest(w.root, name, store=store_dir, jobs=1)
+    v = divergence(compare_runs(open_store(store_dir), "target", "ref"))
+    assert v.culprit is None and v.noise["discrete_flips"][0]["op"] == "Torch.topk.0.forward"
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_fault_on_agreeing_inputs_after_a_flip_is_found(dump_writer, store_dir, mode):
     """An op whose inputs agree is not fed by the flip: judged as any other."""

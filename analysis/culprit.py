@@ -391,7 +391,7 @@ class _Judge:
         # fed by a near-tie flip upstream in its step, within what the flip explains (analysis/flipflow.py)
         fed = fed_by_flip(self.noise, self.key, rec) is not None
         if fed:
-            self.noise.flip_explained.add(self.key)
+            self.noise.explain(self.key)
         if bad_in.height == 0 and rec["fresh"]:
             return None if fed else self._fresh(out)
         for leaf in bad_in.iter_rows(named=True):
@@ -465,7 +465,7 @@ class _Judge:
 
     def _note_flip(self, flipped: pl.DataFrame, worst: float | None, bar: float, detail: str) -> bool:
         self.noise.flip_marks.append((self.key, enclosing_modules(self.rec["_record"], self.parents)))
-        self.noise.flip_explained.add(self.key)
+        self.noise.explain(self.key)
         self.noise.flips.append(
             {
                 "step": self.rec["step"],
@@ -537,7 +537,7 @@ class _Judge:
                 if bar > 0 and leaf["err"] <= bar:
                     return None  # within the error the pair carries here: reached through unrecorded ops
                 if explained_by_flip(self.noise, self.key, leaf) is not None:
-                    self.noise.flip_explained.add(self.key)
+                    self.noise.explain(self.key)
                     return None  # fed by a near-tie flip upstream in its step, within what the flip explains
             return _with_evidence(
                 _finding(out, kind),

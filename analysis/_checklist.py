@@ -167,13 +167,26 @@ def _fingerprint(r: dict[str, Any]) -> tuple | None:
 
 
 def _unproduced_inputs(side: pl.DataFrame) -> pl.DataFrame:
-    """Forward tensor inputs no earlier record of the same step, rank and source output (first of each)."""
-    first_out: dict[tuple, int] = {}
-    outs = side.filter(pl.col("io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor"))
-    for r in outs.iter_rows(named=True):
-        fp = _fingerprint(r)
-        if fp is not None and r["seq"] is not None:
-            first_out[fp] = min(first_out.get(fp, r["seq"]), r["seq"])
+    """Forward tensor inputs no earlier record of the same step, rank and source output (first of each).
+
+    A leaf's fingerprint is its step, rank, source, dtype, shape and statistics (NaN equal to NaN, -0.0 to 0.0);
+    none when it has no statistic.  An input is kept when it has none, or when it is the first input of its
+    fingerprint (execution order) and no output of that fingerprint comes before it."""
+    fp_cols = ["step", "rank", "source", "dtype", "_shape"]
+    prints = [
+        pl.col("shape").list.eval(pl.element().cast(pl.String)).list.join(",").fill_null("").alias("_shape"),
+        pl.any_horizontal([pl.col(s).is_not_null() for s in STATS]).alias("_has_fp"),
+    ]
+    for s in STATS:
+        v = pl.col(s).cast(pl.Float64)
+        prints += [(v.fill_nan(None) + 0.0).alias(f"_v_{s}"), v.is_nan().fill_null(False).alias(f"_nan_{s}")]
+        fp_cols += [f"_v_{s}", f"_nan_{s}"]
+    outs = side.filter(pl.col("io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor")).with_columns(prints)
+    first_out = (
+        outs.filter(pl.col("_has_fp") & pl.col("seq").is_not_null())
+        .group_by(fp_cols)
+        .agg(pl.col("seq").min().alias("_first_out"))
+    )
     ins = side.filter(
         (pl.col("direction") == "forward")
         & (pl.col("io") == "input")
@@ -181,15 +194,11 @@ def _unproduced_inputs(side: pl.DataFrame) -> pl.DataFrame:
         & (pl.col("module").fill_null("") != "optimizer")
     )
     ins = ins.sort([*KEYS, "seq", "leaf"])
-    keep, seen = [], set()
-    for r in ins.iter_rows(named=True):
-        fp = _fingerprint(r)
-        if fp is not None and (first_out.get(fp, r["seq"]) < r["seq"] or fp in seen):
-            continue
-        if fp is not None:
-            seen.add(fp)
-        keep.append(r)
-    return pl.DataFrame(keep, schema=ins.schema, orient="row")
+    marked = ins.with_columns(prints).with_columns(pl.struct(fp_cols).is_first_distinct().alias("_first"))
+    marked = marked.join(first_out, on=fp_cols, how="left", nulls_equal=True, maintain_order="left")
+    produced = (pl.col("_first_out") < pl.col("seq")).fill_null(False)
+    keep = ~pl.col("_has_fp") | (pl.col("_first") & ~produced)
+    return ins.filter(marked.select(keep.alias("keep"))["keep"])
 
 
 def _same(a: Any, b: Any) -> bool:

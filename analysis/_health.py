@@ -28,6 +28,9 @@ thresholds (`Thresholds`), all overridable:
   loss_nonfinite     the loss (0-d forward output of a loss op: cross_entropy, nll_loss, mse_loss, ...) is
   loss_spike         NaN/Inf, or above `explode_factor` x the median of the earlier steps' losses (for a
                      negative median the same rise: median + (explode_factor - 1) x |median|)
+  kernel             an op's output farther from float64 than its replay standard allows (`dumpstore replay`:
+                     the op run again on the CPU from its recorded inputs; docs/replay.md), every failed output
+                     in execution order (the first is `divergence`'s KERNEL finding); none for a run not replayed
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ WATCHPOINTS = (
     "near_dtype_max",
     "loss_nonfinite",
     "loss_spike",
+    "kernel",
 )
 
 
@@ -199,6 +203,7 @@ def health(
         con.close()
     tell("overflow", 7, 7)
     found += _overflow_findings(store, run)
+    found += _kernel_findings(store, run)
     found.sort(key=lambda x: x[0])
     findings = [f for _, f in found]
     counts = {w: sum(1 for f in findings if f.watchpoint == w) for w in WATCHPOINTS}
@@ -225,6 +230,7 @@ def rules(th: Thresholds) -> dict[str, str]:
             f"loss > {th.explode_factor:g} x median of the earlier steps (a negative median: "
             f"median + {th.explode_factor - 1:g} x |median|)"
         ),
+        "kernel": "op output farther from float64 than its replay standard (dumpstore replay)",
     }
 
 
@@ -437,4 +443,28 @@ def _overflow_findings(store: Store, run: str) -> list[_Found]:
             "overflow", p["step"], p["rank"], p["op"], p["name"], p["kind"], "finite, |x| < finfo.max", None, detail
         )
         out.append(((p["step"], p["rank"], "", seqs.get((p["step"], p["rank"], p["op"]), 0), 0), f))
+    return out
+
+
+def _kernel_findings(store: Store, run: str) -> list[_Found]:
+    """Every output of `run`'s replay (`dumpstore replay`) over its standard, in execution order; none when the run
+    was not replayed since its last ingest."""
+    from dumpstore.replaytable import read_replay
+
+    from .replay.findings import kernel_message
+
+    table = read_replay(store, run)
+    if table is None:
+        return []
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    df = df.with_row_index("_at").sort(["step", "rank", "seq"], maintain_order=True).filter(pl.col("status") == "fail")
+    out: list[_Found] = []
+    for r in df.iter_rows(named=True):
+        metric = f"{r['metric']}_ratio" if r.get("metric") == "rel_l2" else r.get("metric")
+        f = HealthFinding(
+            "kernel", int(r["step"]), int(r["rank"]), r["record"], r["name"], r["ratio"], r["threshold"], None,
+            f"{metric}: {kernel_message(r)}" if metric else kernel_message(r),
+        )  # fmt: skip
+        out.append(((r["step"], r["rank"], "", r["seq"] or 0, r["_at"]), f))
     return out

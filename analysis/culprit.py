@@ -9,14 +9,16 @@ from typing import Any
 
 import polars as pl
 
-from dumpstore.dtypes import FLOAT_DTYPES, INT_DTYPES
+from dumpstore.dtypes import INT_DTYPES
 
+from . import steps as ST
 from .compare import Comparison
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
 from .hidden_index import hidden_index_stands
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
+from .producers import _fingerprint, _Producers, _view_fingerprint
 from .sibling_prior import siblings_excuse
 
 
@@ -49,92 +51,6 @@ def _row_kind(row: dict[str, Any]) -> str:
     return "value"
 
 
-_FP_STATS = ("min", "max", "mean", "norm")
-
-
-def _fingerprint(prefix: str) -> pl.Expr:
-    """Hash of (dtype, shape, step, rank, source, statistics) of one side's tensor; null without statistics."""
-    cols = [pl.col(f"{prefix}dtype"), pl.col(f"{prefix}shape"), pl.col("step"), pl.col("rank"), pl.col("source")]
-    cols += [pl.col(f"{prefix}{s}") for s in _FP_STATS]
-    known = pl.any_horizontal([pl.col(f"{prefix}{s}").is_not_null() for s in _FP_STATS])
-    return pl.when(known).then(pl.struct(cols).hash()).alias(f"_fp_{prefix or 't'}")
-
-
-def _view_fingerprint(prefix: str) -> pl.Expr:
-    """Hash of (dtype, number of elements, step, rank, source, statistics) of a float tensor with all four
-    statistics: the same values through a view msprobe does not record (view, reshape, transpose, permute: the
-    statistics do not depend on the order), of any shape; null otherwise (integer statistics, max/min only,
-    match too easily)."""
-    cols = [pl.col(f"{prefix}dtype"), pl.col(f"{prefix}numel"), pl.col("step"), pl.col("rank"), pl.col("source")]
-    cols += [pl.col(f"{prefix}{s}") for s in _FP_STATS]
-    known = pl.all_horizontal([pl.col(f"{prefix}{s}").is_not_null() for s in _FP_STATS]) & pl.col(
-        f"{prefix}dtype"
-    ).is_in(list(FLOAT_DTYPES))
-    return pl.when(known).then(pl.struct(cols).hash()).alias(f"_vfp_{prefix or 't'}")
-
-
-def _first_outputs(rows: pl.DataFrame, prefix: str, col: str) -> dict[Any, tuple[int, str]]:
-    """Fingerprint (column `col`) -> (seq, record) of the first output tensor of one run with it."""
-    outs = (
-        rows.lazy()  # lazy: only the columns used are filtered and sorted
-        .filter(
-            pl.col(f"{prefix}io").is_in(OUTPUT_IO) & (pl.col(f"{prefix}kind") == "tensor") & pl.col(col).is_not_null()
-        )
-        .sort(f"{prefix}seq")
-        .group_by(col, maintain_order=True)
-        .agg(pl.col(f"{prefix}seq").first(), pl.col(f"{prefix}record").first())
-        .collect()
-    )
-    return dict(zip(outs[col].to_list(), zip(outs[f"{prefix}seq"].to_list(), outs[f"{prefix}record"].to_list())))
-
-
-class _Producers:
-    """Which record of one run first produced a tensor, by fingerprint (dtype, shape, statistics)."""
-
-    def __init__(self, rows: pl.DataFrame, prefix: str):
-        self.prefix = prefix
-        col = f"_fp_{prefix or 't'}"
-        self.first = _first_outputs(rows, prefix, col)
-        self.first_view = _first_outputs(rows, prefix, f"_vfp_{prefix or 't'}")
-        # the module records' `parameters` leaves (msprobe mix level): which tensors are weights
-        self.params = set(
-            rows.lazy()
-            .filter((pl.col(f"{prefix}io") == "parameters") & pl.col(col).is_not_null())
-            .select(col)
-            .collect()[col]
-            .to_list()
-        )
-
-    def is_weight(self, r: dict[str, Any]) -> bool:
-        """A tensor input that is a weight: a `parameters` leaf, or one requiring grad that is a module's
-        parameter where module records list them (else an activation reached through unrecorded ops, such
-        as `k.transpose()`), or that requires grad where they list none."""
-        if r.get(f"{self.prefix}io") == "parameters":
-            return True
-        if not r.get(f"{self.prefix}requires_grad"):
-            return False
-        return not self.params or r.get(f"_fp_{self.prefix or 't'}") in self.params
-
-    def producer(self, r: dict[str, Any], views: bool = True) -> str | None:
-        """The record that produced this tensor before its own record: the same tensor, or (`views`) the same
-        values through a view msprobe does not record (a transpose or reshape of q_proj's output)."""
-        seq = r.get(f"{self.prefix}seq")
-        found = self.producer_of(r.get(f"_fp_{self.prefix or 't'}"), seq)
-        if found is not None or not views:
-            return found
-        hit = self.first_view.get(r.get(f"_vfp_{self.prefix or 't'}"))
-        if hit is None or seq is None or hit[0] >= seq:
-            return None
-        return hit[1]
-
-    def producer_of(self, fingerprint: int | None, seq: int | None) -> str | None:
-        """The record that produced a tensor of this fingerprint before record `seq` (None: none did)."""
-        hit = self.first.get(fingerprint)
-        if hit is None or seq is None or hit[0] >= seq:
-            return None
-        return hit[1]
-
-
 Found = tuple[Finding, tuple]  # a finding and its place in execution order
 
 
@@ -151,8 +67,9 @@ def _culprit(
     weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
     for i, step in enumerate(steps):
         view = _StepView(rows, step)
+        changed: dict[int, dict[str, Any]] = {}
         if i:
-            found = _optimizer(rows, recs, view, steps[i - 1])
+            found, changed = _optimizer(rows, recs, view, steps[i - 1])
             if found is not None:
                 return found
         hidden = pl.col("idx_hidden").fill_null(False) & (pl.col("out_err") > 0)  # analysis/hidden_index.py
@@ -174,6 +91,7 @@ def _culprit(
                     cmp,
                     noise,
                     first_step=steps[0],
+                    changed=changed,
                     parents=view.parents,
                 )
                 found = judge.verdict()
@@ -227,10 +145,13 @@ class _StepView:
         return self._producers[prefix]
 
 
-def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: int) -> tuple[Found, Found] | None:
-    """The update between two agreeing steps as culprit (see analysis/noise.py), located at the first record of
-    the later step that takes an updated parameter; the first divergence is the later step's first diverged
-    output."""
+def _optimizer(
+    rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: int
+) -> tuple[tuple[Found, Found] | None, dict[int, dict[str, Any]]]:
+    """The update between two agreeing steps as culprit (see analysis/noise.py and analysis/steps.py), located at
+    the first record of the later step that takes an updated parameter; the first divergence is the later step's
+    first diverged output.  Else the parameters changed between the steps beyond what the update explains
+    (analysis/steps.py `corrupted`, by target fingerprint), for the judges of the later step."""
     after, step_rows = view.step, view.rows
     weights = step_rows.filter(
         pl.col("_io").is_in(INPUT_IO)
@@ -238,30 +159,43 @@ def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: 
         & (pl.col("requires_grad").fill_null(False) | (pl.col("_io") == "parameters"))
     )
     if not weights.filter(pl.col("status") == "diverged").height:
-        return None
+        return None, {}
     produced = view.producers("")
     fresh = [produced.producer_of(fp, seq) is None for fp, seq in weights.select("_fp_t", "seq").iter_rows()]
     params = weights.filter(pl.Series(fresh, dtype=pl.Boolean))  # (named rows of every column: a second a step)
     ev = update_evidence(rows, before, after, params)
-    if ev is None or not ev["differs"]:
-        return None
+    table = ST.table(rows, before, after, params) if params.height else None
+    if ev is not None and ev["differs"]:
+        evidence = {k: v for k, v in ev.items() if k != "differs"}
+        value = ev["median_ratio"]
+        text = (
+            f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
+            f"in the reference between steps {before} and {after}, beyond their own spread (log ratio bar "
+            f"{ev['bar']:.2g}): learning rate, clipping or optimizer differs"
+        )
+    else:
+        broad = ST.update_differs(table)
+        if broad is None:
+            return None, ST.corrupted(table)
+        evidence, value = broad, broad["median_update_units"]
+        text = (
+            f"{broad['unexplained']} of {broad['parameters']} parameters differ from the reference by "
+            f"{broad['median_update_units']:.3g} of their own update (median) between steps {before} and {after}, "
+            f"where their gradients and earlier differences explain {broad['median_carried_in']:.3g}: clipping, "
+            "learning rate or optimizer differs"
+        )
     shows = params.row(0, named=True)
     key = order_key(shows)
-    text = (
-        f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
-        f"in the reference between steps {before} and {after}, beyond their own spread (log ratio bar "
-        f"{ev['bar']:.2g}): learning rate, clipping or optimizer differs"
-    )
     culprit = Finding(
         after,
         shows["rank"],
         shows["_record"],
         shows["name"],
         "optimizer",
-        metric="update_ratio",
-        value=ev["median_ratio"],
+        metric="update_ratio" if ev is not None and ev["differs"] else "update_units",
+        value=value,
         detail=text,
-        evidence={k: v for k, v in ev.items() if k != "differs"},
+        evidence=evidence,
     )
     first = recs.filter((pl.col("step") == after) & pl.col("out_div")).head(1)
     if first.height:
@@ -272,8 +206,8 @@ def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: 
             & (pl.col("status") == "diverged")
             & pl.col("_io").is_in(OUTPUT_IO)
         ).row(0, named=True)
-        return (culprit, key), (_finding(out), order_key(r))
-    return (culprit, key), (replace(culprit, evidence={}), key)
+        return ((culprit, key), (_finding(out), order_key(r))), {}
+    return ((culprit, key), (replace(culprit, evidence={}), key)), {}
 
 
 class _Judge:
@@ -289,10 +223,12 @@ class _Judge:
         cmp: Comparison,
         noise: NoiseModel,
         first_step: int,
+        changed: dict[int, dict[str, Any]] | None = None,
         parents: dict[str, str] | None = None,
     ):
         self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
         self.cmp, self.noise, self.first_step = cmp, noise, first_step
+        self.changed = changed or {}  # parameters changed between steps (analysis/steps.py), by fingerprint
         self.parents = parents or {}
         self.key = order_key(rec)
 
@@ -531,7 +467,23 @@ class _Judge:
         if tp is None and rp is None:
             kind = "parameter" if self.t_prod.is_weight(leaf) else "input"
             if kind == "parameter" and leaf["step"] != self.first_step:
-                return None  # later weights carry the optimizer's noise; the optimizer rule judges the update
+                # later weights carry the optimizer's noise: named only when changed beyond what the update
+                # explains (analysis/steps.py), at their first consumer
+                changed = self.changed.get(leaf.get("_fp_t"))  # type: ignore[arg-type]
+                if changed is None:
+                    return None
+                return _with_evidence(
+                    _finding(out, kind),
+                    differing=leaf["name"],
+                    input_err=leaf["err"],
+                    **changed,
+                    detail=(
+                        f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step "
+                        f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
+                        f" at most {changed['siblings_max']:.3g}, what its update was fed "
+                        f"{changed['carried_in'] or 0:.3g}): changed between steps"
+                    ),
+                )
             if kind == "input" and leaf["err"] is not None:
                 bar = max(self.noise.carried(self.key) or 0.0, step_level(self.noise, self.key) or 0.0)
                 if bar > 0 and leaf["err"] <= bar:

@@ -21,6 +21,8 @@ rate or clipping change moves every parameter by the same factor (spread ~0); de
 scattered factors around 1.  The rule runs at the start of each later step, before that step's other rules.
 Update sizes come from the statistics of both steps (a lower bound of ||p(s+1) - p(s)|| by `rules.stats_bound`),
 so the rule holds in statistics and tensor mode alike.
+A change that does not scale every update alike (clipping under Adam), and a parameter changed between steps,
+are judged in units of each parameter's own update by analysis/steps.py.
 """
 
 from __future__ import annotations

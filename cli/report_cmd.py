@@ -65,6 +65,11 @@ def _report(
         if said is not None:
             for line in explanation_lines({"explanation": said.to_dict()}, config=False):
                 click.echo(text(line))
+    from .compare_cmds import kernel_of
+
+    kernel = kernel_of(store, target, ref)
+    if kernel is not None:  # the target was replayed (dumpstore replay) and an op's own output is off its standard
+        click.echo(finding_line("KERNEL", kernel))
     if csv_path is not None:
         with Stages("report") as progress:
             n = write_csv(data.cmp, csv_path, store=st, progress=progress, only_differing=only_differing)

@@ -174,3 +174,24 @@ def msprobe_command() -> list[str] | None:
     if found:
         return [found]
     return [sys.executable, "-c", "import sys; from msprobe.msprobe import main; sys.argv[0] = 'msprobe'; main()"]
+
+
+def replay_table(rows: list[dict]):
+    """A replay table (dumpstore/replaytable.py) with `rows`' columns set and the others null, as `dumpstore
+    replay` writes it: each row one output of an op, judged against float64."""
+    import pyarrow as pa
+
+    from dumpstore.replaytable import REPLAY_SCHEMA
+
+    return pa.Table.from_pylist(rows, schema=REPLAY_SCHEMA)
+
+
+def replay_row(step: int, seq: int, record: str, status: str, ratio: float | None) -> dict:
+    api = record.split(".")[1]
+    return {
+        "step": step, "rank": 0, "seq": seq, "record": record, "prefix": "Functional", "api": api,
+        "direction": "forward", "output": "0", "name": f"{record}.output.0", "dtype": "float32", "shape": [2, 3],
+        "status": status, "standard": "benchmark", "api_level": "L1", "metric": "rel_l2",
+        "err": None if ratio is None else ratio * 1e-7, "cpu_err": 1e-7, "ratio": ratio, "threshold": 2.0,
+        "msprobe_status": "error" if status == "fail" else "pass",
+    }  # fmt: skip

@@ -7,6 +7,7 @@ of a module (it runs as surely, only later); an import under `if TYPE_CHECKING:`
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 from pathlib import Path
 
@@ -93,6 +94,12 @@ def _edges(name: str) -> set[str]:
     return out
 
 
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports, every module parsed once for the tests that read the graph."""
+    return {m: _edges(m) for m in MODULES}
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan), each sorted."""
     index: dict[str, int] = {}
@@ -129,7 +136,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_import_graph_is_read():
-    graph = {m: _edges(m) for m in MODULES}
+    graph = _graph()
     assert "dumpstore.store" in graph["dumpstore._ingest.driver"]
     assert "dumpstore.readers" in graph["dumpstore.layout"]
     assert "dumpstore.engine_ray" in graph["dumpstore._ingest.driver"]  # an import inside a function
@@ -137,13 +144,13 @@ def test_the_import_graph_is_read():
 
 
 def test_no_import_cycle():
-    graph = {m: _edges(m) for m in MODULES}
+    graph = _graph()
     assert _cycles(graph) == []
 
 
 def test_the_library_never_imports_the_cli():
     """(`python -m dumpstore`, dumpstore/__main__.py, is the command's other entry point.)"""
-    graph = {m: _edges(m) for m in MODULES}
+    graph = _graph()
     library = [m for m in graph if not m.startswith("dumpstore.cli") and m != "dumpstore.__main__"]
     upward = [(m, t) for m in library for t in graph[m]]
     assert [(m, t) for m, t in upward if t.startswith("dumpstore.cli")] == []

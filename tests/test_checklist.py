@@ -169,3 +169,47 @@ def test_progress_is_reported_per_check(store):
         "done",
     ]
     assert calls[-1] == ("done", 7, 7)
+
+
+def test_unproduced_inputs_by_fingerprint() -> None:
+    """An input is kept when it has no statistic, or when it is the first of its fingerprint (step, rank, source,
+    dtype, shape, statistics: NaN equal to NaN, -0.0 to 0.0) and no output of that fingerprint comes before it."""
+    import polars as pl
+
+    from dumpstore.analysis._checklist import _unproduced_inputs
+
+    nan = float("nan")
+    leaves = [  # (seq, io, stats): all float32 [2] tensors of step 0, rank 0, forward
+        (1, "input", (0.0, 1.0, 0.5, 1.0)),  # kept: first of its fingerprint
+        (2, "output", (nan, 2.0, 0.5, 1.0)),
+        (3, "input", (0.0, 1.0, 0.5, 1.0)),  # the same as seq 1: left out
+        (4, "input", (nan, 2.0, 0.5, 1.0)),  # seq 2's output (NaN = NaN): left out
+        (5, "input", (-0.0, 3.0, 0.5, 1.0)),  # kept
+        (6, "input", (0.0, 3.0, 0.5, 1.0)),  # seq 5's (-0.0 = 0.0): left out
+        (7, "input", (None, None, None, None)),  # no statistic: kept
+        (8, "input", (None, None, None, None)),  # kept
+        (9, "output", (5.0, 6.0, 0.5, 1.0)),
+        (10, "input", (5.0, 6.0, 0.5, 2.0)),  # another norm: kept
+    ]
+    side = pl.DataFrame(
+        [
+            {
+                "_i": i,
+                "step": 0,
+                "rank": 0,
+                "source": "forward",
+                "seq": seq,
+                "leaf": 0,
+                "io": io,
+                "kind": "tensor",
+                "direction": "forward",
+                "module": None,
+                "dtype": "float32",
+                "shape": [2],
+                **dict(zip(("min", "max", "mean", "norm"), stats)),
+            }
+            for i, (seq, io, stats) in enumerate(leaves)
+        ],  # fmt: skip
+        schema_overrides={"module": pl.String, **{s: pl.Float64 for s in ("min", "max", "mean", "norm")}},
+    )
+    assert _unproduced_inputs(side)["seq"].to_list() == [1, 5, 7, 8, 10]

@@ -14,7 +14,7 @@ from dumpstore.analysis._health import WATCHPOINTS, Thresholds, health
 from dumpstore.cli.main import main
 from dumpstore.query import run_query
 from dumpstore.store import open_store
-from helpers import SAMPLES, leaf
+from helpers import SAMPLES, leaf, replay_row, replay_table
 
 CATALOG = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text())["cases"]}
 DECLARED = [c for c in CATALOG.values() if c["expected"] and "health" in c["expected"]]
@@ -224,3 +224,37 @@ def test_progress_is_reported_per_watchpoint_group(store):
     health(store, "ref_stats", progress=lambda stage, done, total: calls.append((stage, done, total)))
     assert calls[0] == ("loss", 0, 7) and calls[-1] == ("overflow", 7, 7)
     assert [d for _, d, _ in calls] == list(range(8))
+
+
+def test_kernel_watchpoint_lists_the_replays_failed_outputs(tmp_path) -> None:
+    """`kernel`: every output of the run's replay over its standard, in execution order, with the replay's words;
+    none before the run is replayed (the samples never are)."""
+    from dumpstore.analysis.replay import kernel_finding
+    from dumpstore.cli.health_cmds import health_text
+    from dumpstore.replaytable import write_replay
+
+    ingest(SAMPLES / "ref_stats", "r", store=tmp_path / "store", jobs=1)
+    st = open_store(tmp_path / "store")
+    assert health(st, "r").counts["kernel"] == 0
+    rows = [
+        replay_row(1, 4, "Functional.linear.0.forward", "fail", 50.0),
+        replay_row(0, 9, "Functional.softmax.0.forward", "pass", 1.0),
+        replay_row(0, 12, "Functional.linear.1.forward", "fail", 700.0),
+    ]
+    write_replay(st, "r", replay_table(rows))
+    rep = health(st, "r")
+    found = [(f.step, f.op, f.value, f.threshold) for f in rep.findings if f.watchpoint == "kernel"]
+    assert found == [(0, "Functional.linear.1.forward", 700.0, 2.0), (1, "Functional.linear.0.forward", 50.0, 2.0)]
+    first = rep.first("kernel")
+    assert first is not None and first.name == "Functional.linear.1.forward.output.0"
+    assert first.detail == "rel_l2_ratio: " + kernel_finding(st, "r").detail
+    assert first.detail == (
+        "rel_l2_ratio: Functional.linear.1.forward.output.0: linear is 700× farther from float64 than the CPU's "
+        "float32 linear (rel_l2 7e-05 vs 1e-07; judged ratio 700 > 2; msprobe's benchmark standard: error)"
+    )
+    assert rep.counts["kernel"] == 2 and set(rep.counts) == set(WATCHPOINTS)
+    out = health_text(rep, 20)
+    assert (
+        "kernel             2         op output farther from float64 than its replay standard (dumpstore replay)" in out
+    )
+    assert "\nkernel: 2 findings\n" in out

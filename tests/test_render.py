@@ -106,6 +106,7 @@ GOLDEN = {
         "near_dtype_max     1         finite |x| >= 0.5 x finfo(dtype).max                                                step 0 rank 0  Module.layers.1.fc2.Linear.forward.0.parameters.weight  1.7e+38\n"
         "loss_nonfinite     3         loss is NaN or +-Inf                                                                step 0 rank 0  Functional.cross_entropy.0.forward.output.0  nan\n"
         "loss_spike         0         loss > 10 x median of the earlier steps (a negative median: median + 9 x |median|)  -\n"
+        "kernel             0         op output farther from float64 than its replay standard (dumpstore replay)          -\n"
         "\n"
         "overflow: 3 findings (first 2)\n"
         "step  rank  tensor                                         value  threshold                detail\n"

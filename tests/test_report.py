@@ -31,7 +31,7 @@ from dumpstore._ingest import ingest
 from dumpstore.analysis import msprobe_csv, report
 from dumpstore.analysis._divergence import divergence
 from dumpstore.store import open_store
-from helpers import msprobe_cli, start_msprobe_compare, synth
+from helpers import msprobe_cli, replay_row, replay_table, start_msprobe_compare, synth
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_dumps"
@@ -754,3 +754,38 @@ def test_unwritable_report_path_is_one_line_error(reports, store, tmp_path) -> N
         with pytest.raises(DumpstoreError, match=r"file/r\.out: cannot write the report \(.*\); pick another path"):
             write(blocker / "r.out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.browser
+def test_kernel_card_of_a_replayed_target_in_chromium(tmp_path) -> None:
+    """A replayed target (`dumpstore replay`) gets a fifth verdict card, the replay's kernel finding with the
+    reference's error beside it, and `report` prints its KERNEL line; a target never replayed has neither."""
+    from dumpstore.cli.main import main
+    from dumpstore.replaytable import write_replay
+
+    _need_chromium()
+    root = tmp_path / "store"
+    for run in ("weight_1pct_stats", "ref_stats"):
+        ingest(SAMPLES / run, run, store=root, jobs=1)
+    args = ["report", "--target", "weight_1pct_stats", "--ref", "ref_stats", "--store", str(root)]
+    before = CliRunner().invoke(main, [*args, "--html", str(tmp_path / "before.html")])
+    assert before.exit_code == 0, before.output
+    assert "KERNEL" not in before.output and 'id="kernel-card"' not in (tmp_path / "before.html").read_text()
+    st = open_store(root)
+    op = "Functional.linear.1.forward"
+    write_replay(st, "weight_1pct_stats", replay_table([replay_row(0, 12, op, "fail", 700.0)]))
+    write_replay(st, "ref_stats", replay_table([replay_row(0, 12, op, "pass", 1.0)]))
+    res = CliRunner().invoke(main, [*args, "--html", str(tmp_path / "after.html")])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if x.startswith("KERNEL"))
+    assert line.startswith(f"KERNEL (kernel): step 0 rank 0  {op}  output.0  ")
+    page = browser.load(tmp_path / "after.html")
+    _check_page(page, charts=5)
+    card = re.search(r'<div id="kernel-card" class="finding kernel">.*?</table></div>', _verdict_block(page.dom))
+    assert card, "no kernel card in the verdict"
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", card.group(0))).split())
+    assert text.startswith(f"Kernel (replay): {op} show its rows rel_l2_ratio=700 > tol=2 (float32) ")
+    assert (
+        f"{op}.output.0: linear is 700× farther from float64 than the CPU's float32 linear (rel_l2 7e-05 vs 1e-07; "
+        "judged ratio 700 > 2; msprobe's benchmark standard: error); the reference's is 1×"
+    ) in text

@@ -81,6 +81,7 @@ _LINK_DRIVER = """
 """
 
 
+@pytest.mark.browser
 def test_verdict_link_shows_exactly_the_culprits_rows(tmp_path):
     """The culprit card's link filters the table to that op (its exact name, not names containing it), step and
     rank: the rows a click on the chart's culprit star shows."""

@@ -88,6 +88,7 @@ def _divergence(store: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.processes  # a divergence process read while the reference is ingested again, many times over
 def test_divergence_exact_survives_reingests_meanwhile(store_dir):
     ingest(SAMPLES / "ref_tensor", "ref", store=store_dir, jobs=1)
     ingest(SAMPLES / "weight_1pct_tensor", "target", store=store_dir, jobs=1)

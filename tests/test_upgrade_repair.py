@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -61,6 +62,15 @@ def two_runs(tmp_path):
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=300)
+
+
+def _one_line(*args: str) -> SimpleNamespace:
+    """A command run in this process (what `_cli` checks of an error: exit status and stderr, without a process's
+    start-up): an exception the command lets through fails the test, as a traceback would."""
+    res = CliRunner().invoke(main, list(args))
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return SimpleNamespace(returncode=res.exit_code, stderr=res.stderr)
 
 
 @pytest.mark.processes
@@ -174,7 +184,7 @@ def test_a_missing_catalog_is_an_error_and_repair_rebuilds_it(two_runs):
     want = _raw(store)
     (store / "runs.parquet").unlink()
     for args in (["runs"], ["ingest", str(SAMPLES / "ref_stats"), "--run", "c"], ["query", "select 1"]):
-        res = _cli(*args, "--store", str(store))
+        res = _one_line(*args, "--store", str(store))
         assert res.returncode == 1 and res.stderr.count("\n") == 1, res.stderr
         assert "catalog is missing" in res.stderr and "dumpstore repair" in res.stderr and "a, b" in res.stderr
     assert not (store / ".ingests" / "run=c").exists() or not any((store / ".ingests" / "run=c").iterdir())
@@ -201,7 +211,7 @@ def test_a_damaged_catalog_is_one_line_and_repair_rebuilds_it(two_runs, damage):
         data = bytearray(b"PAR1" + os.urandom(200) + b"PAR1")
     path.write_bytes(bytes(data))
     for args in (["runs"], ["divergence", "--target", "a", "--ref", "b"], ["upgrade"]):
-        res = _cli(*args, "--store", str(store))
+        res = _one_line(*args, "--store", str(store))
         assert res.returncode == 1 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
         assert str(path) in res.stderr and "dumpstore repair" in res.stderr
     assert repair(store).runs == ["a", "b"]
@@ -227,7 +237,7 @@ def test_a_damaged_tensor_file_is_one_line_naming_repair(two_runs, damage):
         ["divergence", "--target", "a", "--ref", "b", "--no-cache"],
         ["compare", "--target", "a", "--ref", "b"],
     ):
-        res = _cli(*args, "--store", str(store))
+        res = _one_line(*args, "--store", str(store))
         assert res.returncode == 1 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
         assert "dumpstore repair" in res.stderr
     res = CliRunner().invoke(main, ["repair", "--store", str(store)])

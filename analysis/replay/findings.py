@@ -75,6 +75,13 @@ def _num(v: Any) -> str:
     return "n/a" if v is None else f"{v:.3g}"
 
 
+def replayed(store: Store, run: str) -> bool:
+    """Whether `run` was replayed (`dumpstore replay`) since its last ingest."""
+    from dumpstore.replaytable import replay_path
+
+    return replay_path(store, run, store.run_info(run)["ingest_id"]).is_file()
+
+
 def kernel_finding(store: Store, run: str, *, ref: str | None = None) -> Finding | None:
     """The first op of `run` (execution order) whose output is farther from float64 than its standard allows, from
     the stored replay (run `dumpstore replay` first); None when not replayed or nothing failed. With `ref` (also

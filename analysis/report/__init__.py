@@ -1,7 +1,8 @@
 """Reports to share: a CSV in msprobe's column names plus dumpstore's, and one self-contained HTML page.
 
 `analyze` runs the comparison, the divergence verdict and the overflow scan once; `write_csv` and
-`render_html` / `write_html` render them.  Modules: `data` (what is rendered), `csvfile` (the CSV),
+`render_html` / `write_html` render them.  Modules: `data` (what is rendered), `csvfile` (the CSV's columns
+and rows), `csvcols` (its cells by column), `csvwrite` (writing it),
 `figures` (the charts and training curves), `rows` (every compared row for the page's table), `culprit` (the
 culprit in words), `sections` (the page's markup), `page` (the page, from the files in `assets/`), `text`
 (the verdict line and number formatting).
@@ -16,8 +17,8 @@ from .csvfile import (  # noqa: F401
     MSPROBE_COLUMNS,
     RESULT_OF_STATUS,
     csv_rows,
-    write_csv,
 )
+from .csvwrite import write_csv
 from .data import ReportData, analyze
 from .figures import BACKWARD, MAX_HEAT_COLUMNS, MAX_POINTS  # noqa: F401
 from .page import _json_for_script, plotly_js, render_html, write_html, write_report_html  # noqa: F401

@@ -13,24 +13,20 @@ dumpstore's judgement is in its own columns: `rel_l2` (relative L2 error), `err_
 `dumpstore_result` (its pass / warning / error), `dumpstore_detail` and `dumpstore_message` (a JSON list naming
 the metric and threshold).
 
-`write_csv` is the one function that writes the file (streaming, row by row, one op at a time);
-`iter_csv_rows` / `csv_rows` build the rows, `_csv_row` one row and `dumpstore.csvsafe` neutralises each cell.
+`write_csv` (csvwrite.py) is the one function that writes the file: by columns (csvcols.py: statistics mode
+and runs of different modes) or row by row from here (tensor and md5 modes), the same bytes either way;
+`iter_csv_rows` / `csv_rows` build the rows one op at a time, `_csv_row` one row and `dumpstore.csvsafe`
+neutralises each cell.
 """
 
 from __future__ import annotations
 
-import contextlib
-import csv
 import json
 import math
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import polars as pl
-
-from dumpstore.csvsafe import row as safe_row
-from dumpstore.errors import DumpstoreError
 
 from .. import msprobe_csv
 from ..compare import Comparison
@@ -44,7 +40,6 @@ __all__ = [
     "RESULT_OF_STATUS",
     "csv_rows",
     "iter_csv_rows",
-    "write_csv",
 ]
 
 N_A = "N/A"
@@ -165,65 +160,6 @@ RAW_SQL = (
 )
 STACKS_SQL = "SELECT step, rank, stack_id, frames FROM stacks WHERE run = $run"
 STACK_SQL = "SELECT frames FROM stacks WHERE run = $run AND step = $step AND rank = $rank AND stack_id = $sid"
-
-
-def write_csv(
-    cmp: Comparison,
-    path: str | Path,
-    *,
-    store=None,
-    progress: Progress | None = None,
-    only_differing: bool = False,
-) -> int:
-    """Write the comparison as CSV (see the module docstring), row by row; returns the number of data rows.
-
-    The file is written under a temporary name beside `path` and renamed when complete.  `progress("csv",
-    done, total)` is called every PROGRESS_ROWS rows.  `only_differing`: only the rows whose status is not
-    `pass` (diverged, unmatched, unknown, error).
-    """
-    p = Path(path)
-    part = p.with_name(p.name + ".part")
-    total = differing(cmp).rows.height if only_differing else cmp.rows.height
-    n = 0
-    stack_of: dict[tuple, Any] = {}  # an op's stack, held for its first written row when its first row is left out
-    cols = msprobe_csv.columns(CSV_COLUMNS, msprobe_csv.dump_mode(cmp, store))
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with open(part, "w", encoding="utf-8", newline="") as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(cols)
-            # msprobe's Result and Err_message are judged per op over all its rows, then the rows are left out
-            for row in iter_csv_rows(cmp, store=store):
-                if only_differing:
-                    op = (row["step"], row["rank"], row["op"])
-                    if row["NPU_Stack_Info"] != N_A:
-                        stack_of[op] = row["NPU_Stack_Info"]
-                    if row["dumpstore_status"] in (None, "pass"):
-                        continue
-                    row["NPU_Stack_Info"] = stack_of.pop(op, N_A)
-                w.writerow(safe_row(row[c] for c in cols))
-                n += 1
-                if progress is not None and n % PROGRESS_ROWS == 0:
-                    progress("csv", n, total)
-        part.replace(p)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            part.unlink(missing_ok=True)
-        raise DumpstoreError(f"{p}: cannot write the report ({exc.strerror or exc}); pick another path") from None
-    except BaseException:  # Ctrl-C, SIGTERM (the CLI raises KeyboardInterrupt for it), a bug: no half file left
-        with contextlib.suppress(OSError):
-            part.unlink(missing_ok=True)
-        raise
-    if progress is not None:
-        progress("csv", n, total)
-    return n
-
-
-def differing(cmp: Comparison) -> Comparison:
-    """The comparison with only its rows whose status is not `pass`."""
-    from dataclasses import replace
-
-    return replace(cmp, rows=cmp.rows.filter(pl.col("status") != "pass"))
 
 
 def csv_rows(cmp: Comparison, *, store=None) -> list[dict[str, Any]]:

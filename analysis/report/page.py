@@ -31,7 +31,7 @@ from .._checklist import Checklist
 from .._health import HealthReport
 from .._overflow import OverflowReport
 from ..compare import Comparison
-from ..verdict import Verdict
+from ..verdict import Finding, Verdict
 from . import sections
 from .data import ReportData, fetch
 from .figures import (
@@ -142,6 +142,7 @@ def render_html(
                 rows,
                 explained if explained is not None else _explained(store, verdict),
                 notes if notes is not None else _mode_notes(store, cmp),
+                _kernel(store, cmp),
             ),
         ),
         ("checklist", "Checklist", sections.checklist_section(checklist_report)),
@@ -160,6 +161,17 @@ def render_html(
     page = _page(title, when, "\n".join(body), data)
     tell("html", 4, 4)
     return page
+
+
+def _kernel(store, cmp: Comparison) -> tuple[bool, Finding | None]:
+    """(whether the target was replayed, its kernel finding with the reference's error beside it)."""
+    if store is None:
+        return False, None
+    from ..replay.findings import kernel_finding, replayed
+
+    if not replayed(store, cmp.target):
+        return False, None
+    return True, kernel_finding(store, cmp.target, ref=cmp.ref)
 
 
 UPDATES_SQL = (

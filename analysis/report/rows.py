@@ -82,9 +82,9 @@ def table_data(rows: pl.DataFrame) -> dict[str, Any]:
 
 def _encode(s: pl.Series) -> tuple[list[int | None], list[str]]:
     """A text column as indices into its distinct values (None stays None)."""
-    values = s.drop_nulls().unique(maintain_order=True).to_list()
-    index = {v: i for i, v in enumerate(values)}
-    return [None if v is None else index[v] for v in s.to_list()], values
+    values = s.drop_nulls().unique(maintain_order=True)
+    codes = s.replace_strict(values, pl.Series(range(values.len()), dtype=pl.Int64), default=None)
+    return codes.to_list(), values.to_list()
 
 
 def _numbers(s: pl.Series) -> list[float | str | None]:

@@ -147,9 +147,11 @@ def verdict_section(
     rows: pl.DataFrame,
     explained: dict[str, Explanation | None] | None = None,
     notes: list[str] | None = None,
+    kernel: tuple[bool, Finding | None] = (False, None),
 ) -> str:
     """The verdict line, the four cards (first divergence, culprit in words, overflow, unmatched), by step;
-    `notes`: what the dump modes mean for this verdict (analysis/explain.py mode_notes)."""
+    `notes`: what the dump modes mean for this verdict (analysis/explain.py mode_notes); `kernel`: (whether the
+    target was replayed, its kernel finding): a fifth card when it was (`dumpstore replay`, docs/replay.md)."""
     f = verdict.first_divergence
     words = culprit_words(rows, verdict.culprit) if verdict.culprit is not None else None
     ex = explained or {}
@@ -188,11 +190,20 @@ dtype ({esc(tol_text)}; a pair is judged at the less precise of its dtypes and t
 {_finding_html("Culprit", verdict.culprit, "none found" if f is not None else "none", words, ex.get("culprit"), True)}
 {_overflow_html(ovf)}
 {_unmatched_html(verdict)}
+{_kernel_html(*kernel)}
 </div>
 <h3>By step</h3>
 <table class="grid" id="steps-table"><tr><th>step</th><th>compared</th><th>diverged</th><th>unmatched</th>
 <th>max rel_l2</th><th>first divergence</th></tr>{steps}</table>
 </section>"""
+
+
+def _kernel_html(replayed: bool, f: Finding | None) -> str:
+    """The replay's card: the target's first op over its standard; nothing for a target never replayed."""
+    if not replayed and f is None:
+        return ""
+    card = _finding_html("Kernel (replay)", f, "none: every replayed output within its standard")
+    return card.replace('<div class="finding', '<div id="kernel-card" class="finding kernel', 1)
 
 
 def _coverage_html(cmp: Comparison) -> str:

@@ -1,0 +1,117 @@
+"""The report CSV written by columns (analysis/report/csvcols.py) is byte for byte the row-by-row writer's file.
+
+The row path (`csvfile.iter_csv_rows`, one dict per row through csv.writer) is the reference: every pair here is
+written both ways (the whole file, and `--only-differing` for some), and the bytes compared.  Pairs: statistics
+samples (overflow's inf/NaN statistics; two ranks), a statistics run against a tensor run (no common dump mode),
+and a hand-made dump with what the columns must write exactly as Python does: tiny and huge floats, -0.0 against
+0.0, NaN and infinities, bool and int tensors, arguments that differ, null leaves, names with quotes, commas and
+spreadsheet formula characters, leaves on one side only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dumpstore._ingest import ingest
+from dumpstore.analysis.compare import compare_runs
+from dumpstore.analysis.report import csvcols, write_csv
+from dumpstore.store import open_store
+
+PAIRS = [  # (target, reference, also --only-differing)
+    ("overflow_stats", "ref_stats", True),
+    ("rank1_fault_stats", "ref_2rank_stats", True),
+    ("weight_1pct_stats", "ref_tensor", False),
+]
+
+
+def _both(cmp, store, tmp: Path, only_differing: bool, monkeypatch) -> tuple[bytes, bytes, int]:
+    n = write_csv(cmp, tmp / "cols.csv", store=store, only_differing=only_differing)
+    with monkeypatch.context() as m:
+        m.setattr(csvcols, "frame", lambda *a, **k: None)  # the row-by-row path
+        n_rows = write_csv(cmp, tmp / "rows.csv", store=store, only_differing=only_differing)
+    assert n == n_rows
+    return (tmp / "cols.csv").read_bytes(), (tmp / "rows.csv").read_bytes(), n
+
+
+@pytest.mark.parametrize(("target", "ref", "only_differing"), PAIRS)
+def test_columns_write_the_row_writers_bytes(sample_store, target, ref, only_differing, tmp_path, monkeypatch) -> None:
+    cmp = compare_runs(sample_store, target, ref)
+    for only in (False, True) if only_differing else (False,):
+        cols, rows, n = _both(cmp, sample_store, tmp_path, only, monkeypatch)
+        assert n > 0 and cols.count(b"\n") >= n + 1
+        assert cols == rows
+
+
+def _tensor(dtype: str, mx, mn, mean, norm, shape=(2, 3), **extra) -> dict:
+    return {"type": "torch.Tensor", "dtype": dtype, "shape": list(shape), "Max": mx, "Min": mn, "Mean": mean,
+            "Norm": norm, "requires_grad": extra.pop("requires_grad", False), **extra}  # fmt: skip
+
+
+def _odd_dump(root: Path, target: bool) -> None:
+    """A statistics dump.json whose cells exercise every text rule of the CSV."""
+    f32 = "torch.float32"
+    k = 1.5 if target else 1.0
+    data = {
+        "Functional.linear.0.forward": {
+            "input_args": [
+                _tensor(f32, 1e-5 * k, -1.5e-7, 0.0 if target else -0.0, 1e16 * k),
+                _tensor(f32, 9999999999999998.0, -0.0001, 1.0000000000000002, 123456.789),
+                _tensor("torch.int64", 7, 0, 3.5, 12.0),
+                _tensor("torch.bool", True, target, 0.5, 1.0),
+            ],
+            "input_kwargs": {
+                "alpha": {"type": "float", "value": 0.5 * k},
+                "mode": {"type": "str", "value": "=SUM(A1)"},
+            },
+            "output": [
+                _tensor(f32, "inf" if target else 2.0, "-inf", "nan" if target else 0.5, None),
+                _tensor(f32, 3.0, 1.0, 2.0, 4.0, requires_grad=target),
+                None,
+            ],
+        },
+        'Functional.we,ird"na-me.0.forward': {
+            "input_args": [_tensor(f32, 1.0, -1.0, 0.0, 2.0)],
+            "input_kwargs": {},
+            "output": [_tensor(f32, 2.0 * k, -2.0, 0.1, 1e-300 * k)],
+        },
+        "Tensor.__add__.0.forward": {
+            "input_args": [_tensor(f32, -3.0, -4.0, -3.5, 7.0), {"type": "int", "value": 1}],
+            "input_kwargs": {},
+            "output": [_tensor("torch.float16", -2.0 * k, -3.0, -2.5, 5.0, shape=(2, 3) if target else (3, 2))],
+        },
+    }
+    if target:
+        data["Functional.only_target.0.forward"] = {"input_args": [_tensor(f32, 1.0, 0.0, 0.5, 1.0)], "output": []}
+    else:
+        data["Functional.only_ref.0.forward"] = {"input_args": [_tensor(f32, 1.0, 0.0, 0.5, 1.0)], "output": []}
+    root.mkdir(parents=True)
+    doc = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None, "data": data}
+    (root / "dump.json").write_text(json.dumps(doc).replace('"inf"', "Infinity").replace('"-inf"', "-Infinity")
+                                    .replace('"nan"', "NaN"))  # fmt: skip
+
+
+def test_columns_write_the_row_writers_bytes_on_odd_cells(tmp_path, monkeypatch) -> None:
+    _odd_dump(tmp_path / "t", target=True)
+    _odd_dump(tmp_path / "r", target=False)
+    for side in ("t", "r"):
+        ingest(tmp_path / side, side, store=tmp_path / "store", jobs=1)
+    st = open_store(tmp_path / "store")
+    cmp = compare_runs(st, "t", "r")
+    assert csvcols.frame(cmp, st, "statistics", ("NPU Name",)) is not None  # the columnar path is taken
+    texts = []
+    for only in (False, True):
+        cols, rows, _ = _both(cmp, st, tmp_path, only, monkeypatch)
+        assert cols == rows
+        texts.append(cols.decode())
+    text = texts[0]
+    assert "1e-05" in text and "1e+16" in text and '"Functional.we,ird""na-me.0.forward.output.0"' in text
+    assert "'=SUM(A1)" in text  # the formula is neutralised
+
+
+def test_tensor_mode_keeps_the_row_path(sample_store) -> None:
+    """Tensor and md5 modes are written row by row (their cells come from the files and the checksums)."""
+    cmp = compare_runs(sample_store, "weight_1pct_tensor", "ref_tensor")
+    assert csvcols.frame(cmp, sample_store, "tensor", ("NPU Name",)) is None

@@ -14,7 +14,7 @@ from dumpstore.dtypes import INT_DTYPES
 from . import steps as ST
 from .compare import Comparison
 from .findings import Finding
-from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip
+from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
 from .hidden_index import hidden_index_stands
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
@@ -327,7 +327,7 @@ class _Judge:
         # fed by a near-tie flip upstream in its step, within what the flip explains (analysis/flipflow.py)
         fed = fed_by_flip(self.noise, self.key, rec) is not None
         if fed:
-            self.noise.flip_explained.add(self.key)
+            self.noise.explain(self.key)
         if bad_in.height == 0 and rec["fresh"]:
             return None if fed else self._fresh(out)
         for leaf in bad_in.iter_rows(named=True):
@@ -401,7 +401,7 @@ class _Judge:
 
     def _note_flip(self, flipped: pl.DataFrame, worst: float | None, bar: float, detail: str) -> bool:
         self.noise.flip_marks.append((self.key, enclosing_modules(self.rec["_record"], self.parents)))
-        self.noise.flip_explained.add(self.key)
+        self.noise.explain(self.key)
         self.noise.flips.append(
             {
                 "step": self.rec["step"],
@@ -485,11 +485,11 @@ class _Judge:
                     ),
                 )
             if kind == "input" and leaf["err"] is not None:
-                bar = self.noise.carried(self.key)
-                if bar is not None and leaf["err"] <= bar:
+                bar = max(self.noise.carried(self.key) or 0.0, step_level(self.noise, self.key) or 0.0)
+                if bar > 0 and leaf["err"] <= bar:
                     return None  # within the error the pair carries here: reached through unrecorded ops
                 if explained_by_flip(self.noise, self.key, leaf) is not None:
-                    self.noise.flip_explained.add(self.key)
+                    self.noise.explain(self.key)
                     return None  # fed by a near-tie flip upstream in its step, within what the flip explains
             return _with_evidence(
                 _finding(out, kind),

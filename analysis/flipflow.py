@@ -28,8 +28,9 @@ of errors means anything there.  Beyond STAND_OUT x the level a record is judged
 from __future__ import annotations
 
 import bisect
-import math
 from typing import Any
+
+import numpy as np
 
 from dumpstore.dtypes import INT_DTYPES
 
@@ -61,8 +62,16 @@ def flip_level(noise: NoiseModel, since: tuple, key: tuple) -> float | None:
     the flip's consequences have shown so far."""
     keys, values = noise.outputs
     lo, hi = bisect.bisect_left(keys, since), bisect.bisect_left(keys, key)
-    found = [float(v) for k, v in zip(keys[lo:hi], values[lo:hi]) if k[2] == key[2] and math.isfinite(v)]
-    return max(found) if found else None
+    part = values[lo:hi]
+    part = part[(noise.output_ranks()[lo:hi] == key[2]) & np.isfinite(part)]
+    return float(part.max()) if part.size else None
+
+
+def step_level(noise: NoiseModel, key: tuple) -> float | None:
+    """The largest finite output error of the records before `key` in its step and rank: the error some
+    recorded op of this step already showed, which an input reached through ops msprobe does not record (a
+    rotate_half of the query states, a gradient through a transpose) can carry on."""
+    return flip_level(noise, (key[0],), key)
 
 
 def fed_by_flip(noise: NoiseModel, key: tuple, rec: dict[str, Any]) -> dict[str, Any] | None:

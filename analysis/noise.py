@@ -59,6 +59,14 @@ class NoiseModel:
     flips: list[dict[str, Any]] = field(default_factory=list)  # discrete outputs flipped on near ties (noise)
     flip_marks: list[tuple[tuple, frozenset]] = field(default_factory=list)  # their order keys, enclosing modules
     flip_explained: set[tuple] = field(default_factory=set)  # order keys of the flips and of what they explained
+    _explained: dict[tuple[bool, str], np.ndarray] = field(default_factory=dict)  # ... as masks of fresh / carry
+    _output_ranks: np.ndarray | None = None  # the rank of each of `outputs` (analysis/flipflow.py), on first use
+
+    def output_ranks(self) -> np.ndarray:
+        if self._output_ranks is None:
+            self._output_ranks = np.array([k[2] for k in self.outputs[0]], dtype=np.int64)
+        return self._output_ranks
+
     siblings: dict[tuple[str, str], tuple[list[str], np.ndarray]] = field(default_factory=dict)  # per class
 
     @classmethod
@@ -117,21 +125,22 @@ class NoiseModel:
         order (None: fewer than MIN_GROUP of them)."""
         keys, values = (self.fresh if fresh else self.carry).get(direction, ([], np.zeros(0)))
         n = bisect.bisect_left(keys, before)
-        seen = self._before_flip(keys, values, n, before)
+        mask = self._explained.get((fresh, direction))
+        seen = values[:n] if mask is None else values[:n][~mask[:n]]
         if seen.size < MIN_GROUP:
             return None
         return STAND_OUT * float(quantile(seen, QUANTILE))
 
-    def _before_flip(self, keys: list[tuple], values: np.ndarray, n: int, before: tuple) -> np.ndarray:
-        """The first `n` values, less those of the records a near-tie flip made or explained (the flip itself,
-        what it fed: analysis/flipflow.py): what the flip made is its own, not the pair's noise."""
-        if not self.flip_explained:
-            return values[:n]
-        lo = bisect.bisect_left(keys, min(self.flip_explained))
-        if lo >= n:
-            return values[:n]
-        keep = np.array([k not in self.flip_explained for k in keys[lo:n]], dtype=bool)
-        return np.concatenate([values[:lo], values[lo:n][keep]])
+    def explain(self, key: tuple) -> None:
+        """Leave the record at `key` out of the baselines of the ops after it: a near-tie flip, or what it made
+        (analysis/flipflow.py), is the flip's own, not the pair's noise."""
+        self.flip_explained.add(key)
+        for fresh, groups in ((True, self.fresh), (False, self.carry)):
+            for direction, (keys, _) in groups.items():
+                at = bisect.bisect_left(keys, key)
+                if at < len(keys) and keys[at] == key:
+                    mask = self._explained.setdefault((fresh, direction), np.zeros(len(keys), dtype=bool))
+                    mask[at] = True
 
     def summary(self, recs: pl.DataFrame) -> dict[str, Any]:
         """The largest amplification among the pair's ops and where, with the quantile of the ops of its step and

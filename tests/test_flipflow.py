@@ -99,6 +99,33 @@ def test_what_a_near_tie_flip_feeds_is_explained_by_it(dump_writer, store_dir, m
     )
 
 
+def test_a_module_enclosing_the_flip_is_fed_by_it(dump_writer, store_dir):
+    """The MoE block's record: its input agrees, its output is made through the flipped routing (construct.json
+    says it encloses the top-k): explained by the flip, not a fresh op."""
+    construct = {
+        "Torch.topk.0.forward": "Module.moe.MoeBlock.forward.0",
+        "Tensor.index_add_.0.forward": "Module.moe.MoeBlock.forward.0",
+    }
+
+    def block(flipped: bool) -> dict:
+        recs = _moe("tensor", flipped)
+        x = recs["Functional.gelu.0.forward"]["input_args"][0]
+        combined = recs["Tensor.index_add_.0.forward"]["output"][0]
+        out = {}
+        for k, v in recs.items():
+            out[k] = v
+            if k == "Tensor.index_add_.0.forward":
+                out["Module.moe.MoeBlock.forward.0"] = {"input_args": [x], "output": [_f32(combined.reshape(2, 8, D))]}
+        return out
+
+    for name, flipped in (("ref", False), ("target", True)):
+        w = dump_writer(name, "tensor")
+        w.write(block(flipped), construct=construct)
+        ingest(w.root, name, store=store_dir, jobs=1)
+    v = divergence(compare_runs(open_store(store_dir), "target", "ref"))
+    assert v.culprit is None and v.noise["discrete_flips"][0]["op"] == "Torch.topk.0.forward"
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_fault_on_agreeing_inputs_after_a_flip_is_found(dump_writer, store_dir, mode):
     """An op whose inputs agree is not fed by the flip: judged as any other."""
@@ -227,3 +254,55 @@ def test_a_view_msprobe_does_not_record_keeps_its_producer(dump_writer, store_di
         producers = view.producers(prefix)
         assert producers.producer(rows["Tensor.__mul__.0.forward.input.0"]) == "Functional.linear.0.forward"
         assert producers.producer(rows["Tensor.__sub__.0.forward.input.0"]) is None  # ints: no view match
+
+
+def _rotate_half(y: np.ndarray) -> np.ndarray:
+    return _f32(np.concatenate([-y[:, 16:], y[:, :16]], axis=1))
+
+
+def _unrecorded_steps(w_t: np.ndarray, extra: float) -> list[dict]:
+    """Two steps of a linear and a mul on rotate_half of its output (ops msprobe does not record: no producer);
+    the target's mul input is `extra` x larger on top."""
+    rng = np.random.default_rng(14)
+    x, w = _f32(rng.normal(size=(16, 32))), _f32(rng.normal(size=(32, 32)) / 6)
+    steps = []
+    for s, w_used in enumerate((w, w_t)):
+        y = _f32(x @ w_used.T)
+        r = _rotate_half(y) * (extra if s == 1 else 1.0)
+        steps.append(
+            {
+                "Functional.linear.0.forward": {"input_args": [x, leaf(w_used, requires_grad=True)], "output": [y]},
+                "Tensor.__mul__.0.forward": {
+                    "input_args": [_f32(r), {"type": "float", "value": 2.0}],
+                    "output": [_f32(r * 2)],
+                },
+            }
+        )
+    return steps
+
+
+def test_an_input_through_unrecorded_ops_carries_what_its_step_showed(dump_writer, store_dir):
+    """Step 1: the weight moved 1 % (later weights carry the optimizer's noise), the linear's output 1 % off; the
+    mul's input is rotate_half of it, through ops msprobe does not record: as far off, carried, no culprit.
+    The same input 20 % off is beyond anything its step showed: `input`.  (Statistics mode: the weight is a
+    leaf requiring grad.)"""
+    mode = "statistics"
+    rng = np.random.default_rng(14)
+    rng.normal(size=(16, 32))
+    w_t = _f32(rng.normal(size=(32, 32)) / 6 * 1.01)
+    v = _pair(dump_writer, store_dir, mode, _unrecorded_steps(w_t / 1.01, 1.0), _unrecorded_steps(w_t, 1.0))
+    assert v.culprit is None
+    store_dir2 = store_dir.parent / "store2"
+    ref = _unrecorded_steps(w_t / 1.01, 1.0)
+    tgt = _unrecorded_steps(w_t, 1.2)
+    for name, steps in (("ref2", ref), ("target2", tgt)):
+        w = dump_writer(name, mode)
+        for i, recs in enumerate(steps):
+            w.write(recs, step=i)
+        ingest(w.root, name, store=store_dir2, jobs=1)
+    v = divergence(compare_runs(open_store(store_dir2), "target2", "ref2"))
+    assert v.culprit is not None and (v.culprit.step, v.culprit.op, v.culprit.kind) == (
+        1,
+        "Tensor.__mul__.0.forward",
+        "input",
+    )

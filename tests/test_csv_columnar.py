@@ -111,7 +111,23 @@ def test_columns_write_the_row_writers_bytes_on_odd_cells(tmp_path, monkeypatch)
     assert "'=SUM(A1)" in text  # the formula is neutralised
 
 
+def test_md5_mode_by_columns(tmp_path, monkeypatch) -> None:
+    """md5 mode (msprobe 26.2.0 dumps, two steps of one run as two runs): NPU MD5 / BENCH MD5 and the CRC-32 rule."""
+    from helpers import MSPROBE
+
+    for side, step in (("t", "step1"), ("r", "step0")):
+        (tmp_path / side).mkdir()
+        for f in next((MSPROBE / "v26_md5" / step).glob("proc*")).glob("*.json"):
+            (tmp_path / side / f.name).write_bytes(f.read_bytes())
+        ingest(tmp_path / side, side, store=tmp_path / "store", jobs=1)
+    st = open_store(tmp_path / "store")
+    cmp = compare_runs(st, "t", "r")
+    assert csvcols.frame(cmp, st, "md5", ("NPU Name",)) is not None
+    cols, rows, n = _both(cmp, st, tmp_path, False, monkeypatch)
+    assert cols == rows and b"The CRC-32 value of NPU differs from that of the bench." in cols
+
+
 def test_tensor_mode_keeps_the_row_path(sample_store) -> None:
-    """Tensor and md5 modes are written row by row (their cells come from the files and the checksums)."""
+    """Tensor mode is written row by row (its metrics come from the tensor files)."""
     cmp = compare_runs(sample_store, "weight_1pct_tensor", "ref_tensor")
     assert csvcols.frame(cmp, sample_store, "tensor", ("NPU Name",)) is None

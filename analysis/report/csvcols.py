@@ -1,7 +1,7 @@
 """The CSV report built by columns: the same cells as the row-by-row writer (csvfile.py), byte for byte.
 
 `frame(cmp, store, mode)` returns the CSV's cells as a Polars frame of text (None for an empty cell, before the
-formula neutraliser), or None where only the row-by-row path applies (tensor and md5 modes, `--exact` columns).
+formula neutraliser), or None where only the row-by-row path applies (tensor mode, `--exact` columns).
 Rows of plain tensors (a float tensor, a null leaf or no leaf on each side, names that print as they are) get their
 cells from column expressions; the other rows (arguments, integer or bool tensors, odd names) from the row path's
 own functions (`_csv_row`, `msprobe_csv.fill`), one row at a time.  msprobe's Result / Err_message (its per-op
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from typing import Any
 
 import polars as pl
@@ -39,7 +40,7 @@ _OWN_METRICS = {
     "Five Thousandths Err Ratio": "five_thousandth",
 }
 _EXACT_COLUMNS = ("msprobe_cosine", "msprobe_euc_dist", "msprobe_max_abs_err", "msprobe_max_rel_err")
-_STRING_INPUTS = ("name", "kind", "dtype", "dtype_raw", "data_name", "record", "io")
+_STRING_INPUTS = ("name", "kind", "dtype", "dtype_raw", "data_name", "record", "io", "checksum")
 _FLOAT_INPUTS = tuple(f"dump_{s}" for s, _, _ in _STATS) + tuple(s for s, _, _ in _STATS)
 _OTHER_INPUTS = {
     "match": pl.String,
@@ -69,6 +70,8 @@ _MESSAGES = {
     "dtype": "error: The dtype of NPU and Bench are inconsistent.",
     "shape": "error: The shape of NPU and Bench are inconsistent.",
     "relwarn": "warning: The norm relative error of output is 10 times that of input.",
+    "crc_error": "error: The CRC-32 value of NPU differs from that of the bench.",
+    "crc_warning": "warning: The parameter of NPU does not match the bench.",
 }
 # columns whose cells the column expressions write as numbers or fixed words (never text a spreadsheet runs, never
 # quoted): `write` checks only the other columns; `_slow_cells` writes these as the file holds them
@@ -88,13 +91,14 @@ _WORDS = frozenset(
     ("NPU Requires_grad", "Bench Requires_grad", "Requires_grad Consistent", "step", "rank", "seq", "dumpstore_result")
 )
 # what msprobe's rules read of a row apart from its names (`_verdicts` adds the names' part)
-_FEATURES = ("_infnan", "_nrel_pct", "_nrel_ext", "_rg", "_param", "_dtype", "_shape")
+_FEATURES = ("_infnan", "_nrel_pct", "_nrel_ext", "_rg", "_param", "_dtype", "_shape", "_crc")
 # the cells that depend on the leaves' kinds and values (the others come from the column expressions for every row)
 _KIND_CELLS = (
     *(f"{side} {what}" for side in ("NPU", "Bench") for what in ("Dtype", "Tensor Shape", "Requires_grad")),
     *(f"{side} {label}" for side in ("NPU", "Bench") for _, label, _ in _STATS),
     *msprobe_csv.DIFF_COLUMNS,
     *msprobe_csv.STAT_REL_COLUMNS,
+    *msprobe_csv.MD5_COLUMNS,
     "Requires_grad Consistent",
 )
 # inputs of a row that the kind cells do not read (names, places, dumpstore's judgement): left out of the cache key
@@ -112,7 +116,7 @@ def frame(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> pl
     """The CSV's cells (columns `cols`, text or None) for every row of `cmp`, or None (see the module docstring)."""
     from .csvfile import _all_stacks, _with_raw
 
-    if mode not in ("statistics", None):
+    if mode not in ("statistics", "md5", None):
         return None
     rows = _with_raw(cmp, store)
     if any(c in rows.columns for c in _EXACT_COLUMNS):
@@ -132,8 +136,8 @@ def frame(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> pl
         _dumpstore_messages(rows, cells),
         rows.select(pl.struct("step", "rank", "source", _op_name()).rle_id().alias("_g"))["_g"],
     )
-    if mode == "statistics":
-        cells = cells.with_columns(_verdicts(cells))
+    if mode in ("statistics", "md5"):
+        cells = cells.with_columns(_verdicts(cells, mode))
     else:
         cells = cells.with_columns(pl.lit("pass").alias("Result"), pl.lit("[]").alias("Err_message"))
     return cells.select(cols)
@@ -279,6 +283,17 @@ def _fast_cells(rows: pl.DataFrame, mode: str | None) -> pl.DataFrame:
                 .otherwise(a - b)
             )
             out.append(_float_text(diff_value).alias(diff_col))
+    if mode == "md5":  # msprobe_csv._md5 of a tensor or null leaf: the checksum, else CRC-32 of ''
+        for col, pre in zip(msprobe_csv.MD5_COLUMNS, ("", "ref_")):
+            checksum = pl.col(f"{pre}checksum")
+            cell = (
+                pl.when(pl.col(f"{pre}kind") == "null")
+                .then(pl.lit(N_A))
+                .when(checksum.fill_null("") != "")
+                .then(checksum)
+                .otherwise(pl.lit(f"{zlib.crc32(b''):08x}"))
+            )
+            out.append(pl.when(pl.col(f"{pre}name").is_not_null()).then(cell).otherwise(pl.lit(N_A)).alias(col))
     out.append(
         pl.when(pl.col("NPU Requires_grad") == pl.col("Bench Requires_grad"))
         .then(pl.lit("True"))
@@ -394,7 +409,7 @@ def _slow_cells(rows: pl.DataFrame, mode: str | None, fast: pl.DataFrame) -> pl.
     from .csvfile import _CSV_INPUTS, _csv_row
 
     keep = [c for c in rows.columns if c.removeprefix("ref_") in _CSV_INPUTS or c == "_i"]
-    key_cols = [c for c in keep if c not in _NOT_KEY or (mode is None and c.endswith("_diff"))]
+    key_cols = [c for c in keep if c not in _NOT_KEY or (mode != "statistics" and c.endswith("_diff"))]
     cached: dict[tuple, tuple] = {}
     out: list[tuple] = []
     data_names: list[str] = []
@@ -410,7 +425,7 @@ def _slow_cells(rows: pl.DataFrame, mode: str | None, fast: pl.DataFrame) -> pl.
         data_names.append(_data_name_cell(r))
     own = () if mode == "statistics" else msprobe_csv.STAT_REL_COLUMNS  # MaxRelativeErr: dumpstore's own then
     names = [c for c in _KIND_CELLS if c in fast.columns and c not in own]
-    types = {**{c: pl.String for c in _KIND_CELLS}, "_nrel_pct": pl.Float64, "_nrel_ext": pl.Float64}
+    types = {**{c: pl.String for c in _KIND_CELLS}, "_nrel_pct": pl.Float64, "_nrel_ext": pl.Float64, "_crc": pl.String}
     schema = {c: types.get(c, pl.Boolean) for c in (*_KIND_CELLS, *_FEATURES)}
     kind = pl.DataFrame(out, schema=schema, orient="row").select(*names, *_FEATURES)
     rest = fast.drop(*names, *_FEATURES, "Data_name")
@@ -437,7 +452,8 @@ def _data_name_cell(r: dict[str, Any]) -> str:
 def _row_features(d: dict[str, Any], mode: str | None) -> tuple:
     """What msprobe's per-op rules read of one row (msprobe_csv's checkers) apart from its names, for `_verdicts`:
     (NPU inf/nan and the bench's not, NormRelativeErr as a fraction, its part in the op's extreme, requires_grad
-    differs, a scalar parameter differs, dtype differs, shape differs)."""
+    differs, a scalar parameter differs, dtype differs, shape differs, the md5 rule's level where the checksums
+    differ)."""
     from ..msprobe_csv import _is_inf_or_nan, _percent
 
     infnan = not (_is_inf_or_nan(d["Bench max"]) or _is_inf_or_nan(d["Bench min"])) and (
@@ -458,7 +474,10 @@ def _row_features(d: dict[str, Any], mode: str | None) -> tuple:
     )
     dtype = bool(d["NPU Dtype"] and d["Bench Dtype"] and d["NPU Dtype"] != d["Bench Dtype"])
     shape = d["NPU Tensor Shape"] != d["Bench Tensor Shape"]
-    return infnan, pct, ext, rg, param, dtype, bool(shape)
+    crc = None
+    if mode == "md5" and d["NPU MD5"] != d["BENCH MD5"]:
+        crc = "warning" if d["NPU MD5"] in msprobe_csv._NO_MD5 or d["BENCH MD5"] in msprobe_csv._NO_MD5 else "error"
+    return infnan, pct, ext, rg, param, dtype, bool(shape), crc
 
 
 def _extreme_part(value: Any) -> float | None:
@@ -502,6 +521,12 @@ def _fast_features(cells: pl.DataFrame) -> list[pl.Expr]:
         ((npu_dtype != "") & (bench_dtype != "") & (npu_dtype != bench_dtype)).alias("_dtype"),
         (pl.col("NPU Tensor Shape") != pl.col("Bench Tensor Shape")).alias("_shape"),
     ]
+    if "NPU MD5" in cells.columns:
+        npu, bench, none = pl.col("NPU MD5"), pl.col("BENCH MD5"), list(msprobe_csv._NO_MD5)
+        level = pl.when(npu.is_in(none) | bench.is_in(none)).then(pl.lit("warning")).otherwise(pl.lit("error"))
+        feats.append(pl.when(npu != bench).then(level).alias("_crc"))
+    else:
+        feats.append(pl.lit(None, dtype=pl.String).alias("_crc"))
     return feats
 
 
@@ -609,8 +634,9 @@ def _dumpstore_messages(rows: pl.DataFrame, cells: pl.DataFrame) -> pl.Series:
     return _json_list([_json_strings(texts[c]) for c in texts.columns], "dumpstore_message")
 
 
-def _verdicts(cells: pl.DataFrame) -> list[pl.Series]:
-    """Result and Err_message by msprobe's statistics-mode rules per op (msprobe_csv.verdicts), by column.
+def _verdicts(cells: pl.DataFrame, mode: str) -> list[pl.Series]:
+    """Result and Err_message by msprobe's rules per op for `mode` (statistics or md5; msprobe_csv.verdicts), by
+    column.
 
     `_g` numbers the runs of rows of one op (0, 1, ...): each op's aggregates are gathered back by it."""
     name = pl.col("NPU Name")
@@ -635,6 +661,7 @@ def _verdicts(cells: pl.DataFrame) -> list[pl.Series]:
         "_infnan",
         "_nrel_pct",
         "_nrel_ext",
+        "_crc",
         ign.alias("_ign"),
         (matched & pl.col("_rg")).alias("_rg"),
         (matched & pl.col("_param")).alias("_param"),
@@ -665,6 +692,29 @@ def _verdicts(cells: pl.DataFrame) -> list[pl.Series]:
     checked = (ign != "all") & (out_ | (in_ & (ign != "input")))
     pct = pl.col("_nrel_pct")
     pct = pl.when(pct.is_nan()).then(0.0).otherwise(pct)
+    if mode == "md5":
+        crc = pl.col("_crc")
+        flags = {
+            "crc_error": checked & (crc == "error"),
+            "crc_warning": checked & (crc == "warning"),
+        }
+        flags = {k: v.fill_null(False) for k, v in flags.items()}
+        result = (
+            pl.when(flags["crc_error"])
+            .then(pl.lit("error"))
+            .when(flags["crc_warning"])
+            .then(pl.lit("warning"))
+            .otherwise(pl.lit("pass"))
+        )
+        message = (
+            pl.when(flags["crc_error"])
+            .then(pl.lit(json.dumps([_MESSAGES["crc_error"]])))
+            .when(flags["crc_warning"])
+            .then(pl.lit(json.dumps([_MESSAGES["crc_warning"]])))
+            .otherwise(pl.lit("[]"))
+        )
+        done = base.select(result.alias("Result"), message.alias("Err_message"))
+        return [done["Result"], done["Err_message"]]
     flags = {
         "infnan": checked & pl.col("_infnan"),
         "relerr": ~skip & (rel_in < 0.1) & out_ & (pct > 0.5),

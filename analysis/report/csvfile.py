@@ -14,7 +14,7 @@ dumpstore's judgement is in its own columns: `rel_l2` (relative L2 error), `err_
 the metric and threshold).
 
 `write_csv` (csvwrite.py) is the one function that writes the file: by columns (csvcols.py: statistics mode
-and runs of different modes) or row by row from here (tensor and md5 modes), the same bytes either way;
+md5 mode and runs of different modes) or row by row from here (tensor mode), the same bytes either way;
 `iter_csv_rows` / `csv_rows` build the rows one op at a time, `_csv_row` one row and `dumpstore.csvsafe`
 neutralises each cell.
 """

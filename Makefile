@@ -9,7 +9,7 @@ DEMO   := $(CURDIR)/out/demo
 
 SOURCES := dumpstore analysis cli tests bench sample_dumps validation
 
-.PHONY: setup demo check test test-all lint format bench samples validate clean
+.PHONY: setup demo check test test-all lint format bench samples validate validate-v2 clean
 
 setup: $(STAMP)
 	$(BIN)/python sample_dumps/fixtures.py  # the tensor samples' .pt files, unpacked once (git-ignored)
@@ -63,6 +63,13 @@ samples: $(STAMP)
 validate: $(STAMP)
 	$(BIN)/python validation/make_pairs.py --out validation/.data
 	$(BIN)/python validation/score.py --data validation/.data
+
+# Validation set 2 (docs/validation.md, "Validation set 2"): other families and devices, made into
+# validation/v2/.data, scored by the same rule.
+validate-v2: $(STAMP)
+	$(BIN)/python validation/v2/devices.py
+	$(BIN)/python validation/v2/make_pairs.py --out validation/v2/.data
+	$(BIN)/python validation/score.py --data validation/v2/.data
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

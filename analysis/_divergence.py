@@ -6,14 +6,16 @@ the method and its constants docs/how-it-decides.md):
   scalar     a non-tensor argument differs (a value beyond the record's tolerance, or a keyword present in one
              run only: eps, alpha, approximate, p, ...), even when the outputs agree within noise;
   optimizer  the parameters differ at this step because the runs moved them by different amounts, beyond the
-             update ratios' own spread across parameters (learning rate, clipping or optimizer);
+             update ratios' own spread across parameters (learning rate), or most of them otherwise than their
+             gradients explain (clipping; analysis/steps.py);
   op         its outputs diverge while its tensor inputs agree, by more than the pair's fresh ops and its
              siblings (the same op class at other positions) do; or its error amplification (output err /
              max(carried input err, dtype eps)) is at least `Tolerances.amplification` and beyond the pair's own
              spread of amplifications and its siblings' own error; an op within 4 tolerances yields to any
              stronger later finding;
-  parameter  a diverged weight that no earlier op of either run produced, at the first compared step (later,
-             parameters carry the optimizer's noise: see `optimizer`);
+  parameter  a diverged weight that no earlier op of either run produced, at the first compared step; later
+             (parameters carry the optimizer's noise) only when it changed between the steps beyond what its
+             update explains and beyond its siblings (analysis/steps.py), at its first consumer;
   input      the same for other tensors (data; a gradient reached through unrecorded ops), beyond the error
              the pair carries at that point;
   missing_op / extra_op
@@ -39,9 +41,11 @@ from .compare import Comparison
 from .culprit import _culprit
 from .defaults import default_keywords, framework_of
 from .findings import Finding, Verdict
+from .hidden_index import hidden_index_columns
 from .noise import NoiseModel, order_key, record_measures
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
 from .rules import STATUSES
+from .sibling_prior import reach_columns
 from .tolerance import Tolerances
 
 
@@ -117,6 +121,8 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             .any()
             .alias("same_call"),
             pl.col("match").first(),
+            *hidden_index_columns(is_in, is_out, tensor),
+            *reach_columns(is_in, tensor),
         )
         .sort(["step", "_phase", "rank", "source", "_seq"])
     )

@@ -11,10 +11,15 @@ import polars as pl
 
 from dumpstore.dtypes import INT_DTYPES
 
+from . import steps as ST
 from .compare import Comparison
 from .findings import Finding
+from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip
+from .hidden_index import hidden_index_stands
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
+from .producers import _fingerprint, _Producers, _view_fingerprint
+from .sibling_prior import siblings_excuse
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -46,68 +51,6 @@ def _row_kind(row: dict[str, Any]) -> str:
     return "value"
 
 
-_FP_STATS = ("min", "max", "mean", "norm")
-
-
-def _fingerprint(prefix: str) -> pl.Expr:
-    """Hash of (dtype, shape, step, rank, source, statistics) of one side's tensor; null without statistics."""
-    cols = [pl.col(f"{prefix}dtype"), pl.col(f"{prefix}shape"), pl.col("step"), pl.col("rank"), pl.col("source")]
-    cols += [pl.col(f"{prefix}{s}") for s in _FP_STATS]
-    known = pl.any_horizontal([pl.col(f"{prefix}{s}").is_not_null() for s in _FP_STATS])
-    return pl.when(known).then(pl.struct(cols).hash()).alias(f"_fp_{prefix or 't'}")
-
-
-class _Producers:
-    """Which record of one run first produced a tensor, by fingerprint (dtype, shape, statistics)."""
-
-    def __init__(self, rows: pl.DataFrame, prefix: str):
-        self.prefix = prefix
-        col = f"_fp_{prefix or 't'}"
-        outs = (
-            rows.lazy()  # lazy: only the columns used are filtered and sorted
-            .filter(
-                pl.col(f"{prefix}io").is_in(OUTPUT_IO)
-                & (pl.col(f"{prefix}kind") == "tensor")
-                & pl.col(col).is_not_null()
-            )
-            .sort(f"{prefix}seq")
-            .group_by(col, maintain_order=True)
-            .agg(pl.col(f"{prefix}seq").first(), pl.col(f"{prefix}record").first())
-            .collect()
-        )
-        self.first = dict(
-            zip(outs[col].to_list(), zip(outs[f"{prefix}seq"].to_list(), outs[f"{prefix}record"].to_list()))
-        )
-        # the module records' `parameters` leaves (msprobe mix level): which tensors are weights
-        self.params = set(
-            rows.lazy()
-            .filter((pl.col(f"{prefix}io") == "parameters") & pl.col(col).is_not_null())
-            .select(col)
-            .collect()[col]
-            .to_list()
-        )
-
-    def is_weight(self, r: dict[str, Any]) -> bool:
-        """A tensor input that is a weight: a `parameters` leaf, or one requiring grad that is a module's
-        parameter where module records list them (else an activation reached through unrecorded ops, such
-        as `k.transpose()`), or that requires grad where they list none."""
-        if r.get(f"{self.prefix}io") == "parameters":
-            return True
-        if not r.get(f"{self.prefix}requires_grad"):
-            return False
-        return not self.params or r.get(f"_fp_{self.prefix or 't'}") in self.params
-
-    def producer(self, r: dict[str, Any]) -> str | None:
-        return self.producer_of(r.get(f"_fp_{self.prefix or 't'}"), r.get(f"{self.prefix}seq"))
-
-    def producer_of(self, fingerprint: int | None, seq: int | None) -> str | None:
-        """The record that produced a tensor of this fingerprint before record `seq` (None: none did)."""
-        hit = self.first.get(fingerprint)
-        if hit is None or seq is None or hit[0] >= seq:
-            return None
-        return hit[1]
-
-
 Found = tuple[Finding, tuple]  # a finding and its place in execution order
 
 
@@ -124,11 +67,13 @@ def _culprit(
     weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
     for i, step in enumerate(steps):
         view = _StepView(rows, step)
+        changed: dict[int, dict[str, Any]] = {}
         if i:
-            found = _optimizer(rows, recs, view, steps[i - 1])
+            found, changed = _optimizer(rows, recs, view, steps[i - 1])
             if found is not None:
                 return found
-        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff")))
+        hidden = pl.col("idx_hidden").fill_null(False) & (pl.col("out_err") > 0)  # analysis/hidden_index.py
+        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff") | hidden))
         if not candidates.height:
             continue
         t_prod, r_prod = view.producers(""), view.producers("ref_")
@@ -146,6 +91,8 @@ def _culprit(
                     cmp,
                     noise,
                     first_step=steps[0],
+                    changed=changed,
+                    parents=view.parents,
                 )
                 found = judge.verdict()
                 if found is None:
@@ -180,9 +127,17 @@ class _StepView:
         self._producers: dict[str, _Producers] = {}
 
     @cached_property
+    def parents(self) -> dict[str, str]:
+        """Each record's enclosing module record (msprobe's `module` of a record), in the target's names."""
+        pairs = self.rows.select("_record", "module").drop_nulls().unique(subset="_record")
+        return dict(zip(pairs["_record"].to_list(), pairs["module"].to_list()))
+
+    @cached_property
     def rows(self) -> pl.DataFrame:
         rows = self._all if self._all["step"].n_unique() == 1 else self._all.filter(pl.col("step") == self.step)
-        return rows.with_columns(_fingerprint(""), _fingerprint("ref_"))
+        return rows.with_columns(
+            _fingerprint(""), _fingerprint("ref_"), _view_fingerprint(""), _view_fingerprint("ref_")
+        )
 
     def producers(self, prefix: str) -> _Producers:
         if prefix not in self._producers:
@@ -190,10 +145,13 @@ class _StepView:
         return self._producers[prefix]
 
 
-def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: int) -> tuple[Found, Found] | None:
-    """The update between two agreeing steps as culprit (see analysis/noise.py), located at the first record of
-    the later step that takes an updated parameter; the first divergence is the later step's first diverged
-    output."""
+def _optimizer(
+    rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: int
+) -> tuple[tuple[Found, Found] | None, dict[int, dict[str, Any]]]:
+    """The update between two agreeing steps as culprit (see analysis/noise.py and analysis/steps.py), located at
+    the first record of the later step that takes an updated parameter; the first divergence is the later step's
+    first diverged output.  Else the parameters changed between the steps beyond what the update explains
+    (analysis/steps.py `corrupted`, by target fingerprint), for the judges of the later step."""
     after, step_rows = view.step, view.rows
     weights = step_rows.filter(
         pl.col("_io").is_in(INPUT_IO)
@@ -201,30 +159,43 @@ def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: 
         & (pl.col("requires_grad").fill_null(False) | (pl.col("_io") == "parameters"))
     )
     if not weights.filter(pl.col("status") == "diverged").height:
-        return None
+        return None, {}
     produced = view.producers("")
     fresh = [produced.producer_of(fp, seq) is None for fp, seq in weights.select("_fp_t", "seq").iter_rows()]
     params = weights.filter(pl.Series(fresh, dtype=pl.Boolean))  # (named rows of every column: a second a step)
     ev = update_evidence(rows, before, after, params)
-    if ev is None or not ev["differs"]:
-        return None
+    table = ST.table(rows, before, after, params) if params.height else None
+    if ev is not None and ev["differs"]:
+        evidence = {k: v for k, v in ev.items() if k != "differs"}
+        value = ev["median_ratio"]
+        text = (
+            f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
+            f"in the reference between steps {before} and {after}, beyond their own spread (log ratio bar "
+            f"{ev['bar']:.2g}): learning rate, clipping or optimizer differs"
+        )
+    else:
+        broad = ST.update_differs(table)
+        if broad is None:
+            return None, ST.corrupted(table)
+        evidence, value = broad, broad["median_update_units"]
+        text = (
+            f"{broad['unexplained']} of {broad['parameters']} parameters differ from the reference by "
+            f"{broad['median_update_units']:.3g} of their own update (median) between steps {before} and {after}, "
+            f"where their gradients and earlier differences explain {broad['median_carried_in']:.3g}: clipping, "
+            "learning rate or optimizer differs"
+        )
     shows = params.row(0, named=True)
     key = order_key(shows)
-    text = (
-        f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
-        f"in the reference between steps {before} and {after}, beyond their own spread (log ratio bar "
-        f"{ev['bar']:.2g}): learning rate, clipping or optimizer differs"
-    )
     culprit = Finding(
         after,
         shows["rank"],
         shows["_record"],
         shows["name"],
         "optimizer",
-        metric="update_ratio",
-        value=ev["median_ratio"],
+        metric="update_ratio" if ev is not None and ev["differs"] else "update_units",
+        value=value,
         detail=text,
-        evidence={k: v for k, v in ev.items() if k != "differs"},
+        evidence=evidence,
     )
     first = recs.filter((pl.col("step") == after) & pl.col("out_div")).head(1)
     if first.height:
@@ -235,8 +206,8 @@ def _optimizer(rows: pl.DataFrame, recs: pl.DataFrame, view: _StepView, before: 
             & (pl.col("status") == "diverged")
             & pl.col("_io").is_in(OUTPUT_IO)
         ).row(0, named=True)
-        return (culprit, key), (_finding(out), order_key(r))
-    return (culprit, key), (replace(culprit, evidence={}), key)
+        return ((culprit, key), (_finding(out), order_key(r))), {}
+    return ((culprit, key), (replace(culprit, evidence={}), key)), {}
 
 
 class _Judge:
@@ -252,20 +223,64 @@ class _Judge:
         cmp: Comparison,
         noise: NoiseModel,
         first_step: int,
+        changed: dict[int, dict[str, Any]] | None = None,
+        parents: dict[str, str] | None = None,
     ):
         self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
         self.cmp, self.noise, self.first_step = cmp, noise, first_step
+        self.changed = changed or {}  # parameters changed between steps (analysis/steps.py), by fingerprint
+        self.parents = parents or {}
         self.key = order_key(rec)
 
     def verdict(self) -> tuple[Found, Found] | None:
         if self.rec["arg_diff"]:
             return self._argument()
+        hidden = self._hidden_index()
+        if hidden is not None:
+            return (hidden, self.key), (hidden, self.key)
         if not self.rec["out_div"]:
             return None
         found = self._numeric()
         if found is None:
             return None
         return (found, self.key), (self._first_output(), self.key)
+
+    def _hidden_index(self) -> Finding | None:
+        """An integer input no op produced whose statistics agree, read by an op whose output differs beyond what
+        its float inputs explain: the integer values differ (analysis/hidden_index.py)."""
+        rec = self.rec
+        if not rec.get("idx_hidden") or rec.get("out_dtype") is None:
+            return None
+        ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]))
+        if ev is None:
+            return None
+        exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+        ints = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact)
+        data = [
+            r
+            for r in ints.iter_rows(named=True)
+            if self.t_prod.producer(r) is None
+            and self.r_prod.producer(r) is None
+            and explained_by_flip(self.noise, self.key, r) is None
+        ]
+        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor") & ~exact)
+        if not data or not outs.height:
+            return None
+        out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
+        leaf = data[0]
+        f = _finding(out, "input")
+        f.threshold, f.dtype = ev["bar"], rec["out_dtype"]
+        return _with_evidence(
+            f,
+            differing=leaf["name"],
+            hidden_by_statistics=True,
+            float_inputs_explain=ev["carried"],
+            detail=(
+                f"{leaf['name']} (an integer input no earlier op produced) has the same max/min in both runs, but "
+                f"this op's output differs {out['err']:.3g} where its float inputs explain at most "
+                f"{ev['carried']:.3g}: its values differ (msprobe's statistics of integers keep only max/min)"
+            ),
+        )
 
     def _first_output(self) -> Finding:
         out = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
@@ -307,14 +322,20 @@ class _Judge:
         )
         if self._discrete_flip(bad_in):
             return None
-        if self.t_prod.producer(out) is not None and self.r_prod.producer(out) is not None:
+        if self.t_prod.producer(out, views=False) is not None and self.r_prod.producer(out, views=False) is not None:
             return None  # the same output was recorded earlier (a module and its last op): judged there
+        # fed by a near-tie flip upstream in its step, within what the flip explains (analysis/flipflow.py)
+        fed = fed_by_flip(self.noise, self.key, rec) is not None
+        if fed:
+            self.noise.flip_explained.add(self.key)
         if bad_in.height == 0 and rec["fresh"]:
-            return self._fresh(out)
+            return None if fed else self._fresh(out)
         for leaf in bad_in.iter_rows(named=True):
             found = self._producer(leaf, out)
             if found is not None:
                 return found
+        if fed:
+            return None
         if bad_in.filter(pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])).height:
             return None  # a differing discrete input (indices, a mask) can change any output: carried, no ratio
         amp = rec["amp"]
@@ -323,9 +344,8 @@ class _Judge:
         bar = self.noise.bar(rec["_direction"], False, self.key)
         if bar is not None and amp <= bar:
             return None
-        sib = self.noise.sibling_bar(rec)
-        if sib is not None and rec["local"] is not None and rec["local"] <= sib:
-            return None  # its siblings make as much error: the class's noise
+        if siblings_excuse(rec, rec["local"], self.noise.sibling_bar(rec)):
+            return None  # its siblings make as much error, within the prior's reach: the class's noise
         if rec.get("in_bound"):  # input errors from statistics are lower bounds: amp is an upper bound
             level = self.noise.carried(self.key)
             if level is not None and rec["out_err"] is not None and rec["out_err"] <= level:
@@ -379,11 +399,9 @@ class _Judge:
             "discrete output changed where the float values agree within noise: a near tie",
         )
 
-    def _after_flip(self) -> bool:
-        """Whether a near-tie flip was noted earlier in this step and rank."""
-        return any(f["step"] == self.rec["step"] and f["rank"] == self.rec["rank"] for f in self.noise.flips)
-
     def _note_flip(self, flipped: pl.DataFrame, worst: float | None, bar: float, detail: str) -> bool:
+        self.noise.flip_marks.append((self.key, enclosing_modules(self.rec["_record"], self.parents)))
+        self.noise.flip_explained.add(self.key)
         self.noise.flips.append(
             {
                 "step": self.rec["step"],
@@ -404,9 +422,8 @@ class _Judge:
         bar = self.noise.bar(rec["_direction"], True, self.key)
         if bar is not None and value is not None and value <= bar:
             return None
-        sib = self.noise.sibling_bar(rec)
-        if sib is not None and value is not None and value <= sib:
-            return None  # its siblings (other layers) make as much error: the class's noise
+        if siblings_excuse(rec, value, self.noise.sibling_bar(rec)):
+            return None  # its siblings (other layers) make as much error, within the prior's reach
         one_sided = self.leaves.filter(
             pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(["target_only", "ref_only"])
         )
@@ -450,13 +467,30 @@ class _Judge:
         if tp is None and rp is None:
             kind = "parameter" if self.t_prod.is_weight(leaf) else "input"
             if kind == "parameter" and leaf["step"] != self.first_step:
-                return None  # later weights carry the optimizer's noise; the optimizer rule judges the update
+                # later weights carry the optimizer's noise: named only when changed beyond what the update
+                # explains (analysis/steps.py), at their first consumer
+                changed = self.changed.get(leaf.get("_fp_t"))  # type: ignore[arg-type]
+                if changed is None:
+                    return None
+                return _with_evidence(
+                    _finding(out, kind),
+                    differing=leaf["name"],
+                    input_err=leaf["err"],
+                    **changed,
+                    detail=(
+                        f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step "
+                        f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
+                        f" at most {changed['siblings_max']:.3g}, what its update was fed "
+                        f"{changed['carried_in'] or 0:.3g}): changed between steps"
+                    ),
+                )
             if kind == "input" and leaf["err"] is not None:
                 bar = self.noise.carried(self.key)
                 if bar is not None and leaf["err"] <= bar:
                     return None  # within the error the pair carries here: reached through unrecorded ops
-                if str(leaf.get("detail") or "").startswith("shape") and self._after_flip():
-                    return None  # a data-dependent shape (the tokens an expert got) after a near-tie flip
+                if explained_by_flip(self.noise, self.key, leaf) is not None:
+                    self.noise.flip_explained.add(self.key)
+                    return None  # fed by a near-tie flip upstream in its step, within what the flip explains
             return _with_evidence(
                 _finding(out, kind),
                 differing=leaf["name"],

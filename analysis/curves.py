@@ -44,6 +44,8 @@ import pyarrow as pa
 
 from dumpstore.errors import DumpstoreError
 
+from .curves_kernels import _by_tag, ema_outliers, kernel_cpd_l2
+
 FIRST_STEP_ABS, FIRST_STEP_REL = 0.005, 0.005
 MEAN_ABS, MEAN_REL = 0.01, 0.01
 GRAD_NORM_MEAN_REL = 0.10
@@ -66,38 +68,21 @@ class Series:
     samples: np.ndarray | None = None  # consumed samples per step (float64, NaN where unknown)
 
 
-_SPLIT: list[tuple[pa.Table, dict]] = []  # the last few scalars tables, split by tag (series is asked ~10 times)
-
-
-def _by_tag(scalars: pa.Table) -> dict:
-    import polars as pl
-
-    for table, parts in _SPLIT:
-        if table is scalars:
-            return parts
-    df = pl.from_arrow(scalars)
-    assert isinstance(df, pl.DataFrame)
-    parts = {k[0]: v for k, v in df.partition_by("tag", as_dict=True).items()}
-    _SPLIT.append((scalars, parts))
-    del _SPLIT[:-4]
-    return parts
-
-
 def series(scalars: pa.Table, tag: str, rank: int | None = None) -> Series | None:
     """One tag's points of one rank (default: the lowest rank that logged the tag), sorted by step."""
-    import polars as pl
-
     t = _by_tag(scalars).get(tag)
-    if t is None or t.height == 0:
+    if t is None or len(t["step"]) == 0:
         return None
-    r = t.get_column("rank").min() if rank is None else rank
-    t = t.filter(pl.col("rank") == r).sort("step")
-    if t.height == 0:
+    r = int(t["rank"].min()) if rank is None else rank
+    keep = t["rank"] == r
+    if not keep.any():
         return None
-    samples = t.get_column("consumed_samples").cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    step = t["step"][keep]
+    order = np.argsort(step, kind="stable")
+    samples = t["consumed_samples"][keep][order]
     return Series(
-        t.get_column("step").to_numpy().astype(np.int64),
-        t.get_column("value").cast(pl.Float64).fill_null(float("nan")).to_numpy().astype(np.float64),
+        step[order],
+        t["value"][keep][order],
         None if np.all(np.isnan(samples)) else samples,
     )
 
@@ -230,13 +215,8 @@ def _significant_mean(post: np.ndarray, w: int) -> bool:
 
 def change_points(d: np.ndarray, sigma: np.ndarray, max_blocks: int = 2000) -> list[int]:
     """Indices (into d) where the mean of d changes: ruptures' KernelCPD (linear kernel: the L2 cost of a change
-    in the mean) on means of blocks of d, penalty 6 log(blocks) per change in units of the block means' noise."""
-    try:
-        import ruptures as rpt
-    except ImportError:
-        raise CurvesError(
-            "change-point detection needs ruptures: pip install 'dumpstore[longrun]' (or pip install ruptures)"
-        ) from None
+    in the mean, solved by Pelt) on means of blocks of d, penalty 6 log(blocks) per change in units of the block
+    means' noise."""
     n = len(d)
     block = max(1, math.ceil(n / max_blocks))
     nb = n // block
@@ -251,8 +231,12 @@ def change_points(d: np.ndarray, sigma: np.ndarray, max_blocks: int = 2000) -> l
     sig_b = float(np.median(sigma)) / math.sqrt(block)
     scale = sig_b if sig_b > 0 else (float(np.std(means)) or 1.0)
     sig = (means / scale).reshape(-1, 1)
-    algo = rpt.KernelCPD(kernel="linear", min_size=2, jump=1).fit(sig)
-    bkps = algo.predict(pen=3.0 * math.log(nb) * 2)
+    try:
+        bkps = kernel_cpd_l2(sig, pen=3.0 * math.log(nb) * 2)
+    except ImportError:
+        raise CurvesError(
+            "change-point detection needs ruptures: pip install 'dumpstore[longrun]' (or pip install ruptures)"
+        ) from None
     return [b * block for b in bkps[:-1]]
 
 
@@ -313,6 +297,7 @@ class CurvesReport:
     mean_abs_diff: float
     culprit: dict[str, Any] | None = None
     dump_verdict: dict[str, Any] | None = None  # the verdict of a dump pair of the flagged steps (--dump-target)
+    msprobe_flagged: list[dict[str, Any]] = field(default_factory=list)  # msprobe's own alarms, per run
     points: dict[str, np.ndarray] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -483,24 +468,9 @@ def find_spikes(s: Series, run: str) -> list[Spike]:
         for i in hit[hit >= 10]:
             med = float(base[i])
             hits[int(i)] = Spike(run, int(s.x[i]), float(v[i]), med, "factor10", float(v[i] / med))
-        alpha = 2.0 / (EMA_SPAN + 1)
-        mean, var, seen = 0.0, 0.0, 0
-        for i, x in enumerate(v.tolist()):
-            if x != x or x in (math.inf, -math.inf):
-                continue
-            if seen >= 20 and var > 0:
-                z = (x - mean) / math.sqrt(var)
-                if z > EMA_Z:
-                    if i not in hits:
-                        hits[i] = Spike(run, int(s.x[i]), x, mean, "ema_z", z)
-                    continue  # a spike does not move the baseline
-            if seen == 0:
-                mean = x
-            else:
-                delta = x - mean
-                mean += alpha * delta
-                var = (1 - alpha) * (var + alpha * delta * delta)
-            seen += 1
+        for i, x, mean, z in ema_outliers(v, EMA_SPAN, EMA_Z):
+            if i not in hits:
+                hits[i] = Spike(run, int(s.x[i]), x, mean, "ema_z", z)
     merged: list[Spike] = []
     last = -2
     for i in sorted(hits):

@@ -126,6 +126,9 @@ _FRAME = re.compile(
 ADVICE = {
     "parameter": "Check how each run initialises, loads (checkpoint) or converts {parameter}: the two runs start "
     "from different weights.",
+    "parameter_changed": "{parameter} agrees before this step and differs after it by more than its update "
+    "explains: check what writes to it between the steps (an in-place edit, a checkpoint reload, a broadcast of "
+    "parameters across ranks, a master copy copied back).",
     "input": "The runs are fed different data: check the data pipeline, its seed and the preprocessing of {what}.",
     "scalar": "Make both runs call {op} with the same {argument}: check the model config or the layer's "
     "constructor arguments{where}.",
@@ -473,6 +476,8 @@ def _argument(look: _Lookup, f: dict[str, Any], leaf: str, rows: list[dict]) -> 
 
 
 def _advice(kind: str, ex: Explanation, f: dict[str, Any]) -> str | None:
+    if kind == "parameter" and "update_units" in (f.get("evidence") or {}):  # changed between steps (steps.py)
+        kind = "parameter_changed"
     template = ADVICE.get(kind)
     if template is None:
         return None

@@ -28,6 +28,7 @@ from dumpstore.longrun.store import read
 from dumpstore.store import Store
 
 from .curves import CurvesError, CurvesReport, Divergence, compare_curves
+from .longrun_anomalies import msprobe_flagged
 
 STATS = ("norm", "max", "min")
 ATOL, RTOL = 2e-6, 1e-6
@@ -35,6 +36,8 @@ BAND_K = 3.0
 PERSIST = 10
 STAY = 0.9
 _KEYS = ["rank", "prefix", "name", "step", "micro", "vpp"]
+# the monitor columns the culprit reads (the rest of a run's tens of millions of rows stays on disk)
+_COLUMNS = ["rank", "step", "micro_step", "vpp_stage", "prefix", "name", "module", "param", "seq", *STATS]
 
 
 def compare_long_runs(
@@ -49,17 +52,17 @@ def compare_long_runs(
     monitor_offset: int = 1,
 ) -> CurvesReport:
     """`curves` of two long runs, with the monitor culprit when both have monitor data."""
-    st, sr = read(store, "scalars", target), read(store, "scalars", ref)
-    s2 = read(store, "scalars", ref2) if ref2 is not None else None
+    st, sr = read(store, "scalars", target, dictionary=["tag"]), read(store, "scalars", ref, dictionary=["tag"])
+    s2 = read(store, "scalars", ref2, dictionary=["tag"]) if ref2 is not None else None
     if st.num_rows and sr.num_rows:
         rep = compare_curves(
             st, sr, s2 if s2 is not None and s2.num_rows else None, names=(target, ref, ref2), tag=tag, by=by, rank=rank
         )
     else:
         rep = None
-    mt, mr = read(store, "monitor", target), read(store, "monitor", ref)
+    mt, mr = read(store, "monitor", target, columns=_COLUMNS), read(store, "monitor", ref, columns=_COLUMNS)
     if mt.num_rows and mr.num_rows:
-        m2 = read(store, "monitor", ref2) if ref2 is not None else None
+        m2 = read(store, "monitor", ref2, columns=_COLUMNS) if ref2 is not None else None
         loss_step = None
         if rep is not None and rep.divergence.step is not None and by == "iteration":
             loss_step = rep.divergence.step - monitor_offset
@@ -74,6 +77,9 @@ def compare_long_runs(
             )
         rep = monitor_only(target, ref, ref2, tag, by)
     rep.culprit = culprit
+    first = (culprit or {}).get("first")
+    focus = (first["prefix"], first["name"]) if first else None
+    rep.msprobe_flagged = [f for f in (msprobe_flagged(store, r, focus) for r in (target, ref)) if f is not None]
     return rep
 
 

@@ -32,6 +32,7 @@ from dumpstore.longrun.store import read
 from dumpstore.store import Store
 
 from .curves import SPIKE_FACTOR, SPIKE_WINDOW, _ffill, _previous_median, find_events, find_spikes, series
+from .longrun_anomalies import msprobe_flagged
 
 
 @dataclass
@@ -48,23 +49,24 @@ class LongRunHealth:
     run: str
     summary: str
     findings: list[Finding] = field(default_factory=list)
+    msprobe_flagged: dict[str, Any] | None = None  # msprobe monitor's own alarms, beside the findings
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def _runs_of(mask: np.ndarray, length: int) -> int | None:
-    """Index where the first run of `length` True values starts."""
-    run = 0
-    for i, m in enumerate(mask):
-        run = run + 1 if m else 0
-        if run >= length:
-            return i - length + 1
-    return None
+    """Index where the first run of `length` True values starts (the first window of `length` all True)."""
+    mask = np.asarray(mask, bool)
+    if length <= 0 or len(mask) < length:
+        return None
+    c = np.concatenate([[0], np.cumsum(mask)])
+    full = np.flatnonzero(c[length:] - c[:-length] == length)
+    return int(full[0]) if len(full) else None
 
 
 def long_run_health(store: Store, run: str, *, rank: int | None = None) -> LongRunHealth:
-    scalars = read(store, "scalars", run)
+    scalars = read(store, "scalars", run, dictionary=["tag"])
     monitor = read(store, "monitor", run)
     out: list[Finding] = []
     loss = series(scalars, "loss", rank) if scalars.num_rows else None
@@ -136,7 +138,7 @@ def long_run_health(store: Store, run: str, *, rank: int | None = None) -> LongR
         out.extend(_update_ratio(monitor))
         if loss is None:
             summary = f"monitor only: {monitor.num_rows} rows"
-    return LongRunHealth(run, summary, out)
+    return LongRunHealth(run, summary, out, msprobe_flagged(store, run))
 
 
 def _grad_norm(gn) -> list[Finding]:

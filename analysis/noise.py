@@ -21,6 +21,8 @@ rate or clipping change moves every parameter by the same factor (spread ~0); de
 scattered factors around 1.  The rule runs at the start of each later step, before that step's other rules.
 Update sizes come from the statistics of both steps (a lower bound of ||p(s+1) - p(s)|| by `rules.stats_bound`),
 so the rule holds in statistics and tensor mode alike.
+A change that does not scale every update alike (clipping under Adam), and a parameter changed between steps,
+are judged in units of each parameter's own update by analysis/steps.py.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class NoiseModel:
     carry: dict[str, tuple[list[tuple], np.ndarray]]
     outputs: tuple[list[tuple], np.ndarray] = ([], np.zeros(0))  # every record's output error, all directions
     flips: list[dict[str, Any]] = field(default_factory=list)  # discrete outputs flipped on near ties (noise)
+    flip_marks: list[tuple[tuple, frozenset]] = field(default_factory=list)  # their order keys, enclosing modules
+    flip_explained: set[tuple] = field(default_factory=set)  # order keys of the flips and of what they explained
     siblings: dict[tuple[str, str], tuple[list[str], np.ndarray]] = field(default_factory=dict)  # per class
 
     @classmethod
@@ -113,9 +117,21 @@ class NoiseModel:
         order (None: fewer than MIN_GROUP of them)."""
         keys, values = (self.fresh if fresh else self.carry).get(direction, ([], np.zeros(0)))
         n = bisect.bisect_left(keys, before)
-        if n < MIN_GROUP:
+        seen = self._before_flip(keys, values, n, before)
+        if seen.size < MIN_GROUP:
             return None
-        return STAND_OUT * float(quantile(values[:n], QUANTILE))
+        return STAND_OUT * float(quantile(seen, QUANTILE))
+
+    def _before_flip(self, keys: list[tuple], values: np.ndarray, n: int, before: tuple) -> np.ndarray:
+        """The first `n` values, less those of the records a near-tie flip made or explained (the flip itself,
+        what it fed: analysis/flipflow.py): what the flip made is its own, not the pair's noise."""
+        if not self.flip_explained:
+            return values[:n]
+        lo = bisect.bisect_left(keys, min(self.flip_explained))
+        if lo >= n:
+            return values[:n]
+        keep = np.array([k not in self.flip_explained for k in keys[lo:n]], dtype=bool)
+        return np.concatenate([values[:lo], values[lo:n][keep]])
 
     def summary(self, recs: pl.DataFrame) -> dict[str, Any]:
         """The largest amplification among the pair's ops and where, with the quantile of the ops of its step and

@@ -8,7 +8,12 @@ so that what merely carries earlier error, and rounding residue, does not top th
   input leaves    err / max(tol, the largest output error of the records before it in its step and rank):
                   an input is significant when no earlier op showed that much error (a weight, data, an
                   argument, a tensor made by an op in one run only);
-  ints and bools  differ (err > 0) where nothing before them did: inf; after: err / the carried error;
+  ints and bools  differ (err > 0) where nothing before them did: inf; an integer or boolean output, any
+                  tensor of another shape, or an output made from one, after float error (an index, a mask, the
+                  tokens an expert got and what they make, downstream of it): 1, it carries; an integer input:
+                  err / the carried error;
+  gathers         an output of an op that copies values (embedding, gather, indexing) at its own dtype's
+                  tolerance where that is finer than the run's compute floor (a copy is not autocast-noisy);
   one run only    a leaf in one run only (an extra or missing record, a keyword argument of one run): inf.
 `tol` is the leaf's tolerance after the prior (analysis/prior.py) and any noise reference (`--noise-ref`).
 Each step is judged on its own (the Ray engine ranks a step per task): compare `--step S` to rank one step.
@@ -17,6 +22,8 @@ Each step is judged on its own (the Ray engine ranks a step per task): compare `
 from __future__ import annotations
 
 import polars as pl
+
+from dumpstore.dtypes import INT_DTYPES
 
 from .compare import Comparison
 
@@ -117,6 +124,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
             pl.col("_seq").min(),
             pl.col("err").filter(is_in & tensor & finite).max().alias("_in_err"),
             pl.col("err").filter(is_out & tensor & finite).max().alias("_out_err"),
+            pl.col("detail").str.starts_with("shape").filter(is_in).any().fill_null(False).alias("_in_shape"),
         )
         .sort(group + ["_phase", "_seq"], nulls_last=True)
         .with_columns(
@@ -124,7 +132,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         )
     )
 
-    df = df.join(recs.select(*key, "_in_err", "_before"), on=key, how="left", nulls_equal=True)
+    df = df.join(recs.select(*key, "_in_err", "_before", "_in_shape"), on=key, how="left", nulls_equal=True)
     own_inputs = is_out & pl.col("_in_err").is_not_null() & (pl.col("_dir") == "forward")
     carried = (
         pl.when(own_inputs)
@@ -133,13 +141,22 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         .then(pl.max_horizontal(pl.col("_in_err").fill_null(0.0), pl.col("_before")))
         .otherwise(pl.col("_before"))
     )
-    denom = pl.max_horizontal(pl.col("tol").fill_null(0.0), carried)
+    denom = pl.max_horizontal(_own_tol(), carried)
     one_run = pl.col("match").is_in(["target_only", "ref_only"])
+    # a discrete change: an integer or boolean output, or a tensor of another shape (data-dependent shapes: the
+    # tokens an expert got); after float error was carried it is that error's consequence
+    discrete_out = (
+        (is_out & pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"]))
+        | pl.col("detail").str.starts_with("shape").fill_null(False)
+        | (is_out & pl.col("_in_shape").fill_null(False))  # made from a tensor of another shape
+    )
     sig = (
         pl.when(one_run)
         .then(float("inf"))  # a record, or an argument of one, in one run only
         .when(pl.col("err").is_null())
         .then(None)
+        .when(discrete_out & ((carried > 0) | (pl.col("_before") > 0)) & (pl.col("err") > 0))
+        .then(1.0)  # an index, mask or shape changed downstream of float error: carries it (no ratio means anything)
         .when(denom > 0)
         .then(pl.col("err") / denom)
         .when(pl.col("err") > 0)
@@ -147,7 +164,22 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         .otherwise(0.0)
     )
     out = df.with_columns(sig.alias("significance")).sort("_row")
-    return out.drop("_row", "_rec", "_seq", "_dir", "_io", "_phase", "_in_err", "_before")
+    return out.drop("_row", "_rec", "_seq", "_dir", "_io", "_phase", "_in_err", "_before", "_in_shape")
+
+
+def _own_tol() -> pl.Expr:
+    """The leaf's tolerance; a leaf of a gather-class op's forward (embedding, gather, index_select, indexing: it
+    copies values and does no arithmetic) at its own dtype's tolerance where that is finer (a bf16 autocast run's
+    compute floor does not make a copy noisy: analysis/hidden_index.py)."""
+    from .hidden_index import GATHERS
+    from .tolerance import REL_L2_DEFAULT
+
+    tol = pl.col("tol").fill_null(0.0)
+    module = pl.col("prefix").is_in(["Module", "Cell"]).fill_null(False)
+    forward = (pl.col("_dir") == "forward").fill_null(False)  # (an embedding's backward sums gradients)
+    gather = pl.col("op_type").str.to_lowercase().is_in(list(GATHERS)).fill_null(False) & ~module & forward
+    own = pl.col("dtype").replace_strict(REL_L2_DEFAULT, default=None, return_dtype=pl.Float64)
+    return pl.when(gather & own.is_not_null() & (own < tol)).then(own).otherwise(tol)
 
 
 def _module_filter(module: str) -> pl.Expr:

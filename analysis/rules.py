@@ -11,7 +11,7 @@ err, relative L2 of target x against reference y, best available first:
   sketch   from the linear sketches: ||sk(x) - sk(y)|| / ||y|| (exact when the sketch holds every element, else
            relative error bar sqrt(2/M));
   stats    a lower bound from the statistics: max(|dNorm|, |dMax|, |dMin|, |dMean| * sqrt(n)) / ||y|| (without
-           norms: max(|dMax|, |dMin|) over the reference's range);
+           norms: max(|dMax|, |dMin|, |dMean|) over the reference's range);
   checksum equality (0 or inf);  value  non-tensor arguments, relative difference (text: equality).
 """
 
@@ -206,7 +206,7 @@ def stats_bound(
                                           target's norm is not finite but the non-finite counts agree; 0/0 = 0);
       both norms present, ||y|| not finite: 0 when all four statistics are equal and say nothing is finite
                                           (max = min = +-Inf); else unknown (the finite part is hidden);
-      a norm missing (integer tensors):   max(|dMax|, |dMin|) / max(|yMax|, |yMin|)  (0/0 = 0).
+      a norm missing (integer tensors):   max(|dMax|, |dMin|, |dMean|) / max(|yMax|, |yMin|)  (0/0 = 0).
     Differences are taken only where both sides are finite; `known` is False where no rule applies."""
     d = {s: np.abs(stat_diff(t[s], r[s])) for s in STATS}
     with np.errstate(all="ignore"):
@@ -225,7 +225,9 @@ def stats_bound(
         for s in STATS:
             same &= ~t_null[s] & ~r_null[s] & ((t[s] == r[s]) | (np.isnan(t[s]) & np.isnan(r[s])))
         scale = np.fmax(np.abs(r["max"]), np.abs(r["min"]))
-        ext = np.fmax(d["max"], d["min"])
+        # (msprobe's statistics of an integer tensor: max/min, some versions the mean: a mean that differs, even by
+        # 1/n, is a differing value, not rounding)
+        ext = np.fmax(np.fmax(d["max"], d["min"]), d["mean"])
         by_ext = np.where(scale > 0, ext / scale, np.where(ext == 0, 0.0, np.inf))
     use_norm = has_norms & np.isfinite(rn) & ~np.isnan(num)
     # non-finite norms hide the finite values: equal statistics say nothing about them, unless nothing is finite

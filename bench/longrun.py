@@ -12,9 +12,12 @@ Data is synthetic, generated once into bench/.data/longrun/ (git-ignored):
             a decaying loss with noise; the target's learning rate x1.5 from 60 % of the run
   monitor   a TrainerMon folder `<time>-rank0-<id>/<prefix>_<a>-<b>.csv`, 8 prefixes, 50 steps per file, enough
             parameters x steps for --monitor-rows rows (the header and number format TrainerMon writes)
-Timed, each as a separate process exactly as typed (wall around the process, imports included):
+Timed, each as a separate process exactly as typed (wall around the process, imports included; the sources
+byte-compiled first, as bench/run.py does):
   `dumpstore longrun-ingest LOG --run R`, `dumpstore curves --target T --ref R --json`,
-  `dumpstore longrun-ingest MONITOR_DIR --run M` (rows/s = monitor rows / wall).
+  `dumpstore longrun-ingest MONITOR_DIR --run M` (rows/s = monitor rows / wall; rows per CPU-second = monitor
+  rows / the process's user + system time, all threads: on a shared machine the wall time says more about the
+  other work than about this one).
 Targets (issue 26): curves <= 2 s on 2 x 100k steps; monitor ingest >= 2M rows/s on 2 cores.
 """
 
@@ -134,6 +137,10 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=DATA)
     args = ap.parse_args()
     exe = str(Path(sys.executable).with_name("dumpstore"))
+    # byte-compiled first, as `pip install` leaves a package (bench/run.py does the same): an editable install
+    # under PYTHONDONTWRITEBYTECODE=1 would compile every module again in every timed command
+    sources = [str(HERE.parent / d) for d in ("dumpstore", "analysis", "cli")]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *sources], check=True, stdout=subprocess.DEVNULL)
     data = args.data
     data.mkdir(parents=True, exist_ok=True)
     logs = {"ref": data / f"ref_{args.steps}.log", "target": data / f"target_{args.steps}.log"}
@@ -169,6 +176,7 @@ def main() -> int:
     results["monitor_ingest_s"] = round(wall, 3)
     results["monitor_ingest_cpu_s"] = round(cpu, 3)
     results["monitor_rows_per_s"] = round(n_rows / wall)
+    results["monitor_rows_per_cpu_s"] = round(n_rows / cpu)  # what 2 idle cores could reach: twice this at most
     import resource
 
     # the largest resident set of any child so far (the monitor ingest is the biggest of them)

@@ -119,11 +119,19 @@ def curves(target, ref, ref2, run, health_only, by, tag, rank, dump_target, dump
         click.echo(curves_text(rep))
 
 
+def flagged_lines(f, text, num):
+    from dumpstore.analysis.longrun_anomalies import flagged_lines as lines
+
+    return lines(f, text, num)
+
+
 def curves_text(rep) -> str:
     if rep.n_points == 0:  # monitor data only
         lines = [f"curves: target {text(rep.target)} vs reference {text(rep.ref)}: {rep.band_source}"]
         if rep.culprit is not None:
             lines.extend(culprit_lines(rep.culprit))
+        for f in rep.msprobe_flagged:
+            lines.extend(flagged_lines(f, text, num))
         return "\n".join(lines)
     lines = [
         f"curves: target {text(rep.target)} vs reference {text(rep.ref)}, {text(rep.tag)} by {rep.by}: "
@@ -164,6 +172,8 @@ def curves_text(rep) -> str:
         lines.append(f"{ev.kind}: run {text(ev.run)}: {text(ev.detail)}; steps {steps}")
     if rep.culprit is not None:
         lines.extend(culprit_lines(rep.culprit))
+    for f in rep.msprobe_flagged:
+        lines.extend(flagged_lines(f, text, num))
     if rep.dump_verdict is not None:
         lines.extend(verdict_lines(rep.dump_verdict))
     return "\n".join(lines)
@@ -230,6 +240,8 @@ def _health(st, run, rank, fmt):
         for f in rep.findings:
             at = f" at step {f.step}" if f.step is not None else ""
             lines.append(f"  {f.status.upper():5s} {f.check}{at}: {text(f.detail)}")
+        if rep.msprobe_flagged is not None:
+            lines.extend(flagged_lines(rep.msprobe_flagged, text, num))
         click.echo("\n".join(lines))
 
 

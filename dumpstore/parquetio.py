@@ -17,10 +17,10 @@ from pyarrow._parquet import ParquetReader, ParquetWriter
 _DEFAULTS = {"version": "2.6", "write_statistics": True, "writer_engine_version": "V2", "data_page_version": "1.0"}
 
 
-def read_table(path: str | os.PathLike) -> pa.Table:
-    """The whole file as a table (`pyarrow.parquet.ParquetFile(path).read()`)."""
+def read_table(path: str | os.PathLike, read_dictionary: list[str] | None = None) -> pa.Table:
+    """The whole file as a table (`pyarrow.parquet.ParquetFile(path, read_dictionary=...).read()`)."""
     reader = ParquetReader()
-    reader.open(os.fspath(path))
+    reader.open(os.fspath(path), read_dictionary=read_dictionary)
     return reader.read_all()
 
 

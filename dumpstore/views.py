@@ -99,7 +99,7 @@ def stats_bound_sql(t: str, r: str, sqrt_n: str, nonfinite: str) -> str:
         f"greatest({d('norm')}, {d('max')}, {d('min')}, ({d('mean')}) * {sqrt_n}, "
         f"CASE WHEN NOT isfinite({t}norm) AND NOT {nonfinite} THEN 'inf'::DOUBLE END)"
     )
-    ext = f"greatest({d('max')}, {d('min')})"
+    ext = f"greatest({d('max')}, {d('min')}, {d('mean')})"  # an integer tensor's mean differing is a value differing
     scale = f"greatest(abs({v('max')}), abs({v('min')}))"
     same = " AND ".join(f"{t}{s} = {r}{s}" for s in ("norm", "mean", "max", "min"))  # NaN = NaN in DuckDB
     return f"""(CASE

@@ -22,7 +22,9 @@ Families (each runs msprobe 26.2.0 in its own subprocess, as generate.py does, 3
         ds_clean (none), ds_weight2pct (layers.0.fc1.weight x1.02 at init).
   dl_*  a Llama-like model (RMSNorm from tensor ops, RoPE, grouped-query attention with repeat_kv, an additive
         finfo.min mask, SwiGLU): dl_clean (TF32), dl_clean_sm (fp16 softmax), dl_rms_eps (layer 1's RMSNorm eps),
-        dl_lr2pct (lr x1.02 from the 2nd update, fp16 softmax); the first three in tensor mode too.
+        dl_lr2pct (lr x1.02 from the 2nd update, fp16 softmax), dl_sm_bf16_all (every layer's softmax at
+        bfloat16 inside: a fault in all siblings that only the prior can name; tensor mode only, its statistics
+        bound is 1.5 tolerances); the first three in tensor mode too.
   xb_*  generate.py's cross-device bf16 model (AdamW, device B's split bf16 reductions), with an optimizer fault.
 
 Faults (the catalog's `expected.culprit`, checked by hand on the dumps: the op names are deterministic):
@@ -107,8 +109,14 @@ DL = {
         (2, "Functional.embedding.0.forward", "optimizer"),
         "device S: SGD lr x1.02 from the 2nd update",
     ),
+    "sm_bf16_all": (
+        {"device": {"softmax_bf16": True}},
+        (0, "Functional.softmax.0.forward", "op"),
+        "every layer's fp32 softmax at bfloat16 inside: a fault in all siblings, no argument or record differs",
+    ),
 }
-DL_TENSOR = ("clean", "clean_sm", "rms_eps")
+DL_TENSOR = ("clean", "clean_sm", "rms_eps", "sm_bf16_all")
+DL_STATS_SKIP = ("sm_bf16_all",)  # its statistics bound (1.5 tolerances) cannot tell it from fp16 rounding
 XB = {
     "lr5pct": (
         {"lr_from_2nd": 1.05},
@@ -140,7 +148,7 @@ def cases():
     for mode, sfx in MODES:
         out.append(("dl_ref_" + sfx, "dl", mode, None, {}, None, "device A: Llama-like fp32 reference"))
         for stem, (faults, exp, desc) in DL.items():
-            if mode == "tensor" and stem not in DL_TENSOR:
+            if (mode == "tensor" and stem not in DL_TENSOR) or (mode == "statistics" and stem in DL_STATS_SKIP):
                 continue
             out.append(("dl_%s_%s" % (stem, sfx), "dl", mode, "dl_ref_" + sfx, faults, exp, desc))
     out.append(("xb_ref_stats", "xb", "statistics", None, {}, None, "device A: bf16 autocast reference"))
@@ -181,19 +189,21 @@ def tf32_kernels():
     return DeviceT()
 
 
-def softmax16_kernels():
+def softmax16_kernels(inner: str = "float16"):
     """Device S: a TorchDispatchMode computing fp32 softmax (forward) on float16 inside, as some accelerators'
-    fused softmax does; everything else is untouched."""
+    fused softmax does; everything else is untouched.  `inner="bfloat16"`: the same at bfloat16, a fault (an op
+    computed wrongly in every layer: no argument or record differs)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     aten = torch.ops.aten
+    low = getattr(torch, inner)
 
     class DeviceS(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func is aten._softmax.default and args[0].dtype == torch.float32:
-                x16 = aten._to_copy.default(args[0], dtype=torch.float16)
+                x16 = aten._to_copy.default(args[0], dtype=low)
                 y16 = func(x16, args[1], False)
                 return aten._to_copy.default(y16, dtype=torch.float32)
             return func(*args, **kwargs)
@@ -377,6 +387,8 @@ def run_case(name, init_file):
         vocab, autocast = VOCAB, contextlib.nullcontext
         dev = faults.get("device")
         kernels = (softmax16_kernels if dev.get("softmax16") else tf32_kernels) if dev else contextlib.nullcontext
+        if dev and dev.get("softmax_bf16"):
+            kernels = lambda: softmax16_kernels("bfloat16")  # noqa: E731
     else:
         model = G.build_xdev_model(faults)
         optimizer = torch.optim.AdamW(model.parameters(), lr=G.XD_LR)

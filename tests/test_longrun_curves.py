@@ -118,6 +118,35 @@ def test_culprit_named_before_the_loss(monitor_store):
 
 
 @pytest.mark.msprobe
+def test_msprobe_flagged_beside_the_verdict(monitor_store):
+    """`scaled` ran with msprobe's anomaly detection on: its alarms (counted here from the raw anomaly.json) are
+    shown beside the culprit, which they do not change."""
+    raw = json.loads(
+        (gen_monitor.ensure() / "scaled" / "monitor" / "anomaly_detected" / "rank0" / "anomaly.json").read_text()
+    )
+    assert len(raw) > 100  # msprobe's rule is noisy
+    post = [a["step"] for a in raw.values() if a["tag_name"] == "0:layers.2.weight/rank0/post_grad"]
+    tensor = [a["step"] for a in raw.values() if a["tag_name"].startswith("0:layers.2.weight/")]
+    rep = compare_long_runs(open_store(monitor_store), "scaled", "ref")
+    assert (rep.culprit["first"]["param"], rep.culprit["first"]["step"]) == ("layers.2.weight", 60)
+    assert [f["run"] for f in rep.msprobe_flagged] == ["scaled"]  # ref ran without it
+    f = rep.msprobe_flagged[0]
+    assert f["n"] == len(raw) and f["rules"] == {"AnomalyTurbulence": len(raw)}
+    assert f["first_step"] == min(a["step"] for a in raw.values()) == f["first"]["step"]
+    assert f["focus"]["n"] == len(tensor) and f["focus"]["first"]["step"] == min(tensor)
+    assert f["focus"]["first_of_series"]["step"] == min(post)
+    r = CliRunner().invoke(main, ["curves", "--target", "scaled", "--ref", "ref", "--store", str(monitor_store)])
+    assert r.exit_code == 0, r.output
+    assert f"msprobe flagged (its own alarms, not this verdict): run scaled: {len(raw)} alarms" in r.output
+    assert f"msprobe flagged layers.2.weight {len(tensor)} times, first at step {min(tensor)}" in r.output
+    r = CliRunner().invoke(main, ["curves", "--run", "scaled", "--health", "--store", str(monitor_store), "--json"])
+    assert json.loads(r.output)["msprobe_flagged"]["n"] == len(raw)
+    sql = "select count(*) n from monitor_anomalies where prefix = 'grad_reduced' and name = 'layers.2.weight'"
+    r = CliRunner().invoke(main, ["query", sql + " and run = 'scaled'", "--store", str(monitor_store), "--json"])
+    assert json.loads(r.output) == [{"n": len(post)}]
+
+
+@pytest.mark.msprobe
 def test_culprit_quiet_on_a_clean_rerun(monitor_store):
     rep = compare_long_runs(open_store(monitor_store), "ref2", "ref")
     assert rep.culprit is not None and rep.culprit["first"] is None and rep.divergence.step is None

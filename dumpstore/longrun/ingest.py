@@ -10,6 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..errors import DumpstoreError, DumpstoreWarning
+from .anomalies import FILE as ANOMALY_FILE
+from .anomalies import anomaly_files, read_anomalies
 from .logs import LogFormatError, last_wins, read_log
 from .monitor import NoMonitorFiles, monitor_files
 from .store import LongRun, write
@@ -40,14 +42,15 @@ def collect(
     logging_steps: int = 1,
 ) -> LongRun:
     """Read every source under `paths`: a log file, an event file, a folder (its *.log/*.txt/*.out files,
-    event files, trainer_state.json and monitor CSV)."""
+    event files, trainer_state.json, monitor CSV and msprobe's anomaly_detected/rank<r>/anomaly.json)."""
     lr = LongRun(run)
     scalars: list[pa.Table] = []
+    anomalies: list[pa.Table] = []
     for path in paths:
         if not path.exists():
             raise LongRunInputError(f"{path}: no such file or folder; give a training log, an event file or folder")
         found = False
-        if path.is_file() and "tfevents" not in path.name and not path.name.endswith(".csv"):
+        if path.is_file() and "tfevents" not in path.name and not path.name.endswith((".csv", ANOMALY_FILE)):
             table, family = read_log(
                 path, fmt=fmt, pattern=pattern, rank=_rank_of(path, rank), logging_steps=logging_steps
             )
@@ -78,6 +81,12 @@ def collect(
                 lr.formats.append(family)
                 lr.sources.append(str(log))
                 found = True
+        alarms = anomaly_files(path)
+        if alarms:
+            anomalies.append(read_anomalies(alarms))
+            lr.formats.append("msprobe_anomalies")
+            lr.sources += [str(p) for p, _ in alarms]
+            found = True
         try:
             monitor_files(path)  # any there? (read while written: write streams them)
             lr.monitor_roots.append(path)
@@ -92,7 +101,11 @@ def collect(
                 ) from None
     if scalars:
         lr.scalars = last_wins(pa.concat_tables(scalars)) if len(scalars) > 1 else scalars[0]
-    if not lr.monitor_roots and (lr.scalars is None or lr.scalars.num_rows == 0):  # never an empty long run
+    if anomalies:
+        lr.anomalies = pa.concat_tables(anomalies)
+    if (
+        not lr.monitor_roots and lr.anomalies is None and (lr.scalars is None or lr.scalars.num_rows == 0)
+    ):  # never an empty long run
         raise LongRunInputError(
             f"{', '.join(lr.sources) or paths[0]}: no scalar point found (an empty or cut-short event file?); "
             "point at a log or event file that holds the run's points"

@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..errors import DumpstoreError
+from .store import SCALAR_SCHEMA
 
 FAMILIES = ("megatron", "mindformers", "hf", "pattern")
 
@@ -169,13 +170,20 @@ def _megatron_columnar(lines: list[str], rank: int) -> pa.Table:
         parts.list.slice(1).alias("part"),
     ).explode("part")
     kv = pl.col("part").str.splitn(":", 2)
-    df = df.with_columns(
-        kv.struct.field("field_0").str.strip_chars().alias("key"), numbers(kv.struct.field("field_1")).alias("value")
-    ).filter(pl.col("value").is_not_null() & pl.col("key").is_not_null() & (pl.col("key") != ""))
+    df = df.with_row_index("_field").with_columns(
+        kv.struct.field("field_0").str.strip_chars().alias("key"), kv.struct.field("field_1").alias("raw")
+    )
+    # a plain number first (nearly every field); numbers()' fuller rules only for the fields that are not one
+    df = df.with_columns(pl.col("raw").str.strip_chars().cast(pl.Float64, strict=False).alias("value"))
+    rest = df.filter(pl.col("value").is_null())
+    if rest.height:
+        rest = rest.with_columns(numbers(pl.col("raw")).alias("value"))
+        df = pl.concat([df.filter(pl.col("value").is_not_null()), rest]).sort("_field")
+    df = df.filter(pl.col("value").is_not_null() & pl.col("key").is_not_null() & (pl.col("key") != ""))
     keys = df.get_column("key").unique().to_list()
     df = df.with_columns(pl.col("key").replace_strict({k: canonical_tag(k) for k in keys}).alias("tag"))
     out = df.select(pl.lit(rank, pl.Int64).alias("rank"), "step", "consumed_samples", "tag", "value")
-    return out.to_arrow().cast(Rows().table(rank).schema)
+    return out.to_arrow().cast(SCALAR_SCHEMA)  # (not a Rows table's: pa.array imports pandas)
 
 
 def _mindformers(m: re.Match) -> tuple[int, int | None, list[tuple[str, float]]]:

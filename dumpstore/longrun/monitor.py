@@ -17,13 +17,17 @@ fraction), nans (a count), shape, dtype (canonical), missing (a row of nan strin
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
+from ..arrays import to_arrow
 from ..errors import DumpstoreError
+from .arrow import bool_array, codes, int_array, strings
 
 PREFIXES = (
     "actv",
@@ -100,103 +104,13 @@ def _header(path: Path) -> list[str]:
         raise MonitorFormatError(f"{path}: cannot read ({exc.strerror})") from None
 
 
-def _read_csv(paths: list[Path], head: list[str]):
-    """Monitor CSV files of one header as one polars DataFrame (statistics as Float64: `nan` strings are NaN);
-    polars reads the files in parallel."""
-    import polars as pl
-
-    types: dict[str, Any] = {c: pl.Float64 for c in head if c in STAT_COLUMNS}
-    types.update({c: pl.Int64 for c in ("step", "micro_step", "vpp_stage") if c in head})
-    # names, shapes and dtypes repeat at every step: categorical (read once per distinct value, joined and written
-    # to Parquet as dictionary codes)
-    types.update({c: pl.Categorical for c in ("name", "module_name", "scope", "shape", "dtype") if c in head})
-    try:
-        return pl.read_csv(paths, schema_overrides=types, null_values=[""])  # type: ignore[arg-type]
-    except (pl.exceptions.PolarsError, OSError) as exc:
-        if len(paths) > 1:  # name the file
-            for p in paths:
-                _read_csv([p], head)
-        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise MonitorFormatError(
-            f"{paths[0]}: not a monitor CSV ({line}); expected header vpp_stage,name,step[,micro_step],<ops>"
-        ) from None
-
-
-def _frame(paths: list[Path], head: list[str], rank: int, layout: str, slug: str):
-    import polars as pl
-
-    need = {"name", "step"} if layout == "v1" else {"module_name", "step", "scope"}
-    if not need <= set(head):
-        raise MonitorFormatError(
-            f"{paths[0]}: header {','.join(head)} lacks {', '.join(sorted(need - set(head)))}; "
-            "not a monitor CSV of this msprobe layout"
-        )
-    df = _read_csv(paths, head)
-    if layout == "v1":
-        df = df.with_columns(pl.lit(slug).cast(pl.Categorical).alias("prefix"))
-    else:
-        mapped = pl.col("scope")
-        for (s, scope), prefix in _V2_SCOPE.items():
-            if s == slug:
-                mapped = pl.when(pl.col("scope") == scope).then(pl.lit(prefix)).otherwise(mapped)
-        df = df.rename({"module_name": "name"}).with_columns(
-            mapped.cast(pl.String).cast(pl.Categorical).alias("prefix")
-        )
-        df = df.drop("scope")
-    return df.with_columns(pl.lit(rank, pl.Int64).alias("rank"))
-
-
-def read_monitor(root: Path) -> pa.Table:
-    """Every monitor CSV under `root` as one `monitor` table (see the module doc)."""
-    import polars as pl
-
-    return pl.concat(list(iter_monitor_frames(root)), how="vertical_relaxed").to_arrow()
-
-
-def iter_monitor_frames(root: Path, *, max_rows: int = 4_000_000):
-    """The monitor table of `root` in pieces (polars DataFrames of COLUMNS): one per (rank, prefix, header)
-    group of files, a group of more than `max_rows` rows (estimated from file sizes) in several reads, so memory
-    stays bounded whatever the run's length."""
-    groups: dict[tuple, list[Path]] = {}
-    for path, rank, layout, slug in monitor_files(root):  # one read per (rank, prefix, header)
-        groups.setdefault((rank, layout, slug, tuple(_header(path))), []).append(path)
-    for (rank, layout, slug, head), paths in groups.items():
-        for chunk in _chunks(paths, max_rows):
-            yield _complete(_frame(chunk, list(head), rank, layout, slug))
-
-
-def _chunks(paths: list[Path], max_rows: int) -> list[list[Path]]:
-    """Consecutive runs of files of at most ~max_rows rows (about 100 bytes a row)."""
-    out: list[list[Path]] = [[]]
-    size = 0
-    for p in paths:
-        n = p.stat().st_size // 100
-        if out[-1] and size + n > max_rows:
-            out.append([])
-            size = 0
-        out[-1].append(p)
-        size += n
-    return out
-
-
-def _complete(df):
-    import polars as pl
-
-    for col, dt in (
-        ("micro_step", pl.Int64),
-        ("vpp_stage", pl.Int64),
-        ("shape", pl.Categorical),
-        ("dtype", pl.Categorical),
-    ):
-        if col not in df.columns:
-            df = df.with_columns(pl.lit(None, dt).alias(col))
-    for col in STAT_COLUMNS:
-        if col not in df.columns:
-            df = df.with_columns(pl.lit(None, pl.Float64).alias(col))
-    return _derive(df)
-
-
+_INT_COLUMNS = ("step", "micro_step", "vpp_stage")
+_TEXT_COLUMNS = ("name", "module_name", "scope", "shape", "dtype")
+_DICT = pa.dictionary(pa.int32(), pa.string())
+_BLOCK = 16 << 20  # bytes of CSV per batch (a larger file is read in several)
 _ACT_SUFFIX = r"\.(?:grad_)?(input|output)(?:_grad)?(?:\.\d+)?$"
+_ACT = re.compile(_ACT_SUFFIX)
+_LAST = re.compile(r"\.[^.]+$")
 COLUMNS = [
     "rank",
     "step",
@@ -214,73 +128,319 @@ COLUMNS = [
     "dtype",
     "missing",
 ]
+# the Arrow schema of the pieces (and of the Parquet parts): text columns dictionary-encoded (a name repeats at
+# every step)
+SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("micro_step", pa.int64()),
+        pa.field("vpp_stage", pa.int64()),
+        *(pa.field(c, _DICT) for c in ("prefix", "name", "module", "param", "direction", "io")),
+        pa.field("seq", pa.int32()),
+        *(pa.field(c, pa.float64()) for c in STAT_COLUMNS),
+        pa.field("shape", pa.list_(pa.int64())),
+        pa.field("dtype", _DICT),
+        pa.field("missing", pa.bool_()),
+    ]
+)
+TEXT_COLUMNS = [f.name for f in SCHEMA if f.type == _DICT]
 
 
-def _names(df):
-    """module, param, direction, io and seq of each distinct (prefix, name): computed once per name, not per row
-    (a name repeats at every step). seq: the order of first appearance within the prefix."""
-    import polars as pl
-
-    names = df.select("prefix", "name").unique(maintain_order=True)
-    name, prefix = pl.col("name").cast(pl.String), pl.col("prefix").cast(pl.String)
-    is_act = prefix.is_in(["actv", "actv_grad"])
-    grads = prefix.is_in(["grad_unreduced", "grad_reduced"])
-    params = prefix.is_in(["param_origin", "param_updated"])
-    return names.with_columns(
-        pl.when(is_act)
-        .then(name.str.replace(_ACT_SUFFIX, "").str.strip_chars("."))
-        .otherwise(name.str.replace(r"\.[^.]+$", ""))
-        .alias("module"),
-        pl.when(is_act).then(pl.lit(None, pl.String)).otherwise(name).alias("param"),
-        pl.when(prefix == "actv")
-        .then(pl.lit("forward"))
-        .when(prefix == "actv_grad")
-        .then(pl.lit("backward"))
-        .when(grads)
-        .then(pl.lit("parameters_grad"))
-        .when(params)
-        .then(pl.lit("parameters"))
-        .when(prefix.str.starts_with("exp_avg"))
-        .then(pl.lit("optimizer"))
-        .otherwise(pl.lit("other"))
-        .alias("direction"),
-        pl.when(is_act)
-        .then(name.str.extract(_ACT_SUFFIX, 1))
-        .when(grads)
-        .then(pl.lit("parameters_grad"))
-        .when(params)
-        .then(pl.lit("parameters"))
-        .otherwise(prefix)
-        .alias("io"),
-        pl.int_range(pl.len()).over("prefix").cast(pl.Int32).alias("seq"),
-    ).with_columns(pl.col("module", "param", "direction", "io").cast(pl.Categorical))
+def read_monitor(root: Path) -> pa.Table:
+    """Every monitor CSV under `root` as one `monitor` table (see the module doc)."""
+    tables = [t for _, t in iter_monitor_tables(root)]
+    return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
 
-def _shapes(df):
-    """shape (list of int64), dtype (canonical) and missing of each distinct (shape, dtype) text."""
-    import polars as pl
+def iter_monitor_tables(root: Path, *, workers: int | None = None, window: int = 4):
+    """(group, table) for each monitor CSV file under `root` (each read of a very large file: each batch of
+    ~16 MB), in file order: group = (rank, layout, slug-or-prefix, header), the files of a group consecutive,
+    table of SCHEMA. Files are parsed by Arrow's C++ CSV reader on `workers` threads (default: the usable
+    cores), at most `window` files per thread ahead of the consumer, so memory stays bounded whatever the run's
+    length; seq (first appearance of a name within its prefix) runs over each group's files in order."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
 
-    u = df.select("shape", "dtype").unique()
-    txt = pl.col("shape").cast(pl.String).str.strip_chars("[]() ")
-    dtype = pl.col("dtype").cast(pl.String)
-    missing = dtype.is_null() | dtype.str.to_lowercase().is_in(["nan", ""])
-    return u.with_columns(
-        pl.when(missing | txt.is_null() | (txt == ""))
-        .then(pl.lit(None, pl.List(pl.Int64)))
-        .otherwise(txt.str.split(",").list.eval(pl.element().str.strip_chars().cast(pl.Int64, strict=False)))
-        .alias("shape_list"),
-        pl.when(missing)
-        .then(pl.lit(None, pl.String))
-        .otherwise(dtype.str.replace(r"^torch\.", ""))
-        .cast(pl.Categorical)
-        .alias("dtype_c"),
-        missing.alias("missing"),
-    )
+    groups: dict[tuple, list[Path]] = {}
+    for path, rank, layout, slug in monitor_files(root):
+        groups.setdefault((rank, layout, slug, tuple(_header(path))), []).append(path)
+    for (_, layout, _, head), paths in groups.items():
+        need = {"name", "step"} if layout == "v1" else {"module_name", "step", "scope"}
+        if not need <= set(head):
+            raise MonitorFormatError(
+                f"{paths[0]}: header {','.join(head)} lacks {', '.join(sorted(need - set(head)))}; "
+                "not a monitor CSV of this msprobe layout"
+            )
+    jobs = [(key, p) for key, paths in groups.items() for p in paths]
+    n = workers or _cores()
+    seqs: dict[tuple, _Seq] = {}
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        pending: deque = deque()
+        todo = iter(jobs)
+        for key, path in todo:
+            pending.append((key, pool.submit(_read_file, path, *key)))
+            if len(pending) >= n * window:
+                break
+        while pending:
+            key, fut = pending.popleft()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append((nxt[0], pool.submit(_read_file, nxt[1], *nxt[0])))
+            try:
+                pieces = fut.result()
+            except BaseException:
+                for _, f in pending:
+                    f.cancel()
+                raise
+            seq = seqs.setdefault(key, _Seq())
+            for table, pairs, pair_idx in pieces:
+                yield key, _with_seq(table, pairs, pair_idx, seq)
 
 
-def _derive(df):
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
-    df = df.join(_names(df), on=["prefix", "name"], how="left", nulls_equal=True)
-    df = df.join(_shapes(df), on=["shape", "dtype"], how="left", nulls_equal=True)
-    df = df.drop("shape", "dtype").rename({"shape_list": "shape", "dtype_c": "dtype"})
-    return df.select(COLUMNS)
+
+class _Seq:
+    """The seq of each (prefix, name) pair of a group: its order of first appearance within its prefix."""
+
+    def __init__(self) -> None:
+        self.of: dict[tuple, int] = {}
+        self.count: dict[str | None, int] = {}
+        self.last: tuple[list, np.ndarray] | None = None
+
+    def codes(self, pairs: list[tuple]) -> np.ndarray:
+        if self.last is not None and self.last[0] == pairs:
+            return self.last[1]
+        codes = np.zeros(len(pairs) + 1, np.int32)
+        for k, pair in enumerate(pairs):
+            v = self.of.get(pair)
+            if v is None:
+                v = self.of[pair] = self.count.get(pair[0], 0)
+                self.count[pair[0]] = v + 1
+            codes[k] = v
+        self.last = (pairs, codes)
+        return codes
+
+
+def _with_seq(table: pa.Table, pairs: list[tuple], pair_idx: np.ndarray, seq: _Seq) -> pa.Table:
+    """The table with its seq column, counted over the group's files so far."""
+    valid = pair_idx >= 0
+    col = int_array(seq.codes(pairs)[pair_idx], pa.int32(), None if valid.all() else valid)
+    return table.set_column(SCHEMA.get_field_index("seq"), "seq", col)
+
+
+def _read_file(path: Path, rank: int, layout: str, slug: str, head: tuple[str, ...]) -> list[tuple]:
+    """The pieces of one monitor CSV: (table of SCHEMA with seq 0, its (prefix, name) pairs in order of first
+    appearance, each row's index into them, -1 for a row without a name)."""
+    import pyarrow.csv as pcsv
+
+    cols = [c for c in dict.fromkeys(head) if c in STAT_COLUMNS or c in _INT_COLUMNS or c in _TEXT_COLUMNS]
+    types: dict[str, Any] = {c: pa.float64() for c in cols if c in STAT_COLUMNS}
+    types.update({c: pa.int64() for c in cols if c in _INT_COLUMNS})
+    types.update({c: _DICT for c in cols if c in _TEXT_COLUMNS})
+    out = []
+    try:
+        reader = pcsv.open_csv(
+            path,
+            read_options=pcsv.ReadOptions(use_threads=False, block_size=_BLOCK),
+            convert_options=pcsv.ConvertOptions(
+                column_types=types, include_columns=cols, null_values=[""], strings_can_be_null=True
+            ),
+        )
+        for batch in reader:
+            if batch.num_rows:
+                out.append(_piece(batch, rank, layout, slug))
+    except (pa.ArrowException, OSError, UnicodeError) as exc:
+        text = str(exc).strip()
+        line = text.splitlines()[0] if text else type(exc).__name__
+        raise MonitorFormatError(
+            f"{path}: not a monitor CSV ({line}); expected header vpp_stage,name,step[,micro_step],<ops>"
+        ) from None
+    return out
+
+
+def _piece(batch: pa.RecordBatch, rank: int, layout: str, slug: str) -> tuple:
+    n = batch.num_rows
+    names = batch.schema.names
+
+    def col(c: str, typ: pa.DataType) -> pa.Array:
+        return batch.column(names.index(c)) if c in names else pa.nulls(n, typ)
+
+    name = col("name" if layout == "v1" else "module_name", _DICT)
+    if layout == "v1":
+        prefix = pa.DictionaryArray.from_arrays(int_array(np.zeros(n, np.int32), pa.int32()), strings([slug]))
+    else:
+        scope = col("scope", _DICT)
+        mapped = [None if v is None else _V2_SCOPE.get((slug, v), v) for v in scope.dictionary.to_pylist()]
+        prefix = pa.DictionaryArray.from_arrays(scope.indices, strings(mapped))
+    pairs, pair_idx, derived = _names(prefix, name)
+    shape, dtype, missing = _shapes(col("shape", _DICT), col("dtype", _DICT))
+    arrays = {
+        "rank": int_array(np.full(n, rank, np.int64), pa.int64()),
+        "step": col("step", pa.int64()),
+        "micro_step": col("micro_step", pa.int64()),
+        "vpp_stage": col("vpp_stage", pa.int64()),
+        "prefix": prefix,
+        "name": name,
+        **derived,
+        "seq": pa.nulls(n, pa.int32()),
+        **{c: col(c, pa.float64()) for c in STAT_COLUMNS},
+        "shape": shape,
+        "dtype": dtype,
+        "missing": missing,
+    }
+    return pa.Table.from_arrays([arrays[c] for c in COLUMNS], schema=SCHEMA), pairs, pair_idx
+
+
+def _names(prefix: pa.DictionaryArray, name: pa.DictionaryArray) -> tuple[list[tuple], np.ndarray, dict]:
+    """The (prefix, name) pairs of a batch in order of first appearance, each row's index into them (-1: no
+    name), and module, param, direction, io of each row: derived once per pair (a name repeats at every step)
+    and taken by the rows as dictionary codes."""
+    pnames = prefix.dictionary.to_pylist()
+    nnames = name.dictionary.to_pylist()
+    pi = codes(prefix)
+    ni = codes(name)
+    key = None
+    # one prefix (TrainerMon) and the name dictionary in order of first appearance (Arrow's CSV reader builds it
+    # so): the pairs are the dictionary, the rows' codes their index
+    if len(pnames) == 1 and (pi >= 0).all() and not (np.diff(np.maximum.accumulate(np.append(-1, ni))) > 1).any():
+        key = (pnames[0], tuple(nnames))
+        pair_idx = ni
+        got = _LAST_NAMES.get(key)
+        if got is not None:
+            pairs, dicts = got
+        else:
+            pairs = [(pnames[0], v) for v in nnames]
+            dicts = _derived_dictionaries(pairs)
+            if len(_LAST_NAMES) > 64:
+                _LAST_NAMES.clear()
+            _LAST_NAMES[key] = (pairs, dicts)
+    else:
+        pairs, pair_idx = _first_seen(pi, ni, pnames, nnames)
+        dicts = _derived_dictionaries(pairs)
+    has = pair_idx >= 0
+    code = np.where(has, pair_idx, 0).astype(np.int32)
+    cols = {}
+    for c, (values, known) in dicts.items():  # a pair without the value (no param of an activation): null code
+        valid = has if known[:-1].all() else has & known[code]
+        cols[c] = pa.DictionaryArray.from_arrays(int_array(code, pa.int32(), None if valid.all() else valid), values)
+    return pairs, pair_idx, cols
+
+
+_LAST_NAMES: dict[tuple, tuple] = {}  # (prefix, names) -> pairs and derived dictionaries: files repeat their names
+
+
+def _derived_dictionaries(pairs: list[tuple]) -> dict[str, tuple[pa.Array, np.ndarray]]:
+    """module, param, direction, io of each pair: (dictionary values, whether the pair has one); a dictionary
+    holds no null (Arrow cannot unify those), a missing value is a null code."""
+    derived = [_derive_name(pre, nm) for pre, nm in pairs]
+    out = {}
+    for k, c in enumerate(("module", "param", "direction", "io")):
+        values = [d[k] for d in derived]
+        known = np.array([v is not None for v in values] + [False])
+        out[c] = (strings(["" if v is None else v for v in values]), known)
+    return out
+
+
+def _first_seen(pi: np.ndarray, ni: np.ndarray, pnames: list, nnames: list) -> tuple[list[tuple], np.ndarray]:
+    """(prefix, name) pairs in order of first appearance and each row's index into them (-1: no name)."""
+    has = ni >= 0
+    pcode = np.where(pi >= 0, pi, len(pnames))  # a row without a prefix: its own slot (prefix None)
+    code = np.where(has, pcode * (len(nnames) + 1) + ni, -1)
+    uniq, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    keep = uniq >= 0
+    order = np.argsort(first[keep], kind="stable")
+    rank_of = np.full(len(uniq), -1, np.int64)
+    rank_of[np.flatnonzero(keep)[order]] = np.arange(len(order))
+    pairs = []
+    for c in uniq[keep][order].tolist():
+        p, q = divmod(c, len(nnames) + 1)
+        pairs.append((pnames[p] if p < len(pnames) else None, nnames[q]))
+    return pairs, rank_of[inverse.reshape(-1)]
+
+
+_DERIVED: dict[tuple, tuple] = {}
+
+
+def _derive_name(prefix: str | None, name: str) -> tuple:
+    """module, param, direction, io of a (prefix, name) pair."""
+    key = (prefix, name)
+    got = _DERIVED.get(key)
+    if got is not None:
+        return got
+    act = prefix in ("actv", "actv_grad")
+    grads = prefix in ("grad_unreduced", "grad_reduced")
+    params = prefix in ("param_origin", "param_updated")
+    if act:
+        m = _ACT.search(name)
+        module = _ACT.sub("", name, count=1).strip(".")
+        io = m.group(1) if m else None
+    else:
+        module = _LAST.sub("", name, count=1)
+        io = "parameters_grad" if grads else "parameters" if params else prefix
+    if prefix == "actv":
+        direction = "forward"
+    elif prefix == "actv_grad":
+        direction = "backward"
+    elif grads:
+        direction = "parameters_grad"
+    elif params:
+        direction = "parameters"
+    elif prefix is not None and prefix.startswith("exp_avg"):
+        direction = "optimizer"
+    else:
+        direction = "other"
+    got = (module, None if act else name, direction, io)
+    if len(_DERIVED) < 200_000:  # a bounded cache: a run has thousands of names, not millions
+        _DERIVED[key] = got
+    return got
+
+
+def _shapes(shape: pa.DictionaryArray, dtype: pa.DictionaryArray) -> tuple:
+    """shape (list of int64), dtype (canonical: `torch.` dropped) and missing (dtype null, `nan` or empty: a row
+    of nan strings) of each row, worked out once per distinct text."""
+    dvals = dtype.dictionary.to_pylist()
+    miss_of = np.array([d is None or d.lower() in ("nan", "") for d in dvals] + [True])
+    di = codes(dtype)
+    missing = miss_of[di]  # -1 (null dtype): the last entry, missing
+    canon = [None if d is None else re.sub(r"^torch\.", "", d) for d in dvals]
+    dvalid = ~missing
+    d_idx = int_array(np.where(dvalid, di, 0).astype(np.int32), pa.int32(), None if dvalid.all() else dvalid)
+    # a missing entry's text (`nan`) never becomes a dictionary value: map it to the first kept one, masked
+    dtype_out = pa.DictionaryArray.from_arrays(d_idx, strings([c if c is not None else "" for c in canon]))
+    lists = [_shape_list(s) for s in shape.dictionary.to_pylist()]
+    si = codes(shape)
+    ok = np.array([v is not None for v in lists] + [False])
+    svalid = (si >= 0) & ~missing & ok[si]
+    # each row's list gathered from the distinct shapes' flat values (no pyarrow.compute)
+    ulen = np.array([len(v or []) for v in lists] + [0], np.int64)
+    ustart = np.concatenate([[0], np.cumsum(ulen)])
+    flat = [x for v in lists for x in (v or [])]
+    uvals = np.array([0 if x is None else x for x in flat], np.int64)
+    uknown = np.array([x is not None for x in flat], bool)
+    lens = np.where(svalid, ulen[si], 0)
+    offsets = np.zeros(len(si) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    gather = np.repeat(np.where(svalid, ustart[si], 0) - offsets[:-1], lens) + np.arange(offsets[-1])
+    values = to_arrow(uvals[gather], pa.int64(), None if uknown.all() else ~uknown[gather])
+    shape_out = to_arrow(offsets.astype(np.int32), pa.list_(pa.int64()), ~svalid, child=values)
+    return shape_out, dtype_out, bool_array(missing)
+
+
+def _shape_list(text: str | None) -> list | None:
+    """`[4096, 4096]` -> [4096, 4096], `(2,)` -> [2]; an element that is not an integer: None; no text: None."""
+    if text is None:
+        return None
+    t = text.strip("[]() ")
+    if t == "":
+        return None
+    out: list = []
+    for part in (p.strip() for p in t.split(",")):
+        if part:
+            out.append(int(part) if part.lstrip("-").isdigit() else None)
+    return out

@@ -3,12 +3,13 @@
   <store>/longruns.parquet                              the catalog: one row per long run
   <store>/longrun/scalars/run=<run>/part-<id>.parquet   rank, step, consumed_samples, tag, value
   <store>/longrun/monitor/run=<run>/part-<id>.parquet   the monitor statistics (see longrun.monitor)
+  <store>/longrun/monitor_anomalies/run=<run>/part-<id>.parquet   msprobe monitor's own alarms (longrun.anomalies)
 
 A long run is cataloged apart from the dump runs (runs.parquet): the commands that read dumps never meet a run
 with no tensors, and a name may be both a dump run and a long run (a job's dump and its log). Re-ingesting a
 run replaces it whole (the new files are written first, the catalog row is swapped under a lock, the old files
-are then removed). DuckDB views `scalars`, `monitor` and `longruns` are created in every connection of the
-store (`dumpstore query`).
+are then removed). DuckDB views `scalars`, `monitor`, `monitor_anomalies` and `longruns` are created in every
+connection of the store (`dumpstore query`).
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import pyarrow as pa
 
 from ..errors import StoreError
 from ..store import Store, open_store
+from .anomalies import SCHEMA as ANOMALY_SCHEMA
+from .monitor import SCHEMA as MONITOR_PARTS_SCHEMA
 
 CATALOG = "longruns.parquet"
 BASE = "longrun"
-KINDS = ("scalars", "monitor")
+KINDS = ("scalars", "monitor", "monitor_anomalies")
 
 SCALAR_SCHEMA = pa.schema(
     [
@@ -38,31 +41,11 @@ SCALAR_SCHEMA = pa.schema(
         pa.field("value", pa.float64()),
     ]
 )
+# the monitor table with plain strings (monitor.SCHEMA, the parts' schema, has them dictionary-encoded)
 MONITOR_SCHEMA = pa.schema(
-    [
-        pa.field("rank", pa.int64()),
-        pa.field("step", pa.int64()),
-        pa.field("micro_step", pa.int64()),
-        pa.field("vpp_stage", pa.int64()),
-        pa.field("prefix", pa.string()),
-        pa.field("name", pa.string()),
-        pa.field("module", pa.string()),
-        pa.field("param", pa.string()),
-        pa.field("direction", pa.string()),
-        pa.field("io", pa.string()),
-        pa.field("seq", pa.int32()),
-        pa.field("norm", pa.float64()),
-        pa.field("min", pa.float64()),
-        pa.field("max", pa.float64()),
-        pa.field("mean", pa.float64()),
-        pa.field("zeros", pa.float64()),
-        pa.field("nans", pa.float64()),
-        pa.field("shape", pa.list_(pa.int64())),
-        pa.field("dtype", pa.string()),
-        pa.field("missing", pa.bool_()),
-    ]
+    [pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type) for f in MONITOR_PARTS_SCHEMA]
 )
-SCHEMAS = {"scalars": SCALAR_SCHEMA, "monitor": MONITOR_SCHEMA}
+SCHEMAS = {"scalars": SCALAR_SCHEMA, "monitor": MONITOR_SCHEMA, "monitor_anomalies": ANOMALY_SCHEMA}
 CATALOG_SCHEMA = pa.schema(
     [
         pa.field("run", pa.string()),
@@ -89,6 +72,7 @@ class LongRun:
     scalars: pa.Table | None = None
     monitor: pa.Table | None = None
     monitor_roots: list[Path] = field(default_factory=list)  # monitor output folders, read while written
+    anomalies: pa.Table | None = None  # msprobe monitor's own alarms (anomaly_detected/rank<r>/anomaly.json)
     formats: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
 
@@ -127,15 +111,23 @@ def files(store: Store, kind: str, runs: list[str] | None = None) -> list[str]:
     return out
 
 
-def read(store: Store, kind: str, run: str) -> pa.Table:
-    """The `kind` table of one long run (empty with the schema when the run has none)."""
-    from ..parquetio import read_table
+def read(
+    store: Store, kind: str, run: str, *, dictionary: list[str] | None = None, columns: list[str] | None = None
+) -> pa.Table:
+    """The `kind` table of one long run (empty with the schema when the run has none); the `dictionary`
+    columns dictionary-encoded, as Parquet stores them (no hashing of a tag per row); only `columns` when given
+    (a monitor run is tens of millions of rows)."""
+    from ..parquetio import read_columns, read_table
 
     row = run_row(store, run)
     parts = _parts(store, kind, run, row["ingest_id"]) if kind in (row["kinds"] or []) else []
     if not parts:
-        return SCHEMAS[kind].empty_table()
-    tables = [read_table(p) for p in parts]
+        empty = SCHEMAS[kind].empty_table()
+        return empty.select(columns) if columns is not None else empty
+    if columns is not None:
+        tables = [read_columns(p, columns) for p in parts]
+    else:
+        tables = [read_table(p, read_dictionary=dictionary) for p in parts]
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
 
 
@@ -151,7 +143,7 @@ def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
         kinds, written = [], []
         try:
             stats: dict[str, Any] = {}
-            for kind, table in (("scalars", lr.scalars), ("monitor", lr.monitor)):
+            for kind, table in (("scalars", lr.scalars), ("monitor", lr.monitor), ("monitor_anomalies", lr.anomalies)):
                 if table is None or table.num_rows == 0:
                     continue
                 dest = store.root / BASE / kind / f"run={lr.run}" / f"part-{ingest_id}.parquet"
@@ -186,43 +178,90 @@ def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
     return row
 
 
-def _write_monitor(roots: list[Path], folder: Path, ingest_id: str, written: list[Path]) -> dict[str, Any]:
-    """Stream the monitor output under `roots` into Parquet part files (`part-<id>-<k>.parquet`, one per piece
-    that iter_monitor_frames reads, written by polars); returns rows, steps, ranks."""
-    import polars as pl
+def _write_monitor(
+    roots: list[Path], folder: Path, ingest_id: str, written: list[Path], *, max_rows: int = 4_000_000
+) -> dict[str, Any]:
+    """Stream the monitor output under `roots` into Parquet part files (`part-<id>-<k>.parquet`: one per (rank,
+    prefix, header) group of files, a new one after `max_rows` rows), row groups of ~256k rows, written while the
+    next files are parsed; returns rows, steps, ranks. The text columns are dictionary-encoded, the statistics
+    plain (a float column's dictionary never pays: the writer would build it and drop it)."""
+    import numpy as np
 
-    from .monitor import COLUMNS, iter_monitor_frames
+    from ..parquetio import Writer
+    from .arrow import to_numpy
+    from .monitor import SCHEMA, TEXT_COLUMNS, iter_monitor_tables
 
     rows, lo, hi, ranks = 0, None, None, set()
-    k = 0
-    for root in roots:
-        for df in iter_monitor_frames(root):
-            agg = df.select(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
-            a, b = agg.item(0, "lo"), agg.item(0, "hi")
-            lo = a if lo is None or (a is not None and a < lo) else lo
-            hi = b if hi is None or (b is not None and b > hi) else hi
-            ranks |= set(df.get_column("rank").unique().to_list())
-            rows += df.height
-            dest = folder / f"part-{ingest_id}-{k:05d}.parquet"
-            written.append(dest)
-            df.select(COLUMNS).write_parquet(dest, compression="snappy")
-            k += 1
+    state: dict[str, Any] = {"writer": None, "key": None, "rows": 0, "k": 0}
+    # min/max of every column but the names (a row group holds all names: their range prunes nothing, and it
+    # costs a quarter of the write)
+    stats = [c for c in SCHEMA.names if c not in TEXT_COLUMNS or c == "prefix"]
+    buf: list[pa.Table] = []
+
+    def flush() -> None:
+        if buf:
+            table = pa.concat_tables(buf).unify_dictionaries()
+            state["writer"].write_table(table, row_group_size=table.num_rows)
+            buf.clear()
+
+    def close(ok: bool = True) -> None:
+        if ok:
+            flush()
+        buf.clear()
+        if state["writer"] is not None:
+            state["writer"].close()
+            state["writer"] = None
+
+    try:
+        for root in roots:
+            for key, table in iter_monitor_tables(root):
+                if state["writer"] is None or key != state["key"] or state["rows"] >= max_rows:
+                    close()
+                    dest = folder / f"part-{ingest_id}-{state['k']:05d}.parquet"
+                    written.append(dest)
+                    state.update(
+                        writer=Writer(
+                            dest, SCHEMA, compression="snappy", use_dictionary=TEXT_COLUMNS, write_statistics=stats
+                        ),
+                        key=key,
+                        rows=0,
+                        k=state["k"] + 1,
+                    )
+                buf.append(table)
+                state["rows"] += table.num_rows
+                if sum(t.num_rows for t in buf) >= _ROW_GROUP:
+                    flush()
+                steps = to_numpy(table.column("step"), np.float64, np.nan)
+                a, b = (int(np.nanmin(steps)), int(np.nanmax(steps))) if (steps == steps).any() else (None, None)
+                lo = a if lo is None or (a is not None and a < lo) else lo
+                hi = b if hi is None or (b is not None and b > hi) else hi
+                ranks.add(key[0])
+                rows += table.num_rows
+    except BaseException:
+        close(ok=False)  # the caller removes the parts written
+        raise
+    close()
     return {"rows": rows, "lo": lo, "hi": hi, "ranks": ranks}
 
 
-def _row(lr: LongRun, ingest_id: str, kinds: list[str], stats: dict[str, Any]) -> dict[str, Any]:
-    import pyarrow.compute as pc
+_ROW_GROUP = 1 << 18
 
+
+def _row(lr: LongRun, ingest_id: str, kinds: list[str], stats: dict[str, Any]) -> dict[str, Any]:
     steps: list[int] = []
     ranks: set[int] = set(stats.get("ranks", ()))
     tags: list[str] = []
     for table in (lr.scalars, lr.monitor):
         if table is not None and table.num_rows:
+            import pyarrow.compute as pc  # (not for a monitor folder: streamed, counted by _write_monitor)
+
             mm = pc.min_max(table.column("step"))
             steps += [mm["min"].as_py(), mm["max"].as_py()]
             ranks |= set(pc.unique(table.column("rank")).to_pylist())
     steps += [v for v in (stats.get("lo"), stats.get("hi")) if v is not None]
     if lr.scalars is not None and lr.scalars.num_rows:
+        import pyarrow.compute as pc
+
         tags = sorted(pc.unique(lr.scalars.column("tag")).to_pylist())
     n_monitor = lr.monitor.num_rows if lr.monitor is not None else stats.get("rows", 0)
     return {

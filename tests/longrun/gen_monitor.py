@@ -8,7 +8,8 @@ Writes (OUT_DIR is git-ignored; tests make it with a session fixture):
   drift/      from --fault-step on, the gradient of layers.2.weight is rounded to bfloat16 (one layer's
               precision) before the optimizer step: its gradient moves first, the loss only later
   scaled/     from --fault-step on, the gradient of layers.2.weight is 5 % too large (a wrong unscale of one
-              bucket): its gradient moves at --fault-step, the loss a few steps later
+              bucket): its gradient moves at --fault-step, the loss a few steps later; with msprobe's anomaly
+              detection on (AnomalyTurbulence, threshold 0.5, dumped: monitor/anomaly_detected/rank0/anomaly.json)
   allprefix/  a short run with every TrainerMon prefix (actv, actv_grad, param_origin, param_updated, ...)
   v2/         a short run of monitor_v2 (TrainerMonitorV2: rank_0/<slug>_step<a>-<b>.csv)
 The answers by construction: drift's and scaled's first divergent parameter is layers.2.weight at --fault-step.
@@ -126,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     _train(torch, args.out / "ref", grads, args.steps, None)
     _train(torch, args.out / "ref2", grads, args.steps, None)
     _train(torch, args.out / "drift", grads, args.steps, args.fault_step)
-    _train(torch, args.out / "scaled", grads, args.steps, args.fault_step, scale=1.05)
+    alert = {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}], "dump": True}
+    _train(torch, args.out / "scaled", dict(grads, alert=alert), args.steps, args.fault_step, scale=1.05)
     every = dict(base, xy_distribution=True, all_xy=True, param_distribution=True, step_count_per_record=4)
     _train(torch, args.out / "allprefix", dict(every, wg_distribution=True, mv_distribution=True), 6, None)
     v2 = {

@@ -1,0 +1,107 @@
+"""What a discrete choice flipped by noise explains downstream, in the same step (analysis/culprit.py).
+
+A near-tie flip (a top-k routing choice, an argmax) noted by the judge changes which computation a few rows
+take: one token goes to another expert.  Everything the flipped choice feeds then differs by far more than
+rounding, and legitimately so: masks, counts and indices derived from the choice (one_hot, the tokens an
+expert gets, often through indexing and permutes msprobe does not record), the combine of the expert outputs,
+the residual stream after it, and in the backward every gradient (they all descend from the loss, which the
+flipped rows feed).
+
+A record is **fed by the flip** (data-flow downstream of the flipped record, in its step and rank) when
+  - it comes after the flip in the forward and one of its inputs differs (an input made downstream of it), or
+    is an integer compared by its statistics only (msprobe keeps max/min: the flip can hide in it), or
+  - it encloses the flipped record (a module whose forward contains it: its output is made through the flip,
+    while its own inputs agree), or
+  - it is a backward record after a forward flip (every gradient descends from the loss).
+A forward record after the flip whose inputs all agree is not fed by it, and is judged as any other.
+
+A record fed by the flip is **explained** by it when its errors are within what the flip's own consequences
+already showed: at most STAND_OUT x the flip's level, the largest finite output error of the records between
+the flip and it (in its rank; discrete outputs of data-dependent shape excluded, their error is infinite).
+The level is measured from the pair, not assumed: the first records the flip feeds (the expert that got or
+lost the token, the combine of the expert outputs) show how much one re-routed row moves a tensor of that
+model.  Its discrete inputs (integer or boolean, or of data-dependent shape) are explained outright: no ratio
+of errors means anything there.  Beyond STAND_OUT x the level a record is judged by the other rules as before
+(a fault far beyond what the flip explains).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Any
+
+from dumpstore.dtypes import INT_DTYPES
+
+from .noise import STAND_OUT, NoiseModel
+
+_DISCRETE = (*INT_DTYPES, "bool")
+
+
+def enclosing_modules(record: str, parents: dict[str, str]) -> frozenset:
+    """The module records enclosing `record` (its module, that module's module, ...)."""
+    out: set[str] = set()
+    cur = parents.get(record)
+    while cur is not None and cur not in out:
+        out.add(cur)
+        cur = parents.get(cur)
+    return frozenset(out)
+
+
+def flip_before(noise: NoiseModel, key: tuple) -> tuple[tuple, frozenset] | None:
+    """The first near-tie flip noted before `key` in its step and rank: its order key and enclosing modules."""
+    for fk, scope in noise.flip_marks:
+        if fk[0] == key[0] and fk[2] == key[2] and fk < key:
+            return fk, scope
+    return None
+
+
+def flip_level(noise: NoiseModel, since: tuple, key: tuple) -> float | None:
+    """The largest finite output error of the records from the flip (`since`) up to `key`, in its rank: what
+    the flip's consequences have shown so far."""
+    keys, values = noise.outputs
+    lo, hi = bisect.bisect_left(keys, since), bisect.bisect_left(keys, key)
+    found = [float(v) for k, v in zip(keys[lo:hi], values[lo:hi]) if k[2] == key[2] and math.isfinite(v)]
+    return max(found) if found else None
+
+
+def fed_by_flip(noise: NoiseModel, key: tuple, rec: dict[str, Any]) -> dict[str, Any] | None:
+    """Whether a record's diverged output is explained by a near-tie flip upstream of it (see the module doc):
+    the evidence (flip, level, how it is fed), or None."""
+    flip = flip_before(noise, key)
+    if flip is None:
+        return None
+    fk, scope = flip
+    if rec.get("_record") in scope:
+        how = "encloses the flipped record"
+    elif rec.get("_direction") not in (None, "forward"):
+        how = "a gradient after the flip"
+    elif rec.get("in_div"):
+        how = "an input differs after the flip"
+    elif rec.get("idx_hidden"):
+        how = "an integer input after the flip that its statistics (max/min) cannot show"
+    else:
+        return None
+    level = flip_level(noise, fk, key)
+    err = rec.get("out_err")
+    if level is None or err is None or not err <= STAND_OUT * level:
+        return None
+    return {"after_flip": fk, "fed": how, "flip_level": level}
+
+
+def explained_by_flip(noise: NoiseModel, key: tuple, leaf: dict[str, Any]) -> dict[str, Any] | None:
+    """Whether a differing input no recorded op produced is explained by a near-tie flip upstream of it in its
+    step and rank: discrete (integer, boolean, data-dependent shape) or within STAND_OUT x the flip's level."""
+    flip = flip_before(noise, key)
+    if flip is None:
+        return None
+    fk = flip[0]
+    if leaf.get("tol_dtype") in _DISCRETE:
+        return {"after_flip": fk, "why": "discrete, derived from the flipped choice"}
+    if str(leaf.get("detail") or "").startswith("shape"):
+        return {"after_flip": fk, "why": "data-dependent shape"}
+    level = flip_level(noise, fk, key)
+    err = leaf.get("err")
+    if level is None or err is None or not err <= STAND_OUT * level:
+        return None
+    return {"after_flip": fk, "why": "within the flip's consequences", "flip_level": level}

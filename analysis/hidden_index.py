@@ -1,0 +1,86 @@
+"""Integer inputs that differ where msprobe's statistics cannot show it (analysis/culprit.py).
+
+In statistics mode msprobe keeps only the maximum and minimum of an integer tensor (token ids, labels,
+indices): one token id changed inside the batch's range leaves both equal, and the ids compare as equal.  The
+op that reads them still shows it, when it does no arithmetic on its float inputs that could explain its output
+error: an embedding or a gather copies rows of its table, so its output differs by no more than the rows it
+copies, whatever the device.
+
+The rule, for a gather-class op (embedding, gather, index_select, take, indexing: `GATHERS`; never a module
+record, which holds other ops) with an integer (or boolean) input that no recorded op produced (data: ids,
+labels, positions) and whose statistics agree, and a float output that differs:
+  carried   what the float inputs can explain: their error, and where it is a statistics lower bound b, up to
+            sqrt(2 b) (the norm of a tensor changed by a difference orthogonal to it moves only at second order,
+            so a bound b can hide a difference of relative size sqrt(2 b)), times the conditioning
+            max(1, |x| / |y|) (the rows copied can carry more of the table's error than the table does);
+  stands    the output error exceeds STAND_OUT x carried and the tolerance of the output's own dtype (no
+            arithmetic: a bf16 autocast does not lower a gather's precision, so the run's compute floor does
+            not apply).
+Then the integer input differs: the culprit is that input (`input`: data), at the op reading it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import polars as pl
+
+from dumpstore.dtypes import INT_DTYPES
+
+from .noise import STAND_OUT
+
+_DISCRETE = [*INT_DTYPES, "bool"]
+# ops that copy values chosen by integer indices and do no arithmetic on them (msprobe's op type, last token)
+GATHERS = frozenset(
+    {"embedding", "gather", "index_select", "take", "take_along_dim", "__getitem__", "index", "embedding_bag"}
+)
+
+
+def is_gather(op_class: str | None) -> bool:
+    """Whether a record's op class (`Functional.embedding`, `Tensor.__getitem__`, `Torch.gather`, ...) copies
+    values chosen by indices without arithmetic (a module record never counts: it holds other ops)."""
+    if not op_class or op_class.startswith(("Module.", "Cell.")):
+        return False
+    return op_class.rsplit(".", 1)[-1].lower() in GATHERS
+
+
+def hidden_index_columns(is_in: pl.Expr, is_out: pl.Expr, tensor: pl.Expr) -> list[pl.Expr]:
+    """Record-table aggregations (analysis/_divergence.py `_record_table`): `idx_hidden`, an integer or boolean
+    input compared by its statistics only that agrees; `out_dtype`, the dtype of the first float output;
+    `in_float_err`, the largest error of the float tensor inputs."""
+    discrete = pl.col("tol_dtype").is_in(_DISCRETE)
+    hidden = is_in & tensor & discrete & (pl.col("err_source") == "stats") & (pl.col("status") != "diverged")
+    return [
+        hidden.any().alias("idx_hidden"),
+        pl.col("dtype").filter(is_out & tensor & ~discrete).first().alias("out_dtype"),
+        pl.col("err").filter(is_in & tensor & ~discrete).max().alias("in_float_err"),
+    ]
+
+
+def carried_by_floats(rec: dict[str, Any]) -> float:
+    """What the record's float inputs can explain of its output error (see the module doc)."""
+    b = float(rec.get("in_float_err") or 0.0)
+    if rec.get("in_bound"):
+        b = max(b, math.sqrt(2.0 * b))
+    in_norm, out_norm = rec.get("in_norm"), rec.get("out_norm")
+    kappa = 1.0
+    if in_norm and out_norm and math.isfinite(in_norm / out_norm):
+        kappa = max(1.0, in_norm / out_norm)
+    return b * kappa
+
+
+def hidden_index_stands(rec: dict[str, Any], own_tol: float) -> dict[str, Any] | None:
+    """The evidence that an integer input hidden by its statistics differs, or None (see the module doc)."""
+    if not rec.get("idx_hidden") or rec.get("out_dtype") is None or not is_gather(rec.get("op_class")):
+        return None
+    if rec.get("_direction") != "forward":
+        return None  # (an embedding's backward sums the gradients of repeated ids: arithmetic)
+    out_err = rec.get("out_err")
+    if out_err is None or not math.isfinite(out_err):
+        return None
+    carried = carried_by_floats(rec)
+    bar = max(STAND_OUT * carried, own_tol)
+    if not out_err > bar:
+        return None
+    return {"carried": carried, "bar": bar, "own_tol": own_tol}

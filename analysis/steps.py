@@ -1,0 +1,195 @@
+"""Parameters across steps: how far the runs' parameters are apart at a later step, measured in units of the
+reference's own update of each parameter, and the two rules built on it (see docs/how-it-decides.md).
+
+For every parameter p (a module record's `parameters` leaf; without module records, a tensor input that requires
+grad and that no recorded op produced) between steps b and a = the next compared step:
+
+  gap(s)   ||p_t(s) - p_r(s)||, target against reference at step s
+  upd      ||p_r(a) - p_r(b)||, the reference's update of p
+  x        gap(a) / upd: how much of one update the runs disagree by after it
+  x_prev   gap(b) / upd: the disagreement the runs carried into the update
+  g_prev   the relative error of p's gradient at step b (its `parameters_grad` leaf): what the update was fed
+  x_round  eps(p's dtype) x ||p_r(b)|| / upd: one rounding of the parameter, in the same units
+
+All norms are the statistics lower bound of analysis/rules.py (`stats_bound`) in both dump modes, so that `x`
+is a ratio of two quantities measured the same way.  Device noise moves an update by about the error of the
+gradient it was computed from (Adam's normalisation can flip the sign of updates of near-zero gradients, but
+those carry little of the update's norm), and carries the earlier disagreement on: x stays of the order of
+its explanation max(x_prev, g_prev, x_round).  Hence:
+
+  corrupted parameter  x >= X_MIN (the runs disagree by a sizeable part of an update), x > STAND_OUT x its
+                       explanation (not what the update was fed, carried in, or rounding), the parameter is
+                       over its tolerance, and x > STAND_OUT x the largest x of its siblings (same module class
+                       or API, parameter name and shape, other records or ranks: the same optimizer's noise on the same
+                       kind of tensor; a parameter without siblings: the largest x of every other parameter):
+                       a parameter changed between steps (written to, loaded wrongly).  Named at its first
+                       consumer at step a.
+  update differs       at least OPT_SHARE of the measured parameters have x > STAND_OUT x their explanation,
+                       and the median x is at least X_MIN: every parameter moved otherwise than its gradient
+                       explains (clipping at another norm, another optimizer): the optimizer culprit.  A
+                       learning-rate change moves every update by the same factor and is found by the
+                       update-ratio rule of analysis/noise.py (`update_evidence`), which runs first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from dumpstore.dtypes import eps
+from dumpstore.names import parse_record
+
+from . import rules as R
+from .noise import OPT_SHARE, STAND_OUT, median
+
+X_MIN = 0.25  # a gap of a quarter of the reference's own update: far beyond rounding of an update
+MIN_MEASURED = 3  # fewer measured parameters than this: the update-differs rule does not apply
+
+_KEYS = ["rank", "source", "_record", "_io", "index_path"]
+
+
+def _bound(t: dict[str, np.ndarray], r: dict[str, np.ndarray], numel: np.ndarray) -> np.ndarray:
+    """||x - y|| (absolute) lower bound from the statistics of x (`t`) and y (`r`); NaN where unknown."""
+    nulls_t = {s: np.isnan(t[s]) for s in R.STATS}
+    nulls_r = {s: np.isnan(r[s]) for s in R.STATS}
+    err, known = R.stats_bound(t, r, nulls_t, nulls_r, np.sqrt(numel), np.zeros(numel.size, dtype=bool))
+    with np.errstate(invalid="ignore"):
+        gap = np.where(known & np.isfinite(err), err * np.abs(r["norm"]), np.nan)
+    return np.where(r["norm"] == 0, np.abs(t["norm"]), gap)  # ||x - 0|| = ||x||: a bias that starts at zero
+
+
+def parameters_of(params: pl.DataFrame) -> pl.DataFrame:
+    """The parameter leaves among `params` (candidate weight leaves of one step): module records' `parameters`
+    leaves where the dump has them, else the candidates, one per tensor (fingerprint)."""
+    named = params.filter(pl.col("_io") == "parameters")
+    if named.height:
+        return named
+    return params.unique(subset=["_fp_t"], keep="first", maintain_order=True) if "_fp_t" in params.columns else params
+
+
+def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> pl.DataFrame | None:
+    """One row per parameter of step `after` (see the module's docstring): its keys, `_fp_t`, shape, status,
+    `x`, `x_prev`, `x_round`, `g_prev`, `klass` (module class or API, parameter name, shape).  None: nothing
+    measurable."""
+    stats = [*R.STATS, *(f"ref_{s}" for s in R.STATS)]
+    cols = rows.select("step", *_KEYS, *stats, "numel")
+    params = parameters_of(params)
+    now = params.select(*_KEYS, "_fp_t", "shape", "status", "dtype").join(
+        cols.filter(pl.col("step") == after).drop("step").unique(subset=_KEYS, keep="first"), on=_KEYS, how="inner"
+    )
+    then = cols.filter(pl.col("step") == before).drop("step", "numel").unique(subset=_KEYS, keep="first")
+    both = now.join(then, on=_KEYS, how="inner", suffix="_b")
+    if not both.height:
+        return None
+    numel = both["numel"].cast(pl.Float64).fill_null(1.0).to_numpy()
+
+    def side(prefix: str, suffix: str = "") -> dict[str, np.ndarray]:
+        return {s: both[f"{prefix}{s}{suffix}"].cast(pl.Float64).fill_null(np.nan).to_numpy() for s in R.STATS}
+
+    gap = _bound(side(""), side("ref_"), numel)
+    gap_b = _bound(side("", "_b"), side("ref_", "_b"), numel)
+    upd = _bound(side("ref_"), side("ref_", "_b"), numel)
+    rounding = np.array([eps(d or "") for d in both["dtype"].to_list()]) * np.abs(side("ref_", "_b")["norm"])
+    with np.errstate(all="ignore"):
+        x = np.where(upd > 0, gap / upd, np.nan)
+        x_prev = np.where(upd > 0, gap_b / upd, np.nan)
+        x_round = np.where(upd > 0, rounding / upd, np.nan)
+    out = both.select(*_KEYS, "_fp_t", "shape", "status").with_columns(
+        pl.Series("x", x), pl.Series("x_prev", x_prev), pl.Series("x_round", x_round), _module("_record")
+    )
+    grads = rows.filter(
+        (pl.col("step") == before) & (pl.col("_io") == "parameters_grad") & (pl.col("kind") == "tensor")
+    ).select("rank", "source", "_record", "index_path", pl.col("err").alias("g_prev"))
+    grads = grads.with_columns(_module("_record")).drop("_record")
+    keys = ["rank", "source", "_module", "index_path"]
+    out = out.join(grads.unique(subset=keys, keep="first"), on=keys, how="left", nulls_equal=True)
+    klass = pl.concat_str(
+        [
+            pl.col("_record").map_elements(lambda r: parse_record(r).op_type, return_dtype=pl.String),
+            pl.col("index_path"),
+            pl.col("shape").cast(pl.List(pl.String)).list.join("x"),
+        ],
+        separator="|",
+        ignore_nulls=True,
+    )
+    return out.with_columns(klass.alias("klass"))
+
+
+def _module(col: str) -> pl.Expr:
+    """The module (or API) a record belongs to: its prefix and api (a module's forward and parameters_grad
+    records share them)."""
+    return pl.col(col).map_elements(lambda r: ".".join(parse_record(r)[:2]), return_dtype=pl.String).alias("_module")
+
+
+def _explained(t: pl.DataFrame) -> np.ndarray:
+    """max(x_prev, g_prev, x_round) per parameter (NaN where none is known)."""
+    cols = [t[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in ("x_prev", "g_prev", "x_round")]
+    return np.fmax(np.fmax(cols[0], cols[1]), cols[2])
+
+
+def _beyond(t: pl.DataFrame) -> np.ndarray:
+    """x > STAND_OUT x what the update was fed, carried in, or one rounding of the parameter explains."""
+    x = t["x"].fill_null(np.nan).to_numpy()
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(x) & (x > STAND_OUT * np.nan_to_num(_explained(t), nan=0.0))
+
+
+def _unexplained(t: pl.DataFrame) -> np.ndarray:
+    """Beyond what explains it, and a sizeable part of an update (X_MIN)."""
+    x = t["x"].fill_null(np.nan).to_numpy()
+    with np.errstate(invalid="ignore"):
+        return _beyond(t) & (x >= X_MIN)
+
+
+def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
+    """The parameters changed between the steps (see the module's docstring), by target fingerprint, each with
+    its evidence."""
+    if t is None or not t.height:
+        return {}
+    x = t["x"].fill_null(np.nan).to_numpy()
+    unexplained = _unexplained(t)
+    klass = t["klass"].to_list()
+    record = list(zip(t["_record"].to_list(), t["rank"].to_list()))  # another layer, or the same on another rank
+    over = (t["status"] == "diverged").to_numpy()
+    expl = _explained(t)
+    out: dict[int, dict[str, Any]] = {}
+    for i in np.flatnonzero(unexplained & over):
+        sib = [j for j in range(t.height) if klass[j] == klass[i] and record[j] != record[i]]
+        sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
+        kin = "siblings"
+        if not sx.size:  # no tensor of its kind: every other parameter of the step
+            kin, sx = "parameters", x[(np.arange(t.height) != i) & np.isfinite(x)]
+        if not sx.size or not x[i] > STAND_OUT * float(sx.max()):
+            continue  # within the optimizer's noise on its kind of tensor (or, without any, on any)
+        fp = t["_fp_t"][int(i)]
+        if fp is None:
+            continue
+        out[int(fp)] = {
+            "update_units": float(x[i]),
+            "carried_in": None if not np.isfinite(expl[i]) else float(expl[i]),
+            "judged_against": kin,
+            "siblings": len(sx),
+            "siblings_max": float(sx.max()),
+        }
+    return out
+
+
+def update_differs(t: pl.DataFrame | None) -> dict[str, Any] | None:
+    """Evidence that every parameter moved otherwise than its gradient explains; None when it did not."""
+    if t is None:
+        return None
+    x = t["x"].fill_null(np.nan).to_numpy()
+    measured = np.isfinite(x)
+    if measured.sum() < MIN_MEASURED:
+        return None
+    beyond = _beyond(t)
+    if float(beyond[measured].mean()) < OPT_SHARE or not median(x[measured]) >= X_MIN:
+        return None
+    return {
+        "parameters": int(measured.sum()),
+        "unexplained": int(beyond[measured].sum()),
+        "median_update_units": float(median(x[measured])),
+        "median_carried_in": float(median(np.nan_to_num(_explained(t)[measured], nan=0.0))),
+    }

@@ -1,0 +1,196 @@
+"""Parameters after the first step (analysis/steps.py): a parameter changed between steps is named at its first
+consumer, an update that differs from what the gradients explain is the optimizer, and the noise an update
+carries is neither; on small real dump pairs in both dump modes."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from test_noise import MODES, _ingest_pair, _mark_parameters, _t, _verdict
+
+from dumpstore import ingest, open_store
+from dumpstore.analysis import steps
+from dumpstore.analysis.explain import explain_findings
+
+N_PARAMS = 6
+
+
+def _runs(rng: np.random.Generator, steps: int = 2):
+    x = _t(rng.normal(size=(4, 8)))
+    params = [_t(rng.normal(size=(8, 8)) * 0.1) for _ in range(N_PARAMS)]
+    grads = [_t(np.sign(rng.normal(size=(8, 8)))) for _ in range(N_PARAMS)]  # Adam-like: updates of +-lr
+    return x, params, grads
+
+
+def _run(x, params, grads, steps: int, change=None) -> list[dict]:
+    """Steps of N_PARAMS linear records; parameter i at step s is p_i - s * 0.01 * g_i, then `change(step, i, q)`."""
+    out = []
+    for step in range(steps):
+        recs = {}
+        for i, (p, g) in enumerate(zip(params, grads)):
+            q = _t(p - step * 0.01 * g)
+            if change is not None:
+                q = _t(change(step, i, q, g))
+            recs[f"Functional.linear.{i}.forward"] = {"input_args": [x, q], "output": [x @ q.T]}
+        out.append(recs)
+    return out
+
+
+def _pair(dump_writer, store_dir, mode, ref, target):
+    st = _ingest_pair(dump_writer, store_dir, mode, ref, target, steps=len(ref))
+    _mark_parameters(st, store_dir)
+    return _verdict(open_store(store_dir))
+
+
+def _noise(seed: int):
+    """The target device's update noise: each update moved by 1e-4 of itself (rounding of the gradient)."""
+    r = np.random.default_rng(seed)
+
+    def change(step, i, q, g):
+        return q + step * 0.01 * g * 1e-4 * r.normal(size=q.shape)
+
+    return change
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_parameter_changed_between_steps_is_named_at_its_first_consumer(dump_writer, store_dir, mode):
+    x, params, grads = _runs(np.random.default_rng(10))
+    noise = _noise(11)
+    flip = np.random.default_rng(12).random(size=(8, 8)) < 0.2
+
+    def corrupt(step, i, q, g):
+        q = noise(step, i, q, g)
+        return np.where(flip, -q, q) if (step == 1 and i == 3) else q  # signs flipped in parameter 3 at step 1
+
+    v = _pair(dump_writer, store_dir, mode, _run(x, params, grads, 2), _run(x, params, grads, 2, corrupt))
+    c = v.culprit
+    assert c is not None and (c.kind, c.step, c.op) == ("parameter", 1, "Functional.linear.3.forward")
+    assert c.evidence["judged_against"] == "siblings" and c.evidence["siblings"] == N_PARAMS - 1
+    assert c.evidence["update_units"] > 100 * c.evidence["siblings_max"]
+    assert "of its own update at this step (its siblings at most" in c.detail
+    advice = explain_findings(open_store(store_dir), v)["culprit"].advice
+    assert advice.startswith("Functional.linear.3.forward.input.1 agrees before this step and differs after it")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_parameter_without_siblings_is_judged_against_every_other_parameter(dump_writer, store_dir, mode):
+    """Siblings are the same op's parameter of the same shape; a tensor of its own shape has none and is judged
+    against the largest difference of every other parameter of the step."""
+    rng = np.random.default_rng(13)
+    x, params, grads = _runs(rng)
+    params[3], grads[3] = _t(rng.normal(size=(5, 8)) * 0.1), _t(np.sign(rng.normal(size=(5, 8))))
+    noise = _noise(14)
+
+    def corrupt(step, i, q, g):
+        q = noise(step, i, q, g)
+        return -q if (step == 1 and i == 3) else q
+
+    ref = _run(x, params, grads, 2)
+    v = _pair(dump_writer, store_dir, mode, ref, _run(x, params, grads, 2, corrupt))
+    c = v.culprit
+    assert c is not None and (c.kind, c.step, c.op) == ("parameter", 1, "Functional.linear.3.forward")
+    assert c.evidence["judged_against"] == "parameters" and c.evidence["siblings"] == N_PARAMS - 1
+    assert "(its other parameters at most" in c.detail
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_parameter_changed_on_one_rank_is_judged_against_its_copies_on_the_others(dump_writer, store_dir, mode):
+    """Data parallel: each rank holds the same parameters; one rank's copy written to between the steps stands
+    out of its copies (its siblings on the other ranks), with no other layer of its kind."""
+    rng = np.random.default_rng(19)
+    x, params, grads = _runs(rng)
+    params, grads = params[:1], grads[:1]  # one parameter of its kind per rank
+    flip = np.random.default_rng(20).random(size=(8, 8)) < 0.2
+    for name in ("ref", "target"):
+        w = dump_writer(name, mode)
+        for rank in range(3):
+            noise = _noise(21 + rank) if name == "target" else None
+            hit = name == "target" and rank == 2  # this rank's copy is written to before step 1
+
+            def change(step, i, q, g, noise=noise, hit=hit):
+                q = noise(step, i, q, g) if noise else q
+                return np.where(flip, -q, q) if (hit and step == 1) else q
+
+            for step, recs in enumerate(_run(x, params, grads, 2, change)):
+                w.write(recs, step=step, rank=rank)
+        ingest(w.root, name, store=store_dir, jobs=1)
+    _mark_parameters(open_store(store_dir), store_dir)
+    c = _verdict(open_store(store_dir)).culprit
+    assert c is not None and (c.kind, c.step, c.rank, c.op) == ("parameter", 1, 2, "Functional.linear.0.forward")
+    assert c.evidence["judged_against"] == "siblings" and c.evidence["siblings"] == 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_updates_that_differ_from_what_their_gradients_explain_are_the_optimizer(dump_writer, store_dir, mode):
+    """Clipping at another norm under Adam rescales each element's update differently: every parameter differs
+    from the reference by a sizeable part of its update, with update sizes alike (no common ratio)."""
+    x, params, grads = _runs(np.random.default_rng(15))
+    flips = [np.random.default_rng(16 + i).random(size=(8, 8)) < 0.5 for i in range(N_PARAMS)]
+
+    def clipped(step, i, q, g):  # half of the elements moved the other way at the update after step 1
+        return q + 2 * 0.01 * g * flips[i] if step == 2 else q
+
+    v = _pair(dump_writer, store_dir, mode, _run(x, params, grads, 3), _run(x, params, grads, 3, clipped))
+    c = v.culprit
+    assert c is not None and (c.kind, c.step) == ("optimizer", 2)
+    assert c.evidence["unexplained"] == c.evidence["parameters"] == N_PARAMS
+    assert c.evidence["median_update_units"] > 0.25 and c.evidence["median_carried_in"] < 1e-4  # fp32 rounding
+    assert "of their own update (median) between steps 1 and 2" in c.detail
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_update_noise_is_neither_a_changed_parameter_nor_the_optimizer(dump_writer, store_dir, mode):
+    x, params, grads = _runs(np.random.default_rng(17))
+    v = _pair(dump_writer, store_dir, mode, _run(x, params, grads, 3), _run(x, params, grads, 3, _noise(18)))
+    assert v.culprit is None
+
+
+def _table(x, status=None, klass=None, x_prev=None, g_prev=None, x_round=None) -> pl.DataFrame:
+    n = len(x)
+    return pl.DataFrame(
+        {
+            "_record": [f"Functional.linear.{i}.forward" for i in range(n)],
+            "rank": [0] * n,
+            "_fp_t": list(range(100, 100 + n)),
+            "status": status or ["diverged"] * n,
+            "klass": klass or ["linear|1|8x8"] * n,
+            "x": x,
+            "x_prev": x_prev or [0.0] * n,
+            "g_prev": g_prev or [1e-3] * n,
+            "x_round": x_round or [1e-5] * n,
+        },
+        schema_overrides={"g_prev": pl.Float64},
+    )
+
+
+def test_a_changed_parameter_needs_its_tolerance_a_quarter_update_and_three_times_its_siblings():
+    noise = [0.01, 0.02, 0.015, 0.012]
+    assert list(steps.corrupted(_table([0.3, *noise]))) == [100]
+    assert steps.corrupted(_table([0.3, *noise]))[100] == {
+        "update_units": 0.3,
+        "carried_in": 1e-3,
+        "judged_against": "siblings",
+        "siblings": 4,
+        "siblings_max": 0.02,
+    }
+    assert steps.corrupted(_table([0.3, *noise], status=["pass"] * 5)) == {}  # within its tolerance: rounding
+    assert steps.corrupted(_table([0.2, *noise])) == {}  # under X_MIN
+    assert steps.corrupted(_table([0.3, 0.11, 0.02, 0.015, 0.012])) == {}  # a sibling at 0.11: 0.3 < 3 x 0.11
+    assert steps.corrupted(_table([0.3, *noise], x_prev=[0.2, *noise])) == {}  # carried in from step b
+    # its siblings are of its own kind; another kind's larger noise does not hide it
+    other = ["linear|1|8x8", "linear|1|8x8", "linear|1|8x8", "embedding|1|96x8", "embedding|1|96x8"]
+    assert list(steps.corrupted(_table([0.3, 0.02, 0.01, 0.5, 0.4], klass=other))) == [100]
+
+
+def test_updates_differ_when_most_parameters_are_beyond_their_explanation_by_a_quarter_update():
+    assert steps.update_differs(_table([0.3, 0.4, 0.35, 0.5])) == {
+        "parameters": 4,
+        "unexplained": 4,
+        "median_update_units": 0.375,
+        "median_carried_in": 1e-3,
+    }
+    assert steps.update_differs(_table([0.2, 0.2, 0.2, 0.2])) is None  # a median under X_MIN
+    explained = steps.update_differs(_table([0.3, 0.4, 0.35, 0.5], g_prev=[0.2, 0.2, 1e-3, 1e-3]))
+    assert explained is None  # 2 of 4 explained by their gradients: under OPT_SHARE
+    assert steps.update_differs(_table([0.3, 0.4])) is None  # fewer than MIN_MEASURED parameters

@@ -1,0 +1,1027 @@
+"""Validation set 2 for dumpstore's verdict: msprobe dumps of four model families the project does not use elsewhere.
+
+Built apart from the development set and from validation set 1 (``validation/make_pairs.py``): other families
+(Qwen2, Gemma, OPT, Qwen2-MoE with a shared expert), other dtype setups and other simulated devices
+(``validation/v2/devices.py``: round-half-away casts, an unfused bias epilogue, activation lookup tables, a wide
+accumulator, bf16x3 emulation of fp32 matmuls, fp16 chunk accumulation, Welford LayerNorm, softmax without max
+subtraction, a blocked cross-entropy). Every pair is a reference run ("GPU": plain CPU torch in the family's dtype)
+and a target run on the family's simulated device, with or without one fault. The answer of every case is known
+by construction and written to ``<out>/key.json`` (the format of set 1, so ``validation/score.py`` scores it); the
+culprit's msprobe record name is read from msprobe while the faulty call runs, never from dumpstore.
+
+    .venv/bin/python validation/v2/make_pairs.py --out validation/v2/.data [--jobs 2] [--only CASE ...]
+
+Each run is a fresh process forked from this one after torch, transformers and msprobe are imported (msprobe's
+debugger is a process-wide singleton). Runs: 3 training steps, AdamW (weight decay 0.01), gradient clipping at 1.0,
+optimizer step outside msprobe's window (forward + backward dumped), msprobe level "mix", statistics mode for
+every case and tensor mode for a subset.
+
+The run harness (the tracer that reads msprobe's record names, the forked runs, the structure check, the near-tie
+crafting) follows set 1's and is copied, not imported, so that changes to set 1 do not change this set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: nothing to download, ever
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+STEPS = 3
+BATCH, SEQ, VOCAB = 2, 16, 96
+LR, CLIP, WD, BETAS = 2e-3, 1.0, 0.01, (0.9, 0.999)
+DATA_SEED = 4321
+
+FAMILIES = {
+    "qwen2": {
+        "text": "Qwen2: GQA (4 query heads, 2 KV heads), bias on q/k/v, RMSNorm, SiLU MLP, RoPE; hidden 48, "
+        "2 layers; pure bf16 (weights, activations and AdamW state)",
+        "device": "E",
+        "seed": 21,
+    },
+    "gemma": {
+        "text": "Gemma: multi-query attention (4 heads, 1 KV head), GeGLU MLP with GELU(tanh), (1 + w) RMSNorm, "
+        "embeddings x sqrt(hidden); hidden 48, 2 layers; fp32 weights under bf16 autocast",
+        "device": "F",
+        "seed": 22,
+    },
+    "opt": {
+        "text": "OPT: learned positions, pre-LayerNorm, ReLU MLP, biases everywhere; hidden 48, 4 layers; fp32 "
+        "weights under fp16 autocast with dynamic loss scaling (GradScaler, initial scale 2^10)",
+        "device": "G",
+        "seed": 23,
+    },
+    "qmoe": {
+        "text": "Qwen2-MoE: 4 routed experts top-2 plus a sigmoid-gated shared expert (eager expert loop), GQA, "
+        "q/k/v bias, RMSNorm; hidden 32, 2 layers; fp32",
+        "device": "H",
+        "seed": 24,
+    },
+}
+
+# name -> family, reference variant ("flip": a router tilted to a near-tie, see craft_near_tie), fault (None:
+# clean), dump modes. The expected culprit is derived in expectation() from what msprobe named at the faulty call.
+CASES = {
+    "qwen2_clean": ("qwen2", "base", None, ("stats", "tensor")),
+    "gemma_clean": ("gemma", "base", None, ("stats", "tensor")),
+    "opt_clean": ("opt", "base", None, ("stats", "tensor")),
+    "qmoe_clean": ("qmoe", "base", None, ("stats",)),
+    "qmoe_flip": ("qmoe", "flip", None, ("stats", "tensor")),
+    # optimizer, from the second update on
+    "qwen2_betas_step2": ("qwen2", "base", {"kind": "betas", "after_step": 1, "betas": (0.85, 0.95)}, ("stats",)),
+    "gemma_wd_step2": ("gemma", "base", {"kind": "wd", "after_step": 1, "wd": 0.1}, ("stats", "tensor")),
+    # an op in the target only, an op missing in the target
+    "opt_extra_embed_scale": ("opt", "base", {"kind": "extra_embed_scale"}, ("stats", "tensor")),
+    "gemma_missing_embed_scale": ("gemma", "base", {"kind": "missing_embed_scale"}, ("stats",)),
+    "qmoe_norm_topk": ("qmoe", "base", {"kind": "norm_topk"}, ("stats",)),
+    # a wrong variant, dtype, scale
+    "gemma_gelu_exact": ("gemma", "base", {"kind": "act", "layer": 1}, ("stats", "tensor")),
+    "qwen2_norm_bf16": ("qwen2", "base", {"kind": "norm_dtype", "layer": 1}, ("stats", "tensor")),
+    "qwen2_attn_scale": ("qwen2", "base", {"kind": "attn_scale", "layer": 1}, ("stats", "tensor")),
+    # parameters and data
+    "qmoe_shared_up_step1": (
+        "qmoe",
+        "base",
+        {"kind": "weight", "param": "model.layers.1.mlp.shared_expert.up_proj.weight", "step": 1, "how": "sign2pct"},
+        ("stats",),
+    ),
+    "opt_fc2_row_step2": (
+        "opt",
+        "base",
+        {"kind": "weight", "param": "model.decoder.layers.0.fc2.weight", "step": 2, "how": "row3zero"},
+        ("stats",),
+    ),
+    "opt_qproj_transposed_L2": (
+        "opt",
+        "base",
+        {"kind": "weight", "param": "model.decoder.layers.2.self_attn.q_proj.weight", "step": 0, "how": "transpose"},
+        ("stats",),
+    ),
+    "gemma_labels_step2": ("gemma", "base", {"kind": "labels", "step": 2}, ("stats",)),
+}
+
+HOW = {
+    "sign2pct": "the sign of 2 % of the elements flipped",
+    "row3zero": "row 3 zeroed (a lost slice of a shard)",
+    "transpose": "loaded transposed (a checkpoint-conversion slip)",
+}
+
+
+# =================================================================================================================
+# one run (in a forked child)
+# =================================================================================================================
+class Tracer:
+    """Reads msprobe's name of the record being made; keeps marks and the top-k choices of every call."""
+
+    def __init__(self):
+        self.step = 0
+        self.marks: list[dict] = []
+        self.topk: list[dict] = []
+        self.watch: dict[int, tuple[str, int]] = {}  # id(param) -> (tag, step)
+        self._seen: set = set()
+        self.events: list[tuple] = []  # msprobe's record names as it makes them, and module entries and exits
+
+    def install_modules(self, model) -> None:
+        """Log every record name msprobe makes, and every module's entry and exit, to find leaf module records."""
+        from msprobe.core.dump.data_dump.data_processor.base import BaseDataProcessor
+
+        tracer = self
+        update = BaseDataProcessor.update_api_or_module_name
+
+        def logged(dp, name):
+            tracer.events.append(("name", tracer.step, name))
+            return update(dp, name)
+
+        BaseDataProcessor.update_api_or_module_name = logged
+        for path, mod in model.named_modules():
+            if path:
+                prefix = "Module.%s.%s.forward." % (path, type(mod).__name__)
+                mod.register_forward_pre_hook(lambda m, a, p=prefix: tracer.events.append(("start", tracer.step, p)))
+                mod.register_forward_hook(lambda m, a, o, p=prefix: tracer.events.append(("end", tracer.step, p)))
+
+    def leaf_modules(self) -> dict:
+        """{step: {api record: [module record]}} for each module call whose forward made exactly one API record:
+        msprobe's two names of the same computation."""
+        out: dict = {}
+        stack: list = []  # [prefix, record name, api records inside]
+        for kind, step, name in self.events:
+            if kind == "start":
+                stack.append([name, None, set()])
+            elif kind == "end":
+                prefix, record, apis = stack.pop()
+                if record and len(apis) == 1:
+                    out.setdefault(str(step), {}).setdefault(next(iter(apis)), []).append(record)
+            elif name.startswith("Module."):
+                if stack and stack[-1][1] is None and name.startswith(stack[-1][0]):
+                    stack[-1][1] = name
+            elif name.endswith(".forward"):
+                for frame in stack:
+                    frame[2].add(name)
+        return out
+
+    def module_record(self, prefix: str, step: int) -> str | None:
+        """msprobe's record of the first call at ``step`` of the module whose record starts with ``prefix``."""
+        for kind, s, name in self.events:
+            if kind == "name" and s == step and name.startswith(prefix):
+                return name
+        return None
+
+    @staticmethod
+    def current() -> str | None:
+        from msprobe.pytorch import PrecisionDebugger
+
+        inst = PrecisionDebugger._instance
+        try:
+            return inst.service.data_collector.data_processor.current_api_or_module_name
+        except AttributeError:
+            return None
+
+    def mark(self, tag: str) -> None:
+        self.marks.append({"step": self.step, "tag": tag, "record": self.current()})
+
+    def install(self) -> None:
+        """Wrap (after the device's replacements) the calls the key needs: parameter uses by linear, top-k,
+        the loss and the pad of the labels."""
+        import torch
+        import torch.nn.functional as F
+
+        lin, topk, ce, pad = F.linear, torch.topk, F.cross_entropy, F.pad
+        tracer = self
+
+        def linear(input, weight, bias=None):
+            out = lin(input, weight, bias)
+            tracer._param_use(weight)
+            return out
+
+        def topk_fn(input, k, dim=-1, largest=True, sorted=True, *, out=None):
+            res = topk(input, k, dim=dim, largest=largest, sorted=sorted)
+            tracer.topk.append(
+                {
+                    "step": tracer.step,
+                    "record": tracer.current(),
+                    "indices": res.indices.tolist(),
+                    "values": res.values.detach().float().tolist(),
+                    "input": input.detach().float().tolist(),
+                }
+            )
+            return res
+
+        def cross_entropy(*args, **kwargs):
+            out = ce(*args, **kwargs)
+            tracer.mark("cross_entropy")
+            return out
+
+        def pad_fn(input, *args, **kwargs):
+            out = pad(input, *args, **kwargs)
+            if not input.dtype.is_floating_point:
+                tracer.mark("labels_pad")
+            return out
+
+        F.linear, torch.topk, F.cross_entropy, F.pad = linear, topk_fn, cross_entropy, pad_fn
+
+    def _param_use(self, weight) -> None:
+        tag, step = self.watch.get(id(weight), (None, None))
+        if tag is not None and self.step == step and (tag, self.step) not in self._seen:
+            self._seen.add((tag, self.step))
+            self.mark("uses:" + tag)
+
+
+def build_model(family: str):
+    import torch
+
+    torch.manual_seed(FAMILIES[family]["seed"])
+    common = dict(vocab_size=VOCAB, max_position_embeddings=64, tie_word_embeddings=False, attn_implementation="eager")
+    if family == "qwen2":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        cfg = Qwen2Config(
+            hidden_size=48,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            **common,
+        )
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    elif family == "gemma":
+        from transformers import GemmaConfig, GemmaForCausalLM
+        from transformers.activations import GELUTanh
+
+        cfg = GemmaConfig(
+            hidden_size=48,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=12,
+            hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6,
+            **common,
+        )
+        model = GemmaForCausalLM(cfg)
+        with torch.no_grad():  # Gemma's norms start at w = 0, i.e. a scale of 1 + w = 1; a trained model's are not 0
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.normal_(0.0, 0.1)
+        for m in model.modules():  # the activation looks F.gelu up at call time, so the device and msprobe see it
+            if isinstance(m, GELUTanh):
+                m.act = lambda x: torch.nn.functional.gelu(x, approximate="tanh")
+    elif family == "opt":
+        from transformers import OPTConfig, OPTForCausalLM
+
+        cfg = OPTConfig(
+            hidden_size=48,
+            word_embed_proj_dim=48,
+            ffn_dim=192,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            do_layer_norm_before=True,
+            dropout=0.0,
+            attention_dropout=0.0,
+            activation_function="relu",
+            **common,
+        )
+        model = OPTForCausalLM(cfg)
+    else:
+        from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+        cfg = Qwen2MoeConfig(
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=24,
+            shared_expert_intermediate_size=48,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            output_router_logits=False,
+            experts_implementation="eager",
+            **common,
+        )
+        model = Qwen2MoeForCausalLM(cfg)
+    model.train()
+    return model
+
+
+def batches(fault):
+    """(input ids, labels) of each step; a labels fault changes two labels of one step (the inputs stay)."""
+    import torch
+
+    g = torch.Generator().manual_seed(DATA_SEED)
+    ids = [torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(STEPS)]
+    labels = [x.clone() for x in ids]
+    if fault and fault["kind"] == "labels":
+        lab = labels[fault["step"]]
+        lab[1, 7] = (lab[1, 7] + 1) % VOCAB
+        lab[1, 8] = (lab[1, 8] + 5) % VOCAB
+    return ids, labels
+
+
+def _hf(family: str):
+    if family == "qwen2":
+        from transformers.models.qwen2 import modeling_qwen2 as hf
+    elif family == "gemma":
+        from transformers.models.gemma import modeling_gemma as hf
+    elif family == "opt":
+        from transformers.models.opt import modeling_opt as hf
+    else:
+        from transformers.models.qwen2_moe import modeling_qwen2_moe as hf
+    return hf
+
+
+def patch_attention(family: str, tracer: Tracer, fault) -> None:  # fault: the active one (targets) or None
+    """Every run: the family's eager attention, call for call as in transformers, with marks (and the fault)."""
+    import torch
+
+    hf = _hf(family)
+    repeat_kv = getattr(hf, "repeat_kv", None)
+    kind = fault["kind"] if fault else None
+    layer = fault.get("layer") if fault else None
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        li = module.layer_idx
+        if repeat_kv is not None and hasattr(module, "num_key_value_groups"):
+            key = repeat_kv(key, module.num_key_value_groups)
+            value = repeat_kv(value, module.num_key_value_groups)
+        scores = torch.matmul(query, key.transpose(-1, -2))
+        tracer.mark("L%d.qk" % li)
+        if kind == "attn_scale" and li == layer:
+            scaling = scaling * scaling  # 1/head_dim where 1/sqrt(head_dim) is meant
+        scores = scores * scaling
+        tracer.mark("L%d.scale" % li)
+        if attention_mask is not None:
+            scores = scores + attention_mask
+            tracer.mark("L%d.mask_add" % li)
+        probs = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        tracer.mark("L%d.softmax" % li)
+        probs = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
+        out = torch.matmul(probs, value)
+        out = out.transpose(1, 2).contiguous()
+        return out, probs
+
+    hf.eager_attention_forward = attention
+
+
+def family_faults(family: str) -> list[dict]:
+    return [fault for fam, _, fault, _ in CASES.values() if fam == family and fault]
+
+
+def _layers(family: str, model):
+    return model.model.decoder.layers if family == "opt" else model.model.layers
+
+
+def patch_modules(family: str, model, tracer: Tracer, active) -> None:
+    """Every run of a family: marks at the call of each of the family's faults (the same calls transformers makes,
+    so the runs of a family have the same records); ``active``: the fault this run has (targets only)."""
+    import torch
+
+    layers = _layers(family, model)
+    emb = model.get_input_embeddings()
+    emb_forward = emb.forward
+    kinds = {f["kind"]: f for f in family_faults(family)}
+    scale_on = active is not None and active["kind"] in ("extra_embed_scale", "missing_embed_scale")
+
+    if family == "gemma":  # GemmaTextScaledWordEmbedding: embedding x sqrt(hidden), with a mark
+
+        def embed(ids):
+            out = torch.nn.Embedding.forward(emb, ids)
+            tracer.mark("embedding")
+            if not scale_on:
+                out = out * emb.embed_scale.to(emb.weight.dtype)
+                tracer.mark("embed_scale")
+            return out
+
+    else:
+
+        def embed(ids):
+            out = emb_forward(ids)
+            tracer.mark("embedding")
+            if family == "opt" and scale_on:  # Gemma's sqrt(hidden) scale, ported into OPT by mistake
+                out = out * math.sqrt(out.shape[-1])
+                tracer.mark("embed_scale")
+            return out
+
+    emb.forward = embed
+    if "missing_embed_scale" in kinds:  # mark the first op of layer 0's input norm: the consumer of the embedding
+        norm = layers[0].input_layernorm
+
+        def norm0(x, norm=norm):
+            xf = x.float()  # (msprobe does not record Tensor.float: the pow is the first record)
+            sq = xf.pow(2)
+            tracer.mark("L0.norm_in")
+            out = xf * torch.rsqrt(sq.mean(-1, keepdim=True) + norm.eps)
+            out = out * (1.0 + norm.weight.float())
+            return out.type_as(x)
+
+        norm.forward = norm0
+    if "act" in kinds:  # the module stays (its record name too); its forward calls exact GELU in the faulty run
+        li = kinds["act"]["layer"]
+        on = active is not None and active["kind"] == "act"
+
+        def act(x, on=on, tag="L%d.act" % li):
+            y = torch.nn.functional.gelu(x, approximate="none" if on else "tanh")
+            tracer.mark(tag)
+            return y
+
+        layers[li].mlp.act_fn.act = act
+    if "norm_dtype" in kinds:  # Qwen2RMSNorm, call for call; the faulty run computes it in bf16 (no upcast)
+        li = kinds["norm_dtype"]["layer"]
+        norm = layers[li].post_attention_layernorm
+        on = active is not None and active["kind"] == "norm_dtype"
+
+        def rms(hidden_states, norm=norm, on=on, t="L%d.norm_" % li):
+            input_dtype = hidden_states.dtype
+            hidden_states = hidden_states.to(input_dtype if on else torch.float32)  # msprobe records no Tensor.to
+            variance = hidden_states.pow(2)
+            tracer.mark(t + "pow")
+            variance = variance.mean(-1, keepdim=True)
+            tracer.mark(t + "mean")
+            v = variance + norm.variance_epsilon
+            tracer.mark(t + "eps")
+            r = torch.rsqrt(v)
+            tracer.mark(t + "rsqrt")
+            hidden_states = hidden_states * r
+            tracer.mark(t + "mul")
+            return norm.weight * hidden_states.to(input_dtype)
+
+        norm.forward = rms
+    if "norm_topk" in kinds:  # Qwen2MoeTopKRouter, call for call; the faulty run normalises the top-k weights
+        on = active is not None and active["kind"] == "norm_topk"
+        for li, lay in enumerate(layers):
+            router = lay.mlp.gate
+
+            def route(hidden_states, router=router, on=on, li=li):
+                hidden_states = hidden_states.reshape(-1, router.hidden_dim)
+                router_logits = torch.nn.functional.linear(hidden_states, router.weight)
+                router_probs = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)
+                router_top_value, router_indices = torch.topk(router_probs, router.top_k, dim=-1)
+                if on:
+                    total = router_top_value.sum(dim=-1, keepdim=True)
+                    tracer.mark("L%d.topk_sum" % li)
+                    router_top_value = router_top_value / total  # (an in-place /= msprobe would not record)
+                    tracer.mark("L%d.topk_div" % li)
+                router_top_value = router_top_value.to(router_logits.dtype)
+                return router_logits, router_top_value, router_indices
+
+            router.forward = route
+    for fault in family_faults(family):
+        if fault["kind"] == "weight":
+            params = dict(model.named_parameters())
+            tracer.watch[id(params[fault["param"]])] = (fault["param"], fault["step"])
+
+
+def corrupt(model, fault) -> None:
+    import torch
+
+    p = dict(model.named_parameters())[fault["param"]]
+    with torch.no_grad():
+        if fault["how"] == "sign2pct":
+            g = torch.Generator().manual_seed(7)
+            sel = torch.rand(p.shape, generator=g) < 0.02
+            p[sel] = -p[sel]
+        elif fault["how"] == "row3zero":
+            p[3].zero_()
+        elif fault["how"] == "transpose":
+            p.copy_(p.t().clone())
+        else:
+            raise ValueError(fault["how"])
+
+
+FLIP_STEP = STEPS - 1  # the crafted tie is at the last step: the flip is the pair's only discrete difference
+
+
+def _routers(model) -> list:
+    return [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+
+
+def craft_near_tie(model, data, device) -> tuple[dict, object]:
+    """qmoe 'flip' variant, in both runs alike: a tilt of layer 0's router weight, added before the last step, that
+    ties one token's 2nd and 3rd experts in the reference to within a few fp32 ulps, chosen (by simulating both
+    runs without msprobe) so that the device's rounding flips that token's choice and nothing else.
+
+    Returns (what was done, the tilt to add to the router weight before step FLIP_STEP)."""
+    import copy
+
+    import torch
+
+    ids, labels = data
+    routers = _routers(model)
+    seen: list = []
+    handles = [
+        r.register_forward_hook(lambda mod, inp, out: seen.append((inp[0].detach().clone(), out[0].detach(), out[2])))
+        for r in routers
+    ]
+    start = copy.deepcopy(model.state_dict())
+
+    def train(dev, steps):
+        """Both runs' training (same optimizer, clipping, data) for ``steps`` steps; the routings of each step."""
+        model.load_state_dict(start)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
+        routes = []
+        if dev is not None:
+            dev.install()
+        try:
+            for step in range(steps):
+                seen.clear()
+                model(input_ids=ids[step], labels=labels[step]).loss.backward()
+                routes.append([s[2].clone() for s in seen])
+                torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+                opt.step()
+                opt.zero_grad()
+        finally:
+            if dev is not None:
+                dev.uninstall()
+        return routes, copy.deepcopy(model.state_dict())
+
+    def route(state, dev, tilt):
+        model.load_state_dict(state)
+        with torch.no_grad():
+            routers[0].weight += tilt
+        seen.clear()
+        if dev is not None:
+            dev.install()
+        try:
+            with torch.no_grad():
+                model(input_ids=ids[FLIP_STEP])
+        finally:
+            if dev is not None:
+                dev.uninstall()
+        return [s[2].clone() for s in seen], seen[0]
+
+    def differ(a, b):
+        return [
+            (layer, tok)
+            for layer, (x, y) in enumerate(zip(a, b))
+            for tok in range(x.shape[0])
+            if not torch.equal(x[tok].sort().values, y[tok].sort().values)
+        ]
+
+    try:
+        ref_routes, ref_state = train(None, FLIP_STEP)
+        dev_routes, dev_state = train(device, FLIP_STEP)
+        if any(differ(a, b) for a, b in zip(ref_routes, dev_routes)):
+            raise RuntimeError("the device flips a routing before the crafted step")
+        zero = torch.zeros_like(routers[0].weight)
+        _, (h, logits, _) = route(ref_state, None, zero)
+        _, (_, dev_logits, _) = route(dev_state, device, zero)
+        srt = logits.sort(-1, descending=True)
+        gaps = srt.values[:, 1] - srt.values[:, 2]
+        # among the 8 tokens nearest a tie, the one whose 2nd-3rd gap the device's rounding moves most
+        pick = gaps.argsort()[:8].tolist()
+        moved = {
+            tok: float(dev_logits[tok, srt.indices[tok, 1]] - dev_logits[tok, srt.indices[tok, 2]]) - float(gaps[tok])
+            for tok in pick
+        }
+        order = sorted(pick, key=lambda tok: -abs(moved[tok]))
+        for t in order[:3]:
+            e2, e3 = int(srt.indices[t, 1]), int(srt.indices[t, 2])
+            ht = h[t].float()
+            ulp = float(logits[t, e2].abs()) * 2.0**-23
+            for k in [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16, 24, -24, 32, -32]:
+                tilt = zero.clone()
+                # aim the reference's gap at minus half the device's shift: the device lands on the other side
+                tilt[e3] = (float(gaps[t]) + moved[t] / 2 + k * ulp) * ht / float(ht @ ht)
+                ref_idx, (_, ref_logits, _) = route(ref_state, None, tilt)
+                dev_idx, _ = route(dev_state, device, tilt)
+                if differ(ref_idx, dev_idx) == [(0, t)]:
+                    info = {
+                        "step": FLIP_STEP,
+                        "token": t,
+                        "experts": [e2, e3],
+                        "ref_logit_gap": float(ref_logits[t, e2] - ref_logits[t, e3]),
+                        "device_gap_shift": moved[t],
+                        "tilt_ulps": k,
+                        "tilt_norm": float(tilt.norm()),
+                    }
+                    return info, tilt
+        raise RuntimeError("no tilt of the router flips exactly one token on the device")
+    finally:
+        for hd in handles:
+            hd.remove()
+        model.load_state_dict(start)
+
+
+def write_config(path: Path, dump_dir: Path, mode: str) -> None:
+    task = "statistics" if mode == "stats" else "tensor"
+    cfg = {
+        "task": task,
+        "dump_path": str(dump_dir),
+        "rank": [],
+        "step": list(range(STEPS)),
+        "level": "mix",
+        task: {"scope": [], "list": [], "data_mode": ["all"]},
+    }
+    if task == "statistics":
+        cfg[task]["summary_mode"] = "statistics"
+    path.write_text(json.dumps(cfg, indent=1))
+
+
+AUTOCAST = {"gemma": "bfloat16", "opt": "float16"}
+
+
+def run_one(job: dict) -> dict:
+    """One msprobe run; returns the marks and the top-k log. Runs in a fresh forked process."""
+    import torch
+    import torch.distributed as dist
+    from devices import DEVICES
+
+    family, variant, fault, role, mode = job["family"], job["variant"], job["fault"], job["role"], job["mode"]
+    target = role == "target"
+    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.chdir(scratch)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
+
+    tracer = Tracer()
+    model = build_model(family)
+    ids, labels = batches(fault if target else None)
+    device = DEVICES[FAMILIES[family]["device"]]
+    info: dict = {}
+    tilt = None
+    active = fault if target else None
+    patch_attention(family, tracer, active)
+    patch_modules(family, model, tracer, active)
+    if variant == "flip":
+        info["flip"], tilt = craft_near_tie(model, batches(None), device)
+        tracer.marks.clear()  # the crafting's own forward calls are not the run's
+    if target:
+        device.install()
+    tracer.install()
+
+    from msprobe.pytorch import PrecisionDebugger
+
+    write_config(scratch / "config.json", out_dir, mode)
+    debugger = PrecisionDebugger(config_path=str(scratch / "config.json"))
+    tracer.install_modules(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
+    kind = fault["kind"] if (fault and target) else None
+    autocast = getattr(torch, AUTOCAST[family]) if family in AUTOCAST else None
+    # fp16: dynamic loss scaling (the scaled loss is what backward sees, and what msprobe records)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if autocast == torch.float16 else None
+    losses = []
+    for step in range(STEPS):
+        tracer.step = step
+        if kind == "weight" and fault["step"] == step:
+            corrupt(model, fault)
+        if tilt is not None and step == FLIP_STEP:
+            with torch.no_grad():
+                _routers(model)[0].weight += tilt
+        debugger.start(model)
+        with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            out = model(input_ids=ids[step], labels=labels[step])
+        (scaler.scale(out.loss) if scaler else out.loss).backward()
+        debugger.stop()
+        if scaler:
+            scaler.unscale_(opt)
+        losses.append(float(out.loss.detach()))
+        info.setdefault("grad_norm", []).append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
+        if kind in ("betas", "wd") and step == fault["after_step"]:
+            for group in opt.param_groups:
+                if kind == "betas":
+                    group["betas"] = tuple(fault["betas"])
+                else:
+                    group["weight_decay"] = fault["wd"]
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+            info.setdefault("loss_scale", []).append(scaler.get_scale())
+        else:
+            opt.step()
+        opt.zero_grad()
+        debugger.step()
+    dist.destroy_process_group()
+    return {
+        "job": job["name"],
+        "marks": tracer.marks,
+        "topk": tracer.topk,
+        "leaf": tracer.leaf_modules(),
+        "norm_module": {
+            str(s): tracer.module_record("Module.model.layers.%d.post_attention_layernorm." % fault["layer"], s)
+            for s in range(STEPS)
+        }
+        if fault and fault["kind"] == "norm_dtype"
+        else {},
+        "losses": losses,
+        "info": info,
+    }
+
+
+def _child(job: dict, conn) -> None:
+    log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # msprobe and torch talk: to a file
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    try:
+        res = run_one(job)
+        conn.send(("ok", res))
+    except BaseException as exc:  # report to the parent, whatever it was
+        import traceback
+
+        conn.send(("error", "%s: %s\n%s" % (job["name"], exc, traceback.format_exc())))
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def run_jobs(jobs: list[dict], n: int) -> dict:
+    """Run jobs in forked children, at most n at a time; returns name -> result."""
+    ctx = mp.get_context("fork")
+    pending, running, results = list(jobs), [], {}
+    while pending or running:
+        while pending and len(running) < n:
+            job = pending.pop(0)
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(job, child))
+            p.start()
+            child.close()
+            running.append((job, p, parent, time.time()))
+        for item in list(running):
+            job, p, conn, t0 = item
+            if conn.poll(0.2):
+                status, res = conn.recv()
+                p.join()
+                running.remove(item)
+                if status != "ok":
+                    raise SystemExit("run failed (log: %s): %s" % (job["log"], res))
+                results[job["name"]] = res
+                print("  %-40s %5.1fs" % (job["name"], time.time() - t0), flush=True)
+            elif not p.is_alive():
+                running.remove(item)
+                raise SystemExit("run %s died (exit code %s; log: %s)" % (job["name"], p.exitcode, job["log"]))
+    return results
+
+
+# =================================================================================================================
+# the key
+# =================================================================================================================
+def _names(res: dict, tag: str, step: int | None = None) -> list[str]:
+    return [m["record"] for m in res["marks"] if m["tag"] == tag and (step is None or m["step"] == step)]
+
+
+def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
+    """What the verdict should say, from the marks both runs made at the faulty call."""
+    if fault is None:
+        return {"clean": True}
+    kind = fault["kind"]
+
+    def one(res, tag, step):
+        names = _names(res, tag, step)
+        if len(names) != 1 or names[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
+        return names[0]
+
+    def both(tag, step):
+        return sorted({one(tgt, tag, step), one(ref, tag, step)})
+
+    if kind in ("betas", "wd"):
+        step = fault["after_step"] + 1
+        what = (
+            "AdamW betas %s instead of %s" % (tuple(fault["betas"]), BETAS)
+            if kind == "betas"
+            else ("AdamW weight decay %g instead of %g" % (fault["wd"], WD))
+        )
+        return {
+            "step": step,
+            "ops": [],
+            "optimizer": True,
+            "what": "%s in the updates after step %d: parameters first differ at step %d"
+            % (what, fault["after_step"], step),
+        }
+    if kind == "extra_embed_scale":
+        return {
+            "step": 0,
+            "ops": [one(tgt, "embed_scale", 0)],
+            "what": "an extra x sqrt(hidden) on the token embeddings (Gemma's scale ported into OPT), target only",
+        }
+    if kind == "missing_embed_scale":
+        return {
+            "step": 0,
+            "ops": [one(ref, "embed_scale", 0), one(tgt, "L0.norm_in", 0)],
+            "what": "the embedding's x sqrt(hidden) is missing in the target (the reference's multiply; its consumer,"
+            " the first op of layer 0's input norm, also counts)",
+        }
+    if kind == "norm_topk":
+        return {
+            "step": 0,
+            "ops": sorted({one(tgt, "L0.topk_sum", 0), one(tgt, "L0.topk_div", 0)}),
+            "what": "the router's top-k weights renormalised (norm_topk_prob) in the target only: an extra sum and "
+            "divide in every MoE layer, the first in layer 0",
+        }
+    if kind == "act":
+        return {
+            "step": 0,
+            "ops": both("L%d.act" % fault["layer"], 0),
+            "what": "exact GELU instead of GELU(tanh) in layer %d's MLP" % fault["layer"],
+        }
+    if kind == "norm_dtype":
+        t = "L%d.norm_" % fault["layer"]
+        ops = sorted({op for part in ("pow", "mean", "eps", "rsqrt", "mul") for op in both(t + part, 0)})
+        mods = sorted({r for res in (tgt, ref) for r in [res["norm_module"].get("0")] if r})
+        return {
+            "step": 0,
+            "ops": ops,
+            "modules": mods,
+            "what": "layer %d's post-attention RMSNorm computed in bf16 (no upcast to fp32); any op of the norm "
+            "from the square to the normalising multiply, or the norm module, counts" % fault["layer"],
+        }
+    if kind == "attn_scale":
+        return {
+            "step": 0,
+            "ops": both("L%d.scale" % fault["layer"], 0),
+            "what": "attention scores x 1/head_dim instead of 1/sqrt(head_dim) in layer %d" % fault["layer"],
+        }
+    if kind == "weight":
+        tag = "uses:" + fault["param"]
+        step = fault["step"]
+        return {
+            "step": step,
+            "ops": both(tag, step),
+            "what": "%s %s before step %d; the op is its first consumer" % (fault["param"], HOW[fault["how"]], step),
+        }
+    if kind == "labels":
+        step = fault["step"]
+        return {
+            "step": step,
+            "ops": sorted(set(both("labels_pad", step)) | set(both("cross_entropy", step))),
+            "what": "two labels (not the input ids) differ in the batch of step %d; the pad of the labels (their "
+            "first consumer) or the cross-entropy counts" % step,
+        }
+    raise ValueError(kind)
+
+
+def topk_flips(tgt: dict, ref: dict) -> list[dict]:
+    """Tokens whose set of chosen experts differs, per step and top-k call, with the reference's top values."""
+    flips = []
+    for a, b in zip(tgt["topk"], ref["topk"]):
+        for tok, (ia, ib) in enumerate(zip(a["indices"], b["indices"])):
+            if sorted(ia) != sorted(ib):
+                row = b["input"][tok]
+                order = sorted(range(len(row)), key=lambda e: -row[e])
+                flips.append(
+                    {
+                        "step": b["step"],
+                        "record": b["record"],
+                        "token": tok,
+                        "target_experts": ia,
+                        "ref_experts": ib,
+                        "ref_probs_sorted": [row[e] for e in order],
+                    }
+                )
+    return flips
+
+
+def _leaves(obj, path=()):
+    """(path, (type, dtype, shape, requires_grad)) of every leaf of a dump.json record tree."""
+    if isinstance(obj, dict):
+        if "dtype" in obj or obj.get("type") == "torch.Tensor":
+            yield path, (obj.get("type"), obj.get("dtype"), tuple(obj.get("shape") or ()), obj.get("requires_grad"))
+            return
+        if "type" in obj:
+            yield path, (obj.get("type"),)
+        for k, v in obj.items():
+            if isinstance(v, (dict, list)):
+                yield from _leaves(v, path + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, path + (i,))
+
+
+def structure_differences(ref_dir: Path, tgt_dir: Path) -> list[str]:
+    """Where two runs' dumps differ in records, leaf types, dtypes, shapes or requires_grad (values aside)."""
+    out = []
+    for step in range(STEPS):
+        a = json.loads((ref_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
+        b = json.loads((tgt_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
+        if list(a) != list(b):
+            out.append("step %d: records differ" % step)
+            continue
+        la, lb = dict(_leaves(a)), dict(_leaves(b))
+        out += [
+            "step %d: %s" % (step, ".".join(map(str, k)))
+            for k in sorted(set(la) | set(lb), key=str)
+            if la.get(k) != lb.get(k)
+        ]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(HERE / ".data"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", nargs="*", help="cases to make (default: all)")
+    ap.add_argument("--modes", nargs="*", default=["stats", "tensor"], help="dump modes to make (default: both)")
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+    cases = {
+        k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
+        for k, (fam, var, fault, modes) in CASES.items()
+        if not args.only or k in args.only
+    }
+    t0 = time.time()
+    import devices  # noqa: F401  (the children use this copy)
+    import torch  # noqa: F401  (imported once, before forking)
+    import transformers  # noqa: F401
+    from msprobe.pytorch import PrecisionDebugger  # noqa: F401
+    from transformers import (  # noqa: F401
+        GemmaForCausalLM,
+        OPTForCausalLM,
+        Qwen2ForCausalLM,
+        Qwen2MoeForCausalLM,
+    )
+    from transformers.activations import GELUTanh  # noqa: F401
+
+    print("imports %.1fs" % (time.time() - t0), flush=True)
+    jobs, refs = [], {}
+    for case, (family, variant, fault, modes) in cases.items():
+        for mode in modes:
+            ref = "%s_%s_ref_%s" % (family, variant, mode)  # one reference per family, variant and mode
+            if ref not in refs:
+                refs[ref] = {"name": ref, "family": family, "variant": variant, "fault": None, "role": "ref"}
+                refs[ref]["mode"] = mode
+                jobs.append(refs[ref])
+            jobs.append(
+                {
+                    "name": "%s_target_%s" % (case, mode),
+                    "family": family,
+                    "variant": variant,
+                    "fault": fault,
+                    "role": "target",
+                    "mode": mode,
+                }
+            )
+    for job in jobs:
+        job["dump_dir"] = str(out / job["mode"] / job["name"])
+        job["scratch"] = str(out / "scratch" / job["name"])
+        job["log"] = str(out / "logs" / (job["name"] + ".log"))
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(job["dump_dir"], ignore_errors=True)
+        shutil.rmtree(job["scratch"], ignore_errors=True)
+    results = run_jobs(jobs, args.jobs)
+    key_path = out / "key.json"
+    key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}
+    for case, (family, variant, fault, modes) in cases.items():
+        for mode in modes:
+            tgt = results["%s_target_%s" % (case, mode)]
+            ref_name = "%s_%s_ref_%s" % (family, variant, mode)
+            ref = results[ref_name]
+            exp = expectation(case, fault, tgt, ref)
+            if exp.get("ops"):
+                step = str(exp["step"])
+                exp["modules"] = sorted(
+                    set(exp.get("modules", []))
+                    | {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
+                )
+            flips = topk_flips(tgt, ref)
+            if variant == "flip" and [(f["step"], f["token"]) for f in flips] != [
+                (FLIP_STEP, ref["info"]["flip"]["token"])
+            ]:
+                raise SystemExit("%s: not the one crafted routing flip: %r" % (case, flips))
+            if variant != "flip" and fault is None and flips:
+                raise SystemExit("%s: a clean pair without a crafted tie flipped routing: %r" % (case, flips))
+            if variant != "flip" and fault is None:  # the device changes values only: same records, shapes, dtypes
+                odd = structure_differences(out / mode / ref_name, out / mode / ("%s_target_%s" % (case, mode)))
+                if odd:
+                    raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
+            key["cases"]["%s_%s" % (case, mode)] = {
+                "case": case,
+                "mode": mode,
+                "family": family,
+                "device": FAMILIES[family]["device"],
+                "ref": str(Path(mode) / ref_name),
+                "target": str(Path(mode) / ("%s_target_%s" % (case, mode))),
+                "expect": exp,
+                "flips": flips,
+                "crafted": ref["info"].get("flip"),
+                "losses": {"ref": ref["losses"], "target": tgt["losses"]},
+                "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
+                "loss_scale": {"ref": ref["info"].get("loss_scale"), "target": tgt["info"].get("loss_scale")},
+            }
+    from devices import DEVICES
+
+    key["families"] = {k: v["text"] for k, v in FAMILIES.items()}
+    key["devices"] = {k: v.text for k, v in DEVICES.items()}
+    key["steps"] = STEPS
+    key["set"] = 2
+    key_path.write_text(json.dumps(key, indent=1, sort_keys=True))
+    shutil.rmtree(out / "scratch", ignore_errors=True)
+    print("%d runs, %d cases in %.1fs; key: %s" % (len(jobs), len(key["cases"]), time.time() - t0, key_path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

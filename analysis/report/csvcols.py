@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import polars as pl
@@ -112,8 +113,12 @@ _NOT_KEY = frozenset(
 )  # fmt: skip
 
 
-def frame(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> pl.DataFrame | None:
-    """The CSV's cells (columns `cols`, text or None) for every row of `cmp`, or None (see the module docstring)."""
+CHUNK_ROWS = 100_000  # rows whose cells are built at once (whole ops): the text of one chunk is held, not the file's
+
+
+def frames(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> Iterator[pl.DataFrame] | None:
+    """The CSV's cells (columns `cols`, text or None) for the rows of `cmp`, about CHUNK_ROWS rows at a time (each
+    chunk whole ops, in order), or None (see the module docstring)."""
     from .csvfile import _all_stacks, _with_raw
 
     if mode not in ("statistics", "md5", None):
@@ -122,20 +127,49 @@ def frame(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> pl
     if any(c in rows.columns for c in _EXACT_COLUMNS):
         return None
     rows = _complete(rows).with_row_index("_i")
+    stacks = _all_stacks(store, cmp.target) if store is not None else {}
+    whole = pl.DataFrame(  # what needs every row: an op's first row overall, the runs of rows of one op
+        [
+            _stack_info(rows, stacks),
+            rows.select(pl.struct("step", "rank", "source", _op_name()).rle_id().alias("_g"))["_g"],
+        ]
+    )
+    return _chunks(rows, whole, mode, cols)
+
+
+def frame(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> pl.DataFrame | None:
+    """All of `frames` in one frame."""
+    parts = frames(cmp, store, mode, cols)
+    if parts is None:
+        return None
+    done = list(parts)
+    return pl.concat(done) if done else pl.DataFrame(schema=dict.fromkeys(cols, pl.String))
+
+
+def _chunks(rows: pl.DataFrame, whole: pl.DataFrame, mode: str | None, cols: tuple[str, ...]) -> Iterator[pl.DataFrame]:
+    g, n, start = whole["_g"], rows.height, 0
+    cache: dict[tuple, tuple] = {}
+    while start < n:
+        end = min(start + CHUNK_ROWS, n)
+        if end < n:  # on to the end of the op the chunk's last row belongs to
+            end = int(g.search_sorted(g[end - 1] + 1, side="left"))
+        yield _cells(rows.slice(start, end - start), whole.slice(start, end - start), mode, cols, cache)
+        start = end
+
+
+def _cells(
+    rows: pl.DataFrame, whole: pl.DataFrame, mode: str | None, cols: tuple[str, ...], cache: dict
+) -> pl.DataFrame:
+    """The cells of `rows` (whole ops); `cache`: the argument rows' cells by their inputs, kept across chunks."""
     fast = _fast(rows)
     cells = _fast_cells(rows, mode)
     cells = cells.with_columns([_fix_floats(cells[c]) for c in cells.columns if c in _NUMERIC])
     cells = cells.with_columns(_fast_features(cells))
     slow_rows = rows.filter(~fast)
     if slow_rows.height:
-        slow = _slow_cells(slow_rows, mode, cells.filter(~fast))
+        slow = _slow_cells(slow_rows, mode, cells.filter(~fast), cache)
         cells = pl.concat([cells.filter(fast), slow]).sort("_i")
-    stacks = _all_stacks(store, cmp.target) if store is not None else {}
-    cells = cells.with_columns(
-        _stack_info(rows, stacks),
-        _dumpstore_messages(rows, cells),
-        rows.select(pl.struct("step", "rank", "source", _op_name()).rle_id().alias("_g"))["_g"],
-    )
+    cells = cells.with_columns(whole["NPU_Stack_Info"], _dumpstore_messages(rows, cells), whole["_g"])
     if mode in ("statistics", "md5"):
         cells = cells.with_columns(_verdicts(cells, mode))
     else:
@@ -402,7 +436,7 @@ def _final(v: Any) -> str | None:
     return text
 
 
-def _slow_cells(rows: pl.DataFrame, mode: str | None, fast: pl.DataFrame) -> pl.DataFrame:
+def _slow_cells(rows: pl.DataFrame, mode: str | None, fast: pl.DataFrame, cached: dict) -> pl.DataFrame:
     """The other rows: their kind cells and rule features by the row path's own functions (`_csv_row`,
     `msprobe_csv.fill`), computed once per distinct set of the inputs they read (arguments repeat over layers and
     steps); their other cells from the column expressions (`fast`, the same rows), Data_name by Python."""
@@ -410,7 +444,6 @@ def _slow_cells(rows: pl.DataFrame, mode: str | None, fast: pl.DataFrame) -> pl.
 
     keep = [c for c in rows.columns if c.removeprefix("ref_") in _CSV_INPUTS or c == "_i"]
     key_cols = [c for c in keep if c not in _NOT_KEY or (mode != "statistics" and c.endswith("_diff"))]
-    cached: dict[tuple, tuple] = {}
     out: list[tuple] = []
     data_names: list[str] = []
     for r in rows.select(keep).iter_rows(named=True):
@@ -638,7 +671,7 @@ def _verdicts(cells: pl.DataFrame, mode: str) -> list[pl.Series]:
     """Result and Err_message by msprobe's rules per op for `mode` (statistics or md5; msprobe_csv.verdicts), by
     column.
 
-    `_g` numbers the runs of rows of one op (0, 1, ...): each op's aggregates are gathered back by it."""
+    `_g` numbers the runs of rows of one op (consecutive): each op's aggregates are gathered back by it."""
     name = pl.col("NPU Name")
     npu = name != N_A
     output = npu & name.str.contains(".output.", literal=True)
@@ -679,7 +712,7 @@ def _verdicts(cells: pl.DataFrame, mode: str) -> list[pl.Series]:
     )
     start = per_op["n"].cum_sum() - per_op["n"]
     per_op = per_op.with_columns((start + pl.col("first_out")).alias("first_out"))
-    g = base["_g"]
+    g = base["_g"] - base["_g"].min()  # the chunk's ops numbered from 0, as per_op's rows
     base = base.with_columns(
         per_op["ign"].gather(g).alias("ign"),
         per_op["rel_in"].gather(g).alias("rel_in"),
@@ -737,25 +770,23 @@ def _verdicts(cells: pl.DataFrame, mode: str) -> list[pl.Series]:
     return [done["Result"], done["Err_message"]]
 
 
-def write(cells: pl.DataFrame, f, cols: tuple[str, ...], progress, every: int) -> int:
-    """Write `cells` (text, None for empty) as csv.writer(lineterminator='\\n') would, each cell through
-    dumpstore.csvsafe; returns the number of data rows."""
+def write_header(f, cols: tuple[str, ...]) -> None:
+    """The header line as csv.writer writes it (no neutraliser: our own column names)."""
     import csv
     import io
 
     head = io.StringIO()
     csv.writer(head, lineterminator="\n").writerow(cols)
     f.write(head.getvalue().encode("utf-8"))
+
+
+def write(cells: pl.DataFrame, f, cols: tuple[str, ...]) -> int:
+    """Write `cells` (text, None for empty) as csv.writer(lineterminator='\\n') would, each cell through
+    dumpstore.csvsafe; returns the number of data rows."""
     text = [c for c in cols if c not in _NUMERIC and c not in _WORDS]
     cells = cells.with_columns([_quoted(_safe(cells[c])) for c in text])
-    n = 0
-    for start in range(0, cells.height, every):
-        part = cells.slice(start, every)
-        part.write_csv(f, include_header=False, quote_style="never", line_terminator="\n")
-        n += part.height
-        if progress is not None and n % every == 0:
-            progress("csv", n, cells.height)
-    return n
+    cells.write_csv(f, include_header=False, quote_style="never", line_terminator="\n")
+    return cells.height
 
 
 def _quoted(s: pl.Series) -> pl.Series:

@@ -1,13 +1,15 @@
 """The CSV report built by columns: the same cells as the row-by-row writer (csvfile.py), byte for byte.
 
-`frame(cmp, store, mode)` returns the CSV's cells as a Polars frame of text (None for an empty cell, before the
-formula neutraliser), or None where only the row-by-row path applies (tensor mode, `--exact` columns).
-Rows of plain tensors (a float tensor, a null leaf or no leaf on each side, names that print as they are) get their
-cells from column expressions; the other rows (arguments, integer or bool tensors, odd names) from the row path's
-own functions (`_csv_row`, `msprobe_csv.fill`), one row at a time.  msprobe's Result / Err_message (its per-op
-rules, statistics mode), the op's stack on its first row and dumpstore's messages are then computed by column
-for every row.  Floats are written as Python's `repr` writes them (`_float_text`), so the file does not change
-with the writer; tests/test_csv_columnar.py holds the two paths to the same bytes.
+`frames(cmp, store, mode, cols)` yields the CSV's cells as Polars frames of text (None for an empty cell, before
+the formula neutraliser), CHUNK_ROWS rows (whole ops) at a time, or returns None where only the row-by-row path
+applies (tensor mode, `--exact` columns); `frame` is all of them at once, `write` writes one.  Rows of plain
+tensors (a float tensor, a null leaf or no leaf on each side, names that print as they are) get their cells from
+column expressions; the other rows (arguments, integer or bool tensors, odd names) their kind-dependent cells from
+the row path's own functions (`_csv_row`, `msprobe_csv.fill`), once per distinct set of the inputs those read.
+msprobe's Result / Err_message (its per-op rules of statistics and md5 mode), the op's stack on its first row and
+dumpstore's messages are then computed by column for every row.  Floats are written as Python's `repr` writes
+them (`_fix_floats`), so the file does not change with the writer; tests/test_csv_columnar.py holds the two paths
+to the same bytes.
 
 Size: the cell rules by column, the row path's cache and the writer of the text frame are one piece (each cell
 rule has its row twin in csvfile.py / msprobe_csv.py); split, the rules of one cell would sit in two files.

@@ -16,7 +16,7 @@ The tests check what the page holds; how fast it is made lives here.
 `--large` makes a synthetic statistics pair with bench/synth.py (1000 layers x 11 steps x 1 rank, the fault at
 step 3; cached under bench/.data/report_large/), ingests it once, then times the whole CLI process
 `dumpstore report --target target --ref ref --csv ... --html ...` (start-up included), best of `--repeat`, with its
-CPU time (user + system, the machine's load aside) and the load average.
+CPU time (user + system, the machine's load aside), its peak RSS and the load average.
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ def large(layers: int, repeat: int) -> int:
     print("in one process: " + ", ".join(f"{k} {v:.1f} s" for k, v in parts))
     load = os.getloadavg()[0]
     print(
-        f"dumpstore report --csv --html: {best:.1f} s best of {repeat}, {cpu:.1f} s CPU (user + system) "
+        f"dumpstore report --csv --html: {best:.1f} s best of {repeat}, {cpu:.1f} s CPU (user + system), "
+        f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MB peak RSS "
         f"({rows:,} rows per side; {sizes}; load average {load:.1f} on {os.cpu_count()} cores)"
     )
     return 0

@@ -30,7 +30,7 @@ PAIRS = [  # (target, reference, also --only-differing)
 def _both(cmp, store, tmp: Path, only_differing: bool, monkeypatch) -> tuple[bytes, bytes, int]:
     n = write_csv(cmp, tmp / "cols.csv", store=store, only_differing=only_differing)
     with monkeypatch.context() as m:
-        m.setattr(csvcols, "frame", lambda *a, **k: None)  # the row-by-row path
+        m.setattr(csvcols, "frames", lambda *a, **k: None)  # the row-by-row path
         n_rows = write_csv(cmp, tmp / "rows.csv", store=store, only_differing=only_differing)
     assert n == n_rows
     return (tmp / "cols.csv").read_bytes(), (tmp / "rows.csv").read_bytes(), n
@@ -111,7 +111,41 @@ def test_columns_write_the_row_writers_bytes_on_odd_cells(tmp_path, monkeypatch)
     assert "'=SUM(A1)" in text  # the formula is neutralised
 
 
+def test_md5_mode_by_columns(tmp_path, monkeypatch) -> None:
+    """md5 mode (msprobe 26.2.0 dumps, two steps of one run as two runs): NPU MD5 / BENCH MD5 and the CRC-32 rule."""
+    from helpers import MSPROBE
+
+    for side, step in (("t", "step1"), ("r", "step0")):
+        (tmp_path / side).mkdir()
+        for f in next((MSPROBE / "v26_md5" / step).glob("proc*")).glob("*.json"):
+            (tmp_path / side / f.name).write_bytes(f.read_bytes())
+        ingest(tmp_path / side, side, store=tmp_path / "store", jobs=1)
+    st = open_store(tmp_path / "store")
+    cmp = compare_runs(st, "t", "r")
+    assert csvcols.frame(cmp, st, "md5", ("NPU Name",)) is not None
+    cols, rows, n = _both(cmp, st, tmp_path, False, monkeypatch)
+    assert cols == rows and b"The CRC-32 value of NPU differs from that of the bench." in cols
+
+
 def test_tensor_mode_keeps_the_row_path(sample_store) -> None:
-    """Tensor and md5 modes are written row by row (their cells come from the files and the checksums)."""
+    """Tensor mode is written row by row (its metrics come from the tensor files)."""
     cmp = compare_runs(sample_store, "weight_1pct_tensor", "ref_tensor")
     assert csvcols.frame(cmp, sample_store, "tensor", ("NPU Name",)) is None
+
+
+def test_chunks_of_whole_ops_write_the_same_bytes(sample_store, tmp_path, monkeypatch) -> None:
+    """Cells built a few ops at a time (CHUNK_ROWS small): the same file, a stack held from one chunk to the next
+    for --only-differing."""
+    cmp = compare_runs(sample_store, "rank1_fault_stats", "ref_2rank_stats")
+    whole = []
+    for only in (False, True):  # one chunk (the other tests hold it to the row writer's bytes)
+        write_csv(cmp, tmp_path / "whole.csv", store=sample_store, only_differing=only)
+        whole.append((tmp_path / "whole.csv").read_bytes())
+    monkeypatch.setattr(csvcols, "CHUNK_ROWS", 600)
+    parts = list(csvcols.frames(cmp, sample_store, "statistics", ("NPU Name", "op")))
+    assert len(parts) > 3 and sum(p.height for p in parts) == cmp.rows.height
+    for p, q in zip(parts, parts[1:]):  # a chunk ends where an op ends
+        assert p["op"][-1] != q["op"][0] or p["NPU Name"][-1].split(".")[-2:] != q["NPU Name"][0].split(".")[-2:]
+    for only, want in zip((False, True), whole):
+        write_csv(cmp, tmp_path / "chunked.csv", store=sample_store, only_differing=only)
+        assert (tmp_path / "chunked.csv").read_bytes() == want

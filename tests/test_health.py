@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -253,6 +254,12 @@ def test_kernel_watchpoint_lists_the_replays_failed_outputs(tmp_path) -> None:
         "float32 linear (rel_l2 7e-05 vs 1e-07; judged ratio 700 > 2; msprobe's benchmark standard: error)"
     )
     assert rep.counts["kernel"] == 2 and set(rep.counts) == set(WATCHPOINTS)
+    res = CliRunner().invoke(main, ["health", "--run", "r", "--store", str(tmp_path / "store"), "--json"])
+    assert res.exit_code == 0, res.output
+    body = json.loads(res.stdout)
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(body, json.loads((resources.files("dumpstore") / "schemas" / "health.json").read_text()))
+    assert body["counts"]["kernel"] == 2 and body["findings"][0]["watchpoint"] in WATCHPOINTS
     out = health_text(rep, 20)
     assert (
         "kernel             2         op output farther from float64 than its replay standard (dumpstore replay)" in out

@@ -789,3 +789,5 @@ def test_kernel_card_of_a_replayed_target_in_chromium(tmp_path) -> None:
         f"{op}.output.0: linear is 700× farther from float64 than the CPU's float32 linear (rel_l2 7e-05 vs 1e-07; "
         "judged ratio 700 > 2; msprobe's benchmark standard: error); the reference's is 1×"
     ) in text
+    health = re.search(r'<section id="health">.*?</section>', page.dom, re.DOTALL).group(0)
+    assert "kernel ×1" in health and f"<td>{op}.output.0</td>" in health  # and the health section lists it

@@ -1,13 +1,15 @@
 """The CSV report built by columns: the same cells as the row-by-row writer (csvfile.py), byte for byte.
 
-`frame(cmp, store, mode)` returns the CSV's cells as a Polars frame of text (None for an empty cell, before the
-formula neutraliser), or None where only the row-by-row path applies (tensor and md5 modes, `--exact` columns).
-Rows of plain tensors (a float tensor, a null leaf or no leaf on each side, names that print as they are) get their
-cells from column expressions; the other rows (arguments, integer or bool tensors, odd names) from the row path's
-own functions (`_csv_row`, `msprobe_csv.fill`), one row at a time.  msprobe's Result / Err_message (its per-op
-rules, statistics mode), the op's stack on its first row and dumpstore's messages are then computed by column
-for every row.  Floats are written as Python's `repr` writes them (`_float_text`), so the file does not change
-with the writer; tests/test_csv_columnar.py holds the two paths to the same bytes.
+`frames(cmp, store, mode, cols)` yields the CSV's cells as Polars frames of text (None for an empty cell, before
+the formula neutraliser), CHUNK_ROWS rows (whole ops) at a time, or returns None where only the row-by-row path
+applies (tensor mode, `--exact` columns); `frame` is all of them at once, `write` writes one.  Rows of plain
+tensors (a float tensor, a null leaf or no leaf on each side, names that print as they are) get their cells from
+column expressions; the other rows (arguments, integer or bool tensors, odd names) their kind-dependent cells from
+the row path's own functions (`_csv_row`, `msprobe_csv.fill`), once per distinct set of the inputs those read.
+msprobe's Result / Err_message (its per-op rules of statistics and md5 mode), the op's stack on its first row and
+dumpstore's messages are then computed by column for every row.  Floats are written as Python's `repr` writes
+them (`_fix_floats`), so the file does not change with the writer; tests/test_csv_columnar.py holds the two paths
+to the same bytes.
 
 Size: the cell rules by column, the row path's cache and the writer of the text frame are one piece (each cell
 rule has its row twin in csvfile.py / msprobe_csv.py); split, the rules of one cell would sit in two files.
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import polars as pl
@@ -39,7 +43,7 @@ _OWN_METRICS = {
     "Five Thousandths Err Ratio": "five_thousandth",
 }
 _EXACT_COLUMNS = ("msprobe_cosine", "msprobe_euc_dist", "msprobe_max_abs_err", "msprobe_max_rel_err")
-_STRING_INPUTS = ("name", "kind", "dtype", "dtype_raw", "data_name", "record", "io")
+_STRING_INPUTS = ("name", "kind", "dtype", "dtype_raw", "data_name", "record", "io", "checksum")
 _FLOAT_INPUTS = tuple(f"dump_{s}" for s, _, _ in _STATS) + tuple(s for s, _, _ in _STATS)
 _OTHER_INPUTS = {
     "match": pl.String,
@@ -69,6 +73,8 @@ _MESSAGES = {
     "dtype": "error: The dtype of NPU and Bench are inconsistent.",
     "shape": "error: The shape of NPU and Bench are inconsistent.",
     "relwarn": "warning: The norm relative error of output is 10 times that of input.",
+    "crc_error": "error: The CRC-32 value of NPU differs from that of the bench.",
+    "crc_warning": "warning: The parameter of NPU does not match the bench.",
 }
 # columns whose cells the column expressions write as numbers or fixed words (never text a spreadsheet runs, never
 # quoted): `write` checks only the other columns; `_slow_cells` writes these as the file holds them
@@ -88,13 +94,14 @@ _WORDS = frozenset(
     ("NPU Requires_grad", "Bench Requires_grad", "Requires_grad Consistent", "step", "rank", "seq", "dumpstore_result")
 )
 # what msprobe's rules read of a row apart from its names (`_verdicts` adds the names' part)
-_FEATURES = ("_infnan", "_nrel_pct", "_nrel_ext", "_rg", "_param", "_dtype", "_shape")
+_FEATURES = ("_infnan", "_nrel_pct", "_nrel_ext", "_rg", "_param", "_dtype", "_shape", "_crc")
 # the cells that depend on the leaves' kinds and values (the others come from the column expressions for every row)
 _KIND_CELLS = (
     *(f"{side} {what}" for side in ("NPU", "Bench") for what in ("Dtype", "Tensor Shape", "Requires_grad")),
     *(f"{side} {label}" for side in ("NPU", "Bench") for _, label, _ in _STATS),
     *msprobe_csv.DIFF_COLUMNS,
     *msprobe_csv.STAT_REL_COLUMNS,
+    *msprobe_csv.MD5_COLUMNS,
     "Requires_grad Consistent",
 )
 # inputs of a row that the kind cells do not read (names, places, dumpstore's judgement): left out of the cache key
@@ -108,11 +115,15 @@ _NOT_KEY = frozenset(
 )  # fmt: skip
 
 
-def frame(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> pl.DataFrame | None:
-    """The CSV's cells (columns `cols`, text or None) for every row of `cmp`, or None (see the module docstring)."""
+CHUNK_ROWS = 100_000  # rows whose cells are built at once (whole ops): the text of one chunk is held, not the file's
+
+
+def frames(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> Iterator[pl.DataFrame] | None:
+    """The CSV's cells (columns `cols`, text or None) for the rows of `cmp`, about CHUNK_ROWS rows at a time (each
+    chunk whole ops, in order), or None (see the module docstring)."""
     from .csvfile import _all_stacks, _with_raw
 
-    if mode not in ("statistics", None):
+    if mode not in ("statistics", "md5", None):
         return None
     rows = _with_raw(cmp, store)
     if any(c in rows.columns for c in _EXACT_COLUMNS):
@@ -120,27 +131,79 @@ def frame(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> pl
     if msprobe_pairing.applies(cmp, store) and msprobe_pairing.msprobe_pairs(rows):
         return None  # msprobe pairs some rows otherwise than dumpstore: the row path fills them from its pairs
     rows = _complete(rows).with_row_index("_i")
+    stacks = _all_stacks(store, cmp.target) if store is not None else {}
+    whole = pl.DataFrame(  # what needs every row: an op's first row overall, the runs of rows of one op
+        [
+            _stack_info(rows, stacks),
+            rows.select(pl.struct("step", "rank", "source", *_op_key()).rle_id().alias("_g"))["_g"],
+        ]
+    )
+    if msprobe_pairing.applies(cmp, store) and _unpaired_dtypes(rows):
+        return None
+    decided = _decided(_chunks(rows, whole, mode, cols), mode)
+    return None if decided is None else (chunk.select(cols) for chunk in decided)
+
+
+def _decided(chunks: Iterator[pl.DataFrame], mode: str | None) -> Iterator[pl.DataFrame] | None:
+    """`chunks`, or None where a summary column msprobe's table holds as floats (msprobe_csv.float_columns: every
+    value over its rows a number; its integers then print as floats): only the row path writes those right. Chunks
+    are held only until every summary column has shown a cell that is not a number; the rest then streams."""
+    if mode not in ("statistics", "tensor", "md5"):
+        return chunks
+    held: list[pl.DataFrame] = []
+    numeric: set[str] | None = None  # the summary columns all numbers so far
+    for chunk in chunks:
+        held.append(chunk)
+        here = _numeric_columns(chunk)
+        numeric = here if numeric is None else numeric & here
+        if not numeric:
+            return _chain(held, chunks)
+    return None if numeric else iter(held)
+
+
+def _chain(held: list[pl.DataFrame], rest: Iterator[pl.DataFrame]) -> Iterator[pl.DataFrame]:
+    yield from held
+    yield from rest
+
+
+def frame(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> pl.DataFrame | None:
+    """All of `frames` in one frame."""
+    parts = frames(cmp, store, mode, cols)
+    if parts is None:
+        return None
+    done = list(parts)
+    return pl.concat(done) if done else pl.DataFrame(schema=dict.fromkeys(cols, pl.String))
+
+
+def _chunks(rows: pl.DataFrame, whole: pl.DataFrame, mode: str | None, cols: tuple[str, ...]) -> Iterator[pl.DataFrame]:
+    g, n, start = whole["_g"], rows.height, 0
+    cache: dict[tuple, tuple] = {}
+    while start < n:
+        end = min(start + CHUNK_ROWS, n)
+        if end < n:  # on to the end of the op the chunk's last row belongs to
+            end = int(g.search_sorted(g[end - 1] + 1, side="left"))
+        yield _cells(rows.slice(start, end - start), whole.slice(start, end - start), mode, cols, cache)
+        start = end
+
+
+def _cells(
+    rows: pl.DataFrame, whole: pl.DataFrame, mode: str | None, cols: tuple[str, ...], cache: dict
+) -> pl.DataFrame:
+    """The cells of `rows` (whole ops); `cache`: the argument rows' cells by their inputs, kept across chunks."""
     fast = _fast(rows)
     cells = _fast_cells(rows, mode)
     cells = cells.with_columns([_fix_floats(cells[c]) for c in cells.columns if c in _NUMERIC])
     cells = cells.with_columns(_fast_features(cells))
     slow_rows = rows.filter(~fast)
     if slow_rows.height:
-        slow = _slow_cells(slow_rows, mode, cells.filter(~fast))
+        slow = _slow_cells(slow_rows, mode, cells.filter(~fast), cache)
         cells = pl.concat([cells.filter(fast), slow]).sort("_i")
-    stacks = _all_stacks(store, cmp.target) if store is not None else {}
-    cells = cells.with_columns(
-        _stack_info(rows, stacks),
-        _dumpstore_messages(rows, cells),
-        rows.select(pl.struct("step", "rank", "source", *_op_key()).rle_id().alias("_g"))["_g"],
-    )
-    if _row_path_only(cells, mode, msprobe_pairing.applies(cmp, store)):
-        return None
-    if mode == "statistics":
-        cells = cells.with_columns(_verdicts(cells))
+    cells = cells.with_columns(whole["NPU_Stack_Info"], _dumpstore_messages(rows, cells), whole["_g"])
+    if mode in ("statistics", "md5"):
+        cells = cells.with_columns(_verdicts(cells, mode))
     else:
         cells = cells.with_columns(pl.lit("pass").alias("Result"), pl.lit("[]").alias("Err_message"))
-    return cells.select(cols)
+    return cells  # every column: _decided reads the summary columns; frames selects `cols`
 
 
 def _complete(rows: pl.DataFrame) -> pl.DataFrame:
@@ -232,20 +295,29 @@ def _op_key() -> tuple[pl.Expr, pl.Expr]:
 _NUMBER_CELL = r"^ ?[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|inf)$"
 
 
-def _row_path_only(cells: pl.DataFrame, mode: str | None, msprobe_pairs: bool) -> bool:
-    """Cells only the row path writes right: a pair of dtypes msprobe does not pair (`msprobe_pairs`: msprobe's
-    pairing applies), or a summary column msprobe's table holds as floats (msprobe_csv.float_columns: every value
-    over its rows a number; its integers then print as floats)."""
-    npu = cells.filter(pl.col("NPU Name") != N_A)
-    if msprobe_pairs:
-        both = npu.filter(pl.col("Bench Name") != N_A).select("NPU Dtype", "Bench Dtype").unique()
-        if any(not msprobe_pairing.dtype_match(a, b) for a, b in both.iter_rows()):
+def _unpaired_dtypes(rows: pl.DataFrame) -> bool:
+    """Whether a row pairs two dtypes msprobe does not pair (msprobe_pairing.dtype_match: it leaves them unmatched;
+    only the row path writes such a row), from the rows' own columns, each distinct combination once."""
+    from .csvfile import _msprobe_dtype
+
+    both = rows.filter(pl.col("name").is_not_null() & pl.col("ref_name").is_not_null())
+    scalar = ((pl.col("kind") == "scalar") | (pl.col("ref_kind") == "scalar")).fill_null(False)
+    cols = [c for p in ("", "ref_") for c in (f"{p}kind", f"{p}dtype_raw", f"{p}dtype") if c in both.columns]
+    distinct = both.filter(~scalar).select(cols).unique()  # a scalar's cell reads its value: every row
+    for r in (*distinct.iter_rows(named=True), *both.filter(scalar).iter_rows(named=True)):
+        if not msprobe_pairing.dtype_match(_msprobe_dtype(r, ""), _msprobe_dtype(r, "ref_")):
             return True
-    if mode not in ("statistics", "tensor", "md5") or npu.height == 0:
-        return False
+    return False
+
+
+def _numeric_columns(cells: pl.DataFrame) -> set[str]:
+    """The summary columns whose cells (rows with a target leaf) are all numbers in `cells`."""
+    npu = cells.filter(pl.col("NPU Name") != N_A)
     labels = [f"{side} {label}" for side, _ in _SIDES for _, label, _ in _STATS]
+    if npu.height == 0:
+        return set(labels)
     numeric = npu.select([pl.col(c).str.contains(_NUMBER_CELL).fill_null(False).all() for c in labels])
-    return any(numeric.row(0))
+    return {c for c, ok in zip(labels, numeric.row(0)) if ok}
 
 
 def _fast_cells(rows: pl.DataFrame, mode: str | None) -> pl.DataFrame:
@@ -309,6 +381,17 @@ def _fast_cells(rows: pl.DataFrame, mode: str | None) -> pl.DataFrame:
                 .otherwise(a - b)
             )
             out.append(_float_text(diff_value).alias(diff_col))
+    if mode == "md5":  # msprobe_csv._md5 of a tensor or null leaf: the checksum, else CRC-32 of ''
+        for col, pre in zip(msprobe_csv.MD5_COLUMNS, ("", "ref_")):
+            checksum = pl.col(f"{pre}checksum")
+            cell = (
+                pl.when(pl.col(f"{pre}kind") == "null")
+                .then(pl.lit(N_A))
+                .when(checksum.fill_null("") != "")
+                .then(checksum)
+                .otherwise(pl.lit(f"{zlib.crc32(b''):08x}"))
+            )
+            out.append(pl.when(pl.col(f"{pre}name").is_not_null()).then(cell).otherwise(pl.lit(N_A)).alias(col))
     out.append(
         pl.when(pl.col("NPU Requires_grad") == pl.col("Bench Requires_grad"))
         .then(pl.lit("True"))
@@ -421,15 +504,14 @@ def _final(v: Any) -> str | None:
     return text
 
 
-def _slow_cells(rows: pl.DataFrame, mode: str | None, fast: pl.DataFrame) -> pl.DataFrame:
+def _slow_cells(rows: pl.DataFrame, mode: str | None, fast: pl.DataFrame, cached: dict) -> pl.DataFrame:
     """The other rows: their kind cells and rule features by the row path's own functions (`_csv_row`,
     `msprobe_csv.fill`), computed once per distinct set of the inputs they read (arguments repeat over layers and
     steps); their other cells from the column expressions (`fast`, the same rows), Data_name by Python."""
     from .csvfile import _CSV_INPUTS, _csv_row
 
     keep = [c for c in rows.columns if c.removeprefix("ref_") in _CSV_INPUTS or c == "_i"]
-    key_cols = [c for c in keep if c not in _NOT_KEY or (mode is None and c.endswith("_diff"))]
-    cached: dict[tuple, tuple] = {}
+    key_cols = [c for c in keep if c not in _NOT_KEY or (mode != "statistics" and c.endswith("_diff"))]
     out: list[tuple] = []
     data_names: list[str] = []
     for r in rows.select(keep).iter_rows(named=True):
@@ -444,7 +526,7 @@ def _slow_cells(rows: pl.DataFrame, mode: str | None, fast: pl.DataFrame) -> pl.
         data_names.append(_data_name_cell(r))
     own = () if mode == "statistics" else msprobe_csv.STAT_REL_COLUMNS  # MaxRelativeErr: dumpstore's own then
     names = [c for c in _KIND_CELLS if c in fast.columns and c not in own]
-    types = {**{c: pl.String for c in _KIND_CELLS}, "_nrel_pct": pl.Float64, "_nrel_ext": pl.Float64}
+    types = {**{c: pl.String for c in _KIND_CELLS}, "_nrel_pct": pl.Float64, "_nrel_ext": pl.Float64, "_crc": pl.String}
     schema = {c: types.get(c, pl.Boolean) for c in (*_KIND_CELLS, *_FEATURES)}
     kind = pl.DataFrame(out, schema=schema, orient="row").select(*names, *_FEATURES)
     rest = fast.drop(*names, *_FEATURES, "Data_name")
@@ -471,7 +553,8 @@ def _data_name_cell(r: dict[str, Any]) -> str:
 def _row_features(d: dict[str, Any], mode: str | None) -> tuple:
     """What msprobe's per-op rules read of one row (msprobe_csv's checkers) apart from its names, for `_verdicts`:
     (NPU inf/nan and the bench's not, NormRelativeErr as a fraction, its part in the op's extreme, requires_grad
-    differs, a scalar parameter differs, dtype differs, shape differs)."""
+    differs, a scalar parameter differs, dtype differs, shape differs, the md5 rule's level where the checksums
+    differ)."""
     from ..msprobe_csv import _is_inf_or_nan, _percent
 
     infnan = not (_is_inf_or_nan(d["Bench max"]) or _is_inf_or_nan(d["Bench min"])) and (
@@ -492,7 +575,10 @@ def _row_features(d: dict[str, Any], mode: str | None) -> tuple:
     )
     dtype = bool(d["NPU Dtype"] and d["Bench Dtype"] and d["NPU Dtype"] != d["Bench Dtype"])
     shape = d["NPU Tensor Shape"] != d["Bench Tensor Shape"]
-    return infnan, pct, ext, rg, param, dtype, bool(shape)
+    crc = None
+    if mode == "md5" and d["NPU MD5"] != d["BENCH MD5"]:
+        crc = "warning" if d["NPU MD5"] in msprobe_csv._NO_MD5 or d["BENCH MD5"] in msprobe_csv._NO_MD5 else "error"
+    return infnan, pct, ext, rg, param, dtype, bool(shape), crc
 
 
 def _extreme_part(value: Any) -> float | None:
@@ -536,6 +622,12 @@ def _fast_features(cells: pl.DataFrame) -> list[pl.Expr]:
         ((npu_dtype != "") & (bench_dtype != "") & (npu_dtype != bench_dtype)).alias("_dtype"),
         (pl.col("NPU Tensor Shape") != pl.col("Bench Tensor Shape")).alias("_shape"),
     ]
+    if "NPU MD5" in cells.columns:
+        npu, bench, none = pl.col("NPU MD5"), pl.col("BENCH MD5"), list(msprobe_csv._NO_MD5)
+        level = pl.when(npu.is_in(none) | bench.is_in(none)).then(pl.lit("warning")).otherwise(pl.lit("error"))
+        feats.append(pl.when(npu != bench).then(level).alias("_crc"))
+    else:
+        feats.append(pl.lit(None, dtype=pl.String).alias("_crc"))
     return feats
 
 
@@ -643,10 +735,11 @@ def _dumpstore_messages(rows: pl.DataFrame, cells: pl.DataFrame) -> pl.Series:
     return _json_list([_json_strings(texts[c]) for c in texts.columns], "dumpstore_message")
 
 
-def _verdicts(cells: pl.DataFrame) -> list[pl.Series]:
-    """Result and Err_message by msprobe's statistics-mode rules per op (msprobe_csv.verdicts), by column.
+def _verdicts(cells: pl.DataFrame, mode: str) -> list[pl.Series]:
+    """Result and Err_message by msprobe's rules per op for `mode` (statistics or md5; msprobe_csv.verdicts), by
+    column.
 
-    `_g` numbers the runs of rows of one op (0, 1, ...): each op's aggregates are gathered back by it."""
+    `_g` numbers the runs of rows of one op (consecutive): each op's aggregates are gathered back by it."""
     name = pl.col("NPU Name")
     npu = name != N_A
     output = npu & name.str.contains(".output.", literal=True)
@@ -669,6 +762,7 @@ def _verdicts(cells: pl.DataFrame) -> list[pl.Series]:
         "_infnan",
         "_nrel_pct",
         "_nrel_ext",
+        "_crc",
         ign.alias("_ign"),
         (matched & pl.col("_rg")).alias("_rg"),
         (matched & pl.col("_param")).alias("_param"),
@@ -686,7 +780,7 @@ def _verdicts(cells: pl.DataFrame) -> list[pl.Series]:
     )
     start = per_op["n"].cum_sum() - per_op["n"]
     per_op = per_op.with_columns((start + pl.col("first_out")).alias("first_out"))
-    g = base["_g"]
+    g = base["_g"] - base["_g"].min()  # the chunk's ops numbered from 0, as per_op's rows
     base = base.with_columns(
         per_op["ign"].gather(g).alias("ign"),
         per_op["rel_in"].gather(g).alias("rel_in"),
@@ -699,6 +793,29 @@ def _verdicts(cells: pl.DataFrame) -> list[pl.Series]:
     checked = (ign != "all") & (out_ | (in_ & (ign != "input")))
     pct = pl.col("_nrel_pct")
     pct = pl.when(pct.is_nan()).then(0.0).otherwise(pct)
+    if mode == "md5":
+        crc = pl.col("_crc")
+        flags = {
+            "crc_error": checked & (crc == "error"),
+            "crc_warning": checked & (crc == "warning"),
+        }
+        flags = {k: v.fill_null(False) for k, v in flags.items()}
+        result = (
+            pl.when(flags["crc_error"])
+            .then(pl.lit("error"))
+            .when(flags["crc_warning"])
+            .then(pl.lit("warning"))
+            .otherwise(pl.lit("pass"))
+        )
+        message = (
+            pl.when(flags["crc_error"])
+            .then(pl.lit(json.dumps([_MESSAGES["crc_error"]])))
+            .when(flags["crc_warning"])
+            .then(pl.lit(json.dumps([_MESSAGES["crc_warning"]])))
+            .otherwise(pl.lit("[]"))
+        )
+        done = base.select(result.alias("Result"), message.alias("Err_message"))
+        return [done["Result"], done["Err_message"]]
     flags = {
         "infnan": checked & pl.col("_infnan"),
         "relerr": ~skip & (rel_in < 0.1) & out_ & (pct > 0.5),
@@ -721,25 +838,23 @@ def _verdicts(cells: pl.DataFrame) -> list[pl.Series]:
     return [done["Result"], done["Err_message"]]
 
 
-def write(cells: pl.DataFrame, f, cols: tuple[str, ...], progress, every: int) -> int:
-    """Write `cells` (text, None for empty) as csv.writer(lineterminator='\\n') would, each cell through
-    dumpstore.csvsafe; returns the number of data rows."""
+def write_header(f, cols: tuple[str, ...]) -> None:
+    """The header line as csv.writer writes it (no neutraliser: our own column names)."""
     import csv
     import io
 
     head = io.StringIO()
     csv.writer(head, lineterminator="\n").writerow(cols)
     f.write(head.getvalue().encode("utf-8"))
+
+
+def write(cells: pl.DataFrame, f, cols: tuple[str, ...]) -> int:
+    """Write `cells` (text, None for empty) as csv.writer(lineterminator='\\n') would, each cell through
+    dumpstore.csvsafe; returns the number of data rows."""
     text = [c for c in cols if c not in _NUMERIC and c not in _WORDS]
     cells = cells.with_columns([_quoted(_safe(cells[c])) for c in text])
-    n = 0
-    for start in range(0, cells.height, every):
-        part = cells.slice(start, every)
-        part.write_csv(f, include_header=False, quote_style="never", line_terminator="\n")
-        n += part.height
-        if progress is not None and n % every == 0:
-            progress("csv", n, cells.height)
-    return n
+    cells.write_csv(f, include_header=False, quote_style="never", line_terminator="\n")
+    return cells.height
 
 
 def _quoted(s: pl.Series) -> pl.Series:

@@ -17,7 +17,7 @@ extra or missing call makes dumpstore pair a row with another reference leaf tha
 the other msprobe cells describe msprobe's pair and dumpstore's columns its own.
 
 `write_csv` (csvwrite.py) is the one function that writes the file: by columns (csvcols.py: statistics mode
-and runs of different modes) or row by row from here (tensor and md5 modes), the same bytes either way;
+md5 mode and runs of different modes) or row by row from here (tensor mode), the same bytes either way;
 `iter_csv_rows` / `csv_rows` build the rows one op at a time, `_csv_row` one row and `dumpstore.csvsafe`
 neutralises each cell.
 """

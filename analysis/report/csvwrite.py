@@ -32,8 +32,8 @@ def write_csv(
     """Write the comparison as CSV (see the module docstring); returns the number of data rows.
 
     The file is written under a temporary name beside `path` and renamed when complete.  `progress("csv",
-    done, total)` is called every PROGRESS_ROWS rows.  `only_differing`: only the rows whose status is not
-    `pass` (diverged, unmatched, unknown, error).
+    done, total)` is called every PROGRESS_ROWS rows (row by row) or chunk of rows (by columns), and at the end.
+    `only_differing`: only the rows whose status is not `pass` (diverged, unmatched, unknown, error).
     """
     p = Path(path)
     part = p.with_name(p.name + ".part")
@@ -41,14 +41,16 @@ def write_csv(
     n = 0
     stack_of: dict[tuple, Any] = {}  # an op's stack, held for its first written row when its first row is left out
     cols = msprobe_csv.columns(CSV_COLUMNS, msprobe_csv.dump_mode(cmp, store))
-    cells = csvcols.frame(cmp, store, msprobe_csv.dump_mode(cmp, store), cols)
+    chunks = csvcols.frames(cmp, store, msprobe_csv.dump_mode(cmp, store), cols)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        if cells is not None:
-            if only_differing:
-                cells = _differing_cells(cells)
+        if chunks is not None:
             with open(part, "wb") as fb:
-                n = csvcols.write(cells, fb, cols, progress, PROGRESS_ROWS)
+                csvcols.write_header(fb, cols)
+                for cells in chunks:
+                    n += csvcols.write(_differing_cells(cells, stack_of) if only_differing else cells, fb, cols)
+                    if progress is not None and n < total:
+                        progress("csv", n, total)
             part.replace(p)
             if progress is not None:
                 progress("csv", n, total)
@@ -83,9 +85,9 @@ def write_csv(
     return n
 
 
-def _differing_cells(cells: pl.DataFrame) -> pl.DataFrame:
-    """The rows whose status is not `pass`; an op's stack moves to its first row written (as write_csv's loop)."""
-    held: dict[tuple, Any] = {}
+def _differing_cells(cells: pl.DataFrame, held: dict[tuple, Any]) -> pl.DataFrame:
+    """The rows whose status is not `pass`; an op's stack moves to its first row written (as write_csv's loop);
+    `held`: the stacks not yet written, kept from one chunk to the next."""
     keep, stack_col = [], []
     keys = zip(cells["step"].to_list(), cells["rank"].to_list(), cells["op"].to_list())
     for i, (op, stack, status) in enumerate(zip(keys, cells["NPU_Stack_Info"].to_list(), cells["dumpstore_status"])):

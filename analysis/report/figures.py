@@ -9,6 +9,7 @@ they share the per-op table, the palette and the step marks.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -349,6 +350,7 @@ def _step_lines(ops: list[dict], annotations: list[dict]) -> list[dict]:
     return shapes
 
 
+@functools.lru_cache(maxsize=1 << 16)  # called per heat-map cell: the same ops recur at every step and rank
 def _layer(module: str | None, op: str, direction: str | None) -> str:
     """A layer label from the parent module: Module.layers.1.fc1.Linear.forward.0 -> 'layers.1 (fwd)'."""
     path = module_path(module)

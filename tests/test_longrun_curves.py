@@ -227,6 +227,7 @@ def test_monitor_only_runs_and_update_ratio(tmp_path):
     assert "update_ratio" in checks  # param_origin and param_updated of every parameter
 
 
+@pytest.mark.browser
 def test_html_page_draws_in_chromium(logs, tmp_path):
     name = "lr</script><img src=x onerror=alert(1)>"
     rep = compare_curves(logs["lr15"], logs["ref"], names=(name, "ref", None))

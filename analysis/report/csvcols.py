@@ -128,9 +128,12 @@ def frames(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> I
     rows = _with_raw(cmp, store)
     if any(c in rows.columns for c in _EXACT_COLUMNS):
         return None
-    if msprobe_pairing.applies(cmp, store) and msprobe_pairing.msprobe_pairs(rows):
+    pairs = msprobe_pairing.applies(cmp, store)
+    if pairs and msprobe_pairing.msprobe_pairs(rows):
         return None  # msprobe pairs some rows otherwise than dumpstore: the row path fills them from its pairs
     rows = _complete(rows).with_row_index("_i")
+    if pairs and _unpaired_dtypes(rows):
+        return None
     stacks = _all_stacks(store, cmp.target) if store is not None else {}
     whole = pl.DataFrame(  # what needs every row: an op's first row overall, the runs of rows of one op
         [
@@ -138,9 +141,7 @@ def frames(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> I
             rows.select(pl.struct("step", "rank", "source", *_op_key()).rle_id().alias("_g"))["_g"],
         ]
     )
-    if msprobe_pairing.applies(cmp, store) and _unpaired_dtypes(rows):
-        return None
-    decided = _decided(_chunks(rows, whole, mode, cols), mode)
+    decided = _decided(_chunks(rows, whole, mode), mode)
     return None if decided is None else (chunk.select(cols) for chunk in decided)
 
 
@@ -148,7 +149,7 @@ def _decided(chunks: Iterator[pl.DataFrame], mode: str | None) -> Iterator[pl.Da
     """`chunks`, or None where a summary column msprobe's table holds as floats (msprobe_csv.float_columns: every
     value over its rows a number; its integers then print as floats): only the row path writes those right. Chunks
     are held only until every summary column has shown a cell that is not a number; the rest then streams."""
-    if mode not in ("statistics", "tensor", "md5"):
+    if mode is None:  # (frames takes statistics, md5 or None: the row path has no float columns without a mode)
         return chunks
     held: list[pl.DataFrame] = []
     numeric: set[str] | None = None  # the summary columns all numbers so far
@@ -175,20 +176,18 @@ def frame(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> pl
     return pl.concat(done) if done else pl.DataFrame(schema=dict.fromkeys(cols, pl.String))
 
 
-def _chunks(rows: pl.DataFrame, whole: pl.DataFrame, mode: str | None, cols: tuple[str, ...]) -> Iterator[pl.DataFrame]:
+def _chunks(rows: pl.DataFrame, whole: pl.DataFrame, mode: str | None) -> Iterator[pl.DataFrame]:
     g, n, start = whole["_g"], rows.height, 0
     cache: dict[tuple, tuple] = {}
     while start < n:
         end = min(start + CHUNK_ROWS, n)
         if end < n:  # on to the end of the op the chunk's last row belongs to
             end = int(g.search_sorted(g[end - 1] + 1, side="left"))
-        yield _cells(rows.slice(start, end - start), whole.slice(start, end - start), mode, cols, cache)
+        yield _cells(rows.slice(start, end - start), whole.slice(start, end - start), mode, cache)
         start = end
 
 
-def _cells(
-    rows: pl.DataFrame, whole: pl.DataFrame, mode: str | None, cols: tuple[str, ...], cache: dict
-) -> pl.DataFrame:
+def _cells(rows: pl.DataFrame, whole: pl.DataFrame, mode: str | None, cache: dict) -> pl.DataFrame:
     """The cells of `rows` (whole ops); `cache`: the argument rows' cells by their inputs, kept across chunks."""
     fast = _fast(rows)
     cells = _fast_cells(rows, mode)

@@ -40,8 +40,9 @@ def write_csv(
     total = differing(cmp).rows.height if only_differing else cmp.rows.height
     n = 0
     stack_of: dict[tuple, Any] = {}  # an op's stack, held for its first written row when its first row is left out
-    cols = msprobe_csv.columns(CSV_COLUMNS, msprobe_csv.dump_mode(cmp, store))
-    chunks = csvcols.frames(cmp, store, msprobe_csv.dump_mode(cmp, store), cols)
+    mode = msprobe_csv.dump_mode(cmp, store)
+    cols = msprobe_csv.columns(CSV_COLUMNS, mode)
+    chunks = csvcols.frames(cmp, store, mode, cols)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         if chunks is not None:

@@ -164,7 +164,6 @@ def _optimizer(
     fresh = [produced.producer_of(fp, seq) is None for fp, seq in weights.select("_fp_t", "seq").iter_rows()]
     params = weights.filter(pl.Series(fresh, dtype=pl.Boolean))  # (named rows of every column: a second a step)
     ev = update_evidence(rows, before, after, params)
-    table = ST.table(rows, before, after, params) if params.height else None
     if ev is not None and ev["differs"]:
         evidence = {k: v for k, v in ev.items() if k != "differs"}
         value = ev["median_ratio"]
@@ -174,6 +173,7 @@ def _optimizer(
             f"{ev['bar']:.2g}): learning rate, clipping or optimizer differs"
         )
     else:
+        table = ST.table(rows, before, after, params) if params.height else None  # (only the rules of steps.py use it)
         broad = ST.update_differs(table)
         if broad is None:
             return None, ST.corrupted(table)

@@ -154,7 +154,7 @@ def test_monitor_errors(tmp_path):
     d = tmp_path / "Dec01_00-00-00-rank3-0123abcd"
     d.mkdir()
     (d / "grad_reduced_0-9.csv").write_text("a,b\n1,2\n")
-    with pytest.raises(MonitorFormatError, match="grad_reduced_0-9.csv: header a,b lacks name, step"):
+    with pytest.raises(MonitorFormatError, match="grad_reduced_0-9.csv, line 1: header a,b lacks name, step"):
         read_monitor(tmp_path)
 
 
@@ -204,7 +204,7 @@ def test_bad_inputs_one_line_errors(tmp_path):
     r = CliRunner().invoke(
         main, ["longrun-ingest", str(tmp_path / "mon"), "--run", "x", "--store", str(tmp_path / "s")]
     )
-    assert r.exit_code == 1 and "grad_reduced_0-1.csv: not a monitor CSV" in r.output, r.output
+    assert r.exit_code == 1 and "grad_reduced_0-1.csv, line 3: not a monitor CSV" in r.output, r.output
     r = CliRunner().invoke(
         main,
         [

@@ -72,6 +72,7 @@ class LongRun:
     scalars: pa.Table | None = None
     monitor: pa.Table | None = None
     monitor_roots: list[Path] = field(default_factory=list)  # monitor output folders, read while written
+    monitor_listings: list[list] = field(default_factory=list)  # their monitor.monitor_files (when listed)
     anomalies: pa.Table | None = None  # msprobe monitor's own alarms (anomaly_detected/rank<r>/anomaly.json)
     formats: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
@@ -154,7 +155,7 @@ def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
             if lr.monitor_roots and lr.monitor is None:
                 folder = store.root / BASE / "monitor" / f"run={lr.run}"
                 folder.mkdir(parents=True, exist_ok=True)
-                stats = _write_monitor(lr.monitor_roots, folder, ingest_id, written)
+                stats = _write_monitor(lr.monitor_roots, folder, ingest_id, written, listings=lr.monitor_listings)
                 kinds.append("monitor")
             row = _row(lr, ingest_id, kinds, stats)
             locks = store.root / ".locks"
@@ -179,7 +180,13 @@ def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
 
 
 def _write_monitor(
-    roots: list[Path], folder: Path, ingest_id: str, written: list[Path], *, max_rows: int = 4_000_000
+    roots: list[Path],
+    folder: Path,
+    ingest_id: str,
+    written: list[Path],
+    *,
+    max_rows: int = 4_000_000,
+    listings: list[list] | None = None,
 ) -> dict[str, Any]:
     """Stream the monitor output under `roots` into Parquet part files (`part-<id>-<k>.parquet`: one per (rank,
     prefix, header) group of files, a new one after `max_rows` rows), row groups of ~256k rows, written while the
@@ -213,8 +220,9 @@ def _write_monitor(
             state["writer"] = None
 
     try:
-        for root in roots:
-            for key, table in iter_monitor_tables(root):
+        for k, root in enumerate(roots):
+            listing = listings[k] if listings and k < len(listings) else None
+            for key, table in iter_monitor_tables(root, files=listing):
                 if state["writer"] is None or key != state["key"] or state["rows"] >= max_rows:
                     close()
                     dest = folder / f"part-{ingest_id}-{state['k']:05d}.parquet"

@@ -13,7 +13,7 @@ from ..errors import DumpstoreError, DumpstoreWarning
 from .anomalies import FILE as ANOMALY_FILE
 from .anomalies import anomaly_files, read_anomalies
 from .logs import LogFormatError, last_wins, read_log
-from .monitor import NoMonitorFiles, monitor_files
+from .monitor import NoMonitorFiles, monitor_csv
 from .store import LongRun, write
 from .tensorboard import event_files, read_events
 from .walk import sorted_paths, walk
@@ -88,7 +88,7 @@ def collect(
             lr.sources += [str(p) for p, _ in alarms]
             found = True
         try:
-            found_csv = monitor_files(path, listing)  # any there? (read while written: write streams them)
+            found_csv = monitor_csv(path, listing)  # any there? (read while written: write streams them)
             lr.monitor_roots.append(path)
             lr.monitor_listings.append(found_csv)
             lr.formats.append("monitor")

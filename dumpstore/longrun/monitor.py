@@ -80,36 +80,43 @@ class NoMonitorFiles(MonitorFormatError):
 def monitor_files(root: Path, listing: Listing | None = None) -> list[tuple[Path, int, str, str]]:
     """(file, rank, layout, slug-or-prefix) of every monitor CSV under `root` (the output folder, a rank folder
     or one file; `listing`: its walk.walk when made), in the canonical order: by folder (its path's parts), then
-    slug, first step, last step."""
+    slug, first step, last step, name."""
+    return [(Path(p), rank, layout, slug) for p, rank, layout, slug in monitor_csv(root, listing)]
+
+
+def monitor_csv(root: Path, listing: Listing | None = None) -> list[tuple[str, int, str, str]]:
+    """monitor_files with the paths as strings (a run is tens of thousands of files)."""
     if listing is not None:
         found = listing
     elif root.is_file():
         found = [(str(root.parent), root.name)]
     else:
         found = walk(root)
-    out = []
+    by_dir: dict[str, list[str]] = {}
     for parent, name in found:
-        if not name.endswith(".csv"):
-            continue
-        v1, v2 = _V1_FILE.match(name), _V2_FILE.match(name)
-        if not (v1 or v2):
-            continue
+        if name.endswith(".csv"):
+            by_dir.setdefault(parent, []).append(name)
+    out: list[tuple[str, int, str, str]] = []
+    for parent in sorted(by_dir, key=lambda d: d.split(os.sep)):
         folder = os.path.basename(parent)
         d1, d2 = _V1_DIR.search(folder), _V2_DIR.match(folder)
-        if v1 and (d1 or not d2):
-            rank = int((d1.group(1) or d1.group(2)) if d1 else 0)
-            out.append((parent.split(os.sep), v1.group(1), int(v1.group(2)), int(v1.group(3)), name, rank, "v1"))
-        elif v2 and d2:
-            out.append(
-                (parent.split(os.sep), v2.group(1), int(v2.group(2)), int(v2.group(3)), name, int(d2.group(1)), "v2")
-            )
+        v1 = bool(d1 or not d2)  # TrainerMon's names, unless in a monitor_v2 rank folder
+        rank = int((d1.group(1) or d1.group(2)) if d1 else d2.group(1) if d2 and not v1 else 0)
+        pattern, layout = (_V1_FILE, "v1") if v1 else (_V2_FILE, "v2")
+        rows = []
+        for name in by_dir[parent]:
+            m = pattern.match(name)
+            if m:
+                rows.append((m.group(1), int(m.group(2)), int(m.group(3)), name))
+        rows.sort()
+        head = parent + os.sep
+        out += [(head + name, rank, layout, slug) for slug, _, _, name in rows]
     if not out:
         raise NoMonitorFiles(
             f"{root}: no msprobe monitor CSV found (TrainerMon `<time>-rank<r>-<id>/<prefix>_<a>-<b>.csv` or "
             "monitor_v2 `rank_<r>/<slug>_step<a>-<b>.csv`); point at the monitor's output folder"
         )
-    out.sort(key=lambda r: r[:5])
-    return [(Path(os.sep.join(parts), name), rank, layout, slug) for parts, slug, _, _, name, rank, layout in out]
+    return out
 
 
 def _header(line: bytes) -> tuple[str, ...]:
@@ -202,7 +209,7 @@ def iter_monitor_tables(
     from concurrent.futures import ThreadPoolExecutor
 
     groups: dict[tuple, list[str]] = {}
-    for path, rank, layout, slug in files if files is not None else monitor_files(root):
+    for path, rank, layout, slug in files if files is not None else monitor_csv(root):
         groups.setdefault((rank, layout, slug), []).append(str(path))
     n = workers or _cores()
     seqs: dict[tuple, _Seq] = {}
@@ -340,9 +347,7 @@ def _read_batch(
 
     for p in paths:
         try:
-            with open(p, "rb", buffering=0) as f:
-                big = os.fstat(f.fileno()).st_size > _BLOCK
-                data = f.read(1 << 16) if big else f.readall()
+            data, big = _read_bytes(p)
         except OSError as exc:
             raise MonitorFormatError(f"{p}: cannot read ({exc.strerror})") from None
         cut = data.find(b"\n")
@@ -369,6 +374,21 @@ def _read_batch(
             flush()
     flush()
     return pieces, odd
+
+
+def _read_bytes(path: str) -> tuple[bytes, bool]:
+    """A file's bytes, and whether it is over _BLOCK (then only its first 64 KB: enough for the header)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size > _BLOCK:
+            return os.read(fd, 1 << 16), True
+        parts = [os.read(fd, size + 1)]
+        while len(parts[-1]) and sum(map(len, parts)) > size:  # grown since: read to the end
+            parts.append(os.read(fd, 1 << 20))
+        return b"".join(parts) if len(parts) > 1 else parts[0], False
+    finally:
+        os.close(fd)
 
 
 _ROW = re.compile(r"(?:CSV parse error: )?Row #(\d+): ")

@@ -88,7 +88,7 @@ def _stored_culprit(store: Store, target: str, ref: str, ref2: str | None, loss_
     with the names dictionary-encoded (Polars categoricals), so memory follows a chunk, not the two runs."""
     runs = [target, ref] + ([ref2] if ref2 is not None else [])
     parts = []
-    for chunk in monitor_chunks(store, runs):
+    for _, chunk in monitor_chunks(store, runs):
         mt, mr = (read_parts(chunk[r], "monitor", columns=_COLUMNS, dictionary=_TEXT) for r in (target, ref))
         if not mt.num_rows or not mr.num_rows:
             continue

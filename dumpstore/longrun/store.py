@@ -132,12 +132,13 @@ def read(
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
 
 
-def monitor_chunks(store: Store, runs: list[str]) -> list[dict[str, list[Path]]]:
+def monitor_chunks(store: Store, runs: list[str]) -> list[tuple[tuple, dict[str, list[Path]]]]:
     """The monitor part files of `runs` in chunks that no series crosses, to read a chunk at a time (a run is
     tens of millions of rows): a chunk per (rank, prefix) when every part holds one rank and one prefix (as the
     ingest writes a TrainerMon folder: a part per rank, prefix and header), else per rank when every part holds
-    one rank, else one chunk; each chunk maps a run to its files, in part order, chunks in order of first
-    appearance. Which rank and prefix a part holds is read from its row groups' statistics."""
+    one rank, else one chunk: (key: (rank, prefix), (rank,) or (), {run: its files of the chunk, in part order}),
+    chunks in order of first appearance. Which rank and prefix a part holds is read from its row groups'
+    statistics."""
     from ..parquetio import ParquetReader
 
     parts: dict[str, list[tuple[Path, tuple | None, tuple | None]]] = {}
@@ -168,9 +169,9 @@ def monitor_chunks(store: Store, runs: list[str]) -> list[dict[str, list[Path]]]
     chunks: dict[Any, dict[str, list[Path]]] = {}
     for run, items in parts.items():
         for path, pair, rank in items:
-            key = pair if level == 1 else rank if level == 2 else None
+            key = pair if level == 1 else rank if level == 2 else ()
             chunks.setdefault(key, {r: [] for r in runs})[run].append(path)
-    return list(chunks.values())
+    return list(chunks.items())
 
 
 def read_parts(paths: list[Path], kind: str, *, columns: list[str], dictionary: list[str] | None = None) -> pa.Table:

@@ -221,18 +221,19 @@ def _monitor_frames(store: Store, run: str):
 
     chunks = monitor_chunks(store, [run])
 
-    def frames(prefixes: set[str] | None = None, *, nan_rows: bool = False):
+    def frames(prefixes: set[str] | None = None, *, nan_rows: bool = False, columns: list[str] | None = None):
+        cols = columns or _MONITOR_COLUMNS
         for key, files in chunks:
             if prefixes is not None and len(key) == 2 and key[1] not in prefixes:
                 continue
             if nan_rows and not _any_nan(files[run]):
                 continue
-            table = read_parts(files[run], "monitor", columns=_MONITOR_COLUMNS, dictionary=["prefix", "name", "param"])
-            df = pl.from_arrow(table)
+            text: list[str] = [c for c in ("prefix", "name", "param") if c in cols]
+            df = pl.from_arrow(read_parts(files[run], "monitor", columns=cols, dictionary=text))
             assert isinstance(df, pl.DataFrame)
             if prefixes is not None:
                 df = df.filter(pl.col("prefix").cast(pl.String).is_in(sorted(prefixes)))
-            yield df.with_columns(pl.col("prefix", "name", "param").cast(pl.String))
+            yield df  # the names as categoricals (sorted by their text, as strings): a code per row, not a copy
 
     return frames
 
@@ -256,7 +257,7 @@ def _concat(dfs):
     dfs = list(dfs)
     if dfs:
         return pl.concat(dfs)
-    empty = pl.from_arrow(MONITOR_SCHEMA.empty_table().select(_MONITOR_COLUMNS))
+    empty = pl.from_arrow(MONITOR_SCHEMA.empty_table().select(_MONITOR_COLUMNS))  # (no chunk of those prefixes)
     assert isinstance(empty, pl.DataFrame)
     return empty
 
@@ -269,7 +270,9 @@ def _monitor_nans(frames) -> list[Finding]:
     from dumpstore.longrun.monitor import PREFIX_ORDER
 
     cond = ~pl.col("missing").fill_null(False) & ((pl.col("nans") > 0) | pl.col("norm").is_nan())
-    bad = _concat(df.filter(cond) for df in frames(nan_rows=True))
+    bad = _concat(df.filter(cond) for df in frames(nan_rows=True)).with_columns(
+        pl.col("prefix", "name").cast(pl.String)
+    )
     if bad.height == 0:
         return [Finding("monitor_nan", "ok", None, 0.0, "no monitored tensor holds NaN")]
     order = (
@@ -292,11 +295,12 @@ def _monitor_grads(frames) -> list[Finding]:
     monitored steps (explosion), or below 1e-7 (vanishing)."""
     import polars as pl
 
+    cols = ["rank", "step", "prefix", "param", "norm"]
     prefix = "grad_reduced"
-    df = _concat(frames({prefix}))
+    df = _concat(frames({prefix}, columns=cols))
     if df.height == 0:
         prefix = "grad_unreduced"
-        df = _concat(frames({prefix}))
+        df = _concat(frames({prefix}, columns=cols))
     g = df.filter((pl.col("prefix") == prefix) & pl.col("norm").is_finite()).sort(["rank", "param", "step"])
     if g.height == 0:
         return []
@@ -336,7 +340,7 @@ def _monitor_grads(frames) -> list[Finding]:
 def _update_ratio(frames) -> list[Finding]:
     import polars as pl
 
-    df = _concat(frames({"param_origin", "param_updated"}))
+    df = _concat(frames({"param_origin", "param_updated"}, columns=["rank", "step", "prefix", "param", "norm"]))
     keys = ["rank", "param", "step"]
     o = df.filter(pl.col("prefix") == "param_origin").select(*keys, pl.col("norm").alias("n0"))
     u = df.filter(pl.col("prefix") == "param_updated").select(*keys, pl.col("norm").alias("n1"))

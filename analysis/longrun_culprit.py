@@ -86,16 +86,40 @@ def compare_long_runs(
 def _stored_culprit(store: Store, target: str, ref: str, ref2: str | None, loss_step: int | None) -> dict[str, Any]:
     """monitor_culprit of stored runs, read a chunk of series at a time (a rank and prefix: store.monitor_chunks)
     with the names dictionary-encoded (Polars categoricals), so memory follows a chunk, not the two runs."""
+    import polars as pl
+
     runs = [target, ref] + ([ref2] if ref2 is not None else [])
     parts = []
     for _, chunk in monitor_chunks(store, runs):
-        mt, mr = (read_parts(chunk[r], "monitor", columns=_COLUMNS, dictionary=_TEXT) for r in (target, ref))
-        if not mt.num_rows or not mr.num_rows:
+        ft, fr = _load(chunk[target]), _load(chunk[ref])
+        f2 = _load(chunk[ref2]) if ref2 is not None else None
+        if not ft.height or not fr.height:
             continue
-        m2 = read_parts(chunk[ref2], "monitor", columns=_COLUMNS, dictionary=_TEXT) if ref2 is not None else None
-        parts.append(_left_band(mt, mr, m2, PERSIST))
-        del mt, mr, m2
+        # a chunk of millions of rows joined a few hundred thousand target rows at a time, split by name (a
+        # series is one name: it never crosses a split)
+        names = ft.get_column("name").unique(maintain_order=True).to_list()
+        k = max(1, min(len(names), -(-ft.height // _SPLIT_ROWS)))
+        for i in range(k):
+            group = names[i * len(names) // k : (i + 1) * len(names) // k]
+            if k == 1:
+                parts.append(_left_band(ft, fr, f2, PERSIST))
+                continue
+            of = [None if f is None else f.filter(pl.col("name").is_in(group)) for f in (ft, fr, f2)]
+            parts.append(_left_band(of[0], of[1], of[2], PERSIST))
+        del ft, fr, f2
     return _result(parts, ref2 is not None, loss_step)
+
+
+_SPLIT_ROWS = 500_000
+
+
+def _load(files):
+    """The culprit's monitor columns of some part files as a Polars frame, the names as categoricals."""
+    import polars as pl
+
+    df = pl.from_arrow(read_parts(files, "monitor", columns=_COLUMNS, dictionary=_TEXT))
+    assert isinstance(df, pl.DataFrame)
+    return df
 
 
 def dump_verdict(store: Store, target: str, ref: str) -> dict[str, Any]:
@@ -140,7 +164,7 @@ def monitor_only(target: str, ref: str, ref2: str | None, tag: str, by: str) -> 
 def _frame(table, suffix: str):
     import polars as pl
 
-    df = pl.from_arrow(table)
+    df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     return df.select(
         pl.col("rank"),

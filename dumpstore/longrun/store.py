@@ -72,7 +72,7 @@ class LongRun:
     scalars: pa.Table | None = None
     monitor: pa.Table | None = None
     monitor_roots: list[Path] = field(default_factory=list)  # monitor output folders, read while written
-    monitor_listings: list[list] = field(default_factory=list)  # their monitor.monitor_files (when listed)
+    monitor_listings: list[list] = field(default_factory=list)  # their monitor.monitor_csv (when listed)
     anomalies: pa.Table | None = None  # msprobe monitor's own alarms (anomaly_detected/rank<r>/anomaly.json)
     formats: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)

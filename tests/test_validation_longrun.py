@@ -95,6 +95,21 @@ def test_clean_pair_is_right_only_when_quiet():
     assert not score.score_case(CLEAN, None, {})["ok"]
 
 
+def test_spike_is_the_target_s_own_and_the_collapse_has_no_loss_item():
+    spike = {**FAULT, "kind": "spike", "module": None}
+    cur = curves(div=101, first=first(100))
+    cur["spikes"] = [{"run": "x_gradscale", "step": 102}, {"run": "x_ref", "step": 105}]
+    spike["loss_onset"] = 101
+    assert score.score_case(spike, cur, {})["items"]["spike"]["ok"]  # the reference's own spike elsewhere
+    cur["spikes"].append({"run": "x_ref", "step": 102})
+    assert not score.score_case(spike, cur, {})["items"]["spike"]["ok"]  # the same spike in both runs
+    collapse = {**FAULT, "kind": "loss_scale_collapse", "module": None}
+    cur = curves(first=first(100))
+    cur["events"] = [{"run": "x_gradscale", "kind": "loss_scale_drop", "steps": [101, 102]}]
+    r = score.score_case(collapse, cur, {})
+    assert "loss" not in r["items"] and r["items"]["events"]["ok"]
+
+
 @pytest.mark.validation
 def test_every_held_out_long_run_case_is_right():
     data = HERE / ".data"

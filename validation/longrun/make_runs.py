@@ -36,7 +36,8 @@ FAMILIES = {
 # run name -> (family, variant, options). Variants: ref (the reference), seed (another data order), nondet
 # (1e-7 relative noise on one op's output every step), lr (learning rate x1.5 from N), bf16 (one Linear computed
 # in bfloat16 from N), gradscale (one parameter's gradient x1.02 from N, between backward and the optimizer),
-# corrupt (30 % of the tokens/labels of every batch replaced from N), spike (one bad batch at N), overflow (one
+# corrupt (30 % of the tokens/labels of every batch replaced from N), spike (one bad batch at N: its labels
+# shuffled), overflow (one
 # layer's backward overflows from N: dynamic loss scaling halves the scale and skips every step).
 RUNS = {
     "llama_ref": ("llama", "ref", {}),
@@ -307,7 +308,9 @@ def train(run: str, out: Path) -> None:
                 m = torch.rand(batch, generator=corrupt_gen) < 0.3
                 y[m] = torch.randint(0, 10, (int(m.sum()),), generator=corrupt_gen)
             if var == "spike" and s == n_fault:
-                x = x * 40.0  # one bad batch: unnormalised images
+                # one bad batch: its labels shuffled (images x40, tried first, made the trained model only more
+                # confident: a loss of 0, no spike)
+                y = y[torch.randperm(batch, generator=corrupt_gen)]
             loss = F.cross_entropy(model(x), y)
         else:
             t = data[0][idx].clone()

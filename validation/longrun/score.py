@@ -9,9 +9,11 @@ and every run is watched with `dumpstore curves --run R --health --json`.
 The rule, stated before scoring (key.json's `window_rule`): W = max(20, ceil(5 % of the run's steps)).
 - clean pair: right when curves finds no loss divergence, no lr mismatch and names no module (culprit.first null).
 - fault: every item the key gives must be found in [expected, expected + W], never before:
-  loss     - `divergence.step` against `loss_onset` (the first logged iteration whose loss can differ);
+  loss     - `divergence.step` against `loss_onset` (the first logged iteration whose loss can differ; not for
+             the loss-scale collapse, whose skipped iterations print no loss);
   lr       - `lr_mismatch.step` against `lr_onset` (lr_schedule cases);
-  spike    - a spike of the target run against `loss_onset`, none of the reference run in that window (spike);
+  spike    - a spike of the target run against `loss_onset`, the reference having none at that step (spike; the
+             reference's own spikes elsewhere are real spikes of its own);
   events   - the target's first loss-scale drop or skipped iteration against `fault_step + 1` (loss_scale_collapse);
   monitor  - `culprit.first.step` (TrainerMon step) against `monitor_onset`;
   module   - where the key names one: culprit.first's module or parameter is that layer or inside it.
@@ -88,14 +90,16 @@ def score_case(c: dict, cur: dict | None, health: dict[str, dict | None]) -> dic
             items["monitor"] = {"expected": None, "found": name, "ok": first is None, "present": bool(culprit)}
     else:
         w = c["window"]
-        items["loss"] = {"expected": c["loss_onset"], "found": div, "ok": within(div, c["loss_onset"], w)}
+        if c["kind"] != "loss_scale_collapse":
+            # (a collapsed run skips every step from N + 1 on and, as Megatron does, prints no loss for them)
+            items["loss"] = {"expected": c["loss_onset"], "found": div, "ok": within(div, c["loss_onset"], w)}
         if c["kind"] == "lr_schedule":
             items["lr"] = {"expected": c["lr_onset"], "found": lr, "ok": within(lr, c["lr_onset"], w)}
         if c["kind"] == "spike":
             mine = [s["step"] for s in cur.get("spikes", []) if s["run"] == c["target"]]
             ref = [s["step"] for s in cur.get("spikes", []) if s["run"] == c["ref"]]
             hit = [s for s in mine if within(s, c["loss_onset"], w)]
-            ref_hit = [s for s in ref if within(s, c["loss_onset"], w)]
+            ref_hit = [s for s in ref if hit and s == min(hit)]
             items["spike"] = {
                 "expected": c["loss_onset"],
                 "found": (min(hit) if hit else (mine[:5] or None)),
@@ -143,6 +147,19 @@ def score_case(c: dict, cur: dict | None, health: dict[str, dict | None]) -> dic
     return {"case": c["case"], "kind": c["kind"], "ok": all(i["ok"] for i in items.values()), "items": items}
 
 
+def printed(c: dict, store: Path, errors: list[str]) -> dict:
+    """A fact of the data, not of the tool: where the two runs' logged losses first differ as printed (the logs
+    round: Megatron 7 significant digits, HF Trainer 4 decimals, MindFormers 3), and on how many points."""
+    sql = (
+        "select min(t.step) filter (where t.value <> r.value) as first_diff, "
+        "count(*) filter (where t.value <> r.value) as n_diff, count(*) as n "
+        "from scalars t join scalars r on t.step = r.step and t.tag = r.tag and t.rank = r.rank "
+        f"where t.run = '{c['target']}' and r.run = '{c['ref']}' and t.tag = 'loss'"
+    )
+    rc, out = sh(["query", sql, "--json", "--store", str(store)], errors)
+    return json.loads(out)[0] if rc == 0 and out.strip() else {}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path(__file__).parent / ".data")
@@ -168,7 +185,9 @@ def main() -> int:
                 ["curves", "--target", c["target"], "--ref", c["ref"], "--json", "--store", str(store)], errors
             )
             cur = json.loads(out) if rc == 0 and out.strip() else None
-            results.append(score_case(c, cur, health))
+            res = score_case(c, cur, health)
+            res["printed"] = printed(c, store, errors)
+            results.append(res)
         refs = sorted({c["ref"] for c in key["cases"]})
         ref_health = []
         for r in refs:
@@ -210,6 +229,12 @@ def main() -> int:
                 print(
                     f"{head} {name:<8} {str(it.get('expected')):<36} {str(it.get('found'))[:52]:<52} "
                     f"{'yes' if it['ok'] else 'NO'}"
+                )
+            pr = r.get("printed") or {}
+            if "loss" in r["items"] and pr:
+                print(
+                    f"{'':43} (printed losses first differ at {pr.get('first_diff')}, "
+                    f"on {pr.get('n_diff')} of {pr.get('n')} points)"
                 )
         for r in ref_health:
             print(f"health {r['run']}: {'quiet' if r['ok'] else 'fails: ' + ', '.join(r['fails'])}")

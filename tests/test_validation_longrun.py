@@ -87,6 +87,15 @@ def test_fault_found_in_the_window_and_module_inside_the_layer():
     assert not score.score_case(FAULT, curves(div=None, first=first(100)), {})["ok"]
 
 
+def test_a_loss_change_below_the_printed_precision_may_go_unseen():
+    few = {"first_diff": 150, "n_diff": 20, "n": 200}  # 20 of the 99 points from 102 on differ as printed
+    many = {"first_diff": 102, "n_diff": 90, "n": 200}
+    assert score.score_case(FAULT, curves(div=None, first=first(100)), {}, few)["ok"]
+    assert score.score_case(FAULT, curves(div=105, first=first(100)), {}, few)["ok"]
+    assert not score.score_case(FAULT, curves(div=90, first=first(100)), {}, few)["ok"]
+    assert not score.score_case(FAULT, curves(div=None, first=first(100)), {}, many)["ok"]
+
+
 def test_clean_pair_is_right_only_when_quiet():
     assert score.score_case(CLEAN, curves(), {})["ok"]
     assert not score.score_case(CLEAN, curves(div=50), {})["ok"]

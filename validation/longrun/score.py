@@ -10,7 +10,9 @@ The rule, stated before scoring (key.json's `window_rule`): W = max(20, ceil(5 %
 - clean pair: right when curves finds no loss divergence, no lr mismatch and names no module (culprit.first null).
 - fault: every item the key gives must be found in [expected, expected + W], never before:
   loss     - `divergence.step` against `loss_onset` (the first logged iteration whose loss can differ; not for
-             the loss-scale collapse, whose skipped iterations print no loss);
+             the loss-scale collapse, whose skipped iterations print no loss); where the printed losses of the
+             two runs differ on fewer than half the points from `loss_onset` on (the fault moves the loss below
+             the log's printed precision), no divergence is right too;
   lr       - `lr_mismatch.step` against `lr_onset` (lr_schedule cases);
   spike    - a spike of the target run against `loss_onset`, the reference having none at that step (spike; the
              reference's own spikes elsewhere are real spikes of its own);
@@ -73,7 +75,7 @@ def ingest(data: Path, store: Path, key: dict, errors: list[str]) -> dict[str, s
     return ingested
 
 
-def score_case(c: dict, cur: dict | None, health: dict[str, dict | None]) -> dict:
+def score_case(c: dict, cur: dict | None, health: dict[str, dict | None], shown: dict | None = None) -> dict:
     items: dict[str, dict] = {}
     if cur is None:
         return {"case": c["case"], "ok": False, "items": {"curves": {"ok": False, "found": "no answer"}}}
@@ -93,6 +95,13 @@ def score_case(c: dict, cur: dict | None, health: dict[str, dict | None]) -> dic
         if c["kind"] != "loss_scale_collapse":
             # (a collapsed run skips every step from N + 1 on and, as Megatron does, prints no loss for them)
             items["loss"] = {"expected": c["loss_onset"], "found": div, "ok": within(div, c["loss_onset"], w)}
+            if shown and shown.get("n") and shown.get("n_diff", 0) < 0.5 * (shown["n"] - c["loss_onset"] + 1):
+                # the fault moves the loss below the log's printed precision: the printed losses differ on fewer
+                # than half the points after the onset, so no reader of the log can be held to it; quiet is right
+                items["loss"].update(
+                    expected=f"{c['loss_onset']} or none (printed: {shown['n_diff']} points differ)",
+                    ok=div is None or within(div, c["loss_onset"], w),
+                )
         if c["kind"] == "lr_schedule":
             items["lr"] = {"expected": c["lr_onset"], "found": lr, "ok": within(lr, c["lr_onset"], w)}
         if c["kind"] == "spike":
@@ -185,8 +194,9 @@ def main() -> int:
                 ["curves", "--target", c["target"], "--ref", c["ref"], "--json", "--store", str(store)], errors
             )
             cur = json.loads(out) if rc == 0 and out.strip() else None
-            res = score_case(c, cur, health)
-            res["printed"] = printed(c, store, errors)
+            shown = printed(c, store, errors)
+            res = score_case(c, cur, health, shown)
+            res["printed"] = shown
             results.append(res)
         refs = sorted({c["ref"] for c in key["cases"]})
         ref_health = []

@@ -226,7 +226,7 @@ SETS = {
         "set": 3,
         "families": {"falcon", "bloom", "bert", "phi"},
         "devices": {"I", "J", "K", "L", "J+M"},
-        "counts": {("stats", True): 6, ("stats", False): 14, ("tensor", True): 5, ("tensor", False): 6},
+        "counts": {("stats", True): 6, ("stats", False): 14, ("tensor", True): 4, ("tensor", False): 4},
         "optimizer": 3,
         "flip": "falcon_flip",
     },

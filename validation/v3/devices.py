@@ -550,12 +550,8 @@ COLS = [
 ]
 
 
-def _fmt(v) -> str:
-    return "%.2g" % v if isinstance(v, float) else str(v)
-
-
 if __name__ == "__main__":
     print("| " + " | ".join(COLS) + " |")
     print("|" + "---|" * len(COLS))
     for r in measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0):
-        print("| " + " | ".join(_fmt(r.get(c, "")) for c in COLS) + " |")
+        print("| " + " | ".join(v2._fmt(r.get(c, "")) for c in COLS) + " |")

@@ -285,3 +285,22 @@ def test_the_verdict_on_the_validation_set(validation_set, tmp_path):
     assert len(rows) == len(key["cases"])
     wrong = [r["name"] for r in rows if not r["ok"]]
     assert not wrong, proc.stdout
+
+
+def test_set3_batches_change_only_what_each_data_fault_says():
+    make3 = _load("validation_v3_make_pairs", ROOT / "validation" / "v3" / "make_pairs.py")
+    for family, kind, step in (("falcon", "ids", 2), ("bert", "token_type", 1), ("bert", "labels", 2)):
+        clean = make3.batches(family, None)
+        bad = make3.batches(family, {"kind": kind, "step": step})
+        field = {"ids": "input_ids", "token_type": "token_type_ids", "labels": "labels"}[kind]
+        for s in range(3):
+            for a, b in zip(clean[s], bad[s]):
+                for name in a:
+                    want = (1 if kind == "ids" else 2) if (s, name) == (step, field) else 0
+                    assert int((a[name] != b[name]).sum()) == want, (family, kind, s, name)
+    phi = make3.batches("phi", None)
+    assert [len(s) for s in phi] == [2, 2, 2] and not torch.equal(phi[0][0]["input_ids"], phi[0][1]["input_ids"])
+    bert = make3.batches("bert", None)[0][0]
+    masked = bert["labels"] >= 0
+    assert masked[:, 3].all() and (bert["input_ids"][masked] == make3.MASK_ID).all()
+    assert (bert["token_type_ids"][:, 8:] == 1).all() and (bert["token_type_ids"][:, :8] == 0).all()

@@ -17,9 +17,8 @@ gradient it was computed from (Adam's normalisation can flip the sign of updates
 those carry little of the update's norm), and carries the earlier disagreement on: x stays of the order of
 its explanation max(x_prev, g_prev, x_round).  Hence:
 
-  corrupted parameter  x >= X_MIN (the runs disagree by a sizeable part of an update) or x > STAND_OUT x the
-                       largest x of every other parameter of the step (a smaller change that still stands out of
-                       the optimizer's noise on every tensor), x > STAND_OUT x its explanation (not what the update was fed, carried in, or rounding), the parameter is
+  corrupted parameter  x >= X_MIN (the runs disagree by a sizeable part of an update), x > STAND_OUT x its
+                       explanation (not what the update was fed, carried in, or rounding), the parameter is
                        over its tolerance, and x > STAND_OUT x the largest x of its siblings (same module class
                        or API, parameter name and shape, other records or ranks: the same optimizer's noise on the same
                        kind of tensor; a parameter without siblings: the largest x of every other parameter):
@@ -146,15 +145,11 @@ def _beyond(t: pl.DataFrame) -> np.ndarray:
         return np.isfinite(x) & (x > STAND_OUT * np.nan_to_num(_explained(t), nan=0.0))
 
 
-def _largest_of_others(x: np.ndarray) -> np.ndarray:
-    """For each parameter, the largest finite x of every other parameter (0 where there is none)."""
-    v = np.where(np.isfinite(x), x, -np.inf)
-    if v.size < 2:
-        return np.zeros(v.size)
-    top = np.argsort(v)[::-1][:2]
-    out = np.full(v.size, v[top[0]])
-    out[top[0]] = v[top[1]]
-    return np.maximum(out, 0.0)
+def _unexplained(t: pl.DataFrame) -> np.ndarray:
+    """Beyond what explains it, and a sizeable part of an update (X_MIN)."""
+    x = t["x"].fill_null(np.nan).to_numpy()
+    with np.errstate(invalid="ignore"):
+        return _beyond(t) & (x >= X_MIN)
 
 
 def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
@@ -163,9 +158,7 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     if t is None or not t.height:
         return {}
     x = t["x"].fill_null(np.nan).to_numpy()
-    others = _largest_of_others(x)  # a sizeable part of an update, or STAND_OUT x beyond every other parameter
-    with np.errstate(invalid="ignore"):
-        unexplained = _beyond(t) & ((x >= X_MIN) | ((x > STAND_OUT * others) & (others > 0)))
+    unexplained = _unexplained(t)
     klass = t["klass"].to_list()
     record = list(zip(t["_record"].to_list(), t["rank"].to_list()))  # another layer, or the same on another rank
     over = (t["status"] == "diverged").to_numpy()

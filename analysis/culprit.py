@@ -167,7 +167,7 @@ def _optimizer(
     params = weights.filter(pl.Series(fresh, dtype=pl.Boolean))  # (named rows of every column: a second a step)
     distinct = ST.parameters_of(params)  # one row per tensor: a weight read by several records counts once
     # within their tolerance, only a common shift far beyond its own spread (weight decay: ~1e-4 of a norm) counts
-    ev = update_evidence(rows, before, after, distinct) if over else None
+    ev = update_evidence(rows, before, after, distinct, ST.gradient_error(rows, before)) if over else None
     decay = None if ev is not None and ev["differs"] else ST.decay_differs(rows, before, after, distinct)
     metric = "update_ratio"
     if ev is not None and ev["differs"]:
@@ -175,8 +175,8 @@ def _optimizer(
         value = ev["median_ratio"]
         text = (
             f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
-            f"in the reference between steps {before} and {after}, beyond their own spread (log ratio bar "
-            f"{ev['bar']:.2g}): learning rate, clipping or optimizer differs"
+            f"in the reference between steps {before} and {after}, beyond their own spread and their gradients' "
+            f"error (log ratio bar {ev['bar']:.2g}): learning rate, clipping or optimizer differs"
         )
     elif decay is not None:
         evidence, value, metric = decay, decay["median_norm_gap"], "norm_gap"

@@ -185,6 +185,17 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     return out
 
 
+def gradient_error(rows: pl.DataFrame, step: int) -> float:
+    """The median relative error of the parameters' gradients (`parameters_grad` tensor leaves) at `step`; 0
+    where the dump has none."""
+    err = rows.filter((pl.col("step") == step) & (pl.col("_io") == "parameters_grad") & (pl.col("kind") == "tensor"))[
+        "err"
+    ]
+    g = err.cast(pl.Float64).drop_nulls().drop_nans().to_numpy()
+    g = g[np.isfinite(g)]
+    return median(g) if g.size else 0.0
+
+
 def decay_differs(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
     """Evidence that the parameters' norms moved apart by one common relative amount between steps `before` and
     `after` (see the module's docstring); None when they did not.  `params`: the parameter leaves of step

@@ -15,7 +15,7 @@ from . import steps as ST
 from .compare import Comparison
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
-from .hidden_index import hidden_index_stands
+from .hidden_index import data_suspects, hidden_index_stands
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import _fingerprint, _Producers, _view_fingerprint
@@ -65,6 +65,7 @@ def _culprit(
     steps = sorted(set(recs["step"].to_list()))
     keys = ["rank", "source", "_record"]
     weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
+    suspects = data_suspects(recs)  # data the statistics cannot verify, named before later findings of its step
     for i, step in enumerate(steps):
         view = _StepView(rows, step)
         changed: dict[int, dict[str, Any]] = {}
@@ -97,6 +98,7 @@ def _culprit(
                 found = judge.verdict()
                 if found is None:
                     continue
+                found = _data_first(found, suspects, view) or found
                 if not _is_weak(found[0][0]):
                     return found
                 weak = weak or found
@@ -116,6 +118,49 @@ def _is_weak(f: Finding) -> bool:
     an op in one run only, the optimizer, an op far beyond its tolerance): one such alarm must not hide every
     later finding."""
     return f.kind == "op" and f.severity is not None and f.severity < WEAK_SEVERITY
+
+
+def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> tuple[Found, Found] | None:
+    """Precedence of data the statistics cannot verify (analysis/hidden_index.py `data_suspects`): a finding
+    after a forward record of its step whose integer data input (labels, ids; max/min only) is suspect is named
+    at that record instead: every later record of the step, the backward above all, descends from it."""
+    f, key = found[0]
+    hit = suspects.get((f.step, f.rank))
+    if hit is None or not hit[0] < key:
+        return None
+    skey, rec = hit
+    leaves = view.rows.filter(
+        (pl.col("rank") == rec["rank"])
+        & pl.col("source").eq_missing(rec["source"])
+        & (pl.col("_record") == rec["_record"])
+        & (pl.col("kind") == "tensor")
+    )
+    exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+    ints = leaves.filter(pl.col("_io").is_in(INPUT_IO) & exact & (pl.col("err_source") == "stats"))
+    outs = leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & ~exact & pl.col("err").is_not_null())
+    if not ints.height or not outs.height:
+        return None
+    leaf = ints.row(0, named=True)
+    out = outs.sort("err", descending=True).row(0, named=True)
+    h, before = rec["_h"], rec["_h_before"]
+    floor = max(float(rec["in_float_err"] or 0.0), float(rec["_eps"]))
+    f_new = _finding(out, "input")
+    f_new.threshold, f_new.dtype = STAND_OUT * before * floor, rec["out_dtype"]
+    f_new = _with_evidence(
+        f_new,
+        differing=leaf["name"],
+        hidden_by_statistics=True,
+        error_per_input_error=h,
+        earlier_steps_max=before,
+        ahead_of=f.op,
+        detail=(
+            f"{leaf['name']} (integer data no earlier op produced) has the same max/min in both runs, but this "
+            f"op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step), "
+            f"ahead of {f.op} later in the step: its values differ (msprobe's statistics of integers keep only "
+            "max/min)"
+        ),
+    )
+    return (f_new, skey), (f_new, skey)
 
 
 class _StepView:
@@ -424,6 +469,12 @@ class _Judge:
             return None
         if siblings_excuse(rec, value, self.noise.sibling_bar(rec)):
             return None  # its siblings (other layers) make as much error, within the prior's reach
+        if rec.get("in_bound") and value is not None:
+            # its inputs agree by their statistics only, which can hide what the pair carries (a softmax's rows
+            # sum to one: its statistics barely move): fresh as far as statistics show, not more
+            level = self.noise.carried(self.key)
+            if level is not None and value <= level:
+                return None
         one_sided = self.leaves.filter(
             pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(["target_only", "ref_only"])
         )

@@ -13,6 +13,7 @@ from dumpstore.dtypes import INT_DTYPES
 
 from . import steps as ST
 from .compare import Comparison
+from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
 from .hidden_index import data_suspects, hidden_index_stands
@@ -74,7 +75,8 @@ def _culprit(
             if found is not None:
                 return found
         hidden = pl.col("idx_hidden").fill_null(False) & (pl.col("out_err") > 0)  # analysis/hidden_index.py
-        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff") | hidden))
+        dtype = pl.col("dtype_diff").fill_null(False) if "dtype_diff" in recs.columns else pl.lit(False)
+        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff") | hidden | dtype))
         if not candidates.height:
             continue
         t_prod, r_prod = view.producers(""), view.producers("ref_")
@@ -280,6 +282,10 @@ class _Judge:
     def verdict(self) -> tuple[Found, Found] | None:
         if self.rec["arg_diff"]:
             return self._argument()
+        if self.rec.get("dtype_diff"):
+            changed = self._dtype_change()
+            if changed is not None:
+                return (changed, self.key), (changed, self.key)
         hidden = self._hidden_index()
         if hidden is not None:
             return (hidden, self.key), (hidden, self.key)
@@ -325,6 +331,34 @@ class _Judge:
                 f"this op's output differs {out['err']:.3g} where its float inputs explain at most "
                 f"{ev['carried']:.3g}: its values differ (msprobe's statistics of integers keep only max/min)"
             ),
+        )
+
+    def _dtype_change(self) -> Finding | None:
+        """A float tensor of this record in another dtype than the reference's (analysis/dtype_change.py): the op
+        computes in another precision, unless a record of one run only made that input (named as that)."""
+        changed = self.leaves.filter(changed_dtype())
+        if not changed.height:
+            return None
+        for leaf in changed.filter(pl.col("_io").is_in(INPUT_IO)).iter_rows(named=True):
+            tp, rp = self.t_prod.producer(leaf), self.r_prod.producer(leaf)
+            at = (leaf["step"], leaf["rank"], leaf["source"])
+            if (tp and self.only.get(at + (tp,)) == "target_only") or (rp and self.only.get(at + (rp,)) == "ref_only"):
+                return self._producer(leaf, leaf)  # made by a record of one run only: named as that (rule 6)
+        outs = changed.filter(pl.col("_io").is_in(OUTPUT_IO))
+        leaf = (outs if outs.height else changed).row(0, named=True)
+        return Finding(
+            leaf["step"],
+            leaf["rank"],
+            self.rec["_record"],
+            leaf["name"],
+            "op",
+            metric="dtype",
+            dtype=leaf["dtype"],
+            detail=(
+                f"{leaf['name']} is {leaf['dtype']} in the target, {leaf['ref_dtype']} in the reference (the runs "
+                "compute at the same precision elsewhere): the op computes in another dtype"
+            ),
+            evidence={"dtype": leaf["dtype"], "ref_dtype": leaf["ref_dtype"], "reason": "dtype differs"},
         )
 
     def _first_output(self) -> Finding:

@@ -20,7 +20,7 @@ from .hidden_index import data_suspects, hidden_index_stands
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import _fingerprint, _Producers, _view_fingerprint
-from .sibling_prior import siblings_excuse
+from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -110,7 +110,9 @@ def _culprit(
     return weak
 
 
-WEAK_SEVERITY = 4.0  # an op finding within this many tolerances yields to any stronger finding
+# an op finding within this many tolerances yields to any stronger finding: the prior's bound on what one op's
+# lower internal precision does (sibling_prior.PRIOR_TOLERANCES, one constant)
+WEAK_SEVERITY = PRIOR_TOLERANCES
 
 
 def _is_weak(f: Finding) -> bool:

@@ -336,32 +336,35 @@ class _Judge:
         )
 
     def _dtype_change(self) -> Finding | None:
-        """A float tensor of this record in another dtype than the reference's (analysis/dtype_change.py): the op
-        computes in another precision, unless a record of one run only made that input (named as that)."""
-        changed = self.leaves.filter(changed_dtype())
-        if not changed.height:
-            return None
-        for leaf in changed.filter(pl.col("_io").is_in(INPUT_IO)).iter_rows(named=True):
+        """A float input of this record in another dtype than the reference's, made by no recorded op in one
+        run (a cast msprobe does not record: the upcast a norm's code left out) (analysis/dtype_change.py): the
+        op computes in another dtype.  An input made by a record of one run only is named as that record; one
+        both runs' recorded ops made in their own dtypes (an autocast policy) is not evidence."""
+        changed = self.leaves.filter(changed_dtype() & pl.col("_io").is_in(INPUT_IO))
+        for leaf in changed.iter_rows(named=True):
             tp, rp = self.t_prod.producer(leaf), self.r_prod.producer(leaf)
             at = (leaf["step"], leaf["rank"], leaf["source"])
             if (tp and self.only.get(at + (tp,)) == "target_only") or (rp and self.only.get(at + (rp,)) == "ref_only"):
                 return self._producer(leaf, leaf)  # made by a record of one run only: named as that (rule 6)
-        outs = changed.filter(pl.col("_io").is_in(OUTPUT_IO))
-        leaf = (outs if outs.height else changed).row(0, named=True)
-        return Finding(
-            leaf["step"],
-            leaf["rank"],
-            self.rec["_record"],
-            leaf["name"],
-            "op",
-            metric="dtype",
-            dtype=leaf["dtype"],
-            detail=(
-                f"{leaf['name']} is {leaf['dtype']} in the target, {leaf['ref_dtype']} in the reference (the runs "
-                "compute at the same precision elsewhere): the op computes in another dtype"
-            ),
-            evidence={"dtype": leaf["dtype"], "ref_dtype": leaf["ref_dtype"], "reason": "dtype differs"},
-        )
+            if tp is not None and rp is not None:
+                continue
+            side = "the target" if tp is None else "the reference"
+            return Finding(
+                leaf["step"],
+                leaf["rank"],
+                self.rec["_record"],
+                leaf["name"],
+                "op",
+                metric="dtype",
+                dtype=leaf["dtype"],
+                detail=(
+                    f"{leaf['name']} is {leaf['dtype']} in the target, {leaf['ref_dtype']} in the reference, made "
+                    f"by no recorded op in {side} (a cast msprobe does not record; the runs compute at the same "
+                    "precision elsewhere): the op computes in another dtype"
+                ),
+                evidence={"dtype": leaf["dtype"], "ref_dtype": leaf["ref_dtype"], "reason": "dtype differs"},
+            )
+        return None
 
     def _first_output(self) -> Finding:
         out = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))

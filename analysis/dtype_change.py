@@ -7,6 +7,10 @@ record as a call of its own) is discrete evidence, as a differing scalar argumen
 another precision.  Its numeric error can stay inside the device noise (an RMSNorm computed in bfloat16 in a
 bfloat16 model differs by bfloat16 rounding), so no noise model can find it; the dtype does.
 
+The evidence is an input: a float input whose dtype differs and that no recorded op of one run made (a cast
+msprobe does not record, `.float()` / `.to()`).  An output whose dtype differs on inputs of equal dtypes, and an
+input both runs' recorded ops made in their own dtypes, can be a device's autocast policy (which ops run in
+float32 differs between backends): not evidence.
 The rule holds only where the runs compute at the same precision (`Comparison.precision`: a float32 reference
 against a bfloat16 target differs in the dtype of every tensor, by design) and come from the same framework.
 A tensor of a dtype made by a record of one run only is that record's (`extra_op` / `missing_op`, rule 6).
@@ -31,7 +35,7 @@ def changed_dtype() -> pl.Expr:
 
 def dtype_columns() -> list[pl.Expr]:
     """Record-table aggregation (analysis/_divergence.py `_record_table`): `dtype_diff`, a float tensor of the
-    record whose dtype differs between the runs."""
+    record whose dtype differs between the runs (analysis/culprit.py judges its inputs)."""
     return [changed_dtype().any().alias("dtype_diff")]
 
 

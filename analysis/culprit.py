@@ -1,5 +1,9 @@
 """The culprit judge: walking a comparison's candidate records in execution order, the first that stands out of
-the pair's noise (see analysis/_divergence.py for the rules, analysis/noise.py for the noise model)."""
+the pair's noise (see analysis/_divergence.py for the rules, analysis/noise.py for the noise model).
+
+Size: one judge whose per-op tests (argument, numeric, discrete flip, fresh, producer) and the optimizer test
+share the step view and its cached frames; the rules' arithmetic lives in steps.py, rules.py, prior.py and
+sibling_prior.py."""
 
 from __future__ import annotations
 

@@ -13,6 +13,9 @@ mapped onto it), name (as written), module (the module path), param (parameter n
 forward/backward, input/output/parameters/parameters_grad/optimizer), seq (row order within prefix, rank and
 step: execution order for activations, registration order for parameters), norm, min, max, mean, zeros (a
 fraction), nans (a count), shape, dtype (canonical), missing (a row of nan strings: no tensor at that step).
+
+Size: one reader, the listing, the batched reads on a thread per core and the derived columns; the derived
+columns are the larger half and could move out when the reader grows again.
 """
 
 from __future__ import annotations

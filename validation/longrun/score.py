@@ -88,7 +88,7 @@ def score_case(c: dict, cur: dict | None, health: dict[str, dict | None], shown:
         items["loss"] = {"expected": None, "found": div, "ok": div is None}
         items["lr"] = {"expected": None, "found": lr, "ok": lr is None}
         if has_monitor:
-            name = None if not first else f"{first.get('prefix')} {first.get('name')} @{first.get('step')}"
+            name = None if not first else f"@{first.get('step')} {first.get('prefix')} {first.get('name')}"
             items["monitor"] = {"expected": None, "found": name, "ok": first is None, "present": bool(culprit)}
     else:
         w = c["window"]
@@ -126,7 +126,7 @@ def score_case(c: dict, cur: dict | None, health: dict[str, dict | None], shown:
             ms = first.get("step") if first else None
             items["monitor"] = {
                 "expected": c["monitor_onset"],
-                "found": None if not first else f"{first.get('prefix')} {first.get('name')} @{ms}",
+                "found": None if not first else f"@{ms} {first.get('prefix')} {first.get('name')}",
                 "ok": within(ms, c["monitor_onset"], w),
                 "present": bool(culprit),
             }

@@ -188,18 +188,36 @@ def leave_band(x: np.ndarray, d: np.ndarray, sigma: np.ndarray, w: int, k: float
     out = ~(np.abs(s) <= band)  # NaN (a non-finite stretch) counts as out
     suffix = np.cumsum(out[::-1])[::-1] / np.arange(n, 0, -1)
     cand = np.flatnonzero(out & (suffix >= STAY_OUT) & (np.arange(n) <= n - w))
-    if len(cand) == 0:
+    apart = _parted(d, w)
+    if len(cand) == 0 and apart is None:
         return Divergence(None, None, None, None, None, float(np.median(sigma)) if n else None), s, band, out
-    i = int(cand[0])
     cps = change_points(d, sigma)
-    near = [c for c in cps if i - w <= c <= i + w]  # the centred window reaches w/2 ahead of the onset
-    j = near[0] if near else i
+    if apart is not None:
+        i = j = apart  # equal curves that then differ for good: they part where they first differ
+    else:
+        i = int(cand[0])
+        near = [c for c in cps if i - w <= c <= i + w]  # the centred window reaches w/2 ahead of the onset
+        j = near[0] if near else i
     post = d[j:][np.isfinite(d[j:])]
     mean, std = (float(post.mean()), float(post.std())) if len(post) else (math.nan, math.nan)
     kind = "offset" if _significant_mean(post, w) else "noise"
     pre_sigma = float(np.median(sigma[: max(j, 1)]))
     div = Divergence(int(x[j]), int(x[i]), kind, mean, std, pre_sigma, [int(x[c]) for c in cps])
     return div, s, band, out
+
+
+def _parted(d: np.ndarray, w: int) -> int | None:
+    """The first index where d is not exactly 0, when d is exactly 0 on at least w points before it (the runs
+    printed the same values: a bitwise-identical start) and non-zero (or non-finite) on >= STAY_OUT of the points
+    from it on; else None. After an identical start any lasting difference is a divergence, even one that is
+    noise around zero (which the smoothed difference does not see)."""
+    differ = ~(d == 0)
+    if not differ.any():
+        return None
+    p = int(np.argmax(differ))
+    if p < w or differ[p:].mean() < STAY_OUT or len(d) - p < w:
+        return None
+    return p
 
 
 def _significant_mean(post: np.ndarray, w: int) -> bool:

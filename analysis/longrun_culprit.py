@@ -6,14 +6,19 @@ Method: the two runs' monitor rows are joined on (rank, prefix, name, step, micr
 out when |target - ref| of its norm, max or min exceeds max(atol, rtol |ref|, band): atol 2e-6 (TrainerMon rounds
 to 6 decimals), rtol 1e-6, and the band
   with --ref2   3 x the largest |ref2 - ref| of that series within +-`persist` steps (the rerun's own spread)
-  without       3 x the largest |target - ref| of that series over its first `baseline` steps (5 % of the
-                monitored steps, at least 3): a pair that differs from the start (another chip) sets its own
-                level; a bitwise-identical start gives a zero band, any later change is a departure
+  without       a series whose runs agree over its first `baseline` steps (5 % of the monitored steps, at least
+                3; within atol/rtol) has a zero band there, and after them 3 x the largest |target - ref| of
+                the TRAIL (20) steps before: any change after an identical start is a departure. A series that
+                already differs over its first steps is set aside (counted, not judged): runs that differ from
+                the start (another data order, non-deterministic kernels, another chip) drift apart chaotically,
+                and every accumulating series (weights, Adam's m and v) leaves any band set on its start; a
+                rerun of the reference (--ref2) gives such pairs their band
 A series leaves its band at the first step that is out and after which at least 90 % of the next `persist`
-(10) monitored steps are out. The culprit is the series leaving first; at one step the earliest in execution
-order: param_origin (the step's weights), actv (forward, module order), actv_grad, grad_unreduced (hook order),
-grad_reduced, exp_avg, exp_avg_sq, param_updated. The loss's step (from `curves`) is mapped to monitor steps by
-`monitor_offset` (TrainerMon's step 0 is Megatron's iteration 1).
+(10) monitored steps are out of the band that step had (a departure needs those 10 steps, or all the series has
+when shorter: a series out only at a run's last steps has not left). The culprit is the series leaving first;
+at one step the earliest in execution order: param_origin (the step's weights), actv (forward, module order),
+actv_grad, grad_unreduced (hook order), grad_reduced, exp_avg, exp_avg_sq, param_updated. The loss's step
+(from `curves`) is mapped to monitor steps by `monitor_offset` (TrainerMon's step 0 is Megatron's iteration 1).
 The steps worth dumping are the culprit's step and the one before (the last that agreed), in msprobe's step
 numbering (PrecisionDebugger counts from 0 like TrainerMon), scoped to the culprit's module.
 """
@@ -34,6 +39,7 @@ STATS = ("norm", "max", "min")
 ATOL, RTOL = 2e-6, 1e-6
 BAND_K = 3.0
 PERSIST = 10
+TRAIL = 20  # steps before a step whose largest difference sets its band (pairs differing from the start)
 STAY = 0.9
 _KEYS = ["rank", "prefix", "name", "step", "micro", "vpp"]
 # the monitor columns the culprit reads (the rest of a run's tens of millions of rows stays on disk)
@@ -184,7 +190,8 @@ def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: i
 
 def _left_band(mt, mr, m2, persist: int):
     """(each series' first row out of its band for good, with the row's statistics, module, param and seq; the
-    number of series compared; the ranks compared) of the monitor rows of the runs (m2: the rerun or None)."""
+    number of series compared; the ranks compared; without a rerun, the number of series set aside because they
+    differ over their first steps) of the monitor rows of the runs (m2: the rerun or None)."""
     import polars as pl
 
     df = _frame(mt, "_t").join(_frame(mr, "_r"), on=_KEYS, how="inner")
@@ -196,6 +203,7 @@ def _left_band(mt, mr, m2, persist: int):
     key = pl.struct(series)
     df = df.with_columns(key.ne_missing(key.shift()).cum_sum().alias("_sid"))
     outs = []
+    early: list = []  # without a rerun: rows of a series' first steps where the runs already differ
     for s in STATS:
         t, r = pl.col(f"{s}_t"), pl.col(f"{s}_r")
         diff = (t - r).abs()
@@ -203,49 +211,75 @@ def _left_band(mt, mr, m2, persist: int):
             noise = (pl.col(f"{s}_2") - r).abs().fill_nan(None).fill_null(0.0)
             band = noise.rolling_max(2 * persist + 1, min_samples=1, center=True).over("_sid") * BAND_K
         else:
+            # the first `cut` steps against their own largest difference; a later step against the largest
+            # difference of the `trail` steps before it (a pair that differs from the start drifts apart slowly:
+            # a band fixed on its first steps is left by every accumulating series, weights and Adam states first)
             idx = pl.int_range(pl.len()).over("_sid")
             nsteps = pl.len().over("_sid")
             cut = pl.max_horizontal(pl.lit(3), (nsteps * 0.05).cast(pl.Int64))
-            base = pl.when(idx < cut).then(diff.fill_nan(None)).otherwise(None)
-            band = base.max().over("_sid").fill_null(0.0) * BAND_K
-        limit = pl.max_horizontal(pl.lit(ATOL), r.abs() * RTOL, band)
-        # NaN on one side only is out; NaN on both (a tensor missing in both runs) is not
-        out = (
-            pl.when(t.is_nan() & r.is_nan())
-            .then(False)
-            .when(t.is_nan() | r.is_nan())
-            .then(True)
-            .otherwise(diff > limit)
-        )
-        outs.append(out.fill_null(False))
-    df = df.with_columns(pl.any_horizontal(outs).alias("out"))
-    # share of out among this and the next `persist - 1` monitored steps of the series
+            d0 = diff.fill_nan(None)
+            base = pl.when(idx < cut).then(d0).otherwise(None).max().over("_sid")
+            trail = d0.shift(1).rolling_max(TRAIL, min_samples=1).over("_sid")
+            band = pl.when(idx < cut).then(base).otherwise(trail).fill_null(0.0) * BAND_K
+            floor = pl.max_horizontal(pl.lit(ATOL), r.abs() * RTOL)
+            early.append(((idx < cut) & ((d0 > floor) | (t.is_nan() != r.is_nan()))).fill_null(False))
+        # a step is a departure when it and >= STAY of the next `persist` - 1 steps are out of the band it had
+        ahead = []
+        for j in range(persist):
+            tj, rj = t.shift(-j).over("_sid"), r.shift(-j).over("_sid")
+            limit = pl.max_horizontal(pl.lit(ATOL), rj.abs() * RTOL, band)
+            # NaN on one side only is out; NaN on both (a tensor missing in both runs) is not
+            out = (
+                pl.when(tj.is_nan() & rj.is_nan())
+                .then(False)
+                .when(tj.is_nan() | rj.is_nan())
+                .then(True)
+                .otherwise((tj - rj).abs() > limit)
+            )
+            ahead.append(pl.when(rj.is_null()).then(None).otherwise(out.fill_null(False)))
+        outs.append(ahead)
+    cols = [pl.any_horizontal([o[j] for o in outs]).alias(f"_o{j}") for j in range(persist)]
+    df = df.with_columns(cols)
+    # the share of out among this and the next `persist - 1` monitored steps of the series; a series needs
+    # `persist` steps after a departure (or all it has, when shorter) for it to count
+    there = [pl.col(f"_o{j}").is_not_null().cast(pl.Int32) for j in range(persist)]
+    hits = [pl.col(f"_o{j}").fill_null(False).cast(pl.Int32) for j in range(persist)]
     df = df.with_columns(
-        pl.col("out")
-        .cast(pl.Float64)
-        .reverse()
-        .rolling_mean(persist, min_samples=1)
-        .reverse()
-        .over("_sid")
-        .alias("ahead")
+        pl.col("_o0").fill_null(False).alias("out"),
+        pl.sum_horizontal(hits).alias("_hits"),
+        pl.sum_horizontal(there).alias("_there"),
+        pl.min_horizontal(pl.lit(persist), pl.len().over("_sid")).alias("_need"),
     )
-    left = df.filter(pl.col("out") & (pl.col("ahead") >= STAY))
+    df = df.with_columns((pl.col("_hits") / pl.col("_there")).alias("ahead"))
+    judged = pl.lit(True)
+    if early:
+        # a series that differs over its first steps has no band to leave without a rerun: two runs that differ
+        # from the start (another data order, non-deterministic kernels, another chip) drift apart step by step,
+        # chaotically, and every accumulating series (weights, Adam's m and v) leaves any band set on its start
+        df = df.with_columns(pl.any_horizontal(early).any().over("_sid").alias("_early"))
+        judged = ~pl.col("_early")
+    left = df.filter(pl.col("out") & (pl.col("ahead") >= STAY) & (pl.col("_there") >= pl.col("_need")) & judged)
+    left = left.drop([f"_o{j}" for j in range(persist)] + ["_hits", "_there", "_need"])
     first = left.group_by(series, maintain_order=True).agg(pl.all().sort_by("step").first())
     n_series = df.get_column("_sid").max() or 0
-    return first.drop("_sid"), int(n_series), set(df.get_column("rank").unique().to_list())
+    n_early = int(df.filter(pl.col("_early")).get_column("_sid").n_unique()) if early else 0
+    ranks = set(df.get_column("rank").unique().to_list())
+    return first.drop([c for c in ("_sid", "_early") if c in first.columns]), int(n_series), ranks, n_early
 
 
 def _result(parts: list[tuple], rerun: bool, loss_step: int | None) -> dict[str, Any]:
     """The culprit of the series of every chunk (_left_band's answers)."""
     import polars as pl
 
-    firsts = [f for f, _, _ in parts if f.height]
+    firsts = [f for f, _, _, _ in parts if f.height]
     first = pl.concat(firsts, how="vertical_relaxed") if len(firsts) > 1 else firsts[0] if firsts else None
-    n_series = sum(n for _, n, _ in parts)
-    ranks = set().union(*(r for _, _, r in parts)) if parts else set()
+    n_series = sum(n for _, n, _, _ in parts)
+    n_early = sum(e for _, _, _, e in parts)
+    ranks = set().union(*(r for _, _, r, _ in parts)) if parts else set()
     band_text = "3 x the rerun's |ref2 - ref|" if rerun else "3 x each series' own |target - ref| over its first steps"
     result: dict[str, Any] = {
         "n_series": int(n_series),
+        "n_differ_from_start": int(n_early),
         "band": band_text,
         "loss_step": loss_step,
         "first": None,

@@ -196,6 +196,11 @@ def verdict_lines(v: dict) -> list[str]:
 
 def culprit_lines(c: dict) -> list[str]:
     lines = [f"monitor: {c['n_series']} series compared ({c['band']})"]
+    if c.get("n_differ_from_start"):
+        lines.append(
+            f"monitor: {c['n_differ_from_start']} of them differ from their first steps and are not judged "
+            "(runs that differ from the start drift apart; pass --ref2, a rerun of the reference, to judge them)"
+        )
     first = c.get("first")
     if first is None:
         lines.append("monitor: no module or parameter statistic leaves its band")

@@ -259,7 +259,8 @@ def _monitor(values: dict[str, list[float]], steps: int) -> pa.Table:
 
 def test_culprit_on_noisy_reruns():
     """Non-deterministic reruns (every statistic 1e-4 relative noise): a clean pair is quiet with and without a
-    rerun band; a 1 % gradient error of one parameter from step 120 is named at 120."""
+    rerun band; a 1 % gradient error of one parameter from step 120 is named at 120 against the rerun's band.
+    Without a rerun every series differs from its first steps and none is judged (nor named)."""
     import numpy as np
 
     from dumpstore.analysis.longrun_culprit import monitor_culprit
@@ -280,8 +281,33 @@ def test_culprit_on_noisy_reruns():
     ref, ref2, clean, bad = run(0), run(1), run(2), run(3, fault=True)
     for m2 in (None, ref2):
         assert monitor_culprit(clean, ref, m2)["first"] is None
-        first = monitor_culprit(bad, ref, m2)["first"]
-        assert (first["param"], first["step"]) == ("layers.5.weight", 120)
+    first = monitor_culprit(bad, ref, ref2)["first"]
+    assert (first["param"], first["step"]) == ("layers.5.weight", 120)
+    alone = monitor_culprit(bad, ref)
+    assert alone["first"] is None and alone["n_differ_from_start"] == len(names)
+
+
+def test_culprit_identical_start_and_the_runs_end():
+    """Runs equal over their first steps: a 1e-3 error of one parameter from step 120 is named at 120 without a
+    rerun; a series out only over the runs' last steps (fewer than PERSIST after it) is not named."""
+    import numpy as np
+
+    from dumpstore.analysis.longrun_culprit import PERSIST, monitor_culprit
+
+    steps, names = 200, [f"layers.{i}.weight" for i in range(4)]
+    base = {n: (1.0 + 0.5 * np.sin(np.arange(steps) / (7 + i))).tolist() for i, n in enumerate(names)}
+
+    def run(at=None, n="layers.2.weight"):
+        vals = {k: list(v) for k, v in base.items()}
+        if at is not None:
+            vals[n] = [x * (1 + 1e-3 * (s >= at)) for s, x in enumerate(vals[n])]
+        return _monitor(vals, steps)
+
+    ref = run()
+    c = monitor_culprit(run(120), ref)
+    assert (c["first"]["param"], c["first"]["step"], c["n_differ_from_start"]) == ("layers.2.weight", 120, 0)
+    assert monitor_culprit(run(steps - PERSIST + 1), ref)["first"] is None
+    assert monitor_culprit(run(steps - PERSIST), ref)["first"]["step"] == steps - PERSIST
 
 
 @pytest.mark.msprobe

@@ -157,3 +157,30 @@ def test_runs_of_is_the_first_full_window():
         mask = rng.random(int(rng.integers(0, 80))) < rng.random()
         length = int(rng.integers(1, 12))
         assert _runs_of(mask, length) == loop(mask, length)
+
+
+def _diverge(d: np.ndarray, sigma: float = 1e-6, w: int = 5):
+    from dumpstore.analysis.curves import leave_band
+
+    x = np.arange(1, len(d) + 1)
+    return leave_band(x, d, np.full(len(d), sigma), w)[0]
+
+
+def test_identical_start_then_noise_around_zero_is_a_divergence():
+    """Curves printed identically for 150 points, then a difference of mean zero on every later point (a change
+    that averages out, invisible to the smoothed difference): they part at the first differing point, 151."""
+    rng = np.random.default_rng(0)
+    d = np.zeros(300)
+    d[150:] = rng.choice([-1.0, 1.0], 150) * 5e-5
+    div = _diverge(d)
+    assert (div.step, div.crossed, div.kind) == (151, 151, "noise")
+    d[150:][::5] = 0.0  # 80 % of the later points differ: not lasting enough
+    assert _diverge(d).step is None
+
+
+def test_onset_not_before_the_curves_differ():
+    """An offset from index 150 on (point 151) after equal curves: the smoothed window reaches ahead of it and
+    the change points are cut fine where the band is the print floor; the onset is where the curves part."""
+    d = np.zeros(300)
+    d[150:] = 1e-3 + 1e-4 * np.sin(np.arange(150))
+    assert _diverge(d).step == 151

@@ -1,5 +1,9 @@
 """The culprit judge: walking a comparison's candidate records in execution order, the first that stands out of
-the pair's noise (see analysis/_divergence.py for the rules, analysis/noise.py for the noise model)."""
+the pair's noise (see analysis/_divergence.py for the rules, analysis/noise.py for the noise model).
+
+Size: one judge whose per-op tests (argument, numeric, discrete flip, fresh, producer) and the optimizer test
+share the step view and its cached frames; the rules' arithmetic lives in steps.py, rules.py, prior.py and
+sibling_prior.py."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from .hidden_index import data_suspects, hidden_index_stands
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import _fingerprint, _Producers, _view_fingerprint
+from .rank import significance
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
 
 
@@ -207,41 +212,55 @@ def _optimizer(
         & (pl.col("kind") == "tensor")
         & (pl.col("requires_grad").fill_null(False) | (pl.col("_io") == "parameters"))
     )
-    if not weights.filter(pl.col("status") == "diverged").height:
-        return None, {}
+    over = weights.filter(pl.col("status") == "diverged").height > 0
+    if not over and not weights.filter(pl.col("err").fill_null(0) > 0).height:
+        return None, {}  # the parameters agree: nothing moved them apart
     produced = view.producers("")
     fresh = [produced.producer_of(fp, seq) is None for fp, seq in weights.select("_fp_t", "seq").iter_rows()]
     params = weights.filter(pl.Series(fresh, dtype=pl.Boolean))  # (named rows of every column: a second a step)
-    ev = update_evidence(rows, before, after, params)
+    distinct = ST.parameters_of(params)  # one row per tensor: a weight read by several records counts once
+    # within their tolerance, only a common shift far beyond its own spread (weight decay: ~1e-4 of a norm) counts
+    ev = update_evidence(rows, before, after, distinct, ST.gradient_error(rows, before)) if over else None
+    decay = None if ev is not None and ev["differs"] else ST.decay_differs(rows, before, after, distinct)
+    metric = "update_ratio"
     if ev is not None and ev["differs"]:
         evidence = {k: v for k, v in ev.items() if k != "differs"}
         value = ev["median_ratio"]
         text = (
             f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
-            f"in the reference between steps {before} and {after}, beyond their own spread (log ratio bar "
-            f"{ev['bar']:.2g}): learning rate, clipping or optimizer differs"
+            f"in the reference between steps {before} and {after}, beyond their own spread and their gradients' "
+            f"error (log ratio bar {ev['bar']:.2g}): learning rate, clipping or optimizer differs"
         )
+    elif decay is not None:
+        evidence, value, metric = decay, decay["median_norm_gap"], "norm_gap"
+        text = (
+            f"{decay['same_way']} of {decay['parameters']} parameters' norms moved {decay['median_norm_gap']:+.3g} "
+            f"(relative, median) from the reference's between steps {before} and {after}, beyond their own spread "
+            f"(bar {decay['bar']:.2g}): every parameter moved in proportion to itself, weight decay differs"
+        )
+    elif not over:
+        return None, {}
     else:
         table = ST.table(rows, before, after, params) if params.height else None  # (only the rules of steps.py use it)
         broad = ST.update_differs(table)
         if broad is None:
             return None, ST.corrupted(table)
-        evidence, value = broad, broad["median_update_units"]
+        evidence, value, metric = broad, broad["median_update_units"], "update_units"
         text = (
             f"{broad['unexplained']} of {broad['parameters']} parameters differ from the reference by "
             f"{broad['median_update_units']:.3g} of their own update (median) between steps {before} and {after}, "
             f"where their gradients and earlier differences explain {broad['median_carried_in']:.3g}: clipping, "
             "learning rate or optimizer differs"
         )
-    shows = params.row(0, named=True)
-    key = order_key(shows)
+    key = order_key(params.row(0, named=True))  # the update comes before the step's first record taking it
+    shows = _most_significant(step_rows, params)
     culprit = Finding(
         after,
         shows["rank"],
         shows["_record"],
         shows["name"],
         "optimizer",
-        metric="update_ratio" if ev is not None and ev["differs"] else "update_units",
+        metric=metric,
         value=value,
         detail=text,
         evidence=evidence,
@@ -257,6 +276,25 @@ def _optimizer(
         ).row(0, named=True)
         return ((culprit, key), (_finding(out), order_key(r))), {}
     return ((culprit, key), (replace(culprit, evidence={}), key)), {}
+
+
+def _most_significant(step_rows: pl.DataFrame, params: pl.DataFrame) -> dict[str, Any]:
+    """The parameter leaf of the record taking an updated parameter that `compare` of the step ranks first by any
+    of its leaves (analysis/rank.py `significance`: a leaf's error over the error shown before it), the earliest
+    on a tie: where the changed update shows most, the row an optimizer finding is placed on so that
+    `compare --top N` of its step lists its record."""
+    recs = ["rank", "source", "_record"]
+    sig = significance(step_rows.select(pl.exclude("significance")).with_row_index("_i")).select("_i", "significance")
+    ranked = (
+        step_rows.with_row_index("_i")
+        .join(params.select(recs).unique(), on=recs, how="semi")
+        .join(sig, on="_i", how="left")
+        .sort("significance", descending=True, nulls_last=True, maintain_order=True)
+    )
+    if not ranked.height:
+        return params.row(0, named=True)
+    top = ranked.row(0, named=True)
+    return params.filter(*(pl.col(k) == top[k] for k in recs)).row(0, named=True)
 
 
 class _Judge:

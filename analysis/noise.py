@@ -227,11 +227,15 @@ def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
+def update_evidence(
+    rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame, gradient_error: float = 0.0
+) -> dict[str, Any] | None:
     """Update sizes of the parameters between steps `before` and `after`, target against reference.
 
     `params`: the parameter leaves (step, rank, source, _record, _io, index_path) of step `after`; the same
-    leaves of step `before` are looked up by (rank, source, record, io, index path).  None when fewer than
+    leaves of step `before` are looked up by (rank, source, record, io, index path).  `gradient_error`: the
+    median relative error of the gradients the updates were computed from; a common shift of the update sizes
+    within it is what those gradients can explain, and the bar is at least that.  None when fewer than
     OPT_MIN_PARAMS parameters can be measured."""
     keys = ["rank", "source", "_record", "_io", "index_path"]
     stats = [*R.STATS, *(f"ref_{s}" for s in R.STATS)]
@@ -262,9 +266,10 @@ def update_evidence(rows: pl.DataFrame, before: int, after: int, params: pl.Data
     logs = np.log(np.maximum(r, 1e-12))  # a parameter the target did not move at all: a ratio of ~0
     spread = 1.4826 * float(median(np.abs(logs - median(logs))))  # robust sigma of the log ratios
     se = 1.2533 * spread / np.sqrt(r.size)  # standard error of their median
-    bar = float(max(OPT_Z * se, OPT_FLOOR))
+    bar = float(max(OPT_Z * se, OPT_FLOOR, gradient_error))
     return {
         "parameters": int(ok.sum()),
+        "gradient_error": gradient_error,
         "median_ratio": med,
         "same_way": same_way,
         "spread": spread,

@@ -62,6 +62,45 @@ def is_matmul(api: str | None) -> bool:
 
 # ops that reduce over the last axis of their first input by default (softmax(dim=-1), a norm's normalised axis,
 # a loss over its classes): K is that axis, as for a matrix product
+_REDUCTIONS = frozenset(
+    {
+        "sum",
+        "mean",
+        "norm",
+        "var",
+        "std",
+        "prod",
+        "cumsum",
+        "cumprod",
+        "logsumexp",
+        "softmax",
+        "log_softmax",
+        "layer_norm",
+        "rms_norm",
+        "group_norm",
+        "batch_norm",
+        "instance_norm",
+        "cross_entropy",
+        "nll_loss",
+        "mse_loss",
+        "l1_loss",
+        "scaled_dot_product_attention",
+        "vector_norm",
+        "linalg_vector_norm",
+    }
+)
+
+
+def is_reduction(op_class: str | None) -> bool:
+    """Whether an op class (`Functional.softmax`, `Tensor.sum`, `Module.LlamaMLP`, ...) reduces over an axis."""
+    if not op_class:
+        return False
+    if op_class.startswith(("Module.", "Cell.")):
+        return True
+    op = op_class.rsplit(".", 1)[-1].lower().strip("_")
+    return op in _REDUCTIONS or is_matmul(op)
+
+
 _LAST_AXIS = frozenset({"softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm", "cross_entropy", "nll_loss"})
 
 
@@ -72,8 +111,6 @@ def reduction_length(op_class: str | None, k_last: float | None, k_max: float | 
     say, an attention (q k^T over the head size, then the weights times v over the keys) or a module record
     (which holds several ops) over at most the largest axis of their inputs (`k_max`: an upper bound); an
     elementwise op over 1."""
-    from .sibling_prior import is_reduction  # (sibling_prior imports this module)
-
     if not is_reduction(op_class):
         return 1.0
     op = str(op_class).rsplit(".", 1)[-1].lower().strip("_")

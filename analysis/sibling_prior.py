@@ -31,52 +31,15 @@ import polars as pl
 from dumpstore.dtypes import EPS
 
 from .noise import STAND_OUT
-from .prior import is_matmul, reduction_columns, reduction_length
+from .prior import reduction_columns, reduction_length
 
 PRIOR_TOLERANCES = 4.0
-_REDUCTIONS = frozenset(
-    {
-        "sum",
-        "mean",
-        "norm",
-        "var",
-        "std",
-        "prod",
-        "cumsum",
-        "cumprod",
-        "logsumexp",
-        "softmax",
-        "log_softmax",
-        "layer_norm",
-        "rms_norm",
-        "group_norm",
-        "batch_norm",
-        "instance_norm",
-        "cross_entropy",
-        "nll_loss",
-        "mse_loss",
-        "l1_loss",
-        "scaled_dot_product_attention",
-        "vector_norm",
-        "linalg_vector_norm",
-    }
-)
 
 
 def reach_columns(is_in: pl.Expr, tensor: pl.Expr) -> list[pl.Expr]:
     """Record-table aggregations (analysis/_divergence.py): `k_last` and `red_len`, what the reduction length K
     is picked from per op class (prior.reduction_length)."""
     return reduction_columns(is_in, tensor)
-
-
-def is_reduction(op_class: str | None) -> bool:
-    """Whether an op class (`Functional.softmax`, `Tensor.sum`, `Module.LlamaMLP`, ...) reduces over an axis."""
-    if not op_class:
-        return False
-    if op_class.startswith(("Module.", "Cell.")):
-        return True
-    op = op_class.rsplit(".", 1)[-1].lower().strip("_")
-    return op in _REDUCTIONS or is_matmul(op)
 
 
 def prior_reach(rec: dict[str, Any]) -> float | None:

@@ -29,6 +29,15 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
                        explains (clipping at another norm, another optimizer): the optimizer culprit.  A
                        learning-rate change moves every update by the same factor and is found by the
                        update-ratio rule of analysis/noise.py (`update_evidence`), which runs first.
+  decay differs        the parameters' norms moved apart by one common factor between the steps: the median of
+                       d = (||p_t(a)|| - ||p_r(a)||) / ||p_r(a)|| - (||p_t(b)|| - ||p_r(b)||) / ||p_r(b)|| (the
+                       relative norm gap of step a less the one carried in from b) is off 0 by more than OPT_Z
+                       standard errors of that median and by more than STAND_OUT x eps of the parameters' dtype (one
+                       rounding of a norm), with at least OPT_SHARE of them the same way.  A weight decay changed
+                       by dwd moves every parameter by -lr dwd p, in proportion to the parameter itself (decoupled,
+                       AdamW; coupled, plain SGD), so every norm by the same relative -lr dwd, whatever its update;
+                       device noise moves a parameter in directions unrelated to it, its norm both ways.  The
+                       optimizer culprit, tried after the update-ratio rule.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from dumpstore.dtypes import eps
 from dumpstore.names import parse_record
 
 from . import rules as R
-from .noise import OPT_SHARE, STAND_OUT, median
+from .noise import OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
 
 X_MIN = 0.25  # a gap of a quarter of the reference's own update: far beyond rounding of an update
 MIN_MEASURED = 3  # fewer measured parameters than this: the update-differs rule does not apply
@@ -174,6 +183,48 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
             "siblings_max": float(sx.max()),
         }
     return out
+
+
+def gradient_error(rows: pl.DataFrame, step: int) -> float:
+    """The median relative error of the parameters' gradients (`parameters_grad` tensor leaves) at `step`; 0
+    where the dump has none."""
+    err = rows.filter((pl.col("step") == step) & (pl.col("_io") == "parameters_grad") & (pl.col("kind") == "tensor"))[
+        "err"
+    ]
+    g = err.cast(pl.Float64).drop_nulls().drop_nans().to_numpy()
+    g = g[np.isfinite(g)]
+    return median(g) if g.size else 0.0
+
+
+def decay_differs(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
+    """Evidence that the parameters' norms moved apart by one common relative amount between steps `before` and
+    `after` (see the module's docstring); None when they did not.  `params`: the parameter leaves of step
+    `after` (`parameters_of`)."""
+    a = rows.filter(pl.col("step") == after).join(params.select(_KEYS), on=_KEYS, how="semi")
+    b = rows.filter(pl.col("step") == before).select(*_KEYS, "norm", "ref_norm").unique(subset=_KEYS, keep="first")
+    both = (
+        a.select(*_KEYS, "norm", "ref_norm", "dtype").unique(subset=_KEYS, keep="first").join(b, on=_KEYS, suffix="_b")
+    )
+    if both.height < OPT_MIN_PARAMS:
+        return None
+    t, r, tb, rb = (
+        both[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in ("norm", "ref_norm", "norm_b", "ref_norm_b")
+    )
+    with np.errstate(all="ignore"):
+        d = (t - r) / r - (tb - rb) / rb
+    ok = np.isfinite(d) & (r > 0) & (rb > 0)
+    if ok.sum() < OPT_MIN_PARAMS:
+        return None
+    d = d[ok]
+    med = median(d)
+    spread = 1.4826 * median(np.abs(d - med))  # robust sigma across the parameters
+    se = 1.2533 * spread / np.sqrt(d.size)  # standard error of their median
+    floor = STAND_OUT * max(eps(x or "") for x in np.array(both["dtype"].to_list(), dtype=object)[ok])
+    bar = float(max(OPT_Z * se, floor))
+    same_way = int((np.sign(d) == np.sign(med)).sum()) if med else 0
+    if not abs(med) > bar or same_way < OPT_SHARE * d.size:
+        return None
+    return {"parameters": int(d.size), "median_norm_gap": med, "same_way": same_way, "spread": spread, "bar": bar}
 
 
 def update_differs(t: pl.DataFrame | None) -> dict[str, Any] | None:

@@ -159,6 +159,40 @@ def test_update_ratios_are_judged_against_their_own_spread():
     assert ev is not None and ev["differs"] and ev["bar"] == OPT_FLOOR
 
 
+def test_a_common_shift_of_update_sizes_within_their_gradients_error_is_not_the_optimizer():
+    """Updates computed from gradients 2 % off can all move by 1 % (a device's rounding shared by every layer);
+    the bar is at least the gradients' median error, so only a larger common shift names the optimizer."""
+    rows, params = _optimizer_rows(np.full(40, 1.01))
+    ev = update_evidence(rows, 0, 1, params, gradient_error=0.02)
+    assert ev is not None and not ev["differs"] and (ev["bar"], ev["gradient_error"]) == (0.02, 0.02)
+    rows, params = _optimizer_rows(np.full(40, 1.05))
+    assert update_evidence(rows, 0, 1, params, gradient_error=0.02)["differs"]
+
+
+def test_the_gradient_error_is_the_median_over_the_parameters_gradients():
+    import polars as pl
+
+    from dumpstore.analysis.steps import gradient_error
+
+    rows = pl.DataFrame(
+        {
+            "step": [1, 1, 1, 1, 1, 2],
+            "_io": [
+                "parameters_grad",
+                "parameters_grad",
+                "parameters_grad",
+                "input",
+                "parameters_grad",
+                "parameters_grad",
+            ],
+            "kind": ["tensor", "tensor", "tensor", "tensor", "scalar", "tensor"],
+            "err": [0.01, 0.03, 0.02, 0.5, 0.9, 0.7],
+        }
+    )
+    assert gradient_error(rows, 1) == 0.02
+    assert gradient_error(rows, 0) == 0.0  # no gradients dumped: no floor
+
+
 # ---------------------------------------------------------------------------------------- --noise-ref (samples)
 XDEV = {c["name"]: c for c in json.loads((SAMPLES / "catalog.json").read_text())["device_noise_cases"]}
 

@@ -8,8 +8,8 @@ import pytest
 
 from dumpstore import ingest, open_store
 from dumpstore.analysis import compare_runs, divergence
-from dumpstore.analysis.prior import reduction_length
-from dumpstore.analysis.sibling_prior import is_reduction, prior_reach
+from dumpstore.analysis.prior import is_reduction, reduction_length
+from dumpstore.analysis.sibling_prior import prior_reach
 
 MODES = ("tensor", "statistics")
 

@@ -194,3 +194,70 @@ def test_updates_differ_when_most_parameters_are_beyond_their_explanation_by_a_q
     explained = steps.update_differs(_table([0.3, 0.4, 0.35, 0.5], g_prev=[0.2, 0.2, 1e-3, 1e-3]))
     assert explained is None  # 2 of 4 explained by their gradients: under OPT_SHARE
     assert steps.update_differs(_table([0.3, 0.4])) is None  # fewer than MIN_MEASURED parameters
+
+
+def _decayed(rate: float, noise):
+    """The target's parameters after each update pulled toward zero by `rate` more than the reference's: a weight
+    decay changed by rate / lr (decoupled, AdamW: p -= lr wd p; coupled, SGD: the same term through the
+    gradient), on top of the device's update noise."""
+
+    def change(step, i, q, g):
+        q = noise(step, i, q, g)
+        return q * (1 - rate) ** max(step - 1, 0)  # from the second update (after step 1) on
+
+    return change
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_parameter_moved_in_proportion_to_itself_is_a_weight_decay_change(dump_writer, store_dir, mode):
+    """Weight decay 0.035 instead of 0.01 at lr 2e-3: every norm 5e-5 smaller, within the float32 tolerance (no
+    parameter over it: the update-ratio rule does not run), far beyond the norm gaps' own spread."""
+    x, params, grads = _runs(np.random.default_rng(30))
+    change = _decayed(5e-5, _noise(31))
+    v = _pair(dump_writer, store_dir, mode, _run(x, params, grads, 3), _run(x, params, grads, 3, change))
+    c = v.culprit
+    assert c is not None and (c.kind, c.step, c.metric) == ("optimizer", 2, "norm_gap")
+    assert c.evidence["parameters"] == c.evidence["same_way"] == N_PARAMS
+    assert c.evidence["median_norm_gap"] == pytest.approx(-5e-5, rel=0.02)
+    assert c.evidence["bar"] < 1e-5
+    assert (
+        "6 of 6 parameters' norms moved -4.98e-05 (relative, median) from the reference's between steps 1 and 2"
+        in c.detail
+    )
+
+
+def _norm_rows(gaps_b: list[float], gaps_a: list[float], dtype: str = "float32") -> tuple[pl.DataFrame, ...]:
+    """Parameter leaves of steps 0 and 1 whose target norms are off the reference's (1.0) by the given relative
+    gaps, and the parameters of step 1."""
+    n = len(gaps_a)
+    keys = {"rank": [0] * n, "source": [""] * n, "_record": [f"r{i}" for i in range(n)], "_io": ["parameters"] * n}
+    keys["index_path"] = ["weight"] * n
+    rows = pl.concat(
+        [
+            pl.DataFrame({"step": [s] * n, **keys, "norm": [1.0 + g for g in gaps], "ref_norm": [1.0] * n})
+            for s, gaps in ((0, gaps_b), (1, gaps_a))
+        ]
+    ).with_columns(pl.lit(dtype).alias("dtype"))
+    return rows, rows.filter(pl.col("step") == 1)
+
+
+def test_decay_differs_is_a_common_relative_norm_gap_beyond_its_own_spread():
+    carried = [1e-5, -2e-5, 0.0, 3e-5, -1e-5, 2e-5]
+    shifted = [c - 1.8e-4 + e for c, e in zip(carried, [1e-6, -2e-6, 3e-6, 0.0, -1e-6, 2e-6])]
+    rows, params = _norm_rows(carried, shifted)
+    ev = steps.decay_differs(rows, 0, 1, params)
+    assert ev is not None and (ev["parameters"], ev["same_way"]) == (6, 6)
+    assert ev["median_norm_gap"] == pytest.approx(-1.8e-4 + 0.5e-6, abs=1e-12)
+    assert ev["spread"] == pytest.approx(1.4826 * 1.5e-6, rel=1e-6)
+    # noise: the gaps scatter both ways around 0
+    rows, params = _norm_rows(carried, [c + e for c, e in zip(carried, [1e-5, -2e-5, 3e-5, -1e-5, 2e-5, 5e-6])])
+    assert steps.decay_differs(rows, 0, 1, params) is None
+    # a common gap of one rounding of a bf16 norm: under STAND_OUT x eps(bfloat16)
+    rows, params = _norm_rows([0.0] * 6, [-(2.0**-8)] * 6, dtype="bfloat16")
+    assert steps.decay_differs(rows, 0, 1, params) is None
+    # one parameter changed alone moves no median
+    rows, params = _norm_rows([0.0] * 6, [-0.1, 1e-6, -1e-6, 2e-6, 0.0, -2e-6])
+    assert steps.decay_differs(rows, 0, 1, params) is None
+    # fewer than OPT_MIN_PARAMS parameters
+    rows, params = _norm_rows([0.0] * 2, [-1.8e-4] * 2)
+    assert steps.decay_differs(rows, 0, 1, params) is None

@@ -126,7 +126,7 @@ def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict
         .with_columns(pl.col("_h").cum_max().shift(1).over(keys).alias("_h_before"))
     )
     stands = (
-        pl.col("_h_before").is_not_null()
+        (pl.col("_h_before") > 0).fill_null(False)  # a ratio measured before (0: nothing differed, no baseline)
         & (pl.col("_h") > STAND_OUT * pl.col("_h_before"))
         & (pl.col("out_err") > STAND_OUT * pl.col("_eps"))
     )

@@ -122,7 +122,7 @@ def test_an_op_after_a_flip_on_inputs_agreeing_by_statistics_is_fed_by_it(dump_w
     assert v.culprit is not None and (v.culprit.op, v.culprit.kind) == ("Functional.linear.0.forward", "op")
 
 
-def _loss_step(step: int, labels_changed: bool, backward_fault: float, target: bool) -> dict:
+def _loss_step(step: int, labels_changed: bool, backward_fault: float, target: bool, noisy: bool = True) -> dict:
     """Logits off by 1e-6 in the target, the cross-entropy of them with integer labels (statistics: max/min
     only), and the backward of the logit layer (its output off by `backward_fault` in the target).  With
     `labels_changed`, the target's label of token 0 moves to a class whose logit is 1e-3 lower: the loss moves
@@ -136,7 +136,7 @@ def _loss_step(step: int, labels_changed: bool, backward_fault: float, target: b
     a = int(labels[2])
     b = (a + 1) % V
     z[2, b] = z[2, a] - 1e-3
-    zt = _f32(z * (1 + 1e-6)) if target else z
+    zt = _f32(z * (1 + 1e-6)) if target and noisy else z
     if target and labels_changed:
         labels[2] = b
 
@@ -195,3 +195,12 @@ def test_labels_precedence_needs_an_earlier_step(dump_writer, store_dir, mode):
     v = _pair(dump_writer, store_dir, mode, [_loss_step(0, False, 0.0, False)], [_loss_step(0, True, 0.05, True)])
     c = v.culprit
     assert c is not None and (c.step, c.op) == (0, "Functional.linear.0.backward")
+
+
+def test_labels_precedence_needs_a_measured_ratio_before(dump_writer, store_dir):
+    """Logits and loss equal in both runs at step 0: no ratio was measured there (0 over the eps floor), so the
+    loss at step 1 is no suspect however it moved: the backward finding is named."""
+    ref = [_loss_step(s, False, 0.0, False) for s in range(2)]
+    tgt = [_loss_step(0, False, 0.0, True, noisy=False), _loss_step(1, True, 0.05, True)]
+    c = _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit
+    assert c is not None and (c.step, c.op) == (1, "Functional.linear.0.backward")

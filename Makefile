@@ -9,7 +9,7 @@ DEMO   := $(CURDIR)/out/demo
 
 SOURCES := dumpstore analysis cli tests bench sample_dumps validation
 
-.PHONY: setup demo check test test-all lint format bench samples validate validate-v2 clean
+.PHONY: setup demo check test test-all lint format bench samples validate validate-v2 validate-v3 validate-longrun clean
 
 setup: $(STAMP)
 	$(BIN)/python sample_dumps/fixtures.py  # the tensor samples' .pt files, unpacked once (git-ignored)
@@ -70,6 +70,19 @@ validate-v2: $(STAMP)
 	$(BIN)/python validation/v2/devices.py
 	$(BIN)/python validation/v2/make_pairs.py --out validation/v2/.data
 	$(BIN)/python validation/score.py --data validation/v2/.data
+
+# The held-out long runs (docs/longrun.md, "Held-out long runs"): 17 small models trained on CPU under msprobe's
+# TrainerMon into validation/longrun/.data, then `dumpstore curves` scored on them.
+validate-longrun: $(STAMP)
+	$(BIN)/python validation/longrun/make_runs.py --out validation/longrun/.data
+	$(BIN)/python validation/longrun/score.py --data validation/longrun/.data
+
+# Validation set 3 (docs/validation.md, "Validation set 3"): four more families and devices, made into
+# validation/v3/.data, scored by the same rule.
+validate-v3: $(STAMP)
+	$(BIN)/python validation/v3/devices.py
+	$(BIN)/python validation/v3/make_pairs.py --out validation/v3/.data
+	$(BIN)/python validation/score.py --data validation/v3/.data
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -40,6 +40,8 @@ from . import rules as R
 from .compare import Comparison
 from .culprit import _culprit
 from .defaults import default_keywords, framework_of
+from .dtype_change import applies as dtype_applies
+from .dtype_change import dtype_columns
 from .findings import Finding, Verdict
 from .hidden_index import hidden_index_columns
 from .noise import NoiseModel, order_key, record_measures
@@ -123,6 +125,7 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             pl.col("match").first(),
             *hidden_index_columns(is_in, is_out, tensor),
             *reach_columns(is_in, tensor),
+            *dtype_columns(),
         )
         .sort(["step", "_phase", "rank", "source", "_seq"])
     )
@@ -168,6 +171,8 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison, judged_from: int | None = N
     """The verdict of a comparison whose rows are in execution order (`_ordered`); steps before `judged_from`
     are context, not judged (analysis/culprit.py `_culprit`)."""
     recs = _record_table(rows)
+    if not dtype_applies(cmp.precision, _cross_framework(rows)):
+        recs = recs.with_columns(pl.lit(False).alias("dtype_diff"))
     noise = NoiseModel.fit(recs)
     unmatched = _unmatched(cmp.records)
     found, shown = _culprit(rows, recs, cmp, noise, judged_from=judged_from)

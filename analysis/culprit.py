@@ -1,5 +1,9 @@
 """The culprit judge: walking a comparison's candidate records in execution order, the first that stands out of
-the pair's noise (see analysis/_divergence.py for the rules, analysis/noise.py for the noise model)."""
+the pair's noise (see analysis/_divergence.py for the rules, analysis/noise.py for the noise model).
+
+Size: one judge whose per-op tests (argument, numeric, discrete flip, fresh, producer) and the optimizer test
+share the step view and its cached frames; the rules' arithmetic lives in steps.py, rules.py, prior.py and
+sibling_prior.py."""
 
 from __future__ import annotations
 
@@ -13,14 +17,15 @@ from dumpstore.dtypes import INT_DTYPES
 
 from . import steps as ST
 from .compare import Comparison
+from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
-from .hidden_index import hidden_index_stands
+from .hidden_index import data_suspects, hidden_index_stands
 from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import _fingerprint, _Producers, _view_fingerprint
 from .rank import significance
-from .sibling_prior import siblings_excuse
+from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -74,6 +79,7 @@ def _culprit(
     steps = sorted(set(recs["step"].to_list()))
     keys = ["rank", "source", "_record"]
     weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
+    suspects = data_suspects(recs)  # data the statistics cannot verify, named before later findings of its step
     for i, step in enumerate(steps):
         if judged_from is not None and step < judged_from:
             continue
@@ -84,7 +90,8 @@ def _culprit(
             if found is not None:
                 return found
         hidden = pl.col("idx_hidden").fill_null(False) & (pl.col("out_err") > 0)  # analysis/hidden_index.py
-        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff") | hidden))
+        dtype = pl.col("dtype_diff").fill_null(False) if "dtype_diff" in recs.columns else pl.lit(False)
+        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff") | hidden | dtype))
         if not candidates.height:
             continue
         t_prod, r_prod = view.producers(""), view.producers("ref_")
@@ -108,6 +115,7 @@ def _culprit(
                 found = judge.verdict()
                 if found is None:
                     continue
+                found = _data_first(found, suspects, view) or found
                 if not _is_weak(found[0][0]):
                     return found
                 weak = weak or found
@@ -117,7 +125,9 @@ def _culprit(
     return weak
 
 
-WEAK_SEVERITY = 4.0  # an op finding within this many tolerances yields to any stronger finding
+# an op finding within this many tolerances yields to any stronger finding: the prior's bound on what one op's
+# lower internal precision does (sibling_prior.PRIOR_TOLERANCES, one constant)
+WEAK_SEVERITY = PRIOR_TOLERANCES
 
 
 def _is_weak(f: Finding) -> bool:
@@ -127,6 +137,49 @@ def _is_weak(f: Finding) -> bool:
     an op in one run only, the optimizer, an op far beyond its tolerance): one such alarm must not hide every
     later finding."""
     return f.kind == "op" and f.severity is not None and f.severity < WEAK_SEVERITY
+
+
+def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> tuple[Found, Found] | None:
+    """Precedence of data the statistics cannot verify (analysis/hidden_index.py `data_suspects`): a finding
+    after a forward record of its step whose integer data input (labels, ids; max/min only) is suspect is named
+    at that record instead: every later record of the step, the backward above all, descends from it."""
+    f, key = found[0]
+    hit = suspects.get((f.step, f.rank))
+    if hit is None or not hit[0] < key:
+        return None
+    skey, rec = hit
+    leaves = view.rows.filter(
+        (pl.col("rank") == rec["rank"])
+        & pl.col("source").eq_missing(rec["source"])
+        & (pl.col("_record") == rec["_record"])
+        & (pl.col("kind") == "tensor")
+    )
+    exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+    ints = leaves.filter(pl.col("_io").is_in(INPUT_IO) & exact & (pl.col("err_source") == "stats"))
+    outs = leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & ~exact & pl.col("err").is_not_null())
+    if not ints.height or not outs.height:
+        return None
+    leaf = ints.row(0, named=True)
+    out = outs.sort("err", descending=True).row(0, named=True)
+    h, before = rec["_h"], rec["_h_before"]
+    floor = max(float(rec["in_float_err"] or 0.0), float(rec["_eps"]))
+    f_new = _finding(out, "input")
+    f_new.threshold, f_new.dtype = STAND_OUT * before * floor, rec["out_dtype"]
+    f_new = _with_evidence(
+        f_new,
+        differing=leaf["name"],
+        hidden_by_statistics=True,
+        error_per_input_error=h,
+        earlier_steps_max=before,
+        ahead_of=f.op,
+        detail=(
+            f"{leaf['name']} (integer data no earlier op produced) has the same max/min in both runs, but this "
+            f"op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step), "
+            f"ahead of {f.op} later in the step: its values differ (msprobe's statistics of integers keep only "
+            "max/min)"
+        ),
+    )
+    return (f_new, skey), (f_new, skey)
 
 
 class _StepView:
@@ -279,6 +332,10 @@ class _Judge:
     def verdict(self) -> tuple[Found, Found] | None:
         if self.rec["arg_diff"]:
             return self._argument()
+        if self.rec.get("dtype_diff"):
+            changed = self._dtype_change()
+            if changed is not None:
+                return (changed, self.key), (changed, self.key)
         hidden = self._hidden_index()
         if hidden is not None:
             return (hidden, self.key), (hidden, self.key)
@@ -325,6 +382,37 @@ class _Judge:
                 f"{ev['carried']:.3g}: its values differ (msprobe's statistics of integers keep only max/min)"
             ),
         )
+
+    def _dtype_change(self) -> Finding | None:
+        """A float input of this record in another dtype than the reference's, made by no recorded op in one
+        run (a cast msprobe does not record: the upcast a norm's code left out) (analysis/dtype_change.py): the
+        op computes in another dtype.  An input made by a record of one run only is named as that record; one
+        both runs' recorded ops made in their own dtypes (an autocast policy) is not evidence."""
+        changed = self.leaves.filter(changed_dtype() & pl.col("_io").is_in(INPUT_IO))
+        for leaf in changed.iter_rows(named=True):
+            tp, rp = self.t_prod.producer(leaf), self.r_prod.producer(leaf)
+            at = (leaf["step"], leaf["rank"], leaf["source"])
+            if (tp and self.only.get(at + (tp,)) == "target_only") or (rp and self.only.get(at + (rp,)) == "ref_only"):
+                return self._producer(leaf, leaf)  # made by a record of one run only: named as that (rule 6)
+            if tp is not None and rp is not None:
+                continue
+            side = "the target" if tp is None else "the reference"
+            return Finding(
+                leaf["step"],
+                leaf["rank"],
+                self.rec["_record"],
+                leaf["name"],
+                "op",
+                metric="dtype",
+                dtype=leaf["dtype"],
+                detail=(
+                    f"{leaf['name']} is {leaf['dtype']} in the target, {leaf['ref_dtype']} in the reference, made "
+                    f"by no recorded op in {side} (a cast msprobe does not record; the runs compute at the same "
+                    "precision elsewhere): the op computes in another dtype"
+                ),
+                evidence={"dtype": leaf["dtype"], "ref_dtype": leaf["ref_dtype"], "reason": "dtype differs"},
+            )
+        return None
 
     def _first_output(self) -> Finding:
         out = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
@@ -468,6 +556,12 @@ class _Judge:
             return None
         if siblings_excuse(rec, value, self.noise.sibling_bar(rec)):
             return None  # its siblings (other layers) make as much error, within the prior's reach
+        if rec.get("in_bound") and value is not None:
+            # its inputs agree by their statistics only, which can hide what the pair carries (a softmax's rows
+            # sum to one: its statistics barely move): fresh as far as statistics show, not more
+            level = self.noise.carried(self.key)
+            if level is not None and value <= level:
+                return None
         one_sided = self.leaves.filter(
             pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(["target_only", "ref_only"])
         )

@@ -9,7 +9,9 @@ flipped rows feed).
 
 A record is **fed by the flip** (data-flow downstream of the flipped record, in its step and rank) when
   - it comes after the flip in the forward and one of its inputs differs (an input made downstream of it), or
-    is an integer compared by its statistics only (msprobe keeps max/min: the flip can hide in it), or
+    is an integer compared by its statistics only (msprobe keeps max/min: the flip can hide in it), or is a
+    float input that differs by a statistics bound only (one re-routed row of many moves a tensor's mean and
+    norm at second order: the next layer's router reads the re-routed stream as barely differing), or
   - it encloses the flipped record (a module whose forward contains it: its output is made through the flip,
     while its own inputs agree), or
   - it is a backward record after a forward flip (every gradient descends from the loss).
@@ -89,6 +91,8 @@ def fed_by_flip(noise: NoiseModel, key: tuple, rec: dict[str, Any]) -> dict[str,
         how = "an input differs after the flip"
     elif rec.get("idx_hidden"):
         how = "an integer input after the flip that its statistics (max/min) cannot show"
+    elif rec.get("in_bound") and rec.get("in_err"):
+        how = "a float input after the flip compared by its statistics, which a few re-routed rows barely move"
     else:
         return None
     level = flip_level(noise, fk, key)

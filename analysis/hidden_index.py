@@ -17,6 +17,13 @@ labels, positions) and whose statistics agree, and a float output that differs:
             arithmetic: a bf16 autocast does not lower a gather's precision, so the run's compute floor does
             not apply).
 Then the integer input differs: the culprit is that input (`input`: data), at the op reading it.
+
+Other ops reading such data (the loss: cross_entropy(logits, labels)) have no such bound: a bound b of their
+float inputs can hide sqrt(2 b) of a tensor far larger than their output.  Their own history orders
+explanations instead (`data_suspects`): the output error per error of the float inputs, h = out_err /
+max(in_float_err, eps(output dtype)), standing STAND_OUT x above the same record's h at every earlier step
+(and the output error above STAND_OUT x eps) makes the record a suspect, named ahead of any later finding of
+its step (analysis/culprit.py `_data_first`) and never on its own.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from dumpstore.dtypes import INT_DTYPES
 from .noise import STAND_OUT
 
 _DISCRETE = [*INT_DTYPES, "bool"]
+_MODULE = ("Module.", "Cell.")
 # ops that copy values chosen by integer indices and do no arithmetic on them (msprobe's op type, last token)
 GATHERS = frozenset(
     {"embedding", "gather", "index_select", "take", "take_along_dim", "__getitem__", "index", "embedding_bag"}
@@ -40,7 +48,7 @@ GATHERS = frozenset(
 def is_gather(op_class: str | None) -> bool:
     """Whether a record's op class (`Functional.embedding`, `Tensor.__getitem__`, `Torch.gather`, ...) copies
     values chosen by indices without arithmetic (a module record never counts: it holds other ops)."""
-    if not op_class or op_class.startswith(("Module.", "Cell.")):
+    if not op_class or op_class.startswith(_MODULE):
         return False
     return op_class.rsplit(".", 1)[-1].lower() in GATHERS
 
@@ -84,3 +92,48 @@ def hidden_index_stands(rec: dict[str, Any], own_tol: float) -> dict[str, Any] |
     if not out_err > bar:
         return None
     return {"carried": carried, "bar": bar, "own_tol": own_tol}
+
+
+def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict[str, Any]]]:
+    """Per (step, rank), the first forward record reading integer data the statistics cannot verify whose output
+    moved, relative to its float inputs, STAND_OUT x more than the same record did at every earlier step
+    (see `first_data_suspect`): its order key and evidence.  Only a precedence: analysis/culprit.py names it
+    instead of a later finding of the same step, never on its own."""
+    need = {"op_class", "idx_hidden", "out_dtype", "in_float_err", "out_err", "_direction", "_phase", "_seq"}
+    if not need <= set(recs.columns):
+        return {}
+    from dumpstore.dtypes import EPS
+
+    from .noise import order_key
+
+    gathers = [c for c in recs["op_class"].drop_nulls().unique().to_list() if is_gather(c) or c.startswith(_MODULE)]
+    cand = recs.filter(
+        pl.col("idx_hidden").fill_null(False)
+        & ~pl.col("op_class").is_in(gathers).fill_null(True)
+        & (pl.col("_direction") == "forward")
+        & pl.col("out_dtype").is_not_null()
+        & pl.col("out_err").is_not_null()
+        & pl.col("out_err").is_finite()
+    )
+    if not cand.height or cand["step"].n_unique() < 2:
+        return {}
+    eps = pl.col("out_dtype").replace_strict(EPS, default=EPS["float32"], return_dtype=pl.Float64)
+    ratio = pl.col("out_err") / pl.max_horizontal(pl.col("in_float_err").fill_null(0.0), eps)
+    keys = ["rank", "source", "_record"]
+    cand = (
+        cand.with_columns(ratio.alias("_h"), eps.alias("_eps"))
+        .sort("step")
+        .with_columns(pl.col("_h").cum_max().shift(1).over(keys).alias("_h_before"))
+    )
+    stands = (
+        pl.col("_h_before").is_not_null()
+        & (pl.col("_h") > STAND_OUT * pl.col("_h_before"))
+        & (pl.col("out_err") > STAND_OUT * pl.col("_eps"))
+    )
+    out: dict[tuple[int, int], tuple[tuple, dict[str, Any]]] = {}
+    for rec in cand.filter(stands).iter_rows(named=True):
+        key = order_key(rec)
+        at = (rec["step"], rec["rank"])
+        if at not in out or key < out[at][0]:
+            out[at] = (key, rec)
+    return out

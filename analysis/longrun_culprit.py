@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 from dumpstore.longrun.monitor import PREFIX_ORDER
-from dumpstore.longrun.store import read
+from dumpstore.longrun.store import monitor_chunks, read, read_parts, run_row
 from dumpstore.store import Store
 
 from .curves import CurvesError, CurvesReport, Divergence, compare_curves
@@ -38,6 +38,7 @@ STAY = 0.9
 _KEYS = ["rank", "prefix", "name", "step", "micro", "vpp"]
 # the monitor columns the culprit reads (the rest of a run's tens of millions of rows stays on disk)
 _COLUMNS = ["rank", "step", "micro_step", "vpp_stage", "prefix", "name", "module", "param", "seq", *STATS]
+_TEXT = ["prefix", "name", "module", "param"]
 
 
 def compare_long_runs(
@@ -60,13 +61,12 @@ def compare_long_runs(
         )
     else:
         rep = None
-    mt, mr = read(store, "monitor", target, columns=_COLUMNS), read(store, "monitor", ref, columns=_COLUMNS)
-    if mt.num_rows and mr.num_rows:
-        m2 = read(store, "monitor", ref2, columns=_COLUMNS) if ref2 is not None else None
+    n_mon = {r: run_row(store, r)["n_monitor"] or 0 for r in (target, ref, ref2) if r is not None}
+    if n_mon[target] and n_mon[ref]:
         loss_step = None
         if rep is not None and rep.divergence.step is not None and by == "iteration":
             loss_step = rep.divergence.step - monitor_offset
-        culprit = monitor_culprit(mt, mr, m2 if m2 is not None and m2.num_rows else None, loss_step=loss_step)
+        culprit = _stored_culprit(store, target, ref, ref2 if ref2 is not None and n_mon[ref2] else None, loss_step)
     else:
         culprit = None
     if rep is None:
@@ -81,6 +81,45 @@ def compare_long_runs(
     focus = (first["prefix"], first["name"]) if first else None
     rep.msprobe_flagged = [f for f in (msprobe_flagged(store, r, focus) for r in (target, ref)) if f is not None]
     return rep
+
+
+def _stored_culprit(store: Store, target: str, ref: str, ref2: str | None, loss_step: int | None) -> dict[str, Any]:
+    """monitor_culprit of stored runs, read a chunk of series at a time (a rank and prefix: store.monitor_chunks)
+    with the names dictionary-encoded (Polars categoricals), so memory follows a chunk, not the two runs."""
+    import polars as pl
+
+    runs = [target, ref] + ([ref2] if ref2 is not None else [])
+    parts = []
+    for _, chunk in monitor_chunks(store, runs):
+        ft, fr = _load(chunk[target]), _load(chunk[ref])
+        f2 = _load(chunk[ref2]) if ref2 is not None else None
+        if not ft.height or not fr.height:
+            continue
+        # a chunk of millions of rows joined a few hundred thousand target rows at a time, split by name (a
+        # series is one name: it never crosses a split)
+        names = ft.get_column("name").unique(maintain_order=True).to_list()
+        k = max(1, min(len(names), -(-ft.height // _SPLIT_ROWS)))
+        for i in range(k):
+            group = names[i * len(names) // k : (i + 1) * len(names) // k]
+            if k == 1:
+                parts.append(_left_band(ft, fr, f2, PERSIST))
+                continue
+            of = [None if f is None else f.filter(pl.col("name").is_in(group)) for f in (ft, fr, f2)]
+            parts.append(_left_band(of[0], of[1], of[2], PERSIST))
+        del ft, fr, f2
+    return _result(parts, ref2 is not None, loss_step)
+
+
+_SPLIT_ROWS = 500_000
+
+
+def _load(files):
+    """The culprit's monitor columns of some part files as a Polars frame, the names as categoricals."""
+    import polars as pl
+
+    df = pl.from_arrow(read_parts(files, "monitor", columns=_COLUMNS, dictionary=_TEXT))
+    assert isinstance(df, pl.DataFrame)
+    return df
 
 
 def dump_verdict(store: Store, target: str, ref: str) -> dict[str, Any]:
@@ -125,7 +164,7 @@ def monitor_only(target: str, ref: str, ref2: str | None, tag: str, by: str) -> 
 def _frame(table, suffix: str):
     import polars as pl
 
-    df = pl.from_arrow(table)
+    df = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     return df.select(
         pl.col("rank"),
@@ -140,6 +179,12 @@ def _frame(table, suffix: str):
 
 
 def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: int = PERSIST) -> dict[str, Any]:
+    return _result([_left_band(mt, mr, m2, persist)], m2 is not None, loss_step)
+
+
+def _left_band(mt, mr, m2, persist: int):
+    """(each series' first row out of its band for good, with the row's statistics, module, param and seq; the
+    number of series compared; the ranks compared) of the monitor rows of the runs (m2: the rerun or None)."""
     import polars as pl
 
     df = _frame(mt, "_t").join(_frame(mr, "_r"), on=_KEYS, how="inner")
@@ -186,14 +231,19 @@ def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: i
     )
     left = df.filter(pl.col("out") & (pl.col("ahead") >= STAY))
     first = left.group_by(series, maintain_order=True).agg(pl.all().sort_by("step").first())
-    order = (
-        pl.col("prefix").cast(pl.String).replace_strict(PREFIX_ORDER, default=len(PREFIX_ORDER), return_dtype=pl.Int64)
-    )
-    first = first.with_columns(order.alias("exec")).sort(["step", "rank", "exec", "seq"])
     n_series = df.get_column("_sid").max() or 0
-    band_text = (
-        "3 x the rerun's |ref2 - ref|" if m2 is not None else "3 x each series' own |target - ref| over its first steps"
-    )
+    return first.drop("_sid"), int(n_series), set(df.get_column("rank").unique().to_list())
+
+
+def _result(parts: list[tuple], rerun: bool, loss_step: int | None) -> dict[str, Any]:
+    """The culprit of the series of every chunk (_left_band's answers)."""
+    import polars as pl
+
+    firsts = [f for f, _, _ in parts if f.height]
+    first = pl.concat(firsts, how="vertical_relaxed") if len(firsts) > 1 else firsts[0] if firsts else None
+    n_series = sum(n for _, n, _ in parts)
+    ranks = set().union(*(r for _, _, r in parts)) if parts else set()
+    band_text = "3 x the rerun's |ref2 - ref|" if rerun else "3 x each series' own |target - ref| over its first steps"
     result: dict[str, Any] = {
         "n_series": int(n_series),
         "band": band_text,
@@ -201,9 +251,14 @@ def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: i
         "first": None,
         "next": [],
     }
-    if first.height == 0:
+    if first is None or first.height == 0:
         return result
-    rows = first.to_dicts()
+    order = (
+        pl.col("prefix").cast(pl.String).replace_strict(PREFIX_ORDER, default=len(PREFIX_ORDER), return_dtype=pl.Int64)
+    )
+    # in execution order; a tie (one name at several micro steps or stages) in the series' order
+    first = first.with_columns(order.alias("exec"))
+    rows = first.sort(["step", "rank", "exec", "seq", "micro", "vpp"], maintain_order=True).to_dicts()
     top = _describe(rows[0])
     result["first"] = top
     seen = {top["name"]}
@@ -211,7 +266,7 @@ def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: i
         if row["name"] not in seen and len(result["next"]) < 10:
             seen.add(row["name"])
             result["next"].append(_describe(row))
-    result["handoff"] = handoff(top, distributed=df.get_column("rank").n_unique() > 1)
+    result["handoff"] = handoff(top, distributed=len(ranks) > 1)
     return result
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dumpstore.longrun.store import read
+from dumpstore.longrun.store import MONITOR_SCHEMA, monitor_chunks, read, read_parts, run_row
 from dumpstore.store import Store
 
 from .curves import SPIKE_FACTOR, SPIKE_WINDOW, _ffill, _previous_median, find_events, find_spikes, series
@@ -67,10 +67,6 @@ def _runs_of(mask: np.ndarray, length: int) -> int | None:
 
 def long_run_health(store: Store, run: str, *, rank: int | None = None) -> LongRunHealth:
     scalars = read(store, "scalars", run, dictionary=["tag"])
-    # the monitor columns the checks read (a run is tens of millions of rows: the rest stays on disk)
-    monitor = read(
-        store, "monitor", run, columns=["rank", "step", "prefix", "name", "param", "seq", "norm", "nans", "missing"]
-    )
     out: list[Finding] = []
     loss = series(scalars, "loss", rank) if scalars.num_rows else None
     summary = "no loss logged"
@@ -135,12 +131,14 @@ def long_run_health(store: Store, run: str, *, rank: int | None = None) -> LongR
             out.append(
                 Finding("skipped_iterations", "warn", ev.steps[0], float(len(ev.steps)), f"{ev.kind}: {ev.detail}")
             )
-    if monitor.num_rows:
-        out.extend(_monitor_nans(monitor))
-        out.extend(_monitor_grads(monitor))
-        out.extend(_update_ratio(monitor))
+    n_monitor = run_row(store, run)["n_monitor"] or 0
+    if n_monitor:
+        frames = _monitor_frames(store, run)
+        out.extend(_monitor_nans(frames))
+        out.extend(_monitor_grads(frames))
+        out.extend(_update_ratio(frames))
         if loss is None:
-            summary = f"monitor only: {monitor.num_rows} rows"
+            summary = f"monitor only: {n_monitor} rows"
     return LongRunHealth(run, summary, out, msprobe_flagged(store, run))
 
 
@@ -212,16 +210,69 @@ def _loss_scale(scalars, rank, drops: list[int]) -> Finding:
     return Finding("loss_scale", "ok", drops[0], float(len(drops)), f"{len(drops)} loss-scale drops, none clustered")
 
 
-def _monitor_nans(monitor) -> list[Finding]:
+# the monitor columns the checks read (a run is tens of millions of rows: the rest stays on disk)
+_MONITOR_COLUMNS = ["rank", "step", "prefix", "name", "param", "seq", "norm", "nans", "missing"]
+
+
+def _monitor_frames(store: Store, run: str):
+    """frames(prefixes): the run's monitor rows (of `prefixes`, or all) as Polars frames, a chunk of series at a
+    time (store.monitor_chunks: a rank and prefix), so a check holds the rows it needs, not the run."""
+    import polars as pl
+
+    chunks = monitor_chunks(store, [run])
+
+    def frames(prefixes: set[str] | None = None, *, nan_rows: bool = False, columns: list[str] | None = None):
+        cols = columns or _MONITOR_COLUMNS
+        for key, files in chunks:
+            if prefixes is not None and len(key) == 2 and key[1] not in prefixes:
+                continue
+            if nan_rows and not _any_nan(files[run]):
+                continue
+            text: list[str] = [c for c in ("prefix", "name", "param") if c in cols]
+            df = pl.from_arrow(read_parts(files[run], "monitor", columns=cols, dictionary=text))
+            assert isinstance(df, pl.DataFrame)
+            if prefixes is not None:
+                df = df.filter(pl.col("prefix").cast(pl.String).is_in(sorted(prefixes)))
+            yield df  # the names as categoricals (sorted by their text, as strings): a code per row, not a copy
+
+    return frames
+
+
+def _any_nan(files) -> bool:
+    """Whether a chunk of monitor rows holds a tensor with NaN (its `nans` > 0 or a NaN norm, the tensor not
+    missing): its three numeric columns read first, the rest only where one does."""
+    from dumpstore.longrun.arrow import to_numpy
+
+    t = read_parts(files, "monitor", columns=["norm", "nans", "missing"])
+    norm = to_numpy(t.column("norm"), np.float64, 0.0)
+    nans = to_numpy(t.column("nans"), np.float64, 0.0)
+    missing = to_numpy(t.column("missing"), np.int8, 0).astype(bool)
+    with np.errstate(invalid="ignore"):
+        return bool((~missing & ((nans > 0) | np.isnan(nans) | np.isnan(norm))).any())  # (a superset of the rows)
+
+
+def _concat(dfs):
+    import polars as pl
+
+    dfs = list(dfs)
+    if dfs:
+        return pl.concat(dfs)
+    empty = pl.from_arrow(MONITOR_SCHEMA.empty_table().select(_MONITOR_COLUMNS))  # (no chunk of those prefixes)
+    assert isinstance(empty, pl.DataFrame)
+    return empty
+
+
+def _monitor_nans(frames) -> list[Finding]:
     """The first monitored tensor holding NaN (its `nans` count > 0, or a NaN norm where the tensor exists), in
     step then execution order."""
     import polars as pl
 
     from dumpstore.longrun.monitor import PREFIX_ORDER
 
-    df = pl.from_arrow(monitor)
-    assert isinstance(df, pl.DataFrame)
-    bad = df.filter(~pl.col("missing").fill_null(False) & ((pl.col("nans") > 0) | pl.col("norm").is_nan()))
+    cond = ~pl.col("missing").fill_null(False) & ((pl.col("nans") > 0) | pl.col("norm").is_nan())
+    bad = _concat(df.filter(cond) for df in frames(nan_rows=True)).with_columns(
+        pl.col("prefix", "name").cast(pl.String)
+    )
     if bad.height == 0:
         return [Finding("monitor_nan", "ok", None, 0.0, "no monitored tensor holds NaN")]
     order = (
@@ -239,15 +290,17 @@ def _monitor_nans(monitor) -> list[Finding]:
     ]
 
 
-def _monitor_grads(monitor) -> list[Finding]:
+def _monitor_grads(frames) -> list[Finding]:
     """Per parameter gradient norm (grad_reduced, else grad_unreduced): above 10 x the median of its previous 100
     monitored steps (explosion), or below 1e-7 (vanishing)."""
     import polars as pl
 
-    df = pl.from_arrow(monitor)
-    assert isinstance(df, pl.DataFrame)
-    df = df.with_columns(pl.col("prefix").cast(pl.String))
-    prefix = "grad_reduced" if df.filter(pl.col("prefix") == "grad_reduced").height else "grad_unreduced"
+    cols = ["rank", "step", "prefix", "param", "norm"]
+    prefix = "grad_reduced"
+    df = _concat(frames({prefix}, columns=cols))
+    if df.height == 0:
+        prefix = "grad_unreduced"
+        df = _concat(frames({prefix}, columns=cols))
     g = df.filter((pl.col("prefix") == prefix) & pl.col("norm").is_finite()).sort(["rank", "param", "step"])
     if g.height == 0:
         return []
@@ -284,11 +337,10 @@ def _monitor_grads(monitor) -> list[Finding]:
     return out
 
 
-def _update_ratio(monitor) -> list[Finding]:
+def _update_ratio(frames) -> list[Finding]:
     import polars as pl
 
-    df = pl.from_arrow(monitor)
-    assert isinstance(df, pl.DataFrame)
+    df = _concat(frames({"param_origin", "param_updated"}, columns=["rank", "step", "prefix", "param", "norm"]))
     keys = ["rank", "param", "step"]
     o = df.filter(pl.col("prefix") == "param_origin").select(*keys, pl.col("norm").alias("n0"))
     u = df.filter(pl.col("prefix") == "param_updated").select(*keys, pl.col("norm").alias("n1"))

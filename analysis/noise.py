@@ -113,12 +113,16 @@ class NoiseModel:
     def carried(self, before: tuple) -> float | None:
         """STAND_OUT x the QUANTILE of the output errors of every record before `before` (any direction): the
         error the pair carries at that point, against which a tensor no recorded op produced is judged (a
-        gradient reaching an op through ops msprobe does not record).  None: fewer than MIN_GROUP records."""
+        gradient reaching an op through ops msprobe does not record), near-tie flips and what they explained
+        left out.  None: fewer than MIN_GROUP records."""
         keys, values = self.outputs
         n = bisect.bisect_left(keys, before)
-        if n < MIN_GROUP:
+        seen = values[:n]
+        if self.flip_explained:  # a near-tie flip and what it explained are the flip's, not the pair's noise
+            seen = seen[np.array([k not in self.flip_explained for k in keys[:n]], dtype=bool)]
+        if seen.size < MIN_GROUP:
             return None
-        return STAND_OUT * float(quantile(values[:n], QUANTILE))
+        return STAND_OUT * float(quantile(seen, QUANTILE))
 
     def bar(self, direction: str, fresh: bool, before: tuple) -> float | None:
         """STAND_OUT x the QUANTILE of the measure over the ops of `direction` before `before` in execution

@@ -9,7 +9,8 @@ else does, and an fp32 tolerance flags the very first matmul.  So the compute pr
              QUIET x the fp32 tolerance: noise.QUIET) while its outputs may not; their output error is what
              the op itself made;
   nominal    float32 rounding of a K-term sum leaves a relative error of about eps32 x sqrt(K) (K: the
-             reduction length, the last axis of the first input); the class is off nominal when the median
+             reduction length, `reduction_length`: the last axis of the first input, the largest input axis
+             for a convolution); the class is off nominal when the median
              of out_err / (eps32 x sqrt(K)) over at least MIN_EVIDENCE fresh records exceeds OFF_NOMINAL;
   precision  the finest lower precision whose tolerance holds that median: tf32 (10 mantissa bits, the
              tolerance of float16, which has as many) and then bfloat16.
@@ -59,8 +60,79 @@ def is_matmul(api: str | None) -> bool:
     return any(t in _MATMUL_TOKENS or t.startswith("conv") or "matmul" in t or t.startswith("bmm") for t in tokens)
 
 
+# ops that reduce over the last axis of their first input by default (softmax(dim=-1), a norm's normalised axis,
+# a loss over its classes): K is that axis, as for a matrix product
+_REDUCTIONS = frozenset(
+    {
+        "sum",
+        "mean",
+        "norm",
+        "var",
+        "std",
+        "prod",
+        "cumsum",
+        "cumprod",
+        "logsumexp",
+        "softmax",
+        "log_softmax",
+        "layer_norm",
+        "rms_norm",
+        "group_norm",
+        "batch_norm",
+        "instance_norm",
+        "cross_entropy",
+        "nll_loss",
+        "mse_loss",
+        "l1_loss",
+        "scaled_dot_product_attention",
+        "vector_norm",
+        "linalg_vector_norm",
+    }
+)
+
+
+def is_reduction(op_class: str | None) -> bool:
+    """Whether an op class (`Functional.softmax`, `Tensor.sum`, `Module.LlamaMLP`, ...) reduces over an axis."""
+    if not op_class:
+        return False
+    if op_class.startswith(("Module.", "Cell.")):
+        return True
+    op = op_class.rsplit(".", 1)[-1].lower().strip("_")
+    return op in _REDUCTIONS or is_matmul(op)
+
+
+_LAST_AXIS = frozenset({"softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm", "cross_entropy", "nll_loss"})
+
+
+def reduction_length(op_class: str | None, k_last: float | None, k_max: float | None) -> float:
+    """The reduction length K of an op from its tensor inputs' shapes, per op class: a matrix product (linear,
+    matmul, bmm, ...) and an op reducing over the last axis (softmax, layer/RMS norm, cross-entropy) sum over
+    the last axis of their first input (`k_last`); a convolution, a sum or mean over axes the record does not
+    say, an attention (q k^T over the head size, then the weights times v over the keys) or a module record
+    (which holds several ops) over at most the largest axis of their inputs (`k_max`: an upper bound); an
+    elementwise op over 1."""
+    if not is_reduction(op_class):
+        return 1.0
+    op = str(op_class).rsplit(".", 1)[-1].lower().strip("_")
+    module = str(op_class).startswith(("Module.", "Cell."))
+    product = is_matmul(op) and not op.startswith("conv") and "attention" not in op  # (SDPA: two products)
+    last = not module and (op in _LAST_AXIS or product)
+    k = k_last if last else k_max
+    return max(float(k or 1.0), 1.0)
+
+
 def _api() -> pl.Expr:
     return pl.coalesce(pl.col("api"), pl.col("ref_api"))
+
+
+def reduction_columns(is_in: pl.Expr, tensor: pl.Expr) -> list[pl.Expr]:
+    """Aggregations over a record's leaves (a group_by): `k_last`, the last axis of its first tensor input, and
+    `red_len`, the largest axis of its tensor inputs: what `reduction_length` picks from."""
+    inputs = is_in & tensor & pl.col("shape").list.len().gt(0).fill_null(False)
+    return [
+        pl.col("shape").filter(inputs).first().list.last().cast(pl.Float64).alias("k_last"),
+        pl.col("shape").list.max().filter(inputs).max().cast(pl.Float64).alias("red_len"),
+    ]
 
 
 def class_precision(rows: pl.DataFrame) -> tuple[str | None, dict[str, Any]]:
@@ -77,12 +149,12 @@ def class_precision(rows: pl.DataFrame) -> tuple[str | None, dict[str, Any]]:
     if not part.height:
         return None, {}
     is_in, is_out = pl.col("io").is_in(INPUT_IO), pl.col("io").is_in(OUTPUT_IO)
-    k = pl.col("shape").list.last().cast(pl.Float64)
     recs = part.group_by(["step", "rank", "source", "record"]).agg(
         pl.col("err").filter(is_out).max().alias("out_err"),
         pl.col("err").filter(is_in).max().alias("in_err"),
         pl.col("tol").max().alias("tol"),
-        k.filter(is_in).first().alias("k"),
+        _api().first().alias("api"),
+        *reduction_columns(is_in, pl.lit(True)),
     )
     fresh = recs.filter(  # records with inputs (parameters_grad records have none: nothing says they agree)
         pl.col("out_err").is_not_null()
@@ -92,7 +164,7 @@ def class_precision(rows: pl.DataFrame) -> tuple[str | None, dict[str, Any]]:
     )
     if fresh.height < MIN_EVIDENCE:
         return None, {}
-    k_ = np.maximum(fresh["k"].fill_null(1.0).to_numpy(), 1.0)
+    k_ = np.array([reduction_length(a, kl, km) for a, kl, km in fresh.select("api", "k_last", "red_len").iter_rows()])
     err = fresh["out_err"].to_numpy()
     z = float(median(err / (EPS["float32"] * np.sqrt(k_))))
     level = float(median(err))

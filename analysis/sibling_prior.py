@@ -10,12 +10,15 @@ siblings excuse an op's error only up to the prior's reach:
 
 `tol` is the op's tolerance at its judged dtype (after the matmul class's inferred precision, analysis/prior.py);
 PRIOR_TOLERANCES = 4 is the most a lower internal precision of one op was seen to do on the development set
-(fp16 inside an fp32 softmax: 1.3 tolerances; TF32 matmuls 2-4 before the class is re-judged; the same
-constant as culprit.WEAK_SEVERITY); eps(dtype) x sqrt(K) is the rounding of a K-term sum accumulated at the
-judged dtype (a device may accumulate a bf16 reduction in bf16), K the largest axis of the op's tensor inputs
-for a reduction class (matmuls, sums and means, norms, softmax, losses, attention; a module record holds such
-ops), 1 for an elementwise op.  Beyond the reach an op stands out of its siblings' noise even when every
-sibling makes as much: a fault in every layer is named at its first instance.
+(fp16 inside an fp32 softmax: 1.3 tolerances; TF32 matmuls 2-4 before the class is re-judged);
+culprit.WEAK_SEVERITY is defined as this constant (an op within it yields to a stronger finding: the same bound
+on what rounding the noise model has no evidence for can do).  eps(dtype) x sqrt(K) is the rounding of a K-term
+sum accumulated at the judged dtype (a device may accumulate a bf16 reduction in bf16), K the reduction length of
+prior.reduction_length (one definition, shared with the matmul class's precision): the last axis of the first
+input for a matrix product and for ops reducing the last axis (softmax, layer/RMS norm, cross-entropy), the
+largest axis of the tensor inputs for a convolution, a sum or mean over axes the record does not say, an
+attention or a module record (an upper bound), 1 for an elementwise op.  Beyond the reach an op stands out of its
+siblings' noise even when every sibling makes as much: a fault in every layer is named at its first instance.
 """
 
 from __future__ import annotations
@@ -28,51 +31,15 @@ import polars as pl
 from dumpstore.dtypes import EPS
 
 from .noise import STAND_OUT
-from .prior import is_matmul
+from .prior import reduction_columns, reduction_length
 
 PRIOR_TOLERANCES = 4.0
-_REDUCTIONS = frozenset(
-    {
-        "sum",
-        "mean",
-        "norm",
-        "var",
-        "std",
-        "prod",
-        "cumsum",
-        "cumprod",
-        "logsumexp",
-        "softmax",
-        "log_softmax",
-        "layer_norm",
-        "rms_norm",
-        "group_norm",
-        "batch_norm",
-        "instance_norm",
-        "cross_entropy",
-        "nll_loss",
-        "mse_loss",
-        "l1_loss",
-        "scaled_dot_product_attention",
-        "vector_norm",
-        "linalg_vector_norm",
-    }
-)
 
 
 def reach_columns(is_in: pl.Expr, tensor: pl.Expr) -> list[pl.Expr]:
-    """Record-table aggregation (analysis/_divergence.py): `red_len`, the largest axis of the tensor inputs."""
-    return [pl.col("shape").list.max().filter(is_in & tensor).max().alias("red_len")]
-
-
-def is_reduction(op_class: str | None) -> bool:
-    """Whether an op class (`Functional.softmax`, `Tensor.sum`, `Module.LlamaMLP`, ...) reduces over an axis."""
-    if not op_class:
-        return False
-    if op_class.startswith(("Module.", "Cell.")):
-        return True
-    op = op_class.rsplit(".", 1)[-1].lower().strip("_")
-    return op in _REDUCTIONS or is_matmul(op)
+    """Record-table aggregations (analysis/_divergence.py): `k_last` and `red_len`, what the reduction length K
+    is picked from per op class (prior.reduction_length)."""
+    return reduction_columns(is_in, tensor)
 
 
 def prior_reach(rec: dict[str, Any]) -> float | None:
@@ -80,7 +47,7 @@ def prior_reach(rec: dict[str, Any]) -> float | None:
     tol = rec.get("tol")
     if tol is None or not tol > 0:
         return None
-    k = float(rec.get("red_len") or 1) if is_reduction(rec.get("op_class")) else 1.0
+    k = reduction_length(rec.get("op_class"), rec.get("k_last"), rec.get("red_len"))
     eps = EPS.get(str(rec.get("tol_dtype")), EPS["float32"])
     return max(PRIOR_TOLERANCES * float(tol), STAND_OUT * eps * math.sqrt(max(k, 1.0)))
 

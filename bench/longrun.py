@@ -1,25 +1,27 @@
 #!/usr/bin/env python
-"""Long-run benchmark: `dumpstore curves` on two 100k-step Megatron logs, and the ingest rate of msprobe monitor CSV.
+"""Long-run benchmark: `dumpstore curves` on two 100k-step Megatron logs, the ingest rate of msprobe monitor CSV in
+both of TrainerMon's layouts, and the monitor culprit and health on the ingested runs.
 
 Usage::
 
-    python bench/longrun.py                          # 2 x 100k-step logs, a 20M-row monitor run
+    python bench/longrun.py                          # 2 x 100k-step logs, a 20M-row monitor run in each layout
     python bench/longrun.py --steps 20000 --monitor-rows 2000000     # smaller
     python bench/longrun.py --repeat 3               # keep the fastest of 3 (a busy machine)
-    python bench/longrun.py --monitor-rows 2000000 --steps-per-file 1   # TrainerMon's default: a file per step
+    python bench/longrun.py --steps-per-file 1       # only TrainerMon's default layout: a file per step
 
 Data is synthetic, generated once into bench/.data/longrun/ (git-ignored):
   logs      two Megatron logs of --steps iterations each (`iteration N/ M | consumed samples: ... | lm loss: ...`):
             a decaying loss with noise; the target's learning rate x1.5 from 60 % of the run
-  monitor   a TrainerMon folder `<time>-rank0-<id>/<prefix>_<a>-<b>.csv`, 8 prefixes, 50 steps per file (or
-            --steps-per-file), enough parameters x steps for --monitor-rows rows (the header and number format
-            TrainerMon writes)
+  monitor   a TrainerMon folder `<time>-rank0-<id>/<prefix>_<a>-<b>.csv` per --steps-per-file (default 50,1: 50 steps
+            a file, then a file per step as TrainerMon writes by default), 8 prefixes, enough parameters x steps for
+            --monitor-rows rows (the header and number format TrainerMon writes); every layout holds the same rows
 Timed, each as a separate process exactly as typed (wall around the process, imports included; the sources
-byte-compiled first, as bench/run.py does):
+byte-compiled first, as bench/run.py does; peak RSS: the process's ru_maxrss from wait4):
   `dumpstore longrun-ingest LOG --run R`, `dumpstore curves --target T --ref R --json`,
-  `dumpstore longrun-ingest MONITOR_DIR --run M` (rows/s = monitor rows / wall; rows per CPU-second = monitor
-  rows / the process's user + system time, all threads: on a shared machine the wall time says more about the
-  other work than about this one).
+  `dumpstore longrun-ingest MONITOR_DIR --run M` per layout (rows/s = monitor rows / wall; rows per CPU-second =
+  monitor rows / the process's user + system time, all threads: on a shared machine the wall time says more about
+  the other work than about this one); with two layouts, `dumpstore curves --target M1 --ref M0 --json` (the
+  monitor culprit over both runs: the same rows, so no culprit) and `dumpstore curves --run M0 --health --json`.
 Targets (issue 26): curves <= 2 s on 2 x 100k steps; monitor ingest >= 2M rows/s on 2 cores.
 """
 
@@ -64,12 +66,22 @@ def write_log(path: Path, steps: int, *, seed: int, lr_change: int | None) -> No
             )
 
 
-def write_monitor(root: Path, rows: int, per_file_steps: int = 50) -> int:
-    """A TrainerMon folder with about `rows` rows, `per_file_steps` steps a file; returns the exact row count."""
+PARAMS = 250
+
+
+def monitor_steps(rows: int, per_file_steps: int = 50) -> int:
+    """Steps of a monitor run of about `rows` rows, a whole number of files of `per_file_steps` steps."""
+    return max(per_file_steps, -(-rows // (PARAMS * len(PREFIXES))) // per_file_steps * per_file_steps)
+
+
+def write_monitor(root: Path, rows: int, per_file_steps: int = 50, steps: int | None = None) -> int:
+    """A TrainerMon folder with about `rows` rows (or `steps` steps), `per_file_steps` steps a file (the last file
+    shorter where they do not divide); returns the exact row count. The values depend on the steps only, not on
+    the layout."""
     import polars as pl
 
-    params = 250
-    steps = max(per_file_steps, -(-rows // (params * len(PREFIXES))) // per_file_steps * per_file_steps)
+    params = PARAMS
+    steps = monitor_steps(rows, per_file_steps) if steps is None else steps
     d = root / "Dec07_00-00-00-rank0-0123abcd"
     d.mkdir(parents=True, exist_ok=True)
     names = [f"decoder.layers.{i // 10}.mlp.linear_fc{i % 10}.weight" for i in range(params)]
@@ -78,9 +90,10 @@ def write_monitor(root: Path, rows: int, per_file_steps: int = 50) -> int:
     for prefix in PREFIXES:
         micro = prefix in ("actv", "actv_grad")
         for a in range(0, steps, per_file_steps):
-            n = per_file_steps * params
-            step = np.repeat(np.arange(a, a + per_file_steps), params)
-            cols = {"vpp_stage": np.zeros(n, np.int64), "name": names * per_file_steps, "step": step}
+            k = min(per_file_steps, steps - a)
+            n = k * params
+            step = np.repeat(np.arange(a, a + k), params)
+            cols = {"vpp_stage": np.zeros(n, np.int64), "name": names * k, "step": step}
             if micro:
                 cols["micro_step"] = np.zeros(n, np.int64)
             base = rng.random(n)
@@ -96,38 +109,39 @@ def write_monitor(root: Path, rows: int, per_file_steps: int = 50) -> int:
                     "dtype": ["torch.bfloat16"] * n,
                 }
             )
-            pl.DataFrame(cols).write_csv(d / f"{prefix}_{a}-{a + per_file_steps - 1}.csv")
+            pl.DataFrame(cols).write_csv(d / f"{prefix}_{a}-{a + k - 1}.csv")
             total += n
     return total
 
 
-def timed(cmd: list[str], repeat: int) -> tuple[float, float, str]:
-    """(wall s, CPU s of the process: user + system, all its threads, output) of the fastest of `repeat` runs."""
-    best, cpu, out = float("inf"), 0.0, ""
+def timed(cmd: list[str], repeat: int) -> tuple[float, float, str, float]:
+    """(wall s, CPU s of the process: user + system, all its threads, output, peak RSS MB) of the fastest of
+    `repeat` runs."""
+    best, cpu, out, rss = float("inf"), 0.0, "", 0.0
     for _ in range(repeat):
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        stdout, stderr = proc.communicate()
+        stdout, stderr = _communicate(proc)
         wall = time.perf_counter() - t0
-        used = _child_cpu()
-        if proc.returncode != 0:
+        _, status, usage = os.wait4(proc.pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
             raise SystemExit(f"{' '.join(cmd)} failed: {stderr.strip()}")
         if wall < best:
-            best, cpu, out = wall, used, stdout
-    return best, cpu, out
+            best, cpu, out, rss = wall, usage.ru_utime + usage.ru_stime, stdout, usage.ru_maxrss / 1024
+    return best, cpu, out, rss
 
 
-_CPU_SEEN = [0.0]
+def _communicate(proc: subprocess.Popen) -> tuple[str, str]:
+    """The process's output, read to the end without reaping it (wait4 reaps it, with its rusage)."""
+    import threading
 
-
-def _child_cpu() -> float:
-    """CPU seconds of the children reaped since the last call."""
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = r.ru_utime + r.ru_stime
-    used, _CPU_SEEN[0] = total - _CPU_SEEN[0], total
-    return used
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()))  # type: ignore[union-attr]
+    reader.start()
+    out = proc.stdout.read()  # type: ignore[union-attr]
+    reader.join()
+    return out, err[0] if err else ""
 
 
 def main() -> int:
@@ -136,10 +150,13 @@ def main() -> int:
     ap.add_argument("--monitor-rows", type=int, default=20_000_000)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument(
-        "--steps-per-file", type=int, default=50, help="monitor steps per CSV file (TrainerMon's default: 1)"
+        "--steps-per-file",
+        default="50,1",
+        help="monitor steps per CSV file, one layout per comma-separated value (TrainerMon's default: 1)",
     )
     ap.add_argument("--data", type=Path, default=DATA)
     args = ap.parse_args()
+    layouts = [int(v) for v in str(args.steps_per_file).split(",") if v.strip()]
     exe = str(Path(sys.executable).with_name("dumpstore"))
     # byte-compiled first, as `pip install` leaves a package (bench/run.py does the same): an editable install
     # under PYTHONDONTWRITEBYTECODE=1 would compile every module again in every timed command
@@ -151,41 +168,66 @@ def main() -> int:
     if not logs["ref"].exists() or not logs["target"].exists():
         write_log(logs["ref"], args.steps, seed=0, lr_change=None)
         write_log(logs["target"], args.steps, seed=1, lr_change=int(args.steps * 0.6))
-    tail = "" if args.steps_per_file == 50 else f"_{args.steps_per_file}spf"
-    mon = data / f"monitor_{args.monitor_rows}{tail}"
-    stamp = data / f"monitor_{args.monitor_rows}{tail}.rows"
-    if not stamp.exists():
-        shutil.rmtree(mon, ignore_errors=True)
-        n_rows = write_monitor(mon, args.monitor_rows, args.steps_per_file)
-        stamp.write_text(str(n_rows))
-    n_rows = int(stamp.read_text())
+    steps = monitor_steps(args.monitor_rows, layouts[0])  # every layout: the same steps, the same rows
+    mons = {}
+    for spf in layouts:
+        tail = "" if spf == 50 else f"_{spf}spf"
+        mon = data / f"monitor_{args.monitor_rows}{tail}"
+        stamp = data / f"monitor_{args.monitor_rows}{tail}.rows"
+        if not stamp.exists() or not stamp.read_text().startswith(f"{steps} "):
+            shutil.rmtree(mon, ignore_errors=True)
+            n = write_monitor(mon, args.monitor_rows, spf, steps)
+            stamp.write_text(f"{steps} {n}")
+        mons[spf] = (mon, int(stamp.read_text().split()[1]))
     store = data / "store"
     shutil.rmtree(store, ignore_errors=True)
-    results = {"cores": os.cpu_count(), "load": os.getloadavg()[0]}
-    _child_cpu()
+    results: dict = {"cores": os.cpu_count(), "load": os.getloadavg()[0]}
     for run, log in logs.items():
-        wall, cpu, _ = timed([exe, "longrun-ingest", str(log), "--run", run, "--store", str(store)], args.repeat)
+        wall, cpu, _, rss = timed([exe, "longrun-ingest", str(log), "--run", run, "--store", str(store)], args.repeat)
         results[f"ingest_log_{run}_s"] = round(wall, 3)
         results[f"ingest_log_{run}_cpu_s"] = round(cpu, 3)
-    wall, cpu, out = timed(
+        results[f"ingest_log_{run}_rss_mb"] = round(rss)
+    wall, cpu, out, rss = timed(
         [exe, "curves", "--target", "target", "--ref", "ref", "--store", str(store), "--json"], args.repeat
     )
     doc = json.loads(out)
     results["curves_s"] = round(wall, 3)
     results["curves_cpu_s"] = round(cpu, 3)
+    results["curves_rss_mb"] = round(rss)
     results["curves_points"] = doc["n_points"]
     results["curves_divergence_step"] = doc["divergence"]["step"]
     results["curves_lr_mismatch_step"] = (doc["lr_mismatch"] or {}).get("step")
-    wall, cpu, _ = timed([exe, "longrun-ingest", str(mon), "--run", "mon", "--store", str(store)], args.repeat)
-    results["monitor_rows"] = n_rows
-    results["monitor_ingest_s"] = round(wall, 3)
-    results["monitor_ingest_cpu_s"] = round(cpu, 3)
-    results["monitor_rows_per_s"] = round(n_rows / wall)
-    results["monitor_rows_per_cpu_s"] = round(n_rows / cpu)  # what 2 idle cores could reach: twice this at most
-    import resource
-
-    # the largest resident set of any child so far (the monitor ingest is the biggest of them)
-    results["max_child_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+    runs = []
+    for k, (spf, (mon, n_rows)) in enumerate(mons.items()):
+        key = "monitor" if k == 0 else f"monitor_{spf}spf"  # the first layout keeps the plain keys
+        run = f"mon{k}"
+        runs.append(run)
+        wall, cpu, _, rss = timed([exe, "longrun-ingest", str(mon), "--run", run, "--store", str(store)], args.repeat)
+        results[f"{key}_steps_per_file"] = spf
+        results[f"{key}_files"] = len(os.listdir(next(mon.iterdir())))
+        results[f"{key}_rows"] = n_rows
+        results[f"{key}_ingest_s"] = round(wall, 3)
+        results[f"{key}_ingest_cpu_s"] = round(cpu, 3)
+        results[f"{key}_ingest_rss_mb"] = round(rss)
+        results[f"{key}_rows_per_s"] = round(n_rows / wall)
+        results[f"{key}_rows_per_cpu_s"] = round(n_rows / cpu)  # what 2 idle cores could reach: twice this at most
+    if len(runs) > 1:  # the monitor culprit over two runs of the same rows, and one run's health
+        wall, cpu, out, rss = timed(
+            [exe, "curves", "--target", runs[1], "--ref", runs[0], "--store", str(store), "--json"], args.repeat
+        )
+        culprit = json.loads(out)["culprit"]
+        results["monitor_culprit_s"] = round(wall, 3)
+        results["monitor_culprit_cpu_s"] = round(cpu, 3)
+        results["monitor_culprit_rss_mb"] = round(rss)
+        results["monitor_culprit_series"] = culprit["n_series"]
+        results["monitor_culprit_first"] = culprit["first"]  # None: the two layouts hold the same rows
+    if runs:
+        wall, cpu, out, rss = timed(
+            [exe, "curves", "--run", runs[0], "--health", "--store", str(store), "--json"], args.repeat
+        )
+        results["monitor_health_s"] = round(wall, 3)
+        results["monitor_health_cpu_s"] = round(cpu, 3)
+        results["monitor_health_rss_mb"] = round(rss)
     results["load_after"] = os.getloadavg()[0]
     print(json.dumps(results, indent=2))
     (data / "results.json").write_text(json.dumps(results, indent=2))

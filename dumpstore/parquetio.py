@@ -24,11 +24,11 @@ def read_table(path: str | os.PathLike, read_dictionary: list[str] | None = None
     return reader.read_all()
 
 
-def read_columns(path: str | os.PathLike, names: list[str]) -> pa.Table:
+def read_columns(path: str | os.PathLike, names: list[str], read_dictionary: list[str] | None = None) -> pa.Table:
     """The named top-level columns of a file, nested ones whole, in the file's order, read on this thread
-    (`pyarrow.parquet.read_table(path, columns=names, use_threads=False)`)."""
+    (`pyarrow.parquet.read_table(path, columns=names, use_threads=False, read_dictionary=...)`)."""
     reader = ParquetReader()
-    reader.open(os.fspath(path))
+    reader.open(os.fspath(path), read_dictionary=read_dictionary)
     schema = reader.metadata.schema
     wanted = set(names)
     leaves = [i for i in range(len(schema)) if schema.column(i).path.split(".")[0] in wanted]

@@ -390,3 +390,24 @@ def test_handoff_config_dumps_that_module_at_those_steps(tmp_path):
         records = json.loads(d.read_text())["data"]
         assert "Module.layers.2.Linear.forward.0" in records and "Module.layers.2.Linear.parameters_grad.0" in records
         assert all("layers.2." in r or r.startswith("Functional.linear.2.") for r in records), sorted(records)
+
+
+@pytest.mark.msprobe
+def test_culprit_read_a_chunk_at_a_time_is_the_whole_runs_culprit(monitor_store):
+    """The store's culprit reads a rank and prefix at a time (store.monitor_chunks): the same answer, every
+    field, as monitor_culprit over both runs read whole."""
+    from dumpstore.analysis import longrun_culprit
+    from dumpstore.analysis.longrun_culprit import _COLUMNS, _stored_culprit, monitor_culprit
+    from dumpstore.longrun.store import monitor_chunks, read
+
+    st = open_store(monitor_store)
+    chunks = monitor_chunks(st, ["drift", "ref", "ref2"])
+    assert len(chunks) > 1 and all(len(k) == 2 and len(c[r]) == 1 for k, c in chunks for r in c)  # a part each
+    for target, ref, ref2 in (("drift", "ref", None), ("scaled", "ref", None), ("drift", "ref", "ref2")):
+        whole = [read(st, "monitor", r, columns=_COLUMNS) for r in (target, ref)]
+        m2 = read(st, "monitor", ref2, columns=_COLUMNS) if ref2 else None
+        want = monitor_culprit(*whole, m2, loss_step=61)
+        assert want["first"] is not None and _stored_culprit(st, target, ref, ref2, 61) == want
+        with pytest.MonkeyPatch.context() as mp:  # each chunk split by name into joins of ~100 target rows
+            mp.setattr(longrun_culprit, "_SPLIT_ROWS", 100)
+            assert _stored_culprit(st, target, ref, ref2, 61) == want

@@ -128,10 +128,10 @@ def test_bad_files_name_the_file(tmp_path):
     d = tmp_path / "Dec01_00-00-00-rank0-0123abcd"
     d.mkdir()
     (d / "actv_0-0.csv").write_text(V1_HEAD + "0,a.output,0,0,1,2,3\n")  # a short row
-    with pytest.raises(MonitorFormatError, match=r"actv_0-0.csv: not a monitor CSV \(.*[Ee]xpected 12 columns"):
+    with pytest.raises(MonitorFormatError, match=r"actv_0-0.csv, line 2: not a monitor CSV \(.*[Ee]xpected 12 columns"):
         read_monitor(tmp_path)
     (d / "actv_0-0.csv").write_text(V1_HEAD + "0,a.output,zero,0,1,2,3,4,5,6,[1],float32\n")
-    with pytest.raises(MonitorFormatError, match=r"actv_0-0.csv: not a monitor CSV \(.*int64"):
+    with pytest.raises(MonitorFormatError, match=r"actv_0-0.csv, line 2: not a monitor CSV \(.*int64"):
         read_monitor(tmp_path)
 
 
@@ -211,7 +211,7 @@ def test_a_bad_file_among_many_ranks_leaves_no_part(tmp_path):
     assert back.num_rows == 360 and sorted(set(back.column("seq").to_pylist())) == [0, 1, 2]
     bad = tmp_path / "mon" / "Dec01_00-00-00-rank1-0123abcd" / "grad_reduced_20-23.csv"
     bad.write_text("vpp_stage,name,step,norm,min,max,zeros,nans,mean\n0,layers.0.weight,x,1,1,1,0,0,0\n")
-    with pytest.raises(MonitorFormatError, match="grad_reduced_20-23.csv: not a monitor CSV"):
+    with pytest.raises(MonitorFormatError, match="grad_reduced_20-23.csv, line 2: not a monitor CSV"):
         write(store, LongRun("n", monitor_roots=[tmp_path / "mon"]))
     assert not (store / "longrun" / "monitor" / "run=n").exists() or not any(
         (store / "longrun" / "monitor" / "run=n").iterdir()
@@ -236,5 +236,5 @@ def test_small_files_read_as_one_text(tmp_path, monkeypatch):
     assert _rows(read_monitor(tmp_path / "mon")) == together
     monkeypatch.undo()
     (d / "grad_reduced_9-9.csv").write_text(head + "0,layers.0.weight,nine,1,1,1,0,0,0\n")
-    with pytest.raises(MonitorFormatError, match=r"grad_reduced_9-9.csv: not a monitor CSV"):
+    with pytest.raises(MonitorFormatError, match=r"grad_reduced_9-9.csv, line 2: not a monitor CSV"):
         read_monitor(tmp_path / "mon")

@@ -154,7 +154,7 @@ def test_monitor_errors(tmp_path):
     d = tmp_path / "Dec01_00-00-00-rank3-0123abcd"
     d.mkdir()
     (d / "grad_reduced_0-9.csv").write_text("a,b\n1,2\n")
-    with pytest.raises(MonitorFormatError, match="grad_reduced_0-9.csv: header a,b lacks name, step"):
+    with pytest.raises(MonitorFormatError, match="grad_reduced_0-9.csv, line 1: header a,b lacks name, step"):
         read_monitor(tmp_path)
 
 
@@ -204,7 +204,7 @@ def test_bad_inputs_one_line_errors(tmp_path):
     r = CliRunner().invoke(
         main, ["longrun-ingest", str(tmp_path / "mon"), "--run", "x", "--store", str(tmp_path / "s")]
     )
-    assert r.exit_code == 1 and "grad_reduced_0-1.csv: not a monitor CSV" in r.output, r.output
+    assert r.exit_code == 1 and "grad_reduced_0-1.csv, line 3: not a monitor CSV" in r.output, r.output
     r = CliRunner().invoke(
         main,
         [
@@ -237,3 +237,30 @@ def test_an_event_file_without_a_whole_record_is_an_error_not_an_empty_run(tmp_p
         "file?); point at a log or event file that holds the run's points"
     )
     assert not (store / "longruns.parquet").exists()
+
+
+def test_last_wins_against_a_plain_reference():
+    """last_wins (integer sort keys) on random tables with replayed steps and tags: the last line of each (rank,
+    step, tag) kept, sorted by rank, step and line, consumed samples the largest of the step's kept rows."""
+    import random
+
+    from dumpstore.longrun.logs import last_wins
+    from dumpstore.longrun.store import SCALAR_SCHEMA
+
+    rnd = random.Random(3)
+    for _ in range(100):
+        rows = [
+            {"rank": rnd.randint(0, 1), "step": rnd.randint(0, 4), "tag": rnd.choice(["loss", "lr", "grad_norm"]),
+             "consumed_samples": None if rnd.random() < 0.4 else rnd.randint(0, 99), "value": rnd.random()}
+            for _ in range(rnd.randint(1, 40))
+        ]  # fmt: skip
+        table = pa.Table.from_pylist(rows, schema=SCALAR_SCHEMA)
+        last = {(r["rank"], r["step"], r["tag"]): k for k, r in enumerate(rows)}
+        kept = sorted(last.values(), key=lambda k: (rows[k]["rank"], rows[k]["step"], k))
+        for fill in (False, True):
+            want = [dict(rows[k]) for k in kept]
+            if fill:
+                for w in want:
+                    got = [v["consumed_samples"] for v in want if (v["rank"], v["step"]) == (w["rank"], w["step"])]
+                    w["consumed_samples"] = max((g for g in got if g is not None), default=None)
+            assert last_wins(table, fill_samples=fill).to_pylist() == want

@@ -8,7 +8,8 @@ import pytest
 
 from dumpstore import ingest, open_store
 from dumpstore.analysis import compare_runs, divergence
-from dumpstore.analysis.sibling_prior import is_reduction, prior_reach
+from dumpstore.analysis.prior import is_reduction, reduction_length
+from dumpstore.analysis.sibling_prior import prior_reach
 
 MODES = ("tensor", "statistics")
 
@@ -66,7 +67,22 @@ def test_a_class_rounded_differently_everywhere_within_the_prior_is_noise(dump_w
 def test_prior_reach():
     rec = {"tol": 2.0**-13, "tol_dtype": "float32", "op_class": "Functional.gelu", "red_len": 4096}
     assert prior_reach(rec) == 4 * 2.0**-13  # elementwise: no reduction length
-    bf16 = {"tol": 2.0**-6, "tol_dtype": "bfloat16", "op_class": "Functional.softmax", "red_len": 4096}
-    assert prior_reach(bf16) == 3 * 2.0**-7 * 64  # a 4096-term sum accumulated in bf16
+    bf16 = {"tol": 2.0**-6, "tol_dtype": "bfloat16", "op_class": "Functional.softmax", "k_last": 4096, "red_len": 8192}
+    assert prior_reach(bf16) == 3 * 2.0**-7 * 64  # a 4096-term sum (its last axis) accumulated in bf16
     assert is_reduction("Tensor.sum") and is_reduction("Module.LlamaMLP") and is_reduction("Torch.bmm")
     assert not is_reduction("Functional.gelu") and not is_reduction("Tensor.__add__") and not is_reduction(None)
+
+
+def test_reduction_length_per_op_class():
+    """K, one definition for the prior and the siblings' reach: the contraction axis of a matrix product (the
+    last axis of its first input, not the vocabulary of a logit layer's weight), the normalised axis of a norm or
+    softmax, an upper bound (the largest input axis) where the record does not say which axes are reduced."""
+    assert reduction_length("Functional.linear", 512, 32000) == 512
+    assert reduction_length("Torch.bmm", 64, 1024) == 64
+    assert reduction_length("Functional.rms_norm", 896, 4096) == 896
+    assert reduction_length("Functional.conv2d", 7, 256) == 256
+    assert reduction_length("Tensor.sum", 8, 4096) == 4096
+    assert reduction_length("Functional.scaled_dot_product_attention", 64, 1024) == 1024
+    assert reduction_length("Module.model.layers.0.mlp.LlamaMLP", 64, 4096) == 4096
+    assert reduction_length("Functional.gelu", 4096, 4096) == 1
+    assert reduction_length("Functional.linear", None, None) == 1

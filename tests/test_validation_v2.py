@@ -1,10 +1,11 @@
-"""Validation set 2 (docs/validation.md, "Validation set 2"): its simulated devices stay within rounding, and
-(marker ``validation``) the verdict on its pairs.
+"""Validation sets 2 and 3 (docs/validation.md, "Validation set 2" and "Validation set 3"): their simulated
+devices stay within rounding, and (marker ``validation``) the verdict on their pairs.
 
-The unmarked tests run the devices of ``validation/v2/devices.py`` on small random inputs (torch CPU, about a
-second). The marked tests make the pairs (35 msprobe runs of four transformers models, minutes) into
-``validation/v2/.data`` unless a key is already there (``VALIDATION_V2_DATA`` names another folder), then score
-every pair through dumpstore's CLI with ``validation/score.py``.
+The unmarked tests run the devices of ``validation/v2/devices.py`` and ``validation/v3/devices.py`` on small
+random inputs (torch CPU, seconds). The marked tests, one per set, make the set's pairs (35 or 41 msprobe runs of
+four transformers models, minutes) into ``validation/v2/.data`` or ``validation/v3/.data`` unless a key is
+already there (``VALIDATION_V2_DATA`` / ``VALIDATION_V3_DATA`` name other folders), then score every pair
+through dumpstore's CLI with ``validation/score.py``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def _load(name: str, path: Path):
 
 # loaded under their own names: validation/ is not put on sys.path (no clash with set 1's devices and score)
 devices = _load("validation_v2_devices", ROOT / "validation" / "v2" / "devices.py")
+devices3 = _load("validation_v3_devices", ROOT / "validation" / "v3" / "devices.py")
 
 
 def test_round_half_away_differs_from_half_even_only_on_ties():
@@ -122,36 +124,147 @@ def test_a_device_installs_and_uninstalls_with_autograd_through_its_kernels():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# the set itself (marker validation: minutes)
+# set 3's devices
 # ------------------------------------------------------------------------------------------------------------
-DATA = Path(os.environ.get("VALIDATION_V2_DATA", ROOT / "validation" / "v2" / ".data"))
+def test_nofma_rounds_each_product_before_the_lanes_add_them():
+    # (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24: rounded to fp32 the 2^-24 is lost (half-even), an FMA keeps it
+    a = torch.tensor([[1.0 + 2.0**-12, 1.0, 1.0, 1.0, -1.0]])
+    b = torch.tensor([[1.0 + 2.0**-12], [0.0], [0.0], [0.0], [-1.0]])
+    assert devices3.nofma_matmul(a, b).item() == 2.0 + 2.0**-11
+    assert (a.double() @ b.double()).item() == 2.0 + 2.0**-11 + 2.0**-24
+    g = torch.Generator().manual_seed(11)
+    x, w = torch.randn(8, 37, generator=g), torch.randn(37, 5, generator=g)
+    assert 0 < devices3.rel_l2(devices3.nofma_matmul(x, w), x @ w) < 1e-6
 
 
-@pytest.fixture(scope="session")
-def key() -> dict:
-    path = DATA / "key.json"
-    if not path.exists():
-        subprocess.run(
-            [sys.executable, str(ROOT / "validation" / "v2" / "make_pairs.py"), "--out", str(DATA)], check=True
-        )
-    return json.loads(path.read_text())
+def test_polynomial_exp_and_tanh_within_a_few_fp32_ulps():
+    x = torch.linspace(-87, 88, 200001)  # results in fp32's normal range
+    exact = torch.exp(x.double())
+    rel = ((devices3.poly_exp(x).double() - exact).abs() / exact).max().item()
+    assert 0 < rel < 4 * 2.0**-23  # a few units in the last place (stock exp: 1 to 2)
+    special = torch.tensor([float("-inf"), -1e30, -200.0, 100.0, float("inf")])
+    assert devices3.poly_exp(special).tolist() == [0.0, 0.0, 0.0, float("inf"), float("inf")]
+    t = torch.linspace(-12, 12, 100001)
+    err = (devices3.poly_tanh(t).double() - torch.tanh(t.double())).abs().max().item()
+    assert err < 4 * 2.0**-24
+
+
+def test_kahan_layer_norm_and_the_reordered_embedding_gradient_match_stock_to_fp32_rounding():
+    g = torch.Generator().manual_seed(12)
+    x, w, b = torch.randn(8, 48, generator=g) + 3.0, torch.randn(48, generator=g), torch.randn(48, generator=g)
+    stock = torch.nn.functional.layer_norm(x, (48,), w, b, 1e-5)
+    assert devices3.rel_l2(devices3.kahan_layer_norm(x, (48,), w, b, 1e-5), stock) < 1e-6
+    assert devices3.kahan_sum(torch.tensor([[1.0, 2.0**-24, 2.0**-24, 2.0**-24, 2.0**-24]])).item() == 1.0 + 2.0**-22
+    ids = torch.tensor([[3, 3, 3, 1], [3, 0, 3, 1]])
+    grad = torch.randn(2, 4, 6, generator=g)
+    exact = torch.zeros(5, 6, dtype=torch.float64).index_add_(0, ids.reshape(-1), grad.reshape(-1, 6).double())
+    for order in ("reverse", "random"):
+        got = devices3.scatter_rows(grad, ids, 5, order, seed=4)
+        assert (got.double() - exact).abs().max().item() < 1e-6
+        assert got[2].abs().sum().item() == 0.0 and got[4].abs().sum().item() == 0.0
+
+
+def test_ftz_flushes_fp16_subnormals_only_and_allreduce_rounds_twice():
+    x = torch.tensor([2.0**-15, -(2.0**-16), 2.0**-14, 1.0, -3.0], dtype=torch.float16)
+    assert devices3.ftz16(x).tolist() == [0.0, 0.0, 2.0**-14, 1.0, -3.0]
+    assert devices3.ftz16(x.float()).tolist() == x.float().tolist()  # other dtypes as they are
+    g = torch.Generator().manual_seed(13)
+    gy, xx = torch.randn(32, 24, generator=g), torch.randn(32, 16, generator=g)
+    one = (gy.t() @ xx).to(torch.bfloat16).float()
+    two = devices3.allreduce_grad(gy, xx, 2, torch.bfloat16)
+    assert 0 < devices3.rel_l2(two, one) < 2 * 2.0**-8
+    assert torch.equal(two, two.to(torch.bfloat16).float())
+
+
+def test_every_set3_device_stays_within_its_guard_and_changes_something():
+    rows = devices3.measure(seed=7)
+    assert {r["device"] for r in rows} == {"I", "J", "K", "L", "M"}
+    for r in rows:
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(r["dtype"].split()[0], torch.float32)
+        for col in ("device_vs_stock", "grad_device_vs_stock", "wgrad_device_vs_stock"):
+            assert r.get(col, 0.0) <= devices3.GUARD[dtype], r
+    for dev in ("I", "J", "K", "L", "M"):
+        mine = [r for r in rows if r["device"] == dev]
+        assert max(max(r["device_vs_stock"], r.get("grad_device_vs_stock", 0), r.get("wgrad_device_vs_stock", 0))
+                   for r in mine) > 0, dev  # fmt: skip
+
+
+def test_a_set3_device_installs_and_uninstalls_with_autograd_through_its_kernels():
+    dev = devices3.DEVICES["J"]
+    g = torch.Generator().manual_seed(14)
+    w = torch.randn(24, 16, generator=g).requires_grad_()
+    x = torch.randn(4, 16, generator=g)
+    emb = torch.randn(10, 16, generator=g).requires_grad_()
+    ids = torch.tensor([[1, 1, 1, 2]])
+    stock_fn, stock_emb = torch.nn.functional.linear, torch.nn.functional.embedding
+    dev.install()
+    try:
+        assert torch.nn.functional.linear is not stock_fn and torch.nn.functional.embedding is not stock_emb
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.nn.functional.linear(x + torch.nn.functional.embedding(ids, emb)[0], w)
+        y.float().sum().backward()
+    finally:
+        dev.uninstall()
+    assert torch.nn.functional.linear is stock_fn and torch.nn.functional.embedding is stock_emb
+    assert y.dtype == torch.bfloat16 and w.grad is not None and emb.grad is not None
+    assert emb.grad[0].abs().sum().item() == 0.0 and emb.grad[1].abs().sum().item() > 0
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the sets themselves (marker validation: minutes)
+# ------------------------------------------------------------------------------------------------------------
+SETS = {
+    "v2": {
+        "set": 2,
+        "families": {"qwen2", "gemma", "opt", "qmoe"},
+        "devices": {"E", "F", "G", "H"},
+        "counts": {("stats", True): 5, ("stats", False): 12, ("tensor", True): 4, ("tensor", False): 5},
+        "optimizer": 2,
+        "flip": "qmoe_flip",
+    },
+    "v3": {
+        "set": 3,
+        "families": {"falcon", "bloom", "bert", "phi"},
+        "devices": {"I", "J", "K", "L", "J+M"},
+        "counts": {("stats", True): 6, ("stats", False): 14, ("tensor", True): 4, ("tensor", False): 4},
+        "optimizer": 3,
+        "flip": "falcon_flip",
+    },
+}
+
+
+def _data(name: str) -> Path:
+    return Path(os.environ.get("VALIDATION_%s_DATA" % name.upper(), ROOT / "validation" / name / ".data"))
+
+
+_KEYS: dict = {}
+
+
+@pytest.fixture(scope="session", params=sorted(SETS))
+def validation_set(request) -> tuple[str, dict]:
+    name = request.param
+    if name not in _KEYS:
+        path = _data(name) / "key.json"
+        if not path.exists():
+            make = ROOT / "validation" / name / "make_pairs.py"
+            subprocess.run([sys.executable, str(make), "--out", str(_data(name))], check=True)
+        _KEYS[name] = json.loads(path.read_text())
+    return name, _KEYS[name]
 
 
 @pytest.mark.validation
-def test_the_set_is_as_documented(key):
+def test_the_set_is_as_documented(validation_set):
+    name, key = validation_set
+    want = SETS[name]
     cases = list(key["cases"].values())
-    assert key["set"] == 2 and key["steps"] == 3
-    assert {c["family"] for c in cases} == {"qwen2", "gemma", "opt", "qmoe"}
-    assert {c["device"] for c in cases} == {"E", "F", "G", "H"}
-    stats = [c for c in cases if c["mode"] == "stats"]
-    tensor = [c for c in cases if c["mode"] == "tensor"]
-    assert sum(c["expect"].get("clean", False) for c in stats) == 5
-    assert sum(not c["expect"].get("clean", False) for c in stats) == 12
-    assert sum(c["expect"].get("clean", False) for c in tensor) == 4
-    assert sum(not c["expect"].get("clean", False) for c in tensor) == 5
-    assert sum(bool(c["expect"].get("optimizer")) for c in stats) == 2
+    assert key["set"] == want["set"] and key["steps"] == 3
+    assert {c["family"] for c in cases} == want["families"]
+    assert {c["device"] for c in cases} == want["devices"]
+    for (mode, clean), n in want["counts"].items():
+        assert sum(c["expect"].get("clean", False) == clean for c in cases if c["mode"] == mode) == n, (mode, clean)
+    assert sum(bool(c["expect"].get("optimizer")) for c in cases if c["mode"] == "stats") == want["optimizer"]
     for mode in ("stats", "tensor"):
-        flip = key["cases"]["qmoe_flip_%s" % mode]
+        flip = key["cases"]["%s_%s" % (want["flip"], mode)]
         assert [(f["step"], f["token"]) for f in flip["flips"]] == [(2, flip["crafted"]["token"])]
     for c in cases:  # every fault's key names msprobe records (or the optimizer) at its step
         e = c["expect"]
@@ -159,10 +272,11 @@ def test_the_set_is_as_documented(key):
 
 
 @pytest.mark.validation
-def test_the_verdict_on_validation_set_2(key, tmp_path):
+def test_the_verdict_on_the_validation_set(validation_set, tmp_path):
+    name, key = validation_set
     out = tmp_path / "rows.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "validation" / "score.py"), "--data", str(DATA), "--json", str(out)],
+        [sys.executable, str(ROOT / "validation" / "score.py"), "--data", str(_data(name)), "--json", str(out)],
         capture_output=True,
         text=True,
     )
@@ -171,3 +285,22 @@ def test_the_verdict_on_validation_set_2(key, tmp_path):
     assert len(rows) == len(key["cases"])
     wrong = [r["name"] for r in rows if not r["ok"]]
     assert not wrong, proc.stdout
+
+
+def test_set3_batches_change_only_what_each_data_fault_says():
+    make3 = _load("validation_v3_make_pairs", ROOT / "validation" / "v3" / "make_pairs.py")
+    for family, kind, step in (("falcon", "ids", 2), ("bert", "token_type", 1), ("bert", "labels", 2)):
+        clean = make3.batches(family, None)
+        bad = make3.batches(family, {"kind": kind, "step": step})
+        field = {"ids": "input_ids", "token_type": "token_type_ids", "labels": "labels"}[kind]
+        for s in range(3):
+            for a, b in zip(clean[s], bad[s]):
+                for name in a:
+                    want = (1 if kind == "ids" else 2) if (s, name) == (step, field) else 0
+                    assert int((a[name] != b[name]).sum()) == want, (family, kind, s, name)
+    phi = make3.batches("phi", None)
+    assert [len(s) for s in phi] == [2, 2, 2] and not torch.equal(phi[0][0]["input_ids"], phi[0][1]["input_ids"])
+    bert = make3.batches("bert", None)[0][0]
+    masked = bert["labels"] >= 0
+    assert masked[:, 3].all() and (bert["input_ids"][masked] == make3.MASK_ID).all()
+    assert (bert["token_type_ids"][:, 8:] == 1).all() and (bert["token_type_ids"][:, :8] == 0).all()

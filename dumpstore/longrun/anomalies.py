@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import DumpstoreError
+from .walk import Listing, sorted_paths, walk
 
 FILE = "anomaly.json"
 SCHEMA = pa.schema(
@@ -54,10 +55,13 @@ class AnomalyFileError(DumpstoreError):
     """An anomaly.json that is not msprobe's."""
 
 
-def anomaly_files(root: Path) -> list[tuple[Path, int]]:
+def anomaly_files(root: Path, listing: Listing | None = None) -> list[tuple[Path, int]]:
     """(file, rank) of each `rank<r>/anomaly.json` under `root` (a monitor output folder, its anomaly_detected
-    folder, or the file)."""
-    paths = [root] if root.is_file() else sorted(p for p in root.rglob(FILE) if p.is_file())
+    folder, or the file; `listing`: its walk.walk when made)."""
+    if root.is_file():
+        paths = [root]
+    else:
+        paths = sorted_paths([f for f in (walk(root) if listing is None else listing) if f[1] == FILE])
     out = []
     for p in paths:
         m = _RANK_DIR.match(p.parent.name)

@@ -13,9 +13,10 @@ from ..errors import DumpstoreError, DumpstoreWarning
 from .anomalies import FILE as ANOMALY_FILE
 from .anomalies import anomaly_files, read_anomalies
 from .logs import LogFormatError, last_wins, read_log
-from .monitor import NoMonitorFiles, monitor_files
+from .monitor import NoMonitorFiles, monitor_csv
 from .store import LongRun, write
 from .tensorboard import event_files, read_events
+from .walk import sorted_paths, walk
 
 _LOG_SUFFIXES = (".log", ".txt", ".out")
 _RANK = re.compile(r"rank[_-]?(\d+)", re.I)
@@ -58,16 +59,15 @@ def collect(
             lr.formats.append(family)
             lr.sources.append(str(path))
             continue
-        for ev in event_files(path):
+        listing = walk(path) if path.is_dir() else None
+        for ev in event_files(path, listing):
             scalars.append(read_events(ev, rank=_rank_of(ev.parent, rank) if rank is None else rank))
             lr.formats.append("tensorboard")
             lr.sources.append(str(ev))
             found = True
         if path.is_dir():
-            logs = sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file() and (p.suffix in _LOG_SUFFIXES or p.name == "trainer_state.json")
+            logs = sorted_paths(
+                [f for f in listing or [] if os.path.splitext(f[1])[1] in _LOG_SUFFIXES or f[1] == "trainer_state.json"]
             )
             for log in logs:
                 try:
@@ -81,15 +81,16 @@ def collect(
                 lr.formats.append(family)
                 lr.sources.append(str(log))
                 found = True
-        alarms = anomaly_files(path)
+        alarms = anomaly_files(path, listing)
         if alarms:
             anomalies.append(read_anomalies(alarms))
             lr.formats.append("msprobe_anomalies")
             lr.sources += [str(p) for p, _ in alarms]
             found = True
         try:
-            monitor_files(path)  # any there? (read while written: write streams them)
+            found_csv = monitor_csv(path, listing)  # any there? (read while written: write streams them)
             lr.monitor_roots.append(path)
+            lr.monitor_listings.append(found_csv)
             lr.formats.append("monitor")
             lr.sources.append(str(path))
             found = True

@@ -13,12 +13,16 @@ mapped onto it), name (as written), module (the module path), param (parameter n
 forward/backward, input/output/parameters/parameters_grad/optimizer), seq (row order within prefix, rank and
 step: execution order for activations, registration order for parameters), norm, min, max, mean, zeros (a
 fraction), nans (a count), shape, dtype (canonical), missing (a row of nan strings: no tensor at that step).
+
+Size: one reader, the listing, the batched reads on a thread per core and the derived columns; the derived
+columns are the larger half and could move out when the reader grows again.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,7 @@ import pyarrow as pa
 from ..arrays import to_arrow
 from ..errors import DumpstoreError
 from .arrow import bool_array, codes, int_array, strings
+from .walk import Listing, walk
 
 PREFIXES = (
     "actv",
@@ -75,19 +80,40 @@ class NoMonitorFiles(MonitorFormatError):
     """A folder holding no monitor CSV at all."""
 
 
-def monitor_files(root: Path) -> list[tuple[Path, int, str, str]]:
+def monitor_files(root: Path, listing: Listing | None = None) -> list[tuple[Path, int, str, str]]:
     """(file, rank, layout, slug-or-prefix) of every monitor CSV under `root` (the output folder, a rank folder
-    or one file)."""
-    paths = [root] if root.is_file() else sorted(p for p in root.rglob("*.csv") if p.is_file())
-    out = []
-    for p in paths:
-        v1, v2 = _V1_FILE.match(p.name), _V2_FILE.match(p.name)
-        d1, d2 = _V1_DIR.search(p.parent.name), _V2_DIR.match(p.parent.name)
-        if v1 and (d1 or not d2):
-            rank = int((d1.group(1) or d1.group(2)) if d1 else 0)
-            out.append((p, rank, "v1", v1.group(1)))
-        elif v2 and d2:
-            out.append((p, int(d2.group(1)), "v2", v2.group(1)))
+    or one file; `listing`: its walk.walk when made), in the canonical order: by folder (its path's parts), then
+    slug, first step, last step, name."""
+    return [(Path(p), rank, layout, slug) for p, rank, layout, slug in monitor_csv(root, listing)]
+
+
+def monitor_csv(root: Path, listing: Listing | None = None) -> list[tuple[str, int, str, str]]:
+    """monitor_files with the paths as strings (a run is tens of thousands of files)."""
+    if listing is not None:
+        found = listing
+    elif root.is_file():
+        found = [(str(root.parent), root.name)]
+    else:
+        found = walk(root)
+    by_dir: dict[str, list[str]] = {}
+    for parent, name in found:
+        if name.endswith(".csv"):
+            by_dir.setdefault(parent, []).append(name)
+    out: list[tuple[str, int, str, str]] = []
+    for parent in sorted(by_dir, key=lambda d: d.split(os.sep)):
+        folder = os.path.basename(parent)
+        d1, d2 = _V1_DIR.search(folder), _V2_DIR.match(folder)
+        v1 = bool(d1 or not d2)  # TrainerMon's names, unless in a monitor_v2 rank folder
+        rank = int((d1.group(1) or d1.group(2)) if d1 else d2.group(1) if d2 and not v1 else 0)
+        pattern, layout = (_V1_FILE, "v1") if v1 else (_V2_FILE, "v2")
+        rows = []
+        for name in by_dir[parent]:
+            m = pattern.match(name)
+            if m:
+                rows.append((m.group(1), int(m.group(2)), int(m.group(3)), name))
+        rows.sort()
+        head = parent + os.sep
+        out += [(head + name, rank, layout, slug) for slug, _, _, name in rows]
     if not out:
         raise NoMonitorFiles(
             f"{root}: no msprobe monitor CSV found (TrainerMon `<time>-rank<r>-<id>/<prefix>_<a>-<b>.csv` or "
@@ -96,12 +122,27 @@ def monitor_files(root: Path) -> list[tuple[Path, int, str, str]]:
     return out
 
 
-def _header(path: Path) -> list[str]:
+def _header(line: bytes) -> tuple[str, ...]:
+    """A header line's column names."""
+    return tuple(line.decode("utf-8", "replace").strip().split(","))
+
+
+def _first_line(path: str) -> bytes:
+    """The first line of a file, without its end."""
     try:
-        with path.open("rb") as f:
-            return f.readline().decode("utf-8", "replace").strip().split(",")
+        with open(path, "rb") as f:
+            return f.readline().rstrip(b"\n")
     except OSError as exc:
         raise MonitorFormatError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _need(layout: str, head: tuple[str, ...], path: str) -> None:
+    need = {"name", "step"} if layout == "v1" else {"module_name", "step", "scope"}
+    if not need <= set(head):
+        raise MonitorFormatError(
+            f"{path}, line 1: header {','.join(head)} lacks {', '.join(sorted(need - set(head)))}; "
+            "not a monitor CSV of this msprobe layout"
+        )
 
 
 _INT_COLUMNS = ("step", "micro_step", "vpp_stage")
@@ -153,50 +194,83 @@ def read_monitor(root: Path) -> pa.Table:
     return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
 
-def iter_monitor_tables(root: Path, *, workers: int | None = None, window: int = 2):
-    """(group, table) for each batch of monitor CSV files under `root` (consecutive files of a group joined up
-    to ~8 MB of text; a larger file read 8 MB at a time), in file order: group = (rank, layout, slug-or-prefix,
-    header), the batches of a group consecutive, table of SCHEMA. Batches are parsed by Arrow's C++ CSV reader on
-    `workers` threads (default: the usable cores), at most `window` batches per thread ahead of the consumer, so
-    memory stays bounded whatever the run's length; seq (first appearance of a name within its prefix) runs over
-    each group's files in order."""
+def iter_monitor_tables(
+    root: Path, *, workers: int | None = None, window: int = 2, files: list[tuple] | None = None
+) -> Iterator[tuple[tuple, pa.Table]]:
+    """(group, table) for each batch of monitor CSV files under `root` (`files`: their monitor_files listing,
+    when already made), group = (rank, layout, slug-or-prefix, header), table of SCHEMA.
+
+    The canonical order: the files of a (rank, layout, slug) in monitor_files' order (folder, then first step),
+    those with the header of the first file as one group, then each other header met among them as its own group
+    (in order of first appearance); the groups of (rank, layout, slug) in order of their first file. A group's
+    files are read in batches of about 8 MB of text (a file per step: hundreds of files a batch, the header
+    checked against the group's and dropped, the rows joined and parsed once by Arrow's C++ CSV reader; a larger
+    file read 8 MB at a time), on `workers` threads (default: the usable cores), at most `window` batches per
+    thread ahead of the consumer, so memory stays bounded whatever the run's length. seq (first appearance of a
+    name within its prefix) runs over each group's files in order."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
-    groups: dict[tuple, list[Path]] = {}
-    for path, rank, layout, slug in monitor_files(root):
-        groups.setdefault((rank, layout, slug, tuple(_header(path))), []).append(path)
-    for (_, layout, _, head), paths in groups.items():
-        need = {"name", "step"} if layout == "v1" else {"module_name", "step", "scope"}
-        if not need <= set(head):
-            raise MonitorFormatError(
-                f"{paths[0]}: header {','.join(head)} lacks {', '.join(sorted(need - set(head)))}; "
-                "not a monitor CSV of this msprobe layout"
-            )
-    jobs = [(key, batch) for key, paths in groups.items() for batch in _batches(paths)]
+    groups: dict[tuple, list[str]] = {}
+    for path, rank, layout, slug in files if files is not None else monitor_csv(root):
+        groups.setdefault((rank, layout, slug), []).append(str(path))
     n = workers or _cores()
     seqs: dict[tuple, _Seq] = {}
+
+    def jobs():
+        for (rank, layout, slug), paths in groups.items():
+            raw = _first_line(paths[0])
+            head = _header(raw)
+            _need(layout, head, paths[0])
+            for batch in _batches(paths):
+                yield (rank, layout, slug), head, (batch, rank, layout, slug, head, raw)
+
+    def odd_groups(base: tuple, odd: list[tuple[str, tuple]]):
+        """The files of another header than their group's: a group per header, read here."""
+        by_head: dict[tuple, list[str]] = {}
+        for path, head in odd:
+            by_head.setdefault(head, []).append(path)
+        for head, paths in by_head.items():
+            _need(base[1], head, paths[0])
+            key = (*base, head)
+            for batch in _batches(paths):
+                pieces, again = _read_batch(batch, base[0], base[1], base[2], head, None)
+                assert not again
+                seq = seqs.setdefault(key, _Seq())
+                for table, pairs, pair_idx in pieces:
+                    yield key, _with_seq(table, pairs, pair_idx, seq)
+
     with ThreadPoolExecutor(max_workers=n) as pool:
         pending: deque = deque()
-        todo = iter(jobs)
-        for key, batch in todo:
-            pending.append((key, pool.submit(_read_files, batch, *key)))
+        todo = jobs()
+        for base, head, job in todo:
+            pending.append((base, head, pool.submit(_read_batch, *job)))
             if len(pending) >= n * window:
                 break
-        while pending:
-            key, fut = pending.popleft()
-            nxt = next(todo, None)
-            if nxt is not None:
-                pending.append((nxt[0], pool.submit(_read_files, nxt[1], *nxt[0])))
-            try:
-                pieces = fut.result()
-            except BaseException:
-                for _, f in pending:
-                    f.cancel()
-                raise
-            seq = seqs.setdefault(key, _Seq())
-            for table, pairs, pair_idx in pieces:
-                yield key, _with_seq(table, pairs, pair_idx, seq)
+        current: tuple | None = None
+        odd: list[tuple[str, tuple]] = []
+        try:
+            while pending:
+                base, head, fut = pending.popleft()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append((nxt[0], nxt[1], pool.submit(_read_batch, *nxt[2])))
+                pieces, more = fut.result()
+                if base != current:
+                    if current is not None and odd:
+                        yield from odd_groups(current, odd)
+                    current, odd = base, []
+                odd += more
+                key = (*base, head)
+                seq = seqs.setdefault(key, _Seq())
+                for table, pairs, pair_idx in pieces:
+                    yield key, _with_seq(table, pairs, pair_idx, seq)
+            if current is not None and odd:
+                yield from odd_groups(current, odd)
+        except BaseException:
+            for _, _, f in pending:
+                f.cancel()
+            raise
 
 
 def _cores() -> int:
@@ -235,52 +309,96 @@ def _with_seq(table: pa.Table, pairs: list[tuple], pair_idx: np.ndarray, seq: _S
     return table.set_column(SCHEMA.get_field_index("seq"), "seq", col)
 
 
-def _batches(paths: list[Path]) -> list[list[Path]]:
-    """Consecutive files of one group, up to _BLOCK bytes a batch (TrainerMon writes a file per step unless
-    step_count_per_record says otherwise: thousands of files of a few hundred rows)."""
-    out: list[list[Path]] = []
-    size = _BLOCK
+def _batches(paths: list[str]) -> list[list[str]]:
+    """Consecutive files of one group, about _BLOCK bytes a batch as the group's first file's size says
+    (TrainerMon writes a file per step unless step_count_per_record says otherwise: thousands of files of a few
+    hundred rows); the reader parses a batch in several texts where its files are larger."""
+    try:
+        size = os.stat(paths[0]).st_size
+    except OSError:
+        size = _BLOCK
+    per = max(1, min(4096, _BLOCK // max(size, 1)))
+    return [paths[k : k + per] for k in range(0, len(paths), per)]
+
+
+def _read_batch(
+    paths: list[str], rank: int, layout: str, slug: str, head: tuple[str, ...], raw: bytes | None
+) -> tuple[list[tuple], list[tuple[str, tuple]]]:
+    """The pieces of a batch of monitor CSV files of one group, and the files of another header (path, header)
+    left out of them. Files up to _BLOCK bytes are read whole and joined into one text (the header once, each
+    file's rows in order) parsed at once; a larger file is parsed from disk by itself; a text that does not parse
+    is parsed file by file, to name the file and line."""
+    pieces: list[tuple] = []
+    odd: list[tuple[str, tuple]] = []
+    text: list = []
+    names: list[str] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal size
+        if names:
+            body = b"".join(text)
+            try:
+                pieces.extend(_read_file(pa.py_buffer(body), rank, layout, slug, head, name=names[0]))
+            except MonitorFormatError:
+                for p in names:
+                    _read_file(Path(p), rank, layout, slug, head)  # raises, naming the file and line
+                raise
+        text.clear()
+        names.clear()
+        size = 0
+
     for p in paths:
         try:
-            n = p.stat().st_size
-        except OSError:
-            n = _BLOCK
-        if size + n > _BLOCK:
-            out.append([])
-            size = 0
-        out[-1].append(p)
-        size += n
-    return out
-
-
-def _read_files(paths: list[Path], rank: int, layout: str, slug: str, head: tuple[str, ...]) -> list[tuple]:
-    """The pieces of a batch of monitor CSV files of one header: a lone file read from disk by itself, several
-    read as one text (the header once, each file's rows in order), parsed once; a file that does not parse is
-    named by reading the batch's files one by one."""
-    if len(paths) == 1:
-        return _read_file(paths[0], rank, layout, slug, head)
-    parts = []
-    for k, p in enumerate(paths):
-        try:
-            data = p.read_bytes()
+            data, big = _read_bytes(p)
         except OSError as exc:
             raise MonitorFormatError(f"{p}: cannot read ({exc.strerror})") from None
-        if k:
-            cut = data.find(b"\n")
-            data = data[cut + 1 :] if cut >= 0 else b""
-        if data and not data.endswith(b"\n"):
-            data += b"\n"
-        parts.append(data)
+        cut = data.find(b"\n")
+        line = data if cut < 0 else data[:cut]
+        if line != raw:
+            got = _header(line)
+            if got != head:
+                odd.append((p, got))
+                continue
+        if big:
+            flush()
+            pieces.extend(_read_file(Path(p), rank, layout, slug, head))
+            continue
+        if not names:
+            text.append(line + b"\n")
+        if cut >= 0 and cut + 1 < len(data):
+            view = memoryview(data)[cut + 1 :]
+            text.append(view)
+            if data[-1:] != b"\n":
+                text.append(b"\n")
+        names.append(p)
+        size += len(data)
+        if size >= _BLOCK:
+            flush()
+    flush()
+    return pieces, odd
+
+
+def _read_bytes(path: str) -> tuple[bytes, bool]:
+    """A file's bytes, and whether it is over _BLOCK (then only its first 64 KB: enough for the header)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        return _read_file(pa.py_buffer(b"".join(parts)), rank, layout, slug, head, name=paths[0])
-    except MonitorFormatError:
-        for p in paths:
-            _read_file(p, rank, layout, slug, head)  # raises, naming the file
-        raise
+        size = os.fstat(fd).st_size
+        if size > _BLOCK:
+            return os.read(fd, 1 << 16), True
+        parts = [os.read(fd, size + 1)]
+        while len(parts[-1]) and sum(map(len, parts)) > size:  # grown since: read to the end
+            parts.append(os.read(fd, 1 << 20))
+        return b"".join(parts) if len(parts) > 1 else parts[0], False
+    finally:
+        os.close(fd)
+
+
+_ROW = re.compile(r"(?:CSV parse error: )?Row #(\d+): ")
 
 
 def _read_file(
-    path: Path | pa.Buffer, rank: int, layout: str, slug: str, head: tuple[str, ...], name: Path | None = None
+    path: Path | pa.Buffer, rank: int, layout: str, slug: str, head: tuple[str, ...], name: Path | str | None = None
 ) -> list[tuple]:
     """The pieces of one monitor CSV (a file, or CSV text in a buffer: `name` in errors): (table of SCHEMA with
     seq 0, its (prefix, name) pairs in order of first appearance, each row's index into them, -1 for a row
@@ -306,9 +424,14 @@ def _read_file(
                 out.append(_piece(batch, rank, layout, slug))
     except (pa.ArrowException, OSError, UnicodeError) as exc:
         text = str(exc).strip()
-        line = text.splitlines()[0] if text else type(exc).__name__
+        first = text.splitlines()[0] if text else type(exc).__name__
+        m = _ROW.search(first)
+        where = f"{name or path}"
+        if m and name is None:  # Arrow's row number: the file's line (the header is row 1)
+            where += f", line {m.group(1)}"
+            first = first[: m.start()] + first[m.end() :]
         raise MonitorFormatError(
-            f"{name or path}: not a monitor CSV ({line}); expected header vpp_stage,name,step[,micro_step],<ops>"
+            f"{where}: not a monitor CSV ({first}); expected header vpp_stage,name,step[,micro_step],<ops>"
         ) from None
     return out
 

@@ -72,6 +72,7 @@ class LongRun:
     scalars: pa.Table | None = None
     monitor: pa.Table | None = None
     monitor_roots: list[Path] = field(default_factory=list)  # monitor output folders, read while written
+    monitor_listings: list[list] = field(default_factory=list)  # their monitor.monitor_files (when listed)
     anomalies: pa.Table | None = None  # msprobe monitor's own alarms (anomaly_detected/rank<r>/anomaly.json)
     formats: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
@@ -115,8 +116,8 @@ def read(
     store: Store, kind: str, run: str, *, dictionary: list[str] | None = None, columns: list[str] | None = None
 ) -> pa.Table:
     """The `kind` table of one long run (empty with the schema when the run has none); the `dictionary`
-    columns dictionary-encoded, as Parquet stores them (no hashing of a tag per row); only `columns` when given
-    (a monitor run is tens of millions of rows)."""
+    columns dictionary-encoded, as Parquet stores them (no hashing of a tag per row, a name stored once per row
+    group instead of once per row); only `columns` when given (a monitor run is tens of millions of rows)."""
     from ..parquetio import read_columns, read_table
 
     row = run_row(store, run)
@@ -125,9 +126,61 @@ def read(
         empty = SCHEMAS[kind].empty_table()
         return empty.select(columns) if columns is not None else empty
     if columns is not None:
-        tables = [read_columns(p, columns) for p in parts]
+        tables = [read_columns(p, columns, dictionary) for p in parts]
     else:
         tables = [read_table(p, read_dictionary=dictionary) for p in parts]
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
+
+
+def monitor_chunks(store: Store, runs: list[str]) -> list[tuple[tuple, dict[str, list[Path]]]]:
+    """The monitor part files of `runs` in chunks that no series crosses, to read a chunk at a time (a run is
+    tens of millions of rows): a chunk per (rank, prefix) when every part holds one rank and one prefix (as the
+    ingest writes a TrainerMon folder: a part per rank, prefix and header), else per rank when every part holds
+    one rank, else one chunk: (key: (rank, prefix), (rank,) or (), {run: its files of the chunk, in part order}),
+    chunks in order of first appearance. Which rank and prefix a part holds is read from its row groups'
+    statistics."""
+    from ..parquetio import ParquetReader
+
+    parts: dict[str, list[tuple[Path, tuple | None, tuple | None]]] = {}
+    for run in runs:
+        row = run_row(store, run)
+        parts[run] = []
+        for path in _parts(store, "monitor", run, row["ingest_id"]) if "monitor" in (row["kinds"] or []) else []:
+            reader = ParquetReader()
+            reader.open(os.fspath(path))
+            md = reader.metadata
+            names = [md.schema.column(i).name for i in range(len(md.schema))]
+            one: dict[str, Any] = {}
+            for col in ("rank", "prefix"):
+                seen = set()
+                j = names.index(col) if col in names else -1
+                for g in range(md.num_row_groups):
+                    st = md.row_group(g).column(j).statistics if j >= 0 else None
+                    if st is None or not st.has_min_max or st.null_count or st.min != st.max:
+                        seen = {None, "mixed"}
+                        break
+                    seen.add(st.min)
+                one[col] = next(iter(seen)) if len(seen) == 1 else None
+            rank = (one["rank"],) if one["rank"] is not None else None
+            pair = (one["rank"], one["prefix"]) if rank is not None and one["prefix"] is not None else None
+            parts[run].append((path, pair, rank))
+    every = [item for items in parts.values() for item in items]
+    level = 1 if all(i[1] is not None for i in every) else 2 if all(i[2] is not None for i in every) else 0
+    chunks: dict[Any, dict[str, list[Path]]] = {}
+    for run, items in parts.items():
+        for path, pair, rank in items:
+            key = pair if level == 1 else rank if level == 2 else ()
+            chunks.setdefault(key, {r: [] for r in runs})[run].append(path)
+    return list(chunks.items())
+
+
+def read_parts(paths: list[Path], kind: str, *, columns: list[str], dictionary: list[str] | None = None) -> pa.Table:
+    """`columns` of the given part files of `kind` as one table (empty with the schema when none)."""
+    from ..parquetio import read_columns
+
+    if not paths:
+        return SCHEMAS[kind].empty_table().select(columns)
+    tables = [read_columns(p, columns, dictionary) for p in paths]
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
 
 
@@ -154,7 +207,7 @@ def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
             if lr.monitor_roots and lr.monitor is None:
                 folder = store.root / BASE / "monitor" / f"run={lr.run}"
                 folder.mkdir(parents=True, exist_ok=True)
-                stats = _write_monitor(lr.monitor_roots, folder, ingest_id, written)
+                stats = _write_monitor(lr.monitor_roots, folder, ingest_id, written, listings=lr.monitor_listings)
                 kinds.append("monitor")
             row = _row(lr, ingest_id, kinds, stats)
             locks = store.root / ".locks"
@@ -179,7 +232,13 @@ def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:
 
 
 def _write_monitor(
-    roots: list[Path], folder: Path, ingest_id: str, written: list[Path], *, max_rows: int = 4_000_000
+    roots: list[Path],
+    folder: Path,
+    ingest_id: str,
+    written: list[Path],
+    *,
+    max_rows: int = 4_000_000,
+    listings: list[list] | None = None,
 ) -> dict[str, Any]:
     """Stream the monitor output under `roots` into Parquet part files (`part-<id>-<k>.parquet`: one per (rank,
     prefix, header) group of files, a new one after `max_rows` rows), row groups of ~256k rows, written while the
@@ -213,8 +272,9 @@ def _write_monitor(
             state["writer"] = None
 
     try:
-        for root in roots:
-            for key, table in iter_monitor_tables(root):
+        for k, root in enumerate(roots):
+            listing = listings[k] if listings and k < len(listings) else None
+            for key, table in iter_monitor_tables(root, files=listing):
                 if state["writer"] is None or key != state["key"] or state["rows"] >= max_rows:
                     close()
                     dest = folder / f"part-{ingest_id}-{state['k']:05d}.parquet"

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from ..errors import DumpstoreError, DumpstoreWarning
 from .logs import Rows, canonical_tag, last_wins
+from .walk import Listing, sorted_paths, walk
 
 
 class EventFileError(DumpstoreError):
@@ -178,8 +179,8 @@ def _event(buf: bytes, rows: Rows) -> None:
                 rows.add(step, None, [(canonical_tag(tag), float(value))])
 
 
-def event_files(folder: Path) -> list[Path]:
-    """Event files under `folder` (or the file itself), by name."""
+def event_files(folder: Path, listing: Listing | None = None) -> list[Path]:
+    """Event files under `folder` (or the file itself; `listing`: its walk.walk when made), by name."""
     if folder.is_file():
         return [folder]
-    return sorted(p for p in folder.rglob("*") if p.is_file() and "tfevents" in p.name)
+    return sorted_paths([f for f in (walk(folder) if listing is None else listing) if "tfevents" in f[1]])

@@ -919,6 +919,37 @@ def structure_differences(ref_dir: Path, tgt_dir: Path) -> list[str]:
     return out
 
 
+def plan_jobs(cases: dict, out: Path) -> list[dict]:
+    """The runs that make ``cases`` ({name: (family, variant, fault, modes)}): one reference per family, variant
+    and mode, one target per case and mode, each with its dump, scratch and log paths (old dumps removed)."""
+    jobs, refs = [], {}
+    for case, (family, variant, fault, modes) in cases.items():
+        for mode in modes:
+            ref = "%s_%s_ref_%s" % (family, variant, mode)  # one reference per family, variant and mode
+            if ref not in refs:
+                refs[ref] = {"name": ref, "family": family, "variant": variant, "fault": None, "role": "ref"}
+                refs[ref]["mode"] = mode
+                jobs.append(refs[ref])
+            jobs.append(
+                {
+                    "name": "%s_target_%s" % (case, mode),
+                    "family": family,
+                    "variant": variant,
+                    "fault": fault,
+                    "role": "target",
+                    "mode": mode,
+                }
+            )
+    for job in jobs:
+        job["dump_dir"] = str(out / job["mode"] / job["name"])
+        job["scratch"] = str(out / "scratch" / job["name"])
+        job["log"] = str(out / "logs" / (job["name"] + ".log"))
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(job["dump_dir"], ignore_errors=True)
+        shutil.rmtree(job["scratch"], ignore_errors=True)
+    return jobs
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / ".data"))
@@ -946,31 +977,7 @@ def main(argv=None) -> int:
     from transformers.activations import GELUTanh  # noqa: F401
 
     print("imports %.1fs" % (time.time() - t0), flush=True)
-    jobs, refs = [], {}
-    for case, (family, variant, fault, modes) in cases.items():
-        for mode in modes:
-            ref = "%s_%s_ref_%s" % (family, variant, mode)  # one reference per family, variant and mode
-            if ref not in refs:
-                refs[ref] = {"name": ref, "family": family, "variant": variant, "fault": None, "role": "ref"}
-                refs[ref]["mode"] = mode
-                jobs.append(refs[ref])
-            jobs.append(
-                {
-                    "name": "%s_target_%s" % (case, mode),
-                    "family": family,
-                    "variant": variant,
-                    "fault": fault,
-                    "role": "target",
-                    "mode": mode,
-                }
-            )
-    for job in jobs:
-        job["dump_dir"] = str(out / job["mode"] / job["name"])
-        job["scratch"] = str(out / "scratch" / job["name"])
-        job["log"] = str(out / "logs" / (job["name"] + ".log"))
-        (out / "logs").mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(job["dump_dir"], ignore_errors=True)
-        shutil.rmtree(job["scratch"], ignore_errors=True)
+    jobs = plan_jobs(cases, out)
     results = run_jobs(jobs, args.jobs)
     key_path = out / "key.json"
     key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}

@@ -1,0 +1,942 @@
+"""Validation set 3 for dumpstore's verdict: msprobe dumps of four model families no other set uses.
+
+Built apart from the development set and from sets 1 and 2: other families (BLOOM, Falcon, BERT, Phi), other
+dtype and optimizer setups and other simulated devices (``validation/v3/devices.py``: no-FMA SIMD matmuls, a
+polynomial exp, the embedding gradient accumulated in another order, Kahan LayerNorm, the attention scale folded
+into the query, fp16 flush-to-zero; a reference rerun with non-determinism on). Every pair is a reference run
+("GPU": plain CPU torch in the family's dtype) and a target run on the family's simulated device, with or without
+one fault. The answer of every case is known by construction and written to ``<out>/key.json`` (the format of
+sets 1 and 2, so ``validation/score.py`` scores it); the culprit's msprobe record name is read from msprobe while
+the faulty call runs, never from dumpstore.
+
+    .venv/bin/python validation/v3/make_pairs.py --out validation/v3/.data [--jobs 2] [--only CASE ...]
+
+The run harness (the tracer of msprobe's record names, the forked runs, msprobe's config, the structure check) is
+imported from ``validation/v2/make_pairs.py``; what is new here is the families, the training loops, the faults
+and the checks that every fault changes its run. Runs: 3 training steps; forward and backward (both micro-batches
+where there are two) inside msprobe's window, clipping and the optimizer step outside it; msprobe level "mix";
+statistics mode for every case and tensor mode for a subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: nothing to download, ever
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+# this set's devices, under their own name (validation/v3 is not put on sys.path); they load set 2's harness
+_spec = importlib.util.spec_from_file_location("validation_v3_devices", HERE / "devices.py")
+devices3 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(devices3)
+v2 = devices3._load("validation_v2_make_pairs", HERE.parent / "v2" / "make_pairs.py")
+
+STEPS = v2.STEPS  # 3
+BATCH, SEQ, VOCAB = 2, 16, 96
+CLIP = 1.0
+DATA_SEED = 5309
+MASK_ID = 1  # BERT's [MASK] in the tiny vocabulary
+
+FAMILIES = {
+    "falcon": {
+        "text": "Falcon: multi-query attention (4 query heads, 1 KV head), parallel attention and MLP from one "
+        "LayerNorm, RoPE, no biases, exact GELU; hidden 32 (MLP 128), 4 layers; fp32; SGD with momentum 0.9 (lr 0.05); "
+        "an argmax over the logits (the batch's accuracy) inside the window",
+        "device": "I",
+        "seed": 31,
+    },
+    "bloom": {
+        "text": "BLOOM: ALiBi position bias through baddbmm, LayerNorm on the embeddings, GELU(tanh) in a custom "
+        "autograd function, fused QKV with biases; hidden 48, 2 layers; pure bf16 (weights, activations and Adam "
+        "state); Adam with L2 weight decay 0.01 in the gradient (not decoupled), lr 2e-3",
+        "device": "K",
+        "seed": 32,
+    },
+    "bert": {
+        "text": "BERT: encoder with post-LayerNorm, token types (two segments), learned positions, exact GELU, "
+        "masked-LM head (15 % of tokens masked); hidden 48 (4 heads of 12, MLP 96), 2 layers; fp32 weights under "
+        "bf16 autocast; Adafactor (lr 1e-2)",
+        "device": "J",
+        "seed": 33,
+    },
+    "phi": {
+        "text": "Phi: parallel attention and MLP block, partial rotary (half of each head), q/k/v/dense biases, "
+        "GELU(tanh) written out with torch.tanh; hidden 32 (4 heads of 8, MLP 64), 2 layers; fp32 weights under "
+        "fp16 autocast with dynamic loss scaling (GradScaler, initial scale 2^10); gradient accumulation over 2 "
+        "micro-batches; AdamW (lr 2e-3, weight decay 0.01)",
+        "device": "L",
+        "seed": 34,
+    },
+}
+
+# name -> family, reference variant ("flip": an lm_head tilted to a near-tie; "noisyref": the reference rerun on
+# device M), fault (None: clean), dump modes. The expected culprit comes from what msprobe named at the faulty call.
+CASES = {
+    "falcon_clean": ("falcon", "base", None, ("stats", "tensor")),
+    "bloom_clean": ("bloom", "base", None, ("stats", "tensor")),
+    "bert_clean": ("bert", "base", None, ("stats", "tensor")),
+    "phi_clean": ("phi", "base", None, ("stats",)),
+    "falcon_flip": ("falcon", "flip", None, ("stats", "tensor")),
+    "bert_noisyref": ("bert", "noisyref", None, ("stats",)),
+    # optimizer, from the second update on
+    "falcon_momentum_step2": ("falcon", "base", {"kind": "momentum", "after_step": 1, "value": 0.8}, ("stats",)),
+    "falcon_clip_step2": ("falcon", "base", {"kind": "clip", "after_step": 1, "value": 0.25}, ("stats",)),
+    "bloom_lr_step2": ("bloom", "base", {"kind": "lr", "after_step": 1, "value": 1.05}, ("stats",)),
+    # an op in the target only, an op missing in the target
+    "phi_extra_softcap": ("phi", "base", {"kind": "softcap"}, ("stats", "tensor")),
+    "bloom_missing_embed_ln": ("bloom", "base", {"kind": "missing_embed_ln"}, ("stats",)),
+    # a wrong variant, a lower precision, a wrong scale, one layer of four
+    "bert_gelu_tanh_L1": ("bert", "base", {"kind": "gelu_tanh", "layer": 1}, ("stats", "tensor")),
+    "falcon_ln_bf16_L2": ("falcon", "base", {"kind": "ln_bf16", "layer": 2}, ("stats", "tensor")),
+    "phi_scale_rotary_L1": ("phi", "base", {"kind": "rotary_scale", "layer": 1}, ("stats",)),
+    # backward only: the custom autograd function's gradient formula
+    "bloom_gelu_backward": ("bloom", "base", {"kind": "gelu_back"}, ("stats", "tensor")),
+    # parameters and data
+    "bert_value_step1": (
+        "bert",
+        "base",
+        {"kind": "weight", "param": "bert.encoder.layer.1.attention.self.value.weight", "step": 1, "how": "sign2pct"},
+        ("stats",),
+    ),
+    "phi_fc1_step2": (
+        "phi",
+        "base",
+        {"kind": "weight", "param": "model.layers.0.mlp.fc1.weight", "step": 2, "how": "col5scale"},
+        ("stats",),
+    ),
+    "falcon_data_step2": ("falcon", "base", {"kind": "ids", "step": 2}, ("stats",)),
+    "bert_token_type_step1": ("bert", "base", {"kind": "token_type", "step": 1}, ("stats",)),
+    "bert_labels_step2": ("bert", "base", {"kind": "labels", "step": 2}, ("stats",)),
+}
+
+HOW = {
+    "sign2pct": "the sign of 2 % of the elements flipped",
+    "col5scale": "column 5 (one input feature) x1.25",
+}
+GELU_BACK_WRONG = 0.0356774081  # sqrt(2/pi) x 0.044715: the factor 3 of d/dx x^3 forgotten (right: 0.1070322243)
+
+
+# =================================================================================================================
+# one run (in a forked child)
+# =================================================================================================================
+class Tracer(v2.Tracer):
+    """Set 2's tracer (record names, marks, parameter uses by linear, the loss); and every argmax's inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.argmax: list[dict] = []
+
+
+def build_model(family: str):
+    import torch
+
+    torch.manual_seed(FAMILIES[family]["seed"])
+    if family == "falcon":
+        from transformers import FalconConfig, FalconForCausalLM
+        from transformers.models.falcon import modeling_falcon
+
+        cfg = FalconConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            multi_query=True,
+            parallel_attn=True,
+            new_decoder_architecture=False,
+            bias=False,
+            alibi=False,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+        )
+        # FalconLinear computes x @ W.T (+ b): the same function as nn.Linear, which msprobe records as one op
+        modeling_falcon.FalconLinear.forward = torch.nn.Linear.forward
+        model = FalconForCausalLM(cfg)
+    elif family == "bloom":
+        from transformers import BloomConfig, BloomForCausalLM
+
+        cfg = BloomConfig(
+            vocab_size=VOCAB,
+            hidden_size=48,
+            n_layer=2,
+            n_head=4,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+        )
+        model = BloomForCausalLM(cfg).to(torch.bfloat16)
+    elif family == "bert":
+        from transformers import BertConfig, BertForMaskedLM
+
+        cfg = BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=96,
+            hidden_act="gelu",
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            max_position_embeddings=64,
+            type_vocab_size=2,
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+        )
+        model = BertForMaskedLM(cfg)
+    else:
+        from transformers import PhiConfig, PhiForCausalLM
+
+        cfg = PhiConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            partial_rotary_factor=0.5,
+            hidden_act="gelu_new",
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attention_dropout=0.0,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+        )
+        model = PhiForCausalLM(cfg)
+    model.train()
+    return model
+
+
+MICRO = {"phi": 2}  # micro-batches per step
+
+
+def batches(family: str, fault) -> list[list[dict]]:
+    """Per step, per micro-batch: the model's inputs. A data fault changes one step's batch."""
+    import torch
+
+    g = torch.Generator().manual_seed(DATA_SEED)
+    out = []
+    for _step in range(STEPS):
+        micro = []
+        for _ in range(MICRO.get(family, 1)):
+            ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
+            if family == "bert":
+                masked = torch.rand(BATCH, SEQ, generator=g) < 0.15
+                masked[:, 3] = True  # at least one masked token per sequence
+                labels = torch.where(masked, ids, torch.full_like(ids, -100))
+                inp = torch.where(masked, torch.full_like(ids, MASK_ID), ids)
+                types = torch.zeros_like(ids)
+                types[:, SEQ // 2 :] = 1
+                micro.append({"input_ids": inp, "token_type_ids": types, "labels": labels})
+            else:
+                micro.append({"input_ids": ids, "labels": ids.clone()})
+        out.append(micro)
+    if fault and fault["kind"] in ("ids", "token_type", "labels"):
+        b = out[fault["step"]][0]
+        if fault["kind"] == "ids":
+            b["input_ids"][0, 6] = (b["input_ids"][0, 6] + 1 - 2) % (VOCAB - 2) + 2  # one token id +1
+        elif fault["kind"] == "token_type":
+            b["token_type_ids"][1, SEQ // 2 - 2 : SEQ // 2] = 1  # the segment boundary 2 tokens early in one row
+        else:
+            lab = b["labels"]
+            pos = [(i, j) for i in range(BATCH) for j in range(SEQ) if lab[i, j] >= 0][:2]
+            for i, j in pos:
+                lab[i, j] = (lab[i, j] + 7 - 2) % (VOCAB - 2) + 2
+    return out
+
+
+def _hf(family: str):
+    if family == "falcon":
+        from transformers.models.falcon import modeling_falcon as hf
+    elif family == "bloom":
+        from transformers.models.bloom import modeling_bloom as hf
+    elif family == "bert":
+        from transformers.models.bert import modeling_bert as hf
+    else:
+        from transformers.models.phi import modeling_phi as hf
+    return hf
+
+
+def family_faults(family: str) -> list[dict]:
+    return [fault for fam, _, fault, _ in CASES.values() if fam == family and fault]
+
+
+def _layers(family: str, model):
+    return {
+        "falcon": lambda: model.transformer.h,
+        "bloom": lambda: model.transformer.h,
+        "bert": lambda: model.bert.encoder.layer,
+        "phi": lambda: model.model.layers,
+    }[family]()
+
+
+def patch(family: str, model, tracer: Tracer, active) -> None:
+    """Every run of a family: marks at the call of each of the family's faults (the same calls transformers makes,
+    so the runs of a family have the same records); ``active``: the fault this run has (targets only)."""
+    import torch
+    import torch.nn.functional as F
+
+    hf = _hf(family)
+    kinds = {f["kind"]: f for f in family_faults(family)}
+    on = lambda kind: active is not None and active["kind"] == kind
+    layers = _layers(family, model)
+
+    def embed_mark(emb, tag):
+        def fwd(ids, emb=emb, tag=tag):
+            out = torch.nn.Embedding.forward(emb, ids)
+            tracer.mark(tag)
+            return out
+
+        emb.forward = fwd
+
+    if family == "falcon":
+        embed_mark(model.transformer.word_embeddings, "embedding")
+    if family == "bert":
+        e = model.bert.embeddings
+        embed_mark(e.word_embeddings, "embedding")
+        embed_mark(e.token_type_embeddings, "token_type_embedding")
+
+    if family in ("falcon", "phi"):  # the family's eager attention, call for call as in transformers, with marks
+        repeat_kv = hf.repeat_kv
+
+        def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+            li = module.layer_idx
+            key_states = repeat_kv(key, module.num_key_value_groups)
+            value_states = repeat_kv(value, module.num_key_value_groups)
+            if on("rotary_scale") and li == active["layer"]:
+                scaling = module.rotary_ndims**-0.5  # 1/sqrt(rotary dims) where 1/sqrt(head_dim) is meant
+            attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+            tracer.mark("L%d.scale" % li)
+            if attention_mask is not None:
+                attn_weights = attn_weights + attention_mask
+            attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+            attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
+            attn_output = torch.matmul(attn_weights, value_states)
+            attn_output = attn_output.transpose(1, 2).contiguous()
+            return attn_output, attn_weights
+
+        hf.eager_attention_forward = attention  # looked up in the module at call time
+
+    if "ln_bf16" in kinds:  # Falcon's input LayerNorm of one layer, computed in bf16 in the faulty run
+        li = kinds["ln_bf16"]["layer"]
+        ln = layers[li].input_layernorm
+
+        lower = on("ln_bf16")
+
+        def ln_fwd(x, ln=ln, lower=lower):
+            if lower:  # msprobe writes no record of the casts (Tensor.to): the layer_norm gets bf16 inputs
+                xb = x.to(torch.bfloat16)
+                w, b = ln.weight.to(torch.bfloat16), None if ln.bias is None else ln.bias.to(torch.bfloat16)
+                y = F.layer_norm(xb, ln.normalized_shape, w, b, ln.eps)
+                tracer.mark("L%d.ln" % li)
+                return y.to(x.dtype)
+            y = F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+            tracer.mark("L%d.ln" % li)
+            return y
+
+        ln.forward = ln_fwd
+
+    if family == "bloom":
+        emb_ln = model.transformer.word_embeddings_layernorm
+        ln0 = layers[0].input_layernorm
+        skip = on("missing_embed_ln")
+
+        def emb_ln_fwd(x, m=emb_ln, skip=skip):
+            if skip:  # the embeddings' LayerNorm missing in the target
+                return x
+            y = F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
+            tracer.mark("embed_ln")
+            return y
+
+        def ln0_fwd(x, m=ln0):
+            y = F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
+            tracer.mark("L0.ln_in")
+            return y
+
+        emb_ln.forward = emb_ln_fwd
+        ln0.forward = ln0_fwd
+
+        wrong = on("gelu_back")
+
+        class GeLUFunction(torch.autograd.Function):  # transformers' GeLUFunction, call for call, with marks
+            @staticmethod
+            def forward(ctx, input):
+                ctx.save_for_backward(input)
+                return hf.bloom_gelu_forward(input)
+
+            @staticmethod
+            def backward(ctx, grad_output):
+                (x,) = ctx.saved_tensors
+                tanh_out = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
+                c = GELU_BACK_WRONG if wrong else 0.1070322243
+                cx = c * x
+                tracer.mark("gelu_back.inner")
+                inner = 0.79788456 + cx * x
+                ff = 0.5 * x * ((1 - tanh_out * tanh_out) * inner) + 0.5 * (1 + tanh_out)
+                out = ff * grad_output
+                tracer.mark("gelu_back.out")
+                return out
+
+        hf.GeLUFunction = GeLUFunction
+
+    if "gelu_tanh" in kinds:  # BERT's intermediate activation of one layer
+        li = kinds["gelu_tanh"]["layer"]
+        inter = layers[li].intermediate
+
+        tanh = on("gelu_tanh")
+
+        def act(x, tag="L%d.act" % li, tanh=tanh):
+            y = F.gelu(x, approximate="tanh" if tanh else "none")
+            tracer.mark(tag)
+            return y
+
+        inter.intermediate_act_fn.forward = act  # the module stays (its record too)
+
+    if "softcap" in kinds:  # Phi's lm_head; the faulty run soft-caps the logits (Gemma 2's 30 tanh(x / 30))
+        head = model.lm_head
+
+        cap = on("softcap")
+
+        def head_fwd(x, head=head, cap=cap):
+            y = F.linear(x, head.weight, head.bias)
+            if cap:
+                y = y / 30.0
+                tracer.mark("cap_div")
+                y = torch.tanh(y)
+                tracer.mark("cap_tanh")
+                y = y * 30.0
+                tracer.mark("cap_mul")
+            return y
+
+        head.forward = head_fwd
+
+    for fault in family_faults(family):
+        if fault["kind"] == "weight":
+            params = dict(model.named_parameters())
+            tracer.watch[id(params[fault["param"]])] = (fault["param"], fault["step"])
+
+
+def corrupt(model, fault) -> None:
+    import torch
+
+    p = dict(model.named_parameters())[fault["param"]]
+    with torch.no_grad():
+        if fault["how"] == "sign2pct":
+            g = torch.Generator().manual_seed(7)
+            sel = torch.rand(p.shape, generator=g) < 0.02
+            p[sel] = -p[sel]
+        elif fault["how"] == "col5scale":
+            p[:, 5] *= 1.25
+        else:
+            raise ValueError(fault["how"])
+
+
+FLIP_STEP = STEPS - 1  # the crafted tie is at the last step
+
+
+def make_optimizer(family: str, model):
+    import torch
+
+    params = model.parameters()
+    if family == "falcon":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    if family == "bloom":
+        return torch.optim.Adam(params, lr=2e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    if family == "bert":
+        return torch.optim.Adafactor(params, lr=1e-2)
+    return torch.optim.AdamW(params, lr=2e-3, betas=(0.9, 0.999), weight_decay=0.01)
+
+
+AUTOCAST = {"bert": "bfloat16", "phi": "float16"}
+
+
+def forward_loss(family: str, model, batch: dict):
+    """The model's loss (BERT: the masked-LM loss; the others: causal LM) and logits."""
+    out = model(**batch)
+    return out.loss, out.logits
+
+
+def train(family: str, model, data, fault, device=None, hooks=None, on_step=None, steps=STEPS, debugger=None,
+          tracer=None, info=None):  # fmt: skip
+    """The training loop of every run (and of the near-tie crafting, without msprobe): forward and backward of
+    every micro-batch inside msprobe's window, clipping and the optimizer step outside it; the optimizer fault
+    changes its setting in the update after ``after_step``. Returns the losses."""
+    import torch
+
+    opt = make_optimizer(family, model)
+    kind = fault["kind"] if fault else None
+    autocast = getattr(torch, AUTOCAST[family]) if family in AUTOCAST else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if autocast == torch.float16 else None
+    n_micro = MICRO.get(family, 1)
+    losses = []
+    info = info if info is not None else {}
+    for step in range(steps):
+        if tracer is not None:
+            tracer.step = step
+        if on_step is not None:
+            on_step(step)
+        if debugger is not None:
+            debugger.start(model)
+        for batch in data[step]:
+            with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                loss, logits = forward_loss(family, model, batch)
+                if family == "falcon":  # the batch's accuracy, a discrete output inside the window
+                    pred = torch.argmax(logits, dim=-1)
+                    if tracer is not None:
+                        tracer.argmax.append(
+                            {"step": step, "record": tracer.current(), "pred": pred.tolist()}
+                        )  # fmt: skip
+                    info.setdefault("accuracy", []).append(float((pred == batch["labels"]).float().mean()))
+                if hooks is not None:
+                    hooks(step, logits)
+            loss = loss / n_micro
+            (scaler.scale(loss) if scaler else loss).backward()
+            losses.append(float(loss.detach()))
+        if debugger is not None:
+            debugger.stop()
+        if scaler:
+            scaler.unscale_(opt)
+        clip = CLIP
+        if kind == "clip" and step >= fault["after_step"]:
+            clip = fault["value"]
+        info.setdefault("grad_norm", []).append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+        if kind in ("momentum", "lr") and step == fault["after_step"]:
+            for group in opt.param_groups:
+                if kind == "momentum":
+                    group["momentum"] = fault["value"]
+                else:
+                    group["lr"] = group["lr"] * fault["value"]
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+            info.setdefault("loss_scale", []).append(scaler.get_scale())
+        else:
+            opt.step()
+        opt.zero_grad()
+        if debugger is not None:
+            debugger.step()
+    return losses
+
+
+def craft_near_tie(model, data, device) -> tuple[dict, object]:
+    """falcon 'flip' variant, in both runs alike: a tilt of one lm_head row, added before the last step, that ties
+    one token's top-2 logits in the reference to within a few fp32 ulps, chosen (by simulating both runs without
+    msprobe) so that the device's rounding flips that token's argmax and no other.
+
+    Returns (what was done, the tilt to add to the lm_head weight before step FLIP_STEP)."""
+    import torch
+
+    start = copy.deepcopy(model.state_dict())
+    head = model.lm_head
+    seen: list = []
+    hd = head.register_forward_hook(lambda m, inp, out: seen.append((inp[0].detach().clone(), out.detach().clone())))
+
+    def run(dev, tilt):
+        """Both runs' training to the last step, then that step's logits with the tilt."""
+        model.load_state_dict(start)
+        if dev is not None:
+            dev.install()
+        try:
+
+            def on_step(step):
+                if step == FLIP_STEP:
+                    with torch.no_grad():
+                        head.weight += tilt
+                seen.clear()
+
+            preds: list = []
+            train("falcon", model, data, None, on_step=on_step,
+                  hooks=lambda s, logits: preds.append(torch.argmax(logits, -1)))  # fmt: skip
+        finally:
+            if dev is not None:
+                dev.uninstall()
+        h, logits = seen[0]
+        return preds, h.reshape(-1, h.shape[-1]), logits.reshape(-1, logits.shape[-1])
+
+    def differ(a, b):
+        return [(s, int(t)) for s, (x, y) in enumerate(zip(a, b)) for t in (x.reshape(-1) != y.reshape(-1)).nonzero()]
+
+    try:
+        zero = torch.zeros_like(head.weight)
+        ref_pred, h, logits = run(None, zero)
+        dev_pred, _, dev_logits = run(device, zero)
+        if differ(ref_pred, dev_pred):
+            raise RuntimeError("the device flips an argmax without a crafted tie: %r" % differ(ref_pred, dev_pred))
+        srt = logits.sort(-1, descending=True)
+        gaps = srt.values[:, 0] - srt.values[:, 1]
+        pick = gaps.argsort()[:8].tolist()
+        moved = {
+            t: float(dev_logits[t, srt.indices[t, 0]] - dev_logits[t, srt.indices[t, 1]]) - float(gaps[t]) for t in pick
+        }
+        for t in sorted(pick, key=lambda t: -abs(moved[t]))[:4]:
+            e1, e2 = int(srt.indices[t, 0]), int(srt.indices[t, 1])
+            ht = h[t].float()
+            ulp = float(logits[t, e1].abs()) * 2.0**-23
+            for k in [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16, 24, -24, 32, -32]:
+                tilt = zero.clone()
+                # raise the runner-up so that the reference's gap is minus half the device's shift
+                tilt[e2] = (float(gaps[t]) + moved[t] / 2 + k * ulp) * ht / float(ht @ ht)
+                ref_pred, _, ref_logits = run(None, tilt)
+                dev_pred, _, _ = run(device, tilt)
+                if differ(ref_pred, dev_pred) == [(FLIP_STEP, t)]:
+                    info = {
+                        "step": FLIP_STEP,
+                        "token": t,
+                        "classes": [e1, e2],
+                        "ref_logit_gap": float(ref_logits[t, e1] - ref_logits[t, e2]),
+                        "device_gap_shift": moved[t],
+                        "tilt_ulps": k,
+                        "tilt_norm": float(tilt.norm()),
+                    }
+                    return info, tilt
+        raise RuntimeError("no tilt of the lm_head flips exactly one token's argmax on the device")
+    finally:
+        hd.remove()
+        model.load_state_dict(start)
+
+
+def run_one(job: dict) -> dict:
+    """One msprobe run; returns the marks and the argmax log. Runs in a fresh forked process."""
+    import torch
+    import torch.distributed as dist
+
+    family, variant, fault, role, mode = job["family"], job["variant"], job["fault"], job["role"], job["mode"]
+    target = role == "target"
+    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.chdir(scratch)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
+
+    tracer = Tracer()
+    model = build_model(family)
+    active = fault if target else None
+    data = batches(family, active)
+    device = devices3.DEVICES[FAMILIES[family]["device"]]
+    if not target and variant == "noisyref":
+        device = devices3.DEVICES["M"]
+    info: dict = {}
+    tilt = None
+    patch(family, model, tracer, active)
+    if variant == "flip":
+        info["flip"], tilt = craft_near_tie(model, batches(family, None), device)
+        tracer.marks.clear()  # the crafting's own calls are not the run's
+    if target or variant == "noisyref":
+        device.install()
+    tracer.install()
+
+    from msprobe.pytorch import PrecisionDebugger
+
+    v2.write_config(scratch / "config.json", out_dir, mode)
+    debugger = PrecisionDebugger(config_path=str(scratch / "config.json"))
+    tracer.install_modules(model)
+
+    def on_step(step):
+        if active and active["kind"] == "weight" and active["step"] == step:
+            corrupt(model, active)
+        if tilt is not None and step == FLIP_STEP:
+            with torch.no_grad():
+                model.lm_head.weight += tilt
+
+    losses = train(family, model, data, active, on_step=on_step, debugger=debugger, tracer=tracer, info=info)
+    dist.destroy_process_group()
+    return {
+        "job": job["name"],
+        "marks": tracer.marks,
+        "argmax": tracer.argmax,
+        "leaf": tracer.leaf_modules(),
+        "losses": losses,
+        "info": info,
+    }
+
+
+# =================================================================================================================
+# the key
+# =================================================================================================================
+def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
+    """What the verdict should say, from the marks both runs made at the faulty call."""
+    if fault is None:
+        return {"clean": True}
+    kind = fault["kind"]
+
+    def one(res, tag, step):
+        names = v2._names(res, tag, step)
+        if len(names) != 1 or names[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
+        return names[0]
+
+    def first(res, tag, step):  # the first of the step's calls (a mark made at every micro-batch)
+        names = v2._names(res, tag, step)
+        if not names or names[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
+        return names[0]
+
+    def both(tag, step, pick=one):
+        return sorted({pick(tgt, tag, step), pick(ref, tag, step)})
+
+    if kind in ("momentum", "clip", "lr"):
+        step = fault["after_step"] + 1
+        what = {
+            "momentum": "SGD momentum %g instead of 0.9" % fault["value"],
+            "clip": "gradient clipping at max_norm %g instead of %g" % (fault["value"], CLIP),
+            "lr": "the learning rate x%g (bf16 run)" % fault["value"],
+        }[kind]
+        return {
+            "step": step,
+            "ops": [],
+            "optimizer": True,
+            "what": "%s in the updates after step %d: parameters first differ at step %d"
+            % (what, fault["after_step"], step),
+        }
+    if kind == "softcap":
+        return {
+            "step": 0,
+            "ops": [first(tgt, "cap_div", 0)],
+            "what": "logit soft-capping 30 tanh(x / 30) (Gemma 2's) in the target only: an extra divide, tanh and "
+            "multiply after lm_head; the divide is the first record the reference does not have",
+        }
+    if kind == "missing_embed_ln":
+        return {
+            "step": 0,
+            "ops": sorted({one(ref, "embed_ln", 0), one(tgt, "L0.ln_in", 0)}),
+            "what": "the LayerNorm on the word embeddings missing in the target (the reference's layer_norm; its "
+            "consumer, layer 0's input LayerNorm, also counts)",
+        }
+    if kind == "gelu_tanh":
+        return {
+            "step": 0,
+            "ops": both("L%d.act" % fault["layer"], 0),
+            "what": "GELU(tanh) instead of exact GELU in layer %d's intermediate activation" % fault["layer"],
+        }
+    if kind == "ln_bf16":
+        li = fault["layer"]
+        return {
+            "step": 0,
+            "ops": both("L%d.ln" % li, 0),
+            "what": "layer %d's (of 4) input LayerNorm computed in bf16 in an fp32 run (its input, weight and bias "
+            "cast down, its output back up; msprobe writes no record of the casts)" % li,
+        }
+    if kind == "rotary_scale":
+        return {
+            "step": 0,
+            "ops": both("L%d.scale" % fault["layer"], 0, first),
+            "what": "attention scores x 1/sqrt(rotary dims 4) instead of 1/sqrt(head_dim 8) in layer %d"
+            % fault["layer"],
+        }
+    if kind == "gelu_back":
+        return {
+            "step": 0,
+            "ops": both("gelu_back.inner", 0, first),
+            "backward_only": True,
+            "what": "the GELU's custom backward uses sqrt(2/pi) x 0.044715 where 3 x that is right (the factor 3 "
+            "of d/dx x^3 forgotten): the forward is right, the gradient wrong; the first op of the backward formula "
+            "that uses the constant (the last layer's GELU: backward runs from the top) is the culprit",
+        }
+    if kind == "weight":
+        tag = "uses:" + fault["param"]
+        step = fault["step"]
+        return {
+            "step": step,
+            "ops": both(tag, step),
+            "what": "%s %s before step %d; the op is its first consumer" % (fault["param"], HOW[fault["how"]], step),
+        }
+    if kind == "ids":
+        step = fault["step"]
+        return {
+            "step": step,
+            "ops": both("embedding", step),
+            "what": "one token id differs (+1) in the batch of step %d; the embedding is its first consumer" % step,
+        }
+    if kind == "token_type":
+        step = fault["step"]
+        return {
+            "step": step,
+            "ops": both("token_type_embedding", step),
+            "what": "the segment boundary of one sequence 2 tokens early (token types) in the batch of step %d; the "
+            "token-type embedding is its first consumer" % step,
+        }
+    if kind == "labels":
+        step = fault["step"]
+        return {
+            "step": step,
+            "ops": both("cross_entropy", step),
+            "what": "two masked-LM labels differ in the batch of step %d; the cross-entropy is their first "
+            "consumer" % step,
+        }
+    raise ValueError(kind)
+
+
+def argmax_flips(tgt: dict, ref: dict) -> list[dict]:
+    """Tokens whose argmax differs, per step and argmax call."""
+    flips = []
+    for a, b in zip(tgt["argmax"], ref["argmax"]):
+        fa = [x for row in a["pred"] for x in row]
+        fb = [x for row in b["pred"] for x in row]
+        for tok, (x, y) in enumerate(zip(fa, fb)):
+            if x != y:
+                flips.append({"step": b["step"], "record": b["record"], "token": tok, "target": x, "ref": y})
+    return flips
+
+
+def _records(path: Path, step: int) -> dict:
+    return json.loads((path / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
+
+
+def _strip(rec):
+    """A record without what differs between any two runs (file names of tensors, data names)."""
+    if isinstance(rec, dict):
+        return {k: _strip(v) for k, v in rec.items() if k not in ("data_name", "md5", "full_op_name")}
+    if isinstance(rec, list):
+        return [_strip(v) for v in rec]
+    return rec
+
+
+def check_changes(case: str, exp: dict, fault, out: Path, mode: str, tgt_dir: Path, clean_dir: Path) -> str:
+    """Every fault changes its run: the key's records (or, for an optimizer fault, some record) differ from the
+    clean target's at the key's step, and (optimizer faults and faults at later steps) nothing differs before."""
+    step = exp["step"]
+    a, b = _records(tgt_dir, step), _records(clean_dir, step)
+    if exp.get("optimizer"):
+        prev_a, prev_b = _records(tgt_dir, step - 1), _records(clean_dir, step - 1)
+        if _strip(prev_a) != _strip(prev_b):
+            raise SystemExit("%s_%s: records differ from the clean target before step %d" % (case, mode, step))
+        if _strip(a) == _strip(b):
+            raise SystemExit("%s_%s: nothing differs from the clean target at step %d" % (case, mode, step))
+        return "some record"
+    if step > 0 and _strip(_records(tgt_dir, step - 1)) != _strip(_records(clean_dir, step - 1)):
+        raise SystemExit("%s_%s: records differ from the clean target before step %d" % (case, mode, step))
+    changed = [
+        op for op in exp["ops"] for name in _sides(op) if name in a and _strip(a.get(name)) != _strip(b.get(name))
+    ]
+    if not changed:
+        raise SystemExit("%s_%s: none of %r differs from the clean target at step %d" % (case, mode, exp["ops"], step))
+    return changed[0]
+
+
+def _sides(op: str) -> list[str]:
+    """The record of an op and, for a forward record, its backward record."""
+    return [op, op[: -len(".forward")] + ".backward"] if op.endswith(".forward") else [op]
+
+
+def describe(out: Path) -> None:
+    """Per pair: how many records of each step differ between the two runs (statistics or tensor summaries) and
+    the loss's relative difference at the last step (markdown; docs/validation.md)."""
+    key = json.loads((out / "key.json").read_text())
+    print("| pair | device | step 0 | step 1 | step 2 | last loss rel. diff |")
+    print("|---|---|---|---|---|---|")
+    for name, case in sorted(key["cases"].items()):
+        cells = []
+        for step in range(STEPS):
+            a, b = _records(out / case["ref"], step), _records(out / case["target"], step)
+            common = [r for r in a if r in b]
+            diff = sum(_strip(a[r]) != _strip(b[r]) for r in common)
+            only = len(set(a) ^ set(b))
+            cells.append("%d / %d%s" % (diff, len(common), " (+%d in one run)" % only if only else ""))
+        la, lb = case["losses"]["ref"][-1], case["losses"]["target"][-1]
+        print("| %s | %s | %s | %.2g |" % (name, case["device"], " | ".join(cells), abs(lb - la) / abs(la)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(HERE / ".data"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", nargs="*", help="cases to make (default: all)")
+    ap.add_argument("--modes", nargs="*", default=["stats", "tensor"], help="dump modes to make (default: both)")
+    ap.add_argument("--describe", action="store_true", help="print how much each pair differs; make nothing")
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+    if args.describe:
+        describe(out)
+        return 0
+    cases = {
+        k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
+        for k, (fam, var, fault, modes) in CASES.items()
+        if not args.only or k in args.only
+    }
+    t0 = time.time()
+    import torch  # noqa: F401  (imported once, before forking)
+    import transformers  # noqa: F401
+    from msprobe.pytorch import PrecisionDebugger  # noqa: F401
+    from transformers import (  # noqa: F401
+        BertForMaskedLM,
+        BloomForCausalLM,
+        FalconForCausalLM,
+        PhiForCausalLM,
+    )
+
+    print("imports %.1fs" % (time.time() - t0), flush=True)
+    jobs = v2.plan_jobs(cases, out)
+    v2.run_one = run_one  # set 2's forked-run harness runs this set's runs
+    results = v2.run_jobs(jobs, args.jobs)
+    key_path = out / "key.json"
+    key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}
+    for case, (family, variant, fault, modes) in cases.items():
+        for mode in modes:
+            tgt_name = "%s_target_%s" % (case, mode)
+            ref_name = "%s_%s_ref_%s" % (family, variant, mode)
+            tgt, ref = results[tgt_name], results[ref_name]
+            exp = expectation(case, fault, tgt, ref)
+            if exp.get("ops"):  # a mark names the record msprobe was making; the key keeps those it wrote
+                written = set(_records(out / mode / tgt_name, exp["step"])) | set(
+                    _records(out / mode / ref_name, exp["step"])
+                )
+                if not set(exp["ops"]) <= written:
+                    raise SystemExit("%s_%s: %r not in the dumps" % (case, mode, sorted(set(exp["ops"]) - written)))
+                step = str(exp["step"])
+                exp["modules"] = sorted(
+                    set(exp.get("modules", []))
+                    | {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
+                )
+            flips = argmax_flips(tgt, ref)
+            if variant == "flip" and [(f["step"], f["token"]) for f in flips] != [
+                (FLIP_STEP, ref["info"]["flip"]["token"])
+            ]:
+                raise SystemExit("%s: not the one crafted argmax flip: %r" % (case, flips))
+            if variant != "flip" and fault is None and flips:
+                raise SystemExit("%s: a clean pair without a crafted tie flipped an argmax: %r" % (case, flips))
+            if fault is None:  # the devices change values only: same records, shapes, dtypes
+                odd = v2.structure_differences(out / mode / ref_name, out / mode / tgt_name)
+                if odd:
+                    raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
+            clean = out / "stats" / ("%s_clean_target_stats" % family)
+            if fault is not None and mode == "stats" and clean.exists():
+                exp["changed"] = check_changes(case, exp, fault, out, mode, out / mode / tgt_name, clean)
+            key["cases"]["%s_%s" % (case, mode)] = {
+                "case": case,
+                "mode": mode,
+                "family": family,
+                "device": FAMILIES[family]["device"] + ("+M" if variant == "noisyref" else ""),
+                "ref": str(Path(mode) / ref_name),
+                "target": str(Path(mode) / tgt_name),
+                "expect": exp,
+                "flips": flips,
+                "crafted": ref["info"].get("flip"),
+                "losses": {"ref": ref["losses"], "target": tgt["losses"]},
+                "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
+                "loss_scale": {"ref": ref["info"].get("loss_scale"), "target": tgt["info"].get("loss_scale")},
+            }
+    key["families"] = {k: v["text"] for k, v in FAMILIES.items()}
+    key["devices"] = {k: v.text for k, v in devices3.DEVICES.items()}
+    key["steps"] = STEPS
+    key["set"] = 3
+    key_path.write_text(json.dumps(key, indent=1, sort_keys=True))
+    shutil.rmtree(out / "scratch", ignore_errors=True)
+    print("%d runs, %d cases in %.1fs; key: %s" % (len(jobs), len(key["cases"]), time.time() - t0, key_path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

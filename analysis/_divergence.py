@@ -167,14 +167,15 @@ def divergence(cmp: Comparison) -> Verdict:
     return _verdict_of(_ordered(cmp.rows, cmp.records), cmp)
 
 
-def _verdict_of(rows: pl.DataFrame, cmp: Comparison) -> Verdict:
-    """The verdict of a comparison whose rows are in execution order (`_ordered`)."""
+def _verdict_of(rows: pl.DataFrame, cmp: Comparison, judged_from: int | None = None) -> Verdict:
+    """The verdict of a comparison whose rows are in execution order (`_ordered`); steps before `judged_from`
+    are context, not judged (analysis/culprit.py `_culprit`)."""
     recs = _record_table(rows)
     if not dtype_applies(cmp.precision, _cross_framework(rows)):
         recs = recs.with_columns(pl.lit(False).alias("dtype_diff"))
     noise = NoiseModel.fit(recs)
     unmatched = _unmatched(cmp.records)
-    found, shown = _culprit(rows, recs, cmp, noise)
+    found, shown = _culprit(rows, recs, cmp, noise, judged_from=judged_from)
     # across frameworks (MindSpore vs PyTorch), records of one framework only are expected structure: listed as
     # unmatched, named only as the producer of a diverged input (missing_op / extra_op culprits)
     cross = _cross_framework(rows)
@@ -395,7 +396,7 @@ def _screened(
             precision=scr.precision,
         )
         rows = _ordered(cmp.rows, cmp.records)
-        v = _verdict_of(rows, cmp)
+        v = _verdict_of(rows, cmp, judged_from=step if context else None)  # the previous step: context only
         stronger = _held(culprit) and v.culprit is not None and not _held(v.culprit)
         if (culprit is None and (v.culprit is not None or v.first_divergence is not None)) or stronger:
             first, culprit, noise = v.first_divergence, v.culprit, v.noise

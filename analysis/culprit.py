@@ -61,9 +61,17 @@ Found = tuple[Finding, tuple]  # a finding and its place in execution order
 
 
 def _culprit(
-    rows: pl.DataFrame, recs: pl.DataFrame, cmp: Comparison, noise: NoiseModel, batch: int = 64
+    rows: pl.DataFrame,
+    recs: pl.DataFrame,
+    cmp: Comparison,
+    noise: NoiseModel,
+    batch: int = 64,
+    judged_from: int | None = None,
 ) -> tuple[Found | None, Found | None]:
-    """(culprit, first divergence): the first finding in execution order, and where it shows in the target."""
+    """(culprit, first divergence): the first finding in execution order, and where it shows in the target.
+    Steps before `judged_from` are context only (the previous step the screened path compares with a step: the
+    optimizer's earlier step and the noise before it), not judged: at the first compared step every weight over
+    its tolerance is a culprit, which a context step, later in the run, is not."""
     only = {
         (r["step"], r["rank"], r["source"], r["t_record"] or r["r_record"]): r["how"]
         for r in cmp.records.filter(pl.col("how").is_in(["target_only", "ref_only"])).iter_rows(named=True)
@@ -73,6 +81,8 @@ def _culprit(
     weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
     suspects = data_suspects(recs)  # data the statistics cannot verify, named before later findings of its step
     for i, step in enumerate(steps):
+        if judged_from is not None and step < judged_from:
+            continue
         view = _StepView(rows, step)
         changed: dict[int, dict[str, Any]] = {}
         if i:

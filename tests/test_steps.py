@@ -261,3 +261,27 @@ def test_decay_differs_is_a_common_relative_norm_gap_beyond_its_own_spread():
     # fewer than OPT_MIN_PARAMS parameters
     rows, params = _norm_rows([0.0] * 2, [-1.8e-4] * 2)
     assert steps.decay_differs(rows, 0, 1, params) is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_screened_path_judges_the_previous_step_as_context_only(dump_writer, store_dir, mode):
+    """The screened path (runs too large for one piece) compares a step with the step before it, for the
+    optimizer's earlier step; that context step is not judged again: its weights, over their tolerance by the
+    optimizer's noise, are not 'parameters at the first compared step'."""
+    from dumpstore.analysis import divergence_by_steps
+
+    x, params, grads = _runs(np.random.default_rng(17))
+    r = np.random.default_rng(18)
+
+    def noisy(step, i, q, g):  # weights moved by 1e-4 after each update: over the float32 tolerance, x ~ 0.01
+        return q + (1e-4 * r.normal(size=q.shape) if step else 0.0)
+
+    ref, target = _run(x, params, grads, 3), _run(x, params, grads, 3, noisy)
+    st = _ingest_pair(dump_writer, store_dir, mode, ref, target, steps=3)
+    _mark_parameters(st, store_dir)
+    st = open_store(store_dir)
+    whole = divergence_by_steps(st, "target", "ref")
+    assert whole.culprit is None
+    assert whole.counts.get("diverged", 0) > 0  # the weights and outputs of steps 1 and 2 are over their tolerance
+    screened = divergence_by_steps(st, "target", "ref", max_rows=1)
+    assert screened.culprit is None

@@ -202,8 +202,13 @@ def _left_band(mt, mr, m2, persist: int):
     # one integer id per series (the rows are sorted by series): the windows below group by it, not by 5 keys
     key = pl.struct(series)
     df = df.with_columns(key.ne_missing(key.shift()).cum_sum().alias("_sid"))
-    outs = []
-    early: list = []  # without a rerun: rows of a series' first steps where the runs already differ
+    sid = pl.col("_sid")
+    if m2 is None:
+        df = df.with_columns(
+            pl.int_range(pl.len()).over("_sid").alias("_idx"),
+            pl.max_horizontal(pl.lit(3), (pl.len().over("_sid") * 0.05).cast(pl.Int64)).alias("_cut"),
+        )
+    bands, early = [], []  # early (without a rerun): a series' first steps where the runs already differ
     for s in STATS:
         t, r = pl.col(f"{s}_t"), pl.col(f"{s}_r")
         diff = (t - r).abs()
@@ -212,22 +217,24 @@ def _left_band(mt, mr, m2, persist: int):
             band = noise.rolling_max(2 * persist + 1, min_samples=1, center=True).over("_sid") * BAND_K
         else:
             # the first `cut` steps against their own largest difference; a later step against the largest
-            # difference of the `trail` steps before it (a pair that differs from the start drifts apart slowly:
-            # a band fixed on its first steps is left by every accumulating series, weights and Adam states first)
-            idx = pl.int_range(pl.len()).over("_sid")
-            nsteps = pl.len().over("_sid")
-            cut = pl.max_horizontal(pl.lit(3), (nsteps * 0.05).cast(pl.Int64))
+            # difference of the TRAIL steps before it
+            first = pl.col("_idx") < pl.col("_cut")
             d0 = diff.fill_nan(None)
-            base = pl.when(idx < cut).then(d0).otherwise(None).max().over("_sid")
+            base = pl.when(first).then(d0).otherwise(None).max().over("_sid")
             trail = d0.shift(1).rolling_max(TRAIL, min_samples=1).over("_sid")
-            band = pl.when(idx < cut).then(base).otherwise(trail).fill_null(0.0) * BAND_K
+            band = pl.when(first).then(base).otherwise(trail).fill_null(0.0) * BAND_K
             floor = pl.max_horizontal(pl.lit(ATOL), r.abs() * RTOL)
-            early.append(((idx < cut) & ((d0 > floor) | (t.is_nan() != r.is_nan()))).fill_null(False))
-        # a step is a departure when it and >= STAY of the next `persist` - 1 steps are out of the band it had
-        ahead = []
-        for j in range(persist):
-            tj, rj = t.shift(-j).over("_sid"), r.shift(-j).over("_sid")
-            limit = pl.max_horizontal(pl.lit(ATOL), rj.abs() * RTOL, band)
+            early.append((first & ((d0 > floor) | (t.is_nan() != r.is_nan()))).fill_null(False))
+        bands.append(band.alias(f"_b_{s}"))
+    df = df.with_columns(bands)
+    # a step is a departure when it and >= STAY of the next `persist` - 1 steps of its series are out of the band
+    # it had (the rows are sorted by series and step: row k + j is the series' j-th step after k when its id is k's)
+    cols = []
+    for j in range(persist):
+        per = []
+        for s in STATS:
+            tj, rj = pl.col(f"{s}_t").shift(-j), pl.col(f"{s}_r").shift(-j)
+            limit = pl.max_horizontal(pl.lit(ATOL), rj.abs() * RTOL, pl.col(f"_b_{s}"))
             # NaN on one side only is out; NaN on both (a tensor missing in both runs) is not
             out = (
                 pl.when(tj.is_nan() & rj.is_nan())
@@ -236,9 +243,9 @@ def _left_band(mt, mr, m2, persist: int):
                 .then(True)
                 .otherwise((tj - rj).abs() > limit)
             )
-            ahead.append(pl.when(rj.is_null()).then(None).otherwise(out.fill_null(False)))
-        outs.append(ahead)
-    cols = [pl.any_horizontal([o[j] for o in outs]).alias(f"_o{j}") for j in range(persist)]
+            per.append(out.fill_null(False))
+        same = (sid.shift(-j) == sid).fill_null(False)
+        cols.append(pl.when(same).then(pl.any_horizontal(per)).otherwise(None).alias(f"_o{j}"))
     df = df.with_columns(cols)
     # the share of out among this and the next `persist - 1` monitored steps of the series; a series needs
     # `persist` steps after a departure (or all it has, when shorter) for it to count
@@ -260,6 +267,7 @@ def _left_band(mt, mr, m2, persist: int):
         judged = ~pl.col("_early")
     left = df.filter(pl.col("out") & (pl.col("ahead") >= STAY) & (pl.col("_there") >= pl.col("_need")) & judged)
     left = left.drop([f"_o{j}" for j in range(persist)] + ["_hits", "_there", "_need"])
+    left = left.drop([c for c in left.columns if c.startswith(("_b_", "_idx", "_cut"))])
     first = left.group_by(series, maintain_order=True).agg(pl.all().sort_by("step").first())
     n_series = df.get_column("_sid").max() or 0
     n_early = int(df.filter(pl.col("_early")).get_column("_sid").n_unique()) if early else 0

@@ -39,7 +39,7 @@ STATS = ("norm", "max", "min")
 ATOL, RTOL = 2e-6, 1e-6
 BAND_K = 3.0
 PERSIST = 10
-TRAIL = 20  # steps before a step whose largest difference sets its band (pairs differing from the start)
+TRAIL = 20  # steps before a later step whose largest difference sets its band (no rerun)
 STAY = 0.9
 _KEYS = ["rank", "prefix", "name", "step", "micro", "vpp"]
 # the monitor columns the culprit reads (the rest of a run's tens of millions of rows stays on disk)
@@ -266,13 +266,12 @@ def _left_band(mt, mr, m2, persist: int):
         df = df.with_columns(pl.any_horizontal(early).any().over("_sid").alias("_early"))
         judged = ~pl.col("_early")
     left = df.filter(pl.col("out") & (pl.col("ahead") >= STAY) & (pl.col("_there") >= pl.col("_need")) & judged)
-    left = left.drop([f"_o{j}" for j in range(persist)] + ["_hits", "_there", "_need"])
-    left = left.drop([c for c in left.columns if c.startswith(("_b_", "_idx", "_cut"))])
+    left = left.drop([c for c in left.columns if c.startswith("_")])  # the working columns above
     first = left.group_by(series, maintain_order=True).agg(pl.all().sort_by("step").first())
     n_series = df.get_column("_sid").max() or 0
     n_early = int(df.filter(pl.col("_early")).get_column("_sid").n_unique()) if early else 0
     ranks = set(df.get_column("rank").unique().to_list())
-    return first.drop([c for c in ("_sid", "_early") if c in first.columns]), int(n_series), ranks, n_early
+    return first, int(n_series), ranks, n_early
 
 
 def _result(parts: list[tuple], rerun: bool, loss_step: int | None) -> dict[str, Any]:
@@ -284,7 +283,11 @@ def _result(parts: list[tuple], rerun: bool, loss_step: int | None) -> dict[str,
     n_series = sum(n for _, n, _, _ in parts)
     n_early = sum(e for _, _, _, e in parts)
     ranks = set().union(*(r for _, _, r, _ in parts)) if parts else set()
-    band_text = "3 x the rerun's |ref2 - ref|" if rerun else "3 x each series' own |target - ref| over its first steps"
+    band_text = (
+        "3 x the rerun's |ref2 - ref|"
+        if rerun
+        else f"series equal over their first steps; 3 x their own |target - ref| of the {TRAIL} steps before"
+    )
     result: dict[str, Any] = {
         "n_series": int(n_series),
         "n_differ_from_start": int(n_early),

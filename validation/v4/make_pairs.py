@@ -101,6 +101,7 @@ CASES = {
     "gptj_ln_eps_L1": ("gptj", "base", {"kind": "ln_eps", "layer": 1, "value": 1e-2}, ("stats", "tensor")),
     "resnet_frozen_bn_S1": ("resnet", "base", {"kind": "frozen_bn"}, ("stats",)),
     "gptj_fcin_nobias_L1": ("gptj", "base", {"kind": "nobias", "layer": 1}, ("stats", "tensor")),
+    "resnet_conv_bf16_S0": ("resnet", "base", {"kind": "conv_bf16"}, ("stats",)),
     # backward only: a custom SiLU's gradient formula
     "mamba_silu_backward": ("mamba", "base", {"kind": "silu_back"}, ("stats", "tensor")),
     # parameters and data
@@ -376,6 +377,20 @@ def patch(family: str, model, tracer: Tracer, active) -> None:
                 fc.forward = fc_fwd
 
     if family == "resnet":
+        conv = model.resnet.encoder.stages[0].layers[0].layer[1].convolution  # stage 0's second convolution
+        lower = on("conv_bf16")
+
+        def conv_fwd(x, conv=conv, lower=lower):
+            if lower:  # msprobe writes no record of the casts (Tensor.to): the conv2d gets bf16 inputs
+                w = conv.weight.to(torch.bfloat16)
+                y = F.conv2d(x.to(torch.bfloat16), w, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+                tracer.mark("S0.conv2")
+                return y.to(x.dtype)
+            y = F.conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+            tracer.mark("S0.conv2")
+            return y
+
+        conv.forward = conv_fwd
         bn = model.resnet.encoder.stages[1].layers[0].layer[0].normalization  # stage 1's first BatchNorm
         if on("frozen_bn"):
             bn.eval()  # left in eval mode (a freeze meant for fine-tuning): running statistics in training
@@ -640,6 +655,13 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
             "ops": both("S1.bn", 0),
             "what": "stage 1's first BatchNorm left in eval mode during training (normalised by the running "
             "statistics; training=False in its batch_norm call)",
+        }
+    if kind == "conv_bf16":
+        return {
+            "step": 0,
+            "ops": both("S0.conv2", 0),
+            "what": "stage 0's second convolution computed in bf16 in an fp32 run (its input and weight cast down, "
+            "its output back up; msprobe writes no record of the casts)",
         }
     if kind == "silu_back":
         return {

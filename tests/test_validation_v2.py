@@ -437,3 +437,22 @@ def test_a_set4_device_installs_and_uninstalls_with_autograd_through_its_kernels
         mamba.uninstall()
     assert {k_: getattr(m, a) for k_, (m, a) in devices4._TARGETS.items()} == stock
     assert h.grad is not None and k.grad is not None and h.grad.dtype == torch.bfloat16
+
+
+def test_set4_batches_change_only_what_each_data_fault_says():
+    make4 = _load("validation_v4_make_pairs", ROOT / "validation" / "v4" / "make_pairs.py")
+    for family, kind, step in (("mamba", "ids", 1), ("t5", "ids", 2), ("resnet", "labels", 2)):
+        clean = make4.batches(family, None)
+        bad = make4.batches(family, {"kind": kind, "step": step})
+        field = {"ids": "input_ids", "labels": "labels"}[kind]
+        for s in range(3):
+            for m, (a, b) in enumerate(zip(clean[s], bad[s])):
+                for name in a:
+                    want = (1 if kind == "ids" else 2) if (s, m, name) == (step, 0, field) else 0
+                    assert int((a[name] != b[name]).sum()) == want, (family, kind, s, m, name)
+    t5 = make4.batches("t5", None)
+    assert [len(s) for s in t5] == [2, 2, 2] and t5[0][0]["labels"].shape == (2, 8)
+    img = make4.batches("resnet", None)[0][0]
+    assert (
+        img["pixel_values"].shape == (8, 3, 16, 16) and 0 <= img["pixel_values"].min() < img["pixel_values"].max() < 1
+    )

@@ -21,9 +21,9 @@ from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
 from .hidden_index import data_suspects, hidden_index_stands
-from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
+from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
-from .producers import _fingerprint, _Producers, _view_fingerprint
+from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers
 from .rank import significance
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
 
@@ -91,7 +91,13 @@ def _culprit(
                 return found
         hidden = pl.col("idx_hidden").fill_null(False) & (pl.col("out_err") > 0)  # analysis/hidden_index.py
         dtype = pl.col("dtype_diff").fill_null(False) if "dtype_diff" in recs.columns else pl.lit(False)
-        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff") | hidden | dtype))
+        also = _also_judged(view.rows, keys, changed)
+        candidates = recs.filter(pl.col("step") == step).join(
+            also, on=keys, how="left", nulls_equal=True, maintain_order="left"
+        )
+        candidates = candidates.filter(
+            pl.col("out_div") | pl.col("arg_diff") | hidden | dtype | pl.col("_also").fill_null(False)
+        ).drop("_also")
         if not candidates.height:
             continue
         t_prod, r_prod = view.producers(""), view.producers("ref_")
@@ -123,6 +129,18 @@ def _culprit(
         return None, None
     weak[0][0].evidence["weak"] = True  # (a batched verdict keeps looking for a stronger one in later batches)
     return weak
+
+
+def _also_judged(rows: pl.DataFrame, keys: list[str], changed: dict[int, Any]) -> pl.DataFrame:
+    """The records (`keys`, with `_also` true) of one step's rows judged even where their outputs stay within
+    their tolerance: the consumers of a parameter changed between the steps (by target fingerprint), and the
+    records reading integer data that differ (analysis/producers.py `discrete_data_readers`)."""
+    consumers = rows.filter(pl.col("_io").is_in(INPUT_IO) & pl.col("_fp_t").is_in(list(changed))).select(keys)
+    return (
+        pl.concat([consumers, discrete_data_readers(rows, keys)])
+        .unique(maintain_order=True)
+        .with_columns(pl.lit(True).alias("_also"))
+    )
 
 
 # an op finding within this many tolerances yields to any stronger finding: the prior's bound on what one op's
@@ -248,11 +266,10 @@ def _optimizer(
             f"(relative, median) from the reference's between steps {before} and {after}, beyond their own spread "
             f"(bar {decay['bar']:.2g}): every parameter moved in proportion to itself, weight decay differs"
         )
-    elif not over:
-        return None, {}
     else:
-        table = ST.table(rows, before, after, params) if params.height else None  # (only the rules of steps.py use it)
-        broad = ST.update_differs(table)
+        # (only the rules of steps.py use the table); a parameter within its tolerance can still have changed
+        table = ST.table(rows, before, after, params) if params.height else None
+        broad = ST.update_differs(table) if over else None
         if broad is None:
             return None, ST.corrupted(table)
         evidence, value, metric = broad, broad["median_update_units"], "update_units"
@@ -339,8 +356,12 @@ class _Judge:
         hidden = self._hidden_index()
         if hidden is not None:
             return (hidden, self.key), (hidden, self.key)
+        param = self._changed_parameter()
+        if param is not None:
+            return (param, self.key), (self._first_output() if self.rec["out_div"] else param, self.key)
         if not self.rec["out_div"]:
-            return None
+            data = self._discrete_data()
+            return None if data is None else ((data, self.key), (data, self.key))
         found = self._numeric()
         if found is None:
             return None
@@ -411,6 +432,83 @@ class _Judge:
                     "precision elsewhere): the op computes in another dtype"
                 ),
                 evidence={"dtype": leaf["dtype"], "ref_dtype": leaf["ref_dtype"], "reason": "dtype differs"},
+            )
+        return None
+
+    def _parameter_finding(self, leaf: dict[str, Any], out: dict[str, Any]) -> Finding | None:
+        """A weight changed between the steps beyond what its update explains (analysis/steps.py `corrupted`), at
+        this consumer; None for any other weight (later weights carry the optimizer's noise)."""
+        changed = self.changed.get(leaf.get("_fp_t"))  # type: ignore[arg-type]
+        if changed is None:
+            return None
+        within = "" if leaf["status"] == "diverged" else ", within its tolerance"
+        return _with_evidence(
+            _finding(out, "parameter"),
+            differing=leaf["name"],
+            input_err=leaf["err"],
+            **changed,
+            detail=(
+                f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step{within} "
+                f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
+                f" at most {changed['siblings_max']:.3g}, what its update was fed "
+                f"{changed['carried_in'] or 0:.3g}): changed between steps"
+            ),
+        )
+
+    def _changed_parameter(self) -> Finding | None:
+        """The first consumer of a parameter changed between the steps, whether or not the parameter or the
+        output is over its tolerance: the change is measured in units of the parameter's own update, where a
+        tolerance on its norm means nothing (a sign flip of some elements keeps the norm)."""
+        if not self.changed or self.rec["step"] == self.first_step:
+            return None
+        ins = self.leaves.filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & pl.col("_fp_t").is_in(list(self.changed))
+        )
+        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor"))
+        if not ins.height or not outs.height:
+            return None
+        out = outs.sort(pl.col("status") == "diverged", "err", descending=True, nulls_last=True).row(0, named=True)
+        for leaf in ins.iter_rows(named=True):
+            if (
+                self.t_prod.producer(leaf) is None
+                and self.r_prod.producer(leaf) is None
+                and self.t_prod.is_weight(leaf)
+            ):
+                return self._parameter_finding(leaf, out)
+        return None
+
+    def _discrete_data(self) -> Finding | None:
+        """Integer data (labels, ids: an integer or boolean input no recorded op produced in either run) that
+        differ, read by a record whose float inputs agree (within `QUIET` x its tolerance) and whose output may
+        stay within its tolerance (two masked-LM labels move a bfloat16-autocast loss by 0.8 %): integers have no
+        rounding noise, and nothing float before this record differs enough to have made them (a near-tie flip
+        noted upstream in its step explains them)."""
+        tol = float(self.rec["tol"] or 0.0)
+        if not (float(self.rec.get("in_float_err") or 0.0) <= QUIET * tol):
+            return None
+        exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+        ints = self.leaves.filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact & (pl.col("status") == "diverged")
+        )
+        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor") & ~exact)
+        if not ints.height or not outs.height:
+            return None
+        out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
+        for leaf in ints.iter_rows(named=True):
+            if self.t_prod.producer(leaf) is not None or self.r_prod.producer(leaf) is not None:
+                continue
+            if explained_by_flip(self.noise, self.key, leaf) is not None:
+                continue
+            return _with_evidence(
+                _finding(out, "input"),
+                differing=leaf["name"],
+                input_err=leaf["err"],
+                float_input_err=self.rec.get("in_float_err"),
+                detail=(
+                    f"{leaf['name']} (integer data no earlier op produced) differs "
+                    f"({_stat_change(leaf)}) while this op's float inputs agree "
+                    f"({float(self.rec.get('in_float_err') or 0.0):.3g}): its output moved {out['err']:.3g}"
+                ),
             )
         return None
 
@@ -607,21 +705,7 @@ class _Judge:
             if kind == "parameter" and leaf["step"] != self.first_step:
                 # later weights carry the optimizer's noise: named only when changed beyond what the update
                 # explains (analysis/steps.py), at their first consumer
-                changed = self.changed.get(leaf.get("_fp_t"))  # type: ignore[arg-type]
-                if changed is None:
-                    return None
-                return _with_evidence(
-                    _finding(out, kind),
-                    differing=leaf["name"],
-                    input_err=leaf["err"],
-                    **changed,
-                    detail=(
-                        f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step "
-                        f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
-                        f" at most {changed['siblings_max']:.3g}, what its update was fed "
-                        f"{changed['carried_in'] or 0:.3g}): changed between steps"
-                    ),
-                )
+                return self._parameter_finding(leaf, out)
             if kind == "input" and leaf["err"] is not None:
                 bar = max(self.noise.carried(self.key) or 0.0, step_level(self.noise, self.key) or 0.0)
                 if bar > 0 and leaf["err"] <= bar:
@@ -636,6 +720,16 @@ class _Judge:
                 detail=f"{leaf['name']} differs and no earlier op produced it",
             )
         return None
+
+
+def _stat_change(leaf: dict[str, Any]) -> str:
+    """How an integer leaf's statistics differ: `max 95 vs 88`."""
+    parts = [
+        f"{s} {leaf[s]:.6g} vs {leaf['ref_' + s]:.6g}"
+        for s in ("max", "min", "mean")
+        if leaf.get(s) is not None and leaf.get("ref_" + s) is not None and leaf[s] != leaf["ref_" + s]
+    ]
+    return ", ".join(parts) or "values"
 
 
 def _forward_of(record: str, key: tuple, only: dict, side: str) -> str:

@@ -42,6 +42,7 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,10 @@ from . import rules as R
 from .noise import OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
 
 X_MIN = 0.25  # a gap of a quarter of the reference's own update: far beyond rounding of an update
+# two runs' updates of a parameter put at most both of them between the runs (each one update, in opposite
+# directions: ||u_t - u_r|| <= ||u_t|| + ||u_r||), on top of what they carried in: a parameter within its
+# tolerance is named only beyond STAND_OUT x that
+UPDATES_APART = 2.0
 MIN_MEASURED = 3  # fewer measured parameters than this: the update-differs rule does not apply
 
 _KEYS = ["rank", "source", "_record", "_io", "index_path"]
@@ -160,12 +165,15 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     x = t["x"].fill_null(np.nan).to_numpy()
     unexplained = _unexplained(t)
     klass = t["klass"].to_list()
-    record = list(zip(t["_record"].to_list(), t["rank"].to_list()))  # another layer, or the same on another rank
-    over = (t["status"] == "diverged").to_numpy()
+    owner = _owners(t)  # another layer, or the same on another rank; not another call of the same module
     expl = _explained(t)
+    over = (t["status"] == "diverged").to_numpy()
+    x_prev = np.nan_to_num(t["x_prev"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
+    with np.errstate(invalid="ignore"):
+        apart = x > STAND_OUT * (UPDATES_APART + x_prev)  # beyond what any two updates can put between the runs
     out: dict[int, dict[str, Any]] = {}
-    for i in np.flatnonzero(unexplained & over):
-        sib = [j for j in range(t.height) if klass[j] == klass[i] and record[j] != record[i]]
+    for i in np.flatnonzero(unexplained & (over | apart)):
+        sib = [j for j in range(t.height) if klass[j] == klass[i] and owner[j] != owner[i]]
         sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
         kin = "siblings"
         if not sx.size:  # no tensor of its kind: every other parameter of the step
@@ -182,6 +190,24 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
             "siblings": len(sx),
             "siblings_max": float(sx.max()),
         }
+    return out
+
+
+def _owners(t: pl.DataFrame) -> list[tuple]:
+    """Which tensor each row is, for the sibling test: the same parameter read by several calls of its module
+    (micro-batches: `fc1.Linear.forward.0` and `.forward.1`) is one tensor, not its own sibling.  A module
+    record names its module without the call counter; an API record (no module records: the parameter is a
+    tensor input that requires grad) is its own; the rank and the target fingerprint join them."""
+    recs = [re.sub(r"\.\d+$", "", r) if r.startswith(("Module.", "Cell.")) else r for r in t["_record"].to_list()]
+    fps = t["_fp_t"].to_list()
+    ranks = t["rank"].to_list()
+    first: dict[tuple, tuple] = {}
+    out = []
+    for rec, fp, rank in zip(recs, fps, ranks):
+        key = (rec, rank)
+        if fp is not None:  # one fingerprint on one rank: one tensor, whatever record reads it
+            key = first.setdefault((fp, rank), key)
+        out.append(key)
     return out
 
 

@@ -180,7 +180,7 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     leaf = ints.row(0, named=True)
     out = outs.sort("err", descending=True).row(0, named=True)
     h, before = rec["_h"], rec["_h_before"]
-    floor = max(float(rec["in_float_err"] or 0.0), float(rec["_eps"]))
+    floor = max(float(rec["in_float_err"] or 0.0), float(rec.get("in_float_eps") or 0.0), float(rec["_eps"]))
     f_new = _finding(out, "input")
     f_new.threshold, f_new.dtype = STAND_OUT * before * floor, rec["out_dtype"]
     f_new = _with_evidence(

@@ -33,7 +33,7 @@ from typing import Any
 
 import polars as pl
 
-from dumpstore.dtypes import INT_DTYPES
+from dumpstore.dtypes import EPS, INT_DTYPES
 
 from .noise import STAND_OUT
 
@@ -58,11 +58,14 @@ def hidden_index_columns(is_in: pl.Expr, is_out: pl.Expr, tensor: pl.Expr) -> li
     input compared by its statistics only that agrees; `out_dtype`, the dtype of the first float output;
     `in_float_err`, the largest error of the float tensor inputs."""
     discrete = pl.col("tol_dtype").is_in(_DISCRETE)
-    hidden = is_in & tensor & discrete & (pl.col("err_source") == "stats") & (pl.col("status") != "diverged")
+    stats = pl.col("err_source") == "stats"
+    hidden = is_in & tensor & discrete & stats & (pl.col("status") != "diverged")
+    float_eps = pl.col("dtype").replace_strict(EPS, default=None, return_dtype=pl.Float64)
     return [
         hidden.any().alias("idx_hidden"),
         pl.col("dtype").filter(is_out & tensor & ~discrete).first().alias("out_dtype"),
         pl.col("err").filter(is_in & tensor & ~discrete).max().alias("in_float_err"),
+        float_eps.filter(is_in & tensor & ~discrete & stats).max().alias("in_float_eps"),
     ]
 
 
@@ -102,8 +105,6 @@ def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict
     need = {"op_class", "idx_hidden", "out_dtype", "in_float_err", "out_err", "_direction", "_phase", "_seq"}
     if not need <= set(recs.columns):
         return {}
-    from dumpstore.dtypes import EPS
-
     from .noise import order_key
 
     gathers = [c for c in recs["op_class"].drop_nulls().unique().to_list() if is_gather(c) or c.startswith(_MODULE)]
@@ -118,7 +119,10 @@ def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict
     if not cand.height or cand["step"].n_unique() < 2:
         return {}
     eps = pl.col("out_dtype").replace_strict(EPS, default=EPS["float32"], return_dtype=pl.Float64)
-    ratio = pl.col("out_err") / pl.max_horizontal(pl.col("in_float_err").fill_null(0.0), eps)
+    # float inputs compared by statistics agree only to their dtype's rounding: msprobe rounds a bfloat16
+    # tensor's statistics to bfloat16, so equal statistics of bf16 logits leave up to eps(bf16) unseen
+    seen = pl.max_horizontal(pl.col("in_float_err").fill_null(0.0), pl.col("in_float_eps").fill_null(0.0), eps)
+    ratio = pl.col("out_err") / seen
     keys = ["rank", "source", "_record"]
     cand = (
         cand.with_columns(ratio.alias("_h"), eps.alias("_eps"))

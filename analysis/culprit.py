@@ -437,10 +437,16 @@ class _Judge:
 
     def _parameter_finding(self, leaf: dict[str, Any], out: dict[str, Any]) -> Finding | None:
         """A weight changed between the steps beyond what its update explains (analysis/steps.py `corrupted`), at
-        this consumer; None for any other weight (later weights carry the optimizer's noise)."""
+        this consumer; None for any other weight (later weights carry the optimizer's noise), and for one changed
+        by under `X_MIN` of its update where this consumer does not confirm it (`_consumer_confirms`)."""
         changed = self.changed.get(leaf.get("_fp_t"))  # type: ignore[arg-type]
         if changed is None:
             return None
+        if changed.get("needs_consumer"):
+            confirms = self._consumer_confirms(leaf)
+            if confirms is None:
+                return None
+            changed = {k: v for k, v in changed.items() if k != "needs_consumer"} | confirms
         within = "" if leaf["status"] == "diverged" else ", within its tolerance"
         return _with_evidence(
             _finding(out, "parameter"),
@@ -451,9 +457,35 @@ class _Judge:
                 f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step{within} "
                 f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
                 f" at most {changed['siblings_max']:.3g}, what its update was fed "
-                f"{changed['carried_in'] or 0:.3g}): changed between steps"
+                f"{changed['carried_in'] or 0:.3g}): changed between steps" + _confirmation(changed)
             ),
         )
+
+    def _consumer_confirms(self, leaf: dict[str, Any]) -> dict[str, Any] | None:
+        """Evidence that a parameter changed by under `X_MIN` of its update (but beyond its siblings and what its
+        update explains) made this consumer's output differ: its other tensor inputs agree (within `QUIET` x the
+        tolerance) and its local error (beyond what its inputs' measured errors carry: a sign flip keeps the
+        parameter's norm, so its statistics bound hides most of the change) stands out as a fresh op's would,
+        beyond the fresh ops before it, its siblings (within the prior's reach) and the error the pair carries
+        here.  None where it does not."""
+        rec = self.rec
+        tol = float(rec["tol"] or 0.0)
+        others = self.leaves.filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & (pl.col("name") != leaf["name"])
+        )
+        worst = others["err"].drop_nulls().max() if others.height else 0.0
+        if not rec["out_div"] or worst is None or not float(worst) <= QUIET * tol:  # type: ignore[arg-type]
+            return None
+        value = rec["local"]  # beyond what its inputs' measured errors, the parameter's included, carry
+        bar = self.noise.bar(rec["_direction"], True, self.key)
+        if value is None or (bar is not None and value <= bar):
+            return None
+        if siblings_excuse(rec, value, self.noise.sibling_bar(rec)):
+            return None
+        level = self.noise.carried(self.key)
+        if level is not None and value <= level:
+            return None
+        return {"consumer_err": value, "consumer_bar": max(bar or 0.0, level or 0.0)}
 
     def _changed_parameter(self) -> Finding | None:
         """The first consumer of a parameter changed between the steps, whether or not the parameter or the
@@ -720,6 +752,17 @@ class _Judge:
                 detail=f"{leaf['name']} differs and no earlier op produced it",
             )
         return None
+
+
+def _confirmation(changed: dict[str, Any]) -> str:
+    """The detail's clause for a parameter change under `X_MIN` of an update that its consumer confirmed."""
+    if "consumer_err" not in changed:
+        return ""
+    return (
+        f"; under a quarter of an update, confirmed by this op's output, off {changed['consumer_err']:.3g} beyond "
+        "what its inputs carry, on agreeing activations, where the pair's fresh ops and carried error reach "
+        f"{changed['consumer_bar']:.3g}"
+    )
 
 
 def _stat_change(leaf: dict[str, Any]) -> str:

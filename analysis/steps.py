@@ -150,20 +150,12 @@ def _beyond(t: pl.DataFrame) -> np.ndarray:
         return np.isfinite(x) & (x > STAND_OUT * np.nan_to_num(_explained(t), nan=0.0))
 
 
-def _unexplained(t: pl.DataFrame) -> np.ndarray:
-    """Beyond what explains it, and a sizeable part of an update (X_MIN)."""
-    x = t["x"].fill_null(np.nan).to_numpy()
-    with np.errstate(invalid="ignore"):
-        return _beyond(t) & (x >= X_MIN)
-
-
 def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     """The parameters changed between the steps (see the module's docstring), by target fingerprint, each with
     its evidence."""
     if t is None or not t.height:
         return {}
     x = t["x"].fill_null(np.nan).to_numpy()
-    unexplained = _unexplained(t)
     klass = t["klass"].to_list()
     owner = _owners(t)  # another layer, or the same on another rank; not another call of the same module
     expl = _explained(t)
@@ -172,7 +164,7 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     with np.errstate(invalid="ignore"):
         apart = x > STAND_OUT * (UPDATES_APART + x_prev)  # beyond what any two updates can put between the runs
     out: dict[int, dict[str, Any]] = {}
-    for i in np.flatnonzero(unexplained & (over | apart)):
+    for i in np.flatnonzero(_beyond(t) & (over | apart)):
         sib = [j for j in range(t.height) if klass[j] == klass[i] and owner[j] != owner[i]]
         sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
         kin = "siblings"
@@ -190,6 +182,8 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
             "siblings": len(sx),
             "siblings_max": float(sx.max()),
         }
+        if not x[i] >= X_MIN:  # under a quarter of an update: named only where its consumer confirms it
+            out[int(fp)]["needs_consumer"] = True
     return out
 
 

@@ -122,13 +122,62 @@ def _culprit(
                 if found is None:
                     continue
                 found = _data_first(found, suspects, view) or found
-                if not _is_weak(found[0][0]):
+                strong = not _is_weak(found[0][0])
+                found = _innermost(found, recs, view) or found
+                if strong:
                     return found
                 weak = weak or found
     if weak is None:
         return None, None
     weak[0][0].evidence["weak"] = True  # (a batched verdict keeps looking for a stronger one in later batches)
     return weak
+
+
+_MODULES = ("Module.", "Cell.")
+
+
+def _innermost(found: tuple[Found, Found], recs: pl.DataFrame, view: _StepView) -> tuple[Found, Found] | None:
+    """An `op` finding at a module record is named at the record inside it (its own or a nested module's op,
+    same step, rank and direction) whose output diverges with the largest local error (the error it made
+    beyond what its inputs carry; the earliest on a tie): a user needs the op, and the module was named only
+    because none of its inner records stood out on its own (each was judged before it: msprobe writes a
+    module's record when it returns).  None: not a module, or no inner record diverges."""
+    f, key = found[0]
+    if f.kind != "op" or not f.op.startswith(_MODULES):
+        return None
+    inner = [r for r, _ in view.parents.items() if f.op in enclosing_modules(r, view.parents)]
+    if not inner:
+        return None
+    here = recs.filter((pl.col("step") == f.step) & (pl.col("rank") == f.rank))
+    direction = here.filter(pl.col("_record") == f.op)["_direction"].first()
+    cand = here.filter(
+        pl.col("_record").is_in(inner)
+        & pl.col("out_div")
+        & (pl.col("_direction") == direction)
+        & ~pl.col("_record").str.starts_with(_MODULES[0])
+        & ~pl.col("_record").str.starts_with(_MODULES[1])
+    )
+    if not cand.height:
+        return None
+    best = cand.with_row_index("_i").sort(["local", "_i"], descending=[True, False], nulls_last=True).row(0, named=True)
+    out = view.rows.filter(
+        (pl.col("rank") == best["rank"])
+        & pl.col("source").eq_missing(best["source"])
+        & (pl.col("_record") == best["_record"])
+        & pl.col("_io").is_in(OUTPUT_IO)
+        & (pl.col("status") == "diverged")
+    )
+    if not out.height:
+        return None
+    g = _finding(out.row(0, named=True), "op")
+    g.evidence = {**f.evidence, "module": f.op, "local_error": best["local"]}
+    local, err = float(best["local"] or 0.0), float(best["out_err"] or 0.0)
+    g.detail = (
+        f"module {f.op}: {f.detail or 'its output diverges'}; no record inside it stood out on its own, and "
+        f"{best['_record']} makes most of its error (local {local:.3g} of its output's {err:.3g})"
+    )
+    k = order_key(best)
+    return (g, k), (g, k)
 
 
 def _also_judged(rows: pl.DataFrame, keys: list[str], changed: dict[int, Any]) -> pl.DataFrame:

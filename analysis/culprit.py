@@ -20,7 +20,7 @@ from .compare import Comparison
 from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
-from .hidden_index import data_suspects, hidden_index_stands
+from .hidden_index import data_suspects, hidden_index_stands, is_loss
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers
@@ -224,27 +224,40 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
     ints = leaves.filter(pl.col("_io").is_in(INPUT_IO) & exact & (pl.col("err_source") == "stats"))
     outs = leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & ~exact & pl.col("err").is_not_null())
-    if not ints.height or not outs.height:
+    unrecorded = not ints.height and is_loss(rec.get("op_class"))  # a loss whose labels the dump does not list
+    if not (ints.height or unrecorded) or not outs.height:
         return None
-    leaf = ints.row(0, named=True)
     out = outs.sort("err", descending=True).row(0, named=True)
     h, before = rec["_h"], rec["_h_before"]
     floor = max(float(rec["in_float_err"] or 0.0), float(rec.get("in_float_eps") or 0.0), float(rec["_eps"]))
     f_new = _finding(out, "input")
     f_new.threshold, f_new.dtype = STAND_OUT * before * floor, rec["out_dtype"]
+    moved = (
+        f"this op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step), "
+        f"ahead of {f.op} later in the step"
+    )
+    if unrecorded:
+        name, why = (
+            None,
+            (
+                f"a loss whose target (data) the dump does not list: {moved}: its target differs (read through ops "
+                "msprobe does not record)"
+            ),
+        )
+    else:
+        name = ints.row(0, named=True)["name"]
+        why = (
+            f"{name} (integer data no earlier op produced) has the same max/min in both runs, but {moved}: its "
+            "values differ (msprobe's statistics of integers keep only max/min)"
+        )
     f_new = _with_evidence(
         f_new,
-        differing=leaf["name"],
+        differing=name,
         hidden_by_statistics=True,
         error_per_input_error=h,
         earlier_steps_max=before,
         ahead_of=f.op,
-        detail=(
-            f"{leaf['name']} (integer data no earlier op produced) has the same max/min in both runs, but this "
-            f"op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step), "
-            f"ahead of {f.op} later in the step: its values differ (msprobe's statistics of integers keep only "
-            "max/min)"
-        ),
+        detail=why,
     )
     return (f_new, skey), (f_new, skey)
 

@@ -18,10 +18,12 @@ labels, positions) and whose statistics agree, and a float output that differs:
             not apply).
 Then the integer input differs: the culprit is that input (`input`: data), at the op reading it.
 
-Other ops reading such data (the loss: cross_entropy(logits, labels)) have no such bound: a bound b of their
-float inputs can hide sqrt(2 b) of a tensor far larger than their output.  Their own history orders
+Other ops reading such data (the loss: cross_entropy(logits, labels)), and losses whose target the dump does
+not list at all (`LOSSES`: labels read through a `view` msprobe does not record), have no such bound: a bound b
+of their float inputs can hide sqrt(2 b) of a tensor far larger than their output.  Their own history orders
 explanations instead (`data_suspects`): the output error per error of the float inputs, h = out_err /
-max(in_float_err, eps(output dtype)), standing STAND_OUT x above the same record's h at every earlier step
+max(in_float_err, eps(float inputs' dtype), eps(output dtype)) (statistics of a bf16 tensor are rounded to
+bf16: equal ones leave eps(bf16) unseen), standing STAND_OUT x above the same record's h at every earlier step
 (and the output error above STAND_OUT x eps) makes the record a suspect, named ahead of any later finding of
 its step (analysis/culprit.py `_data_first`) and never on its own.
 """
@@ -43,6 +45,36 @@ _MODULE = ("Module.", "Cell.")
 GATHERS = frozenset(
     {"embedding", "gather", "index_select", "take", "take_along_dim", "__getitem__", "index", "embedding_bag"}
 )
+
+
+# losses: their targets are data (labels), which a dump may not record at all (read through a `view` msprobe does
+# not record, or not passed as a tensor the loss record lists) (msprobe's op type, last token)
+LOSSES = frozenset(
+    {
+        "cross_entropy",
+        "nll_loss",
+        "binary_cross_entropy",
+        "binary_cross_entropy_with_logits",
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "kl_div",
+        "ctc_loss",
+        "multi_margin_loss",
+        "multilabel_soft_margin_loss",
+        "poisson_nll_loss",
+        "gaussian_nll_loss",
+    }
+)
+
+
+def is_loss(op_class: str | None) -> bool:
+    """Whether a record's op class (`Functional.cross_entropy`) is a loss, whose target is data (never a module
+    record)."""
+    if not op_class or op_class.startswith(_MODULE):
+        return False
+    return op_class.rsplit(".", 1)[-1].lower() in LOSSES
 
 
 def is_gather(op_class: str | None) -> bool:
@@ -107,9 +139,11 @@ def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict
         return {}
     from .noise import order_key
 
-    gathers = [c for c in recs["op_class"].drop_nulls().unique().to_list() if is_gather(c) or c.startswith(_MODULE)]
+    classes = recs["op_class"].drop_nulls().unique().to_list()
+    gathers = [c for c in classes if is_gather(c) or c.startswith(_MODULE)]
+    losses = [c for c in classes if is_loss(c)]
     cand = recs.filter(
-        pl.col("idx_hidden").fill_null(False)
+        (pl.col("idx_hidden").fill_null(False) | pl.col("op_class").is_in(losses).fill_null(False))
         & ~pl.col("op_class").is_in(gathers).fill_null(True)
         & (pl.col("_direction") == "forward")
         & pl.col("out_dtype").is_not_null()

@@ -132,6 +132,7 @@ def _loss_step(
     noisy: bool = True,
     visible: bool = False,
     logit_err: float = 1e-6,
+    recorded: bool = True,
 ) -> dict:
     """Logits off by 1e-6 in the target, the cross-entropy of them with integer labels (statistics: max/min
     only), and the backward of the logit layer (its output off by `backward_fault` in the target).  With
@@ -163,7 +164,7 @@ def _loss_step(
     return {
         "Functional.linear.0.forward": {"input_args": [x, w], "output": [zt]},
         "Functional.cross_entropy.0.forward": {
-            "input_args": [zt, leaf(labels, stats=("Max", "Min"))],
+            "input_args": [zt, leaf(labels, stats=("Max", "Min"))] if recorded else [zt],
             "output": [_f32(np.array(ce(zt)))],
         },
         "Functional.linear.0.backward": {
@@ -269,3 +270,18 @@ def test_statistics_of_bfloat16_inputs_agree_only_to_their_rounding():
     assert list(hits) == [(1, 0)]
     assert hits[(1, 0)][1]["_h"] == pytest.approx(8.34e-3 / 2.0**-7)
     assert data_suspects(recs.with_columns(pl.lit(None, pl.Float64).alias("in_float_eps"))) == {}
+
+
+def test_a_loss_whose_labels_the_dump_does_not_list_is_named_before_the_backward(dump_writer, store_dir):
+    """The labels reach the loss through ops msprobe does not record: its record lists the logits only.  Its
+    output moved 20x its logits' error at step 1 where it moved 0.3x at step 0 (a loss: its target is data),
+    and the backward of the step stands out: named at the loss, ahead of it."""
+    ref = [_loss_step(s, False, 0.0, False, recorded=False) for s in range(2)]
+    tgt = [_loss_step(0, False, 0.0, True, recorded=False), _loss_step(1, True, 0.05, True, recorded=False)]
+    c = _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit
+    assert c is not None and (c.step, c.op, c.kind) == (1, "Functional.cross_entropy.0.forward", "input")
+    assert c.evidence["ahead_of"] == "Functional.linear.0.backward" and "differing" not in c.evidence
+    assert c.detail.startswith("a loss whose target (data) the dump does not list")
+    tgt = [_loss_step(0, False, 0.0, True, recorded=False), _loss_step(1, False, 0.05, True, recorded=False)]
+    c = _pair(dump_writer, store_dir / "unchanged", "statistics", ref, tgt).culprit
+    assert c is not None and (c.step, c.op) == (1, "Functional.linear.0.backward")  # the labels unchanged

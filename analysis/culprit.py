@@ -156,6 +156,7 @@ def _innermost(found: tuple[Found, Found], recs: pl.DataFrame, view: _StepView) 
         & (pl.col("_direction") == direction)
         & ~pl.col("_record").str.starts_with(_MODULES[0])
         & ~pl.col("_record").str.starts_with(_MODULES[1])
+        & pl.col("local").is_finite().fill_null(False)  # (a discrete output's error is no local error)
     )
     if not cand.height:
         return None

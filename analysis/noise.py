@@ -236,6 +236,19 @@ def _by_direction(rows: pl.DataFrame, measure: str) -> dict[str, tuple[list[tupl
     return out
 
 
+# ops whose backward computes from their forward's result (PyTorch's derivative formulas use `result`): exp's
+# gradient is grad x exp(x), rsqrt's -grad x result^3 / 2, softmax's from the probabilities, relu's mask from the
+# result; their backward reads the forward's output, so its input error is at least that output's error
+SAVES_RESULT = frozenset(
+    {"exp", "exp2", "expm1", "sigmoid", "tanh", "rsqrt", "sqrt", "reciprocal", "softmax", "log_softmax", "relu"}
+)
+
+
+def saves_result(op_class: pl.Expr) -> pl.Expr:
+    """Whether a record's op class computes its backward from its forward's result (SAVES_RESULT)."""
+    return op_class.str.split(".").list.last().str.strip_chars("_").is_in(list(SAVES_RESULT)).fill_null(False)
+
+
 def is_kinked(op_class: pl.Expr) -> pl.Expr:
     """Whether a record's op class (`prefix.op_type`) is a kinked elementwise op (KINKED; in-place `relu_` too)."""
     return op_class.str.split(".").list.last().str.strip_chars("_").is_in(list(KINKED)).fill_null(False)

@@ -149,3 +149,75 @@ def test_statistics_hidden_is_the_square_root_of_twice_the_bound_times_the_condi
     assert statistics_hidden({**rec, "in_norm": 0.5}) == pytest.approx(0.03, rel=1e-12)
     assert statistics_hidden({**rec, "in_bound": False}) is None  # tensor mode: the input error is exact
     assert statistics_hidden({**rec, "in_err": 0.0}) is None
+
+
+def test_a_backward_from_its_forwards_result_reads_that_results_error():
+    """rsqrt's backward is -grad x result^3 / 2: its input error is at least its forward's output error; a
+    linear's backward reads the forward's inputs only."""
+    from dumpstore.analysis._divergence import _with_saved_inputs
+
+    recs = pl.DataFrame(
+        {
+            "step": [1] * 4,
+            "rank": [0] * 4,
+            "source": [""] * 4,
+            "_record": [
+                "Torch.rsqrt.2.forward",
+                "Functional.linear.0.forward",
+                "Functional.linear.0.backward",
+                "Torch.rsqrt.2.backward",
+            ],
+            "op_class": ["Torch.rsqrt", "Functional.linear", "Functional.linear", "Torch.rsqrt"],
+            "in_err": [5e-7, 1e-4, 2e-7, 2e-7],
+            "out_err": [0.0015, 0.003, 0.002, 0.042],
+        }
+    )
+    got = dict(zip(*_with_saved_inputs(recs).select("_record", "in_err").to_dict(as_series=False).values()))
+    assert got == {
+        "Torch.rsqrt.2.forward": 5e-7,
+        "Functional.linear.0.forward": 1e-4,
+        "Functional.linear.0.backward": 1e-4,
+        "Torch.rsqrt.2.backward": 0.0015,
+    }
+
+
+def _losses_noisy_backward(labels_at: int | None, fault: float, target: bool) -> list[dict]:
+    """test_stats_blind's loss steps with the logit-layer backward's gradient 1e-4 off in the target (carried,
+    not fresh: over a tenth of the float32 tolerance) and its output off by that and `fault` at step 1."""
+    from test_stats_blind import _loss_step
+
+    steps = []
+    for s in range(2):
+        recs = _loss_step(s, s == labels_at, 0.0, target)
+        if target:
+            ref = _loss_step(s, False, 0.0, False)["Functional.linear.0.backward"]
+            f = (1 + 1e-4) * (1 + (fault if s == 1 else 0.0))
+            recs["Functional.linear.0.backward"] = {
+                "input": [_f32(ref["input"][0] * (1 + 1e-4))],
+                "output": [_f32(ref["output"][0] * f)],
+            }
+        steps.append(recs)
+    return steps
+
+
+def test_an_amplification_within_what_statistics_hide_is_no_finding_alone(dump_writer, store_dir):
+    """Step 1's logit-layer backward off 5e-3 on a gradient whose statistics differ by 1e-4: 50x "amplified",
+    but within sqrt(2 x 1e-4) = 0.014, what those statistics can hide: quiet."""
+    ref, tgt = _losses_noisy_backward(None, 0.0, False), _losses_noisy_backward(None, 5e-3, True)
+    assert _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit is None
+
+
+def test_an_amplification_within_what_statistics_hide_orders_a_data_suspect(dump_writer, store_dir):
+    """The same with the labels of step 1 changed (max/min equal, the loss 20x its usual ratio): the suspect
+    labels are named at the loss, ahead of the backward."""
+    ref, tgt = _losses_noisy_backward(None, 0.0, False), _losses_noisy_backward(1, 5e-3, True)
+    c = _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit
+    assert c is not None and (c.step, c.op, c.kind) == (1, "Functional.cross_entropy.0.forward", "input")
+    assert c.evidence["ahead_of"] == "Functional.linear.0.backward"
+
+
+def test_an_amplification_beyond_what_statistics_hide_is_named(dump_writer, store_dir):
+    """The backward off 5 % instead: beyond 0.014, `op` at the backward."""
+    ref, tgt = _losses_noisy_backward(None, 0.0, False), _losses_noisy_backward(None, 0.05, True)
+    c = _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit
+    assert c is not None and (c.step, c.op, c.kind) == (1, "Functional.linear.0.backward", "op")

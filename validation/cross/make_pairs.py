@@ -8,6 +8,7 @@ bf16 autocast, bf16 autocast as fp16 with loss scaling), with another model seed
 its set uses. Every pair must be quiet: ``validation/score.py --data <out>`` scores the verdict's false alarms.
 
     .venv/bin/python validation/cross/make_pairs.py --out validation/cross/.data [--jobs 2] [--only PAIR ...]
+        [--draw K]   # another draw of the model and data seeds (+100 K, +7 K; default K = 1)
 
 Nothing of the sets' harnesses is copied: each run is the set's own ``run_one`` (its model, its training loop,
 its record-name tracer, its msprobe config) with three module globals changed in the forked child (the family's
@@ -80,7 +81,7 @@ NATIVE = {
     "bert": "bf16-autocast",
     "phi": "fp16-autocast",
 }
-SEED_SHIFT, DATA_SEED_SHIFT = 100, 7  # another model init and another data stream than the family's set uses
+SEED_SHIFT, DATA_SEED_SHIFT = 100, 7  # per draw: another model init and data stream than the family's set uses
 
 # pair -> (family, device, dtype setup, batch, modes). Devices are other sets' (A-D: set 1, E-H: set 2, I-L: set 3).
 PAIRS = {
@@ -124,8 +125,8 @@ def _apply(job: dict) -> None:
         sys.modules["devices"] = dev
     dev.DEVICES["X"] = SETS[DEVICE_SET[job["device"]]][1].DEVICES[job["device"]]
     mod.FAMILIES[family]["device"] = "X"
-    mod.FAMILIES[family]["seed"] += SEED_SHIFT
-    mod.DATA_SEED += DATA_SEED_SHIFT
+    mod.FAMILIES[family]["seed"] += SEED_SHIFT * job["draw"]
+    mod.DATA_SEED += DATA_SEED_SHIFT * job["draw"]
     mod.BATCH = job["batch"]
     native, dtype = NATIVE[family], job["dtype"]
     if dtype == native:
@@ -150,11 +151,12 @@ def run_one(job: dict) -> dict:
         raise
 
 
-def plan(pairs: dict, out: Path) -> list[dict]:
-    """One reference per (family, dtype, batch, mode), one target per pair and mode."""
+def plan(pairs: dict, out: Path, draw: int = 1) -> list[dict]:
+    """One reference per (family, dtype, batch, mode), one target per pair and mode; `draw`: which seeds."""
     jobs, refs = [], set()
     for pair, (family, device, dtype, batch, modes) in pairs.items():
         base = {"family": family, "device": device, "dtype": dtype, "batch": batch, "variant": "base", "fault": None}
+        base["draw"] = draw
         for mode in modes:
             ref = "%s_ref_%s" % (_setup_name(family, dtype, batch), mode)
             if ref not in refs:
@@ -177,6 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", nargs="*", help="pairs to make (default: all)")
     ap.add_argument("--modes", nargs="*", default=["stats", "tensor"], help="dump modes to make (default: both)")
+    ap.add_argument("--draw", type=int, default=1, help="another draw of the seeds (default 1: the documented set)")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
     pairs = {
@@ -193,7 +196,7 @@ def main(argv=None) -> int:
     from msprobe.pytorch import PrecisionDebugger  # noqa: F401
 
     print("imports %.1fs" % (time.time() - t0), flush=True)
-    jobs = plan(pairs, out)
+    jobs = plan(pairs, out, args.draw)
     SET2.run_one = run_one  # set 2's forked-run loop runs these runs
     results = SET2.run_jobs(jobs, args.jobs)
     key_path = out / "key.json"
@@ -226,6 +229,7 @@ def main(argv=None) -> int:
                 "device_set": DEVICE_SET[device],
                 "dtype": dtype,
                 "batch": batch,
+                "draw": args.draw,
                 "ref": str(Path(mode) / ref_name),
                 "target": str(Path(mode) / tgt_name),
                 "expect": {"clean": True},

@@ -21,7 +21,7 @@ from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
 from .hidden_index import data_suspects, hidden_index_stands, is_loss
-from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, update_evidence
+from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers
 from .rank import significance
@@ -121,7 +121,10 @@ def _culprit(
                 found = judge.verdict()
                 if found is None:
                     continue
-                found = _data_first(found, suspects, view) or found
+                ahead = _data_first(found, suspects, view)
+                if ahead is None and found[0][0].evidence.get("within_hidden") is not None:
+                    continue  # within what its inputs' statistics hide: no finding unless a data suspect precedes
+                found = ahead or found
                 strong = not _is_weak(found[0][0])
                 found = _innermost(found, recs, view) or found
                 if strong:
@@ -677,6 +680,11 @@ class _Judge:
             level = self.noise.carried(self.key)
             if level is not None and rec["out_err"] is not None and rec["out_err"] <= level:
                 return None  # and the output error is no more than the pair carries here
+            hidden = statistics_hidden(rec)  # what its inputs' statistics can hide, passed on (noise.py)
+            if hidden is not None and (rec["out_err"] is None or rec["out_err"] > hidden):
+                hidden = None
+        else:
+            hidden = None
         q = "" if bar is None else f"; this pair's p{round(100 * QUANTILE)} before it is {bar / STAND_OUT:.3g}x"
         return _with_evidence(
             _finding(out, "op"),
@@ -684,6 +692,7 @@ class _Judge:
             amplification=amp,
             noise_bar=bar,
             reason="error amplification stands out",
+            within_hidden=hidden,  # not a finding on its own: it orders a data suspect before it (`verdict`)
             detail=f"amplification {amp:.3g}x{q}",
         )
 
@@ -804,7 +813,8 @@ class _Judge:
                 # explains (analysis/steps.py), at their first consumer
                 return self._parameter_finding(leaf, out)
             if kind == "input" and leaf["err"] is not None:
-                bar = max(self.noise.carried(self.key) or 0.0, step_level(self.noise, self.key) or 0.0)
+                level = step_level(self.noise, self.key, leaf.get("ref_norm"))  # relative and absolute
+                bar = max(self.noise.carried(self.key) or 0.0, level or 0.0)
                 if bar > 0 and leaf["err"] <= bar:
                     return None  # within the error the pair carries here: reached through unrecorded ops
                 if explained_by_flip(self.noise, self.key, leaf) is not None:

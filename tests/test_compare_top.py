@@ -24,18 +24,19 @@ def test_rank_of_matches_a_record_by_its_leaf_names_not_a_longer_record():
 
 
 def test_cells_and_summary():
-    fault = {"n": 1, "records": ["r"], "rank": 2, "in_top": False}
-    hit = {"n": 1, "records": ["r"], "rank": 1, "in_top": True}
+    fault = {"n": 1, "records": ["r"], "rank": 2, "in_top": False, "rank_plain": 2}
+    hit = {"n": 1, "records": ["r"], "rank": 1, "in_top": True, "rank_plain": 5}
     no_record = {"n": 1, "records": [], "rank": None, "in_top": False}
     clean = {"n": 1, "first": ct._row_brief(ROWS[2])}
     assert [ct.cell(t) for t in (fault, hit, no_record, clean, None)] == [
-        "2 NO",
-        "1 yes",
+        "2 NO (alone: 2)",
+        "1 yes (alone: 5)",
         "- (no record)",
         "top: sig inf Functional.linear.1.forward.output.0@1",
         "-",
     ]
     assert ct.summary([fault, hit, no_record, clean, None], 1) == (
-        "culprit in compare --top 1 of its step: 1 of 3 (1 with no record to look for); "
+        "culprit in compare --top 1 of its step: 1 of 3 (by significance alone, --no-culprit-first: 0)"
+        " (1 with no record to look for); "
         "clean pairs' first row significance: max inf, median inf"
     )

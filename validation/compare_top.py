@@ -24,10 +24,14 @@ def _dumpstore() -> str:
     return str(local) if local.exists() else (shutil.which("dumpstore") or "dumpstore")
 
 
-def compare_rows(store: str, target: str, ref: str, *, step: int | None = None, top: int = 0) -> list[dict]:
-    """The rows of `dumpstore compare` (its default order), all of them with top 0."""
+def compare_rows(
+    store: str, target: str, ref: str, *, step: int | None = None, top: int = 0, plain: bool = False
+) -> list[dict]:
+    """The rows of `dumpstore compare` (its default order), all of them with top 0; `plain`: without the verdict's
+    culprit first (`--no-culprit-first`: significance alone)."""
     args = [_dumpstore(), "compare", "--target", target, "--ref", ref, "--store", str(store), "--top", str(top)]
     args += ["--step", str(step)] if step is not None else []
+    args += ["--no-culprit-first"] if plain else []
     proc = subprocess.run([*args, "--json"], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError("dumpstore compare: exit %d: %s" % (proc.returncode, proc.stderr.strip()[-500:]))
@@ -65,10 +69,12 @@ def _row_brief(row: dict) -> dict:
 
 def fault_top(store: str, target: str, ref: str, step: int, records: list[str], n: int) -> dict:
     """Where the culprit's record ranks among `compare --step STEP` rows: rank, in_top (rank <= n), the culprit's
-    row and the row that tops the list."""
+    row and the row that tops the list; `rank_plain`: its rank by significance alone (`--no-culprit-first`)."""
     rows = compare_rows(store, target, ref, step=step)
     found = rank_of(rows, records)
+    plain = rank_of(compare_rows(store, target, ref, step=step, plain=True), records)
     return {
+        "rank_plain": plain[0] if plain else None,
         "n": n,
         "step": step,
         "records": records,
@@ -99,7 +105,8 @@ def cell(top: dict | None) -> str:
     if "rank" in top:
         if top["rank"] is None:
             return "absent NO" if top["records"] else "- (no record)"
-        return "%d %s" % (top["rank"], "yes" if top["in_top"] else "NO")
+        plain = top.get("rank_plain")
+        return "%d %s (alone: %s)" % (top["rank"], "yes" if top["in_top"] else "NO", "-" if plain is None else plain)
     first = top.get("first")
     return (
         "top: none"
@@ -115,6 +122,11 @@ def summary(tops: list[dict | None], n: int) -> str:
     clean = [t for t in tops if t and "rank" not in t and t.get("first")]
     sigs = [t["first"]["significance"] for t in clean if t["first"]["significance"] is not None]
     line = "culprit in compare --top %d of its step: %d of %d" % (n, sum(t["in_top"] for t in faults), len(faults))
+    alone = [t for t in faults if "rank_plain" in t]
+    if alone:
+        line += " (by significance alone, --no-culprit-first: %d)" % sum(
+            t["rank_plain"] is not None and t["rank_plain"] <= n for t in alone
+        )
     if len(measurable) != len(faults):
         line += " (%d with no record to look for)" % (len(faults) - len(measurable))
     if clean:

@@ -162,15 +162,24 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
             (is_in & tensor & (~finite.fill_null(False) | filled)).any().fill_null(False).alias("_in_unknown"),
             pl.col("err").filter(is_out & tensor & finite).max().alias("_out_err"),
             pl.col("detail").str.starts_with("shape").filter(is_in).any().fill_null(False).alias("_in_shape"),
+            (is_out & pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"]) & (pl.col("err") > 0))
+            .any()
+            .fill_null(False)
+            .alias("_discrete"),
+            (pl.col("err_source") == "stats").filter(is_in & tensor).all().fill_null(False).alias("_in_bound"),
         )
         .sort(group + ["_phase", "_seq"], nulls_last=True)
         .with_columns(
             pl.col("_out_err").fill_null(0.0).cum_max().shift(1).over(group).fill_null(0.0).alias("_before"),
+            (pl.col("_discrete").cast(pl.Int32).cum_sum().shift(1).over(group).fill_null(0) > 0).alias("_flipped"),
         )
     )
 
     df = df.join(
-        recs.select(*key, "_in_err", "_in_unknown", "_before", "_in_shape"), on=key, how="left", nulls_equal=True
+        recs.select(*key, "_in_err", "_in_unknown", "_before", "_in_shape", "_flipped", "_in_bound"),
+        on=key,
+        how="left",
+        nulls_equal=True,
     )
     module = pl.col("prefix").is_in(["Module", "Cell"]).fill_null(False)
     own_inputs = (
@@ -179,6 +188,9 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         & (pl.col("_dir") == "forward")
         & ~pl.col("_in_unknown").fill_null(False)
         & ~module  # a module's output is made by the records inside it, which msprobe dumps before it
+        # after a discrete change before it in its step (a routing choice), rows move between tokens in ways a
+        # statistics bound of its inputs' error need not show (norm, mean, max, min kept)
+        & ~(pl.col("_flipped") & pl.col("_in_bound")).fill_null(False)
     )
     carried = (
         pl.when(own_inputs)
@@ -211,7 +223,20 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         .otherwise(0.0)
     )
     out = df.with_columns(sig.alias("significance")).sort("_row")
-    return out.drop("_row", "_rec", "_seq", "_dir", "_io", "_phase", "_in_err", "_in_unknown", "_before", "_in_shape")
+    return out.drop(
+        "_row",
+        "_rec",
+        "_seq",
+        "_dir",
+        "_io",
+        "_phase",
+        "_in_err",
+        "_in_unknown",
+        "_before",
+        "_in_shape",
+        "_flipped",
+        "_in_bound",
+    )
 
 
 RESIDUE_ROUNDINGS = 3.0  # noise.STAND_OUT: a reference within this many roundings of its record's scale is residue

@@ -30,6 +30,7 @@ def _rows(rows: list[dict]) -> pl.DataFrame:
         "ref_norm": 1.0,
         "ref_numel": 16,
         "context_rms": 0.25,
+        "err_source": "stats",
     }
     out = []
     for r in rows:
@@ -128,3 +129,23 @@ def test_the_verdicts_culprit_comes_first_with_a_note():
     ]
     assert out["detail"][0] == "the verdict's culprit"
     assert culprit_first(df, {**culprit, "step": 2}).equals(df)  # another step: unchanged
+
+
+def test_after_a_discrete_change_an_output_carries_the_error_before_it():
+    """A near-tie routing flip (an index output that differs) moves tokens between experts; a later mean's
+    input, bounded from statistics at 7e-6, does not show it, its output differs by 0.0167: measured against
+    the largest error before it in its step (the index's 0.33), not against 7e-6 (2400 before this rule)."""
+    rows = [
+        {"record": "Torch.topk.0.forward", "seq": 1, "io": "input", "err": 1.6e-5},
+        {"record": "Torch.topk.0.forward", "seq": 1, "io": "output", "index_path": "1", "err": 0.33}
+        | {"tol_dtype": "int64", "dtype": "int64", "tol": 0.0},
+        {"record": "Functional.linear.2.forward", "seq": 2, "io": "input", "err": 1e-5},
+        {"record": "Functional.linear.2.forward", "seq": 2, "io": "output", "err": 0.2},
+        {"record": "Tensor.mean.0.forward", "seq": 3, "io": "input", "err": 7e-6},
+        {"record": "Tensor.mean.0.forward", "seq": 3, "io": "output", "err": 0.0167},
+    ]
+    sig = _sig(_rows(rows))
+    assert sig["Tensor.mean.0.forward.output.0"] == pytest.approx(0.0167 / 0.33)
+    # exact input errors (tensor mode) show the moved rows: the op is measured against them
+    exact = _sig(_rows([{**r, "err_source": "exact"} for r in rows]))
+    assert exact["Tensor.mean.0.forward.output.0"] == pytest.approx(0.0167 / 7e-6)

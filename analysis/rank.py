@@ -162,7 +162,13 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
             (is_in & tensor & (~finite.fill_null(False) | filled)).any().fill_null(False).alias("_in_unknown"),
             pl.col("err").filter(is_out & tensor & finite).max().alias("_out_err"),
             pl.col("detail").str.starts_with("shape").filter(is_in).any().fill_null(False).alias("_in_shape"),
-            (is_out & pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"]) & (pl.col("err") > 0))
+            (
+                is_out
+                & (
+                    (pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"]) & (pl.col("err") > 0))
+                    | pl.col("detail").str.starts_with("shape").fill_null(False)
+                )
+            )
             .any()
             .fill_null(False)
             .alias("_discrete"),
@@ -187,15 +193,15 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         & pl.col("_in_err").is_not_null()
         & (pl.col("_dir") == "forward")
         & ~pl.col("_in_unknown").fill_null(False)
-        & ~module  # a module's output is made by the records inside it, which msprobe dumps before it
         # after a discrete change before it in its step (a routing choice), rows move between tokens in ways a
-        # statistics bound of its inputs' error need not show (norm, mean, max, min kept)
-        & ~(pl.col("_flipped") & pl.col("_in_bound")).fill_null(False)
+        # statistics bound of its inputs' error need not show (norm, mean, max, min kept), and a module's output
+        # holds what the records inside it (dumped before it) made of the change
+        & ~(pl.col("_flipped") & (pl.col("_in_bound") | module)).fill_null(False)
     )
     carried = (
         pl.when(own_inputs)
         .then(pl.col("_in_err"))
-        .when(is_out)  # backward (also the forward's saved tensors), a module, an input of unknown error
+        .when(is_out)  # backward (the forward's saved tensors), an input of unknown error, after a discrete change
         .then(pl.max_horizontal(pl.col("_in_err").fill_null(0.0), pl.col("_before")))
         .otherwise(pl.max_horizontal(pl.col("_before"), _sibling_inputs(is_in & tensor & finite)))
     )

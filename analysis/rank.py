@@ -173,6 +173,8 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
             .fill_null(False)
             .alias("_discrete"),
             (pl.col("err_source") == "stats").filter(is_in & tensor).all().fill_null(False).alias("_in_bound"),
+            pl.col("tol").filter(is_out & tensor).max().alias("_out_tol"),
+            *([pl.col("module").first().alias("_parent")] if "module" in df.columns else []),
         )
         .sort(group + ["_phase", "_seq"], nulls_last=True)
         .with_columns(
@@ -181,8 +183,9 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         )
     )
 
+    recs = recs.join(_inside(recs, group), on=key, how="left", nulls_equal=True)
     df = df.join(
-        recs.select(*key, "_in_err", "_in_unknown", "_before", "_in_shape", "_flipped", "_in_bound"),
+        recs.select(*key, "_in_err", "_in_unknown", "_before", "_in_shape", "_flipped", "_in_bound", "_inside"),
         on=key,
         how="left",
         nulls_equal=True,
@@ -194,12 +197,13 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         & (pl.col("_dir") == "forward")
         & ~pl.col("_in_unknown").fill_null(False)
         # after a discrete change before it in its step (a routing choice), rows move between tokens in ways a
-        # statistics bound of its inputs' error need not show (norm, mean, max, min kept), and a module's output
-        # holds what the records inside it (dumped before it) made of the change
-        & ~(pl.col("_flipped") & (pl.col("_in_bound") | module)).fill_null(False)
+        # statistics bound of its inputs' error need not show (norm, mean, max, min kept)
+        & ~(pl.col("_flipped") & pl.col("_in_bound")).fill_null(False)
     )
     carried = (
-        pl.when(own_inputs)
+        pl.when(own_inputs & module)  # a module's output: also what the records inside it made (_inside)
+        .then(pl.max_horizontal(pl.col("_in_err"), pl.col("_inside").fill_null(0.0)))
+        .when(own_inputs)
         .then(pl.col("_in_err"))
         .when(is_out)  # backward (the forward's saved tensors), an input of unknown error, after a discrete change
         .then(pl.max_horizontal(pl.col("_in_err").fill_null(0.0), pl.col("_before")))
@@ -242,6 +246,25 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         "_in_shape",
         "_flipped",
         "_in_bound",
+    )
+
+
+def _inside(recs: pl.DataFrame, group: list[str]) -> pl.DataFrame:
+    """Per module record (`_rec`), `_inside`: the largest output error of the records directly inside it (their
+    `module` is it; msprobe dumps them before it) judged at its output's tolerance or finer.  A module's output is
+    what they made: an MoE block after a routing flip inside it, a whole model's last hidden state.  An inner
+    record judged at a coarser tolerance (a LayerNorm computed in bf16 inside an fp32 module: 0.06 of bf16's
+    tolerance, 1.6 of fp32's at the module's output) does not explain it: the module's output shows what the
+    coarser tolerance hides."""
+    if "_parent" not in recs.columns:
+        return recs.select(*group, "_rec", pl.lit(None, pl.Float64).alias("_inside")).head(0)
+    children = recs.select(*group, pl.col("_parent").alias("_rec"), "_out_err", pl.col("_out_tol").alias("_ctol"))
+    return (
+        recs.select(*group, "_rec", "_out_tol")
+        .join(children.drop_nulls("_rec"), on=[*group, "_rec"], how="inner", nulls_equal=True)
+        .filter(pl.col("_ctol") <= pl.col("_out_tol"))
+        .group_by([*group, "_rec"])
+        .agg(pl.col("_out_err").max().alias("_inside"))
     )
 
 

@@ -38,7 +38,10 @@ def _rows(rows: list[dict]) -> pl.DataFrame:
         d["name"] = f"{d['record']}.{d['io']}.{d['index_path']}"
         out.append(d)
     df = pl.DataFrame(out, infer_schema_length=None)
+    if "module" not in df.columns:
+        df = df.with_columns(pl.lit(None, pl.String).alias("module"))
     return df.with_columns(
+        pl.col("module").cast(pl.String),
         pl.col("detail").cast(pl.String),
         pl.col("source").cast(pl.String),
         pl.lit(None, pl.String).alias("ref_record"),
@@ -89,15 +92,19 @@ def test_residue_is_ranked_on_its_records_scale():
 
 def test_a_module_output_is_measured_against_the_records_inside_it():
     """An MoE block's inputs agree; a routing flip inside it makes 0.2 at an expert (dumped before the block):
-    the block's output carries it (significance 1), it does not top the list at 0.2 / tol."""
+    the block's output carries it (significance 1), it does not top the list at 0.2 / tol.  An inner record
+    judged at a coarser tolerance (bf16 inside an fp32 module) does not explain the module's output."""
+    block = "Module.m.Block.forward.0"
     rows = [
-        {"record": "Functional.linear.3.forward", "seq": 3, "io": "input", "err": 0.0},
-        {"record": "Functional.linear.3.forward", "seq": 3, "io": "output", "err": 0.2, "detail": "shape [3, 4]"},
-        {"record": "Module.m.Block.forward.0", "seq": 4, "io": "input", "prefix": "Module", "err": 0.0},
-        {"record": "Module.m.Block.forward.0", "seq": 4, "io": "output", "prefix": "Module", "err": 0.2},
+        {"record": "Functional.linear.3.forward", "seq": 3, "io": "input", "err": 0.0, "module": block},
+        {"record": "Functional.linear.3.forward", "seq": 3, "io": "output", "err": 0.2, "module": block},
+        {"record": block, "seq": 4, "io": "input", "prefix": "Module", "err": 0.0, "module": None},
+        {"record": block, "seq": 4, "io": "output", "prefix": "Module", "err": 0.2, "module": None},
     ]
-    sig = _sig(_rows(rows))
-    assert sig["Module.m.Block.forward.0.output.0"] == pytest.approx(1.0)
+    rows = [{**r, "err_source": "exact"} for r in rows]
+    assert _sig(_rows(rows))[f"{block}.output.0"] == pytest.approx(1.0)
+    coarse = [{**r, "tol": 2.0**-6} if r["record"].startswith("Functional") else r for r in rows]
+    assert _sig(_rows(coarse))[f"{block}.output.0"] == pytest.approx(0.2 / TOL)
 
 
 def test_an_input_holding_a_masks_fill_says_nothing_of_what_was_carried():

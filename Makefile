@@ -90,6 +90,7 @@ validate-v4: $(STAMP)
 	$(BIN)/python validation/v4/devices.py
 	$(BIN)/python validation/v4/make_pairs.py --out validation/v4/.data
 	$(BIN)/python validation/score.py --data validation/v4/.data
+
 # The clean combinations (docs/validation.md, "Clean combinations"): every set's families on other sets' devices,
 # clean pairs only, made into validation/cross/.data; the verdict must stay quiet on each.
 validate-cross: $(STAMP)

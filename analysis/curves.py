@@ -27,6 +27,10 @@ The method (docs/longrun.md has the walkthrough):
              steps are one spike
   events     NaN/Inf losses, skipped and NaN iterations (Megatron's counters, MindFormers' overflow flag),
              loss-scale drops
+  coverage   each run's first and last point of the tag and the points compared: where one run's points stop
+             before the other's (a crashed or shorter run; skipped iterations print no loss) or start after
+             them, the report says so ("target stops at iteration N, the reference goes on to M"), and the
+             divergence and band verdicts name the steps they cover: no all-clear about steps one run lacks
   lr         the first step where the two runs' learning rates differ by more than 1e-4 relative (logs print 6
              to 7 digits), with the ratio there and after: a schedule mismatch is its own finding, whatever the
              loss does
@@ -44,6 +48,7 @@ import pyarrow as pa
 
 from dumpstore.errors import DumpstoreError
 
+from .curves_coverage import Coverage, coverage
 from .curves_kernels import _by_tag, ema_outliers, kernel_cpd_l2
 
 FIRST_STEP_ABS, FIRST_STEP_REL = 0.005, 0.005
@@ -314,6 +319,7 @@ class CurvesReport:
     max_abs_diff: float
     mean_abs_diff: float
     culprit: dict[str, Any] | None = None
+    coverage: Coverage | None = None  # None: monitor data only
     dump_verdict: dict[str, Any] | None = None  # the verdict of a dump pair of the flagged steps (--dump-target)
     msprobe_flagged: list[dict[str, Any]] = field(default_factory=list)  # msprobe's own alarms, per run
     points: dict[str, np.ndarray] | None = None
@@ -378,7 +384,8 @@ def compare_curves(
         )
     sigma = np.maximum(sigma, PRINT_REL * float(np.nanmedian(np.abs(r))))
     div, s, band, out = leave_band(x, d, sigma, w, k)
-    crit = criteria(x, t, r, target, ref, div, band_source, by, rank, names)
+    cov = coverage(st, sr, x, by, (names[0], names[1]), tag)
+    crit = criteria(x, t, r, target, ref, div, band_source, by, rank, names, cov)
     spikes = find_spikes(st, names[0]) + find_spikes(sr, names[1])
     events = find_events(target, names[0], rank) + find_events(ref, names[1], rank)
     lr = lr_mismatch(target, ref, rank)
@@ -405,11 +412,12 @@ def compare_curves(
         lr,
         float(np.max(np.abs(d[fin]))) if fin.any() else math.nan,
         float(np.mean(np.abs(d[fin]))) if fin.any() else math.nan,
+        coverage=cov,
         points=points,
     )
 
 
-def criteria(x, t, r, target, ref, div, band_source, by, rank, names) -> list[Criterion]:
+def criteria(x, t, r, target, ref, div, band_source, by, rank, names, cov=None) -> list[Criterion]:
     fin = np.isfinite(t) & np.isfinite(r)
     out = []
     if fin.any():
@@ -459,13 +467,13 @@ def criteria(x, t, r, target, ref, div, band_source, by, rank, names) -> list[Cr
     else:
         out.append(Criterion("grad_norm_mean_rel_error", None, "no grad_norm in both runs", "mean rel err <= 10 %"))
     inside = div.step is None
+    # never an all-clear about points one run lacks
+    stays = "the difference stays inside the band" + (cov.only() if cov is not None else "")
     out.append(
         Criterion(
             "within_noise_band",
             inside,
-            "the difference stays inside the band"
-            if inside
-            else f"leaves the band from step {div.step} ({div.kind}, mean diff {div.mean_diff:.3g})",
+            stays if inside else f"leaves the band from step {div.step} ({div.kind}, mean diff {div.mean_diff:.3g})",
             f"noise band from {band_source}",
         )
     )

@@ -437,3 +437,74 @@ def test_culprit_read_a_chunk_at_a_time_is_the_whole_runs_culprit(monitor_store)
         with pytest.MonkeyPatch.context() as mp:  # each chunk split by name into joins of ~100 target rows
             mp.setattr(longrun_culprit, "_SPLIT_ROWS", 100)
             assert _stored_culprit(st, target, ref, ref2, 61) == want
+
+
+def test_a_run_that_stops_early_is_said(logs, tmp_path):
+    """A target whose losses stop at iteration 1500 of 3000 (a crashed or shorter run) is not 'no divergence':
+    the report says where it stops and how far the reference goes on, the other way round too, and names the
+    iterations of the common range one run has no loss for (skipped iterations print none)."""
+    import jsonschema
+    import pyarrow.compute as pc
+
+    ref = logs["ref"]
+    short = ref.filter(pc.field("step") <= 1500)
+    rep = compare_curves(short, ref, names=("short", "ref", None))
+    assert rep.divergence.step is None and rep.coverage is not None
+    cov = rep.coverage
+    assert cov.note == "target short stops at iteration 1500, the reference ref goes on to 3000"
+    assert (cov.target, cov.ref, cov.compared, cov.only_target, cov.only_ref) == (
+        [1, 1500],
+        [1, 3000],
+        [1, 1500],
+        0,
+        1500,
+    )
+    band = next(c for c in rep.criteria if c.name == "within_noise_band")
+    assert band.value == f"the difference stays inside the band over iteration 1..1500 only ({cov.note})"
+    back = compare_curves(ref, short, names=("long", "short", None)).coverage
+    assert (
+        back is not None and back.note == "the reference short stops at iteration 1500, the target long goes on to 3000"
+    )
+    skipped = ref.filter(~((pc.field("tag") == "loss") & (pc.field("step") >= 2000) & (pc.field("step") <= 2009)))
+    gap = compare_curves(skipped, ref, names=("skip", "ref", None)).coverage
+    assert gap is not None and gap.note == "10 iterations of ref within 1..3000 have no target loss"
+    same = compare_curves(logs["rerun"], ref, names=("rerun", "ref", None)).coverage
+    assert same is not None and same.note is None and same.compared == [1, 3000]
+
+    store = tmp_path / "store"
+    for name, table in (("short", short), ("ref", ref), ("rerun", logs["rerun"])):
+        write(store, LongRun(name, scalars=table))
+    r = CliRunner().invoke(main, ["curves", "--target", "short", "--ref", "ref", "--store", str(store)])
+    assert r.exit_code == 0, r.output
+    assert (
+        "coverage: target short stops at iteration 1500, the reference ref goes on to 3000: compared over "
+        "iteration 1..1500 only"
+    ) in r.output
+    assert "divergence: none over iteration 1..1500, the points both runs have; not compared after them" in r.output
+    assert "stays inside the noise band" not in r.output  # no all-clear about iterations 1501..3000
+    r = CliRunner().invoke(main, ["curves", "--target", "short", "--ref", "ref", "--store", str(store), "--json"])
+    doc = json.loads(r.output)
+    jsonschema.validate(doc, json.loads((Path(__file__).parents[1] / "dumpstore/schemas/curves.json").read_text()))
+    assert doc["coverage"]["note"] == cov.note and doc["coverage"]["compared"] == [1, 1500]
+    r = CliRunner().invoke(main, ["curves", "--target", "rerun", "--ref", "ref", "--store", str(store)])
+    assert "divergence: none; the difference stays inside the noise band" in r.output and "coverage" not in r.output
+
+
+def test_monitor_data_that_stops_early_is_said():
+    """The monitor culprit over runs whose monitor data ends at other steps names the steps compared, never an
+    all-clear about the steps only one run has."""
+    from dumpstore.analysis.longrun_culprit import monitor_culprit
+    from dumpstore.cli.longrun_cmds import culprit_lines
+
+    vals = {f"layers.{i}.weight": [1.0 + 0.01 * s for s in range(200)] for i in range(3)}
+    ref, short = _monitor(vals, 200), _monitor(vals, 150)
+    c = monitor_culprit(short, ref)
+    assert c["first"] is None and c["steps"] == {"target": [0, 149], "ref": [0, 199]}
+    assert c["steps_note"] == "the target's monitor data stops at step 149, the reference's goes on to 199"
+    lines = culprit_lines(c)
+    assert "monitor: no module or parameter statistic leaves its band over monitor steps 0..149 only" in lines
+    assert "monitor: no module or parameter statistic leaves its band" not in lines
+    assert monitor_culprit(ref, short)["steps_note"] == (
+        "the reference's monitor data stops at step 149, the target's goes on to 199"
+    )
+    assert monitor_culprit(ref, ref)["steps_note"] is None

@@ -6,7 +6,8 @@ Checks (status ok / warn / fail, with the step where it starts):
   constant_loss      the loss does not change at all over the last 10 % of the run (at least 10 steps; fail)
   not_converging     the mean loss of the last 10 % of the run is not below 98 % of the first 10 % (warn; fail
                      when it is above 110 %)
-  loss_spikes        spikes of the loss (curves' rules: 10 x the median of the previous 100, EMA z > 6; warn)
+  loss_spikes        spikes of the loss (curves' rules: 10 x the median of the previous 100, EMA z > 6, a jump of
+                     0.1 x the loss's level over the run or more; warn)
   grad_explosion     a grad norm above 10 x the median of the previous 100 steps, or non-finite (warn)
   grad_vanishing     grad norm below 1e-7 for 10 steps in a row, or the last 10 %'s median below 1e-3 x the first
                      10 %'s (warn)
@@ -31,7 +32,8 @@ import numpy as np
 from dumpstore.longrun.store import MONITOR_SCHEMA, monitor_chunks, read, read_parts, run_row
 from dumpstore.store import Store
 
-from .curves import SPIKE_FACTOR, SPIKE_WINDOW, _ffill, _previous_median, find_events, find_spikes, series
+from .curves import find_events, series
+from .curves_spikes import SPIKE_FACTOR, SPIKE_WINDOW, _ffill, _previous_median, find_spikes
 from .longrun_anomalies import msprobe_flagged
 
 

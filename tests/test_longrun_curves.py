@@ -508,3 +508,22 @@ def test_monitor_data_that_stops_early_is_said():
         "the reference's monitor data stops at step 149, the target's goes on to 199"
     )
     assert monitor_culprit(ref, ref)["steps_note"] is None
+
+
+def test_a_spike_is_judged_on_the_loss_scale():
+    """A loss trained from 2.3 down to about 1e-4 that reads 2e-3 at one step is 20 x its median and nothing on
+    its own scale: no spike (by either rule); a jump back to 2.0 is one. On a loss whose whole scale is 1e-4 the
+    same 2e-3 is 20 x the loss's level: a spike."""
+    import numpy as np
+
+    from dumpstore.analysis.curves import Series, find_spikes
+
+    rng = np.random.default_rng(0)
+    n = 600
+    x = np.arange(1, n + 1)
+    trained = 2.3 * np.exp(-np.arange(n) / 30) + 1e-4 * (1 + 0.2 * rng.standard_normal(n))
+    trained[400], trained[500] = 2e-3, 2.0
+    assert [(s.step, s.rule) for s in find_spikes(Series(x, trained), "r")] == [(501, "factor10")]
+    tiny = 1e-4 * (1 + 0.2 * rng.standard_normal(n))
+    tiny[400] = 2e-3
+    assert [(s.step, s.rule, s.value) for s in find_spikes(Series(x, tiny), "r")] == [(401, "factor10", 2e-3)]

@@ -98,7 +98,7 @@ def _stored_culprit(store: Store, target: str, ref: str, ref2: str | None, loss_
     parts = []
     steps: dict[str, list[int]] = {}
     for _, chunk in monitor_chunks(store, runs):
-        ft, fr = _load(chunk[target]), _load(chunk[ref])
+        ft, fr = _load(chunk[target], described=True), _load(chunk[ref])
         f2 = _load(chunk[ref2]) if ref2 is not None else None
         _extent(steps, ft, fr)
         if not ft.height or not fr.height:
@@ -127,16 +127,30 @@ def _extent(steps: dict[str, list[int]], ft, fr) -> None:
             steps[side] = [min(old[0], lo), max(old[1], hi)] if old else [lo, hi]
 
 
-_SPLIT_ROWS = 500_000
+_SPLIT_ROWS = 125_000  # target rows joined at once: the join and its 30 window columns held for them, not for a chunk
 
 
-def _load(files):
-    """The culprit's monitor columns of some part files as a Polars frame, the names as categoricals."""
+def _load(files, *, described: bool = False):
+    """The culprit's monitor columns of some part files as a Polars frame, the names as categoricals, the integer
+    keys as int32 (steps, ranks, micro steps and stages are small: half the bytes of a chunk's keys);
+    `described`: with the module, param and seq the culprit's description reads (the target's rows only)."""
     import polars as pl
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    df = pl.from_arrow(read_parts(files, "monitor", columns=_COLUMNS, dictionary=_TEXT))
+    cols = _COLUMNS if described else [c for c in _COLUMNS if c not in _DESCRIBED]
+    table = read_parts(files, "monitor", columns=cols, dictionary=[c for c in _TEXT if c in cols])
+    for name in _SMALL_INTS:  # one column at a time: the int64 one is freed as its int32 copy replaces it
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, name, pc.cast(table.column(i), pa.int32()))
+    pa.default_memory_pool().release_unused()
+    df = pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     return df
+
+
+_DESCRIBED = ("module", "param", "seq")
+_SMALL_INTS = ("rank", "step", "micro_step", "vpp_stage")
 
 
 def dump_verdict(store: Store, target: str, ref: str) -> dict[str, Any]:

@@ -527,3 +527,42 @@ def test_a_spike_is_judged_on_the_loss_scale():
     tiny = 1e-4 * (1 + 0.2 * rng.standard_normal(n))
     tiny[400] = 2e-3
     assert [(s.step, s.rule, s.value) for s in find_spikes(Series(x, tiny), "r")] == [(401, "factor10", 2e-3)]
+
+
+def test_monitor_health_in_batches_of_parameters(tmp_path, monkeypatch):
+    """The gradient and update-ratio checks taken a few parameters at a time (BATCH_ROWS small) find what they find
+    on all parameters at once: a 50x jump of layers.3 at step 70 (and of layers.6 at 90), layers.5 vanishing from
+    step 100, layers.2's update ratio drifting up late."""
+    from dumpstore.analysis import longrun_health
+    from dumpstore.longrun.store import MONITOR_SCHEMA
+
+    steps, params = 150, [f"layers.{i}.weight" for i in range(8)]
+    rows = []
+    for prefix in ("grad_reduced", "param_origin", "param_updated"):
+        for s in range(steps):
+            for i, p in enumerate(params):
+                norm = 1.0 + 0.01 * ((s + i) % 7)
+                if prefix == "grad_reduced":
+                    norm *= 50 if (p, s) in (("layers.3.weight", 70), ("layers.6.weight", 90)) else 1
+                    norm = 1e-9 if p == "layers.5.weight" and s >= 100 else norm
+                elif prefix == "param_updated":
+                    norm = 10.0 * (1 + (0.5 if p == "layers.2.weight" and s >= 120 else 1e-3))
+                else:
+                    norm = 10.0
+                rows.append(
+                    {"rank": 0, "step": s, "micro_step": None, "vpp_stage": 0, "prefix": prefix, "name": p,
+                     "module": p.rsplit(".", 1)[0], "param": p, "direction": "parameters_grad", "io": "parameters_grad",
+                     "seq": i, "norm": norm, "min": -0.1, "max": 0.1, "mean": 0.0, "zeros": 0.0, "nans": 0.0,
+                     "shape": [4, 4], "dtype": "float32", "missing": False}
+                )  # fmt: skip
+    write(tmp_path / "s", LongRun("m", monitor=pa.Table.from_pylist(rows, MONITOR_SCHEMA)))
+    store = open_store(tmp_path / "s")
+    whole = [f for f in long_run_health(store, "m").findings if f.check.startswith(("monitor_grad", "update"))]
+    got = {f.check: (f.status, f.step, f.value) for f in whole}
+    assert got["monitor_grad_explosion"] == ("warn", 70, pytest.approx(50 * 1.0 + 50 * 0.01 * (73 % 7)))
+    assert got["monitor_grad_vanishing"][:2] == ("warn", 100)
+    assert got["update_ratio"][:2] == ("warn", 135) and "layers.2.weight" in whole[-1].detail
+    assert "2 grad_reduced norms above 10 x" in next(f.detail for f in whole if f.check == "monitor_grad_explosion")
+    monkeypatch.setattr(longrun_health, "BATCH_ROWS", 3 * steps)  # 3 parameters a batch
+    batched = [f for f in long_run_health(store, "m").findings if f.check.startswith(("monitor_grad", "update"))]
+    assert batched == whole

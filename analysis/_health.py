@@ -47,7 +47,7 @@ from dumpstore.query import connect, fetch_arrow
 from dumpstore.store import Store
 from dumpstore.views import MODULE_PATH as _MODULE_PATH
 
-from ._overflow import overflow
+from ._overflow import OverflowReport, overflow
 
 WATCHPOINTS = (
     "overflow",
@@ -103,6 +103,7 @@ class HealthReport:
     findings: list[HealthFinding]
     counts: dict[str, int] = field(default_factory=dict)
     rules: dict[str, str] = field(default_factory=dict)
+    overflow_ref: str | None = None  # the overflow findings are beyond this run's (the report's scan); None: alone
 
     def first(self, watchpoint: str) -> HealthFinding | None:
         return next((f for f in self.findings if f.watchpoint == watchpoint), None)
@@ -177,9 +178,12 @@ def health(
     *,
     thresholds: Thresholds | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    overflow_report: OverflowReport | None = None,
 ) -> HealthReport:
     """Every watchpoint over all steps and ranks of `run`, findings in execution order.  `progress(stage, done,
-    total)` is called as each watchpoint group starts, and at the end."""
+    total)` is called as each watchpoint group starts, and at the end. `overflow_report`: the overflow scan of
+    `run` the caller already has (the report's, against its reference): its producers are the overflow findings,
+    not scanned again."""
     th = thresholds or Thresholds()
     tell = progress or (lambda stage, done, total: None)
     info = store.run_info(run)
@@ -202,7 +206,7 @@ def health(
     finally:
         con.close()
     tell("overflow", 7, 7)
-    found += _overflow_findings(store, run)
+    found += _overflow_findings(overflow_report if overflow_report is not None else overflow(store, run))
     found += _kernel_findings(store, run)
     found.sort(key=lambda x: x[0])
     findings = [f for _, f in found]
@@ -211,7 +215,11 @@ def health(
         {"step": r["step"], "rank": r["rank"], "op": r["record"], "value": r["value"]}
         for r in loss.iter_rows(named=True)
     ]
-    return HealthReport(run, list(info["steps"]), list(info["ranks"]), asdict(th), series, findings, counts, rules(th))
+    ref = overflow_report.ref if overflow_report is not None else None
+    rule = rules(th)
+    if ref is not None:
+        rule["overflow"] += f", beyond what {ref} has at the aligned tensor"
+    return HealthReport(run, list(info["steps"]), list(info["ranks"]), asdict(th), series, findings, counts, rule, ref)
 
 
 def rules(th: Thresholds) -> dict[str, str]:
@@ -430,8 +438,7 @@ def _spike_detail(value: float, median: float, th: Thresholds) -> str:
     )
 
 
-def _overflow_findings(store: Store, run: str) -> list[_Found]:
-    rep = overflow(store, run)
+def _overflow_findings(rep: OverflowReport) -> list[_Found]:
     seqs = {(r["step"], r["rank"], r["record"]): r["seq"] for r in rep.tensors.iter_rows(named=True)}
     out: list[_Found] = []
     for p in rep.producers:

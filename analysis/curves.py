@@ -23,10 +23,16 @@ The method (docs/longrun.md has the walkthrough):
              or rel < 0.5 %; mean abs error < 0.01 or mean rel error < 1 %; grad-norm mean rel error <= 10 %;
              the difference stays inside the noise band
   spikes     per run: Megatron's spiky-loss factor (a loss above 10 x the median of the previous block of 100
-             steps) and an EMA z-score (z > 6 against an exponential mean and variance of span 100); consecutive
-             steps are one spike
+             steps) and an EMA z-score (z > 6 against an exponential mean and variance of span 100), either only
+             where the jump (the value less the rule's baseline) is at least 0.1 x the loss's level over the run
+             so far (the largest median of 10 consecutive steps before it): a jump judged on the loss's own
+             scale, not on a near-zero median; consecutive steps are one spike
   events     NaN/Inf losses, skipped and NaN iterations (Megatron's counters, MindFormers' overflow flag),
              loss-scale drops
+  coverage   each run's first and last point of the tag and the points compared: where one run's points stop
+             before the other's (a crashed or shorter run; skipped iterations print no loss) or start after
+             them, the report says so ("target stops at iteration N, the reference goes on to M"), and the
+             divergence and band verdicts name the steps they cover: no all-clear about steps one run lacks
   lr         the first step where the two runs' learning rates differ by more than 1e-4 relative (logs print 6
              to 7 digits), with the ratio there and after: a schedule mismatch is its own finding, whatever the
              loss does
@@ -44,15 +50,17 @@ import pyarrow as pa
 
 from dumpstore.errors import DumpstoreError
 
-from .curves_kernels import _by_tag, ema_outliers, kernel_cpd_l2
+from .curves_coverage import Coverage, coverage
+from .curves_kernels import _by_tag, kernel_cpd_l2
+from .curves_spikes import EMA_SPAN, EMA_Z, SPIKE_FACTOR, SPIKE_WINDOW, Spike, find_spikes
+
+__all__ = ["EMA_SPAN", "EMA_Z", "SPIKE_FACTOR", "SPIKE_WINDOW", "Spike", "find_spikes"]
 
 FIRST_STEP_ABS, FIRST_STEP_REL = 0.005, 0.005
 MEAN_ABS, MEAN_REL = 0.01, 0.01
 GRAD_NORM_MEAN_REL = 0.10
 BAND_K = 4.0
 STAY_OUT = 0.9
-SPIKE_FACTOR, SPIKE_WINDOW = 10.0, 100
-EMA_SPAN, EMA_Z = 100, 6.0
 LR_REL = 1e-4
 PRINT_REL = 1e-6  # the noise floor: logs print 7 significant digits
 
@@ -267,16 +275,6 @@ class Criterion:
 
 
 @dataclass
-class Spike:
-    run: str
-    step: int
-    value: float
-    baseline: float
-    rule: str  # factor10 / ema_z
-    score: float
-
-
-@dataclass
 class Event:
     run: str
     kind: str  # nonfinite_loss / skipped_iterations / nan_iterations / overflow / loss_scale_drop
@@ -314,6 +312,7 @@ class CurvesReport:
     max_abs_diff: float
     mean_abs_diff: float
     culprit: dict[str, Any] | None = None
+    coverage: Coverage | None = None  # None: monitor data only
     dump_verdict: dict[str, Any] | None = None  # the verdict of a dump pair of the flagged steps (--dump-target)
     msprobe_flagged: list[dict[str, Any]] = field(default_factory=list)  # msprobe's own alarms, per run
     points: dict[str, np.ndarray] | None = None
@@ -378,7 +377,8 @@ def compare_curves(
         )
     sigma = np.maximum(sigma, PRINT_REL * float(np.nanmedian(np.abs(r))))
     div, s, band, out = leave_band(x, d, sigma, w, k)
-    crit = criteria(x, t, r, target, ref, div, band_source, by, rank, names)
+    cov = coverage(st, sr, x, by, (names[0], names[1]), tag)
+    crit = criteria(x, t, r, target, ref, div, band_source, by, rank, names, cov)
     spikes = find_spikes(st, names[0]) + find_spikes(sr, names[1])
     events = find_events(target, names[0], rank) + find_events(ref, names[1], rank)
     lr = lr_mismatch(target, ref, rank)
@@ -405,11 +405,12 @@ def compare_curves(
         lr,
         float(np.max(np.abs(d[fin]))) if fin.any() else math.nan,
         float(np.mean(np.abs(d[fin]))) if fin.any() else math.nan,
+        coverage=cov,
         points=points,
     )
 
 
-def criteria(x, t, r, target, ref, div, band_source, by, rank, names) -> list[Criterion]:
+def criteria(x, t, r, target, ref, div, band_source, by, rank, names, cov=None) -> list[Criterion]:
     fin = np.isfinite(t) & np.isfinite(r)
     out = []
     if fin.any():
@@ -459,71 +460,16 @@ def criteria(x, t, r, target, ref, div, band_source, by, rank, names) -> list[Cr
     else:
         out.append(Criterion("grad_norm_mean_rel_error", None, "no grad_norm in both runs", "mean rel err <= 10 %"))
     inside = div.step is None
+    # never an all-clear about points one run lacks
+    stays = "the difference stays inside the band" + (cov.only() if cov is not None else "")
     out.append(
         Criterion(
             "within_noise_band",
             inside,
-            "the difference stays inside the band"
-            if inside
-            else f"leaves the band from step {div.step} ({div.kind}, mean diff {div.mean_diff:.3g})",
+            stays if inside else f"leaves the band from step {div.step} ({div.kind}, mean diff {div.mean_diff:.3g})",
             f"noise band from {band_source}",
         )
     )
-    return out
-
-
-def find_spikes(s: Series, run: str) -> list[Spike]:
-    """Spikes of one curve: Megatron's factor-10 rule and an EMA z-score; consecutive steps merged."""
-    v = s.v
-    n = len(v)
-    hits: dict[int, Spike] = {}
-    if n > 10:
-        fin = np.isfinite(v)
-        # factor 10 x the median of the previous SPIKE_WINDOW values (a non-finite value replaced by the one before)
-        base = _previous_median(_ffill(v), SPIKE_WINDOW)
-        with np.errstate(invalid="ignore"):
-            hit = np.flatnonzero(fin & (base > 0) & (v > SPIKE_FACTOR * base))
-        for i in hit[hit >= 10]:
-            med = float(base[i])
-            hits[int(i)] = Spike(run, int(s.x[i]), float(v[i]), med, "factor10", float(v[i] / med))
-        for i, x, mean, z in ema_outliers(v, EMA_SPAN, EMA_Z):
-            if i not in hits:
-                hits[i] = Spike(run, int(s.x[i]), x, mean, "ema_z", z)
-    merged: list[Spike] = []
-    last = -2
-    for i in sorted(hits):
-        if i == last + 1 and merged:
-            if hits[i].value > merged[-1].value:
-                merged[-1] = hits[i]
-        else:
-            merged.append(hits[i])
-        last = i
-    return merged
-
-
-def _ffill(v: np.ndarray) -> np.ndarray:
-    ok = np.isfinite(v)
-    if ok.all() or not ok.any():
-        return v
-    idx = np.where(ok, np.arange(len(v)), 0)
-    np.maximum.accumulate(idx, out=idx)
-    out = v[idx]
-    first = int(np.flatnonzero(ok)[0])
-    out[:first] = v[first]
-    return out
-
-
-def _previous_median(v: np.ndarray, w: int) -> np.ndarray:
-    """Per index i: the median of the previous block of w values (blocks start at multiples of w; the first block
-    uses the values before i); NaN at 0."""
-    n = len(v)
-    out = np.full(n, np.nan)
-    for i in range(1, min(w, n)):
-        out[i] = np.median(v[:i])
-    nb = n // w
-    if nb >= 1 and n > w:
-        meds = np.median(v[: nb * w].reshape(nb, w), axis=1)
-        out[w:] = np.repeat(meds, w)[: n - w]
     return out
 
 

@@ -69,10 +69,13 @@ def _by_tag(scalars: pa.Table) -> _Tags:
     return tags
 
 
-def ema_outliers(v: np.ndarray, span: int, zmax: float, chunk: int = 512) -> list[tuple]:
+def ema_outliers(
+    v: np.ndarray, span: int, zmax: float, chunk: int = 512, min_jump: np.ndarray | None = None
+) -> list[tuple]:
     """(index, value, EMA mean, z) of each value of `v` above its exponential mean by more than `zmax` exponential
-    standard deviations (span `span`; from the 21st finite value on, while the variance is positive). An outlier
-    does not update the mean and variance; non-finite values are skipped.
+    standard deviations (span `span`; from the 21st finite value on, while the variance is positive) and, with
+    `min_jump` (one per value of `v`), by more than min_jump. An outlier does not update the mean and variance;
+    non-finite values are skipped.
 
     The recursion, for each accepted value x (the first sets the mean): delta = x - mean, mean += a delta,
     var = (1 - a)(var + a delta^2), a = 2 / (span + 1). It is linear in the accepted values, so it is evaluated
@@ -82,6 +85,7 @@ def ema_outliers(v: np.ndarray, span: int, zmax: float, chunk: int = 512) -> lis
     rounding."""
     idx = np.flatnonzero(np.isfinite(v))
     y = v[idx].astype(np.float64)
+    floor = np.nan_to_num(min_jump[idx], nan=0.0) if min_jump is not None else None
     n = len(y)
     out: list[tuple] = []
     if n == 0:
@@ -103,7 +107,7 @@ def ema_outliers(v: np.ndarray, span: int, zmax: float, chunk: int = 512) -> lis
         checked = (seen + np.arange(m) >= 20) & (vars_[:m] > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
             z = np.where(checked, delta / np.sqrt(np.where(checked, vars_[:m], 1.0)), -np.inf)
-        hit = np.flatnonzero(z > zmax)
+        hit = np.flatnonzero((z > zmax) & (delta > floor[p : p + m]) if floor is not None else z > zmax)
         if len(hit) == 0:
             mean, var, seen, p = float(means[m]), float(vars_[m]), seen + m, p + m
             continue

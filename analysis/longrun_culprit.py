@@ -96,9 +96,11 @@ def _stored_culprit(store: Store, target: str, ref: str, ref2: str | None, loss_
 
     runs = [target, ref] + ([ref2] if ref2 is not None else [])
     parts = []
+    steps: dict[str, list[int]] = {}
     for _, chunk in monitor_chunks(store, runs):
-        ft, fr = _load(chunk[target]), _load(chunk[ref])
+        ft, fr = _load(chunk[target], described=True), _load(chunk[ref])
         f2 = _load(chunk[ref2]) if ref2 is not None else None
+        _extent(steps, ft, fr)
         if not ft.height or not fr.height:
             continue
         # a chunk of millions of rows joined a few hundred thousand target rows at a time, split by name (a
@@ -113,19 +115,42 @@ def _stored_culprit(store: Store, target: str, ref: str, ref2: str | None, loss_
             of = [None if f is None else f.filter(pl.col("name").is_in(group)) for f in (ft, fr, f2)]
             parts.append(_left_band(of[0], of[1], of[2], PERSIST))
         del ft, fr, f2
-    return _result(parts, ref2 is not None, loss_step)
+    return _result(parts, ref2 is not None, loss_step, steps)
 
 
-_SPLIT_ROWS = 500_000
+def _extent(steps: dict[str, list[int]], ft, fr) -> None:
+    """Widen `steps` ({"target": [first, last], "ref": ...}) by the monitor steps of a chunk of each run."""
+    for side, f in (("target", ft), ("ref", fr)):
+        if f.height:
+            lo, hi = int(f.get_column("step").min()), int(f.get_column("step").max())
+            old = steps.get(side)
+            steps[side] = [min(old[0], lo), max(old[1], hi)] if old else [lo, hi]
 
 
-def _load(files):
-    """The culprit's monitor columns of some part files as a Polars frame, the names as categoricals."""
+_SPLIT_ROWS = 125_000  # target rows joined at once: the join and its 30 window columns held for them, not for a chunk
+
+
+def _load(files, *, described: bool = False):
+    """The culprit's monitor columns of some part files as a Polars frame, the names as categoricals, the integer
+    keys as int32 (steps, ranks, micro steps and stages are small: half the bytes of a chunk's keys);
+    `described`: with the module, param and seq the culprit's description reads (the target's rows only)."""
     import polars as pl
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    df = pl.from_arrow(read_parts(files, "monitor", columns=_COLUMNS, dictionary=_TEXT))
+    cols = _COLUMNS if described else [c for c in _COLUMNS if c not in _DESCRIBED]
+    table = read_parts(files, "monitor", columns=cols, dictionary=[c for c in _TEXT if c in cols])
+    for name in _SMALL_INTS:  # one column at a time: the int64 one is freed as its int32 copy replaces it
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, name, pc.cast(table.column(i), pa.int32()))
+    pa.default_memory_pool().release_unused()
+    df = pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     return df
+
+
+_DESCRIBED = ("module", "param", "seq")
+_SMALL_INTS = ("rank", "step", "micro_step", "vpp_stage")
 
 
 def dump_verdict(store: Store, target: str, ref: str) -> dict[str, Any]:
@@ -185,7 +210,11 @@ def _frame(table, suffix: str):
 
 
 def monitor_culprit(mt, mr, m2=None, *, loss_step: int | None = None, persist: int = PERSIST) -> dict[str, Any]:
-    return _result([_left_band(mt, mr, m2, persist)], m2 is not None, loss_step)
+    import polars as pl
+
+    steps: dict[str, list[int]] = {}
+    _extent(steps, *(f if isinstance(f, pl.DataFrame) else pl.from_arrow(f) for f in (mt, mr)))
+    return _result([_left_band(mt, mr, m2, persist)], m2 is not None, loss_step, steps)
 
 
 def _left_band(mt, mr, m2, persist: int):
@@ -274,8 +303,11 @@ def _left_band(mt, mr, m2, persist: int):
     return first, int(n_series), ranks, n_early
 
 
-def _result(parts: list[tuple], rerun: bool, loss_step: int | None) -> dict[str, Any]:
-    """The culprit of the series of every chunk (_left_band's answers)."""
+def _result(
+    parts: list[tuple], rerun: bool, loss_step: int | None, steps: dict[str, list[int]] | None = None
+) -> dict[str, Any]:
+    """The culprit of the series of every chunk (_left_band's answers); `steps`: each run's first and last
+    monitor step, for the note on steps one run lacks."""
     import polars as pl
 
     firsts = [f for f, _, _, _ in parts if f.height]
@@ -295,6 +327,8 @@ def _result(parts: list[tuple], rerun: bool, loss_step: int | None) -> dict[str,
         "loss_step": loss_step,
         "first": None,
         "next": [],
+        "steps": steps or None,
+        "steps_note": _steps_note(steps or {}),
     }
     if first is None or first.height == 0:
         return result
@@ -313,6 +347,21 @@ def _result(parts: list[tuple], rerun: bool, loss_step: int | None) -> dict[str,
             result["next"].append(_describe(row))
     result["handoff"] = handoff(top, distributed=len(ranks) > 1)
     return result
+
+
+def _steps_note(steps: dict[str, list[int]]) -> str | None:
+    """What monitor steps one run has and the other lacks, in words; None when both have the same."""
+    t, r = steps.get("target"), steps.get("ref")
+    if t is None or r is None:
+        return None
+    parts = []
+    if t[1] != r[1]:
+        a, b = ("the target's", "the reference's") if t[1] < r[1] else ("the reference's", "the target's")
+        parts.append(f"{a} monitor data stops at step {min(t[1], r[1])}, {b} goes on to {max(t[1], r[1])}")
+    if t[0] != r[0]:
+        a, b = ("the target's", "the reference's") if t[0] > r[0] else ("the reference's", "the target's")
+        parts.append(f"{a} monitor data starts at step {max(t[0], r[0])}, {b} at {min(t[0], r[0])}")
+    return "; ".join(parts) or None
 
 
 def _describe(row: dict[str, Any]) -> dict[str, Any]:

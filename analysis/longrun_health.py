@@ -6,7 +6,8 @@ Checks (status ok / warn / fail, with the step where it starts):
   constant_loss      the loss does not change at all over the last 10 % of the run (at least 10 steps; fail)
   not_converging     the mean loss of the last 10 % of the run is not below 98 % of the first 10 % (warn; fail
                      when it is above 110 %)
-  loss_spikes        spikes of the loss (curves' rules: 10 x the median of the previous 100, EMA z > 6; warn)
+  loss_spikes        spikes of the loss (curves' rules: 10 x the median of the previous 100, EMA z > 6, a jump of
+                     0.1 x the loss's level over the run or more; warn)
   grad_explosion     a grad norm above 10 x the median of the previous 100 steps, or non-finite (warn)
   grad_vanishing     grad norm below 1e-7 for 10 steps in a row, or the last 10 %'s median below 1e-3 x the first
                      10 %'s (warn)
@@ -31,7 +32,8 @@ import numpy as np
 from dumpstore.longrun.store import MONITOR_SCHEMA, monitor_chunks, read, read_parts, run_row
 from dumpstore.store import Store
 
-from .curves import SPIKE_FACTOR, SPIKE_WINDOW, _ffill, _previous_median, find_events, find_spikes, series
+from .curves import find_events, series
+from .curves_spikes import SPIKE_FACTOR, SPIKE_WINDOW, _ffill, _previous_median, find_spikes
 from .longrun_anomalies import msprobe_flagged
 
 
@@ -231,7 +233,7 @@ def _monitor_frames(store: Store, run: str):
             text: list[str] = [c for c in ("prefix", "name", "param") if c in cols]
             df = pl.from_arrow(read_parts(files[run], "monitor", columns=cols, dictionary=text))
             assert isinstance(df, pl.DataFrame)
-            if prefixes is not None:
+            if prefixes is not None and len(key) != 2:  # (a chunk of one prefix holds no other: not copied)
                 df = df.filter(pl.col("prefix").cast(pl.String).is_in(sorted(prefixes)))
             yield df  # the names as categoricals (sorted by their text, as strings): a code per row, not a copy
 
@@ -297,17 +299,14 @@ def _monitor_grads(frames) -> list[Finding]:
 
     cols = ["rank", "step", "prefix", "param", "norm"]
     prefix = "grad_reduced"
-    df = _concat(frames({prefix}, columns=cols))
-    if df.height == 0:
+    parts = _grad_jumps(frames({prefix}, columns=cols), prefix)
+    if parts is None:
         prefix = "grad_unreduced"
-        df = _concat(frames({prefix}, columns=cols))
-    g = df.filter((pl.col("prefix") == prefix) & pl.col("norm").is_finite()).sort(["rank", "param", "step"])
-    if g.height == 0:
+        parts = _grad_jumps(frames({prefix}, columns=cols), prefix)
+    if parts is None or not parts[0]:  # no row of either prefix, or none finite
         return []
-    base = pl.col("norm").rolling_median(SPIKE_WINDOW, min_samples=5).shift(1).over(["rank", "param"])
-    g = g.with_columns(base.alias("base"))
+    jump, tiny = (pl.concat(p).sort(["step", "rank", "param"]) for p in parts)
     out = []
-    jump = g.filter(pl.col("base") > 0).filter(pl.col("norm") > SPIKE_FACTOR * pl.col("base")).sort("step")
     if jump.height:
         r = jump.row(0, named=True)
         out.append(
@@ -320,7 +319,6 @@ def _monitor_grads(frames) -> list[Finding]:
                 f"{r['norm']:.4g} (median {r['base']:.4g}, rank {r['rank']})",
             )
         )
-    tiny = g.filter(pl.col("norm") < 1e-7).sort("step")
     if tiny.height:
         r = tiny.row(0, named=True)
         out.append(
@@ -337,22 +335,70 @@ def _monitor_grads(frames) -> list[Finding]:
     return out
 
 
+def _grad_jumps(chunks, prefix: str):
+    """([rows above 10 x their previous median], [rows below 1e-7]) of the finite `prefix` gradient norms of
+    `chunks` (one frame of each per batch: empty lists where no norm is finite), or None when they hold no row of
+    `prefix`. Each chunk's parameters are taken a batch of about BATCH_ROWS rows at a
+    time (a series is one rank and parameter: it never crosses a batch), so the rolling medians hold a batch, not
+    the run."""
+    import polars as pl
+
+    jumps, tinies, seen = [], [], False
+    for df in chunks:
+        g = df.filter(pl.col("prefix") == prefix)
+        seen = seen or g.height > 0
+        g = g.filter(pl.col("norm").is_finite()).drop("prefix")
+        if g.height == 0:
+            continue
+        for group in _param_batches(g):
+            part = g if group is None else g.filter(pl.col("param").is_in(group))
+            part = part.sort(["rank", "param", "step"])
+            base = pl.col("norm").rolling_median(SPIKE_WINDOW, min_samples=5).shift(1).over(["rank", "param"])
+            part = part.with_columns(base.alias("base"))
+            jumps.append(part.filter((pl.col("base") > 0) & (pl.col("norm") > SPIKE_FACTOR * pl.col("base"))))
+            tinies.append(part.filter(pl.col("norm") < 1e-7))
+        del g
+    return (jumps, tinies) if seen else None
+
+
+BATCH_ROWS = 500_000  # rows of parameters whose rolling medians or update ratios are computed at once
+
+
+def _param_batches(df):
+    """The parameters of `df` in batches of about BATCH_ROWS rows (lists of names), or one None: all of them."""
+    params = df.get_column("param").unique().sort().to_list()
+    k = max(1, min(len(params), -(-df.height // BATCH_ROWS)))
+    if k == 1:
+        yield None
+        return
+    for i in range(k):
+        yield params[i * len(params) // k : (i + 1) * len(params) // k]
+
+
 def _update_ratio(frames) -> list[Finding]:
     import polars as pl
 
-    df = _concat(frames({"param_origin", "param_updated"}, columns=["rank", "step", "prefix", "param", "norm"]))
+    cols = ["rank", "step", "prefix", "param", "norm"]
     keys = ["rank", "param", "step"]
-    o = df.filter(pl.col("prefix") == "param_origin").select(*keys, pl.col("norm").alias("n0"))
-    u = df.filter(pl.col("prefix") == "param_updated").select(*keys, pl.col("norm").alias("n1"))
+    # each prefix read on its own (a chunk of the other is not read), only the columns the ratio needs
+    o = _concat(frames({"param_origin"}, columns=cols)).select(*keys, pl.col("norm").alias("n0"))
+    u = _concat(frames({"param_updated"}, columns=cols)).select(*keys, pl.col("norm").alias("n1"))
     if o.height == 0 or u.height == 0:
         return []
-    j = o.join(u, on=keys).with_columns(((pl.col("n1") - pl.col("n0")).abs() / pl.col("n0")).alias("ratio"))
-    j = j.filter(pl.col("ratio").is_finite()).sort(keys)
-    agg = j.group_by(["rank", "param"]).agg(
-        pl.col("ratio").head(pl.max_horizontal(pl.len() // 10, 3)).median().alias("first"),
-        pl.col("ratio").tail(pl.max_horizontal(pl.len() // 10, 3)).median().alias("last"),
-        pl.col("step").tail(pl.max_horizontal(pl.len() // 10, 3)).first().alias("from_step"),
-    )
+    ratio = ((pl.col("n1") - pl.col("n0")).abs() / pl.col("n0")).alias("ratio")
+    aggs = []
+    for group in _param_batches(o):  # a batch of parameters at a time: the join and sort hold a batch
+        oo, uu = (o, u) if group is None else (f.filter(pl.col("param").is_in(group)) for f in (o, u))
+        j = oo.join(uu, on=keys).select(*keys, ratio)
+        j = j.filter(pl.col("ratio").is_finite()).sort(keys)
+        aggs.append(
+            j.group_by(["rank", "param"]).agg(
+                pl.col("ratio").head(pl.max_horizontal(pl.len() // 10, 3)).median().alias("first"),
+                pl.col("ratio").tail(pl.max_horizontal(pl.len() // 10, 3)).median().alias("last"),
+                pl.col("step").tail(pl.max_horizontal(pl.len() // 10, 3)).first().alias("from_step"),
+            )
+        )
+    agg = pl.concat(aggs)
     bad = agg.filter((pl.col("last") > 0.1) | ((pl.col("first") > 0) & (pl.col("last") > 10 * pl.col("first"))))
     if bad.height == 0:
         return [Finding("update_ratio", "ok", None, None, f"{agg.height} parameters: no update-ratio drift")]

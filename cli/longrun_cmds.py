@@ -137,15 +137,23 @@ def curves_text(rep) -> str:
         f"curves: target {text(rep.target)} vs reference {text(rep.ref)}, {text(rep.tag)} by {rep.by}: "
         f"{rep.n_points} points ({rep.first_x}..{rep.last_x}); mean |diff| {num(rep.mean_abs_diff)}, "
         f"max |diff| {num(rep.max_abs_diff)}",
-        f"noise band: {rep.band_source}; window {rep.window} points",
-        "criteria (Huawei, long run):",
     ]
+    cov = rep.coverage
+    if cov is not None and cov.note is not None:
+        lines.append(f"coverage: {text(cov.note)}: compared over {cov.unit} {cov.compared[0]}..{cov.compared[1]} only")
+    lines += [f"noise band: {rep.band_source}; window {rep.window} points", "criteria (Huawei, long run):"]
     for c in rep.criteria:
         mark = {True: "PASS", False: "FAIL", None: "n/a "}[c.passed]
         lines.append(f"  {mark} {c.name}: {text(c.value)}  [{c.rule}]")
     d = rep.divergence
     if d.step is None:
-        lines.append("divergence: none; the difference stays inside the noise band")
+        if cov is not None and cov.note is not None:  # never an all-clear about points one run lacks
+            lines.append(
+                f"divergence: none over {cov.unit} {cov.compared[0]}..{cov.compared[1]}, the points both runs have; "
+                f"not compared after them ({text(cov.note)})"
+            )
+        else:
+            lines.append("divergence: none; the difference stays inside the noise band")
     else:
         lines.append(
             f"divergence: from step {d.step} the difference leaves the band and stays out (out from {d.crossed}); "
@@ -202,8 +210,17 @@ def culprit_lines(c: dict) -> list[str]:
             "(runs that differ from the start drift apart; pass --ref2, a rerun of the reference, to judge them)"
         )
     first = c.get("first")
+    note, steps = c.get("steps_note"), c.get("steps") or {}
+    if note is not None:
+        lines.append(f"monitor: {note}: steps only one run has are not compared")
     if first is None:
-        lines.append("monitor: no module or parameter statistic leaves its band")
+        if note is not None and "target" in steps and "ref" in steps:  # no all-clear about steps one run lacks
+            lo, hi = max(steps["target"][0], steps["ref"][0]), min(steps["target"][1], steps["ref"][1])
+            lines.append(
+                f"monitor: no module or parameter statistic leaves its band over monitor steps {lo}..{hi} only"
+            )
+        else:
+            lines.append("monitor: no module or parameter statistic leaves its band")
         return lines
     lines.append(
         f"first to move: {text(first['prefix'])} {text(first['name'])} ({first['stat']}) at monitor step "

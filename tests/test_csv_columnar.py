@@ -3,6 +3,7 @@
 The row path (`csvfile.iter_csv_rows`, one dict per row through csv.writer) is the reference: every pair here is
 written both ways (the whole file, and `--only-differing` for some), and the bytes compared.  Pairs: statistics
 samples (overflow's inf/NaN statistics; two ranks), a statistics run against a tensor run (no common dump mode),
+the tensor samples and a hand-made tensor-mode dump (files read as `report --csv` reads them, and not),
 and a hand-made dump with what the columns must write exactly as Python does: tiny and huge floats, -0.0 against
 0.0, NaN and infinities, bool and int tensors, arguments that differ, null leaves, names with quotes, commas and
 spreadsheet formula characters, leaves on one side only.
@@ -127,12 +128,6 @@ def test_md5_mode_by_columns(tmp_path, monkeypatch) -> None:
     assert cols == rows and b"The CRC-32 value of NPU differs from that of the bench." in cols
 
 
-def test_tensor_mode_keeps_the_row_path(sample_store) -> None:
-    """Tensor mode is written row by row (its metrics come from the tensor files)."""
-    cmp = compare_runs(sample_store, "weight_1pct_tensor", "ref_tensor")
-    assert csvcols.frame(cmp, sample_store, "tensor", ("NPU Name",)) is None
-
-
 def test_chunks_of_whole_ops_write_the_same_bytes(sample_store, tmp_path, monkeypatch) -> None:
     """Cells built a few ops at a time (CHUNK_ROWS small): the same file, a stack held from one chunk to the next
     for --only-differing."""
@@ -149,3 +144,82 @@ def test_chunks_of_whole_ops_write_the_same_bytes(sample_store, tmp_path, monkey
     for only, want in zip((False, True), whole):
         write_csv(cmp, tmp_path / "chunked.csv", store=sample_store, only_differing=only)
         assert (tmp_path / "chunked.csv").read_bytes() == want
+
+
+def _tensor_dump(root: Path, target: bool) -> None:
+    """A tensor-mode dump (.npy files) whose ops exercise msprobe's tensor-mode rules: an output that flips sign
+    while its inputs are equal (One Thousandth Err Ratio error and the Cosine warning on the op's first output), one
+    a little off, a NaN in an input, a scalar argument (unsupported), a null output, an int tensor."""
+    import numpy as np
+
+    files = root / "dump_tensor_data"
+    files.mkdir(parents=True)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    y = x @ w
+    nan_in = x.copy()
+    nan_in[0, 0] = np.nan
+
+    def leaf(name: str, a: np.ndarray, requires_grad: bool = False) -> dict:
+        np.save(files / f"{name}.npy", a)
+        f = a.astype(np.float64)
+        ok = bool(np.isfinite(f).all())
+        nan = float("nan")
+        return {"type": "torch.Tensor", "dtype": f"torch.{a.dtype}", "shape": list(a.shape),
+                "Max": float(np.max(f)) if ok else nan, "Min": float(np.min(f)) if ok else nan,
+                "Mean": float(np.mean(f)), "Norm": float(np.linalg.norm(f)), "requires_grad": requires_grad,
+                "data_name": f"{name}.npy"}  # fmt: skip
+
+    def op(name: str, inputs: list, outputs: list, **kwargs) -> tuple[str, dict]:
+        args = [leaf(f"{name}.input.{i}", a, i == 1) for i, a in enumerate(inputs)]
+        outs = [None if a is None else leaf(f"{name}.output.{i}", a) for i, a in enumerate(outputs)]
+        return name, {"input_args": args, "input_kwargs": kwargs, "output": outs}
+
+    ops = dict(
+        [
+            op(
+                "Functional.linear.0.forward",
+                [x, w],
+                [-y if target else y, None],
+                alpha={"type": "float", "value": 0.5},
+            ),
+            op("Functional.relu.0.forward", [y], [np.maximum(y, 0) * (1.001 if target else 1.0)]),
+            op("Tensor.__add__.0.forward", [nan_in, x], [nan_in + x]),
+            op("Functional.argmax.0.forward", [y], [np.argmax(y, axis=1) + (1 if target else 0)]),
+        ]
+    )
+    doc = {"task": "tensor", "level": "mix", "framework": "pytorch", "dump_data_dir": str(files), "data": ops}
+    (root / "dump.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_tensor_mode_by_columns(tmp_path, monkeypatch, exact) -> None:
+    """Tensor mode by columns (the metric cells, `unsupported`, the exact cells read from the files, msprobe's
+    tensor-mode rules per op) writes the row writer's bytes, with the files read (as `report --csv` reads tensor
+    dumps) and without."""
+    for side in ("t", "r"):
+        _tensor_dump(tmp_path / side, target=side == "t")
+        ingest(tmp_path / side, side, store=tmp_path / "store", jobs=1)
+    st = open_store(tmp_path / "store")
+    cmp = compare_runs(st, "t", "r", exact=exact)
+    assert csvcols.frame(cmp, st, "tensor", ("NPU Name",)) is not None  # the columnar path is taken
+    for only in (False, True):
+        cols, rows, n = _both(cmp, st, tmp_path, only, monkeypatch)
+        assert cols == rows
+    text = _both(cmp, st, tmp_path, False, monkeypatch)[0].decode()
+    assert "unsupported" in text
+    if exact:  # msprobe's op-level rules of tensor mode fire on the sign flip
+        assert "One Thousandth Err Ratio > 0.9 while the output < 0.6." in text
+        assert "The input/parameters of Cosine > 0.9, and input/parameters - output > 0.1" in text
+
+
+@pytest.mark.parametrize("target", ["weight_1pct_tensor", "bf16_tensor", "gelu_tanh_tensor"])
+def test_tensor_samples_by_columns(sample_store, target, tmp_path, monkeypatch) -> None:
+    """The tensor samples, their files read as `report --csv` reads them: written by columns, the row writer's
+    bytes (the --only-differing file too)."""
+    cmp = compare_runs(sample_store, target, "ref_tensor", exact=True)
+    assert csvcols.frame(cmp, sample_store, "tensor", ("NPU Name",)) is not None
+    for only in (False, True):
+        cols, rows, n = _both(cmp, sample_store, tmp_path, only, monkeypatch)
+        assert cols == rows and (only or n > 400)

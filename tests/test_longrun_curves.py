@@ -437,3 +437,132 @@ def test_culprit_read_a_chunk_at_a_time_is_the_whole_runs_culprit(monitor_store)
         with pytest.MonkeyPatch.context() as mp:  # each chunk split by name into joins of ~100 target rows
             mp.setattr(longrun_culprit, "_SPLIT_ROWS", 100)
             assert _stored_culprit(st, target, ref, ref2, 61) == want
+
+
+def test_a_run_that_stops_early_is_said(logs, tmp_path):
+    """A target whose losses stop at iteration 1500 of 3000 (a crashed or shorter run) is not 'no divergence':
+    the report says where it stops and how far the reference goes on, the other way round too, and names the
+    iterations of the common range one run has no loss for (skipped iterations print none)."""
+    import jsonschema
+    import pyarrow.compute as pc
+
+    ref = logs["ref"]
+    short = ref.filter(pc.field("step") <= 1500)
+    rep = compare_curves(short, ref, names=("short", "ref", None))
+    assert rep.divergence.step is None and rep.coverage is not None
+    cov = rep.coverage
+    assert cov.note == "target short stops at iteration 1500, the reference ref goes on to 3000"
+    assert (cov.target, cov.ref, cov.compared, cov.only_target, cov.only_ref) == (
+        [1, 1500],
+        [1, 3000],
+        [1, 1500],
+        0,
+        1500,
+    )
+    band = next(c for c in rep.criteria if c.name == "within_noise_band")
+    assert band.value == f"the difference stays inside the band over iteration 1..1500 only ({cov.note})"
+    back = compare_curves(ref, short, names=("long", "short", None)).coverage
+    assert (
+        back is not None and back.note == "the reference short stops at iteration 1500, the target long goes on to 3000"
+    )
+    skipped = ref.filter(~((pc.field("tag") == "loss") & (pc.field("step") >= 2000) & (pc.field("step") <= 2009)))
+    gap = compare_curves(skipped, ref, names=("skip", "ref", None)).coverage
+    assert gap is not None and gap.note == "10 iterations of ref within 1..3000 have no target loss"
+    same = compare_curves(logs["rerun"], ref, names=("rerun", "ref", None)).coverage
+    assert same is not None and same.note is None and same.compared == [1, 3000]
+
+    store = tmp_path / "store"
+    for name, table in (("short", short), ("ref", ref), ("rerun", logs["rerun"])):
+        write(store, LongRun(name, scalars=table))
+    r = CliRunner().invoke(main, ["curves", "--target", "short", "--ref", "ref", "--store", str(store)])
+    assert r.exit_code == 0, r.output
+    assert (
+        "coverage: target short stops at iteration 1500, the reference ref goes on to 3000: compared over "
+        "iteration 1..1500 only"
+    ) in r.output
+    assert "divergence: none over iteration 1..1500, the points both runs have; not compared after them" in r.output
+    assert "stays inside the noise band" not in r.output  # no all-clear about iterations 1501..3000
+    r = CliRunner().invoke(main, ["curves", "--target", "short", "--ref", "ref", "--store", str(store), "--json"])
+    doc = json.loads(r.output)
+    jsonschema.validate(doc, json.loads((Path(__file__).parents[1] / "dumpstore/schemas/curves.json").read_text()))
+    assert doc["coverage"]["note"] == cov.note and doc["coverage"]["compared"] == [1, 1500]
+    r = CliRunner().invoke(main, ["curves", "--target", "rerun", "--ref", "ref", "--store", str(store)])
+    assert "divergence: none; the difference stays inside the noise band" in r.output and "coverage" not in r.output
+
+
+def test_monitor_data_that_stops_early_is_said():
+    """The monitor culprit over runs whose monitor data ends at other steps names the steps compared, never an
+    all-clear about the steps only one run has."""
+    from dumpstore.analysis.longrun_culprit import monitor_culprit
+    from dumpstore.cli.longrun_cmds import culprit_lines
+
+    vals = {f"layers.{i}.weight": [1.0 + 0.01 * s for s in range(200)] for i in range(3)}
+    ref, short = _monitor(vals, 200), _monitor(vals, 150)
+    c = monitor_culprit(short, ref)
+    assert c["first"] is None and c["steps"] == {"target": [0, 149], "ref": [0, 199]}
+    assert c["steps_note"] == "the target's monitor data stops at step 149, the reference's goes on to 199"
+    lines = culprit_lines(c)
+    assert "monitor: no module or parameter statistic leaves its band over monitor steps 0..149 only" in lines
+    assert "monitor: no module or parameter statistic leaves its band" not in lines
+    assert monitor_culprit(ref, short)["steps_note"] == (
+        "the reference's monitor data stops at step 149, the target's goes on to 199"
+    )
+    assert monitor_culprit(ref, ref)["steps_note"] is None
+
+
+def test_a_spike_is_judged_on_the_loss_scale():
+    """A loss trained from 2.3 down to about 1e-4 that reads 2e-3 at one step is 20 x its median and nothing on
+    its own scale: no spike (by either rule); a jump back to 2.0 is one. On a loss whose whole scale is 1e-4 the
+    same 2e-3 is 20 x the loss's level: a spike."""
+    import numpy as np
+
+    from dumpstore.analysis.curves import Series, find_spikes
+
+    rng = np.random.default_rng(0)
+    n = 600
+    x = np.arange(1, n + 1)
+    trained = 2.3 * np.exp(-np.arange(n) / 30) + 1e-4 * (1 + 0.2 * rng.standard_normal(n))
+    trained[400], trained[500] = 2e-3, 2.0
+    assert [(s.step, s.rule) for s in find_spikes(Series(x, trained), "r")] == [(501, "factor10")]
+    tiny = 1e-4 * (1 + 0.2 * rng.standard_normal(n))
+    tiny[400] = 2e-3
+    assert [(s.step, s.rule, s.value) for s in find_spikes(Series(x, tiny), "r")] == [(401, "factor10", 2e-3)]
+
+
+def test_monitor_health_in_batches_of_parameters(tmp_path, monkeypatch):
+    """The gradient and update-ratio checks taken a few parameters at a time (BATCH_ROWS small) find what they find
+    on all parameters at once: a 50x jump of layers.3 at step 70 (and of layers.6 at 90), layers.5 vanishing from
+    step 100, layers.2's update ratio drifting up late."""
+    from dumpstore.analysis import longrun_health
+    from dumpstore.longrun.store import MONITOR_SCHEMA
+
+    steps, params = 150, [f"layers.{i}.weight" for i in range(8)]
+    rows = []
+    for prefix in ("grad_reduced", "param_origin", "param_updated"):
+        for s in range(steps):
+            for i, p in enumerate(params):
+                norm = 1.0 + 0.01 * ((s + i) % 7)
+                if prefix == "grad_reduced":
+                    norm *= 50 if (p, s) in (("layers.3.weight", 70), ("layers.6.weight", 90)) else 1
+                    norm = 1e-9 if p == "layers.5.weight" and s >= 100 else norm
+                elif prefix == "param_updated":
+                    norm = 10.0 * (1 + (0.5 if p == "layers.2.weight" and s >= 120 else 1e-3))
+                else:
+                    norm = 10.0
+                rows.append(
+                    {"rank": 0, "step": s, "micro_step": None, "vpp_stage": 0, "prefix": prefix, "name": p,
+                     "module": p.rsplit(".", 1)[0], "param": p, "direction": "parameters_grad", "io": "parameters_grad",
+                     "seq": i, "norm": norm, "min": -0.1, "max": 0.1, "mean": 0.0, "zeros": 0.0, "nans": 0.0,
+                     "shape": [4, 4], "dtype": "float32", "missing": False}
+                )  # fmt: skip
+    write(tmp_path / "s", LongRun("m", monitor=pa.Table.from_pylist(rows, MONITOR_SCHEMA)))
+    store = open_store(tmp_path / "s")
+    whole = [f for f in long_run_health(store, "m").findings if f.check.startswith(("monitor_grad", "update"))]
+    got = {f.check: (f.status, f.step, f.value) for f in whole}
+    assert got["monitor_grad_explosion"] == ("warn", 70, pytest.approx(50 * 1.0 + 50 * 0.01 * (73 % 7)))
+    assert got["monitor_grad_vanishing"][:2] == ("warn", 100)
+    assert got["update_ratio"][:2] == ("warn", 135) and "layers.2.weight" in whole[-1].detail
+    assert "2 grad_reduced norms above 10 x" in next(f.detail for f in whole if f.check == "monitor_grad_explosion")
+    monkeypatch.setattr(longrun_health, "BATCH_ROWS", 3 * steps)  # 3 parameters a batch
+    batched = [f for f in long_run_health(store, "m").findings if f.check.startswith(("monitor_grad", "update"))]
+    assert batched == whole

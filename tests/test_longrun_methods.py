@@ -16,8 +16,8 @@ from dumpstore.analysis.curves import EMA_SPAN, EMA_Z, series
 from dumpstore.analysis.curves_kernels import ema_outliers, kernel_cpd_l2
 
 
-def _ema_loop(v: np.ndarray) -> list[tuple]:
-    """The definition, one value at a time."""
+def _ema_loop(v: np.ndarray, floor: np.ndarray | None = None) -> list[tuple]:
+    """The definition, one value at a time (with `floor`: an outlier also exceeds its mean by floor[i])."""
     alpha = 2.0 / (EMA_SPAN + 1)
     mean, var, seen, out = 0.0, 0.0, 0, []
     for i, x in enumerate(v.tolist()):
@@ -25,7 +25,7 @@ def _ema_loop(v: np.ndarray) -> list[tuple]:
             continue
         if seen >= 20 and var > 0:
             z = (x - mean) / math.sqrt(var)
-            if z > EMA_Z:
+            if z > EMA_Z and (floor is None or x - mean > floor[i]):
                 out.append((i, x, mean, z))
                 continue
         if seen == 0:
@@ -69,6 +69,22 @@ def test_ema_outliers_equal_the_recursion():
             assert a[3] == pytest.approx(b[3], rel=1e-7)
         hits += len(slow)
     assert hits > 100  # the series do have outliers
+
+
+def test_ema_outliers_with_a_floor_equal_the_recursion():
+    """With a minimum jump per value (curves' spike floor) an outlier below it is an ordinary value: it updates
+    the mean and variance, in the chunked kernel as in the loop."""
+    rng = np.random.default_rng(5)
+    hits = dropped = 0
+    for v in _curves(2):
+        floor = rng.uniform(0, 30, len(v))
+        fast, slow = ema_outliers(v, EMA_SPAN, EMA_Z, min_jump=floor), _ema_loop(v, floor)
+        assert [h[0] for h in fast] == [h[0] for h in slow]
+        for a, b in zip(fast, slow):
+            assert a[2] == pytest.approx(b[2], rel=1e-9, abs=1e-12)
+        hits += len(slow)
+        dropped += len(_ema_loop(v)) - len(slow)
+    assert hits > 50 and dropped > 50  # the floor keeps some outliers and drops others
 
 
 def test_kernel_cpd_equals_ruptures():

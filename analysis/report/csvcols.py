@@ -2,14 +2,16 @@
 
 `frames(cmp, store, mode, cols)` yields the CSV's cells as Polars frames of text (None for an empty cell, before
 the formula neutraliser), CHUNK_ROWS rows (whole ops) at a time, or returns None where only the row-by-row path
-applies (tensor mode, `--exact` columns); `frame` is all of them at once, `write` writes one.  Rows of plain
+applies (`--exact` columns outside tensor mode, rows msprobe pairs otherwise than dumpstore, summary columns
+msprobe holds as floats); `frame` is all of them at once, `write` writes one.  Rows of plain
 tensors (a float tensor, a null leaf or no leaf on each side, names that print as they are) get their cells from
 column expressions; the other rows (arguments, integer or bool tensors, odd names) their kind-dependent cells from
 the row path's own functions (`_csv_row`, `msprobe_csv.fill`), once per distinct set of the inputs those read.
-msprobe's Result / Err_message (its per-op rules of statistics and md5 mode), the op's stack on its first row and
-dumpstore's messages are then computed by column for every row.  Floats are written as Python's `repr` writes
-them (`_fix_floats`), so the file does not change with the writer; tests/test_csv_columnar.py holds the two paths
-to the same bytes.
+msprobe's Result / Err_message (its per-op rules of statistics, tensor and md5 mode), the op's stack on its first
+row and dumpstore's messages are then computed by column for every row; tensor mode's six metric cells
+(`unsupported`, the exact cells read from the files, else dumpstore's own numbers) by column too.  Floats are
+written as Python's `repr` writes them (`_fix_floats`), so the file does not change with the writer;
+tests/test_csv_columnar.py holds the two paths to the same bytes.
 
 Size: the cell rules by column, the row path's cache and the writer of the text frame are one piece (each cell
 rule has its row twin in csvfile.py / msprobe_csv.py); split, the rules of one cell would sit in two files.
@@ -75,7 +77,11 @@ _MESSAGES = {
     "relwarn": "warning: The norm relative error of output is 10 times that of input.",
     "crc_error": "error: The CRC-32 value of NPU differs from that of the bench.",
     "crc_warning": "warning: The parameter of NPU does not match the bench.",
+    "thousandth": "error: The input/parameters of One Thousandth Err Ratio > 0.9 while the output < 0.6.",
+    "coswarn": "warning: The input/parameters of Cosine > 0.9, and input/parameters - output > 0.1",
 }
+# a metric cell the row path holds as a float (Python's repr of it): what msprobe_csv._extreme reads as a number
+_FLOAT_REPR = r"^-?(?:\d+(?:\.\d+)?(?:e[-+]\d+)?|inf|nan)$"
 # columns whose cells the column expressions write as numbers or fixed words (never text a spreadsheet runs, never
 # quoted): `write` checks only the other columns; `_slow_cells` writes these as the file holds them
 _NUMERIC = frozenset(
@@ -123,10 +129,10 @@ def frames(cmp: Comparison, store, mode: str | None, cols: tuple[str, ...]) -> I
     chunk whole ops, in order), or None (see the module docstring)."""
     from .csvfile import _all_stacks, _with_raw
 
-    if mode not in ("statistics", "md5", None):
+    if mode not in ("statistics", "md5", "tensor", None):
         return None
     rows = _with_raw(cmp, store)
-    if any(c in rows.columns for c in _EXACT_COLUMNS):
+    if mode != "tensor" and any(c in rows.columns for c in _EXACT_COLUMNS):
         return None
     pairs = msprobe_pairing.applies(cmp, store)
     if pairs and msprobe_pairing.msprobe_pairs(rows):
@@ -198,7 +204,7 @@ def _cells(rows: pl.DataFrame, whole: pl.DataFrame, mode: str | None, cache: dic
         slow = _slow_cells(slow_rows, mode, cells.filter(~fast), cache)
         cells = pl.concat([cells.filter(fast), slow]).sort("_i")
     cells = cells.with_columns(whole["NPU_Stack_Info"], _dumpstore_messages(rows, cells), whole["_g"])
-    if mode in ("statistics", "md5"):
+    if mode in ("statistics", "md5", "tensor"):
         cells = cells.with_columns(_verdicts(cells, mode))
     else:
         cells = cells.with_columns(pl.lit("pass").alias("Result"), pl.lit("[]").alias("Err_message"))
@@ -213,6 +219,7 @@ def _complete(rows: pl.DataFrame) -> pl.DataFrame:
         want.update({f"{pre}{c}": pl.Float64 for c in _FLOAT_INPUTS})
         want.update({f"{pre}requires_grad": pl.Boolean, f"{pre}seq": pl.Int64, f"{pre}shape": pl.List(pl.Int64)})
     want.update(_OTHER_INPUTS)
+    want.update({c: pl.String for c in msprobe_csv._EXACT.values()})  # tensor mode's exact cells (--exact)
     missing = [pl.lit(None, dtype=t).alias(c) for c, t in want.items() if c not in rows.columns]
     return rows.with_columns(missing) if missing else rows
 
@@ -362,7 +369,8 @@ def _fast_cells(rows: pl.DataFrame, mode: str | None) -> pl.DataFrame:
     for col, own_col in _OWN_METRICS.items():
         if mode == "statistics" and col == "MaxRelativeErr":
             continue  # msprobe's relative error of the maxima (below)
-        out.append(_float_text(pl.col(own_col)).alias(col))
+        own_cell = _float_text(pl.col(own_col))
+        out.append((_tensor_metric(col, own_cell) if mode == "tensor" else own_cell).alias(col))
     if mode == "statistics":
         for (_, _, key), diff_col in zip(_STATS, msprobe_csv.DIFF_COLUMNS):
             diff, rel = _stats_diff(held["NPU", key], held["Bench", key])
@@ -401,6 +409,46 @@ def _fast_cells(rows: pl.DataFrame, mode: str | None) -> pl.DataFrame:
     out.extend(_dumpstore_cells())
     first = rows.select(out[:1] + [e for e in out[1:] if not _refers_to_cells(e)])
     return first.with_columns([e for e in out[1:] if _refers_to_cells(e)])
+
+
+def _tensor_metric(col: str, own: pl.Expr) -> pl.Expr:
+    """A tensor-mode metric cell (msprobe_csv.fill): `unsupported` where msprobe cannot compare the pair (not two
+    tensors with files), the exact cell where the files were read (a number as msprobe_csv._exact_cell makes it:
+    `Nan`, ` inf`, else the float; other text as is), else dumpstore's own number."""
+    comparable = pl.col("name").is_not_null() & pl.col("ref_name").is_not_null()
+    comparable = comparable & (pl.col("kind") == "tensor") & (pl.col("ref_kind") == "tensor")
+    comparable = comparable & (pl.col("data_name").fill_null("") != "") & (pl.col("ref_data_name").fill_null("") != "")
+    exact = pl.col(msprobe_csv._EXACT[col])
+    num = exact.str.strip_chars().cast(pl.Float64, strict=False)  # float(text): NaN, infinities, numbers
+    exact_cell = pl.when(num.is_null()).then(exact).otherwise(_summary_text(num))
+    return (
+        pl.when(~comparable.fill_null(False))
+        .then(pl.lit(msprobe_csv.UNSUPPORTED))
+        .when(exact.is_not_null())
+        .then(exact_cell)
+        .otherwise(own)
+    )
+
+
+def _min_part(col: str) -> pl.Expr:
+    """What one metric cell adds to msprobe_csv._extreme(..., is_min=True): a number (NaN for a float NaN), a
+    '%' cell as a fraction, null where the row path skips it (None, 'Nan', N/A, other text)."""
+    t = pl.col(col)
+    pct = (t.str.strip_chars("%").cast(pl.Float64, strict=False) / 100).fill_null(0.0)
+    return (
+        pl.when(t.is_null() | t.is_in(["Nan", N_A]))
+        .then(None)
+        .when(t.str.ends_with("%"))
+        .then(pct)
+        .when(t.str.contains(_FLOAT_REPR))
+        .then(t.cast(pl.Float64, strict=False))
+        .otherwise(None)
+    )
+
+
+def _extreme_min(x: pl.Expr) -> pl.Expr:
+    """msprobe_csv._extreme(..., is_min=True) of the values `x` of an op: from 1.0 down, NaN once one is NaN."""
+    return pl.when(x.is_nan().any()).then(float("nan")).otherwise(pl.min_horizontal(x.min().fill_null(1.0), 1.0))
 
 
 def _refers_to_cells(e: pl.Expr) -> bool:
@@ -735,8 +783,8 @@ def _dumpstore_messages(rows: pl.DataFrame, cells: pl.DataFrame) -> pl.Series:
 
 
 def _verdicts(cells: pl.DataFrame, mode: str) -> list[pl.Series]:
-    """Result and Err_message by msprobe's rules per op for `mode` (statistics or md5; msprobe_csv.verdicts), by
-    column.
+    """Result and Err_message by msprobe's rules per op for `mode` (statistics, tensor or md5;
+    msprobe_csv.verdicts), by column.
 
     `_g` numbers the runs of rows of one op (consecutive): each op's aggregates are gathered back by it."""
     name = pl.col("NPU Name")
@@ -756,7 +804,12 @@ def _verdicts(cells: pl.DataFrame, mode: str) -> list[pl.Series]:
         .otherwise(pl.lit("none"))
     )
     qkv = bench.str.contains("qkv", literal=True) | bench.str.contains("gate_up", literal=True)
+    tensor = mode == "tensor"  # the two op-level rules of tensor mode read these metric cells
+    mins = (
+        [_min_part(c).alias(f"_m{i}") for i, c in enumerate(("One Thousandth Err Ratio", "Cosine"))] if tensor else []
+    )
     base = cells.select(
+        *mins,
         "_g",
         "_infnan",
         "_nrel_pct",
@@ -776,6 +829,11 @@ def _verdicts(cells: pl.DataFrame, mode: str) -> list[pl.Series]:
         ext.filter(pl.col("_out") & usable).max().fill_null(0.0).abs().alias("rel_out"),
         pl.int_range(pl.len()).filter(pl.col("_out")).first().alias("first_out"),
         pl.len().alias("n"),
+        *(
+            _extreme_min(pl.col(f"_m{i}").filter(pl.col(where))).alias(f"m{i}{where}")
+            for i in range(len(mins))
+            for where in ("_in", "_out")
+        ),
     )
     start = per_op["n"].cum_sum() - per_op["n"]
     per_op = per_op.with_columns((start + pl.col("first_out")).alias("first_out"))
@@ -785,6 +843,7 @@ def _verdicts(cells: pl.DataFrame, mode: str) -> list[pl.Series]:
         per_op["rel_in"].gather(g).alias("rel_in"),
         per_op["rel_out"].gather(g).alias("rel_out"),
         (per_op["first_out"].gather(g) == pl.int_range(0, base.height, dtype=pl.UInt32, eager=True)).alias("first"),
+        *(per_op[f"m{i}{w}"].gather(g) for i in range(len(mins)) for w in ("_in", "_out")),
     )
     ign, rel_in, rel_out = pl.col("ign"), pl.col("rel_in"), pl.col("rel_out")
     skip = ign.is_in(["all", "input"])
@@ -815,22 +874,32 @@ def _verdicts(cells: pl.DataFrame, mode: str) -> list[pl.Series]:
         )
         done = base.select(result.alias("Result"), message.alias("Err_message"))
         return [done["Result"], done["Err_message"]]
-    flags = {
-        "infnan": checked & pl.col("_infnan"),
-        "relerr": ~skip & (rel_in < 0.1) & out_ & (pct > 0.5),
-        "rg": checked & pl.col("_rg"),
-        "param": ~skip & in_ & pl.col("_param"),
-        "dtype": checked & pl.col("_dtype"),
-        "shape": checked & pl.col("_shape"),
-        "relwarn": ~skip
-        & pl.col("first").fill_null(False)
-        & (((rel_in == 0) & (rel_out > 0.1)) | ((rel_in != 0) & (rel_out / rel_in > 10))),
-    }
+    first = pl.col("first").fill_null(False)
+    if tensor:  # msprobe_csv._CHECKERS["tensor"], in its order
+        thousandth, cosine = (pl.col("m0_in"), pl.col("m0_out")), (pl.col("m1_in"), pl.col("m1_out"))
+        flags = {
+            "infnan": checked & pl.col("_infnan"),
+            "thousandth": ~skip & first & (thousandth[0] > 0.9) & (thousandth[1] < 0.1),
+            "rg": checked & pl.col("_rg"),
+            "param": ~skip & in_ & pl.col("_param"),
+            "dtype": checked & pl.col("_dtype"),
+            "shape": checked & pl.col("_shape"),
+            "coswarn": ~skip & first & (cosine[0] > 0.9) & (cosine[0] - cosine[1] > 0.1),
+        }
+    else:
+        flags = {
+            "infnan": checked & pl.col("_infnan"),
+            "relerr": ~skip & (rel_in < 0.1) & out_ & (pct > 0.5),
+            "rg": checked & pl.col("_rg"),
+            "param": ~skip & in_ & pl.col("_param"),
+            "dtype": checked & pl.col("_dtype"),
+            "shape": checked & pl.col("_shape"),
+            "relwarn": ~skip & first & (((rel_in == 0) & (rel_out > 0.1)) | ((rel_in != 0) & (rel_out / rel_in > 10))),
+        }
     flags = {k: v.fill_null(False) for k, v in flags.items()}
-    error = pl.any_horizontal([v for k, v in flags.items() if k != "relwarn"])
-    result = (
-        pl.when(error).then(pl.lit("error")).when(flags["relwarn"]).then(pl.lit("warning")).otherwise(pl.lit("pass"))
-    )
+    warn = "coswarn" if tensor else "relwarn"
+    error = pl.any_horizontal([v for k, v in flags.items() if k != warn])
+    result = pl.when(error).then(pl.lit("error")).when(flags[warn]).then(pl.lit("warning")).otherwise(pl.lit("pass"))
     parts = [pl.when(v).then(pl.lit(json.dumps(_MESSAGES[k]))) for k, v in flags.items()]
     message = pl.lit("[") + pl.concat_list(parts).list.drop_nulls().list.join(", ") + pl.lit("]")
     done = base.select(result.alias("Result"), message.alias("Err_message"))

@@ -16,8 +16,8 @@ msprobe's columns follow msprobe's own pairing (msprobe_pairing.py: by name, bac
 extra or missing call makes dumpstore pair a row with another reference leaf than msprobe does, `Bench Name` and
 the other msprobe cells describe msprobe's pair and dumpstore's columns its own.
 
-`write_csv` (csvwrite.py) is the one function that writes the file: by columns (csvcols.py: statistics mode
-md5 mode and runs of different modes) or row by row from here (tensor mode), the same bytes either way;
+`write_csv` (csvwrite.py) is the one function that writes the file: by columns (csvcols.py: statistics, md5 and
+tensor mode, runs of different modes) or row by row from here (rows msprobe pairs otherwise), the same bytes;
 `iter_csv_rows` / `csv_rows` build the rows one op at a time, `_csv_row` one row and `dumpstore.csvsafe`
 neutralises each cell.
 """

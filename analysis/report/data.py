@@ -73,7 +73,7 @@ def analyze(
     tell("checklist", 3, 5)
     cl = checklist(store, target, ref, tolerances=tolerances, cmp=cmp)
     tell("health", 4, 5)
-    hr = health(store, target)
+    hr = health(store, target, overflow_report=ovf)  # the overflow scan once: the card and health share it
     tell("analysed", 5, 5)
     return ReportData(cmp, verdict, ovf, cl, hr)
 

@@ -414,6 +414,11 @@ def health_section(hr: HealthReport | None, limit: int = 50) -> str:
     extra = len(hr.findings) - limit
     more = f"<p>… and {extra} more (dumpstore health --run …).</p>" if extra > 0 else ""
     parts = [f'<section id="health"><h2>Health of {esc(hr.run)}</h2><p>Single-run watchpoints: {counts}.</p>']
+    if hr.overflow_ref is not None:
+        parts.append(
+            f"<p>Overflow findings: the First overflow card's scan, NaN/Inf/saturated values beyond what "
+            f"{esc(hr.overflow_ref)} has (dumpstore overflow --run {esc(hr.run)} --ref {esc(hr.overflow_ref)}).</p>"
+        )
     if loss:
         parts.append(
             "<h3>Loss per step</h3><table><thead><tr><th>step</th><th>rank</th><th>loss</th></tr></thead>"

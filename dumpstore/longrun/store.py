@@ -175,13 +175,18 @@ def monitor_chunks(store: Store, runs: list[str]) -> list[tuple[tuple, dict[str,
 
 
 def read_parts(paths: list[Path], kind: str, *, columns: list[str], dictionary: list[str] | None = None) -> pa.Table:
-    """`columns` of the given part files of `kind` as one table (empty with the schema when none)."""
+    """`columns` of the given part files of `kind` as one table (empty with the schema when none). The reader's
+    scratch memory (decompressed pages: about as much again as the table for a chunk of monitor rows) is handed
+    back to the system after the read: Arrow's allocator keeps it otherwise, beside what Polars then allocates for
+    the work on the table."""
     from ..parquetio import read_columns
 
     if not paths:
         return SCHEMAS[kind].empty_table().select(columns)
     tables = [read_columns(p, columns, dictionary) for p in paths]
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
+    out = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
+    pa.default_memory_pool().release_unused()
+    return out
 
 
 def write(path: str | os.PathLike | None, lr: LongRun) -> dict[str, Any]:

@@ -9,7 +9,7 @@ DEMO   := $(CURDIR)/out/demo
 
 SOURCES := dumpstore analysis cli tests bench sample_dumps validation
 
-.PHONY: setup demo check test test-all lint format bench samples validate validate-v2 validate-v3 validate-longrun clean
+.PHONY: setup demo check test test-all lint format bench samples validate validate-v2 validate-v3 validate-v4 validate-cross validate-longrun clean
 
 setup: $(STAMP)
 	$(BIN)/python sample_dumps/fixtures.py  # the tensor samples' .pt files, unpacked once (git-ignored)
@@ -83,6 +83,19 @@ validate-v3: $(STAMP)
 	$(BIN)/python validation/v3/devices.py
 	$(BIN)/python validation/v3/make_pairs.py --out validation/v3/.data
 	$(BIN)/python validation/score.py --data validation/v3/.data
+
+# Validation set 4 (docs/validation.md, "Validation set 4"): T5, ResNet, Mamba and GPT-J on seven more device
+# mechanisms, made into validation/v4/.data, scored by the same rule.
+validate-v4: $(STAMP)
+	$(BIN)/python validation/v4/devices.py
+	$(BIN)/python validation/v4/make_pairs.py --out validation/v4/.data
+	$(BIN)/python validation/score.py --data validation/v4/.data
+
+# The clean combinations (docs/validation.md, "Clean combinations"): every set's families on other sets' devices,
+# clean pairs only, made into validation/cross/.data; the verdict must stay quiet on each.
+validate-cross: $(STAMP)
+	$(BIN)/python validation/cross/make_pairs.py --out validation/cross/.data
+	$(BIN)/python validation/score.py --data validation/cross/.data
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

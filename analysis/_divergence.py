@@ -44,7 +44,7 @@ from .dtype_change import applies as dtype_applies
 from .dtype_change import dtype_columns
 from .findings import Finding, Verdict
 from .hidden_index import hidden_index_columns
-from .noise import NoiseModel, order_key, record_measures
+from .noise import NoiseModel, order_key, record_measures, saves_result
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
 from .rules import STATUSES
 from .sibling_prior import reach_columns
@@ -144,10 +144,13 @@ def _with_saved_inputs(recs: pl.DataFrame) -> pl.DataFrame:
     and weight, linear's activation), which its own record does not list: its input error is at least its
     forward record's."""
     keys = ["step", "rank", "source"]
+    # an op whose derivative is a function of its result (exp, tanh, rsqrt, softmax: noise.SAVES_RESULT) saves its
+    # output too: its forward's output error counts as well
+    saved = pl.max_horizontal("in_err", pl.when(saves_result(pl.col("op_class"))).then(pl.col("out_err")))
     fwd = recs.filter(pl.col("_record").str.ends_with(".forward")).select(
         *keys,
         pl.col("_record").str.replace(r"\.forward$", ".backward").alias("_record"),
-        pl.col("in_err").alias("_fwd_in_err"),
+        saved.alias("_fwd_in_err"),
     )
     if not fwd.height:
         return recs

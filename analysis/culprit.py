@@ -20,10 +20,10 @@ from .compare import Comparison
 from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
-from .hidden_index import data_suspects, hidden_index_stands
-from .noise import QUANTILE, STAND_OUT, NoiseModel, order_key, update_evidence
+from .hidden_index import data_suspects, hidden_index_stands, is_loss
+from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
-from .producers import _fingerprint, _Producers, _view_fingerprint
+from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers
 from .rank import significance
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
 
@@ -91,7 +91,13 @@ def _culprit(
                 return found
         hidden = pl.col("idx_hidden").fill_null(False) & (pl.col("out_err") > 0)  # analysis/hidden_index.py
         dtype = pl.col("dtype_diff").fill_null(False) if "dtype_diff" in recs.columns else pl.lit(False)
-        candidates = recs.filter((pl.col("step") == step) & (pl.col("out_div") | pl.col("arg_diff") | hidden | dtype))
+        also = _also_judged(view.rows, keys, changed)
+        candidates = recs.filter(pl.col("step") == step).join(
+            also, on=keys, how="left", nulls_equal=True, maintain_order="left"
+        )
+        candidates = candidates.filter(
+            pl.col("out_div") | pl.col("arg_diff") | hidden | dtype | pl.col("_also").fill_null(False)
+        ).drop("_also")
         if not candidates.height:
             continue
         t_prod, r_prod = view.producers(""), view.producers("ref_")
@@ -115,14 +121,79 @@ def _culprit(
                 found = judge.verdict()
                 if found is None:
                     continue
-                found = _data_first(found, suspects, view) or found
-                if not _is_weak(found[0][0]):
+                ahead = _data_first(found, suspects, view)
+                if ahead is None and found[0][0].evidence.get("within_hidden") is not None:
+                    continue  # within what its inputs' statistics hide: no finding unless a data suspect precedes
+                found = ahead or found
+                strong = not _is_weak(found[0][0])
+                found = _innermost(found, recs, view) or found
+                if strong:
                     return found
                 weak = weak or found
     if weak is None:
         return None, None
     weak[0][0].evidence["weak"] = True  # (a batched verdict keeps looking for a stronger one in later batches)
     return weak
+
+
+_MODULES = ("Module.", "Cell.")
+
+
+def _innermost(found: tuple[Found, Found], recs: pl.DataFrame, view: _StepView) -> tuple[Found, Found] | None:
+    """An `op` finding at a module record is named at the record inside it (its own or a nested module's op,
+    same step, rank and direction) whose output diverges with the largest local error (the error it made
+    beyond what its inputs carry; the earliest on a tie): a user needs the op, and the module was named only
+    because none of its inner records stood out on its own (each was judged before it: msprobe writes a
+    module's record when it returns).  None: not a module, or no inner record diverges."""
+    f, key = found[0]
+    if f.kind != "op" or not f.op.startswith(_MODULES):
+        return None
+    inner = [r for r, _ in view.parents.items() if f.op in enclosing_modules(r, view.parents)]
+    if not inner:
+        return None
+    here = recs.filter((pl.col("step") == f.step) & (pl.col("rank") == f.rank))
+    direction = here.filter(pl.col("_record") == f.op)["_direction"].first()
+    cand = here.filter(
+        pl.col("_record").is_in(inner)
+        & pl.col("out_div")
+        & (pl.col("_direction") == direction)
+        & ~pl.col("_record").str.starts_with(_MODULES[0])
+        & ~pl.col("_record").str.starts_with(_MODULES[1])
+        & pl.col("local").is_finite().fill_null(False)  # (a discrete output's error is no local error)
+    )
+    if not cand.height:
+        return None
+    best = cand.with_row_index("_i").sort(["local", "_i"], descending=[True, False], nulls_last=True).row(0, named=True)
+    out = view.rows.filter(
+        (pl.col("rank") == best["rank"])
+        & pl.col("source").eq_missing(best["source"])
+        & (pl.col("_record") == best["_record"])
+        & pl.col("_io").is_in(OUTPUT_IO)
+        & (pl.col("status") == "diverged")
+    )
+    if not out.height:
+        return None
+    g = _finding(out.row(0, named=True), "op")
+    g.evidence = {**f.evidence, "module": f.op, "local_error": best["local"]}
+    local, err = float(best["local"] or 0.0), float(best["out_err"] or 0.0)
+    g.detail = (
+        f"module {f.op}: {f.detail or 'its output diverges'}; no record inside it stood out on its own, and "
+        f"{best['_record']} makes most of its error (local {local:.3g} of its output's {err:.3g})"
+    )
+    k = order_key(best)
+    return (g, k), (g, k)
+
+
+def _also_judged(rows: pl.DataFrame, keys: list[str], changed: dict[int, Any]) -> pl.DataFrame:
+    """The records (`keys`, with `_also` true) of one step's rows judged even where their outputs stay within
+    their tolerance: the consumers of a parameter changed between the steps (by target fingerprint), and the
+    records reading integer data that differ (analysis/producers.py `discrete_data_readers`)."""
+    consumers = rows.filter(pl.col("_io").is_in(INPUT_IO) & pl.col("_fp_t").is_in(list(changed))).select(keys)
+    return (
+        pl.concat([consumers, discrete_data_readers(rows, keys)])
+        .unique(maintain_order=True)
+        .with_columns(pl.lit(True).alias("_also"))
+    )
 
 
 # an op finding within this many tolerances yields to any stronger finding: the prior's bound on what one op's
@@ -157,27 +228,40 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
     ints = leaves.filter(pl.col("_io").is_in(INPUT_IO) & exact & (pl.col("err_source") == "stats"))
     outs = leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & ~exact & pl.col("err").is_not_null())
-    if not ints.height or not outs.height:
+    unrecorded = not ints.height and is_loss(rec.get("op_class"))  # a loss whose labels the dump does not list
+    if not (ints.height or unrecorded) or not outs.height:
         return None
-    leaf = ints.row(0, named=True)
     out = outs.sort("err", descending=True).row(0, named=True)
     h, before = rec["_h"], rec["_h_before"]
-    floor = max(float(rec["in_float_err"] or 0.0), float(rec["_eps"]))
+    floor = max(float(rec["in_float_err"] or 0.0), float(rec.get("in_float_eps") or 0.0), float(rec["_eps"]))
     f_new = _finding(out, "input")
     f_new.threshold, f_new.dtype = STAND_OUT * before * floor, rec["out_dtype"]
+    moved = (
+        f"this op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step), "
+        f"ahead of {f.op} later in the step"
+    )
+    if unrecorded:
+        name, why = (
+            None,
+            (
+                f"a loss whose target (data) the dump does not list: {moved}: its target differs (read through ops "
+                "msprobe does not record)"
+            ),
+        )
+    else:
+        name = ints.row(0, named=True)["name"]
+        why = (
+            f"{name} (integer data no earlier op produced) has the same max/min in both runs, but {moved}: its "
+            "values differ (msprobe's statistics of integers keep only max/min)"
+        )
     f_new = _with_evidence(
         f_new,
-        differing=leaf["name"],
+        differing=name,
         hidden_by_statistics=True,
         error_per_input_error=h,
         earlier_steps_max=before,
         ahead_of=f.op,
-        detail=(
-            f"{leaf['name']} (integer data no earlier op produced) has the same max/min in both runs, but this "
-            f"op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step), "
-            f"ahead of {f.op} later in the step: its values differ (msprobe's statistics of integers keep only "
-            "max/min)"
-        ),
+        detail=why,
     )
     return (f_new, skey), (f_new, skey)
 
@@ -248,11 +332,10 @@ def _optimizer(
             f"(relative, median) from the reference's between steps {before} and {after}, beyond their own spread "
             f"(bar {decay['bar']:.2g}): every parameter moved in proportion to itself, weight decay differs"
         )
-    elif not over:
-        return None, {}
     else:
-        table = ST.table(rows, before, after, params) if params.height else None  # (only the rules of steps.py use it)
-        broad = ST.update_differs(table)
+        # (only the rules of steps.py use the table); a parameter within its tolerance can still have changed
+        table = ST.table(rows, before, after, params) if params.height else None
+        broad = ST.update_differs(table) if over else None
         if broad is None:
             return None, ST.corrupted(table)
         evidence, value, metric = broad, broad["median_update_units"], "update_units"
@@ -339,8 +422,12 @@ class _Judge:
         hidden = self._hidden_index()
         if hidden is not None:
             return (hidden, self.key), (hidden, self.key)
+        param = self._changed_parameter()
+        if param is not None:
+            return (param, self.key), (self._first_output() if self.rec["out_div"] else param, self.key)
         if not self.rec["out_div"]:
-            return None
+            data = self._discrete_data()
+            return None if data is None else ((data, self.key), (data, self.key))
         found = self._numeric()
         if found is None:
             return None
@@ -414,6 +501,117 @@ class _Judge:
             )
         return None
 
+    def _parameter_finding(self, leaf: dict[str, Any], out: dict[str, Any]) -> Finding | None:
+        """A weight changed between the steps beyond what its update explains (analysis/steps.py `corrupted`), at
+        this consumer; None for any other weight (later weights carry the optimizer's noise), and for one changed
+        by under `X_MIN` of its update where this consumer does not confirm it (`_consumer_confirms`)."""
+        changed = self.changed.get(leaf.get("_fp_t"))  # type: ignore[arg-type]
+        if changed is None:
+            return None
+        if changed.get("needs_consumer"):
+            confirms = self._consumer_confirms(leaf)
+            if confirms is None:
+                return None
+            changed = {k: v for k, v in changed.items() if k != "needs_consumer"} | confirms
+        within = "" if leaf["status"] == "diverged" else ", within its tolerance"
+        return _with_evidence(
+            _finding(out, "parameter"),
+            differing=leaf["name"],
+            input_err=leaf["err"],
+            **changed,
+            detail=(
+                f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step{within} "
+                f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
+                f" at most {changed['siblings_max']:.3g}, what its update was fed "
+                f"{changed['carried_in'] or 0:.3g}): changed between steps" + _confirmation(changed)
+            ),
+        )
+
+    def _consumer_confirms(self, leaf: dict[str, Any]) -> dict[str, Any] | None:
+        """Evidence that a parameter changed by under `X_MIN` of its update (but beyond its siblings and what its
+        update explains) made this consumer's output differ: its other tensor inputs agree (within `QUIET` x the
+        tolerance) and its local error (beyond what its inputs' measured errors carry: a sign flip keeps the
+        parameter's norm, so its statistics bound hides most of the change) stands out as a fresh op's would,
+        beyond the fresh ops before it, its siblings (within the prior's reach) and the error the pair carries
+        here.  None where it does not."""
+        rec = self.rec
+        tol = float(rec["tol"] or 0.0)
+        others = self.leaves.filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & (pl.col("name") != leaf["name"])
+        )
+        worst = others["err"].drop_nulls().max() if others.height else 0.0
+        if not rec["out_div"] or worst is None or not float(worst) <= QUIET * tol:  # type: ignore[arg-type]
+            return None
+        value = rec["local"]  # beyond what its inputs' measured errors, the parameter's included, carry
+        bar = self.noise.bar(rec["_direction"], True, self.key)
+        if value is None or (bar is not None and value <= bar):
+            return None
+        if siblings_excuse(rec, value, self.noise.sibling_bar(rec)):
+            return None
+        level = self.noise.carried(self.key)
+        if level is not None and value <= level:
+            return None
+        return {"consumer_err": value, "consumer_bar": max(bar or 0.0, level or 0.0)}
+
+    def _changed_parameter(self) -> Finding | None:
+        """The first consumer of a parameter changed between the steps, whether or not the parameter or the
+        output is over its tolerance: the change is measured in units of the parameter's own update, where a
+        tolerance on its norm means nothing (a sign flip of some elements keeps the norm)."""
+        if not self.changed or self.rec["step"] == self.first_step:
+            return None
+        ins = self.leaves.filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & pl.col("_fp_t").is_in(list(self.changed))
+        )
+        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor"))
+        if not ins.height or not outs.height:
+            return None
+        out = outs.sort(pl.col("status") == "diverged", "err", descending=True, nulls_last=True).row(0, named=True)
+        for leaf in ins.iter_rows(named=True):
+            if (
+                self.t_prod.producer(leaf) is None
+                and self.r_prod.producer(leaf) is None
+                and self.t_prod.is_weight(leaf)
+            ):
+                return self._parameter_finding(leaf, out)
+        return None
+
+    def _discrete_data(self) -> Finding | None:
+        """Integer data (labels, ids: an integer or boolean input no recorded op produced in either run) that
+        differ, read by a record whose float inputs agree (within `QUIET` x its tolerance) and whose output may
+        stay within its tolerance (two masked-LM labels move a bfloat16-autocast loss by 0.8 %): integers have no
+        rounding noise, and nothing float before this record differs enough to have made them (a near-tie flip
+        noted upstream in its step explains them)."""
+        tol = float(self.rec["tol"] or 0.0)
+        if not (float(self.rec.get("in_float_err") or 0.0) <= QUIET * tol):
+            return None
+        exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+        ints = self.leaves.filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact & (pl.col("status") == "diverged")
+        )
+        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor") & ~exact)
+        if not ints.height or not outs.height:
+            return None
+        out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
+        for leaf in ints.iter_rows(named=True):
+            if self.t_prod.producer(leaf) is not None or self.r_prod.producer(leaf) is not None:
+                continue
+            if explained_by_flip(self.noise, self.key, leaf) is not None:
+                continue
+            if leaf["err_source"] == "stats" and not _extreme_differs(leaf):
+                continue  # a mean of integers, summed in floating point on the device, can round differently
+            return _with_evidence(
+                _finding(out, "input"),
+                differing=leaf["name"],
+                input_err=leaf["err"],
+                float_input_err=self.rec.get("in_float_err"),
+                detail=(
+                    f"{leaf['name']} (integer data no earlier op produced) differs "
+                    f"({_stat_change(leaf)}) while this op's float inputs agree "
+                    f"({float(self.rec.get('in_float_err') or 0.0):.3g}): its output moved {out['err']:.3g}"
+                ),
+            )
+        return None
+
     def _first_output(self) -> Finding:
         out = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
         return _finding(out.row(0, named=True))
@@ -482,6 +680,11 @@ class _Judge:
             level = self.noise.carried(self.key)
             if level is not None and rec["out_err"] is not None and rec["out_err"] <= level:
                 return None  # and the output error is no more than the pair carries here
+            hidden = statistics_hidden(rec)  # what its inputs' statistics can hide, passed on (noise.py)
+            if hidden is not None and (rec["out_err"] is None or rec["out_err"] > hidden):
+                hidden = None
+        else:
+            hidden = None
         q = "" if bar is None else f"; this pair's p{round(100 * QUANTILE)} before it is {bar / STAND_OUT:.3g}x"
         return _with_evidence(
             _finding(out, "op"),
@@ -489,6 +692,7 @@ class _Judge:
             amplification=amp,
             noise_bar=bar,
             reason="error amplification stands out",
+            within_hidden=hidden,  # not a finding on its own: it orders a data suspect before it (`verdict`)
             detail=f"amplification {amp:.3g}x{q}",
         )
 
@@ -607,23 +811,10 @@ class _Judge:
             if kind == "parameter" and leaf["step"] != self.first_step:
                 # later weights carry the optimizer's noise: named only when changed beyond what the update
                 # explains (analysis/steps.py), at their first consumer
-                changed = self.changed.get(leaf.get("_fp_t"))  # type: ignore[arg-type]
-                if changed is None:
-                    return None
-                return _with_evidence(
-                    _finding(out, kind),
-                    differing=leaf["name"],
-                    input_err=leaf["err"],
-                    **changed,
-                    detail=(
-                        f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step "
-                        f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
-                        f" at most {changed['siblings_max']:.3g}, what its update was fed "
-                        f"{changed['carried_in'] or 0:.3g}): changed between steps"
-                    ),
-                )
+                return self._parameter_finding(leaf, out)
             if kind == "input" and leaf["err"] is not None:
-                bar = max(self.noise.carried(self.key) or 0.0, step_level(self.noise, self.key) or 0.0)
+                level = step_level(self.noise, self.key, leaf.get("ref_norm"))  # relative and absolute
+                bar = max(self.noise.carried(self.key) or 0.0, level or 0.0)
                 if bar > 0 and leaf["err"] <= bar:
                     return None  # within the error the pair carries here: reached through unrecorded ops
                 if explained_by_flip(self.noise, self.key, leaf) is not None:
@@ -636,6 +827,35 @@ class _Judge:
                 detail=f"{leaf['name']} differs and no earlier op produced it",
             )
         return None
+
+
+def _confirmation(changed: dict[str, Any]) -> str:
+    """The detail's clause for a parameter change under `X_MIN` of an update that its consumer confirmed."""
+    if "consumer_err" not in changed:
+        return ""
+    return (
+        f"; under a quarter of an update, confirmed by this op's output, off {changed['consumer_err']:.3g} beyond "
+        "what its inputs carry, on agreeing activations, where the pair's fresh ops and carried error reach "
+        f"{changed['consumer_bar']:.3g}"
+    )
+
+
+def _extreme_differs(leaf: dict[str, Any]) -> bool:
+    """Whether an integer leaf's max or min differs between the runs (values, not the rounding of a mean)."""
+    return any(
+        leaf.get(s) is not None and leaf.get("ref_" + s) is not None and leaf[s] != leaf["ref_" + s]
+        for s in ("max", "min")
+    )
+
+
+def _stat_change(leaf: dict[str, Any]) -> str:
+    """How an integer leaf's statistics differ: `max 95 vs 88`."""
+    parts = [
+        f"{s} {leaf[s]:.6g} vs {leaf['ref_' + s]:.6g}"
+        for s in ("max", "min", "mean")
+        if leaf.get(s) is not None and leaf.get("ref_" + s) is not None and leaf[s] != leaf["ref_" + s]
+    ]
+    return ", ".join(parts) or "values"
 
 
 def _forward_of(record: str, key: tuple, only: dict, side: str) -> str:

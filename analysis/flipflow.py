@@ -69,11 +69,47 @@ def flip_level(noise: NoiseModel, since: tuple, key: tuple) -> float | None:
     return float(part.max()) if part.size else None
 
 
-def step_level(noise: NoiseModel, key: tuple) -> float | None:
+def step_level(noise: NoiseModel, key: tuple, norm: float | None = None) -> float | None:
     """The largest finite output error of the records before `key` in its step and rank: the error some
     recorded op of this step already showed, which an input reached through ops msprobe does not record (a
-    rotate_half of the query states, a gradient through a transpose) can carry on."""
-    return flip_level(noise, (key[0],), key)
+    rotate_half of the query states, a gradient through a transpose) can carry on.
+
+    With `norm` (the reference norm of that input), also in absolute terms: a slice or view of a recorded
+    output (the key of a fused q/k/v projection, cut by `split` and a transpose msprobe does not record) has
+    at most that output's absolute error, which is a larger relative error of the smaller slice: the largest
+    output error x output norm before it, over `norm`."""
+    level = flip_level(noise, (key[0],), key)
+    if norm is None or not np.isfinite(norm) or norm <= 0 or noise.output_norms.size != len(noise.outputs[0]):
+        return level
+    keys, values = noise.outputs
+    lo, hi = bisect.bisect_left(keys, (key[0],)), bisect.bisect_left(keys, key)
+    absolute = values[lo:hi] * noise.output_norms[lo:hi]
+    absolute = absolute[(noise.output_ranks()[lo:hi] == key[2]) & np.isfinite(absolute)]
+    if not absolute.size:
+        return level
+    return max(level or 0.0, float(absolute.max()) / norm)
+
+
+def _whole(v: Any, n: float) -> bool:
+    """Whether a sum (or sum of squares) of float32 statistics is a whole number, where that can be told."""
+    tol = 1e-5 * max(1.0, abs(v)) + 1e-9 * n
+    return bool(np.isfinite(v) and tol < 0.1 and abs(v - round(v)) <= tol)
+
+
+def integer_valued(leaf: dict[str, Any]) -> bool:
+    """Whether a float tensor holds whole numbers in both runs, as far as its statistics show: max and min whole,
+    the sum (mean x count) and the sum of squares (norm^2) whole.  An indicator or a count made from discrete
+    values by an op msprobe does not record (the `.float()` of `pred == labels`)."""
+    n = leaf.get("numel")
+    if not n:
+        return False
+    for pre in ("", "ref_"):
+        lo, hi, mean, norm = (leaf.get(pre + s) for s in ("min", "max", "mean", "norm"))
+        if lo is None or hi is None or mean is None or norm is None:
+            return False
+        if not (_whole(lo, 1) and _whole(hi, 1) and _whole(mean * n, n) and _whole(norm * norm, n)):
+            return False
+    return True
 
 
 def fed_by_flip(noise: NoiseModel, key: tuple, rec: dict[str, Any]) -> dict[str, Any] | None:
@@ -111,6 +147,8 @@ def explained_by_flip(noise: NoiseModel, key: tuple, leaf: dict[str, Any]) -> di
     fk = flip[0]
     if leaf.get("tol_dtype") in _DISCRETE:
         return {"after_flip": fk, "why": "discrete, derived from the flipped choice"}
+    if integer_valued(leaf):
+        return {"after_flip": fk, "why": "whole numbers in both runs (a count or indicator of the flipped choice)"}
     if str(leaf.get("detail") or "").startswith("shape"):
         return {"after_flip": fk, "why": "data-dependent shape"}
     level = flip_level(noise, fk, key)

@@ -18,10 +18,12 @@ labels, positions) and whose statistics agree, and a float output that differs:
             not apply).
 Then the integer input differs: the culprit is that input (`input`: data), at the op reading it.
 
-Other ops reading such data (the loss: cross_entropy(logits, labels)) have no such bound: a bound b of their
-float inputs can hide sqrt(2 b) of a tensor far larger than their output.  Their own history orders
+Other ops reading such data (the loss: cross_entropy(logits, labels)), and losses whose target the dump does
+not list at all (`LOSSES`: labels read through a `view` msprobe does not record), have no such bound: a bound b
+of their float inputs can hide sqrt(2 b) of a tensor far larger than their output.  Their own history orders
 explanations instead (`data_suspects`): the output error per error of the float inputs, h = out_err /
-max(in_float_err, eps(output dtype)), standing STAND_OUT x above the same record's h at every earlier step
+max(in_float_err, eps(float inputs' dtype), eps(output dtype)) (statistics of a bf16 tensor are rounded to
+bf16: equal ones leave eps(bf16) unseen), standing STAND_OUT x above the same record's h at every earlier step
 (and the output error above STAND_OUT x eps) makes the record a suspect, named ahead of any later finding of
 its step (analysis/culprit.py `_data_first`) and never on its own.
 """
@@ -33,7 +35,7 @@ from typing import Any
 
 import polars as pl
 
-from dumpstore.dtypes import INT_DTYPES
+from dumpstore.dtypes import EPS, INT_DTYPES
 
 from .noise import STAND_OUT
 
@@ -43,6 +45,36 @@ _MODULE = ("Module.", "Cell.")
 GATHERS = frozenset(
     {"embedding", "gather", "index_select", "take", "take_along_dim", "__getitem__", "index", "embedding_bag"}
 )
+
+
+# losses: their targets are data (labels), which a dump may not record at all (read through a `view` msprobe does
+# not record, or not passed as a tensor the loss record lists) (msprobe's op type, last token)
+LOSSES = frozenset(
+    {
+        "cross_entropy",
+        "nll_loss",
+        "binary_cross_entropy",
+        "binary_cross_entropy_with_logits",
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "kl_div",
+        "ctc_loss",
+        "multi_margin_loss",
+        "multilabel_soft_margin_loss",
+        "poisson_nll_loss",
+        "gaussian_nll_loss",
+    }
+)
+
+
+def is_loss(op_class: str | None) -> bool:
+    """Whether a record's op class (`Functional.cross_entropy`) is a loss, whose target is data (never a module
+    record)."""
+    if not op_class or op_class.startswith(_MODULE):
+        return False
+    return op_class.rsplit(".", 1)[-1].lower() in LOSSES
 
 
 def is_gather(op_class: str | None) -> bool:
@@ -58,11 +90,14 @@ def hidden_index_columns(is_in: pl.Expr, is_out: pl.Expr, tensor: pl.Expr) -> li
     input compared by its statistics only that agrees; `out_dtype`, the dtype of the first float output;
     `in_float_err`, the largest error of the float tensor inputs."""
     discrete = pl.col("tol_dtype").is_in(_DISCRETE)
-    hidden = is_in & tensor & discrete & (pl.col("err_source") == "stats") & (pl.col("status") != "diverged")
+    stats = pl.col("err_source") == "stats"
+    hidden = is_in & tensor & discrete & stats & (pl.col("status") != "diverged")
+    float_eps = pl.col("dtype").replace_strict(EPS, default=None, return_dtype=pl.Float64)
     return [
         hidden.any().alias("idx_hidden"),
         pl.col("dtype").filter(is_out & tensor & ~discrete).first().alias("out_dtype"),
         pl.col("err").filter(is_in & tensor & ~discrete).max().alias("in_float_err"),
+        float_eps.filter(is_in & tensor & ~discrete & stats).max().alias("in_float_eps"),
     ]
 
 
@@ -102,13 +137,13 @@ def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict
     need = {"op_class", "idx_hidden", "out_dtype", "in_float_err", "out_err", "_direction", "_phase", "_seq"}
     if not need <= set(recs.columns):
         return {}
-    from dumpstore.dtypes import EPS
-
     from .noise import order_key
 
-    gathers = [c for c in recs["op_class"].drop_nulls().unique().to_list() if is_gather(c) or c.startswith(_MODULE)]
+    classes = recs["op_class"].drop_nulls().unique().to_list()
+    gathers = [c for c in classes if is_gather(c) or c.startswith(_MODULE)]
+    losses = [c for c in classes if is_loss(c)]
     cand = recs.filter(
-        pl.col("idx_hidden").fill_null(False)
+        (pl.col("idx_hidden").fill_null(False) | pl.col("op_class").is_in(losses).fill_null(False))
         & ~pl.col("op_class").is_in(gathers).fill_null(True)
         & (pl.col("_direction") == "forward")
         & pl.col("out_dtype").is_not_null()
@@ -118,7 +153,10 @@ def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict
     if not cand.height or cand["step"].n_unique() < 2:
         return {}
     eps = pl.col("out_dtype").replace_strict(EPS, default=EPS["float32"], return_dtype=pl.Float64)
-    ratio = pl.col("out_err") / pl.max_horizontal(pl.col("in_float_err").fill_null(0.0), eps)
+    # float inputs compared by statistics agree only to their dtype's rounding: msprobe rounds a bfloat16
+    # tensor's statistics to bfloat16, so equal statistics of bf16 logits leave up to eps(bf16) unseen
+    seen = pl.max_horizontal(pl.col("in_float_err").fill_null(0.0), pl.col("in_float_eps").fill_null(0.0), eps)
+    ratio = pl.col("out_err") / seen
     keys = ["rank", "source", "_record"]
     cand = (
         cand.with_columns(ratio.alias("_h"), eps.alias("_eps"))

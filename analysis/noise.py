@@ -46,6 +46,34 @@ OPT_Z = 4.0  # optimizer: the median log update ratio off 0 by more than this ma
 OPT_FLOOR = 2.0**-10  # ... and by more than this (0.1 %: far below a fault of 1 %, above float32 rounding) ...
 OPT_SHARE = 0.75  # ... with at least this share of the parameters moved the same way
 OPT_MIN_PARAMS = 3
+HIDDEN = 2.0  # a statistics bound b can hide a difference of relative size sqrt(HIDDEN x b) (statistics_hidden)
+KINK = 2.0  # a kinked op's backward passes on up to sqrt(KINK x e) from an input error e (record_measures)
+# elementwise ops whose derivative jumps (at 0, or at their clamp bounds): rounding of the forward input flips
+# which side of the kink a few elements fall on, and each such element passes its full gradient or none
+KINKED = frozenset(
+    {
+        "relu",
+        "relu6",
+        "leaky_relu",
+        "prelu",
+        "rrelu",
+        "hardtanh",
+        "threshold",
+        "clamp",
+        "clip",
+        "clamp_min",
+        "clamp_max",
+        "abs",
+        "hardswish",
+        "hardsigmoid",
+        "hardshrink",
+        "softshrink",
+        "maximum",
+        "minimum",
+        "fmax",
+        "fmin",
+    }
+)
 
 
 @dataclass
@@ -56,6 +84,7 @@ class NoiseModel:
     fresh: dict[str, tuple[list[tuple], np.ndarray]]
     carry: dict[str, tuple[list[tuple], np.ndarray]]
     outputs: tuple[list[tuple], np.ndarray] = ([], np.zeros(0))  # every record's output error, all directions
+    output_norms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # ... and its reference norm (or NaN)
     flips: list[dict[str, Any]] = field(default_factory=list)  # discrete outputs flipped on near ties (noise)
     flip_marks: list[tuple[tuple, frozenset]] = field(default_factory=list)  # their order keys, enclosing modules
     flip_explained: set[tuple] = field(default_factory=set)  # order keys of the flips and of what they explained
@@ -72,6 +101,7 @@ class NoiseModel:
     @classmethod
     def fit(cls, recs: pl.DataFrame) -> NoiseModel:
         """From the record table (one row per record pair, in execution order: out_err, amp, fresh)."""
+        norm = pl.col("out_norm").cast(pl.Float64) if "out_norm" in recs.columns else pl.lit(None, pl.Float64)
         ok = recs.filter(pl.col("out_err").is_not_null() & pl.col("out_err").is_finite()).select(
             "step",
             "_phase",
@@ -82,9 +112,11 @@ class NoiseModel:
             "out_err",
             "amp",
             pl.col("fresh").fill_null(False),
+            norm.fill_null(float("nan")).alias("out_norm"),
         )
         carrying = ~pl.col("fresh") & pl.col("amp").is_not_null() & pl.col("amp").is_finite()
         every = _by_direction(ok.with_columns(pl.lit("all").alias("_direction")), "out_err").get("all")
+        norms = _by_direction(ok.with_columns(pl.lit("all").alias("_direction")), "out_norm").get("all")
         siblings: dict[tuple[str, str], tuple[list[str], np.ndarray]] = {}
         if {"local", "op_class", "_record"} <= set(recs.columns):  # (a record table of record_measures)
             sib = recs.filter(pl.col("local").is_finite() & pl.col("op_class").is_not_null())
@@ -94,6 +126,7 @@ class NoiseModel:
             _by_direction(ok.filter(pl.col("fresh")), "out_err"),
             _by_direction(ok.filter(carrying), "amp"),
             every or ([], np.zeros(0)),
+            output_norms=norms[1] if norms else np.zeros(0),
             siblings=siblings,
         )
 
@@ -203,6 +236,40 @@ def _by_direction(rows: pl.DataFrame, measure: str) -> dict[str, tuple[list[tupl
     return out
 
 
+# ops whose backward computes from their forward's result (PyTorch's derivative formulas use `result`): exp's
+# gradient is grad x exp(x), rsqrt's -grad x result^3 / 2, softmax's from the probabilities, relu's mask from the
+# result; their backward reads the forward's output, so its input error is at least that output's error
+SAVES_RESULT = frozenset(
+    {"exp", "exp2", "expm1", "sigmoid", "tanh", "rsqrt", "sqrt", "reciprocal", "softmax", "log_softmax", "relu"}
+)
+
+
+def saves_result(op_class: pl.Expr) -> pl.Expr:
+    """Whether a record's op class computes its backward from its forward's result (SAVES_RESULT)."""
+    return op_class.str.split(".").list.last().str.strip_chars("_").is_in(list(SAVES_RESULT)).fill_null(False)
+
+
+def is_kinked(op_class: pl.Expr) -> pl.Expr:
+    """Whether a record's op class (`prefix.op_type`) is a kinked elementwise op (KINKED; in-place `relu_` too)."""
+    return op_class.str.split(".").list.last().str.strip_chars("_").is_in(list(KINKED)).fill_null(False)
+
+
+def statistics_hidden(rec: dict[str, Any]) -> float | None:
+    """What a record's inputs compared by their statistics can hide, carried to its output: sqrt(HIDDEN x b) x
+    the conditioning max(1, |x| / |y|), for an input bound b.  Noise uncorrelated with the values moves a
+    tensor's norm only at second order (|y + d| = |y| sqrt(1 + delta^2) ~ |y| (1 + delta^2 / 2)), and its mean,
+    max and min barely, so a bound b can stand for a relative difference up to sqrt(2 b) (as in
+    analysis/hidden_index.py).  None: the inputs are not statistics bounds."""
+    b = rec.get("in_err")
+    if not rec.get("in_bound") or b is None or not np.isfinite(b) or b <= 0:
+        return None
+    kappa = 1.0
+    x, y = rec.get("in_norm"), rec.get("out_norm")
+    if x is not None and y is not None and np.isfinite(x) and np.isfinite(y) and y > 0:
+        kappa = max(1.0, x / y)
+    return float(np.sqrt(HIDDEN * b) * kappa)
+
+
 def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
     """Add `fresh` (inputs agree) and `amp` (output error / max(input error, eps)) to a record table."""
     floor = R.dtype_eps(pl.col("tol_dtype")).fill_null(R.EPS_FLOAT32)
@@ -213,6 +280,12 @@ def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
     # passes it on unchanged in absolute size (a sum with cancellation: the bias gradient of a logit layer)
     kappa = pl.max_horizontal(pl.col("in_norm") / pl.col("out_norm"), pl.lit(1.0)).fill_nan(1.0).fill_null(1.0)
     carried = in_err * pl.when(kappa.is_finite()).then(kappa).otherwise(1.0)
+    if "op_class" in recs.columns:
+        # a kinked op's backward (relu: the gradient passes where the forward input was > 0): an input error e
+        # moves a share ~e of the elements across the kink, each passing its full gradient or none, a relative
+        # difference ~sqrt(e) of the output (docs/how-it-decides.md, section 2)
+        kinked = is_kinked(pl.col("op_class")) & (pl.col("_direction") == "backward")
+        carried = pl.when(kinked).then(pl.max_horizontal(carried, (KINK * in_err).sqrt())).otherwise(carried)
     fresh = (carried <= QUIET * pl.col("tol").fill_null(0.0)) & ~no_inputs
     return recs.with_columns(
         fresh.alias("fresh"),

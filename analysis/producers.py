@@ -8,9 +8,9 @@ from typing import Any
 
 import polars as pl
 
-from dumpstore.dtypes import FLOAT_DTYPES
+from dumpstore.dtypes import FLOAT_DTYPES, INT_DTYPES
 
-from .order import OUTPUT_IO
+from .order import INPUT_IO, OUTPUT_IO
 
 _FP_STATS = ("min", "max", "mean", "norm")
 
@@ -96,3 +96,13 @@ class _Producers:
         if hit is None or seq is None or hit[0] >= seq:
             return None
         return hit[1]
+
+
+def discrete_data_readers(rows: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """The records (`keys`) of one step's rows with an integer or boolean tensor input that differs between the
+    runs (labels, ids, indices): candidates for the culprit judge even where their outputs stay within their
+    tolerance (analysis/culprit.py `_discrete_data` decides whether no op made them)."""
+    discrete = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+    return rows.filter(
+        pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & discrete & (pl.col("status") == "diverged")
+    ).select(keys)

@@ -21,6 +21,8 @@ Each step is judged on its own (the Ray engine ranks a step per task): compare `
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 
 from dumpstore.dtypes import INT_DTYPES
@@ -60,10 +62,13 @@ def rank_rows(
     io: str | None = None,
     status: str | None = None,
     include_pass: bool = True,
+    culprit: Any = None,
 ) -> pl.DataFrame:
     """Rows sorted worst first by `by` (cosine: lowest first); filters match substrings of module / op type.
 
-    The comparison's `err` column (relative L2 error) is shown as `rel_l2`, its name in every output."""
+    `culprit`: the verdict's culprit (a `Finding` or its dict); sorting by significance, its row comes first
+    (`culprit_first`).  The comparison's `err` column (relative L2 error) is shown as `rel_l2`, its name in every
+    output."""
     if by not in METRICS:
         from dumpstore.errors import DumpstoreError
 
@@ -93,8 +98,34 @@ def rank_rows(
         df = df.filter(*filters)
     df = df.filter(pl.col(by).is_not_null()) if by not in ("severity", "significance") else df
     df = df.sort(by, descending=by != "cosine", nulls_last=True, maintain_order=True)  # ties: execution order
+    if by == "significance" and culprit is not None:
+        df = culprit_first(df, culprit)
     cols = [c for c in COLUMNS if c in df.columns]
     return df.select(cols).head(top) if top else df.select(cols)
+
+
+CULPRIT_NOTE = "the verdict's culprit"
+
+
+def culprit_first(df: pl.DataFrame, culprit: Any) -> pl.DataFrame:
+    """`df` (ranked rows) with the verdict's culprit's row moved first and `detail` saying so: the first row of
+    its record (its most significant leaf).  The verdict weighs what a leaf's ratio
+    cannot (a dtype or argument that differs, an update's size, the record graph): where it names an op, that
+    op tops the list whatever its own error.  Unchanged when no row of the record is among `df`."""
+    c = culprit if isinstance(culprit, dict) else vars(culprit)
+    rec = pl.coalesce(pl.col("record"), pl.col("ref_record")) if "record" in df.columns else pl.col("name")
+    at = (pl.col("step") == c.get("step")) & (pl.col("rank") == c.get("rank"))
+    mine = (
+        at & (rec == c.get("op")) if "record" in df.columns else at & pl.col("name").str.starts_with(f"{c.get('op')}.")
+    )
+    hits = df.with_row_index("_i").filter(mine.fill_null(False))
+    if not hits.height:
+        return df
+    i = int(hits["_i"][0])
+    row = df.slice(i, 1).with_columns(
+        pl.concat_str([pl.lit(CULPRIT_NOTE), pl.col("detail")], separator="; ", ignore_nulls=True).alias("detail")
+    )
+    return pl.concat([row, df.slice(0, i), df.slice(i + 1)], how="vertical_relaxed")
 
 
 def significance(rows: pl.DataFrame) -> pl.DataFrame:
@@ -117,29 +148,66 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
     is_out, is_in = pl.col("_io").is_in(OUTPUT_IO), pl.col("_io").is_in(INPUT_IO)
     tensor = pl.col("kind") == "tensor"
     finite = pl.col("err").is_finite()
+    # a tensor holding a mask's fill (finfo.min, +-finfo.max: rules.small_value_scale) has the fill's norm: its
+    # relative error says nothing of the rest of it
+    filled = pl.col("ref_has_sat").fill_null(False) if "ref_has_sat" in df.columns else pl.lit(False)
     recs = (
         df.group_by(key)
         .agg(
             pl.col("_phase").first(),
             pl.col("_seq").min(),
             pl.col("err").filter(is_in & tensor & finite).max().alias("_in_err"),
+            # an input whose error is not known (NaN, a non-finite part that differs, a mask's fill): nor is what
+            # it carried in
+            (is_in & tensor & (~finite.fill_null(False) | filled)).any().fill_null(False).alias("_in_unknown"),
             pl.col("err").filter(is_out & tensor & finite).max().alias("_out_err"),
             pl.col("detail").str.starts_with("shape").filter(is_in).any().fill_null(False).alias("_in_shape"),
+            (
+                is_out
+                & (
+                    (pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"]) & (pl.col("err") > 0))
+                    | pl.col("detail").str.starts_with("shape").fill_null(False)
+                )
+            )
+            .any()
+            .fill_null(False)
+            .alias("_discrete"),
+            (pl.col("err_source") == "stats").filter(is_in & tensor).all().fill_null(False).alias("_in_bound"),
+            pl.col("tol").filter(is_out & tensor).max().alias("_out_tol"),
+            *([pl.col("module").first().alias("_parent")] if "module" in df.columns else []),
         )
         .sort(group + ["_phase", "_seq"], nulls_last=True)
         .with_columns(
             pl.col("_out_err").fill_null(0.0).cum_max().shift(1).over(group).fill_null(0.0).alias("_before"),
+            (pl.col("_discrete").cast(pl.Int32).cum_sum().shift(1).over(group).fill_null(0) > 0).alias("_flipped"),
         )
     )
 
-    df = df.join(recs.select(*key, "_in_err", "_before", "_in_shape"), on=key, how="left", nulls_equal=True)
-    own_inputs = is_out & pl.col("_in_err").is_not_null() & (pl.col("_dir") == "forward")
+    recs = recs.join(_inside(recs, group), on=key, how="left", nulls_equal=True)
+    df = df.join(
+        recs.select(*key, "_in_err", "_in_unknown", "_before", "_in_shape", "_flipped", "_in_bound", "_inside"),
+        on=key,
+        how="left",
+        nulls_equal=True,
+    )
+    module = pl.col("prefix").is_in(["Module", "Cell"]).fill_null(False)
+    own_inputs = (
+        is_out
+        & pl.col("_in_err").is_not_null()
+        & (pl.col("_dir") == "forward")
+        & ~pl.col("_in_unknown").fill_null(False)
+        # after a discrete change before it in its step (a routing choice), rows move between tokens in ways a
+        # statistics bound of its inputs' error need not show (norm, mean, max, min kept)
+        & ~(pl.col("_flipped") & pl.col("_in_bound")).fill_null(False)
+    )
     carried = (
-        pl.when(own_inputs)
+        pl.when(own_inputs & module)  # a module's output: also what the records inside it made (_inside)
+        .then(pl.max_horizontal(pl.col("_in_err"), pl.col("_inside").fill_null(0.0)))
+        .when(own_inputs)
         .then(pl.col("_in_err"))
-        .when(is_out & (pl.col("_dir") != "forward"))  # backward: also the forward's saved tensors
+        .when(is_out)  # backward (the forward's saved tensors), an input of unknown error, after a discrete change
         .then(pl.max_horizontal(pl.col("_in_err").fill_null(0.0), pl.col("_before")))
-        .otherwise(pl.col("_before"))
+        .otherwise(pl.max_horizontal(pl.col("_before"), _sibling_inputs(is_in & tensor & finite)))
     )
     denom = pl.max_horizontal(_own_tol(), carried)
     one_run = pl.col("match").is_in(["target_only", "ref_only"])
@@ -150,6 +218,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         | pl.col("detail").str.starts_with("shape").fill_null(False)
         | (is_out & pl.col("_in_shape").fill_null(False))  # made from a tensor of another shape
     )
+    err = _residue_err(df.columns)
     sig = (
         pl.when(one_run)
         .then(float("inf"))  # a record, or an argument of one, in one run only
@@ -158,13 +227,91 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         .when(discrete_out & ((carried > 0) | (pl.col("_before") > 0)) & (pl.col("err") > 0))
         .then(1.0)  # an index, mask or shape changed downstream of float error: carries it (no ratio means anything)
         .when(denom > 0)
-        .then(pl.col("err") / denom)
-        .when(pl.col("err") > 0)
+        .then(err / denom)
+        .when(err > 0)
         .then(float("inf"))
         .otherwise(0.0)
     )
     out = df.with_columns(sig.alias("significance")).sort("_row")
-    return out.drop("_row", "_rec", "_seq", "_dir", "_io", "_phase", "_in_err", "_before", "_in_shape")
+    return out.drop(
+        "_row",
+        "_rec",
+        "_seq",
+        "_dir",
+        "_io",
+        "_phase",
+        "_in_err",
+        "_in_unknown",
+        "_before",
+        "_in_shape",
+        "_flipped",
+        "_in_bound",
+    )
+
+
+def _inside(recs: pl.DataFrame, group: list[str]) -> pl.DataFrame:
+    """Per module record (`_rec`), `_inside`: the largest output error of the records directly inside it (their
+    `module` is it; msprobe dumps them before it) judged at its output's tolerance or finer.  A module's output is
+    what they made: an MoE block after a routing flip inside it, a whole model's last hidden state.  An inner
+    record judged at a coarser tolerance (a LayerNorm computed in bf16 inside an fp32 module: 0.06 of bf16's
+    tolerance, 1.6 of fp32's at the module's output) does not explain it: the module's output shows what the
+    coarser tolerance hides."""
+    if "_parent" not in recs.columns:
+        return recs.select(*group, "_rec", pl.lit(None, pl.Float64).alias("_inside")).head(0)
+    children = recs.select(*group, pl.col("_parent").alias("_rec"), "_out_err", pl.col("_out_tol").alias("_ctol"))
+    return (
+        recs.select(*group, "_rec", "_out_tol")
+        .join(children.drop_nulls("_rec"), on=[*group, "_rec"], how="inner", nulls_equal=True)
+        .filter(pl.col("_ctol") <= pl.col("_out_tol"))
+        .group_by([*group, "_rec"])
+        .agg(pl.col("_out_err").max().alias("_inside"))
+    )
+
+
+RESIDUE_ROUNDINGS = 3.0  # noise.STAND_OUT: a reference within this many roundings of its record's scale is residue
+
+
+def _residue_err(columns: list[str]) -> pl.Expr:
+    """The error a leaf is ranked by: its relative error, except for residue (the module doc): a tensor whose
+    reference RMS is within RESIDUE_ROUNDINGS x eps(judged dtype) of its record's scale (the largest reference
+    RMS among the record's tensors, `context_rms` of rules.apply_small_values) is what rounding of that record
+    leaves where the exact result is (near) zero, e.g. an attention key bias's gradient; its relative error
+    means nothing, so it is ranked by its absolute error on the record's scale, ||x - y|| / (sqrt(n) x scale),
+    as the small-value rule judges the tensors below one rounding."""
+    from . import rules as R
+
+    err = pl.col("err")
+    if not {"context_rms", "ref_norm", "ref_numel", "kind", "tol_dtype"} <= set(columns):
+        return err
+    n = pl.col("ref_numel").cast(pl.Float64)
+    rms = pl.col("ref_norm") / n.sqrt()
+    ctx = pl.col("context_rms")
+    eps = R.dtype_eps(pl.col("tol_dtype"))
+    residue = (
+        (pl.col("kind") == "tensor")
+        & (pl.col("ref_norm") > 0)
+        & (ctx > 0)
+        & (rms < RESIDUE_ROUNDINGS * eps * ctx)
+        & err.is_finite()
+    ).fill_null(False)
+    return pl.when(residue).then(err * pl.col("ref_norm") / (n.sqrt() * ctx)).otherwise(err)
+
+
+SIBLING_Q = 0.75  # noise.SIBLING_Q: the quantile of the siblings' error an input is measured against ...
+MIN_SIBLINGS = 3  # ... of at least noise.MIN_SIBLINGS of them
+
+
+def _sibling_inputs(known: pl.Expr) -> pl.Expr:
+    """The error an input leaf's siblings show: the SIBLING_Q quantile of the errors of the same input of the
+    same op type and direction at the same step and rank (itself included; a linear's weight against every
+    linear's weight, a norm's bias against every norm's bias), 0 with fewer than MIN_SIBLINGS.  After an update
+    the optimizer carries noise into every parameter (Adam scales a noisy gradient to a full step); a fault in
+    one parameter stands out of its kind, the optimizer's noise does not."""
+    kind = ["step", "rank", "_dir", "_io", "op_type", "index_path"]
+    errs = pl.when(known).then(pl.col("err"))
+    q = errs.quantile(SIBLING_Q, interpolation="lower").over(kind)
+    n = errs.count().over(kind)
+    return pl.when(n > MIN_SIBLINGS).then(q).otherwise(0.0).fill_null(0.0)
 
 
 def _own_tol() -> pl.Expr:

@@ -17,13 +17,16 @@ gradient it was computed from (Adam's normalisation can flip the sign of updates
 those carry little of the update's norm), and carries the earlier disagreement on: x stays of the order of
 its explanation max(x_prev, g_prev, x_round).  Hence:
 
-  corrupted parameter  x >= X_MIN (the runs disagree by a sizeable part of an update), x > STAND_OUT x its
-                       explanation (not what the update was fed, carried in, or rounding), the parameter is
-                       over its tolerance, and x > STAND_OUT x the largest x of its siblings (same module class
-                       or API, parameter name and shape, other records or ranks: the same optimizer's noise on the same
-                       kind of tensor; a parameter without siblings: the largest x of every other parameter):
-                       a parameter changed between steps (written to, loaded wrongly).  Named at its first
-                       consumer at step a.
+  corrupted parameter  x > STAND_OUT x its explanation (not what the update was fed, carried in, or rounding),
+                       x > STAND_OUT x the largest x of its siblings (same module class or API, parameter name
+                       and shape, other modules or ranks: the same optimizer's noise on the same kind of tensor;
+                       another call of the same module reads the same tensor and is none; a parameter without
+                       siblings: the largest x of every other parameter), and either the parameter is over its
+                       tolerance or x > STAND_OUT x (UPDATES_APART + x_prev) (more than the two runs' updates
+                       can put between them): a parameter changed between steps (written to, loaded wrongly).
+                       Named at its first consumer at step a, outright where x >= X_MIN (a sizeable part of an
+                       update), else only where that consumer confirms it (`needs_consumer`: its activations
+                       agree and its own error stands out; analysis/culprit.py `_consumer_confirms`).
   update differs       at least OPT_SHARE of the measured parameters have x > STAND_OUT x their explanation,
                        and the median x is at least X_MIN: every parameter moved otherwise than its gradient
                        explains (clipping at another norm, another optimizer): the optimizer culprit.  A
@@ -42,6 +45,7 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -54,6 +58,10 @@ from . import rules as R
 from .noise import OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
 
 X_MIN = 0.25  # a gap of a quarter of the reference's own update: far beyond rounding of an update
+# two runs' updates of a parameter put at most both of them between the runs (each one update, in opposite
+# directions: ||u_t - u_r|| <= ||u_t|| + ||u_r||), on top of what they carried in: a parameter within its
+# tolerance is named only beyond STAND_OUT x that
+UPDATES_APART = 2.0
 MIN_MEASURED = 3  # fewer measured parameters than this: the update-differs rule does not apply
 
 _KEYS = ["rank", "source", "_record", "_io", "index_path"]
@@ -145,27 +153,22 @@ def _beyond(t: pl.DataFrame) -> np.ndarray:
         return np.isfinite(x) & (x > STAND_OUT * np.nan_to_num(_explained(t), nan=0.0))
 
 
-def _unexplained(t: pl.DataFrame) -> np.ndarray:
-    """Beyond what explains it, and a sizeable part of an update (X_MIN)."""
-    x = t["x"].fill_null(np.nan).to_numpy()
-    with np.errstate(invalid="ignore"):
-        return _beyond(t) & (x >= X_MIN)
-
-
 def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     """The parameters changed between the steps (see the module's docstring), by target fingerprint, each with
     its evidence."""
     if t is None or not t.height:
         return {}
     x = t["x"].fill_null(np.nan).to_numpy()
-    unexplained = _unexplained(t)
     klass = t["klass"].to_list()
-    record = list(zip(t["_record"].to_list(), t["rank"].to_list()))  # another layer, or the same on another rank
-    over = (t["status"] == "diverged").to_numpy()
+    owner = _owners(t)  # another layer, or the same on another rank; not another call of the same module
     expl = _explained(t)
+    over = (t["status"] == "diverged").to_numpy()
+    x_prev = np.nan_to_num(t["x_prev"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
+    with np.errstate(invalid="ignore"):
+        apart = x > STAND_OUT * (UPDATES_APART + x_prev)  # beyond what any two updates can put between the runs
     out: dict[int, dict[str, Any]] = {}
-    for i in np.flatnonzero(unexplained & over):
-        sib = [j for j in range(t.height) if klass[j] == klass[i] and record[j] != record[i]]
+    for i in np.flatnonzero(_beyond(t) & (over | apart)):
+        sib = [j for j in range(t.height) if klass[j] == klass[i] and owner[j] != owner[i]]
         sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
         kin = "siblings"
         if not sx.size:  # no tensor of its kind: every other parameter of the step
@@ -182,6 +185,26 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
             "siblings": len(sx),
             "siblings_max": float(sx.max()),
         }
+        if not x[i] >= X_MIN:  # under a quarter of an update: named only where its consumer confirms it
+            out[int(fp)]["needs_consumer"] = True
+    return out
+
+
+def _owners(t: pl.DataFrame) -> list[tuple]:
+    """Which tensor each row is, for the sibling test: the same parameter read by several calls of its module
+    (micro-batches: `fc1.Linear.forward.0` and `.forward.1`) is one tensor, not its own sibling.  A module
+    record names its module without the call counter; an API record (no module records: the parameter is a
+    tensor input that requires grad) is its own; the rank and the target fingerprint join them."""
+    recs = [re.sub(r"\.\d+$", "", r) if r.startswith(("Module.", "Cell.")) else r for r in t["_record"].to_list()]
+    fps = t["_fp_t"].to_list()
+    ranks = t["rank"].to_list()
+    first: dict[tuple, tuple] = {}
+    out = []
+    for rec, fp, rank in zip(recs, fps, ranks):
+        key = (rec, rank)
+        if fp is not None:  # one fingerprint on one rank: one tensor, whatever record reads it
+            key = first.setdefault((fp, rank), key)
+        out.append(key)
     return out
 
 

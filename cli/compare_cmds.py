@@ -82,6 +82,12 @@ def run_compare(store, target, ref, steps, ranks, tol, exact, maps=(), noise_ref
 @click.option("--module", default=None, help="Only records in modules whose name contains this.")
 @click.option("--op-type", default=None, help="Only ops whose type contains this (linear, softmax, ...).")
 @click.option("--io", default=None, type=click.Choice(["input", "output", "parameters", "parameters_grad"]))
+@click.option(
+    "--culprit-first/--no-culprit-first",
+    default=True,
+    show_default=True,
+    help="By significance: the divergence verdict's culprit (over all steps, memoized in the store) comes first.",
+)
 @noise_ref_option
 @output_options
 @engine_options
@@ -101,6 +107,7 @@ def compare(
     module,
     op_type,
     io,
+    culprit_first,
     fmt,
     engine,
     address,
@@ -128,6 +135,8 @@ def compare(
 
         cmp = run_compare(store, target, ref, steps, ranks, tol, exact, maps, noise_ref)
         check_filters(cmp, module=module, op_type=op_type)
+        if culprit_first and by == "significance":
+            ranking["culprit"] = _culprit(store, cmp, target, ref, steps, ranks, tol, exact, maps, noise_ref)
         table = rank_rows(cmp, **ranking)
     from dumpstore.analysis.explain import run_modes
 
@@ -137,6 +146,15 @@ def compare(
         click.echo(to_json(contract("compare", store, {"by": by, "rows": rows}, target=target, ref=ref)))
         return
     click.echo(render(table.to_arrow(), fmt))
+
+
+def _culprit(store, cmp, target, ref, steps, ranks, tol, exact, maps, noise_ref):
+    """The culprit of `dumpstore divergence` over every step of the selected ranks (memoized in the store: after
+    a divergence run no second verdict is computed); taken from `cmp` when it holds every step."""
+    from dumpstore.analysis.verdict import answer
+
+    q = question(target, ref, (), ranks, tol, exact, maps, noise_ref)
+    return answer(store, q, comparison=None if steps else cmp).culprit
 
 
 @click.command()

@@ -21,8 +21,10 @@ pair without one).  The totals line counts hits of faults and false alarms of cl
 `--dev-extra [DIR]` adds the extra development pairs that sample_dumps/dev_extra.py wrote (default
 sample_dumps/dev_extra/, git-ignored: run dev_extra.py first); `--only dev` scores those alone.
 
-`--compare-top N` also runs `dumpstore compare --step S --top N` for each fault pair and says whether a row of
-the expected culprit record (an optimizer fault: the record the verdict placed it at) is among them (`in_top`).
+`--compare-top N` also runs `dumpstore compare --step S` for each fault pair and gives the rank of the first row of
+the expected culprit record (an optimizer fault: the record the verdict placed it at) and whether it is among the
+first N (`in_top`); for a clean pair, the row that tops `compare` and its significance (validation/compare_top.py,
+shared with validation/score.py).
 
 `--spread` instead reads the tensor pairs' `.pt` files (needs torch) and prints, per step, the spread of the
 relative L2 error ||t - r|| / ||r|| over all floating-point tensors of all records (median, p90, p99, how many
@@ -38,6 +40,19 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load(name, path):
+    """A module by its path (validation/ is not put on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+COMPARE_TOP = _load("validation_compare_top", os.path.join(os.path.dirname(HERE), "validation", "compare_top.py"))
 DUMPSTORE = [os.path.join(os.path.dirname(sys.executable), "dumpstore")]  # the venv's console script
 
 
@@ -102,25 +117,14 @@ def measure(store, cases, exact, compare_top=0):
         verdict = json.loads(cli(*args))
         exp, got = case["expected"]["culprit"], verdict.get("culprit")
         top = None
-        if exp is not None and compare_top:  # is the expected culprit among compare's top rows of its step?
-            table = json.loads(
-                cli(
-                    "compare",
-                    "--target",
-                    case["name"],
-                    "--ref",
-                    case["ref"],
-                    "--store",
-                    store,
-                    "--step",
-                    str(exp["step"]),
-                    "--top",
-                    str(compare_top),
-                    "--json",
+        if compare_top:  # where compare ranks the expected culprit in its step (a clean pair: what tops the list)
+            top = (
+                COMPARE_TOP.clean_top(store, case["name"], case["ref"], compare_top)
+                if exp is None
+                else COMPARE_TOP.fault_top(
+                    store, case["name"], case["ref"], exp["step"], [placed(exp, got)], compare_top
                 )
             )
-            table = table["rows"] if isinstance(table, dict) else table  # (compare --json: {"rows": [...], ...})
-            top = any((r["name"] or "").startswith(placed(exp, got) + ".") for r in table)
         rows.append(
             {
                 "pair": case["name"],
@@ -129,7 +133,8 @@ def measure(store, cases, exact, compare_top=0):
                 "got": where(got),
                 "outcome": outcome(exp, got),
                 "got_detail": got,
-                "in_top": "-" if top is None else ("yes" if top else "no"),
+                "in_top": COMPARE_TOP.cell(top),
+                "compare_top": top,
             }
         )
     return rows
@@ -152,10 +157,7 @@ def table(rows, compare_top=0):
         )
     )
     if compare_top:
-        lines.append(
-            "culprit among `compare --top %d` rows of its step: %d of %d"
-            % (compare_top, sum(r["in_top"] == "yes" for r in faults), len(faults))
-        )
+        lines.append(COMPARE_TOP.summary([r["compare_top"] for r in rows], compare_top))
     return "\n".join(lines)
 
 

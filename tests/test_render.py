@@ -65,11 +65,11 @@ GOLDEN = {
         "  step 2: 449 compared, 204 diverged, 0 unmatched, max rel_l2 0.0126, first Functional.linear.6.forward\n"
     ),
     "compare": (
-        "step  rank  seq  name                                                     dtype    ref_dtype  rel_l2  err_source  err_bound  cosine  max_abs_err  tol       tol_dtype  severity  significance  status    detail\n"
-        "----  ----  ---  -------------------------------------------------------  -------  ---------  ------  ----------  ---------  ------  -----------  --------  ---------  --------  ------------  --------  ------\n"
-        "1     0     35   Functional.layer_norm.3.forward.input.3                  float32  float32    0.0105  stats                          3.78e-05     0.000122  float32    85.7      85.7          diverged\n"
-        "1     0     36   Module.layers.1.ln2.LayerNorm.forward.0.parameters.bias  float32  float32    0.0105  stats                          3.78e-05     0.000122  float32    85.7      85.7          diverged\n"
-        "0     0     37   Functional.linear.6.forward.input.1                      float32  float32    0.01    stats                          0.00249      0.000122  float32    81.9      81.9          diverged\n"
+        "step  rank  seq  name                                 dtype    ref_dtype  rel_l2   err_source  err_bound  cosine  max_abs_err  tol       tol_dtype  severity  significance  status    detail\n"
+        "----  ----  ---  -----------------------------------  -------  ---------  -------  ----------  ---------  ------  -----------  --------  ---------  --------  ------------  --------  ---------------------\n"
+        "0     0     37   Functional.linear.6.forward.input.1  float32  float32    0.01     stats                          0.00249      0.000122  float32    81.9      81.9          diverged  the verdict's culprit\n"
+        "2     0     37   Functional.linear.6.forward.input.1  float32  float32    0.01     stats                          0.0025       0.000122  float32    81.9      81.9          diverged\n"
+        "1     0     37   Functional.linear.6.forward.input.1  float32  float32    0.00999  stats                          0.0025       0.000122  float32    81.8      81.8          diverged\n"
     ),
     "overflow": (
         "FIRST OVERFLOW (inf): step 0 rank 0  Functional.linear.7.forward  output.0\n"

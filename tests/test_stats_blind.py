@@ -5,10 +5,12 @@ small hand-made dump pairs in both dump modes."""
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 
 from dumpstore import ingest, open_store
 from dumpstore.analysis import compare_runs, divergence
+from dumpstore.analysis.hidden_index import data_suspects
 from helpers import leaf
 
 T, D, V = 16, 8, 32  # tokens, hidden size, vocabulary
@@ -122,7 +124,16 @@ def test_an_op_after_a_flip_on_inputs_agreeing_by_statistics_is_fed_by_it(dump_w
     assert v.culprit is not None and (v.culprit.op, v.culprit.kind) == ("Functional.linear.0.forward", "op")
 
 
-def _loss_step(step: int, labels_changed: bool, backward_fault: float, target: bool, noisy: bool = True) -> dict:
+def _loss_step(
+    step: int,
+    labels_changed: bool,
+    backward_fault: float,
+    target: bool,
+    noisy: bool = True,
+    visible: bool = False,
+    logit_err: float = 1e-6,
+    recorded: bool = True,
+) -> dict:
     """Logits off by 1e-6 in the target, the cross-entropy of them with integer labels (statistics: max/min
     only), and the backward of the logit layer (its output off by `backward_fault` in the target).  With
     `labels_changed`, the target's label of token 0 moves to a class whose logit is 1e-3 lower: the loss moves
@@ -136,9 +147,12 @@ def _loss_step(step: int, labels_changed: bool, backward_fault: float, target: b
     a = int(labels[2])
     b = (a + 1) % V
     z[2, b] = z[2, a] - 1e-3
-    zt = _f32(z * (1 + 1e-6)) if target and noisy else z
+    z[1, V - 2] = z[1, V - 1] - 1e-3
+    zt = _f32(z * (1 + logit_err)) if target and noisy else z
     if target and labels_changed:
         labels[2] = b
+        if visible:  # token 1's label moves off the batch's maximum: the labels' max changes
+            labels[1] = V - 2
 
     def ce(zz: np.ndarray) -> float:
         zz = zz.astype(np.float64)
@@ -150,7 +164,7 @@ def _loss_step(step: int, labels_changed: bool, backward_fault: float, target: b
     return {
         "Functional.linear.0.forward": {"input_args": [x, w], "output": [zt]},
         "Functional.cross_entropy.0.forward": {
-            "input_args": [zt, leaf(labels, stats=("Max", "Min"))],
+            "input_args": [zt, leaf(labels, stats=("Max", "Min"))] if recorded else [zt],
             "output": [_f32(np.array(ce(zt)))],
         },
         "Functional.linear.0.backward": {
@@ -204,3 +218,70 @@ def test_labels_precedence_needs_a_measured_ratio_before(dump_writer, store_dir)
     tgt = [_loss_step(0, False, 0.0, True, noisy=False), _loss_step(1, True, 0.05, True)]
     c = _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit
     assert c is not None and (c.step, c.op) == (1, "Functional.linear.0.backward")
+
+
+@pytest.mark.parametrize("mode", ["statistics", "tensor"])
+def test_changed_labels_the_dump_shows_are_named_at_the_loss_within_its_tolerance(dump_writer, store_dir, mode):
+    """Labels that differ where the dump shows it (the batch's maximum moved: 31 vs 30) are integer data no op
+    produced; the loss reading them moved 4e-5, within its float32 tolerance, while its logits agree: named at
+    the loss (`input`), with no other finding needed."""
+    ref = [_loss_step(s, False, 0.0, False) for s in range(2)]
+    tgt = [_loss_step(0, False, 0.0, True), _loss_step(1, True, 0.0, True, visible=True)]
+    c = _pair(dump_writer, store_dir, mode, ref, tgt).culprit
+    assert c is not None and (c.step, c.op, c.kind) == (1, "Functional.cross_entropy.0.forward", "input")
+    assert c.evidence["differing"] == "Functional.cross_entropy.0.forward.input.1"
+    assert c.value is not None and c.value < c.threshold  # the loss within its tolerance
+    if mode == "statistics":
+        assert "differs (max 30 vs 31) while this op's float inputs agree" in c.detail
+
+
+def test_changed_labels_are_not_named_so_where_the_loss_float_inputs_differ(dump_writer, store_dir):
+    """The same labels with logits off by 5e-5 (over a tenth of the float32 tolerance): the labels could be a
+    consequence of what differs upstream, so the rule stays out; nothing else stands out: quiet."""
+    ref = [_loss_step(s, False, 0.0, False) for s in range(2)]
+    tgt = [_loss_step(0, False, 0.0, True), _loss_step(1, True, 0.0, True, visible=True, logit_err=5e-5)]
+    assert _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit is None
+
+
+def test_statistics_of_bfloat16_inputs_agree_only_to_their_rounding():
+    """msprobe rounds a bfloat16 tensor's statistics to bfloat16: equal statistics of bf16 logits leave up to
+    eps(bf16) unseen, and a loss moving 2e-5 over them (step 0) is no ratio of 164 (2e-5 over eps(float32))
+    that a label change moving it 8.3e-3 (step 1) would have to beat: over eps(bf16) the ratios are 0.0025 and
+    1.07, and step 1's loss is the suspect."""
+    recs = pl.DataFrame(
+        {
+            "step": [0, 1],
+            "rank": [0, 0],
+            "source": [None, None],
+            "_record": ["Functional.cross_entropy.0.forward"] * 2,
+            "op_class": ["Functional.cross_entropy"] * 2,
+            "idx_hidden": [True, True],
+            "_direction": ["forward"] * 2,
+            "_phase": [0, 0],
+            "_seq": [10, 10],
+            "out_dtype": ["float32"] * 2,
+            "out_err": [1.96e-5, 8.34e-3],
+            "in_float_err": [0.0, 1.09e-4],
+            "in_float_eps": [2.0**-7, 2.0**-7],
+        },
+        schema_overrides={"source": pl.String},
+    )
+    hits = data_suspects(recs)
+    assert list(hits) == [(1, 0)]
+    assert hits[(1, 0)][1]["_h"] == pytest.approx(8.34e-3 / 2.0**-7)
+    assert data_suspects(recs.with_columns(pl.lit(None, pl.Float64).alias("in_float_eps"))) == {}
+
+
+def test_a_loss_whose_labels_the_dump_does_not_list_is_named_before_the_backward(dump_writer, store_dir):
+    """The labels reach the loss through ops msprobe does not record: its record lists the logits only.  Its
+    output moved 20x its logits' error at step 1 where it moved 0.3x at step 0 (a loss: its target is data),
+    and the backward of the step stands out: named at the loss, ahead of it."""
+    ref = [_loss_step(s, False, 0.0, False, recorded=False) for s in range(2)]
+    tgt = [_loss_step(0, False, 0.0, True, recorded=False), _loss_step(1, True, 0.05, True, recorded=False)]
+    c = _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit
+    assert c is not None and (c.step, c.op, c.kind) == (1, "Functional.cross_entropy.0.forward", "input")
+    assert c.evidence["ahead_of"] == "Functional.linear.0.backward" and "differing" not in c.evidence
+    assert c.detail.startswith("a loss whose target (data) the dump does not list")
+    tgt = [_loss_step(0, False, 0.0, True, recorded=False), _loss_step(1, False, 0.05, True, recorded=False)]
+    c = _pair(dump_writer, store_dir / "unchanged", "statistics", ref, tgt).culprit
+    assert c is not None and (c.step, c.op) == (1, "Functional.linear.0.backward")  # the labels unchanged

@@ -1,17 +1,18 @@
-"""Validation sets 2 and 3 (docs/validation.md, "Validation set 2" and "Validation set 3"): their simulated
+"""Validation sets 2, 3 and 4 (docs/validation.md, "Validation set 2" to "Validation set 4"): their simulated
 devices stay within rounding, and (marker ``validation``) the verdict on their pairs.
 
-The unmarked tests run the devices of ``validation/v2/devices.py`` and ``validation/v3/devices.py`` on small
-random inputs (torch CPU, seconds). The marked tests, one per set, make the set's pairs (35 or 41 msprobe runs of
-four transformers models, minutes) into ``validation/v2/.data`` or ``validation/v3/.data`` unless a key is
-already there (``VALIDATION_V2_DATA`` / ``VALIDATION_V3_DATA`` name other folders), then score every pair
-through dumpstore's CLI with ``validation/score.py``.
+The unmarked tests run the devices of ``validation/v2/devices.py``, ``validation/v3/devices.py`` and
+``validation/v4/devices.py`` on small random inputs (torch CPU, seconds). The marked tests, one per set, make the
+set's pairs (35 to 41 msprobe runs of four transformers models, minutes) into ``validation/vN/.data`` unless a key
+is already there (``VALIDATION_V2_DATA`` / ``VALIDATION_V3_DATA`` / ``VALIDATION_V4_DATA`` name other folders),
+then score every pair through dumpstore's CLI with ``validation/score.py``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -230,6 +231,14 @@ SETS = {
         "optimizer": 3,
         "flip": "falcon_flip",
     },
+    "v4": {
+        "set": 4,
+        "families": {"t5", "resnet", "mamba", "gptj"},
+        "devices": {"N", "O", "P", "Q", "N+R"},
+        "counts": {("stats", True): 6, ("stats", False): 15, ("tensor", True): 4, ("tensor", False): 5},
+        "optimizer": 3,
+        "flip": "resnet_flip",
+    },
 }
 
 
@@ -304,3 +313,146 @@ def test_set3_batches_change_only_what_each_data_fault_says():
     masked = bert["labels"] >= 0
     assert masked[:, 3].all() and (bert["input_ids"][masked] == make3.MASK_ID).all()
     assert (bert["token_type_ids"][:, 8:] == 1).all() and (bert["token_type_ids"][:, :8] == 0).all()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# set 4's devices
+# ------------------------------------------------------------------------------------------------------------
+devices4 = _load("validation_v4_devices", ROOT / "validation" / "v4" / "devices.py")
+
+
+def test_taps_convolution_adds_the_taps_in_its_order_and_matches_stock_to_fp32_rounding():
+    # one channel, a 1x3 filter of ones over [1, 2^-24, 2^-24]: in tap order each 2^-24 is lost to 1 (half-even),
+    # in reverse order the two small terms add to 2^-23 first, which 1 keeps
+    x = torch.tensor([[[[1.0, 2.0**-24, 2.0**-24]]]])
+    w = torch.ones(1, 1, 1, 3)
+    assert devices4.taps_conv2d(x, w).item() == 1.0
+    assert devices4.taps_conv2d(x, w, order="reverse").item() == 1.0 + 2.0**-23
+    g = torch.Generator().manual_seed(21)
+    x, w, b = torch.randn(2, 6, 9, 9, generator=g), torch.randn(8, 3, 3, 3, generator=g), torch.randn(8, generator=g)
+    for kw in ({"stride": 2, "padding": 1, "groups": 2}, {"padding": 0, "dilation": 2, "groups": 1}):
+        if kw["groups"] == 1:
+            w = torch.randn(8, 6, 3, 3, generator=g)
+        stock = torch.nn.functional.conv2d(x, w, b, **kw)
+        got = devices4.taps_conv2d(x, w, b, **kw)
+        assert 0 < devices4.rel_l2(got, stock) < 1e-6
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        r = torch.randn(stock.shape, generator=g)
+        (torch.nn.functional.conv2d(xs, ws, b, **kw) * r).sum().backward()
+        gx, gw = devices4.taps_conv2d_grads(r, x, w, **kw)
+        assert devices4.rel_l2(gx, xs.grad) < 1e-6 and devices4.rel_l2(gw, ws.grad) < 1e-6
+
+
+def test_one_pass_batch_statistics_cancel_where_two_passes_do_not():
+    # E[x^2] = 1e8 + 1 is not an fp32 number (its spacing there is 8): the one-pass variance of 1e4 +- 1 is 0
+    x = torch.tensor([1e4 + 1, 1e4 - 1]).view(2, 1)
+    mean, var = devices4.one_pass_batch_stats(x)
+    assert mean.tolist() == [1e4] and var.tolist() == [0.0]
+    assert x.var(0, unbiased=False).tolist() == [1.0]
+    g = torch.Generator().manual_seed(22)
+    y = torch.randn(4, 16, 5, 5, generator=g) * 0.7 + 0.3
+    mean, var = devices4.one_pass_batch_stats(y)
+    assert 0 < devices4.rel_l2(var, y.var((0, 2, 3), unbiased=False)) < 1e-6
+
+
+def test_blocked_sum_adds_blocks_of_eight_then_a_tree():
+    # block 1: 1 then seven 2^-24, each lost (half-even); block 2: eight 2^-24 = 2^-21 exactly; the tree keeps it
+    x = torch.tensor([1.0] + [2.0**-24] * 15)
+    assert devices4.blocked_sum(x).item() == 1.0 + 2.0**-21
+    g = torch.Generator().manual_seed(23)
+    y = torch.randn(3, 5, 37, generator=g)
+    assert 0 < devices4.rel_l2(devices4.blocked_mean(y, 1, keepdim=True), y.mean(1, keepdim=True)) < 1e-6
+    assert devices4.blocked_mean(y, -1).shape == (3, 5)
+    w, b = torch.randn(37, generator=g), torch.randn(37, generator=g)
+    stock = torch.nn.functional.layer_norm(y, (37,), w, b, 1e-5)
+    assert devices4.rel_l2(devices4.blocked_layer_norm(y, (37,), w, b, 1e-5), stock) < 1e-6
+
+
+def test_pow_sincos_softplus_and_the_reciprocal_within_a_few_fp32_ulps():
+    assert devices4.pow_exp2(torch.tensor([2.0, -2.0, 4.0, 0.0, -0.5]), 3.0).tolist() == [8.0, -8.0, 64.0, 0.0, -0.125]
+    assert devices4.pow_exp2(torch.tensor([-3.0, 3.0]), 2.0).tolist() == [9.0, 9.0]
+    assert math.isnan(devices4.pow_exp2(torch.tensor([-2.0]), 0.5).item())
+    x = torch.linspace(-8, 8, 20001)
+    x = x[x != 0]
+    for e in (2.0, 3.0):  # within CUDA's bound for its fast-math __powf: 2 + 1.16 |e log2 x| ulps (and rounding)
+        exact = x.double() ** e
+        rel = (devices4.pow_exp2(x, e).double() - exact).abs() / exact.abs()
+        bound = (3 + 1.16 * (e * torch.log2(x.double().abs())).abs()) * 2.0**-23
+        assert rel.max().item() > 0 and bool((rel <= bound).all())
+    t = torch.linspace(-64, 64, 100001)
+    assert (devices4.fast_sin(t).double() - torch.sin(t.double())).abs().max().item() < 4 * 2.0**-24
+    assert (devices4.fast_cos(t).double() - torch.cos(t.double())).abs().max().item() < 4 * 2.0**-24
+    assert devices4.fast_sin(torch.zeros(1)).item() == 0.0 and devices4.fast_cos(torch.zeros(1)).item() == 1.0
+    s = torch.linspace(-30, 30, 20001)
+    exact = torch.nn.functional.softplus(s.double())
+    assert ((devices4.stable_softplus(s).double() - exact).abs() / exact).max().item() < 4 * 2.0**-24
+    assert devices4.rcp(torch.tensor([2.0, 0.25, -4.0])).tolist() == [0.5, 4.0, -0.25]  # powers of two: exact
+    d = torch.linspace(1, 2, 10001)
+    assert ((devices4.rcp(d).double() - 1 / d.double()).abs() * d.double()).max().item() < 8 * 2.0**-24
+    assert not torch.equal(devices4.rcp(d), 1 / d)
+
+
+def test_every_set4_device_stays_within_its_guard_and_changes_something():
+    rows = devices4.measure(seed=7)
+    assert {r["device"] for r in rows} == {"N", "O", "P", "Q", "R"}
+    for r in rows:
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(r["dtype"], torch.float32)
+        for col in ("device_vs_stock", "grad_device_vs_stock", "wgrad_device_vs_stock"):
+            assert r.get(col, 0.0) <= devices4.GUARD[dtype], r
+    for dev in ("N", "O", "P", "Q", "R"):
+        assert max(r["device_vs_stock"] for r in rows if r["device"] == dev) > 0, dev
+
+
+def test_a_set4_device_installs_and_uninstalls_with_autograd_through_its_kernels():
+    F = torch.nn.functional
+    dev = devices4.DEVICES["N"]
+    g = torch.Generator().manual_seed(24)
+    x = torch.randn(2, 3, 6, 6, generator=g).requires_grad_()
+    w = torch.randn(4, 3, 3, 3, generator=g).requires_grad_()
+    rm, rv = torch.zeros(4), torch.ones(4)
+    r = torch.randn(2, 4, 6, 6, generator=g)
+    stock = {k: getattr(m, a) for k, (m, a) in devices4._TARGETS.items()}
+    dev.install()
+    try:
+        assert F.conv2d is not stock["conv2d"] and F.batch_norm is not stock["batch_norm"]
+        y = F.batch_norm(F.conv2d(x, w, None, 1, 1), rm, rv, None, None, True, 0.1, 1e-5)
+        (y * r).sum().backward()
+    finally:
+        dev.uninstall()
+    assert {k: getattr(m, a) for k, (m, a) in devices4._TARGETS.items()} == stock
+    assert x.grad is not None and w.grad is not None and rm.abs().sum().item() > 0
+    xs, ws = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    ys = F.batch_norm(F.conv2d(xs, ws, None, 1, 1), torch.zeros(4), torch.ones(4), None, None, True, 0.1, 1e-5)
+    (ys * r).sum().backward()
+    assert 0 < devices4.rel_l2(y, ys) < 1e-5 and 0 < devices4.rel_l2(w.grad, ws.grad) < 1e-4
+    mamba = devices4.DEVICES["O"]
+    h = torch.randn(2, 8, 16, generator=g, dtype=torch.bfloat16).requires_grad_()
+    k = torch.randn(8, 1, 4, generator=g, dtype=torch.bfloat16).requires_grad_()
+    mamba.install()
+    try:
+        out = F.silu(F.conv1d(h, k, None, 1, 3, 1, 8)[..., :16])
+        z = F.softplus(out.float()).pow(2).mean(-1, keepdim=True)
+        z.sum().backward()
+    finally:
+        mamba.uninstall()
+    assert {k_: getattr(m, a) for k_, (m, a) in devices4._TARGETS.items()} == stock
+    assert h.grad is not None and k.grad is not None and h.grad.dtype == torch.bfloat16
+
+
+def test_set4_batches_change_only_what_each_data_fault_says():
+    make4 = _load("validation_v4_make_pairs", ROOT / "validation" / "v4" / "make_pairs.py")
+    for family, kind, step in (("mamba", "ids", 1), ("t5", "ids", 2), ("resnet", "labels", 2)):
+        clean = make4.batches(family, None)
+        bad = make4.batches(family, {"kind": kind, "step": step})
+        field = {"ids": "input_ids", "labels": "labels"}[kind]
+        for s in range(3):
+            for m, (a, b) in enumerate(zip(clean[s], bad[s])):
+                for name in a:
+                    want = (1 if kind == "ids" else 2) if (s, m, name) == (step, 0, field) else 0
+                    assert int((a[name] != b[name]).sum()) == want, (family, kind, s, m, name)
+    t5 = make4.batches("t5", None)
+    assert [len(s) for s in t5] == [2, 2, 2] and t5[0][0]["labels"].shape == (2, 8)
+    img = make4.batches("resnet", None)[0][0]
+    assert (
+        img["pixel_values"].shape == (8, 3, 16, 16) and 0 <= img["pixel_values"].min() < img["pixel_values"].max() < 1
+    )

@@ -1,6 +1,7 @@
 """Score dumpstore's verdict on the held-out validation pairs made by ``validation/make_pairs.py``.
 
-    .venv/bin/python validation/score.py [--data validation/.data] [--jobs 2] [--msprobe] [--json OUT]
+    .venv/bin/python validation/score.py [--data validation/.data] [--jobs 2] [--msprobe] [--compare-top N]
+        [--json OUT]
 
 Each pair goes into its own store (``dumpstore ingest REF TARGET --run ref --run target``), then
 ``dumpstore divergence --target target --ref ref --json``; clean pairs also get ``dumpstore overflow --run target
@@ -20,6 +21,12 @@ What counts (the key is ``<data>/key.json``):
     ops (``Module.model.layers.1.mlp.act_fn.SiLUActivation.forward.0`` for the ``Functional.gelu.0.forward`` it
     made): msprobe's two names of the same computation.
   The culprit's ``kind`` is shown, not judged.
+
+``--compare-top N`` adds, per fault pair, the rank of the key's record (any of its ops or modules; an optimizer
+fault: the record the verdict placed it at) among ``dumpstore compare --step S`` of the key's step and whether it
+is in the first N; per clean pair, the row that tops ``dumpstore compare`` and its significance (a clean pair
+whose list opens at 1e3 looks like a fault); a summary per mode (validation/compare_top.py, shared with
+sample_dumps/measure_noise.py).
 
 ``--msprobe`` adds baseline columns for tensor pairs: ``msprobe compare`` of each step, and its first API row
 (steps in order, rows in msprobe's order, ``Module.`` rows skipped) whose ``Result`` is ``error`` (a second
@@ -43,6 +50,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+
+def _load(name: str, path: Path):
+    """A module of this folder by its path (validation/ is not put on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+compare_top = _load("validation_compare_top", HERE / "compare_top.py")
 
 
 def _bin(name: str) -> str:
@@ -93,11 +114,20 @@ def expected_text(expect: dict) -> str:
     return "step %d %s" % (expect["step"], " | ".join(expect["ops"]))
 
 
-def score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool) -> dict:
+def key_records(expect: dict, culprit: dict | None) -> list[str]:
+    """The records a fault is found at (`judge`): the key's ops and modules; an optimizer fault is an update, not
+    a record: the record the verdict placed it at when it found it (else none to look for)."""
+    if expect.get("optimizer"):
+        found = culprit and culprit.get("kind") == "optimizer" and culprit.get("step") == expect["step"]
+        return [culprit["op"]] if found and culprit else []
+    return list(expect["ops"]) + list(expect.get("modules", []))
+
+
+def score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool, top_n: int = 0) -> dict:
     """One pair's row; a dumpstore command that fails (exit code other than 0 or 3, output that is not JSON)
     makes a row that is not ok, with the error as what dumpstore said, instead of stopping the whole run."""
     try:
-        return _score_case(name, case, data, work, with_msprobe)
+        return _score_case(name, case, data, work, with_msprobe, top_n)
     except (RuntimeError, ValueError) as exc:
         shutil.rmtree(work / name, ignore_errors=True)
         clean = bool(case["expect"].get("clean"))
@@ -118,7 +148,7 @@ def score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool
         return row
 
 
-def _score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool) -> dict:
+def _score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: bool, top_n: int = 0) -> dict:
     store = work / name
     shutil.rmtree(store, ignore_errors=True)
     t0 = time.time()
@@ -161,6 +191,13 @@ def _score_case(name: str, case: dict, data: Path, work: Path, with_msprobe: boo
         row["msprobe"], row["msprobe_warning"] = firsts["error"], firsts["warning"]
         row["msprobe_ok"] = judge_msprobe(case["expect"], row["msprobe"])
         row["msprobe_warning_ok"] = judge_msprobe(case["expect"], row["msprobe_warning"])
+    if top_n:  # where compare ranks the culprit (a clean pair: what tops its list)
+        expect, s = case["expect"], str(store)
+        row["compare_top"] = (
+            compare_top.clean_top(s, "target", "ref", top_n)
+            if row["clean"]
+            else compare_top.fault_top(s, "target", "ref", expect["step"], key_records(expect, culprit), top_n)
+        )
     shutil.rmtree(store, ignore_errors=True)
     return row
 
@@ -229,7 +266,7 @@ def judge_msprobe(expect: dict, first: dict | None) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------------------
-def table(rows: list[dict], with_msprobe: bool) -> str:
+def table(rows: list[dict], with_msprobe: bool, top_n: int = 0) -> str:
     lines = []
     head = "%-28s %-6s %-44s %-44s %-3s" % ("case", "mode", "expected", "dumpstore", "ok")
     if with_msprobe:
@@ -253,6 +290,8 @@ def table(rows: list[dict], with_msprobe: bool) -> str:
                     "none" if m is None else "step %s %s" % (m["step"], m["op"]),
                     "yes" if r[key + "_ok"] else "NO",
                 )
+        if top_n:
+            line += "  compare top %d: %s" % (top_n, compare_top.cell(r.get("compare_top")))
         lines.append(line)
     lines.append("")
     for mode in ("stats", "tensor", "all"):
@@ -281,12 +320,15 @@ def table(rows: list[dict], with_msprobe: bool) -> str:
                     sum(r[key] for r in ms if r["clean"]),
                     sum(r["clean"] for r in ms),
                 )
+        if top_n:
+            line += "; " + compare_top.summary([r.get("compare_top") for r in sel], top_n)
         lines.append(line)
     return "\n".join(lines)
 
 
-def markdown(rows: list[dict], with_msprobe: bool) -> str:
+def markdown(rows: list[dict], with_msprobe: bool, top_n: int = 0) -> str:
     extra = ["msprobe error", "ok", "msprobe error or warning", "ok"] if with_msprobe else []
+    extra += ["compare --top %d" % top_n] if top_n else []
     head = ["case", "mode", "expected", "dumpstore", "ok"] + extra
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -300,6 +342,8 @@ def markdown(rows: list[dict], with_msprobe: bool) -> str:
                     "-" if m == "-" else ("none" if m is None else "step %s %s" % (m["step"], m["op"])),
                     "-" if m == "-" else ("yes" if r[key + "_ok"] else "**no**"),
                 ]
+        if top_n:
+            cells.append(compare_top.cell(r.get("compare_top")).replace("NO", "**no**"))
         lines.append("| " + " | ".join("`%s`" % c if i in (0,) else str(c) for i, c in enumerate(cells)) + " |")
     return "\n".join(lines)
 
@@ -316,6 +360,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the rows as JSON here")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/validation.md)")
     ap.add_argument("--only", nargs="*", help="key names to score (default: all)")
+    ap.add_argument(
+        "--compare-top",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also: is a fault's culprit among `compare --top N` of its step (and its rank); a clean pair's first row",
+    )
     args = ap.parse_args(argv)
     data = Path(args.data).resolve()
     key_path = data / "key.json"
@@ -332,13 +383,16 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="dumpstore_validation_"))
     try:
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            rows = list(pool.map(lambda n: score_case(n, key["cases"][n], data, work, args.msprobe), names))
+            rows = list(
+                pool.map(lambda n: score_case(n, key["cases"][n], data, work, args.msprobe, args.compare_top), names)
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(markdown(rows, args.msprobe) if args.markdown else table(rows, args.msprobe))
+    top_n = args.compare_top
+    print(markdown(rows, args.msprobe, top_n) if args.markdown else table(rows, args.msprobe, top_n))
     if args.markdown:
         print()
-        print(table(rows, args.msprobe).split("\n\n", 1)[1])
+        print(table(rows, args.msprobe, top_n).split("\n\n", 1)[1])
     print("scored %d pairs in %.1fs" % (len(rows), time.time() - t0))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -522,7 +522,8 @@ def loss_figure(rows: pl.DataFrame, loss: list[dict[str, Any]], findings: Sequen
 
 
 def grad_figure(rows: pl.DataFrame, rank: int, top: int = 6, findings: Sequence[Any] = ()) -> dict[str, Any] | None:
-    """Gradient L2 norm per step of the `top` parameters whose gradients differ most, target and reference.
+    """Gradient L2 norm per step of the `top` parameters whose gradients differ most (by significance, as `compare`
+    ranks them: a key bias's gradient residue does not lead), target and reference.
 
     Health findings on those gradients (`grad_explosion`, `grad_vanishing`) are marked on the target's curve.
     """
@@ -531,9 +532,10 @@ def grad_figure(rows: pl.DataFrame, rank: int, top: int = 6, findings: Sequence[
     )
     if grads.height == 0:
         return None
+    by = "significance" if "significance" in grads.columns else "err"  # compare's order: residue does not lead
     worst = (
         grads.group_by("_name")
-        .agg(pl.col("err").fill_nan(None).max().alias("_worst"), pl.col("_seq").min())
+        .agg(pl.col(by).fill_nan(None).max().alias("_worst"), pl.col("_seq").min())
         .sort(["_worst", "_seq"], descending=[True, False], nulls_last=True)
         .head(top)
     )

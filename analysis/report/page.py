@@ -118,9 +118,11 @@ def render_html(
     `progress("html", done, 4)` as the table, the charts, the sections and the page are built.
     """
     tell = progress or (lambda stage, done, total: None)
-    rows = prepared(cmp.rows)
+    from ..rank import significance
+
+    rows = prepared(cmp.rows if "significance" in cmp.rows.columns else significance(cmp.rows))
     tell("html", 0, 4)
-    table = table_data(rows.filter(pl.col("status") != "pass") if only_differing else rows)
+    table = table_data(rows.filter(pl.col("status") != "pass") if only_differing else rows, verdict.culprit)
     table["only_differing"] = only_differing
     tell("html", 1, 4)
     figs, alt, pickers, focus_rank = _figures(rows, verdict, table, max_points)

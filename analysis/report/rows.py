@@ -3,7 +3,8 @@
 The page filters, sorts and pages these in the browser (assets/main.js), so no row is left out.  Numbers keep
 4 significant digits (the CSV has them in full); inf, -inf and nan travel as the strings "inf", "-inf", "nan",
 and a reference statistic equal to the target's (after rounding) as "=".
-Rows come mismatches first (error, diverged, unmatched, unknown, pass), then by severity (rel_l2 / tol).
+Rows come in `compare`'s order (analysis/rank.py): the verdict's culprit first, then by significance (a leaf's
+error over the noise the pair showed where it stands), ties in execution order.
 """
 
 from __future__ import annotations
@@ -46,16 +47,20 @@ NUMBER_COLUMNS: dict[str, str] = {
 }
 
 
-def table_data(rows: pl.DataFrame) -> dict[str, Any]:
-    """{"n": rows, "cols": {name: values}, "dicts": {text column: [strings]}} over `prepared` rows."""
-    order = pl.col("status").replace_strict(STATUS_ORDER, default=5, return_dtype=pl.Int32)
+def table_data(rows: pl.DataFrame, culprit: Any = None) -> dict[str, Any]:
+    """{"n": rows, "cols": {name: values}, "dicts": {text column: [strings]}} over `prepared` rows (with their
+    `significance`: analysis/rank.py); `culprit`: the verdict's, whose row comes first."""
+    from ..rank import culprit_first
+
+    by = "significance" if "significance" in rows.columns else "severity"
     df = (
         rows.filter(pl.col("status").is_not_null() & (pl.col("kind").is_null() | (pl.col("kind") != "null")))
-        .with_columns(order.alias("_order"), pl.col("severity").fill_nan(None).alias("_sev"))
-        .sort(
-            ["_order", "_sev", "step", "rank", "_seq"], descending=[False, True, False, False, False], nulls_last=True
-        )
+        .with_columns(pl.col(by).fill_nan(None).alias("_sev"))
+        .sort(["_sev", "step", "rank", "_seq"], descending=[True, False, False, False], nulls_last=True)
     )
+    if culprit is not None:
+        df = df.with_columns(pl.coalesce("name", "ref_name").alias("name"))
+        df = culprit_first(df, culprit)
     df = df.select(
         pl.col("step"),
         pl.col("rank"),

@@ -335,8 +335,9 @@ def table_section(table: dict, page_rows: int) -> str:
     return f"""
 <section id="mismatches">
 <h2>All compared rows</h2>
-<p>{table["n"]} rows ({which}), {n_bad} of them diverged, failed or unmatched; mismatches first, then
-by severity (rel_l2 / tol). Filter by name, step, rank, op type and status; click a header to sort; click a chart
+<p>{table["n"]} rows ({which}), {n_bad} of them diverged, failed or unmatched; the verdict's culprit first,
+then by significance (error over the noise the pair showed there), as <code>dumpstore compare</code> ranks them.
+Filter by name, step, rank, op type and status; click a header to sort; click a chart
 point to show its rows. rel_l2 "≥" is a lower bound from the dumped statistics, "±" the error bound of a sketch
 estimate; cosine and max abs err from statistics or sketches are estimates too (column "from").</p>
 <div class="controls"><input id="filter" type="search" placeholder="name contains…" size="36">

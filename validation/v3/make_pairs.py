@@ -12,22 +12,17 @@ the faulty call runs, never from dumpstore.
     .venv/bin/python validation/v3/make_pairs.py --out validation/v3/.data [--jobs 2] [--only CASE ...]
 
 The run harness (the tracer of msprobe's record names, the forked runs, msprobe's config, the structure check) is
-imported from ``validation/v2/make_pairs.py``; what is new here is the families, the training loops, the faults
-and the checks that every fault changes its run. Runs: 3 training steps; forward and backward (both micro-batches
-where there are two) inside msprobe's window, clipping and the optimizer step outside it; msprobe level "mix";
-statistics mode for every case and tensor mode for a subset.
+imported from ``validation/v2/make_pairs.py``, the driver (arguments, checks that every fault changes its run, the
+key) from ``validation/harness.py``; what is here is the families, the training loops and the faults. Runs: 3
+training steps; forward and backward (both micro-batches where there are two) inside msprobe's window, clipping and
+the optimizer step outside it; msprobe level "mix"; statistics mode for every case and tensor mode for a subset.
 """
 
 from __future__ import annotations
 
-import argparse
-import copy
 import importlib.util
-import json
 import os
-import shutil
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -40,6 +35,7 @@ _spec = importlib.util.spec_from_file_location("validation_v3_devices", HERE / "
 devices3 = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(devices3)
 v2 = devices3._load("validation_v2_make_pairs", HERE.parent / "v2" / "make_pairs.py")
+harness = devices3._load("validation_harness", HERE.parent / "harness.py")  # the driver: runs, checks, key
 
 STEPS = v2.STEPS  # 3
 BATCH, SEQ, VOCAB = 2, 16, 96
@@ -533,78 +529,14 @@ def train(family: str, model, data, fault, device=None, hooks=None, on_step=None
 def craft_near_tie(model, data, device) -> tuple[dict, object]:
     """falcon 'flip' variant, in both runs alike: a tilt of one lm_head row, added before the last step, that ties
     one token's top-2 logits in the reference to within a few fp32 ulps, chosen (by simulating both runs without
-    msprobe) so that the device's rounding flips that token's argmax and no other.
+    msprobe) so that the device's rounding flips that token's argmax and no other (``harness.craft_near_tie``).
 
     Returns (what was done, the tilt to add to the lm_head weight before step FLIP_STEP)."""
-    import torch
 
-    start = copy.deepcopy(model.state_dict())
-    head = model.lm_head
-    seen: list = []
-    hd = head.register_forward_hook(lambda m, inp, out: seen.append((inp[0].detach().clone(), out.detach().clone())))
+    def run(on_step, hooks):
+        return train("falcon", model, data, None, on_step=on_step, hooks=hooks)
 
-    def run(dev, tilt):
-        """Both runs' training to the last step, then that step's logits with the tilt."""
-        model.load_state_dict(start)
-        if dev is not None:
-            dev.install()
-        try:
-
-            def on_step(step):
-                if step == FLIP_STEP:
-                    with torch.no_grad():
-                        head.weight += tilt
-                seen.clear()
-
-            preds: list = []
-            train("falcon", model, data, None, on_step=on_step,
-                  hooks=lambda s, logits: preds.append(torch.argmax(logits, -1)))  # fmt: skip
-        finally:
-            if dev is not None:
-                dev.uninstall()
-        h, logits = seen[0]
-        return preds, h.reshape(-1, h.shape[-1]), logits.reshape(-1, logits.shape[-1])
-
-    def differ(a, b):
-        return [(s, int(t)) for s, (x, y) in enumerate(zip(a, b)) for t in (x.reshape(-1) != y.reshape(-1)).nonzero()]
-
-    try:
-        zero = torch.zeros_like(head.weight)
-        ref_pred, h, logits = run(None, zero)
-        dev_pred, _, dev_logits = run(device, zero)
-        if differ(ref_pred, dev_pred):
-            raise RuntimeError("the device flips an argmax without a crafted tie: %r" % differ(ref_pred, dev_pred))
-        srt = logits.sort(-1, descending=True)
-        gaps = srt.values[:, 0] - srt.values[:, 1]
-        pick = gaps.argsort()[:8].tolist()
-        moved = {
-            t: float(dev_logits[t, srt.indices[t, 0]] - dev_logits[t, srt.indices[t, 1]]) - float(gaps[t]) for t in pick
-        }
-        for t in sorted(pick, key=lambda t: -abs(moved[t]))[:4]:
-            e1, e2 = int(srt.indices[t, 0]), int(srt.indices[t, 1])
-            ht = h[t].float()
-            ulp = float(logits[t, e1].abs()) * 2.0**-23
-            for k in [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16, 24, -24, 32, -32]:
-                tilt = zero.clone()
-                # raise the runner-up so that the reference's gap is minus half the device's shift
-                tilt[e2] = (float(gaps[t]) + moved[t] / 2 + k * ulp) * ht / float(ht @ ht)
-                ref_pred, _, ref_logits = run(None, tilt)
-                dev_pred, _, _ = run(device, tilt)
-                if differ(ref_pred, dev_pred) == [(FLIP_STEP, t)]:
-                    info = {
-                        "step": FLIP_STEP,
-                        "token": t,
-                        "classes": [e1, e2],
-                        "ref_logit_gap": float(ref_logits[t, e1] - ref_logits[t, e2]),
-                        "device_gap_shift": moved[t],
-                        "tilt_ulps": k,
-                        "tilt_norm": float(tilt.norm()),
-                    }
-                    return info, tilt
-        raise RuntimeError("no tilt of the lm_head flips exactly one token's argmax on the device")
-    finally:
-        hd.remove()
-        model.load_state_dict(start)
+    return harness.craft_near_tie(model, model.lm_head, run, device, FLIP_STEP)
 
 
 def run_one(job: dict) -> dict:
@@ -791,83 +723,19 @@ def argmax_flips(tgt: dict, ref: dict) -> list[dict]:
     return flips
 
 
-def _records(path: Path, step: int) -> dict:
-    return json.loads((path / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
-
-
-def _strip(rec):
-    """A record without what differs between any two runs (file names of tensors, data names)."""
-    if isinstance(rec, dict):
-        return {k: _strip(v) for k, v in rec.items() if k not in ("data_name", "md5", "full_op_name")}
-    if isinstance(rec, list):
-        return [_strip(v) for v in rec]
-    return rec
-
-
-def check_changes(case: str, exp: dict, fault, out: Path, mode: str, tgt_dir: Path, clean_dir: Path) -> str:
-    """Every fault changes its run: the key's records (or, for an optimizer fault, some record) differ from the
-    clean target's at the key's step, and (optimizer faults and faults at later steps) nothing differs before."""
-    step = exp["step"]
-    a, b = _records(tgt_dir, step), _records(clean_dir, step)
-    if exp.get("optimizer"):
-        prev_a, prev_b = _records(tgt_dir, step - 1), _records(clean_dir, step - 1)
-        if _strip(prev_a) != _strip(prev_b):
-            raise SystemExit("%s_%s: records differ from the clean target before step %d" % (case, mode, step))
-        if _strip(a) == _strip(b):
-            raise SystemExit("%s_%s: nothing differs from the clean target at step %d" % (case, mode, step))
-        return "some record"
-    if step > 0 and _strip(_records(tgt_dir, step - 1)) != _strip(_records(clean_dir, step - 1)):
-        raise SystemExit("%s_%s: records differ from the clean target before step %d" % (case, mode, step))
-    changed = [
-        op for op in exp["ops"] for name in _sides(op) if name in a and _strip(a.get(name)) != _strip(b.get(name))
-    ]
-    if not changed:
-        raise SystemExit("%s_%s: none of %r differs from the clean target at step %d" % (case, mode, exp["ops"], step))
-    return changed[0]
-
-
-def _sides(op: str) -> list[str]:
-    """The record of an op and, for a forward record, its backward record."""
-    return [op, op[: -len(".forward")] + ".backward"] if op.endswith(".forward") else [op]
+_records, _strip, _sides, check_changes = harness._records, harness._strip, harness._sides, harness.check_changes
+SET = 3
+NOISY_REF = "M"
+DEVICES = devices3.DEVICES
 
 
 def describe(out: Path) -> None:
-    """Per pair: how many records of each step differ between the two runs (statistics or tensor summaries) and
-    the loss's relative difference at the last step (markdown; docs/validation.md)."""
-    key = json.loads((out / "key.json").read_text())
-    print("| pair | device | step 0 | step 1 | step 2 | last loss rel. diff |")
-    print("|---|---|---|---|---|---|")
-    for name, case in sorted(key["cases"].items()):
-        cells = []
-        for step in range(STEPS):
-            a, b = _records(out / case["ref"], step), _records(out / case["target"], step)
-            common = [r for r in a if r in b]
-            diff = sum(_strip(a[r]) != _strip(b[r]) for r in common)
-            only = len(set(a) ^ set(b))
-            cells.append("%d / %d%s" % (diff, len(common), " (+%d in one run)" % only if only else ""))
-        la, lb = case["losses"]["ref"][-1], case["losses"]["target"][-1]
-        print("| %s | %s | %s | %.2g |" % (name, case["device"], " | ".join(cells), abs(lb - la) / abs(la)))
+    harness.describe(out, STEPS)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(HERE / ".data"))
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--only", nargs="*", help="cases to make (default: all)")
-    ap.add_argument("--modes", nargs="*", default=["stats", "tensor"], help="dump modes to make (default: both)")
-    ap.add_argument("--describe", action="store_true", help="print how much each pair differs; make nothing")
-    args = ap.parse_args(argv)
-    out = Path(args.out).resolve()
-    if args.describe:
-        describe(out)
-        return 0
-    cases = {
-        k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
-        for k, (fam, var, fault, modes) in CASES.items()
-        if not args.only or k in args.only
-    }
-    t0 = time.time()
-    import torch  # noqa: F401  (imported once, before forking)
+def warm() -> None:
+    """The imports made once, before forking."""
+    import torch  # noqa: F401
     import transformers  # noqa: F401
     from msprobe.pytorch import PrecisionDebugger  # noqa: F401
     from transformers import (  # noqa: F401
@@ -877,65 +745,9 @@ def main(argv=None) -> int:
         PhiForCausalLM,
     )
 
-    print("imports %.1fs" % (time.time() - t0), flush=True)
-    jobs = v2.plan_jobs(cases, out)
-    v2.run_one = run_one  # set 2's forked-run harness runs this set's runs
-    results = v2.run_jobs(jobs, args.jobs)
-    key_path = out / "key.json"
-    key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}
-    for case, (family, variant, fault, modes) in cases.items():
-        for mode in modes:
-            tgt_name = "%s_target_%s" % (case, mode)
-            ref_name = "%s_%s_ref_%s" % (family, variant, mode)
-            tgt, ref = results[tgt_name], results[ref_name]
-            exp = expectation(case, fault, tgt, ref)
-            if exp.get("ops"):  # a mark names the record msprobe was making; the key keeps those it wrote
-                written = set(_records(out / mode / tgt_name, exp["step"])) | set(
-                    _records(out / mode / ref_name, exp["step"])
-                )
-                if not set(exp["ops"]) <= written:
-                    raise SystemExit("%s_%s: %r not in the dumps" % (case, mode, sorted(set(exp["ops"]) - written)))
-                step = str(exp["step"])
-                exp["modules"] = sorted(
-                    set(exp.get("modules", []))
-                    | {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
-                )
-            flips = argmax_flips(tgt, ref)
-            if variant == "flip" and [(f["step"], f["token"]) for f in flips] != [
-                (FLIP_STEP, ref["info"]["flip"]["token"])
-            ]:
-                raise SystemExit("%s: not the one crafted argmax flip: %r" % (case, flips))
-            if variant != "flip" and fault is None and flips:
-                raise SystemExit("%s: a clean pair without a crafted tie flipped an argmax: %r" % (case, flips))
-            if fault is None:  # the devices change values only: same records, shapes, dtypes
-                odd = v2.structure_differences(out / mode / ref_name, out / mode / tgt_name)
-                if odd:
-                    raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
-            clean = out / "stats" / ("%s_clean_target_stats" % family)
-            if fault is not None and mode == "stats" and clean.exists():
-                exp["changed"] = check_changes(case, exp, fault, out, mode, out / mode / tgt_name, clean)
-            key["cases"]["%s_%s" % (case, mode)] = {
-                "case": case,
-                "mode": mode,
-                "family": family,
-                "device": FAMILIES[family]["device"] + ("+M" if variant == "noisyref" else ""),
-                "ref": str(Path(mode) / ref_name),
-                "target": str(Path(mode) / tgt_name),
-                "expect": exp,
-                "flips": flips,
-                "crafted": ref["info"].get("flip"),
-                "losses": {"ref": ref["losses"], "target": tgt["losses"]},
-                "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
-                "loss_scale": {"ref": ref["info"].get("loss_scale"), "target": tgt["info"].get("loss_scale")},
-            }
-    key["families"] = {k: v["text"] for k, v in FAMILIES.items()}
-    key["devices"] = {k: v.text for k, v in devices3.DEVICES.items()}
-    key["steps"] = STEPS
-    key["set"] = 3
-    key_path.write_text(json.dumps(key, indent=1, sort_keys=True))
-    shutil.rmtree(out / "scratch", ignore_errors=True)
-    print("%d runs, %d cases in %.1fs; key: %s" % (len(jobs), len(key["cases"]), time.time() - t0, key_path))
-    return 0
+
+def main(argv=None) -> int:
+    return harness.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

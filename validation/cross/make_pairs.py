@@ -1,0 +1,257 @@
+"""Clean combinations: each validation set's families run on the simulated devices of *another* set.
+
+Sets 1-3 (``validation/make_pairs.py``, ``validation/v2/``, ``validation/v3/``) run every family on its own set's
+device only. A new user brings a family and a device nobody tuned on together; this set makes such pairs, clean
+only (no fault): the reference is plain CPU torch, the target the same training on a device of another set, in
+the family's own dtype setup or another one it supports (a pure bf16 model trained in fp32, an fp32 model under
+bf16 autocast, bf16 autocast as fp16 with loss scaling), with another model seed, data seed and batch size than
+its set uses. Every pair must be quiet: ``validation/score.py --data <out>`` scores the verdict's false alarms.
+
+    .venv/bin/python validation/cross/make_pairs.py --out validation/cross/.data [--jobs 2] [--only PAIR ...]
+        [--draw K]   # another draw of the model and data seeds (+100 K, +7 K; default K = 1)
+
+Nothing of the sets' harnesses is copied: each run is the set's own ``run_one`` (its model, its training loop,
+its record-name tracer, its msprobe config) with three module globals changed in the forked child (the family's
+device key pointing to the foreign device, the seeds and the batch, the autocast dtype or a wrapper of
+``build_model`` that changes the model's dtype); set 2's forked-run loop runs the jobs and set 2's structure check
+checks every pair (same records, leaf types, dtypes, shapes and requires_grad in both runs).
+
+A device keeps its guard (a replacement that differs from the stock kernel by more than a few roundings of the
+dtype raises): a device that trips it on a family it was not built for is a finding about the device model, not a
+pair; such a combination is dropped and listed in the key (``dropped``) and in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+V = HERE.parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _load(name: str, path: Path):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# the three sets' harnesses and devices, each under its own name; every device module captures the stock torch
+# functions when it is imported, so all of them are imported before msprobe is
+SET3 = _load("validation_v3_make_pairs", V / "v3" / "make_pairs.py")  # loads set 2's harness and devices too
+SET2 = SET3.v2
+SET1 = _load("validation_v1_make_pairs", V / "make_pairs.py")
+DEV3 = SET3.devices3
+DEV2 = sys.modules["validation_v2_devices"]
+DEV1 = _load("validation_v1_devices", V / "devices.py")
+SETS = {1: (SET1, DEV1), 2: (SET2, DEV2), 3: (SET3, DEV3)}
+DEVICE_SET = {k: s for s, (_, dev) in SETS.items() for k in dev.DEVICES if k != "M"}
+RUN_ONE = {s: mod.run_one for s, (mod, _) in SETS.items()}
+FLIPS = {1: SET1.topk_flips, 2: SET2.topk_flips, 3: SET3.argmax_flips}
+
+# family -> (set, its dtype setup as the set runs it)
+FAMILY_SET = {
+    **{f: 1 for f in SET1.FAMILIES},
+    **{f: 2 for f in SET2.FAMILIES},
+    **{f: 3 for f in SET3.FAMILIES},
+}
+NATIVE = {
+    "llama": "bf16",
+    "moe": "fp32",
+    "neox": "bf16-autocast",
+    "gpt2": "fp16-autocast",
+    "qwen2": "bf16",
+    "gemma": "bf16-autocast",
+    "opt": "fp16-autocast",
+    "qmoe": "fp32",
+    "falcon": "fp32",
+    "bloom": "bf16",
+    "bert": "bf16-autocast",
+    "phi": "fp16-autocast",
+}
+SEED_SHIFT, DATA_SEED_SHIFT = 100, 7  # per draw: another model init and data stream than the family's set uses
+
+# pair -> (family, device, dtype setup, batch, modes). Devices are other sets' (A-D: set 1, E-H: set 2, I-L: set 3).
+PAIRS = {
+    # set 1's families
+    "llama_E": ("llama", "E", "bf16", 2, ("stats", "tensor")),
+    "llama_fp32_H": ("llama", "H", "fp32", 2, ("stats",)),
+    "moe_I": ("moe", "I", "fp32", 3, ("stats",)),
+    "neox_J": ("neox", "J", "bf16-autocast", 3, ("stats",)),
+    "gpt2_L": ("gpt2", "L", "fp16-autocast", 2, ("stats", "tensor")),
+    "gpt2_G": ("gpt2", "G", "fp16-autocast", 2, ("stats",)),
+    # set 2's families
+    "gemma_I": ("gemma", "I", "bf16-autocast", 2, ("stats", "tensor")),
+    "gemma_fp16_D": ("gemma", "D", "fp16-autocast", 2, ("stats",)),
+    "qwen2_A": ("qwen2", "A", "bf16", 3, ("stats",)),
+    "qwen2_K": ("qwen2", "K", "bf16", 3, ("stats",)),
+    "opt_D": ("opt", "D", "fp16-autocast", 2, ("stats", "tensor")),
+    "qmoe_B": ("qmoe", "B", "fp32", 2, ("stats",)),
+    "qmoe_bf16_C": ("qmoe", "C", "bf16-autocast", 2, ("stats",)),
+    # set 3's families
+    "bert_A": ("bert", "A", "bf16-autocast", 2, ("stats", "tensor")),
+    "bert_C": ("bert", "C", "bf16-autocast", 2, ("stats",)),
+    "falcon_B": ("falcon", "B", "fp32", 2, ("stats",)),
+    "falcon_bf16_F": ("falcon", "F", "bf16-autocast", 3, ("stats", "tensor")),
+    "bloom_E": ("bloom", "E", "bf16", 2, ("stats", "tensor")),
+    "bloom_fp32_H": ("bloom", "H", "fp32", 2, ("stats",)),
+    "phi_D": ("phi", "D", "fp16-autocast", 2, ("stats",)),
+}
+
+
+def _setup_name(family: str, dtype: str, batch: int) -> str:
+    return "%s_%s_b%d" % (family, dtype.replace("-autocast", "ac"), batch)
+
+
+def _apply(job: dict) -> None:
+    """In the forked child: make the family's set run this job's device, seeds, batch and dtype setup."""
+    import torch
+
+    family, s = job["family"], FAMILY_SET[job["family"]]
+    mod, dev = SETS[s]
+    if s in (1, 2):  # their run_one does ``from devices import DEVICES``: their own devices module
+        sys.modules["devices"] = dev
+    dev.DEVICES["X"] = SETS[DEVICE_SET[job["device"]]][1].DEVICES[job["device"]]
+    mod.FAMILIES[family]["device"] = "X"
+    mod.FAMILIES[family]["seed"] += SEED_SHIFT * job["draw"]
+    mod.DATA_SEED += DATA_SEED_SHIFT * job["draw"]
+    mod.BATCH = job["batch"]
+    native, dtype = NATIVE[family], job["dtype"]
+    if dtype == native:
+        return
+    if native == "bf16" and dtype == "fp32":  # a pure bf16 model trained in fp32
+        build = mod.build_model
+        mod.build_model = lambda fam, build=build: build(fam).to(torch.float32)
+    elif dtype.endswith("-autocast") and s in (2, 3):  # the set's autocast table: fp32 -> bf16, bf16 -> fp16
+        mod.AUTOCAST[family] = {"bf16-autocast": "bfloat16", "fp16-autocast": "float16"}[dtype]
+    else:
+        raise ValueError("%s: dtype setup %s is not supported" % (family, dtype))
+
+
+def run_one(job: dict) -> dict:
+    """One run: the family's set's own run_one, on the job's device and setup (a forked child)."""
+    _apply(job)
+    try:
+        return RUN_ONE[FAMILY_SET[job["family"]]](job)
+    except AssertionError as exc:
+        if str(exc).startswith("device "):  # the device's guard: the combination is out of the device's model
+            return {"job": job["name"], "guard": str(exc)}
+        raise
+
+
+def plan(pairs: dict, out: Path, draw: int = 1) -> list[dict]:
+    """One reference per (family, dtype, batch, mode), one target per pair and mode; `draw`: which seeds."""
+    jobs, refs = [], set()
+    for pair, (family, device, dtype, batch, modes) in pairs.items():
+        base = {"family": family, "device": device, "dtype": dtype, "batch": batch, "variant": "base", "fault": None}
+        base["draw"] = draw
+        for mode in modes:
+            ref = "%s_ref_%s" % (_setup_name(family, dtype, batch), mode)
+            if ref not in refs:
+                refs.add(ref)
+                jobs.append({**base, "name": ref, "role": "ref", "mode": mode})
+            jobs.append({**base, "name": "%s_target_%s" % (pair, mode), "role": "target", "mode": mode})
+    for job in jobs:
+        job["dump_dir"] = str(out / job["mode"] / job["name"])
+        job["scratch"] = str(out / "scratch" / job["name"])
+        job["log"] = str(out / "logs" / (job["name"] + ".log"))
+        shutil.rmtree(job["dump_dir"], ignore_errors=True)
+        shutil.rmtree(job["scratch"], ignore_errors=True)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    return jobs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(HERE / ".data"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", nargs="*", help="pairs to make (default: all)")
+    ap.add_argument("--modes", nargs="*", default=["stats", "tensor"], help="dump modes to make (default: both)")
+    ap.add_argument("--draw", type=int, default=1, help="another draw of the seeds (default 1: the documented set)")
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+    pairs = {
+        k: (fam, dev, dt, b, tuple(m for m in modes if m in args.modes))
+        for k, (fam, dev, dt, b, modes) in PAIRS.items()
+        if not args.only or k in args.only
+    }
+    unknown = set(args.only or ()) - set(PAIRS)
+    if unknown:
+        raise SystemExit("unknown pairs: %s (known: %s)" % (sorted(unknown), ", ".join(PAIRS)))
+    t0 = time.time()
+    import torch  # noqa: F401  (imported once, before forking)
+    import transformers  # noqa: F401
+    from msprobe.pytorch import PrecisionDebugger  # noqa: F401
+
+    print("imports %.1fs" % (time.time() - t0), flush=True)
+    jobs = plan(pairs, out, args.draw)
+    SET2.run_one = run_one  # set 2's forked-run loop runs these runs
+    results = SET2.run_jobs(jobs, args.jobs)
+    key_path = out / "key.json"
+    key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}, "dropped": {}}
+    for pair, (family, device, dtype, batch, modes) in pairs.items():
+        for mode in modes:
+            name = "%s_%s" % (pair, mode)
+            key["cases"].pop(name, None)
+            key["dropped"].pop(name, None)
+            tgt_name = "%s_target_%s" % (pair, mode)
+            ref_name = "%s_ref_%s" % (_setup_name(family, dtype, batch), mode)
+            tgt, ref = results[tgt_name], results[ref_name]
+            if "guard" in ref:
+                raise SystemExit("%s: the reference tripped a device guard: %s" % (ref_name, ref["guard"]))
+            if "guard" in tgt:  # a finding about the device model: the combination is dropped, and said
+                key["dropped"][name] = tgt["guard"]
+                shutil.rmtree(out / mode / tgt_name, ignore_errors=True)
+                print("  dropped %s: %s" % (name, tgt["guard"]), flush=True)
+                continue
+            odd = SET2.structure_differences(out / mode / ref_name, out / mode / tgt_name)
+            if odd:
+                raise SystemExit("%s: the device changed the dump's structure: %s" % (name, odd[:5]))
+            s = FAMILY_SET[family]
+            key["cases"][name] = {
+                "case": pair,
+                "mode": mode,
+                "family": family,
+                "set": s,
+                "device": device,
+                "device_set": DEVICE_SET[device],
+                "dtype": dtype,
+                "batch": batch,
+                "draw": args.draw,
+                "ref": str(Path(mode) / ref_name),
+                "target": str(Path(mode) / tgt_name),
+                "expect": {"clean": True},
+                # a routing or argmax choice the device's rounding flipped on a near-tie (kept: noise, not a fault)
+                "flips": FLIPS[s](tgt, ref),
+                "losses": {"ref": ref["losses"], "target": tgt["losses"]},
+                "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
+                "loss_scale": {"ref": ref["info"].get("loss_scale"), "target": tgt["info"].get("loss_scale")},
+            }
+    key["families"] = {f: SETS[s][0].FAMILIES[f]["text"] for f, s in FAMILY_SET.items()}
+    key["devices"] = {k: SETS[s][1].DEVICES[k].text for k, s in DEVICE_SET.items()}
+    key["steps"] = SET2.STEPS
+    key["set"] = "cross"
+    key_path.write_text(json.dumps(key, indent=1, sort_keys=True))
+    shutil.rmtree(out / "scratch", ignore_errors=True)
+    flips = {k: len(c["flips"]) for k, c in key["cases"].items() if c["flips"]}
+    print(
+        "%d runs, %d pairs, %d dropped, flips %s in %.1fs; key: %s"
+        % (len(jobs), len(key["cases"]), len(key["dropped"]), flips or "none", time.time() - t0, key_path)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

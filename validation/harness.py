@@ -1,0 +1,259 @@
+"""The shared driver of the held-out validation sets 3 and 4: argument parsing, the runs, the checks and the key.
+
+A set's generator (``validation/v3/make_pairs.py``, ``validation/v4/make_pairs.py``) is a module with its families,
+cases, one run (``run_one``), the expected culprit of a fault (``expectation``) and the discrete choices it logs
+(``argmax_flips``); ``main(set_module, argv)`` runs it: the forked runs of set 2's harness
+(``validation/v2/make_pairs.py``: ``plan_jobs``, ``run_jobs``, ``structure_differences``), the checks that every clean
+pair differs in values only and every fault changes its run at the key's step and nothing before, and ``key.json``
+in set 1's format (so ``validation/score.py`` scores every set unchanged).
+
+A set module provides: ``__doc__``, ``HERE``, ``SET`` (its number), ``STEPS``, ``FAMILIES`` (name -> {"text",
+"device"}), ``CASES`` (name -> (family, variant, fault, modes)), ``DEVICES`` (name -> an object with ``text``),
+``NOISY_REF`` (the device of a "noisyref" variant's reference), ``FLIP_STEP``, ``run_one(job)``, ``expectation(case,
+fault, tgt, ref)``, ``argmax_flips(tgt, ref)`` and ``warm()`` (the imports made once, before forking).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _load(name: str, path: Path):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def set2():
+    """Set 2's harness module (``validation/v2/make_pairs.py``), loaded once under its own name."""
+    return _load("validation_v2_make_pairs", _HERE / "v2" / "make_pairs.py")
+
+
+def craft_near_tie(model, head, train, device, flip_step: int) -> tuple[dict, object]:
+    """A 'flip' variant's near-tie, in both runs alike: a tilt of one row of ``head`` (the linear that makes the
+    logits), added before step ``flip_step``, that ties one row's top-2 logits in the reference to within a few fp32
+    ulps, chosen (by simulating both runs without msprobe: ``train(on_step, hooks)`` trains ``model`` from its
+    current state, calling ``on_step(step)`` before each step and ``hooks(step, logits)`` after each forward) so
+    that the device's rounding flips that row's argmax and no other.
+
+    Returns (what was done, the tilt to add to the head's weight before step ``flip_step``)."""
+    import torch
+
+    start = copy.deepcopy(model.state_dict())
+    seen: list = []
+    hd = head.register_forward_hook(lambda m, inp, out: seen.append((inp[0].detach().clone(), out.detach().clone())))
+
+    def run(dev, tilt):
+        """Both runs' training to the last step, then that step's logits with the tilt."""
+        model.load_state_dict(start)
+        if dev is not None:
+            dev.install()
+        try:
+
+            def on_step(step):
+                if step == flip_step:
+                    with torch.no_grad():
+                        head.weight += tilt
+                seen.clear()
+
+            preds: list = []
+            train(on_step, lambda s, logits: preds.append(torch.argmax(logits, -1)))
+        finally:
+            if dev is not None:
+                dev.uninstall()
+        h, logits = seen[0]
+        return preds, h.reshape(-1, h.shape[-1]), logits.reshape(-1, logits.shape[-1])
+
+    def differ(a, b):
+        return [(s, int(t)) for s, (x, y) in enumerate(zip(a, b)) for t in (x.reshape(-1) != y.reshape(-1)).nonzero()]
+
+    try:
+        zero = torch.zeros_like(head.weight)
+        ref_pred, h, logits = run(None, zero)
+        dev_pred, _, dev_logits = run(device, zero)
+        if differ(ref_pred, dev_pred):
+            raise RuntimeError("the device flips an argmax without a crafted tie: %r" % differ(ref_pred, dev_pred))
+        srt = logits.sort(-1, descending=True)
+        gaps = srt.values[:, 0] - srt.values[:, 1]
+        pick = gaps.argsort()[:8].tolist()
+        moved = {
+            t: float(dev_logits[t, srt.indices[t, 0]] - dev_logits[t, srt.indices[t, 1]]) - float(gaps[t]) for t in pick
+        }
+        for t in sorted(pick, key=lambda t: -abs(moved[t]))[:4]:
+            e1, e2 = int(srt.indices[t, 0]), int(srt.indices[t, 1])
+            ht = h[t].float()
+            ulp = float(logits[t, e1].abs()) * 2.0**-23
+            for k in [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16, 24, -24, 32, -32]:
+                tilt = zero.clone()
+                # raise the runner-up so that the reference's gap is minus half the device's shift
+                tilt[e2] = (float(gaps[t]) + moved[t] / 2 + k * ulp) * ht / float(ht @ ht)
+                ref_pred, _, ref_logits = run(None, tilt)
+                dev_pred, _, _ = run(device, tilt)
+                if differ(ref_pred, dev_pred) == [(flip_step, t)]:
+                    info = {
+                        "step": flip_step,
+                        "token": t,
+                        "classes": [e1, e2],
+                        "ref_logit_gap": float(ref_logits[t, e1] - ref_logits[t, e2]),
+                        "device_gap_shift": moved[t],
+                        "tilt_ulps": k,
+                        "tilt_norm": float(tilt.norm()),
+                    }
+                    return info, tilt
+        raise RuntimeError("no tilt of the head flips exactly one row's argmax on the device")
+    finally:
+        hd.remove()
+        model.load_state_dict(start)
+
+
+def _records(path: Path, step: int) -> dict:
+    return json.loads((path / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
+
+
+def _strip(rec):
+    """A record without what differs between any two runs (file names of tensors, data names)."""
+    if isinstance(rec, dict):
+        return {k: _strip(v) for k, v in rec.items() if k not in ("data_name", "md5", "full_op_name")}
+    if isinstance(rec, list):
+        return [_strip(v) for v in rec]
+    return rec
+
+
+def _sides(op: str) -> list[str]:
+    """The record of an op and, for a forward record, its backward record."""
+    return [op, op[: -len(".forward")] + ".backward"] if op.endswith(".forward") else [op]
+
+
+def check_changes(case: str, exp: dict, fault, out: Path, mode: str, tgt_dir: Path, clean_dir: Path) -> str:
+    """Every fault changes its run: the key's records (or, for an optimizer fault, some record) differ from the
+    clean target's at the key's step, and (optimizer faults and faults at later steps) nothing differs before."""
+    step = exp["step"]
+    a, b = _records(tgt_dir, step), _records(clean_dir, step)
+    if exp.get("optimizer"):
+        prev_a, prev_b = _records(tgt_dir, step - 1), _records(clean_dir, step - 1)
+        if _strip(prev_a) != _strip(prev_b):
+            raise SystemExit("%s_%s: records differ from the clean target before step %d" % (case, mode, step))
+        if _strip(a) == _strip(b):
+            raise SystemExit("%s_%s: nothing differs from the clean target at step %d" % (case, mode, step))
+        return "some record"
+    if step > 0 and _strip(_records(tgt_dir, step - 1)) != _strip(_records(clean_dir, step - 1)):
+        raise SystemExit("%s_%s: records differ from the clean target before step %d" % (case, mode, step))
+    changed = [
+        op for op in exp["ops"] for name in _sides(op) if name in a and _strip(a.get(name)) != _strip(b.get(name))
+    ]
+    if not changed:
+        raise SystemExit("%s_%s: none of %r differs from the clean target at step %d" % (case, mode, exp["ops"], step))
+    return changed[0]
+
+
+def describe(out: Path, steps: int = 3) -> None:
+    """Per pair: how many records of each step differ between the two runs (statistics or tensor summaries) and
+    the loss's relative difference at the last step (markdown; docs/validation.md)."""
+    key = json.loads((out / "key.json").read_text())
+    print("| pair | device | " + " | ".join("step %d" % s for s in range(steps)) + " | last loss rel. diff |")
+    print("|---|---|" + "---|" * steps + "---|")
+    for name, case in sorted(key["cases"].items()):
+        cells = []
+        for step in range(steps):
+            a, b = _records(out / case["ref"], step), _records(out / case["target"], step)
+            common = [r for r in a if r in b]
+            diff = sum(_strip(a[r]) != _strip(b[r]) for r in common)
+            only = len(set(a) ^ set(b))
+            cells.append("%d / %d%s" % (diff, len(common), " (+%d in one run)" % only if only else ""))
+        la, lb = case["losses"]["ref"][-1], case["losses"]["target"][-1]
+        print("| %s | %s | %s | %.2g |" % (name, case["device"], " | ".join(cells), abs(lb - la) / abs(la)))
+
+
+def main(s, argv=None) -> int:
+    """Make set module ``s``'s pairs and key (or, with --describe, print how much each pair differs)."""
+    v2 = set2()
+    ap = argparse.ArgumentParser(description=s.__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(s.HERE / ".data"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", nargs="*", help="cases to make (default: all)")
+    ap.add_argument("--modes", nargs="*", default=["stats", "tensor"], help="dump modes to make (default: both)")
+    ap.add_argument("--describe", action="store_true", help="print how much each pair differs; make nothing")
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+    if args.describe:
+        describe(out, s.STEPS)
+        return 0
+    cases = {
+        k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
+        for k, (fam, var, fault, modes) in s.CASES.items()
+        if not args.only or k in args.only
+    }
+    t0 = time.time()
+    s.warm()
+    print("imports %.1fs" % (time.time() - t0), flush=True)
+    jobs = v2.plan_jobs(cases, out)
+    v2.run_one = s.run_one  # set 2's forked-run harness runs this set's runs
+    results = v2.run_jobs(jobs, args.jobs)
+    key_path = out / "key.json"
+    key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}
+    for case, (family, variant, fault, modes) in cases.items():
+        for mode in modes:
+            tgt_name = "%s_target_%s" % (case, mode)
+            ref_name = "%s_%s_ref_%s" % (family, variant, mode)
+            tgt, ref = results[tgt_name], results[ref_name]
+            exp = s.expectation(case, fault, tgt, ref)
+            if exp.get("ops"):  # a mark names the record msprobe was making; the key keeps those it wrote
+                written = set(_records(out / mode / tgt_name, exp["step"])) | set(
+                    _records(out / mode / ref_name, exp["step"])
+                )
+                if not set(exp["ops"]) <= written:
+                    raise SystemExit("%s_%s: %r not in the dumps" % (case, mode, sorted(set(exp["ops"]) - written)))
+                step = str(exp["step"])
+                exp["modules"] = sorted(
+                    set(exp.get("modules", []))
+                    | {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
+                )
+            flips = s.argmax_flips(tgt, ref)
+            if variant == "flip" and [(f["step"], f["token"]) for f in flips] != [
+                (s.FLIP_STEP, ref["info"]["flip"]["token"])
+            ]:
+                raise SystemExit("%s: not the one crafted argmax flip: %r" % (case, flips))
+            if variant != "flip" and fault is None and flips:
+                raise SystemExit("%s: a clean pair without a crafted tie flipped an argmax: %r" % (case, flips))
+            if fault is None:  # the devices change values only: same records, shapes, dtypes
+                odd = v2.structure_differences(out / mode / ref_name, out / mode / tgt_name)
+                if odd:
+                    raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
+            clean = out / "stats" / ("%s_clean_target_stats" % family)
+            if fault is not None and mode == "stats" and clean.exists():
+                exp["changed"] = check_changes(case, exp, fault, out, mode, out / mode / tgt_name, clean)
+            key["cases"]["%s_%s" % (case, mode)] = {
+                "case": case,
+                "mode": mode,
+                "family": family,
+                "device": s.FAMILIES[family]["device"] + ("+" + s.NOISY_REF if variant == "noisyref" else ""),
+                "ref": str(Path(mode) / ref_name),
+                "target": str(Path(mode) / tgt_name),
+                "expect": exp,
+                "flips": flips,
+                "crafted": ref["info"].get("flip"),
+                "losses": {"ref": ref["losses"], "target": tgt["losses"]},
+                "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
+                "loss_scale": {"ref": ref["info"].get("loss_scale"), "target": tgt["info"].get("loss_scale")},
+            }
+    key["families"] = {k: v["text"] for k, v in s.FAMILIES.items()}
+    key["devices"] = {k: v.text for k, v in s.DEVICES.items()}
+    key["steps"] = s.STEPS
+    key["set"] = s.SET
+    key_path.write_text(json.dumps(key, indent=1, sort_keys=True))
+    shutil.rmtree(out / "scratch", ignore_errors=True)
+    print("%d runs, %d cases in %.1fs; key: %s" % (len(jobs), len(key["cases"]), time.time() - t0, key_path))
+    return 0

@@ -1,0 +1,729 @@
+"""Validation set 4 for dumpstore's verdict: msprobe dumps of four model families no other set uses.
+
+Built apart from the development set and from sets 1 to 3: other families (T5, ResNet, Mamba, GPT-J: an
+encoder-decoder, a convolutional network with BatchNorm, an attention-free state-space model, a decoder with
+interleaved rotary), other dtype and optimizer setups and other simulated devices (``validation/v4/devices.py``:
+convolutions as per-tap implicit GEMMs, one-pass BatchNorm statistics, blocked means, pow through exp2/log2, fast
+sin/cos, a stable softplus, SiLU through a hardware reciprocal; a reference rerun with another convolution
+algorithm). Every pair is a reference run ("GPU": plain CPU torch in the family's dtype) and a target run on the
+family's simulated device, with or without one fault. The answer of every case is known by construction and
+written to ``<out>/key.json`` (set 1's format, so ``validation/score.py`` scores it); the culprit's msprobe record
+name is read from msprobe while the faulty call runs, never from dumpstore.
+
+    .venv/bin/python validation/v4/make_pairs.py --out validation/v4/.data [--jobs 2] [--only CASE ...]
+
+The driver (arguments, runs, checks, key) is ``validation/harness.py``; the run harness (the tracer of msprobe's
+record names, the forked runs, msprobe's config, the structure check) is set 2's ``validation/v2/make_pairs.py``.
+What is here: the families, the training loops, the faults and the expected culprits. Runs: 3 training steps;
+forward and backward (both micro-batches where there are two) inside msprobe's window, clipping and the optimizer
+step outside it; msprobe level "mix"; statistics mode for every case and tensor mode for a subset.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: nothing to download, ever
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+_spec = importlib.util.spec_from_file_location("validation_v4_devices", HERE / "devices.py")
+devices4 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(devices4)
+v2 = devices4._load("validation_v2_make_pairs", HERE.parent / "v2" / "make_pairs.py")
+harness = devices4._load("validation_harness", HERE.parent / "harness.py")
+
+SET = 4
+STEPS = v2.STEPS  # 3
+BATCH, SEQ, VOCAB = 2, 16, 96
+IMAGES, SIZE, CLASSES = 8, 16, 10
+PIXEL_MEAN, PIXEL_STD = 0.5, 0.25
+TGT_LEN = 8  # T5's decoder labels
+CLIP = 1.0
+DATA_SEED = 6421
+DEVICES = devices4.DEVICES
+NOISY_REF = "R"
+
+FAMILIES = {
+    "t5": {
+        "text": "T5 (encoder-decoder): relative position buckets (8, shared by the layers of a stack), T5LayerNorm "
+        "(RMS, fp32 variance), gated GELU(tanh) feed-forward, tied embeddings with the decoder output scaled by "
+        "d_model^-0.5; d_model 32 (4 heads of 8, d_ff 64), 2 encoder and 2 decoder blocks; fp32 weights under bf16 "
+        "autocast; gradient accumulation over 2 micro-batches; RAdam (lr 3e-3)",
+        "device": "P",
+        "seed": 41,
+    },
+    "resnet": {
+        "text": "ResNet (basic blocks): a 3x3 stem convolution, BatchNorm in training mode, ReLU, a 3x3 max-pool, "
+        "two stages (8 and 16 channels, a strided 1x1 shortcut), average pool, a linear classifier (10 classes); "
+        "8 images of 3x16x16 normalised (x - 0.5) / 0.25 inside the window; fp32; SGD with Nesterov momentum 0.9, "
+        "weight decay 1e-4 (lr 0.05); an argmax over the logits (the batch's accuracy) inside the window",
+        "device": "N",
+        "seed": 42,
+    },
+    "mamba": {
+        "text": "Mamba (attention-free): in_proj, a causal depthwise conv1d (kernel 4), SiLU, selective scan with "
+        "input-dependent dt (softplus), B and C, the D skip and a SiLU gate, RMSNorm; hidden 32 (state 8, expand 2), "
+        "2 layers; pure bf16 (weights, activations and optimizer state); NAdam (lr 2e-3)",
+        "device": "O",
+        "seed": 43,
+    },
+    "gptj": {
+        "text": "GPT-J: interleaved rotary (rotate every two) on 4 of each head's 8 dims from a sinusoid table, "
+        "attention and MLP in parallel from one LayerNorm, no q/k/v biases, GELU(tanh) written with torch.pow and "
+        "torch.tanh; hidden 32 (4 heads), 2 layers; fp32 weights under fp16 autocast with dynamic loss scaling "
+        "(GradScaler, initial scale 2^10); RMSprop (lr 1e-3, alpha 0.99)",
+        "device": "Q",
+        "seed": 44,
+    },
+}
+
+# name -> family, reference variant ("flip": a classifier tilted to a near-tie; "noisyref": the reference rerun on
+# device R), fault (None: clean), dump modes. The expected culprit comes from what msprobe named at the faulty call.
+CASES = {
+    "resnet_clean": ("resnet", "base", None, ("stats", "tensor")),
+    "t5_clean": ("t5", "base", None, ("stats",)),
+    "mamba_clean": ("mamba", "base", None, ("stats", "tensor")),
+    "gptj_clean": ("gptj", "base", None, ("stats", "tensor")),
+    "resnet_flip": ("resnet", "flip", None, ("stats", "tensor")),
+    "resnet_noisyref": ("resnet", "noisyref", None, ("stats",)),
+    # optimizer, from the second update on
+    "t5_lr_step2": ("t5", "base", {"kind": "lr", "after_step": 1, "value": 1.1}, ("stats",)),
+    "resnet_nesterov_step2": ("resnet", "base", {"kind": "nesterov", "after_step": 1, "value": False}, ("stats",)),
+    "gptj_alpha_step2": ("gptj", "base", {"kind": "alpha", "after_step": 1, "value": 0.9}, ("stats",)),
+    # an op in the target only, an op missing in the target
+    "resnet_double_normalize": ("resnet", "base", {"kind": "double_norm"}, ("stats", "tensor")),
+    "t5_missing_tied_scale": ("t5", "base", {"kind": "missing_scale"}, ("stats",)),
+    # a changed scalar argument; a wrong kernel in one layer
+    "gptj_ln_eps_L1": ("gptj", "base", {"kind": "ln_eps", "layer": 1, "value": 1e-2}, ("stats", "tensor")),
+    "resnet_frozen_bn_S1": ("resnet", "base", {"kind": "frozen_bn"}, ("stats",)),
+    "gptj_fcin_nobias_L1": ("gptj", "base", {"kind": "nobias", "layer": 1}, ("stats", "tensor")),
+    "resnet_conv_bf16_S0": ("resnet", "base", {"kind": "conv_bf16"}, ("stats",)),
+    # backward only: a custom SiLU's gradient formula
+    "mamba_silu_backward": ("mamba", "base", {"kind": "silu_back"}, ("stats", "tensor")),
+    # parameters and data
+    "resnet_conv_step1": (
+        "resnet",
+        "base",
+        {
+            "kind": "weight",
+            "param": "resnet.encoder.stages.1.layers.0.layer.0.convolution.weight",
+            "step": 1,
+            "how": "sign2pct",
+        },
+        ("stats", "tensor"),
+    ),
+    "t5_relbias_step2": (
+        "t5",
+        "base",
+        {
+            "kind": "weight",
+            "param": "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+            "step": 2,
+            "how": "row3neg",
+        },
+        ("stats",),
+    ),
+    "mamba_data_step1": ("mamba", "base", {"kind": "ids", "step": 1}, ("stats",)),
+    "t5_ids_step2": ("t5", "base", {"kind": "ids", "step": 2}, ("stats",)),
+    "resnet_labels_step2": ("resnet", "base", {"kind": "labels", "step": 2}, ("stats",)),
+}
+
+HOW = {
+    "sign2pct": "the sign of 2 % of the elements flipped",
+    "row3neg": "row 3 (one position bucket's bias for every head) negated",
+}
+MICRO = {"t5": 2}  # micro-batches per step
+AUTOCAST = {"t5": "bfloat16", "gptj": "float16"}
+BUILD_ON_DEVICE = {"gptj"}  # GPT-J's rotary table is computed when the model is built: on the target's device
+FLIP_STEP = STEPS - 1  # the crafted tie is at the last step
+
+
+class Tracer(v2.Tracer):
+    """Set 2's tracer (record names, marks, parameter uses by linear, the loss); parameter uses by conv2d and
+    embedding too, and every argmax's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.argmax: list[dict] = []
+
+    def install(self) -> None:
+        import torch.nn.functional as F
+
+        super().install()
+        conv2d, embedding = F.conv2d, F.embedding
+        tracer = self
+
+        def conv2d_fn(input, weight, *args, **kwargs):
+            out = conv2d(input, weight, *args, **kwargs)
+            tracer._param_use(weight)
+            return out
+
+        def embedding_fn(input, weight, *args, **kwargs):
+            out = embedding(input, weight, *args, **kwargs)
+            tracer._param_use(weight)
+            return out
+
+        F.conv2d, F.embedding = conv2d_fn, embedding_fn
+
+
+# =================================================================================================================
+# one run (in a forked child)
+# =================================================================================================================
+def build_model(family: str):
+    import torch
+
+    torch.manual_seed(FAMILIES[family]["seed"])
+    if family == "t5":
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        cfg = T5Config(
+            vocab_size=VOCAB,
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+            dropout_rate=0.0,
+            feed_forward_proj="gated-gelu",
+            decoder_start_token_id=0,
+            pad_token_id=0,
+        )
+        model = T5ForConditionalGeneration(cfg)
+        # the decoder output's d_model^-0.5 (tied embeddings) is made by the lm_head patch below, with marks
+        model.config.scale_decoder_outputs = False
+    elif family == "resnet":
+        from transformers import ResNetConfig, ResNetForImageClassification
+
+        cfg = ResNetConfig(
+            num_channels=3,
+            embedding_size=8,
+            hidden_sizes=[8, 16],
+            depths=[1, 1],
+            layer_type="basic",
+            hidden_act="relu",
+            num_labels=CLASSES,
+            downsample_in_first_stage=False,
+        )
+        model = ResNetForImageClassification(cfg)
+    elif family == "mamba":
+        from transformers import MambaConfig, MambaForCausalLM
+
+        cfg = MambaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            state_size=8,
+            num_hidden_layers=2,
+            conv_kernel=4,
+            expand=2,
+            use_cache=False,
+            tie_word_embeddings=False,
+        )
+        model = MambaForCausalLM(cfg).to(torch.bfloat16)
+    else:
+        from transformers import GPTJConfig, GPTJForCausalLM
+
+        cfg = GPTJConfig(
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            rotary_dim=4,
+            n_positions=64,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=1,
+            eos_token_id=1,
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+        )
+        model = GPTJForCausalLM(cfg)
+    model.train()
+    return model
+
+
+def batches(family: str, fault) -> list[list[dict]]:
+    """Per step, per micro-batch: the model's inputs. A data fault changes one step's batch."""
+    import torch
+
+    g = torch.Generator().manual_seed(DATA_SEED)
+    out = []
+    for _step in range(STEPS):
+        micro = []
+        for _ in range(MICRO.get(family, 1)):
+            if family == "resnet":
+                px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
+                micro.append({"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)})
+            elif family == "t5":
+                ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
+                micro.append({"input_ids": ids, "labels": torch.randint(2, VOCAB, (BATCH, TGT_LEN), generator=g)})
+            else:
+                ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
+                micro.append({"input_ids": ids, "labels": ids.clone()})
+        out.append(micro)
+    if fault and fault["kind"] in ("ids", "labels"):
+        b = out[fault["step"]][0]
+        if fault["kind"] == "ids":
+            b["input_ids"][0, 6] = (b["input_ids"][0, 6] + 1 - 2) % (VOCAB - 2) + 2  # one token id +1
+        else:
+            lab = b["labels"]
+            lab[2] = (lab[2] + 3) % CLASSES  # two images' labels changed
+            lab[5] = (lab[5] + 7) % CLASSES
+    return out
+
+
+def _hf(family: str):
+    if family == "t5":
+        from transformers.models.t5 import modeling_t5 as hf
+    elif family == "resnet":
+        from transformers.models.resnet import modeling_resnet as hf
+    elif family == "mamba":
+        from transformers.models.mamba import modeling_mamba as hf
+    else:
+        from transformers.models.gptj import modeling_gptj as hf
+    return hf
+
+
+def family_faults(family: str) -> list[dict]:
+    return [fault for fam, _, fault, _ in CASES.values() if fam == family and fault]
+
+
+SILU_BACK_WRONG = "1 + s"  # the derivative's (1 - s) written (1 + s): d/dx x s(x) = s (1 + x (1 - s))
+
+
+def patch(family: str, model, tracer: Tracer, active) -> None:
+    """Every run of a family: marks at the call of each of the family's faults (the same calls transformers makes,
+    so the runs of a family have the same records); ``active``: the fault this run has (targets only)."""
+    import torch
+    import torch.nn.functional as F
+
+    hf = _hf(family)
+    on = lambda kind: active is not None and active["kind"] == kind
+
+    def embed_mark(emb, tag):
+        def fwd(ids, emb=emb, tag=tag):
+            out = torch.nn.Embedding.forward(emb, ids)
+            tracer.mark(tag)
+            return out
+
+        emb.forward = fwd
+
+    if family == "t5":
+        embed_mark(model.encoder.embed_tokens, "embedding")  # the encoder's (its table is the shared one)
+        head = model.lm_head
+        skip = on("missing_scale")
+        scale = model.model_dim**-0.5
+
+        def head_fwd(x, head=head, skip=skip, scale=scale):  # T5ForConditionalGeneration's scale, then lm_head
+            if not skip:
+                x = x * scale
+                tracer.mark("dec_scale")
+            y = F.linear(x, head.weight, head.bias)
+            tracer.mark("lm_head")
+            return y
+
+        head.forward = head_fwd
+
+    if family == "mamba":
+        embed_mark(model.backbone.embeddings, "embedding")
+        wrong = on("silu_back")
+
+        class SiLUFunction(torch.autograd.Function):  # a memory-efficient SiLU (saves the input only)
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return x * torch.sigmoid(x)
+
+            @staticmethod
+            def backward(ctx, grad_output):
+                (x,) = ctx.saved_tensors
+                s = torch.sigmoid(x)
+                t = (1 + s) if wrong else (1 - s)
+                tracer.mark("silu_back.first")
+                return grad_output * (s * (1 + x * t))
+
+        hf.ACT2FN = {"silu": SiLUFunction.apply}  # the conv's activation (looked up at call time)
+
+    if family == "gptj":
+        layers = model.transformer.h
+        for fault in family_faults(family):
+            li = fault.get("layer")
+            if fault["kind"] == "ln_eps":
+                ln = layers[li].ln_1
+                eps = fault["value"] if on("ln_eps") else ln.eps
+
+                def ln_fwd(x, ln=ln, eps=eps, tag="L%d.ln_1" % li):
+                    y = F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, eps)
+                    tracer.mark(tag)
+                    return y
+
+                ln.forward = ln_fwd
+            if fault["kind"] == "nobias":
+                fc = layers[li].mlp.fc_in
+                drop = on("nobias")
+
+                def fc_fwd(x, fc=fc, drop=drop, tag="L%d.fc_in" % li):
+                    y = F.linear(x, fc.weight, None if drop else fc.bias)
+                    tracer.mark(tag)
+                    return y
+
+                fc.forward = fc_fwd
+
+    if family == "resnet":
+        conv = model.resnet.encoder.stages[0].layers[0].layer[1].convolution  # stage 0's second convolution
+        lower = on("conv_bf16")
+
+        def conv_fwd(x, conv=conv, lower=lower):
+            if lower:  # msprobe writes no record of the casts (Tensor.to): the conv2d gets bf16 inputs
+                w = conv.weight.to(torch.bfloat16)
+                y = F.conv2d(x.to(torch.bfloat16), w, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+                tracer.mark("S0.conv2")
+                return y.to(x.dtype)
+            y = F.conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+            tracer.mark("S0.conv2")
+            return y
+
+        conv.forward = conv_fwd
+        bn = model.resnet.encoder.stages[1].layers[0].layer[0].normalization  # stage 1's first BatchNorm
+        if on("frozen_bn"):
+            bn.eval()  # left in eval mode (a freeze meant for fine-tuning): running statistics in training
+
+        def bn_fwd(x, bn=bn):
+            y = torch.nn.BatchNorm2d.forward(bn, x)
+            tracer.mark("S1.bn")
+            return y
+
+        bn.forward = bn_fwd
+
+    for fault in family_faults(family):
+        if fault["kind"] == "weight":
+            params = dict(model.named_parameters())
+            tracer.watch[id(params[fault["param"]])] = (fault["param"], fault["step"])
+
+
+def corrupt(model, fault) -> None:
+    import torch
+
+    p = dict(model.named_parameters())[fault["param"]]
+    with torch.no_grad():
+        if fault["how"] == "sign2pct":
+            g = torch.Generator().manual_seed(7)
+            sel = torch.rand(p.shape, generator=g) < 0.02
+            p[sel] = -p[sel]
+        elif fault["how"] == "row3neg":
+            p[3] = -p[3]
+        else:
+            raise ValueError(fault["how"])
+
+
+def make_optimizer(family: str, model):
+    import torch
+
+    params = model.parameters()
+    if family == "t5":
+        return torch.optim.RAdam(params, lr=3e-3)
+    if family == "resnet":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    if family == "mamba":
+        return torch.optim.NAdam(params, lr=2e-3)
+    return torch.optim.RMSprop(params, lr=1e-3, alpha=0.99)
+
+
+def forward_loss(family: str, model, batch: dict, fault, tracer):
+    """The model's loss and logits; ResNet's images normalised first (twice with the ``double_norm`` fault)."""
+    if family == "resnet":
+        px = (batch["pixel_values"] - PIXEL_MEAN) / PIXEL_STD
+        if fault and fault["kind"] == "double_norm":  # the loader normalised already: normalised twice
+            px = px - PIXEL_MEAN
+            if tracer is not None:
+                tracer.mark("norm2_sub")
+            px = px / PIXEL_STD
+        out = model(pixel_values=px, labels=batch["labels"])
+    else:
+        out = model(**batch)
+    return out.loss, out.logits
+
+
+def train(family: str, model, data, fault, hooks=None, on_step=None, steps=STEPS, debugger=None, tracer=None,
+          info=None):  # fmt: skip
+    """The training loop of every run (and of the near-tie crafting, without msprobe): forward and backward of
+    every micro-batch inside msprobe's window, clipping and the optimizer step outside it; an optimizer fault
+    changes its setting in the update after ``after_step``. Returns the losses."""
+    import torch
+
+    opt = make_optimizer(family, model)
+    kind = fault["kind"] if fault else None
+    autocast = getattr(torch, AUTOCAST[family]) if family in AUTOCAST else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if autocast == torch.float16 else None
+    n_micro = MICRO.get(family, 1)
+    losses = []
+    info = info if info is not None else {}
+    for step in range(steps):
+        if tracer is not None:
+            tracer.step = step
+        if on_step is not None:
+            on_step(step)
+        if debugger is not None:
+            debugger.start(model)
+        for batch in data[step]:
+            with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                loss, logits = forward_loss(family, model, batch, fault, tracer)
+                if family == "resnet":  # the batch's accuracy, a discrete output inside the window
+                    pred = torch.argmax(logits, dim=-1)
+                    if tracer is not None:
+                        tracer.argmax.append({"step": step, "record": tracer.current(), "pred": pred.tolist()})
+                    info.setdefault("accuracy", []).append(float((pred == batch["labels"]).float().mean()))
+                if hooks is not None:
+                    hooks(step, logits)
+            loss = loss / n_micro
+            (scaler.scale(loss) if scaler else loss).backward()
+            losses.append(float(loss.detach()))
+        if debugger is not None:
+            debugger.stop()
+        if scaler:
+            scaler.unscale_(opt)
+        info.setdefault("grad_norm", []).append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
+        if kind in ("lr", "nesterov", "alpha") and step == fault["after_step"]:
+            for group in opt.param_groups:
+                if kind == "lr":
+                    group["lr"] = group["lr"] * fault["value"]
+                else:
+                    group[kind] = fault["value"]
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+            info.setdefault("loss_scale", []).append(scaler.get_scale())
+        else:
+            opt.step()
+        opt.zero_grad()
+        if debugger is not None:
+            debugger.step()
+    return losses
+
+
+def craft_near_tie(model, data, device) -> tuple[dict, object]:
+    """resnet 'flip' variant, in both runs alike: a tilt of one classifier row, added before the last step, that
+    ties one image's top-2 logits in the reference to within a few fp32 ulps, chosen (by simulating both runs
+    without msprobe) so that the device's rounding flips that image's argmax and no other
+    (``harness.craft_near_tie``).
+
+    Returns (what was done, the tilt to add to the classifier's weight before step FLIP_STEP)."""
+
+    def run(on_step, hooks):
+        return train("resnet", model, data, None, on_step=on_step, hooks=hooks)
+
+    return harness.craft_near_tie(model, model.classifier[-1], run, device, FLIP_STEP)
+
+
+def run_one(job: dict) -> dict:
+    """One msprobe run; returns the marks and the argmax log. Runs in a fresh forked process."""
+    import torch
+    import torch.distributed as dist
+
+    family, variant, fault, role, mode = job["family"], job["variant"], job["fault"], job["role"], job["mode"]
+    target = role == "target"
+    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.chdir(scratch)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
+
+    tracer = Tracer()
+    active = fault if target else None
+    data = batches(family, active)
+    device = DEVICES[FAMILIES[family]["device"]]
+    if not target and variant == "noisyref":
+        device = DEVICES[NOISY_REF]
+    on_device = target or variant == "noisyref"
+    info: dict = {}
+    tilt = None
+    if variant == "flip":  # crafted on a model of its own (the device installs itself for its simulated run)
+        info["flip"], tilt = craft_near_tie(
+            build_model(family), batches(family, None), DEVICES[FAMILIES[family]["device"]]
+        )
+    if on_device and family in BUILD_ON_DEVICE:
+        device.install()
+    model = build_model(family)
+    if on_device and family not in BUILD_ON_DEVICE:
+        device.install()
+    patch(family, model, tracer, active)
+    tracer.install()
+
+    from msprobe.pytorch import PrecisionDebugger
+
+    v2.write_config(scratch / "config.json", out_dir, mode)
+    debugger = PrecisionDebugger(config_path=str(scratch / "config.json"))
+    tracer.install_modules(model)
+
+    def on_step(step):
+        if active and active["kind"] == "weight" and active["step"] == step:
+            corrupt(model, active)
+        if tilt is not None and step == FLIP_STEP:
+            with torch.no_grad():
+                model.classifier[-1].weight += tilt
+
+    losses = train(family, model, data, active, on_step=on_step, debugger=debugger, tracer=tracer, info=info)
+    dist.destroy_process_group()
+    return {
+        "job": job["name"],
+        "marks": tracer.marks,
+        "argmax": tracer.argmax,
+        "leaf": tracer.leaf_modules(),
+        "losses": losses,
+        "info": info,
+    }
+
+
+# =================================================================================================================
+# the key
+# =================================================================================================================
+def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
+    """What the verdict should say, from the marks both runs made at the faulty call."""
+    if fault is None:
+        return {"clean": True}
+    kind = fault["kind"]
+
+    def one(res, tag, step):
+        names = v2._names(res, tag, step)
+        if len(names) != 1 or names[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
+        return names[0]
+
+    def first(res, tag, step):  # the first of the step's calls (a mark made at every micro-batch or layer)
+        names = v2._names(res, tag, step)
+        if not names or names[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
+        return names[0]
+
+    def both(tag, step, pick=one):
+        return sorted({pick(tgt, tag, step), pick(ref, tag, step)})
+
+    if kind in ("lr", "nesterov", "alpha"):
+        step = fault["after_step"] + 1
+        what = {
+            "lr": "the learning rate x%g (RAdam, fp32 master weights)" % fault["value"],
+            "nesterov": "SGD momentum without Nesterov (nesterov=False) instead of Nesterov",
+            "alpha": "RMSprop alpha %g instead of 0.99" % fault["value"],
+        }[kind]
+        return {
+            "step": step,
+            "ops": [],
+            "optimizer": True,
+            "what": "%s in the updates after step %d: parameters first differ at step %d"
+            % (what, fault["after_step"], step),
+        }
+    if kind == "double_norm":
+        return {
+            "step": 0,
+            "ops": [first(tgt, "norm2_sub", 0)],
+            "what": "the images normalised twice in the target ((x - 0.5) / 0.25 applied again: the loader had "
+            "normalised already): an extra subtract and divide; the subtract is the first record the reference "
+            "does not have",
+        }
+    if kind == "missing_scale":
+        return {
+            "step": 0,
+            "ops": sorted({first(ref, "dec_scale", 0), first(tgt, "lm_head", 0)}),
+            "what": "the decoder output's x d_model^-0.5 (T5's tied-embedding rescale) missing in the target (the "
+            "reference's multiply; its consumer, the lm_head linear on the unscaled output, also counts)",
+        }
+    if kind == "ln_eps":
+        li = fault["layer"]
+        return {
+            "step": 0,
+            "ops": both("L%d.ln_1" % li, 0),
+            "what": "layer %d's LayerNorm with eps %g instead of 1e-5 (a scalar argument)" % (li, fault["value"]),
+        }
+    if kind == "nobias":
+        li = fault["layer"]
+        return {
+            "step": 0,
+            "ops": both("L%d.fc_in" % li, 0),
+            "what": "layer %d's MLP fc_in computed without its bias (a kernel that drops the bias)" % li,
+        }
+    if kind == "frozen_bn":
+        return {
+            "step": 0,
+            "ops": both("S1.bn", 0),
+            "what": "stage 1's first BatchNorm left in eval mode during training (normalised by the running "
+            "statistics; training=False in its batch_norm call)",
+        }
+    if kind == "conv_bf16":
+        return {
+            "step": 0,
+            "ops": both("S0.conv2", 0),
+            "what": "stage 0's second convolution computed in bf16 in an fp32 run (its input and weight cast down, "
+            "its output back up; msprobe writes no record of the casts)",
+        }
+    if kind == "silu_back":
+        return {
+            "step": 0,
+            "ops": both("silu_back.first", 0, first),
+            "backward_only": True,
+            "what": "the conv activation's custom SiLU backward computes s (1 + x (1 + s)) where s (1 + x (1 - s)) "
+            "is right: the forward is right, the gradient wrong; the first op of the backward formula that differs "
+            "(the (1 - s) of the last layer: backward runs from the top) is the culprit",
+        }
+    if kind == "weight":
+        tag = "uses:" + fault["param"]
+        step = fault["step"]
+        return {
+            "step": step,
+            "ops": both(tag, step),
+            "what": "%s %s before step %d; the op is its first consumer" % (fault["param"], HOW[fault["how"]], step),
+        }
+    if kind == "ids":
+        step = fault["step"]
+        return {
+            "step": step,
+            "ops": both("embedding", step, first),
+            "what": "one token id differs (+1) in the batch of step %d; the embedding is its first consumer" % step,
+        }
+    if kind == "labels":
+        step = fault["step"]
+        return {
+            "step": step,
+            "ops": both("cross_entropy", step),
+            "what": "two images' labels differ in the batch of step %d; the cross-entropy is their first consumer"
+            % step,
+        }
+    raise ValueError(kind)
+
+
+def argmax_flips(tgt: dict, ref: dict) -> list[dict]:
+    """Images whose argmax differs, per step and argmax call."""
+    flips = []
+    for a, b in zip(tgt["argmax"], ref["argmax"]):
+        for tok, (x, y) in enumerate(zip(a["pred"], b["pred"])):
+            if x != y:
+                flips.append({"step": b["step"], "record": b["record"], "token": tok, "target": x, "ref": y})
+    return flips
+
+
+def warm() -> None:
+    """The imports made once, before forking."""
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from msprobe.pytorch import PrecisionDebugger  # noqa: F401
+    from transformers import (  # noqa: F401
+        GPTJForCausalLM,
+        MambaForCausalLM,
+        ResNetForImageClassification,
+        T5ForConditionalGeneration,
+    )
+
+
+def main(argv=None) -> int:
+    return harness.main(sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

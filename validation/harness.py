@@ -19,6 +19,7 @@ import argparse
 import copy
 import importlib.util
 import json
+import os
 import shutil
 import sys
 import time
@@ -117,6 +118,206 @@ def craft_near_tie(model, head, train, device, flip_step: int) -> tuple[dict, ob
     finally:
         hd.remove()
         model.load_state_dict(start)
+
+
+def family_faults(s, family: str) -> list[dict]:
+    """The faults of set module ``s``'s cases of ``family``."""
+    return [fault for fam, _, fault, _ in s.CASES.values() if fam == family and fault]
+
+
+def watch_weights(s, family: str, model, tracer) -> None:
+    """The tracer watches the parameters that the family's weight faults corrupt (their first consumer is the
+    culprit)."""
+    for fault in family_faults(s, family):
+        if fault["kind"] == "weight":
+            params = dict(model.named_parameters())
+            tracer.watch[id(params[fault["param"]])] = (fault["param"], fault["step"])
+
+
+def corrupt(model, fault, own: dict) -> None:
+    """A weight fault before its step: "sign2pct" (2 % of the parameter's signs flipped) or one of the set's own
+    ``own`` (how -> function of the parameter)."""
+    import torch
+
+    p = dict(model.named_parameters())[fault["param"]]
+    with torch.no_grad():
+        if fault["how"] == "sign2pct":
+            g = torch.Generator().manual_seed(7)
+            sel = torch.rand(p.shape, generator=g) < 0.02
+            p[sel] = -p[sel]
+        elif fault["how"] in own:
+            own[fault["how"]](p)
+        else:
+            raise ValueError(fault["how"])
+
+
+def train(s, family: str, model, data, fault, hooks=None, on_step=None, steps=None, debugger=None, tracer=None,
+          info=None):  # fmt: skip
+    """The training loop of every run of set module ``s`` (and of the near-tie crafting, without msprobe): forward
+    and backward of every micro-batch inside msprobe's window, clipping and the optimizer step outside it; an
+    optimizer fault (``s.OPTIMIZER_KINDS``: "clip" lowers the clipping norm, "lr" scales the learning rate, any
+    other sets the param groups' setting of its name) changes its setting in the update after ``after_step``. The
+    family ``s.ARGMAX_FAMILY`` takes an argmax over its logits (the batch's accuracy) inside the window. Returns the
+    losses."""
+    import torch
+
+    opt = s.make_optimizer(family, model)
+    kind = fault["kind"] if fault else None
+    autocast = getattr(torch, s.AUTOCAST[family]) if family in s.AUTOCAST else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if autocast == torch.float16 else None
+    n_micro = s.MICRO.get(family, 1)
+    losses = []
+    info = info if info is not None else {}
+    for step in range(s.STEPS if steps is None else steps):
+        if tracer is not None:
+            tracer.step = step
+        if on_step is not None:
+            on_step(step)
+        if debugger is not None:
+            debugger.start(model)
+        for batch in data[step]:
+            with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                loss, logits = s.forward_loss(family, model, batch, fault, tracer)
+                if family == s.ARGMAX_FAMILY:  # the batch's accuracy, a discrete output inside the window
+                    pred = torch.argmax(logits, dim=-1)
+                    if tracer is not None:
+                        tracer.argmax.append({"step": step, "record": tracer.current(), "pred": pred.tolist()})
+                    info.setdefault("accuracy", []).append(float((pred == batch["labels"]).float().mean()))
+                if hooks is not None:
+                    hooks(step, logits)
+            loss = loss / n_micro
+            (scaler.scale(loss) if scaler else loss).backward()
+            losses.append(float(loss.detach()))
+        if debugger is not None:
+            debugger.stop()
+        if scaler:
+            scaler.unscale_(opt)
+        clip = s.CLIP
+        if kind == "clip" and step >= fault["after_step"]:
+            clip = fault["value"]
+        info.setdefault("grad_norm", []).append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+        if kind in s.OPTIMIZER_KINDS and kind != "clip" and step == fault["after_step"]:
+            for group in opt.param_groups:
+                if kind == "lr":
+                    group["lr"] = group["lr"] * fault["value"]
+                else:
+                    group[kind] = fault["value"]
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+            info.setdefault("loss_scale", []).append(scaler.get_scale())
+        else:
+            opt.step()
+        opt.zero_grad()
+        if debugger is not None:
+            debugger.step()
+    return losses
+
+
+def run_one(s, job: dict) -> dict:
+    """One msprobe run of set module ``s``; returns the marks and the argmax log. Runs in a fresh forked process.
+    ``s.setup(family, variant, target, active, tracer, info)`` builds the model, patches it, crafts a "flip"
+    variant's tilt and installs the device (in the set's order) and returns (model, tilt); ``s.flip_head(model)``
+    is the linear the tilt is added to before step ``s.FLIP_STEP``."""
+    import torch
+    import torch.distributed as dist
+
+    family, variant, fault, role, mode = job["family"], job["variant"], job["fault"], job["role"], job["mode"]
+    target = role == "target"
+    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.chdir(scratch)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
+
+    tracer = s.Tracer()
+    active = fault if target else None
+    data = s.batches(family, active)
+    info: dict = {}
+    model, tilt = s.setup(family, variant, target, active, tracer, info)
+    tracer.install()
+
+    from msprobe.pytorch import PrecisionDebugger
+
+    v2 = set2()
+    v2.write_config(scratch / "config.json", out_dir, mode)
+    debugger = PrecisionDebugger(config_path=str(scratch / "config.json"))
+    tracer.install_modules(model)
+
+    def on_step(step):
+        if active and active["kind"] == "weight" and active["step"] == step:
+            s.corrupt(model, active)
+        if tilt is not None and step == s.FLIP_STEP:
+            with torch.no_grad():
+                s.flip_head(model).weight += tilt
+
+    losses = train(s, family, model, data, active, on_step=on_step, debugger=debugger, tracer=tracer, info=info)
+    dist.destroy_process_group()
+    return {
+        "job": job["name"],
+        "marks": tracer.marks,
+        "argmax": tracer.argmax,
+        "leaf": tracer.leaf_modules(),
+        "losses": losses,
+        "info": info,
+    }
+
+
+def mark_readers(case: str, tgt: dict, ref: dict):
+    """The readers of the marks both runs made at a faulty call: ``one(res, tag, step)`` (the record of the step's
+    only call), ``first(res, tag, step)`` (the first of the step's calls) and ``both(tag, step, pick=one)`` (the
+    sorted records of the target and the reference)."""
+    v2 = set2()
+
+    def one(res, tag, step):
+        names = v2._names(res, tag, step)
+        if len(names) != 1 or names[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
+        return names[0]
+
+    def first(res, tag, step):
+        names = v2._names(res, tag, step)
+        if not names or names[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
+        return names[0]
+
+    def both(tag, step, pick=one):
+        return sorted({pick(tgt, tag, step), pick(ref, tag, step)})
+
+    return one, first, both
+
+
+def optimizer_expectation(fault, what: str) -> dict:
+    """An optimizer fault's key: ``what`` in the updates after ``after_step``; no op is the culprit."""
+    step = fault["after_step"] + 1
+    return {
+        "step": step,
+        "ops": [],
+        "optimizer": True,
+        "what": "%s in the updates after step %d: parameters first differ at step %d"
+        % (what, fault["after_step"], step),
+    }
+
+
+def weight_expectation(fault, how: str, both) -> dict:
+    """A weight fault's key: the corrupted parameter's first consumer at the fault's step."""
+    step = fault["step"]
+    return {
+        "step": step,
+        "ops": both("uses:" + fault["param"], step),
+        "what": "%s %s before step %d; the op is its first consumer" % (fault["param"], how, step),
+    }
+
+
+def warm(*models: str) -> None:
+    """The imports made once, before forking: torch, msprobe and transformers' ``models`` classes."""
+    import torch  # noqa: F401
+    import transformers
+    from msprobe.pytorch import PrecisionDebugger  # noqa: F401
+
+    for name in models:
+        getattr(transformers, name)
 
 
 def _records(path: Path, step: int) -> dict:

@@ -17,12 +17,23 @@ relative L2 difference above ``GUARD[dtype]`` raises (a replacement must never c
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 import threading
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+common = sys.modules.get("validation_common_devices")
+if common is None:  # installing, the gradient plumbing, the tables: loaded once, by path
+    _spec = importlib.util.spec_from_file_location(
+        "validation_common_devices", Path(__file__).parent / "common_devices.py"
+    )
+    common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(common)
+_alias, _autocast_dtype, _fmt = common.alias, common.autocast_dtype, common.fmt
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -213,12 +224,6 @@ def layer_norm_onepass(x32, normalized_shape, weight, bias, eps):
 # ---------------------------------------------------------------------------------------------------------------
 # devices: replacements with the stock signatures
 # ---------------------------------------------------------------------------------------------------------------
-def _autocast_dtype():
-    if torch.is_autocast_enabled("cpu"):
-        return torch.get_autocast_dtype("cpu")
-    return None
-
-
 def _guard(name: str, got: torch.Tensor, stock: torch.Tensor, precision: torch.dtype | None = None) -> torch.Tensor:
     if got.dtype != stock.dtype or got.shape != stock.shape:
         raise AssertionError("device %s: %s %s vs stock %s %s" % (name, got.dtype, got.shape, stock.dtype, stock.shape))
@@ -238,13 +243,6 @@ def _replace(name: str, out: torch.Tensor, noisy: torch.Tensor) -> None:
     """Overwrite the stock output's values with the device's (after the guard)."""
     _guard(name, noisy, out)
     out.data.copy_(noisy)
-
-
-def _alias(t):
-    """A view of a tensor that needs a gradient, to hang a gradient hook on; other values as they are."""
-    if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
-        return t.view_as(t)
-    return t
 
 
 class _GradOut:
@@ -283,8 +281,10 @@ def _grad_like(name: str, got: torch.Tensor, stock: torch.Tensor) -> torch.Tenso
     return _guard(name, got.to(stock.dtype), stock, got.dtype)
 
 
-class Device:
+class Device(common.Installed):
     """One simulated device: a name, a description and the options of its kernels."""
+
+    TARGETS = _TARGETS
 
     def __init__(
         self, name, text, block, order, rounding, softmax, rsqrt, silu, gelu, layer_norm, addmm=False, tanh=False
@@ -482,18 +482,6 @@ class Device:
             out["tanh"] = self.tanh_fn
         return out
 
-    def install(self) -> None:
-        for key, fn in self.replacements().items():
-            mod, attr = _TARGETS[key]
-            self._saved[key] = getattr(mod, attr)
-            setattr(mod, attr, fn)
-
-    def uninstall(self) -> None:
-        for key, fn in self._saved.items():
-            mod, attr = _TARGETS[key]
-            setattr(mod, attr, fn)
-        self._saved.clear()
-
 
 DEVICES = {
     "A": Device(
@@ -640,10 +628,6 @@ def measure(seed: int = 0) -> list[dict]:
                     row["grad_device_vs_stock"] = _rel(grads[1], grads[0])
                 rows.append(row)
     return rows
-
-
-def _fmt(v) -> str:
-    return "%.2g" % v if isinstance(v, float) else str(v)
 
 
 if __name__ == "__main__":

@@ -264,6 +264,32 @@ def run_one(s, job: dict) -> dict:
     }
 
 
+def embed_mark(tracer, emb, tag: str) -> None:
+    """The embedding module ``emb`` marks ``tag`` at each call (the same call: nn.Embedding's forward)."""
+    import torch
+
+    def fwd(ids, emb=emb, tag=tag):
+        out = torch.nn.Embedding.forward(emb, ids)
+        tracer.mark(tag)
+        return out
+
+    emb.forward = fwd
+
+
+def argmax_flips(tgt: dict, ref: dict) -> list[dict]:
+    """Rows (tokens of every sequence in order, or images) whose argmax differs, per step and argmax call."""
+
+    def flat(pred):
+        return [x for row in pred for x in row] if pred and isinstance(pred[0], list) else pred
+
+    flips = []
+    for a, b in zip(tgt["argmax"], ref["argmax"]):
+        for tok, (x, y) in enumerate(zip(flat(a["pred"]), flat(b["pred"]))):
+            if x != y:
+                flips.append({"step": b["step"], "record": b["record"], "token": tok, "target": x, "ref": y})
+    return flips
+
+
 def mark_readers(case: str, tgt: dict, ref: dict):
     """The readers of the marks both runs made at a faulty call: ``one(res, tag, step)`` (the record of the step's
     only call), ``first(res, tag, step)`` (the first of the step's calls) and ``both(tag, step, pick=one)`` (the

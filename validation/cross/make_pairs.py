@@ -50,11 +50,11 @@ def _load(name: str, path: Path):
 
 # the three sets' harnesses and devices, each under its own name; every device module captures the stock torch
 # functions when it is imported, so all of them are imported before msprobe is
-SET3 = _load("validation_v3_make_pairs", V / "v3" / "make_pairs.py")  # loads set 2's harness and devices too
+SET3 = _load("validation_v3_make_pairs", V / "v3" / "make_pairs.py")  # loads set 2's harness too
+DEV2 = _load("validation_v2_devices", V / "v2" / "devices.py")
 SET2 = SET3.v2
 SET1 = _load("validation_v1_make_pairs", V / "make_pairs.py")
 DEV3 = SET3.devices3
-DEV2 = sys.modules["validation_v2_devices"]
 DEV1 = _load("validation_v1_devices", V / "devices.py")
 SETS = {1: (SET1, DEV1), 2: (SET2, DEV2), 3: (SET3, DEV3)}
 DEVICE_SET = {k: s for s, (_, dev) in SETS.items() for k in dev.DEVICES if k != "M"}

@@ -31,12 +31,28 @@ change more than rounding). ``python validation/v2/devices.py`` prints the measu
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
-import threading
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+common = sys.modules.get("validation_common_devices")
+if common is None:  # the guard, the gradient plumbing, installing, the tables: loaded once, by path
+    _spec = importlib.util.spec_from_file_location(
+        "validation_common_devices", Path(__file__).parents[1] / "common_devices.py"
+    )
+    common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(common)
+rel_l2, _alias, _quiet, _GradOut, _autocast_dtype = (
+    common.rel_l2,
+    common.alias,
+    common.quiet,
+    common.GradOut,
+    common.autocast_dtype,
+)
 
 # the stock functions, captured before anyone (this module or msprobe) replaces them
 _STOCK = {
@@ -59,7 +75,7 @@ _TARGETS = {
 }
 # the largest relative L2 difference from the stock kernel a replacement may make: a few units of the rounding of
 # the precision it computes at ("bf16x3": an fp32 matmul at about 16 mantissa bits)
-GUARD = {torch.float32: 2e-5, "bf16x3": 2e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+GUARD = {**common.GUARD, "bf16x3": 2e-4}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -237,81 +253,22 @@ def cross_entropy_blocked(logits32, target, ignore_index=-100, reduction="mean",
 # ---------------------------------------------------------------------------------------------------------------
 # guard and gradient plumbing
 # ---------------------------------------------------------------------------------------------------------------
-def rel_l2(got: torch.Tensor, stock: torch.Tensor) -> float:
-    with torch.no_grad():
-        a, b = got.detach().double(), stock.detach().double()
-        finite = torch.isfinite(b)
-        ref = b[finite].norm().item()
-        return (a[finite] - b[finite]).norm().item() / max(ref, 1e-30)
-
-
 def _guard(name: str, got: torch.Tensor, stock: torch.Tensor, precision=None) -> torch.Tensor:
-    if got.dtype != stock.dtype or got.shape != stock.shape:
-        raise AssertionError("device %s: %s %s vs stock %s %s" % (name, got.dtype, got.shape, stock.dtype, stock.shape))
-    if not torch.equal(torch.isfinite(got), torch.isfinite(stock)):
-        raise AssertionError("device %s: finiteness differs from the stock kernel" % name)
-    err = rel_l2(got, stock)
-    if err > GUARD.get(precision or stock.dtype, 2e-2):
-        raise AssertionError("device %s: rel_l2 %.3g from the stock kernel" % (name, err))
-    return got
+    return common.guard(name, got, stock, precision, GUARD)
 
 
 def _replace(name: str, out: torch.Tensor, noisy: torch.Tensor, precision=None) -> None:
-    _guard(name, noisy, out, precision)
-    out.data.copy_(noisy)
-
-
-def _alias(t):
-    """A view of a tensor that needs a gradient, to hang a gradient hook on; other values as they are."""
-    if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
-        return t.view_as(t)
-    return t
-
-
-def _quiet(fn):
-    """Run a backward hook with msprobe's recording off (its torch calls are the device's, not the model's)."""
-
-    def run(*args):
-        try:
-            from msprobe.core.dump.hook_manager import BaseHookManager
-        except ImportError:  # pragma: no cover - msprobe absent: nothing records
-            with torch.no_grad():
-                return fn(*args)
-        tid = threading.get_ident()
-        old = BaseHookManager.inner_switch[tid]
-        BaseHookManager.inner_switch[tid] = True
-        try:
-            with torch.no_grad():
-                return fn(*args)
-        finally:
-            BaseHookManager.inner_switch[tid] = old
-
-    return run
-
-
-class _GradOut:
-    """Keeps the gradient arriving at an output (a tensor hook that changes nothing)."""
-
-    def __init__(self, out: torch.Tensor):
-        self.g = None
-        out.register_hook(_quiet(self._keep))
-
-    def _keep(self, g):
-        self.g = g.detach()
-
-
-def _autocast_dtype():
-    if torch.is_autocast_enabled("cpu"):
-        return torch.get_autocast_dtype("cpu")
-    return None
+    common.replace(name, out, noisy, precision, GUARD)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # devices
 # ---------------------------------------------------------------------------------------------------------------
-class Device:
+class Device(common.Installed):
     """One simulated device: its matmul (``rna``, ``wide``, ``bf16x3``, ``fp16_chunk``), whether a bias is added
     by a separate kernel, its activation tables, LayerNorm, softmax and loss."""
+
+    TARGETS = _TARGETS
 
     def __init__(self, name, text, matmul, unfused_bias=False, lut=(), welford=False, softmax=True, loss=True):
         self.name, self.text = name, text
@@ -455,18 +412,6 @@ class Device:
             out["cross_entropy"] = self.cross_entropy_fn
         return out
 
-    def install(self) -> None:
-        for key, fn in self.replacements().items():
-            mod, attr = _TARGETS[key]
-            self._saved[key] = getattr(mod, attr)
-            setattr(mod, attr, fn)
-
-    def uninstall(self) -> None:
-        for key, fn in self._saved.items():
-            mod, attr = _TARGETS[key]
-            setattr(mod, attr, fn)
-        self._saved.clear()
-
 
 DEVICES = {
     "E": Device(
@@ -586,24 +531,9 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
     return rows
 
 
-COLS = [
-    "device",
-    "op",
-    "dtype",
-    "stock_vs_f64",
-    "device_vs_f64",
-    "device_vs_stock",
-    "elements_differing",
-    "grad_device_vs_stock",
-]
-
-
-def _fmt(v) -> str:
-    return "%.2g" % v if isinstance(v, float) else str(v)
+COLS = common.COLS[:-1]
+_fmt = common.fmt
 
 
 if __name__ == "__main__":
-    print("| " + " | ".join(COLS) + " |")
-    print("|" + "---|" * len(COLS))
-    for r in measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0):
-        print("| " + " | ".join(_fmt(r.get(c, "")) for c in COLS) + " |")
+    common.print_table(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0), COLS)

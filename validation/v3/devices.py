@@ -39,18 +39,19 @@ import torch.nn.functional as F
 _HERE = Path(__file__).resolve().parent
 
 
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-v2 = _load("validation_v2_devices", _HERE.parent / "v2" / "devices.py")
-rel_l2, _alias, _quiet, _GradOut, _autocast_dtype = v2.rel_l2, v2._alias, v2._quiet, v2._GradOut, v2._autocast_dtype
+common = sys.modules.get("validation_common_devices")
+if common is None:  # the guard, the gradient plumbing, installing, the tables: loaded once, by path
+    _spec = importlib.util.spec_from_file_location("validation_common_devices", _HERE.parent / "common_devices.py")
+    common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(common)
+_load = common.load
+rel_l2, _alias, _quiet, _GradOut, _autocast_dtype = (
+    common.rel_l2,
+    common.alias,
+    common.quiet,
+    common.GradOut,
+    common.autocast_dtype,
+)
 
 # the stock functions, captured before anyone (this module or msprobe) replaces them
 _STOCK = {
@@ -71,24 +72,7 @@ _TARGETS = {
     "embedding": (F, "embedding"),
     "baddbmm": (torch.Tensor, "baddbmm"),
 }
-# the largest relative L2 difference from the stock kernel a replacement may make: a few roundings of the dtype
-GUARD = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
-
-
-def _guard(name: str, got: torch.Tensor, stock: torch.Tensor, precision=None) -> torch.Tensor:
-    if got.dtype != stock.dtype or got.shape != stock.shape:
-        raise AssertionError("device %s: %s %s vs stock %s %s" % (name, got.dtype, got.shape, stock.dtype, stock.shape))
-    if not torch.equal(torch.isfinite(got), torch.isfinite(stock)):
-        raise AssertionError("device %s: finiteness differs from the stock kernel" % name)
-    err = rel_l2(got, stock)
-    if err > GUARD.get(precision or stock.dtype, 2e-2):
-        raise AssertionError("device %s: rel_l2 %.3g from the stock kernel" % (name, err))
-    return got
-
-
-def _replace(name: str, out: torch.Tensor, noisy: torch.Tensor) -> None:
-    _guard(name, noisy, out)
-    out.data.copy_(noisy)
+GUARD, _guard, _replace = common.GUARD, common.guard, common.replace
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -225,9 +209,11 @@ def allreduce_grad(g: torch.Tensor, x: torch.Tensor, ranks: int, dtype: torch.dt
 # ---------------------------------------------------------------------------------------------------------------
 # devices
 # ---------------------------------------------------------------------------------------------------------------
-class Device:
+class Device(common.Installed):
     """One simulated device: its matmul (``nofma``, ``ftz`` or stock), whether softmax and tanh use the polynomial
     exp, LayerNorm with Kahan sums, and the embedding gradient's order (``reverse``, ``random`` or stock)."""
+
+    TARGETS = _TARGETS
 
     def __init__(self, name, text, matmul=None, poly=False, kahan=False, scatter=None, fold=False, ranks=1):
         self.name, self.text, self.fold, self.ranks = name, text, fold, ranks
@@ -378,16 +364,7 @@ class Device:
 
     def install(self) -> None:
         self._calls = 0
-        for key, fn in self.replacements().items():
-            mod, attr = _TARGETS[key]
-            self._saved[key] = getattr(mod, attr)
-            setattr(mod, attr, fn)
-
-    def uninstall(self) -> None:
-        for key, fn in self._saved.items():
-            mod, attr = _TARGETS[key]
-            setattr(mod, attr, fn)
-        self._saved.clear()
+        super().install()
 
 
 DEVICES = {
@@ -516,15 +493,8 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
                 with torch.autocast("cpu", dtype=ac or torch.bfloat16, enabled=ac is not None):
                     stock = _call(_STOCK[key], key, args)
                     got = _call(fn, key, args)
-            row = {
-                "device": dev.name,
-                "op": key,
-                "dtype": str(stock.dtype).replace("torch.", "") + (" (autocast)" if ac and key in MM else ""),
-                "stock_vs_f64": rel_l2(stock, exact),
-                "device_vs_f64": rel_l2(got, exact),
-                "device_vs_stock": rel_l2(got, stock),
-                "elements_differing": (got.double() != stock.double()).float().mean().item(),
-            }
+            dtype_text = str(stock.dtype).replace("torch.", "") + (" (autocast)" if ac and key in MM else "")
+            row = common.magnitudes(dev.name, key, dtype_text, exact, stock, got)
             if key in ("linear", "matmul", "embedding"):
                 r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
                 which = 1 if key == "embedding" else 0  # the weight's gradient for embedding, else the input's
@@ -537,21 +507,8 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
     return rows
 
 
-COLS = [
-    "device",
-    "op",
-    "dtype",
-    "stock_vs_f64",
-    "device_vs_f64",
-    "device_vs_stock",
-    "elements_differing",
-    "grad_device_vs_stock",
-    "wgrad_device_vs_stock",
-]
+COLS = common.COLS
 
 
 if __name__ == "__main__":
-    print("| " + " | ".join(COLS) + " |")
-    print("|" + "---|" * len(COLS))
-    for r in measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0):
-        print("| " + " | ".join(v2._fmt(r.get(c, "")) for c in COLS) + " |")
+    common.print_table(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0), COLS)

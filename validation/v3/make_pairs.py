@@ -290,12 +290,7 @@ def patch(family: str, model, tracer: Tracer, active) -> None:
     layers = _layers(family, model)
 
     def embed_mark(emb, tag):
-        def fwd(ids, emb=emb, tag=tag):
-            out = torch.nn.Embedding.forward(emb, ids)
-            tracer.mark(tag)
-            return out
-
-        emb.forward = fwd
+        harness.embed_mark(tracer, emb, tag)
 
     if family == "falcon":
         embed_mark(model.transformer.word_embeddings, "embedding")
@@ -590,26 +585,12 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     raise ValueError(kind)
 
 
-def argmax_flips(tgt: dict, ref: dict) -> list[dict]:
-    """Tokens whose argmax differs, per step and argmax call."""
-    flips = []
-    for a, b in zip(tgt["argmax"], ref["argmax"]):
-        fa = [x for row in a["pred"] for x in row]
-        fb = [x for row in b["pred"] for x in row]
-        for tok, (x, y) in enumerate(zip(fa, fb)):
-            if x != y:
-                flips.append({"step": b["step"], "record": b["record"], "token": tok, "target": x, "ref": y})
-    return flips
+argmax_flips = harness.argmax_flips
 
 
-_records, _strip, _sides, check_changes = harness._records, harness._strip, harness._sides, harness.check_changes
 SET = 3
 NOISY_REF = "M"
 DEVICES = devices3.DEVICES
-
-
-def describe(out: Path) -> None:
-    harness.describe(out, STEPS)
 
 
 def warm() -> None:

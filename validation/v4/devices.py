@@ -41,18 +41,13 @@ import torch.nn.functional as F
 _HERE = Path(__file__).resolve().parent
 
 
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-v2 = _load("validation_v2_devices", _HERE.parent / "v2" / "devices.py")
-rel_l2, _alias, _quiet, _GradOut = v2.rel_l2, v2._alias, v2._quiet, v2._GradOut
+common = sys.modules.get("validation_common_devices")
+if common is None:  # the guard, the gradient plumbing, installing, the tables: loaded once, by path
+    _spec = importlib.util.spec_from_file_location("validation_common_devices", _HERE.parent / "common_devices.py")
+    common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(common)
+_load = common.load
+rel_l2, _alias, _quiet, _GradOut = common.rel_l2, common.alias, common.quiet, common.GradOut
 
 # the stock functions, captured before anyone (this module or msprobe) replaces them
 _TARGETS = {
@@ -70,24 +65,7 @@ _TARGETS = {
     "silu": (F, "silu"),
 }
 _STOCK = {key: getattr(mod, attr) for key, (mod, attr) in _TARGETS.items()}
-# the largest relative L2 difference from the stock kernel a replacement may make: a few roundings of the dtype
-GUARD = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
-
-
-def _guard(name: str, got: torch.Tensor, stock: torch.Tensor, precision=None) -> torch.Tensor:
-    if got.dtype != stock.dtype or got.shape != stock.shape:
-        raise AssertionError("device %s: %s %s vs stock %s %s" % (name, got.dtype, got.shape, stock.dtype, stock.shape))
-    if not torch.equal(torch.isfinite(got), torch.isfinite(stock)):
-        raise AssertionError("device %s: finiteness differs from the stock kernel" % name)
-    err = rel_l2(got, stock)
-    if err > GUARD.get(precision or stock.dtype, 2e-2):
-        raise AssertionError("device %s: rel_l2 %.3g from the stock kernel" % (name, err))
-    return got
-
-
-def _replace(name: str, out: torch.Tensor, noisy: torch.Tensor) -> None:
-    _guard(name, noisy, out)
-    out.data.copy_(noisy)
+GUARD, _guard, _replace = common.GUARD, common.guard, common.replace
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -281,8 +259,10 @@ def _method(fn):
     return method
 
 
-class Device:
+class Device(common.Installed):
     """One simulated device: a set of the mechanisms above (``taps``: "forward" or "reverse")."""
+
+    TARGETS = _TARGETS
 
     def __init__(self, name, text, taps=None, bn1pass=False, blocked=False, pow2=False, sincos=False,
                  softplus=False, rcp=False):  # fmt: skip
@@ -454,17 +434,8 @@ class Device:
             out["silu"] = self.silu_fn
         return out
 
-    def install(self) -> None:
-        for key, fn in self.replacements().items():
-            mod, attr = _TARGETS[key]
-            self._saved[key] = getattr(mod, attr)
-            setattr(mod, attr, _method(fn) if mod is torch.Tensor else fn)
-
-    def uninstall(self) -> None:
-        for key, fn in self._saved.items():
-            mod, attr = _TARGETS[key]
-            setattr(mod, attr, fn)
-        self._saved.clear()
+    def _wrap(self, mod, fn):
+        return _method(fn) if mod is torch.Tensor else fn
 
 
 DEVICES = {
@@ -590,15 +561,7 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
                 exact = _call(_STOCK[key], key, tuple(t.double() for t in args))
                 stock = _call(_STOCK[key], key, args)
                 got = _call(fn, key, args)
-            row = {
-                "device": dev.name,
-                "op": key,
-                "dtype": str(stock.dtype).replace("torch.", ""),
-                "stock_vs_f64": rel_l2(stock, exact),
-                "device_vs_f64": rel_l2(got, exact),
-                "device_vs_stock": rel_l2(got, stock),
-                "elements_differing": (got.double() != stock.double()).float().mean().item(),
-            }
+            row = common.magnitudes(dev.name, key, str(stock.dtype).replace("torch.", ""), exact, stock, got)
             if key in CONV:
                 r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
                 for col, which in (("grad_device_vs_stock", 0), ("wgrad_device_vs_stock", 1)):
@@ -608,21 +571,8 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
     return rows
 
 
-COLS = [
-    "device",
-    "op",
-    "dtype",
-    "stock_vs_f64",
-    "device_vs_f64",
-    "device_vs_stock",
-    "elements_differing",
-    "grad_device_vs_stock",
-    "wgrad_device_vs_stock",
-]
+COLS = common.COLS
 
 
 if __name__ == "__main__":
-    print("| " + " | ".join(COLS) + " |")
-    print("|" + "---|" * len(COLS))
-    for r in measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0):
-        print("| " + " | ".join(v2._fmt(r.get(c, "")) for c in COLS) + " |")
+    common.print_table(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0), COLS)

@@ -308,12 +308,7 @@ def patch(family: str, model, tracer: Tracer, active) -> None:
     on = lambda kind: active is not None and active["kind"] == kind
 
     def embed_mark(emb, tag):
-        def fwd(ids, emb=emb, tag=tag):
-            out = torch.nn.Embedding.forward(emb, ids)
-            tracer.mark(tag)
-            return out
-
-        emb.forward = fwd
+        harness.embed_mark(tracer, emb, tag)
 
     if family == "t5":
         embed_mark(model.encoder.embed_tokens, "embedding")  # the encoder's (its table is the shared one)
@@ -583,14 +578,7 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     raise ValueError(kind)
 
 
-def argmax_flips(tgt: dict, ref: dict) -> list[dict]:
-    """Images whose argmax differs, per step and argmax call."""
-    flips = []
-    for a, b in zip(tgt["argmax"], ref["argmax"]):
-        for tok, (x, y) in enumerate(zip(a["pred"], b["pred"])):
-            if x != y:
-                flips.append({"step": b["step"], "record": b["record"], "token": tok, "target": x, "ref": y})
-    return flips
+argmax_flips = harness.argmax_flips
 
 
 def warm() -> None:

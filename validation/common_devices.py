@@ -105,6 +105,17 @@ def autocast_dtype():
     return None
 
 
+def normalized(d: torch.Tensor, var: torch.Tensor, eps: float, normalized_shape, weight, bias) -> torch.Tensor:
+    """A LayerNorm's last step in fp32, from the centred input ``d`` (rows flattened) and its variance: scaled by
+    rsqrt(var + eps), unflattened to ``normalized_shape``, then the weight and the bias."""
+    y = (d * torch.rsqrt(var + eps)).unflatten(-1, tuple(normalized_shape))
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # installing
 # ---------------------------------------------------------------------------------------------------------------

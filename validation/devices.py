@@ -33,7 +33,6 @@ if common is None:  # installing, the gradient plumbing, the tables: loaded once
     )
     common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(common)
-_alias, _autocast_dtype, _fmt = common.alias, common.autocast_dtype, common.fmt
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -304,8 +303,8 @@ class Device(common.Installed):
         return _round_to(y32, dtype, self.rounding)
 
     def linear(self, input, weight, bias=None):
-        cast = _autocast_dtype()
-        x_in, w_in = _alias(input), _alias(weight)
+        cast = common.autocast_dtype()
+        x_in, w_in = common.alias(input), common.alias(weight)
         out = _STOCK["linear"](x_in, w_in, bias)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             x, w, b = input.detach(), weight.detach(), bias.detach() if bias is not None else None
@@ -343,8 +342,8 @@ class Device(common.Installed):
     def matmul(self, input, other, *, out=None):
         if out is not None or input.dim() < 2 or other.dim() < 2:
             return _STOCK["matmul"](input, other, out=out)
-        cast = _autocast_dtype()
-        a_in, b_in = _alias(input), _alias(other)
+        cast = common.autocast_dtype()
+        a_in, b_in = common.alias(input), common.alias(other)
         res = _STOCK["matmul"](a_in, b_in)
         blk = max(self.block // 4, 2)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
@@ -411,8 +410,8 @@ class Device(common.Installed):
     def addmm_fn(self, input, mat1, mat2, *, beta=1, alpha=1, out=None):
         if out is not None or beta != 1 or alpha != 1 or mat1.dim() != 2 or mat2.dim() != 2:
             return _STOCK["addmm"](input, mat1, mat2, beta=beta, alpha=alpha, out=out)
-        cast = _autocast_dtype()
-        a_in, b_in = _alias(mat1), _alias(mat2)
+        cast = common.autocast_dtype()
+        a_in, b_in = common.alias(mat1), common.alias(mat2)
         res = _STOCK["addmm"](input, a_in, b_in)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             a, b, c = mat1.detach(), mat2.detach(), input.detach()
@@ -450,7 +449,7 @@ class Device(common.Installed):
 
     def layer_norm_fn(self, input, normalized_shape, weight=None, bias=None, eps=1e-5):
         out = _STOCK["layer_norm"](input, normalized_shape, weight, bias, eps)
-        cast = _autocast_dtype()
+        cast = common.autocast_dtype()
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             x = input.detach()
             w = weight.detach() if weight is not None else None
@@ -605,15 +604,7 @@ def measure(seed: int = 0) -> list[dict]:
                     with torch.autocast("cpu", dtype=ac or torch.bfloat16, enabled=ac is not None):
                         stock = _call(_STOCK[key], key, args)
                         got = _call(fn, key, args)
-                row = {
-                    "device": dev.name,
-                    "op": key,
-                    "dtype": label,
-                    "stock_vs_f64": _rel(stock, exact),
-                    "device_vs_f64": _rel(got, exact),
-                    "device_vs_stock": _rel(got, stock),
-                    "elements_differing": (got.double() != stock.double()).float().mean().item(),
-                }
+                row = common.magnitudes(dev.name, key, label, exact, stock, got, rel=_rel)
                 if key in ("linear", "matmul", "addmm"):
                     grads = []
                     r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
@@ -648,4 +639,4 @@ if __name__ == "__main__":
     for r in measure():
         if "--all" not in sys.argv and used[r["device"]] != r["dtype"]:
             continue
-        print("| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |")
+        print("| " + " | ".join(common.fmt(r.get(c, "")) for c in cols) + " |")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import importlib.util
 import json
 import os
@@ -288,6 +289,11 @@ def argmax_flips(tgt: dict, ref: dict) -> list[dict]:
             if x != y:
                 flips.append({"step": b["step"], "record": b["record"], "token": tok, "target": x, "ref": y})
     return flips
+
+
+def hf_module(model: str):
+    """transformers' modeling module of ``model`` (``transformers.models.<model>.modeling_<model>``)."""
+    return importlib.import_module("transformers.models.%s.modeling_%s" % (model, model))
 
 
 def mark_readers(case: str, tgt: dict, ref: dict):

@@ -46,13 +46,7 @@ if common is None:  # the guard, the gradient plumbing, installing, the tables: 
     )
     common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(common)
-rel_l2, _alias, _quiet, _GradOut, _autocast_dtype = (
-    common.rel_l2,
-    common.alias,
-    common.quiet,
-    common.GradOut,
-    common.autocast_dtype,
-)
+rel_l2 = common.rel_l2
 
 # the stock functions, captured before anyone (this module or msprobe) replaces them
 _STOCK = {
@@ -203,12 +197,7 @@ def welford_layer_norm(x32, normalized_shape, weight, bias, eps, chunk: int = 16
         m2 = m2 + m2b + delta * delta * (n * nb / tot)
         n = tot
     var = m2 / n
-    y = ((x - mean) * torch.rsqrt(var + eps)).unflatten(-1, tuple(normalized_shape))
-    if weight is not None:
-        y = y * weight.float()
-    if bias is not None:
-        y = y + bias.float()
-    return y
+    return common.normalized(x - mean, var, eps, normalized_shape, weight, bias)
 
 
 def unsafe_softmax(x32: torch.Tensor, dim: int) -> torch.Tensor:
@@ -298,8 +287,8 @@ class Device(common.Installed):
 
     # -- replacements ---------------------------------------------------------------------------------------------
     def linear(self, input, weight, bias=None):
-        cast = _autocast_dtype()
-        x_in, w_in = _alias(input), _alias(weight)
+        cast = common.autocast_dtype()
+        x_in, w_in = common.alias(input), common.alias(weight)
         out = _STOCK["linear"](x_in, w_in, bias)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             x, w = input.detach(), weight.detach()
@@ -314,10 +303,10 @@ class Device(common.Installed):
                 y = y + b.float()
             _replace("linear", out, self._round(y, out.dtype), self._precision(out.dtype))
         if out.requires_grad:
-            grad = _GradOut(out)
+            grad = common.GradOut(out)
             cdt = cast or out.dtype
             if x_in is not input:
-                x_in.register_hook(_quiet(lambda gx: self._grad("linear dx", self._product(grad.g, w), gx, cdt)))
+                x_in.register_hook(common.quiet(lambda gx: self._grad("linear dx", self._product(grad.g, w), gx, cdt)))
             if w_in is not weight:
                 n, k = w.shape
 
@@ -325,14 +314,14 @@ class Device(common.Installed):
                     g2, x2 = grad.g.reshape(-1, n), x.reshape(-1, k)
                     return self._grad("linear dw", self._product(g2.t(), x2), gw, cdt)
 
-                w_in.register_hook(_quiet(dw))
+                w_in.register_hook(common.quiet(dw))
         return out
 
     def matmul(self, input, other, *, out=None):
         if out is not None or input.dim() < 2 or other.dim() < 2:
             return _STOCK["matmul"](input, other, out=out)
-        cast = _autocast_dtype()
-        a_in, b_in = _alias(input), _alias(other)
+        cast = common.autocast_dtype()
+        a_in, b_in = common.alias(input), common.alias(other)
         res = _STOCK["matmul"](a_in, b_in)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             a, b = input.detach(), other.detach()
@@ -340,15 +329,19 @@ class Device(common.Installed):
                 a, b = a.to(cast), b.to(cast)
             _replace("matmul", res, self._round(self._product(a, b), res.dtype), self._precision(res.dtype))
         if res.requires_grad and a.shape[:-2] == b.shape[:-2]:
-            grad = _GradOut(res)
+            grad = common.GradOut(res)
             cdt = cast or res.dtype
             if a_in is not input:
                 a_in.register_hook(
-                    _quiet(lambda ga: self._grad("matmul da", self._product(grad.g, b.transpose(-1, -2)), ga, cdt))
+                    common.quiet(
+                        lambda ga: self._grad("matmul da", self._product(grad.g, b.transpose(-1, -2)), ga, cdt)
+                    )
                 )
             if b_in is not other:
                 b_in.register_hook(
-                    _quiet(lambda gb: self._grad("matmul db", self._product(a.transpose(-1, -2), grad.g), gb, cdt))
+                    common.quiet(
+                        lambda gb: self._grad("matmul db", self._product(a.transpose(-1, -2), grad.g), gb, cdt)
+                    )
                 )
         return res
 
@@ -508,15 +501,8 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
                 with torch.autocast("cpu", dtype=ac or torch.bfloat16, enabled=ac is not None):
                     stock = _call(_STOCK[key], key, args)
                     got = _call(fn, key, args)
-            row = {
-                "device": dev.name,
-                "op": key,
-                "dtype": str(stock.dtype).replace("torch.", "") + (" (autocast)" if ac and key in MM else ""),
-                "stock_vs_f64": rel_l2(stock, exact),
-                "device_vs_f64": rel_l2(got, exact),
-                "device_vs_stock": rel_l2(got, stock),
-                "elements_differing": (got.double() != stock.double()).float().mean().item(),
-            }
+            dtype_text = str(stock.dtype).replace("torch.", "") + (" (autocast)" if ac and key in MM else "")
+            row = common.magnitudes(dev.name, key, dtype_text, exact, stock, got)
             if key in ("linear", "matmul"):
                 grads = []
                 r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
@@ -532,7 +518,6 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
 
 
 COLS = common.COLS[:-1]
-_fmt = common.fmt
 
 
 if __name__ == "__main__":

@@ -44,14 +44,8 @@ if common is None:  # the guard, the gradient plumbing, installing, the tables: 
     _spec = importlib.util.spec_from_file_location("validation_common_devices", _HERE.parent / "common_devices.py")
     common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(common)
+rel_l2 = common.rel_l2
 _load = common.load
-rel_l2, _alias, _quiet, _GradOut, _autocast_dtype = (
-    common.rel_l2,
-    common.alias,
-    common.quiet,
-    common.GradOut,
-    common.autocast_dtype,
-)
 
 # the stock functions, captured before anyone (this module or msprobe) replaces them
 _STOCK = {
@@ -160,12 +154,7 @@ def kahan_layer_norm(x, normalized_shape, weight, bias, eps):
     mean = (kahan_sum(x) / n).unsqueeze(-1)
     d = x - mean
     var = (kahan_sum(d * d) / n).unsqueeze(-1)
-    y = (d * torch.rsqrt(var + eps)).unflatten(-1, tuple(normalized_shape))
-    if weight is not None:
-        y = y * weight.float()
-    if bias is not None:
-        y = y + bias.float()
-    return y
+    return common.normalized(d, var, eps, normalized_shape, weight, bias)
 
 
 FP16_TINY = 2.0**-14  # the smallest normal fp16
@@ -235,8 +224,8 @@ class Device(common.Installed):
         return _guard(name, self._out(got.to(cdt), stock.dtype), stock, cdt)
 
     def linear(self, input, weight, bias=None):
-        cast = _autocast_dtype()
-        x_in, w_in = _alias(input), _alias(weight)
+        cast = common.autocast_dtype()
+        x_in, w_in = common.alias(input), common.alias(weight)
         out = _STOCK["linear"](x_in, w_in, bias)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             x, w = input.detach(), weight.detach()
@@ -252,10 +241,10 @@ class Device(common.Installed):
             if self.mm:
                 _replace("linear", out, self._out(y, out.dtype))
         if out.requires_grad:
-            grad = _GradOut(out)
+            grad = common.GradOut(out)
             cdt = cast or out.dtype
             if x_in is not input and self.mm:
-                x_in.register_hook(_quiet(lambda gx: self._grad("linear dx", self._product(grad.g, w), gx, cdt)))
+                x_in.register_hook(common.quiet(lambda gx: self._grad("linear dx", self._product(grad.g, w), gx, cdt)))
             if w_in is not weight:
                 n, k = w.shape
 
@@ -265,14 +254,14 @@ class Device(common.Installed):
                         return _guard("linear dw", allreduce_grad(g2, x2, self.ranks, cdt).to(gw.dtype), gw, cdt)
                     return self._grad("linear dw", self._product(g2.t(), x2), gw, cdt)
 
-                w_in.register_hook(_quiet(dw))
+                w_in.register_hook(common.quiet(dw))
         return out
 
     def matmul(self, input, other, *, out=None):
         if out is not None or input.dim() < 2 or other.dim() < 2:
             return _STOCK["matmul"](input, other, out=out)
-        cast = _autocast_dtype()
-        a_in, b_in = _alias(input), _alias(other)
+        cast = common.autocast_dtype()
+        a_in, b_in = common.alias(input), common.alias(other)
         res = _STOCK["matmul"](a_in, b_in)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             a, b = input.detach(), other.detach()
@@ -280,15 +269,19 @@ class Device(common.Installed):
                 a, b = a.to(cast), b.to(cast)
             _replace("matmul", res, self._out(self._product(a, b), res.dtype))
         if res.requires_grad and a.shape[:-2] == b.shape[:-2]:
-            grad = _GradOut(res)
+            grad = common.GradOut(res)
             cdt = cast or res.dtype
             if a_in is not input:
                 a_in.register_hook(
-                    _quiet(lambda ga: self._grad("matmul da", self._product(grad.g, b.transpose(-1, -2)), ga, cdt))
+                    common.quiet(
+                        lambda ga: self._grad("matmul da", self._product(grad.g, b.transpose(-1, -2)), ga, cdt)
+                    )
                 )
             if b_in is not other:
                 b_in.register_hook(
-                    _quiet(lambda gb: self._grad("matmul db", self._product(a.transpose(-1, -2), grad.g), gb, cdt))
+                    common.quiet(
+                        lambda gb: self._grad("matmul db", self._product(a.transpose(-1, -2), grad.g), gb, cdt)
+                    )
                 )
         return res
 
@@ -322,10 +315,10 @@ class Device(common.Installed):
     def embedding_fn(self, input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
                      sparse=False):  # fmt: skip
         plain = padding_idx is None and max_norm is None and not scale_grad_by_freq and not sparse
-        w_in = _alias(weight) if plain else weight
+        w_in = common.alias(weight) if plain else weight
         out = _STOCK["embedding"](input, w_in, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
         if w_in is not weight and out.requires_grad:
-            grad = _GradOut(out)
+            grad = common.GradOut(out)
             ids = input.detach().clone()
             self._calls += 1
             seed = self._calls
@@ -334,7 +327,7 @@ class Device(common.Installed):
                 got = scatter_rows(grad.g, ids, gw.shape[0], self.scatter, seed)
                 return _guard("embedding dw", got.to(gw.dtype), gw)
 
-            w_in.register_hook(_quiet(dw))
+            w_in.register_hook(common.quiet(dw))
         return out
 
     def baddbmm_fn(self, input, batch1, batch2, *, beta=1, alpha=1):

@@ -254,15 +254,7 @@ def batches(family: str, fault) -> list[list[dict]]:
 
 
 def _hf(family: str):
-    if family == "falcon":
-        from transformers.models.falcon import modeling_falcon as hf
-    elif family == "bloom":
-        from transformers.models.bloom import modeling_bloom as hf
-    elif family == "bert":
-        from transformers.models.bert import modeling_bert as hf
-    else:
-        from transformers.models.phi import modeling_phi as hf
-    return hf
+    return harness.hf_module(family)  # the families are named as transformers' models
 
 
 def family_faults(family: str) -> list[dict]:

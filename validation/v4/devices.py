@@ -47,7 +47,7 @@ if common is None:  # the guard, the gradient plumbing, installing, the tables: 
     common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(common)
 _load = common.load
-rel_l2, _alias, _quiet, _GradOut = common.rel_l2, common.alias, common.quiet, common.GradOut
+rel_l2 = common.rel_l2
 
 # the stock functions, captured before anyone (this module or msprobe) replaces them
 _TARGETS = {
@@ -174,12 +174,7 @@ def blocked_layer_norm(x, normalized_shape, weight, bias, eps):
     mean = (blocked_sum(x) / n).unsqueeze(-1)
     d = x - mean
     var = (blocked_sum(d * d) / n).unsqueeze(-1)
-    y = (d * torch.rsqrt(var + eps)).unflatten(-1, tuple(normalized_shape))
-    if weight is not None:
-        y = y * weight.float()
-    if bias is not None:
-        y = y + bias.float()
-    return y
+    return common.normalized(d, var, eps, normalized_shape, weight, bias)
 
 
 def pow_exp2(x: torch.Tensor, e: float) -> torch.Tensor:
@@ -276,7 +271,7 @@ class Device(common.Installed):
         stock = _STOCK["conv%dd" % dims]
         if isinstance(padding, str) or input.dim() != dims + 2:
             return stock(input, weight, bias, stride, padding, dilation, groups)
-        x_in, w_in = _alias(input), _alias(weight)
+        x_in, w_in = common.alias(input), common.alias(weight)
         out = stock(x_in, w_in, bias, stride, padding, dilation, groups)
 
         def four(t):  # conv1d as conv2d over a height of 1
@@ -295,7 +290,7 @@ class Device(common.Installed):
             y = y.squeeze(-2) if dims == 1 else y
             _replace("conv%dd" % dims, out, y.to(out.dtype))
         if out.requires_grad:
-            grad = _GradOut(out)
+            grad = common.GradOut(out)
             cache: dict = {}
 
             def grads():
@@ -305,9 +300,9 @@ class Device(common.Installed):
                 return cache["g"]
 
             if x_in is not input:
-                x_in.register_hook(_quiet(lambda gx: _guard("conv dx", grads()[0].to(gx.dtype), gx)))
+                x_in.register_hook(common.quiet(lambda gx: _guard("conv dx", grads()[0].to(gx.dtype), gx)))
             if w_in is not weight:
-                w_in.register_hook(_quiet(lambda gw: _guard("conv dw", grads()[1].to(gw.dtype), gw)))
+                w_in.register_hook(common.quiet(lambda gw: _guard("conv dw", grads()[1].to(gw.dtype), gw)))
         return out
 
     def conv1d(self, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):

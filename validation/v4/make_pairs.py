@@ -280,15 +280,7 @@ def batches(family: str, fault) -> list[list[dict]]:
 
 
 def _hf(family: str):
-    if family == "t5":
-        from transformers.models.t5 import modeling_t5 as hf
-    elif family == "resnet":
-        from transformers.models.resnet import modeling_resnet as hf
-    elif family == "mamba":
-        from transformers.models.mamba import modeling_mamba as hf
-    else:
-        from transformers.models.gptj import modeling_gptj as hf
-    return hf
+    return harness.hf_module(family)  # the families are named as transformers' models
 
 
 def family_faults(family: str) -> list[dict]:

@@ -44,6 +44,46 @@ def set2():
     return _load("validation_v2_make_pairs", _HERE / "v2" / "make_pairs.py")
 
 
+ULPS = [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16, 24, -24, 32, -32]
+
+
+def search_tilt(h, logits, dev_logits, zero, rank: int, tries: int, ulps, trial, step: int, classes: str):
+    """The search of every set's crafted near-tie: among the 8 rows of ``logits`` (the reference's, untilted)
+    nearest a tie of their ``rank``-th and next-ranked classes (0: top-1 against top-2), the ``tries`` whose gap
+    the device's rounding (``dev_logits``) moves most; for each, tilts of the weight row of the lower class along
+    the row's input ``h[t]`` that aim the reference's gap at minus half the device's shift, ``k`` fp32 ulps off for
+    each ``k`` of ``ulps``; the first tilt for which ``trial(t, tilt)`` returns (True, the reference's tilted
+    logits) wins. Returns (what was done, the tilt) or None."""
+    srt = logits.sort(-1, descending=True)
+    gaps = srt.values[:, rank] - srt.values[:, rank + 1]
+    pick = gaps.argsort()[:8].tolist()
+    moved = {
+        t: float(dev_logits[t, srt.indices[t, rank]] - dev_logits[t, srt.indices[t, rank + 1]]) - float(gaps[t])
+        for t in pick
+    }
+    for t in sorted(pick, key=lambda t: -abs(moved[t]))[:tries]:
+        e1, e2 = int(srt.indices[t, rank]), int(srt.indices[t, rank + 1])
+        ht = h[t].float()
+        ulp = float(logits[t, e1].abs()) * 2.0**-23
+        for k in ulps:
+            tilt = zero.clone()
+            # aim the reference's gap at minus half the device's shift: the device lands on the other side
+            tilt[e2] = (float(gaps[t]) + moved[t] / 2 + k * ulp) * ht / float(ht @ ht)
+            ok, ref_logits = trial(t, tilt)
+            if ok:
+                info = {
+                    "step": step,
+                    "token": t,
+                    classes: [e1, e2],
+                    "ref_logit_gap": float(ref_logits[t, e1] - ref_logits[t, e2]),
+                    "device_gap_shift": moved[t],
+                    "tilt_ulps": k,
+                    "tilt_norm": float(tilt.norm()),
+                }
+                return info, tilt
+    return None
+
+
 def craft_near_tie(model, head, train, device, flip_step: int) -> tuple[dict, object]:
     """A 'flip' variant's near-tie, in both runs alike: a tilt of one row of ``head`` (the linear that makes the
     logits), added before step ``flip_step``, that ties one row's top-2 logits in the reference to within a few fp32
@@ -88,33 +128,15 @@ def craft_near_tie(model, head, train, device, flip_step: int) -> tuple[dict, ob
         dev_pred, _, dev_logits = run(device, zero)
         if differ(ref_pred, dev_pred):
             raise RuntimeError("the device flips an argmax without a crafted tie: %r" % differ(ref_pred, dev_pred))
-        srt = logits.sort(-1, descending=True)
-        gaps = srt.values[:, 0] - srt.values[:, 1]
-        pick = gaps.argsort()[:8].tolist()
-        moved = {
-            t: float(dev_logits[t, srt.indices[t, 0]] - dev_logits[t, srt.indices[t, 1]]) - float(gaps[t]) for t in pick
-        }
-        for t in sorted(pick, key=lambda t: -abs(moved[t]))[:4]:
-            e1, e2 = int(srt.indices[t, 0]), int(srt.indices[t, 1])
-            ht = h[t].float()
-            ulp = float(logits[t, e1].abs()) * 2.0**-23
-            for k in [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16, 24, -24, 32, -32]:
-                tilt = zero.clone()
-                # raise the runner-up so that the reference's gap is minus half the device's shift
-                tilt[e2] = (float(gaps[t]) + moved[t] / 2 + k * ulp) * ht / float(ht @ ht)
-                ref_pred, _, ref_logits = run(None, tilt)
-                dev_pred, _, _ = run(device, tilt)
-                if differ(ref_pred, dev_pred) == [(flip_step, t)]:
-                    info = {
-                        "step": flip_step,
-                        "token": t,
-                        "classes": [e1, e2],
-                        "ref_logit_gap": float(ref_logits[t, e1] - ref_logits[t, e2]),
-                        "device_gap_shift": moved[t],
-                        "tilt_ulps": k,
-                        "tilt_norm": float(tilt.norm()),
-                    }
-                    return info, tilt
+
+        def trial(t, tilt):
+            ref_pred, _, ref_logits = run(None, tilt)
+            dev_pred, _, _ = run(device, tilt)
+            return differ(ref_pred, dev_pred) == [(flip_step, t)], ref_logits
+
+        found = search_tilt(h, logits, dev_logits, zero, 0, 4, ULPS, trial, flip_step, "classes")
+        if found is not None:
+            return found
         raise RuntimeError("no tilt of the head flips exactly one row's argmax on the device")
     finally:
         hd.remove()

@@ -7,24 +7,9 @@ a set's devices compute (the mechanisms, the devices, the ops they replace) stay
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import threading
-from pathlib import Path
 
 import torch
-
-
-def load(name: str, path: Path):
-    """The module at ``path`` under ``name``, loaded once (the validation folders are not put on sys.path)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # guard and gradient plumbing

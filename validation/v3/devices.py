@@ -45,7 +45,6 @@ if common is None:  # the guard, the gradient plumbing, installing, the tables: 
     common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(common)
 rel_l2 = common.rel_l2
-_load = common.load
 
 # the stock functions, captured before anyone (this module or msprobe) replaces them
 _STOCK = {

@@ -30,12 +30,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: n
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-# this set's devices, under their own name (validation/v3 is not put on sys.path); they load set 2's harness
-_spec = importlib.util.spec_from_file_location("validation_v3_devices", HERE / "devices.py")
-devices3 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(devices3)
-v2 = devices3._load("validation_v2_make_pairs", HERE.parent / "v2" / "make_pairs.py")
-harness = devices3._load("validation_harness", HERE.parent / "harness.py")  # the driver: runs, checks, key
+harness = sys.modules.get("validation_harness")
+if harness is None:  # the driver (arguments, runs, checks, key), loaded once, by path
+    _spec = importlib.util.spec_from_file_location("validation_harness", HERE.parent / "harness.py")
+    harness = sys.modules["validation_harness"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(harness)
+devices3 = harness._load("validation_v3_devices", HERE / "devices.py")  # this set's devices, under their own name
+v2 = harness.set2()  # set 2's run harness
 
 STEPS = v2.STEPS  # 3
 BATCH, SEQ, VOCAB = 2, 16, 96

@@ -46,7 +46,6 @@ if common is None:  # the guard, the gradient plumbing, installing, the tables: 
     _spec = importlib.util.spec_from_file_location("validation_common_devices", _HERE.parent / "common_devices.py")
     common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(common)
-_load = common.load
 rel_l2 = common.rel_l2
 
 # the stock functions, captured before anyone (this module or msprobe) replaces them

@@ -30,11 +30,13 @@ HERE = Path(__file__).resolve().parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: nothing to download, ever
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-_spec = importlib.util.spec_from_file_location("validation_v4_devices", HERE / "devices.py")
-devices4 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(devices4)
-v2 = devices4._load("validation_v2_make_pairs", HERE.parent / "v2" / "make_pairs.py")
-harness = devices4._load("validation_harness", HERE.parent / "harness.py")
+harness = sys.modules.get("validation_harness")
+if harness is None:  # the driver (arguments, runs, checks, key), loaded once, by path
+    _spec = importlib.util.spec_from_file_location("validation_harness", HERE.parent / "harness.py")
+    harness = sys.modules["validation_harness"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(harness)
+devices4 = harness._load("validation_v4_devices", HERE / "devices.py")  # this set's devices, under their own name
+v2 = harness.set2()  # set 2's run harness
 
 SET = 4
 STEPS = v2.STEPS  # 3

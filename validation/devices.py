@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
-import threading
 from pathlib import Path
 
 import torch
@@ -244,37 +243,6 @@ def _replace(name: str, out: torch.Tensor, noisy: torch.Tensor) -> None:
     out.data.copy_(noisy)
 
 
-class _GradOut:
-    """Keeps the gradient arriving at an output (a tensor hook that changes nothing)."""
-
-    def __init__(self, out: torch.Tensor):
-        self.g = None
-        out.register_hook(_quiet(self._keep))
-
-    def _keep(self, g):
-        self.g = g.detach()
-
-
-def _quiet(fn):
-    """Run a backward hook with msprobe's recording off (its torch calls are the device's, not the model's)."""
-
-    def run(*args):
-        try:
-            from msprobe.core.dump.hook_manager import BaseHookManager
-        except ImportError:  # pragma: no cover - msprobe absent: nothing records
-            return fn(*args)
-        tid = threading.get_ident()
-        old = BaseHookManager.inner_switch[tid]
-        BaseHookManager.inner_switch[tid] = True
-        try:
-            with torch.no_grad():
-                return fn(*args)
-        finally:
-            BaseHookManager.inner_switch[tid] = old
-
-    return run
-
-
 def _grad_like(name: str, got: torch.Tensor, stock: torch.Tensor) -> torch.Tensor:
     """The device's gradient in the stock gradient's dtype, guarded at the precision it was computed in."""
     return _guard(name, got.to(stock.dtype), stock, got.dtype)
@@ -316,11 +284,11 @@ class Device(common.Installed):
                 y = y + b.float()
             _replace("linear", out, self._rnd(y, out.dtype))
         if out.requires_grad:
-            grad = _GradOut(out)
+            grad = common.GradOut(out)
             cdt = cast or out.dtype
             if x_in is not input:
                 x_in.register_hook(
-                    _quiet(
+                    common.quiet(
                         lambda gx: _grad_like(
                             "linear dx", self._rnd(splitk_matmul(grad.g, w, self.block, self.order), cdt), gx
                         )
@@ -336,7 +304,7 @@ class Device(common.Installed):
                         "linear dw", self._rnd(splitk_matmul(g2.t(), x2, self.block, self.order), cdt), gw
                     )
 
-                w_in.register_hook(_quiet(dw))
+                w_in.register_hook(common.quiet(dw))
         return out
 
     def matmul(self, input, other, *, out=None):
@@ -352,11 +320,11 @@ class Device(common.Installed):
                 a, b = a.to(cast), b.to(cast)
             _replace("matmul", res, self._rnd(splitk_matmul(a, b, blk, self.order), res.dtype))
         if res.requires_grad and a.shape[:-2] == b.shape[:-2]:
-            grad = _GradOut(res)
+            grad = common.GradOut(res)
             cdt = cast or res.dtype
             if a_in is not input:
                 a_in.register_hook(
-                    _quiet(
+                    common.quiet(
                         lambda ga: _grad_like(
                             "matmul da", self._rnd(splitk_matmul(grad.g, b.transpose(-1, -2), blk, self.order), cdt), ga
                         )
@@ -364,7 +332,7 @@ class Device(common.Installed):
                 )
             if b_in is not other:
                 b_in.register_hook(
-                    _quiet(
+                    common.quiet(
                         lambda gb: _grad_like(
                             "matmul db", self._rnd(splitk_matmul(a.transpose(-1, -2), grad.g, blk, self.order), cdt), gb
                         )
@@ -420,11 +388,11 @@ class Device(common.Installed):
             y = splitk_matmul(a, b, self.block, self.order) + c.float()
             _replace("addmm", res, self._rnd(y, res.dtype))
         if res.requires_grad:
-            grad = _GradOut(res)
+            grad = common.GradOut(res)
             cdt = cast or res.dtype
             if a_in is not mat1:
                 a_in.register_hook(
-                    _quiet(
+                    common.quiet(
                         lambda ga: _grad_like(
                             "addmm da", self._rnd(splitk_matmul(grad.g, b.t(), self.block, self.order), cdt), ga
                         )
@@ -432,7 +400,7 @@ class Device(common.Installed):
                 )
             if b_in is not mat2:
                 b_in.register_hook(
-                    _quiet(
+                    common.quiet(
                         lambda gb: _grad_like(
                             "addmm db", self._rnd(splitk_matmul(a.t(), grad.g, self.block, self.order), cdt), gb
                         )

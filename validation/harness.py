@@ -237,6 +237,21 @@ def train(s, family: str, model, data, fault, hooks=None, on_step=None, steps=No
     return losses
 
 
+def start_child(job: dict) -> tuple[Path, Path]:
+    """A forked run's start: its scratch folder made and entered, one thread, deterministic algorithms, a gloo
+    process group of one rank. Returns (the dump folder, the scratch folder)."""
+    import torch
+    import torch.distributed as dist
+
+    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.chdir(scratch)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
+    return out_dir, scratch
+
+
 def run_one(s, job: dict) -> dict:
     """One msprobe run of set module ``s``; returns the marks and the argmax log. Runs in a fresh forked process.
     ``s.setup(family, variant, target, active, tracer, info)`` builds the model, patches it, crafts a "flip"
@@ -247,12 +262,7 @@ def run_one(s, job: dict) -> dict:
 
     family, variant, fault, role, mode = job["family"], job["variant"], job["fault"], job["role"], job["mode"]
     target = role == "target"
-    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
-    scratch.mkdir(parents=True, exist_ok=True)
-    os.chdir(scratch)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
+    out_dir, scratch = start_child(job)
 
     tracer = s.Tracer()
     active = fault if target else None

@@ -626,12 +626,7 @@ def run_one(job: dict) -> dict:
 
     family, variant, fault, role, mode = job["family"], job["variant"], job["fault"], job["role"], job["mode"]
     target = role == "target"
-    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
-    scratch.mkdir(parents=True, exist_ok=True)
-    os.chdir(scratch)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
+    out_dir, scratch = harness.start_child(job)
 
     tracer = Tracer()
     model = build_model(family)

@@ -494,9 +494,7 @@ def run_one(job: dict) -> dict:
 # the key
 # =================================================================================================================
 def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
-    """What the verdict should say, from the marks both runs made at the faulty call."""
-    if fault is None:
-        return {"clean": True}
+    """What the verdict should say about a fault, from the marks both runs made at the faulty call."""
     kind = fault["kind"]
     one, first, both = harness.mark_readers(case, tgt, ref)
     if kind in OPTIMIZER_KINDS:
@@ -553,28 +551,24 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     if kind == "weight":
         return harness.weight_expectation(fault, HOW[fault["how"]], both)
     if kind == "ids":
-        step = fault["step"]
-        return {
-            "step": step,
-            "ops": both("embedding", step),
-            "what": "one token id differs (+1) in the batch of step %d; the embedding is its first consumer" % step,
-        }
+        return harness.data_expectation(
+            fault,
+            both("embedding", fault["step"]),
+            "one token id differs (+1) in the batch of step %d; the embedding is its first consumer",
+        )
     if kind == "token_type":
-        step = fault["step"]
-        return {
-            "step": step,
-            "ops": both("token_type_embedding", step),
-            "what": "the segment boundary of one sequence 2 tokens early (token types) in the batch of step %d; the "
-            "token-type embedding is its first consumer" % step,
-        }
+        return harness.data_expectation(
+            fault,
+            both("token_type_embedding", fault["step"]),
+            "the segment boundary of one sequence 2 tokens early (token types) in the batch of step %d; the "
+            "token-type embedding is its first consumer",
+        )
     if kind == "labels":
-        step = fault["step"]
-        return {
-            "step": step,
-            "ops": both("cross_entropy", step),
-            "what": "two masked-LM labels differ in the batch of step %d; the cross-entropy is their first "
-            "consumer" % step,
-        }
+        return harness.data_expectation(
+            fault,
+            both("cross_entropy", fault["step"]),
+            "two masked-LM labels differ in the batch of step %d; the cross-entropy is their first consumer",
+        )
     raise ValueError(kind)
 
 

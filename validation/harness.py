@@ -1,16 +1,20 @@
-"""The shared driver of the held-out validation sets 3 and 4: argument parsing, the runs, the checks and the key.
+"""The shared driver of the held-out validation sets 3 and 4 (argument parsing, the runs, the checks, the key, the
+training loop, one run) and the pieces every set's generator shares (the near-tie search of a "flip" variant, a
+forked run's start).
 
 A set's generator (``validation/v3/make_pairs.py``, ``validation/v4/make_pairs.py``) is a module with its families,
-cases, one run (``run_one``), the expected culprit of a fault (``expectation``) and the discrete choices it logs
-(``argmax_flips``); ``main(set_module, argv)`` runs it: the forked runs of set 2's harness
-(``validation/v2/make_pairs.py``: ``plan_jobs``, ``run_jobs``, ``structure_differences``), the checks that every clean
-pair differs in values only and every fault changes its run at the key's step and nothing before, and ``key.json``
-in set 1's format (so ``validation/score.py`` scores every set unchanged).
+cases, one run (``run_one``, usually ``run_one(set_module, job)`` here), the expected culprit of a fault
+(``expectation``) and the discrete choices it logs (``argmax_flips``); ``main(set_module, argv)`` runs it: the forked
+runs of set 2's harness (``validation/v2/make_pairs.py``: ``plan_jobs``, ``run_jobs``, ``structure_differences``),
+the checks that every clean pair differs in values only and every fault changes its run at the key's step and
+nothing before, and ``key.json`` in set 1's format (so ``validation/score.py`` scores every set unchanged).
 
 A set module provides: ``__doc__``, ``HERE``, ``SET`` (its number), ``STEPS``, ``FAMILIES`` (name -> {"text",
 "device"}), ``CASES`` (name -> (family, variant, fault, modes)), ``DEVICES`` (name -> an object with ``text``),
 ``NOISY_REF`` (the device of a "noisyref" variant's reference), ``FLIP_STEP``, ``run_one(job)``, ``expectation(case,
-fault, tgt, ref)``, ``argmax_flips(tgt, ref)`` and ``warm()`` (the imports made once, before forking).
+fault, tgt, ref)`` (faults only), ``argmax_flips(tgt, ref)`` and ``warm()`` (the imports made once, before forking);
+for ``run_one`` and ``train`` here also ``Tracer``, ``batches``, ``setup``, ``flip_head``, ``corrupt``,
+``make_optimizer``, ``forward_loss``, ``AUTOCAST``, ``MICRO``, ``CLIP``, ``OPTIMIZER_KINDS`` and ``ARGMAX_FAMILY``.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ the faulty call runs, never from dumpstore.
 
 The run harness (the tracer of msprobe's record names, the forked runs, msprobe's config, the structure check) is
 imported from ``validation/v2/make_pairs.py``, the driver (arguments, checks that every fault changes its run, the
-key) from ``validation/harness.py``; what is here is the families, the training loops and the faults. Runs: 3
-training steps; forward and backward (both micro-batches where there are two) inside msprobe's window, clipping and
-the optimizer step outside it; msprobe level "mix"; statistics mode for every case and tensor mode for a subset.
+key, the training loop, the run) from ``validation/harness.py``; what is here is the families, their optimizers and
+setups, the faults and the expected culprits. Runs: 3 training steps; forward and backward (both micro-batches where
+there are two) inside msprobe's window, clipping and the optimizer step outside it; msprobe level "mix"; statistics
+mode for every case and tensor mode for a subset.
 """
 
 from __future__ import annotations

@@ -14,9 +14,10 @@ name is read from msprobe while the faulty call runs, never from dumpstore.
 
 The driver (arguments, runs, checks, key) is ``validation/harness.py``; the run harness (the tracer of msprobe's
 record names, the forked runs, msprobe's config, the structure check) is set 2's ``validation/v2/make_pairs.py``.
-What is here: the families, the training loops, the faults and the expected culprits. Runs: 3 training steps;
-forward and backward (both micro-batches where there are two) inside msprobe's window, clipping and the optimizer
-step outside it; msprobe level "mix"; statistics mode for every case and tensor mode for a subset.
+What is here: the families, their optimizers and setups, the faults and the expected culprits (the training loop and
+the run are the driver's). Runs: 3 training steps; forward and backward (both micro-batches where there are two)
+inside msprobe's window, clipping and the optimizer step outside it; msprobe level "mix"; statistics mode for every
+case and tensor mode for a subset.
 """
 
 from __future__ import annotations

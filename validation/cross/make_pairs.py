@@ -38,14 +38,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+harness = sys.modules.get("validation_harness")
+if harness is None:  # the sets' shared driver, whose loader loads the rest: once, by path
+    _spec = importlib.util.spec_from_file_location("validation_harness", V / "harness.py")
+    harness = sys.modules["validation_harness"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(harness)
+_load = harness._load
 
 
 # the three sets' harnesses and devices, each under its own name; every device module captures the stock torch

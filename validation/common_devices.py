@@ -3,6 +3,11 @@
 replacement changes values at the rounding level only, the tensor-hook plumbing of the gradients, installing and
 uninstalling a device's replacements on the torch modules, and the printing of the measured magnitude tables. What
 a set's devices compute (the mechanisms, the devices, the ops they replace) stays in the set's file.
+
+How a device is installed: a replacement of a torch API function put on the ``torch`` modules before msprobe wraps
+the API, so msprobe records it under the stock name; it runs the stock kernel first (the output keeps the stock
+autograd node) and overwrites the values; gradients go through tensor hooks on aliases of the inputs. A guard raises
+when a replacement differs from the stock kernel by more than a few roundings of the dtype.
 """
 
 from __future__ import annotations

@@ -590,21 +590,7 @@ def measure(seed: int = 0) -> list[dict]:
 
 
 if __name__ == "__main__":
-    cols = [
-        "device",
-        "op",
-        "dtype",
-        "stock_vs_f64",
-        "device_vs_f64",
-        "device_vs_stock",
-        "elements_differing",
-        "grad_device_vs_stock",
-    ]
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
     # each device as its family runs it (docs/validation.md); --all: every device in every setting
     used = {"A": "bfloat16", "B": "float32", "C": "autocast", "D": "autocast_fp16"}
-    for r in measure():
-        if "--all" not in sys.argv and used[r["device"]] != r["dtype"]:
-            continue
-        print("| " + " | ".join(common.fmt(r.get(c, "")) for c in cols) + " |")
+    rows = [r for r in measure() if "--all" in sys.argv or used[r["device"]] == r["dtype"]]
+    common.print_table(rows, common.COLS[:-1])

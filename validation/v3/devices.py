@@ -18,12 +18,8 @@ none of these mechanisms is used there. Each changes values at the rounding leve
 * ``ftz``: fp16 subnormals (|x| < 2^-14) flushed to zero in the inputs and outputs of linear/matmul, forward and
   gradients (a unit with denormals off).
 
-Installed as in sets 1 and 2 (the guard, gradient plumbing and installing: ``validation/common_devices.py``): a
-replacement of a torch API function put on the ``torch`` modules before msprobe wraps the API, so msprobe records it
-under the stock name; it runs the stock kernel first (the output keeps the stock autograd node) and overwrites the
-values; gradients go through tensor hooks on aliases of the inputs. A guard raises when a replacement differs from
-the stock kernel by more than a few roundings of the dtype. ``python validation/v3/devices.py`` prints the measured
-magnitudes (docs/validation.md, "Validation set 3").
+Installed as in sets 1 and 2 (``validation/common_devices.py``: the guard, the gradient plumbing and installing).
+``python validation/v3/devices.py`` prints the measured magnitudes (docs/validation.md, "Validation set 3").
 """
 
 from __future__ import annotations

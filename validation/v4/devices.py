@@ -20,12 +20,8 @@ Independent of the development set and of sets 1 to 3 (``validation/devices.py``
 * ``rcp``: SiLU as x * r(1 + exp(-x)) where r is a hardware reciprocal: a 12-bit estimate refined by one
   Newton-Raphson step.
 
-Installed as in sets 2 and 3 (the guard, gradient plumbing and installing: ``validation/common_devices.py``): a
-replacement of a torch API function put on the ``torch`` modules before msprobe wraps the API, so msprobe records it
-under the stock name; it runs the stock kernel first (the output keeps the stock autograd node) and overwrites the
-values; gradients go through tensor hooks on aliases of the inputs. A guard raises when a replacement differs from
-the stock kernel by more than a few roundings of the dtype. ``python validation/v4/devices.py`` prints the measured
-magnitudes (docs/validation.md, "Validation set 4").
+Installed as in sets 2 and 3 (``validation/common_devices.py``: the guard, the gradient plumbing and installing).
+``python validation/v4/devices.py`` prints the measured magnitudes (docs/validation.md, "Validation set 4").
 """
 
 from __future__ import annotations

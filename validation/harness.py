@@ -178,6 +178,17 @@ def corrupt(model, fault, own: dict) -> None:
             raise ValueError(fault["how"])
 
 
+def optimizer_step(opt, scaler, info: dict) -> None:
+    """The optimizer's step (through the GradScaler where there is one, whose scale is logged) and zero_grad."""
+    if scaler:
+        scaler.step(opt)
+        scaler.update()
+        info.setdefault("loss_scale", []).append(scaler.get_scale())
+    else:
+        opt.step()
+    opt.zero_grad()
+
+
 def train(s, family: str, model, data, fault, hooks=None, on_step=None, steps=None, debugger=None, tracer=None,
           info=None):  # fmt: skip
     """The training loop of every run of set module ``s`` (and of the near-tie crafting, without msprobe): forward
@@ -229,13 +240,7 @@ def train(s, family: str, model, data, fault, hooks=None, on_step=None, steps=No
                     group["lr"] = group["lr"] * fault["value"]
                 else:
                     group[kind] = fault["value"]
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-            info.setdefault("loss_scale", []).append(scaler.get_scale())
-        else:
-            opt.step()
-        opt.zero_grad()
+        optimizer_step(opt, scaler, info)
         if debugger is not None:
             debugger.step()
     return losses

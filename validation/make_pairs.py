@@ -601,13 +601,7 @@ def run_one(job: dict) -> dict:
         if kind == "lr" and step == fault["after_step"]:
             for group in opt.param_groups:
                 group["lr"] = LR * fault["factor"]
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-            info.setdefault("loss_scale", []).append(scaler.get_scale())
-        else:
-            opt.step()
-        opt.zero_grad()
+        harness.optimizer_step(opt, scaler, info)
         debugger.step()
     dist.destroy_process_group()
     return {

@@ -677,13 +677,7 @@ def run_one(job: dict) -> dict:
                     group["betas"] = tuple(fault["betas"])
                 else:
                     group["weight_decay"] = fault["wd"]
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-            info.setdefault("loss_scale", []).append(scaler.get_scale())
-        else:
-            opt.step()
-        opt.zero_grad()
+        harness.optimizer_step(opt, scaler, info)
         debugger.step()
     dist.destroy_process_group()
     return {

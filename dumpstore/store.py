@@ -211,8 +211,10 @@ class Store:
             old = next((r["ingest_id"] for r in self.raw_runs() if r["run"] == run), None)
             rows.append(row)
             rows.sort(key=lambda r: r["run"])
-            mark_published(staged)
+            # the catalog first: a reader that finds a published ingest and no catalog takes it for a lost catalog
+            # (another run's ingest into the same store reads the catalog while this one publishes)
             self._write_catalog(rows)
+            mark_published(staged)
         if old is not None and old != new:
             _touch(self.staging_dir(run, old) / _REPLACED)
         self.collect_garbage(run, keep=new)

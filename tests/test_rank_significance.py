@@ -156,3 +156,31 @@ def test_after_a_discrete_change_an_output_carries_the_error_before_it():
     # exact input errors (tensor mode) show the moved rows: the op is measured against them
     exact = _sig(_rows([{**r, "err_source": "exact"} for r in rows]))
     assert exact["Tensor.mean.0.forward.output.0"] == pytest.approx(0.0167 / TOL)  # 7e-6 is under the tolerance
+
+
+def test_the_reports_table_is_in_compares_order():
+    """The report's table of every row (analysis/report/rows.py): the verdict's culprit first, then by
+    significance (not by severity: the noisy weight at 20 tolerances comes after the op at 8 on agreeing inputs)."""
+    from dumpstore.analysis.report.figures import prepared
+    from dumpstore.analysis.report.rows import table_data
+
+    rows = [
+        {"record": f"Functional.linear.{i}.forward", "seq": i, "io": "input", "index_path": "1", "err": e}
+        for i, e in enumerate([20 * TOL, 20 * TOL, 20 * TOL, 20 * TOL])
+    ] + [
+        {"record": "Functional.gelu.0.forward", "seq": 5, "io": "input", "err": 0.0},
+        {"record": "Functional.gelu.0.forward", "seq": 5, "io": "output", "err": 8 * TOL},
+        {"record": "Tensor.pow.0.forward", "seq": 6, "io": "output", "err": 0.0},
+    ]
+    df = _rows(rows).with_columns(
+        pl.lit("pass").alias("status"),
+        pl.lit(None, pl.String).alias("ref_module"),
+        pl.lit(None, pl.String).alias("ref_op_type"),
+        pl.lit(None, pl.String).alias("ref_dtype"),
+        pl.lit(None, pl.List(pl.Int64)).alias("shape"),
+        pl.lit(None, pl.List(pl.Int64)).alias("ref_shape"),
+        (pl.col("err") / pl.col("tol")).alias("severity"),
+    )
+    table = table_data(prepared(significance(df)), {"step": 1, "rank": 0, "op": "Tensor.pow.0.forward"})
+    ops = [table["dicts"]["op"][i] for i in table["cols"]["op"]]
+    assert ops[:3] == ["Tensor.pow.0.forward", "Functional.gelu.0.forward", "Functional.linear.0.forward"]

@@ -81,6 +81,25 @@ def test_two_concurrent_ingests_both_land(store_dir):
     assert _rows(store_dir, "a") == _rows(store_dir, "b")
 
 
+def test_an_ingest_is_marked_published_only_after_the_catalog_lists_it(store_dir, monkeypatch):
+    """A reader that finds a published ingest and no catalog reports a lost catalog (`dumpstore repair`): so the
+    catalog is written before the ingest is marked published, or another run's ingest into the same fresh store,
+    reading the catalog at that moment, fails (seen under load: `ingest REF TARGET` into a new store)."""
+    import dumpstore.runrecord as runrecord
+
+    seen: list[list[str]] = []
+    original = runrecord.mark_published
+
+    def spy(staged):
+        seen.append(open_store(store_dir).run_names())  # what any reader sees at this moment
+        original(staged)
+
+    monkeypatch.setattr(runrecord, "mark_published", spy)
+    ingest(DATASET, "a", store=store_dir, jobs=1)
+    ingest(DATASET, "b", store=store_dir, jobs=1)
+    assert seen == [["a"], ["a", "b"]]
+
+
 def test_same_run_twice_at_once_serializes(store_dir):
     procs = [
         subprocess.Popen(

@@ -17,12 +17,21 @@ relative L2 difference above ``GUARD[dtype]`` raises (a replacement must never c
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
-import threading
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+common = sys.modules.get("validation_common_devices")
+if common is None:  # installing, the gradient plumbing, the tables: loaded once, by path
+    _spec = importlib.util.spec_from_file_location(
+        "validation_common_devices", Path(__file__).parent / "common_devices.py"
+    )
+    common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(common)
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -213,12 +222,6 @@ def layer_norm_onepass(x32, normalized_shape, weight, bias, eps):
 # ---------------------------------------------------------------------------------------------------------------
 # devices: replacements with the stock signatures
 # ---------------------------------------------------------------------------------------------------------------
-def _autocast_dtype():
-    if torch.is_autocast_enabled("cpu"):
-        return torch.get_autocast_dtype("cpu")
-    return None
-
-
 def _guard(name: str, got: torch.Tensor, stock: torch.Tensor, precision: torch.dtype | None = None) -> torch.Tensor:
     if got.dtype != stock.dtype or got.shape != stock.shape:
         raise AssertionError("device %s: %s %s vs stock %s %s" % (name, got.dtype, got.shape, stock.dtype, stock.shape))
@@ -240,51 +243,15 @@ def _replace(name: str, out: torch.Tensor, noisy: torch.Tensor) -> None:
     out.data.copy_(noisy)
 
 
-def _alias(t):
-    """A view of a tensor that needs a gradient, to hang a gradient hook on; other values as they are."""
-    if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
-        return t.view_as(t)
-    return t
-
-
-class _GradOut:
-    """Keeps the gradient arriving at an output (a tensor hook that changes nothing)."""
-
-    def __init__(self, out: torch.Tensor):
-        self.g = None
-        out.register_hook(_quiet(self._keep))
-
-    def _keep(self, g):
-        self.g = g.detach()
-
-
-def _quiet(fn):
-    """Run a backward hook with msprobe's recording off (its torch calls are the device's, not the model's)."""
-
-    def run(*args):
-        try:
-            from msprobe.core.dump.hook_manager import BaseHookManager
-        except ImportError:  # pragma: no cover - msprobe absent: nothing records
-            return fn(*args)
-        tid = threading.get_ident()
-        old = BaseHookManager.inner_switch[tid]
-        BaseHookManager.inner_switch[tid] = True
-        try:
-            with torch.no_grad():
-                return fn(*args)
-        finally:
-            BaseHookManager.inner_switch[tid] = old
-
-    return run
-
-
 def _grad_like(name: str, got: torch.Tensor, stock: torch.Tensor) -> torch.Tensor:
     """The device's gradient in the stock gradient's dtype, guarded at the precision it was computed in."""
     return _guard(name, got.to(stock.dtype), stock, got.dtype)
 
 
-class Device:
+class Device(common.Installed):
     """One simulated device: a name, a description and the options of its kernels."""
+
+    TARGETS = _TARGETS
 
     def __init__(
         self, name, text, block, order, rounding, softmax, rsqrt, silu, gelu, layer_norm, addmm=False, tanh=False
@@ -304,8 +271,8 @@ class Device:
         return _round_to(y32, dtype, self.rounding)
 
     def linear(self, input, weight, bias=None):
-        cast = _autocast_dtype()
-        x_in, w_in = _alias(input), _alias(weight)
+        cast = common.autocast_dtype()
+        x_in, w_in = common.alias(input), common.alias(weight)
         out = _STOCK["linear"](x_in, w_in, bias)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             x, w, b = input.detach(), weight.detach(), bias.detach() if bias is not None else None
@@ -317,11 +284,11 @@ class Device:
                 y = y + b.float()
             _replace("linear", out, self._rnd(y, out.dtype))
         if out.requires_grad:
-            grad = _GradOut(out)
+            grad = common.GradOut(out)
             cdt = cast or out.dtype
             if x_in is not input:
                 x_in.register_hook(
-                    _quiet(
+                    common.quiet(
                         lambda gx: _grad_like(
                             "linear dx", self._rnd(splitk_matmul(grad.g, w, self.block, self.order), cdt), gx
                         )
@@ -337,14 +304,14 @@ class Device:
                         "linear dw", self._rnd(splitk_matmul(g2.t(), x2, self.block, self.order), cdt), gw
                     )
 
-                w_in.register_hook(_quiet(dw))
+                w_in.register_hook(common.quiet(dw))
         return out
 
     def matmul(self, input, other, *, out=None):
         if out is not None or input.dim() < 2 or other.dim() < 2:
             return _STOCK["matmul"](input, other, out=out)
-        cast = _autocast_dtype()
-        a_in, b_in = _alias(input), _alias(other)
+        cast = common.autocast_dtype()
+        a_in, b_in = common.alias(input), common.alias(other)
         res = _STOCK["matmul"](a_in, b_in)
         blk = max(self.block // 4, 2)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
@@ -353,11 +320,11 @@ class Device:
                 a, b = a.to(cast), b.to(cast)
             _replace("matmul", res, self._rnd(splitk_matmul(a, b, blk, self.order), res.dtype))
         if res.requires_grad and a.shape[:-2] == b.shape[:-2]:
-            grad = _GradOut(res)
+            grad = common.GradOut(res)
             cdt = cast or res.dtype
             if a_in is not input:
                 a_in.register_hook(
-                    _quiet(
+                    common.quiet(
                         lambda ga: _grad_like(
                             "matmul da", self._rnd(splitk_matmul(grad.g, b.transpose(-1, -2), blk, self.order), cdt), ga
                         )
@@ -365,7 +332,7 @@ class Device:
                 )
             if b_in is not other:
                 b_in.register_hook(
-                    _quiet(
+                    common.quiet(
                         lambda gb: _grad_like(
                             "matmul db", self._rnd(splitk_matmul(a.transpose(-1, -2), grad.g, blk, self.order), cdt), gb
                         )
@@ -411,8 +378,8 @@ class Device:
     def addmm_fn(self, input, mat1, mat2, *, beta=1, alpha=1, out=None):
         if out is not None or beta != 1 or alpha != 1 or mat1.dim() != 2 or mat2.dim() != 2:
             return _STOCK["addmm"](input, mat1, mat2, beta=beta, alpha=alpha, out=out)
-        cast = _autocast_dtype()
-        a_in, b_in = _alias(mat1), _alias(mat2)
+        cast = common.autocast_dtype()
+        a_in, b_in = common.alias(mat1), common.alias(mat2)
         res = _STOCK["addmm"](input, a_in, b_in)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             a, b, c = mat1.detach(), mat2.detach(), input.detach()
@@ -421,11 +388,11 @@ class Device:
             y = splitk_matmul(a, b, self.block, self.order) + c.float()
             _replace("addmm", res, self._rnd(y, res.dtype))
         if res.requires_grad:
-            grad = _GradOut(res)
+            grad = common.GradOut(res)
             cdt = cast or res.dtype
             if a_in is not mat1:
                 a_in.register_hook(
-                    _quiet(
+                    common.quiet(
                         lambda ga: _grad_like(
                             "addmm da", self._rnd(splitk_matmul(grad.g, b.t(), self.block, self.order), cdt), ga
                         )
@@ -433,7 +400,7 @@ class Device:
                 )
             if b_in is not mat2:
                 b_in.register_hook(
-                    _quiet(
+                    common.quiet(
                         lambda gb: _grad_like(
                             "addmm db", self._rnd(splitk_matmul(a.t(), grad.g, self.block, self.order), cdt), gb
                         )
@@ -450,7 +417,7 @@ class Device:
 
     def layer_norm_fn(self, input, normalized_shape, weight=None, bias=None, eps=1e-5):
         out = _STOCK["layer_norm"](input, normalized_shape, weight, bias, eps)
-        cast = _autocast_dtype()
+        cast = common.autocast_dtype()
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             x = input.detach()
             w = weight.detach() if weight is not None else None
@@ -481,18 +448,6 @@ class Device:
         if self.tanh:
             out["tanh"] = self.tanh_fn
         return out
-
-    def install(self) -> None:
-        for key, fn in self.replacements().items():
-            mod, attr = _TARGETS[key]
-            self._saved[key] = getattr(mod, attr)
-            setattr(mod, attr, fn)
-
-    def uninstall(self) -> None:
-        for key, fn in self._saved.items():
-            mod, attr = _TARGETS[key]
-            setattr(mod, attr, fn)
-        self._saved.clear()
 
 
 DEVICES = {
@@ -617,15 +572,7 @@ def measure(seed: int = 0) -> list[dict]:
                     with torch.autocast("cpu", dtype=ac or torch.bfloat16, enabled=ac is not None):
                         stock = _call(_STOCK[key], key, args)
                         got = _call(fn, key, args)
-                row = {
-                    "device": dev.name,
-                    "op": key,
-                    "dtype": label,
-                    "stock_vs_f64": _rel(stock, exact),
-                    "device_vs_f64": _rel(got, exact),
-                    "device_vs_stock": _rel(got, stock),
-                    "elements_differing": (got.double() != stock.double()).float().mean().item(),
-                }
+                row = common.magnitudes(dev.name, key, label, exact, stock, got, rel=_rel)
                 if key in ("linear", "matmul", "addmm"):
                     grads = []
                     r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
@@ -642,26 +589,8 @@ def measure(seed: int = 0) -> list[dict]:
     return rows
 
 
-def _fmt(v) -> str:
-    return "%.2g" % v if isinstance(v, float) else str(v)
-
-
 if __name__ == "__main__":
-    cols = [
-        "device",
-        "op",
-        "dtype",
-        "stock_vs_f64",
-        "device_vs_f64",
-        "device_vs_stock",
-        "elements_differing",
-        "grad_device_vs_stock",
-    ]
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
     # each device as its family runs it (docs/validation.md); --all: every device in every setting
     used = {"A": "bfloat16", "B": "float32", "C": "autocast", "D": "autocast_fp16"}
-    for r in measure():
-        if "--all" not in sys.argv and used[r["device"]] != r["dtype"]:
-            continue
-        print("| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |")
+    rows = [r for r in measure() if "--all" in sys.argv or used[r["device"]] == r["dtype"]]
+    common.print_table(rows, common.COLS[:-1])

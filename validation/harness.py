@@ -1,24 +1,30 @@
-"""The shared driver of the held-out validation sets 3 and 4: argument parsing, the runs, the checks and the key.
+"""The shared driver of the held-out validation sets 3 and 4 (argument parsing, the runs, the checks, the key, the
+training loop, one run) and the pieces every set's generator shares (the near-tie search of a "flip" variant, a
+forked run's start).
 
 A set's generator (``validation/v3/make_pairs.py``, ``validation/v4/make_pairs.py``) is a module with its families,
-cases, one run (``run_one``), the expected culprit of a fault (``expectation``) and the discrete choices it logs
-(``argmax_flips``); ``main(set_module, argv)`` runs it: the forked runs of set 2's harness
-(``validation/v2/make_pairs.py``: ``plan_jobs``, ``run_jobs``, ``structure_differences``), the checks that every clean
-pair differs in values only and every fault changes its run at the key's step and nothing before, and ``key.json``
-in set 1's format (so ``validation/score.py`` scores every set unchanged).
+cases, one run (``run_one``, usually ``run_one(set_module, job)`` here), the expected culprit of a fault
+(``expectation``) and the discrete choices it logs (``argmax_flips``); ``main(set_module, argv)`` runs it: the forked
+runs of set 2's harness (``validation/v2/make_pairs.py``: ``plan_jobs``, ``run_jobs``, ``structure_differences``),
+the checks that every clean pair differs in values only and every fault changes its run at the key's step and
+nothing before, and ``key.json`` in set 1's format (so ``validation/score.py`` scores every set unchanged).
 
 A set module provides: ``__doc__``, ``HERE``, ``SET`` (its number), ``STEPS``, ``FAMILIES`` (name -> {"text",
 "device"}), ``CASES`` (name -> (family, variant, fault, modes)), ``DEVICES`` (name -> an object with ``text``),
 ``NOISY_REF`` (the device of a "noisyref" variant's reference), ``FLIP_STEP``, ``run_one(job)``, ``expectation(case,
-fault, tgt, ref)``, ``argmax_flips(tgt, ref)`` and ``warm()`` (the imports made once, before forking).
+fault, tgt, ref)`` (faults only), ``argmax_flips(tgt, ref)`` and ``warm()`` (the imports made once, before forking);
+for ``run_one`` and ``train`` here also ``Tracer``, ``batches``, ``setup``, ``flip_head``, ``corrupt``,
+``make_optimizer``, ``forward_loss``, ``AUTOCAST``, ``MICRO``, ``CLIP``, ``OPTIMIZER_KINDS`` and ``ARGMAX_FAMILY``.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import importlib.util
 import json
+import os
 import shutil
 import sys
 import time
@@ -40,6 +46,46 @@ def _load(name: str, path: Path):
 def set2():
     """Set 2's harness module (``validation/v2/make_pairs.py``), loaded once under its own name."""
     return _load("validation_v2_make_pairs", _HERE / "v2" / "make_pairs.py")
+
+
+ULPS = [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16, 24, -24, 32, -32]
+
+
+def search_tilt(h, logits, dev_logits, zero, rank: int, tries: int, ulps, trial, step: int, classes: str):
+    """The search of every set's crafted near-tie: among the 8 rows of ``logits`` (the reference's, untilted)
+    nearest a tie of their ``rank``-th and next-ranked classes (0: top-1 against top-2), the ``tries`` whose gap
+    the device's rounding (``dev_logits``) moves most; for each, tilts of the weight row of the lower class along
+    the row's input ``h[t]`` that aim the reference's gap at minus half the device's shift, ``k`` fp32 ulps off for
+    each ``k`` of ``ulps``; the first tilt for which ``trial(t, tilt)`` returns (True, the reference's tilted
+    logits) wins. Returns (what was done, the tilt) or None."""
+    srt = logits.sort(-1, descending=True)
+    gaps = srt.values[:, rank] - srt.values[:, rank + 1]
+    pick = gaps.argsort()[:8].tolist()
+    moved = {
+        t: float(dev_logits[t, srt.indices[t, rank]] - dev_logits[t, srt.indices[t, rank + 1]]) - float(gaps[t])
+        for t in pick
+    }
+    for t in sorted(pick, key=lambda t: -abs(moved[t]))[:tries]:
+        e1, e2 = int(srt.indices[t, rank]), int(srt.indices[t, rank + 1])
+        ht = h[t].float()
+        ulp = float(logits[t, e1].abs()) * 2.0**-23
+        for k in ulps:
+            tilt = zero.clone()
+            # aim the reference's gap at minus half the device's shift: the device lands on the other side
+            tilt[e2] = (float(gaps[t]) + moved[t] / 2 + k * ulp) * ht / float(ht @ ht)
+            ok, ref_logits = trial(t, tilt)
+            if ok:
+                info = {
+                    "step": step,
+                    "token": t,
+                    classes: [e1, e2],
+                    "ref_logit_gap": float(ref_logits[t, e1] - ref_logits[t, e2]),
+                    "device_gap_shift": moved[t],
+                    "tilt_ulps": k,
+                    "tilt_norm": float(tilt.norm()),
+                }
+                return info, tilt
+    return None
 
 
 def craft_near_tie(model, head, train, device, flip_step: int) -> tuple[dict, object]:
@@ -86,37 +132,272 @@ def craft_near_tie(model, head, train, device, flip_step: int) -> tuple[dict, ob
         dev_pred, _, dev_logits = run(device, zero)
         if differ(ref_pred, dev_pred):
             raise RuntimeError("the device flips an argmax without a crafted tie: %r" % differ(ref_pred, dev_pred))
-        srt = logits.sort(-1, descending=True)
-        gaps = srt.values[:, 0] - srt.values[:, 1]
-        pick = gaps.argsort()[:8].tolist()
-        moved = {
-            t: float(dev_logits[t, srt.indices[t, 0]] - dev_logits[t, srt.indices[t, 1]]) - float(gaps[t]) for t in pick
-        }
-        for t in sorted(pick, key=lambda t: -abs(moved[t]))[:4]:
-            e1, e2 = int(srt.indices[t, 0]), int(srt.indices[t, 1])
-            ht = h[t].float()
-            ulp = float(logits[t, e1].abs()) * 2.0**-23
-            for k in [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16, 24, -24, 32, -32]:
-                tilt = zero.clone()
-                # raise the runner-up so that the reference's gap is minus half the device's shift
-                tilt[e2] = (float(gaps[t]) + moved[t] / 2 + k * ulp) * ht / float(ht @ ht)
-                ref_pred, _, ref_logits = run(None, tilt)
-                dev_pred, _, _ = run(device, tilt)
-                if differ(ref_pred, dev_pred) == [(flip_step, t)]:
-                    info = {
-                        "step": flip_step,
-                        "token": t,
-                        "classes": [e1, e2],
-                        "ref_logit_gap": float(ref_logits[t, e1] - ref_logits[t, e2]),
-                        "device_gap_shift": moved[t],
-                        "tilt_ulps": k,
-                        "tilt_norm": float(tilt.norm()),
-                    }
-                    return info, tilt
+
+        def trial(t, tilt):
+            ref_pred, _, ref_logits = run(None, tilt)
+            dev_pred, _, _ = run(device, tilt)
+            return differ(ref_pred, dev_pred) == [(flip_step, t)], ref_logits
+
+        found = search_tilt(h, logits, dev_logits, zero, 0, 4, ULPS, trial, flip_step, "classes")
+        if found is not None:
+            return found
         raise RuntimeError("no tilt of the head flips exactly one row's argmax on the device")
     finally:
         hd.remove()
         model.load_state_dict(start)
+
+
+def family_faults(s, family: str) -> list[dict]:
+    """The faults of set module ``s``'s cases of ``family``."""
+    return [fault for fam, _, fault, _ in s.CASES.values() if fam == family and fault]
+
+
+def watch_weights(s, family: str, model, tracer) -> None:
+    """The tracer watches the parameters that the family's weight faults corrupt (their first consumer is the
+    culprit)."""
+    for fault in family_faults(s, family):
+        if fault["kind"] == "weight":
+            params = dict(model.named_parameters())
+            tracer.watch[id(params[fault["param"]])] = (fault["param"], fault["step"])
+
+
+def corrupt(model, fault, own: dict) -> None:
+    """A weight fault before its step: "sign2pct" (2 % of the parameter's signs flipped) or one of the set's own
+    ``own`` (how -> function of the parameter)."""
+    import torch
+
+    p = dict(model.named_parameters())[fault["param"]]
+    with torch.no_grad():
+        if fault["how"] == "sign2pct":
+            g = torch.Generator().manual_seed(7)
+            sel = torch.rand(p.shape, generator=g) < 0.02
+            p[sel] = -p[sel]
+        elif fault["how"] in own:
+            own[fault["how"]](p)
+        else:
+            raise ValueError(fault["how"])
+
+
+def optimizer_step(opt, scaler, info: dict) -> None:
+    """The optimizer's step (through the GradScaler where there is one, whose scale is logged) and zero_grad."""
+    if scaler:
+        scaler.step(opt)
+        scaler.update()
+        info.setdefault("loss_scale", []).append(scaler.get_scale())
+    else:
+        opt.step()
+    opt.zero_grad()
+
+
+def train(s, family: str, model, data, fault, hooks=None, on_step=None, steps=None, debugger=None, tracer=None,
+          info=None):  # fmt: skip
+    """The training loop of every run of set module ``s`` (and of the near-tie crafting, without msprobe): forward
+    and backward of every micro-batch inside msprobe's window, clipping and the optimizer step outside it; an
+    optimizer fault (``s.OPTIMIZER_KINDS``: "clip" lowers the clipping norm, "lr" scales the learning rate, any
+    other sets the param groups' setting of its name) changes its setting in the update after ``after_step``. The
+    family ``s.ARGMAX_FAMILY`` takes an argmax over its logits (the batch's accuracy) inside the window. Returns the
+    losses."""
+    import torch
+
+    opt = s.make_optimizer(family, model)
+    kind = fault["kind"] if fault else None
+    autocast = getattr(torch, s.AUTOCAST[family]) if family in s.AUTOCAST else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if autocast == torch.float16 else None
+    n_micro = s.MICRO.get(family, 1)
+    losses = []
+    info = info if info is not None else {}
+    for step in range(s.STEPS if steps is None else steps):
+        if tracer is not None:
+            tracer.step = step
+        if on_step is not None:
+            on_step(step)
+        if debugger is not None:
+            debugger.start(model)
+        for batch in data[step]:
+            with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                loss, logits = s.forward_loss(family, model, batch, fault, tracer)
+                if family == s.ARGMAX_FAMILY:  # the batch's accuracy, a discrete output inside the window
+                    pred = torch.argmax(logits, dim=-1)
+                    if tracer is not None:
+                        tracer.argmax.append({"step": step, "record": tracer.current(), "pred": pred.tolist()})
+                    info.setdefault("accuracy", []).append(float((pred == batch["labels"]).float().mean()))
+                if hooks is not None:
+                    hooks(step, logits)
+            loss = loss / n_micro
+            (scaler.scale(loss) if scaler else loss).backward()
+            losses.append(float(loss.detach()))
+        if debugger is not None:
+            debugger.stop()
+        if scaler:
+            scaler.unscale_(opt)
+        clip = s.CLIP
+        if kind == "clip" and step >= fault["after_step"]:
+            clip = fault["value"]
+        info.setdefault("grad_norm", []).append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+        if kind in s.OPTIMIZER_KINDS and kind != "clip" and step == fault["after_step"]:
+            for group in opt.param_groups:
+                if kind == "lr":
+                    group["lr"] = group["lr"] * fault["value"]
+                else:
+                    group[kind] = fault["value"]
+        optimizer_step(opt, scaler, info)
+        if debugger is not None:
+            debugger.step()
+    return losses
+
+
+def start_child(job: dict) -> tuple[Path, Path]:
+    """A forked run's start: its scratch folder made and entered, one thread, deterministic algorithms, a gloo
+    process group of one rank. Returns (the dump folder, the scratch folder)."""
+    import torch
+    import torch.distributed as dist
+
+    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.chdir(scratch)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
+    return out_dir, scratch
+
+
+def run_one(s, job: dict) -> dict:
+    """One msprobe run of set module ``s``; returns the marks and the argmax log. Runs in a fresh forked process.
+    ``s.setup(family, variant, target, active, tracer, info)`` builds the model, patches it, crafts a "flip"
+    variant's tilt and installs the device (in the set's order) and returns (model, tilt); ``s.flip_head(model)``
+    is the linear the tilt is added to before step ``s.FLIP_STEP``."""
+    import torch
+    import torch.distributed as dist
+
+    family, variant, fault, role, mode = job["family"], job["variant"], job["fault"], job["role"], job["mode"]
+    target = role == "target"
+    out_dir, scratch = start_child(job)
+
+    tracer = s.Tracer()
+    active = fault if target else None
+    data = s.batches(family, active)
+    info: dict = {}
+    model, tilt = s.setup(family, variant, target, active, tracer, info)
+    tracer.install()
+
+    from msprobe.pytorch import PrecisionDebugger
+
+    v2 = set2()
+    v2.write_config(scratch / "config.json", out_dir, mode)
+    debugger = PrecisionDebugger(config_path=str(scratch / "config.json"))
+    tracer.install_modules(model)
+
+    def on_step(step):
+        if active and active["kind"] == "weight" and active["step"] == step:
+            s.corrupt(model, active)
+        if tilt is not None and step == s.FLIP_STEP:
+            with torch.no_grad():
+                s.flip_head(model).weight += tilt
+
+    losses = train(s, family, model, data, active, on_step=on_step, debugger=debugger, tracer=tracer, info=info)
+    dist.destroy_process_group()
+    return {
+        "job": job["name"],
+        "marks": tracer.marks,
+        "argmax": tracer.argmax,
+        "leaf": tracer.leaf_modules(),
+        "losses": losses,
+        "info": info,
+    }
+
+
+def embed_mark(tracer, emb, tag: str) -> None:
+    """The embedding module ``emb`` marks ``tag`` at each call (the same call: nn.Embedding's forward)."""
+    import torch
+
+    def fwd(ids, emb=emb, tag=tag):
+        out = torch.nn.Embedding.forward(emb, ids)
+        tracer.mark(tag)
+        return out
+
+    emb.forward = fwd
+
+
+def argmax_flips(tgt: dict, ref: dict) -> list[dict]:
+    """Rows (tokens of every sequence in order, or images) whose argmax differs, per step and argmax call."""
+
+    def flat(pred):
+        return [x for row in pred for x in row] if pred and isinstance(pred[0], list) else pred
+
+    flips = []
+    for a, b in zip(tgt["argmax"], ref["argmax"]):
+        for tok, (x, y) in enumerate(zip(flat(a["pred"]), flat(b["pred"]))):
+            if x != y:
+                flips.append({"step": b["step"], "record": b["record"], "token": tok, "target": x, "ref": y})
+    return flips
+
+
+def hf_module(model: str):
+    """transformers' modeling module of ``model`` (``transformers.models.<model>.modeling_<model>``)."""
+    return importlib.import_module("transformers.models.%s.modeling_%s" % (model, model))
+
+
+def mark_readers(case: str, tgt: dict, ref: dict):
+    """The readers of the marks both runs made at a faulty call: ``one(res, tag, step)`` (the record of the step's
+    only call), ``first(res, tag, step)`` (the first of the step's calls) and ``both(tag, step, pick=one)`` (the
+    sorted records of the target and the reference)."""
+    v2 = set2()
+
+    def one(res, tag, step):
+        names = v2._names(res, tag, step)
+        if len(names) != 1 or names[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
+        return names[0]
+
+    def first(res, tag, step):
+        names = v2._names(res, tag, step)
+        if not names or names[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
+        return names[0]
+
+    def both(tag, step, pick=one):
+        return sorted({pick(tgt, tag, step), pick(ref, tag, step)})
+
+    return one, first, both
+
+
+def optimizer_expectation(fault, what: str) -> dict:
+    """An optimizer fault's key: ``what`` in the updates after ``after_step``; no op is the culprit."""
+    step = fault["after_step"] + 1
+    return {
+        "step": step,
+        "ops": [],
+        "optimizer": True,
+        "what": "%s in the updates after step %d: parameters first differ at step %d"
+        % (what, fault["after_step"], step),
+    }
+
+
+def data_expectation(fault, ops: list, what: str) -> dict:
+    """A data fault's key: the first consumers ``ops`` of the changed batch at the fault's step; ``what`` has a %d
+    for the step."""
+    step = fault["step"]
+    return {"step": step, "ops": ops, "what": what % step}
+
+
+def weight_expectation(fault, how: str, both) -> dict:
+    """A weight fault's key: the corrupted parameter's first consumer at the fault's step."""
+    step = fault["step"]
+    return {
+        "step": step,
+        "ops": both("uses:" + fault["param"], step),
+        "what": "%s %s before step %d; the op is its first consumer" % (fault["param"], how, step),
+    }
+
+
+def warm(*models: str) -> None:
+    """The imports made once, before forking: torch, msprobe and transformers' ``models`` classes."""
+    import torch  # noqa: F401
+    import transformers
+    from msprobe.pytorch import PrecisionDebugger  # noqa: F401
+
+    for name in models:
+        getattr(transformers, name)
 
 
 def _records(path: Path, step: int) -> dict:
@@ -209,7 +490,7 @@ def main(s, argv=None) -> int:
             tgt_name = "%s_target_%s" % (case, mode)
             ref_name = "%s_%s_ref_%s" % (family, variant, mode)
             tgt, ref = results[tgt_name], results[ref_name]
-            exp = s.expectation(case, fault, tgt, ref)
+            exp = {"clean": True} if fault is None else s.expectation(case, fault, tgt, ref)
             if exp.get("ops"):  # a mark names the record msprobe was making; the key keeps those it wrote
                 written = set(_records(out / mode / tgt_name, exp["step"])) | set(
                     _records(out / mode / ref_name, exp["step"])

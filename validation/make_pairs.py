@@ -17,6 +17,7 @@ tensor mode for a subset.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -27,6 +28,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+harness = sys.modules.get("validation_harness")
+if harness is None:  # the driver's shared pieces (the near-tie search), loaded once, by path
+    _spec = importlib.util.spec_from_file_location("validation_harness", HERE / "harness.py")
+    harness = sys.modules["validation_harness"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(harness)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: nothing to download, ever
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -506,35 +512,15 @@ def craft_near_tie(model, data, device) -> tuple[dict, object]:
         zero = torch.zeros_like(routers[0].weight)
         _, (h, logits, _) = route(ref_state, None, zero)
         _, (_, dev_logits, _) = route(dev_state, device, zero)
-        srt = logits.sort(-1, descending=True)
-        gaps = srt.values[:, 1] - srt.values[:, 2]
-        # among the 8 tokens nearest a tie, the one whose 2nd-3rd gap device B's rounding moves most
-        pick = gaps.argsort()[:8].tolist()
-        moved = {
-            tok: float(dev_logits[tok, srt.indices[tok, 1]] - dev_logits[tok, srt.indices[tok, 2]]) - float(gaps[tok])
-            for tok in pick
-        }
-        t = max(pick, key=lambda tok: abs(moved[tok]))
-        e2, e3 = int(srt.indices[t, 1]), int(srt.indices[t, 2])
-        ht = h[t].float()
-        ulp = float(logits[t, e2].abs()) * 2.0**-23
-        for k in [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16]:
-            tilt = zero.clone()
-            # aim the reference's gap at minus half the device's shift: the device lands on the other side
-            tilt[e3] = (float(gaps[t]) + moved[t] / 2 + k * ulp) * ht / float(ht @ ht)
+
+        def trial(t, tilt):
             ref_idx, (_, ref_logits, _) = route(ref_state, None, tilt)
             dev_idx, _ = route(dev_state, device, tilt)
-            if differ(ref_idx, dev_idx) == [(0, t)]:
-                info = {
-                    "step": FLIP_STEP,
-                    "token": t,
-                    "experts": [e2, e3],
-                    "ref_logit_gap": float(ref_logits[t, e2] - ref_logits[t, e3]),
-                    "device_gap_shift": moved[t],
-                    "tilt_ulps": k,
-                    "tilt_norm": float(tilt.norm()),
-                }
-                return info, tilt
+            return differ(ref_idx, dev_idx) == [(0, t)], ref_logits
+
+        found = harness.search_tilt(h, logits, dev_logits, zero, 1, 1, harness.ULPS[:17], trial, FLIP_STEP, "experts")
+        if found is not None:
+            return found
         raise RuntimeError("no tilt of the router flips exactly one token on device B")
     finally:
         for hd in handles:
@@ -565,12 +551,7 @@ def run_one(job: dict) -> dict:
 
     family, variant, fault, role, mode = job["family"], job["variant"], job["fault"], job["role"], job["mode"]
     target = role == "target"
-    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
-    scratch.mkdir(parents=True, exist_ok=True)
-    os.chdir(scratch)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
+    out_dir, scratch = harness.start_child(job)
 
     tracer = Tracer()
     model = build_model(family)
@@ -620,13 +601,7 @@ def run_one(job: dict) -> dict:
         if kind == "lr" and step == fault["after_step"]:
             for group in opt.param_groups:
                 group["lr"] = LR * fault["factor"]
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-            info.setdefault("loss_scale", []).append(scaler.get_scale())
-        else:
-            opt.step()
-        opt.zero_grad()
+        harness.optimizer_step(opt, scaler, info)
         debugger.step()
     dist.destroy_process_group()
     return {

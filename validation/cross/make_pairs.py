@@ -38,23 +38,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+harness = sys.modules.get("validation_harness")
+if harness is None:  # the sets' shared driver, whose loader loads the rest: once, by path
+    _spec = importlib.util.spec_from_file_location("validation_harness", V / "harness.py")
+    harness = sys.modules["validation_harness"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(harness)
+_load = harness._load
 
 
 # the three sets' harnesses and devices, each under its own name; every device module captures the stock torch
 # functions when it is imported, so all of them are imported before msprobe is
-SET3 = _load("validation_v3_make_pairs", V / "v3" / "make_pairs.py")  # loads set 2's harness and devices too
+SET3 = _load("validation_v3_make_pairs", V / "v3" / "make_pairs.py")  # loads set 2's harness too
+DEV2 = _load("validation_v2_devices", V / "v2" / "devices.py")
 SET2 = SET3.v2
 SET1 = _load("validation_v1_make_pairs", V / "make_pairs.py")
 DEV3 = SET3.devices3
-DEV2 = sys.modules["validation_v2_devices"]
 DEV1 = _load("validation_v1_devices", V / "devices.py")
 SETS = {1: (SET1, DEV1), 2: (SET2, DEV2), 3: (SET3, DEV3)}
 DEVICE_SET = {k: s for s, (_, dev) in SETS.items() for k in dev.DEVICES if k != "M"}

@@ -31,12 +31,22 @@ change more than rounding). ``python validation/v2/devices.py`` prints the measu
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
-import threading
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+common = sys.modules.get("validation_common_devices")
+if common is None:  # the guard, the gradient plumbing, installing, the tables: loaded once, by path
+    _spec = importlib.util.spec_from_file_location(
+        "validation_common_devices", Path(__file__).parents[1] / "common_devices.py"
+    )
+    common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(common)
+rel_l2 = common.rel_l2
 
 # the stock functions, captured before anyone (this module or msprobe) replaces them
 _STOCK = {
@@ -59,7 +69,7 @@ _TARGETS = {
 }
 # the largest relative L2 difference from the stock kernel a replacement may make: a few units of the rounding of
 # the precision it computes at ("bf16x3": an fp32 matmul at about 16 mantissa bits)
-GUARD = {torch.float32: 2e-5, "bf16x3": 2e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+GUARD = {**common.GUARD, "bf16x3": 2e-4}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -187,12 +197,7 @@ def welford_layer_norm(x32, normalized_shape, weight, bias, eps, chunk: int = 16
         m2 = m2 + m2b + delta * delta * (n * nb / tot)
         n = tot
     var = m2 / n
-    y = ((x - mean) * torch.rsqrt(var + eps)).unflatten(-1, tuple(normalized_shape))
-    if weight is not None:
-        y = y * weight.float()
-    if bias is not None:
-        y = y + bias.float()
-    return y
+    return common.normalized(x - mean, var, eps, normalized_shape, weight, bias)
 
 
 def unsafe_softmax(x32: torch.Tensor, dim: int) -> torch.Tensor:
@@ -237,81 +242,22 @@ def cross_entropy_blocked(logits32, target, ignore_index=-100, reduction="mean",
 # ---------------------------------------------------------------------------------------------------------------
 # guard and gradient plumbing
 # ---------------------------------------------------------------------------------------------------------------
-def rel_l2(got: torch.Tensor, stock: torch.Tensor) -> float:
-    with torch.no_grad():
-        a, b = got.detach().double(), stock.detach().double()
-        finite = torch.isfinite(b)
-        ref = b[finite].norm().item()
-        return (a[finite] - b[finite]).norm().item() / max(ref, 1e-30)
-
-
 def _guard(name: str, got: torch.Tensor, stock: torch.Tensor, precision=None) -> torch.Tensor:
-    if got.dtype != stock.dtype or got.shape != stock.shape:
-        raise AssertionError("device %s: %s %s vs stock %s %s" % (name, got.dtype, got.shape, stock.dtype, stock.shape))
-    if not torch.equal(torch.isfinite(got), torch.isfinite(stock)):
-        raise AssertionError("device %s: finiteness differs from the stock kernel" % name)
-    err = rel_l2(got, stock)
-    if err > GUARD.get(precision or stock.dtype, 2e-2):
-        raise AssertionError("device %s: rel_l2 %.3g from the stock kernel" % (name, err))
-    return got
+    return common.guard(name, got, stock, precision, GUARD)
 
 
 def _replace(name: str, out: torch.Tensor, noisy: torch.Tensor, precision=None) -> None:
-    _guard(name, noisy, out, precision)
-    out.data.copy_(noisy)
-
-
-def _alias(t):
-    """A view of a tensor that needs a gradient, to hang a gradient hook on; other values as they are."""
-    if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
-        return t.view_as(t)
-    return t
-
-
-def _quiet(fn):
-    """Run a backward hook with msprobe's recording off (its torch calls are the device's, not the model's)."""
-
-    def run(*args):
-        try:
-            from msprobe.core.dump.hook_manager import BaseHookManager
-        except ImportError:  # pragma: no cover - msprobe absent: nothing records
-            with torch.no_grad():
-                return fn(*args)
-        tid = threading.get_ident()
-        old = BaseHookManager.inner_switch[tid]
-        BaseHookManager.inner_switch[tid] = True
-        try:
-            with torch.no_grad():
-                return fn(*args)
-        finally:
-            BaseHookManager.inner_switch[tid] = old
-
-    return run
-
-
-class _GradOut:
-    """Keeps the gradient arriving at an output (a tensor hook that changes nothing)."""
-
-    def __init__(self, out: torch.Tensor):
-        self.g = None
-        out.register_hook(_quiet(self._keep))
-
-    def _keep(self, g):
-        self.g = g.detach()
-
-
-def _autocast_dtype():
-    if torch.is_autocast_enabled("cpu"):
-        return torch.get_autocast_dtype("cpu")
-    return None
+    common.replace(name, out, noisy, precision, GUARD)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # devices
 # ---------------------------------------------------------------------------------------------------------------
-class Device:
+class Device(common.Installed):
     """One simulated device: its matmul (``rna``, ``wide``, ``bf16x3``, ``fp16_chunk``), whether a bias is added
     by a separate kernel, its activation tables, LayerNorm, softmax and loss."""
+
+    TARGETS = _TARGETS
 
     def __init__(self, name, text, matmul, unfused_bias=False, lut=(), welford=False, softmax=True, loss=True):
         self.name, self.text = name, text
@@ -341,8 +287,8 @@ class Device:
 
     # -- replacements ---------------------------------------------------------------------------------------------
     def linear(self, input, weight, bias=None):
-        cast = _autocast_dtype()
-        x_in, w_in = _alias(input), _alias(weight)
+        cast = common.autocast_dtype()
+        x_in, w_in = common.alias(input), common.alias(weight)
         out = _STOCK["linear"](x_in, w_in, bias)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             x, w = input.detach(), weight.detach()
@@ -357,10 +303,10 @@ class Device:
                 y = y + b.float()
             _replace("linear", out, self._round(y, out.dtype), self._precision(out.dtype))
         if out.requires_grad:
-            grad = _GradOut(out)
+            grad = common.GradOut(out)
             cdt = cast or out.dtype
             if x_in is not input:
-                x_in.register_hook(_quiet(lambda gx: self._grad("linear dx", self._product(grad.g, w), gx, cdt)))
+                x_in.register_hook(common.quiet(lambda gx: self._grad("linear dx", self._product(grad.g, w), gx, cdt)))
             if w_in is not weight:
                 n, k = w.shape
 
@@ -368,14 +314,14 @@ class Device:
                     g2, x2 = grad.g.reshape(-1, n), x.reshape(-1, k)
                     return self._grad("linear dw", self._product(g2.t(), x2), gw, cdt)
 
-                w_in.register_hook(_quiet(dw))
+                w_in.register_hook(common.quiet(dw))
         return out
 
     def matmul(self, input, other, *, out=None):
         if out is not None or input.dim() < 2 or other.dim() < 2:
             return _STOCK["matmul"](input, other, out=out)
-        cast = _autocast_dtype()
-        a_in, b_in = _alias(input), _alias(other)
+        cast = common.autocast_dtype()
+        a_in, b_in = common.alias(input), common.alias(other)
         res = _STOCK["matmul"](a_in, b_in)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             a, b = input.detach(), other.detach()
@@ -383,15 +329,19 @@ class Device:
                 a, b = a.to(cast), b.to(cast)
             _replace("matmul", res, self._round(self._product(a, b), res.dtype), self._precision(res.dtype))
         if res.requires_grad and a.shape[:-2] == b.shape[:-2]:
-            grad = _GradOut(res)
+            grad = common.GradOut(res)
             cdt = cast or res.dtype
             if a_in is not input:
                 a_in.register_hook(
-                    _quiet(lambda ga: self._grad("matmul da", self._product(grad.g, b.transpose(-1, -2)), ga, cdt))
+                    common.quiet(
+                        lambda ga: self._grad("matmul da", self._product(grad.g, b.transpose(-1, -2)), ga, cdt)
+                    )
                 )
             if b_in is not other:
                 b_in.register_hook(
-                    _quiet(lambda gb: self._grad("matmul db", self._product(a.transpose(-1, -2), grad.g), gb, cdt))
+                    common.quiet(
+                        lambda gb: self._grad("matmul db", self._product(a.transpose(-1, -2), grad.g), gb, cdt)
+                    )
                 )
         return res
 
@@ -454,18 +404,6 @@ class Device:
         if self.loss:
             out["cross_entropy"] = self.cross_entropy_fn
         return out
-
-    def install(self) -> None:
-        for key, fn in self.replacements().items():
-            mod, attr = _TARGETS[key]
-            self._saved[key] = getattr(mod, attr)
-            setattr(mod, attr, fn)
-
-    def uninstall(self) -> None:
-        for key, fn in self._saved.items():
-            mod, attr = _TARGETS[key]
-            setattr(mod, attr, fn)
-        self._saved.clear()
 
 
 DEVICES = {
@@ -563,15 +501,8 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
                 with torch.autocast("cpu", dtype=ac or torch.bfloat16, enabled=ac is not None):
                     stock = _call(_STOCK[key], key, args)
                     got = _call(fn, key, args)
-            row = {
-                "device": dev.name,
-                "op": key,
-                "dtype": str(stock.dtype).replace("torch.", "") + (" (autocast)" if ac and key in MM else ""),
-                "stock_vs_f64": rel_l2(stock, exact),
-                "device_vs_f64": rel_l2(got, exact),
-                "device_vs_stock": rel_l2(got, stock),
-                "elements_differing": (got.double() != stock.double()).float().mean().item(),
-            }
+            dtype_text = str(stock.dtype).replace("torch.", "") + (" (autocast)" if ac and key in MM else "")
+            row = common.magnitudes(dev.name, key, dtype_text, exact, stock, got)
             if key in ("linear", "matmul"):
                 grads = []
                 r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
@@ -586,24 +517,8 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
     return rows
 
 
-COLS = [
-    "device",
-    "op",
-    "dtype",
-    "stock_vs_f64",
-    "device_vs_f64",
-    "device_vs_stock",
-    "elements_differing",
-    "grad_device_vs_stock",
-]
-
-
-def _fmt(v) -> str:
-    return "%.2g" % v if isinstance(v, float) else str(v)
+COLS = common.COLS[:-1]
 
 
 if __name__ == "__main__":
-    print("| " + " | ".join(COLS) + " |")
-    print("|" + "---|" * len(COLS))
-    for r in measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0):
-        print("| " + " | ".join(_fmt(r.get(c, "")) for c in COLS) + " |")
+    common.print_table(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0), COLS)

@@ -23,6 +23,7 @@ crafting) follows set 1's and is copied, not imported, so that changes to set 1 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import multiprocessing as mp
@@ -34,6 +35,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+harness = sys.modules.get("validation_harness")
+if harness is None:  # the driver's shared pieces (the near-tie search), loaded once, by path
+    _spec = importlib.util.spec_from_file_location("validation_harness", HERE.parent / "harness.py")
+    harness = sys.modules["validation_harness"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(harness)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: nothing to download, ever
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -578,36 +584,15 @@ def craft_near_tie(model, data, device) -> tuple[dict, object]:
         zero = torch.zeros_like(routers[0].weight)
         _, (h, logits, _) = route(ref_state, None, zero)
         _, (_, dev_logits, _) = route(dev_state, device, zero)
-        srt = logits.sort(-1, descending=True)
-        gaps = srt.values[:, 1] - srt.values[:, 2]
-        # among the 8 tokens nearest a tie, the one whose 2nd-3rd gap the device's rounding moves most
-        pick = gaps.argsort()[:8].tolist()
-        moved = {
-            tok: float(dev_logits[tok, srt.indices[tok, 1]] - dev_logits[tok, srt.indices[tok, 2]]) - float(gaps[tok])
-            for tok in pick
-        }
-        order = sorted(pick, key=lambda tok: -abs(moved[tok]))
-        for t in order[:3]:
-            e2, e3 = int(srt.indices[t, 1]), int(srt.indices[t, 2])
-            ht = h[t].float()
-            ulp = float(logits[t, e2].abs()) * 2.0**-23
-            for k in [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16, 24, -24, 32, -32]:
-                tilt = zero.clone()
-                # aim the reference's gap at minus half the device's shift: the device lands on the other side
-                tilt[e3] = (float(gaps[t]) + moved[t] / 2 + k * ulp) * ht / float(ht @ ht)
-                ref_idx, (_, ref_logits, _) = route(ref_state, None, tilt)
-                dev_idx, _ = route(dev_state, device, tilt)
-                if differ(ref_idx, dev_idx) == [(0, t)]:
-                    info = {
-                        "step": FLIP_STEP,
-                        "token": t,
-                        "experts": [e2, e3],
-                        "ref_logit_gap": float(ref_logits[t, e2] - ref_logits[t, e3]),
-                        "device_gap_shift": moved[t],
-                        "tilt_ulps": k,
-                        "tilt_norm": float(tilt.norm()),
-                    }
-                    return info, tilt
+
+        def trial(t, tilt):
+            ref_idx, (_, ref_logits, _) = route(ref_state, None, tilt)
+            dev_idx, _ = route(dev_state, device, tilt)
+            return differ(ref_idx, dev_idx) == [(0, t)], ref_logits
+
+        found = harness.search_tilt(h, logits, dev_logits, zero, 1, 3, harness.ULPS, trial, FLIP_STEP, "experts")
+        if found is not None:
+            return found
         raise RuntimeError("no tilt of the router flips exactly one token on the device")
     finally:
         for hd in handles:
@@ -641,12 +626,7 @@ def run_one(job: dict) -> dict:
 
     family, variant, fault, role, mode = job["family"], job["variant"], job["fault"], job["role"], job["mode"]
     target = role == "target"
-    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
-    scratch.mkdir(parents=True, exist_ok=True)
-    os.chdir(scratch)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
+    out_dir, scratch = harness.start_child(job)
 
     tracer = Tracer()
     model = build_model(family)
@@ -697,13 +677,7 @@ def run_one(job: dict) -> dict:
                     group["betas"] = tuple(fault["betas"])
                 else:
                     group["weight_decay"] = fault["wd"]
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-            info.setdefault("loss_scale", []).append(scaler.get_scale())
-        else:
-            opt.step()
-        opt.zero_grad()
+        harness.optimizer_step(opt, scaler, info)
         debugger.step()
     dist.destroy_process_group()
     return {

@@ -18,12 +18,8 @@ none of these mechanisms is used there. Each changes values at the rounding leve
 * ``ftz``: fp16 subnormals (|x| < 2^-14) flushed to zero in the inputs and outputs of linear/matmul, forward and
   gradients (a unit with denormals off).
 
-Installed as in sets 1 and 2 (the harness pieces come from ``validation/v2/devices.py``): a replacement of a torch
-API function put on the ``torch`` modules before msprobe wraps the API, so msprobe records it under the stock name;
-it runs the stock kernel first (the output keeps the stock autograd node) and overwrites the values; gradients go
-through tensor hooks on aliases of the inputs. A guard raises when a replacement differs from the stock kernel by
-more than a few roundings of the dtype. ``python validation/v3/devices.py`` prints the measured magnitudes
-(docs/validation.md, "Validation set 3").
+Installed as in sets 1 and 2 (``validation/common_devices.py``: the guard, the gradient plumbing and installing).
+``python validation/v3/devices.py`` prints the measured magnitudes (docs/validation.md, "Validation set 3").
 """
 
 from __future__ import annotations
@@ -39,18 +35,12 @@ import torch.nn.functional as F
 _HERE = Path(__file__).resolve().parent
 
 
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-v2 = _load("validation_v2_devices", _HERE.parent / "v2" / "devices.py")
-rel_l2, _alias, _quiet, _GradOut, _autocast_dtype = v2.rel_l2, v2._alias, v2._quiet, v2._GradOut, v2._autocast_dtype
+common = sys.modules.get("validation_common_devices")
+if common is None:  # the guard, the gradient plumbing, installing, the tables: loaded once, by path
+    _spec = importlib.util.spec_from_file_location("validation_common_devices", _HERE.parent / "common_devices.py")
+    common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(common)
+rel_l2 = common.rel_l2
 
 # the stock functions, captured before anyone (this module or msprobe) replaces them
 _STOCK = {
@@ -71,24 +61,7 @@ _TARGETS = {
     "embedding": (F, "embedding"),
     "baddbmm": (torch.Tensor, "baddbmm"),
 }
-# the largest relative L2 difference from the stock kernel a replacement may make: a few roundings of the dtype
-GUARD = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
-
-
-def _guard(name: str, got: torch.Tensor, stock: torch.Tensor, precision=None) -> torch.Tensor:
-    if got.dtype != stock.dtype or got.shape != stock.shape:
-        raise AssertionError("device %s: %s %s vs stock %s %s" % (name, got.dtype, got.shape, stock.dtype, stock.shape))
-    if not torch.equal(torch.isfinite(got), torch.isfinite(stock)):
-        raise AssertionError("device %s: finiteness differs from the stock kernel" % name)
-    err = rel_l2(got, stock)
-    if err > GUARD.get(precision or stock.dtype, 2e-2):
-        raise AssertionError("device %s: rel_l2 %.3g from the stock kernel" % (name, err))
-    return got
-
-
-def _replace(name: str, out: torch.Tensor, noisy: torch.Tensor) -> None:
-    _guard(name, noisy, out)
-    out.data.copy_(noisy)
+GUARD, _guard, _replace = common.GUARD, common.guard, common.replace
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -176,12 +149,7 @@ def kahan_layer_norm(x, normalized_shape, weight, bias, eps):
     mean = (kahan_sum(x) / n).unsqueeze(-1)
     d = x - mean
     var = (kahan_sum(d * d) / n).unsqueeze(-1)
-    y = (d * torch.rsqrt(var + eps)).unflatten(-1, tuple(normalized_shape))
-    if weight is not None:
-        y = y * weight.float()
-    if bias is not None:
-        y = y + bias.float()
-    return y
+    return common.normalized(d, var, eps, normalized_shape, weight, bias)
 
 
 FP16_TINY = 2.0**-14  # the smallest normal fp16
@@ -225,9 +193,11 @@ def allreduce_grad(g: torch.Tensor, x: torch.Tensor, ranks: int, dtype: torch.dt
 # ---------------------------------------------------------------------------------------------------------------
 # devices
 # ---------------------------------------------------------------------------------------------------------------
-class Device:
+class Device(common.Installed):
     """One simulated device: its matmul (``nofma``, ``ftz`` or stock), whether softmax and tanh use the polynomial
     exp, LayerNorm with Kahan sums, and the embedding gradient's order (``reverse``, ``random`` or stock)."""
+
+    TARGETS = _TARGETS
 
     def __init__(self, name, text, matmul=None, poly=False, kahan=False, scatter=None, fold=False, ranks=1):
         self.name, self.text, self.fold, self.ranks = name, text, fold, ranks
@@ -249,8 +219,8 @@ class Device:
         return _guard(name, self._out(got.to(cdt), stock.dtype), stock, cdt)
 
     def linear(self, input, weight, bias=None):
-        cast = _autocast_dtype()
-        x_in, w_in = _alias(input), _alias(weight)
+        cast = common.autocast_dtype()
+        x_in, w_in = common.alias(input), common.alias(weight)
         out = _STOCK["linear"](x_in, w_in, bias)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             x, w = input.detach(), weight.detach()
@@ -266,10 +236,10 @@ class Device:
             if self.mm:
                 _replace("linear", out, self._out(y, out.dtype))
         if out.requires_grad:
-            grad = _GradOut(out)
+            grad = common.GradOut(out)
             cdt = cast or out.dtype
             if x_in is not input and self.mm:
-                x_in.register_hook(_quiet(lambda gx: self._grad("linear dx", self._product(grad.g, w), gx, cdt)))
+                x_in.register_hook(common.quiet(lambda gx: self._grad("linear dx", self._product(grad.g, w), gx, cdt)))
             if w_in is not weight:
                 n, k = w.shape
 
@@ -279,14 +249,14 @@ class Device:
                         return _guard("linear dw", allreduce_grad(g2, x2, self.ranks, cdt).to(gw.dtype), gw, cdt)
                     return self._grad("linear dw", self._product(g2.t(), x2), gw, cdt)
 
-                w_in.register_hook(_quiet(dw))
+                w_in.register_hook(common.quiet(dw))
         return out
 
     def matmul(self, input, other, *, out=None):
         if out is not None or input.dim() < 2 or other.dim() < 2:
             return _STOCK["matmul"](input, other, out=out)
-        cast = _autocast_dtype()
-        a_in, b_in = _alias(input), _alias(other)
+        cast = common.autocast_dtype()
+        a_in, b_in = common.alias(input), common.alias(other)
         res = _STOCK["matmul"](a_in, b_in)
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             a, b = input.detach(), other.detach()
@@ -294,15 +264,19 @@ class Device:
                 a, b = a.to(cast), b.to(cast)
             _replace("matmul", res, self._out(self._product(a, b), res.dtype))
         if res.requires_grad and a.shape[:-2] == b.shape[:-2]:
-            grad = _GradOut(res)
+            grad = common.GradOut(res)
             cdt = cast or res.dtype
             if a_in is not input:
                 a_in.register_hook(
-                    _quiet(lambda ga: self._grad("matmul da", self._product(grad.g, b.transpose(-1, -2)), ga, cdt))
+                    common.quiet(
+                        lambda ga: self._grad("matmul da", self._product(grad.g, b.transpose(-1, -2)), ga, cdt)
+                    )
                 )
             if b_in is not other:
                 b_in.register_hook(
-                    _quiet(lambda gb: self._grad("matmul db", self._product(a.transpose(-1, -2), grad.g), gb, cdt))
+                    common.quiet(
+                        lambda gb: self._grad("matmul db", self._product(a.transpose(-1, -2), grad.g), gb, cdt)
+                    )
                 )
         return res
 
@@ -336,10 +310,10 @@ class Device:
     def embedding_fn(self, input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
                      sparse=False):  # fmt: skip
         plain = padding_idx is None and max_norm is None and not scale_grad_by_freq and not sparse
-        w_in = _alias(weight) if plain else weight
+        w_in = common.alias(weight) if plain else weight
         out = _STOCK["embedding"](input, w_in, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
         if w_in is not weight and out.requires_grad:
-            grad = _GradOut(out)
+            grad = common.GradOut(out)
             ids = input.detach().clone()
             self._calls += 1
             seed = self._calls
@@ -348,7 +322,7 @@ class Device:
                 got = scatter_rows(grad.g, ids, gw.shape[0], self.scatter, seed)
                 return _guard("embedding dw", got.to(gw.dtype), gw)
 
-            w_in.register_hook(_quiet(dw))
+            w_in.register_hook(common.quiet(dw))
         return out
 
     def baddbmm_fn(self, input, batch1, batch2, *, beta=1, alpha=1):
@@ -378,16 +352,7 @@ class Device:
 
     def install(self) -> None:
         self._calls = 0
-        for key, fn in self.replacements().items():
-            mod, attr = _TARGETS[key]
-            self._saved[key] = getattr(mod, attr)
-            setattr(mod, attr, fn)
-
-    def uninstall(self) -> None:
-        for key, fn in self._saved.items():
-            mod, attr = _TARGETS[key]
-            setattr(mod, attr, fn)
-        self._saved.clear()
+        super().install()
 
 
 DEVICES = {
@@ -516,15 +481,8 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
                 with torch.autocast("cpu", dtype=ac or torch.bfloat16, enabled=ac is not None):
                     stock = _call(_STOCK[key], key, args)
                     got = _call(fn, key, args)
-            row = {
-                "device": dev.name,
-                "op": key,
-                "dtype": str(stock.dtype).replace("torch.", "") + (" (autocast)" if ac and key in MM else ""),
-                "stock_vs_f64": rel_l2(stock, exact),
-                "device_vs_f64": rel_l2(got, exact),
-                "device_vs_stock": rel_l2(got, stock),
-                "elements_differing": (got.double() != stock.double()).float().mean().item(),
-            }
+            dtype_text = str(stock.dtype).replace("torch.", "") + (" (autocast)" if ac and key in MM else "")
+            row = common.magnitudes(dev.name, key, dtype_text, exact, stock, got)
             if key in ("linear", "matmul", "embedding"):
                 r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
                 which = 1 if key == "embedding" else 0  # the weight's gradient for embedding, else the input's
@@ -537,21 +495,8 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
     return rows
 
 
-COLS = [
-    "device",
-    "op",
-    "dtype",
-    "stock_vs_f64",
-    "device_vs_f64",
-    "device_vs_stock",
-    "elements_differing",
-    "grad_device_vs_stock",
-    "wgrad_device_vs_stock",
-]
+COLS = common.COLS
 
 
 if __name__ == "__main__":
-    print("| " + " | ".join(COLS) + " |")
-    print("|" + "---|" * len(COLS))
-    for r in measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0):
-        print("| " + " | ".join(v2._fmt(r.get(c, "")) for c in COLS) + " |")
+    common.print_table(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0), COLS)

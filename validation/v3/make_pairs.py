@@ -13,9 +13,10 @@ the faulty call runs, never from dumpstore.
 
 The run harness (the tracer of msprobe's record names, the forked runs, msprobe's config, the structure check) is
 imported from ``validation/v2/make_pairs.py``, the driver (arguments, checks that every fault changes its run, the
-key) from ``validation/harness.py``; what is here is the families, the training loops and the faults. Runs: 3
-training steps; forward and backward (both micro-batches where there are two) inside msprobe's window, clipping and
-the optimizer step outside it; msprobe level "mix"; statistics mode for every case and tensor mode for a subset.
+key, the training loop, the run) from ``validation/harness.py``; what is here is the families, their optimizers and
+setups, the faults and the expected culprits. Runs: 3 training steps; forward and backward (both micro-batches where
+there are two) inside msprobe's window, clipping and the optimizer step outside it; msprobe level "mix"; statistics
+mode for every case and tensor mode for a subset.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: n
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-# this set's devices, under their own name (validation/v3 is not put on sys.path); they load set 2's harness
-_spec = importlib.util.spec_from_file_location("validation_v3_devices", HERE / "devices.py")
-devices3 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(devices3)
-v2 = devices3._load("validation_v2_make_pairs", HERE.parent / "v2" / "make_pairs.py")
-harness = devices3._load("validation_harness", HERE.parent / "harness.py")  # the driver: runs, checks, key
+harness = sys.modules.get("validation_harness")
+if harness is None:  # the driver (arguments, runs, checks, key), loaded once, by path
+    _spec = importlib.util.spec_from_file_location("validation_harness", HERE.parent / "harness.py")
+    harness = sys.modules["validation_harness"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(harness)
+devices3 = harness._load("validation_v3_devices", HERE / "devices.py")  # this set's devices, under their own name
+v2 = harness.set2()  # set 2's run harness
 
 STEPS = v2.STEPS  # 3
 BATCH, SEQ, VOCAB = 2, 16, 96
@@ -254,19 +256,11 @@ def batches(family: str, fault) -> list[list[dict]]:
 
 
 def _hf(family: str):
-    if family == "falcon":
-        from transformers.models.falcon import modeling_falcon as hf
-    elif family == "bloom":
-        from transformers.models.bloom import modeling_bloom as hf
-    elif family == "bert":
-        from transformers.models.bert import modeling_bert as hf
-    else:
-        from transformers.models.phi import modeling_phi as hf
-    return hf
+    return harness.hf_module(family)  # the families are named as transformers' models
 
 
 def family_faults(family: str) -> list[dict]:
-    return [fault for fam, _, fault, _ in CASES.values() if fam == family and fault]
+    return harness.family_faults(sys.modules[__name__], family)
 
 
 def _layers(family: str, model):
@@ -290,12 +284,7 @@ def patch(family: str, model, tracer: Tracer, active) -> None:
     layers = _layers(family, model)
 
     def embed_mark(emb, tag):
-        def fwd(ids, emb=emb, tag=tag):
-            out = torch.nn.Embedding.forward(emb, ids)
-            tracer.mark(tag)
-            return out
-
-        emb.forward = fwd
+        harness.embed_mark(tracer, emb, tag)
 
     if family == "falcon":
         embed_mark(model.transformer.word_embeddings, "embedding")
@@ -418,25 +407,15 @@ def patch(family: str, model, tracer: Tracer, active) -> None:
 
         head.forward = head_fwd
 
-    for fault in family_faults(family):
-        if fault["kind"] == "weight":
-            params = dict(model.named_parameters())
-            tracer.watch[id(params[fault["param"]])] = (fault["param"], fault["step"])
+    harness.watch_weights(sys.modules[__name__], family, model, tracer)
+
+
+def _col5scale(p) -> None:
+    p[:, 5] *= 1.25
 
 
 def corrupt(model, fault) -> None:
-    import torch
-
-    p = dict(model.named_parameters())[fault["param"]]
-    with torch.no_grad():
-        if fault["how"] == "sign2pct":
-            g = torch.Generator().manual_seed(7)
-            sel = torch.rand(p.shape, generator=g) < 0.02
-            p[sel] = -p[sel]
-        elif fault["how"] == "col5scale":
-            p[:, 5] *= 1.25
-        else:
-            raise ValueError(fault["how"])
+    harness.corrupt(model, fault, {"col5scale": _col5scale})
 
 
 FLIP_STEP = STEPS - 1  # the crafted tie is at the last step
@@ -458,72 +437,20 @@ def make_optimizer(family: str, model):
 AUTOCAST = {"bert": "bfloat16", "phi": "float16"}
 
 
-def forward_loss(family: str, model, batch: dict):
+def forward_loss(family: str, model, batch: dict, fault=None, tracer=None):
     """The model's loss (BERT: the masked-LM loss; the others: causal LM) and logits."""
     out = model(**batch)
     return out.loss, out.logits
 
 
-def train(family: str, model, data, fault, device=None, hooks=None, on_step=None, steps=STEPS, debugger=None,
-          tracer=None, info=None):  # fmt: skip
-    """The training loop of every run (and of the near-tie crafting, without msprobe): forward and backward of
-    every micro-batch inside msprobe's window, clipping and the optimizer step outside it; the optimizer fault
-    changes its setting in the update after ``after_step``. Returns the losses."""
-    import torch
+OPTIMIZER_KINDS = ("momentum", "clip", "lr")
+ARGMAX_FAMILY = "falcon"  # the batch's accuracy, an argmax over the logits inside the window
 
-    opt = make_optimizer(family, model)
-    kind = fault["kind"] if fault else None
-    autocast = getattr(torch, AUTOCAST[family]) if family in AUTOCAST else None
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if autocast == torch.float16 else None
-    n_micro = MICRO.get(family, 1)
-    losses = []
-    info = info if info is not None else {}
-    for step in range(steps):
-        if tracer is not None:
-            tracer.step = step
-        if on_step is not None:
-            on_step(step)
-        if debugger is not None:
-            debugger.start(model)
-        for batch in data[step]:
-            with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-                loss, logits = forward_loss(family, model, batch)
-                if family == "falcon":  # the batch's accuracy, a discrete output inside the window
-                    pred = torch.argmax(logits, dim=-1)
-                    if tracer is not None:
-                        tracer.argmax.append(
-                            {"step": step, "record": tracer.current(), "pred": pred.tolist()}
-                        )  # fmt: skip
-                    info.setdefault("accuracy", []).append(float((pred == batch["labels"]).float().mean()))
-                if hooks is not None:
-                    hooks(step, logits)
-            loss = loss / n_micro
-            (scaler.scale(loss) if scaler else loss).backward()
-            losses.append(float(loss.detach()))
-        if debugger is not None:
-            debugger.stop()
-        if scaler:
-            scaler.unscale_(opt)
-        clip = CLIP
-        if kind == "clip" and step >= fault["after_step"]:
-            clip = fault["value"]
-        info.setdefault("grad_norm", []).append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
-        if kind in ("momentum", "lr") and step == fault["after_step"]:
-            for group in opt.param_groups:
-                if kind == "momentum":
-                    group["momentum"] = fault["value"]
-                else:
-                    group["lr"] = group["lr"] * fault["value"]
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-            info.setdefault("loss_scale", []).append(scaler.get_scale())
-        else:
-            opt.step()
-        opt.zero_grad()
-        if debugger is not None:
-            debugger.step()
-    return losses
+
+def train(family: str, model, data, fault, **kw):
+    """The training loop of every run (``harness.train``): the optimizer faults are SGD's momentum, the clipping
+    norm and the learning rate."""
+    return harness.train(sys.modules[__name__], family, model, data, fault, **kw)
 
 
 def craft_near_tie(model, data, device) -> tuple[dict, object]:
@@ -539,28 +466,12 @@ def craft_near_tie(model, data, device) -> tuple[dict, object]:
     return harness.craft_near_tie(model, model.lm_head, run, device, FLIP_STEP)
 
 
-def run_one(job: dict) -> dict:
-    """One msprobe run; returns the marks and the argmax log. Runs in a fresh forked process."""
-    import torch
-    import torch.distributed as dist
-
-    family, variant, fault, role, mode = job["family"], job["variant"], job["fault"], job["role"], job["mode"]
-    target = role == "target"
-    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
-    scratch.mkdir(parents=True, exist_ok=True)
-    os.chdir(scratch)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
-
-    tracer = Tracer()
+def setup(family: str, variant: str, target: bool, active, tracer: Tracer, info: dict):
+    """A run's model, patched; a "flip" variant's tilt crafted on it; the device installed (``harness.run_one``)."""
     model = build_model(family)
-    active = fault if target else None
-    data = batches(family, active)
     device = devices3.DEVICES[FAMILIES[family]["device"]]
     if not target and variant == "noisyref":
-        device = devices3.DEVICES["M"]
-    info: dict = {}
+        device = devices3.DEVICES[NOISY_REF]
     tilt = None
     patch(family, model, tracer, active)
     if variant == "flip":
@@ -568,71 +479,32 @@ def run_one(job: dict) -> dict:
         tracer.marks.clear()  # the crafting's own calls are not the run's
     if target or variant == "noisyref":
         device.install()
-    tracer.install()
+    return model, tilt
 
-    from msprobe.pytorch import PrecisionDebugger
 
-    v2.write_config(scratch / "config.json", out_dir, mode)
-    debugger = PrecisionDebugger(config_path=str(scratch / "config.json"))
-    tracer.install_modules(model)
+def flip_head(model):
+    return model.lm_head
 
-    def on_step(step):
-        if active and active["kind"] == "weight" and active["step"] == step:
-            corrupt(model, active)
-        if tilt is not None and step == FLIP_STEP:
-            with torch.no_grad():
-                model.lm_head.weight += tilt
 
-    losses = train(family, model, data, active, on_step=on_step, debugger=debugger, tracer=tracer, info=info)
-    dist.destroy_process_group()
-    return {
-        "job": job["name"],
-        "marks": tracer.marks,
-        "argmax": tracer.argmax,
-        "leaf": tracer.leaf_modules(),
-        "losses": losses,
-        "info": info,
-    }
+def run_one(job: dict) -> dict:
+    """One msprobe run (``harness.run_one``)."""
+    return harness.run_one(sys.modules[__name__], job)
 
 
 # =================================================================================================================
 # the key
 # =================================================================================================================
 def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
-    """What the verdict should say, from the marks both runs made at the faulty call."""
-    if fault is None:
-        return {"clean": True}
+    """What the verdict should say about a fault, from the marks both runs made at the faulty call."""
     kind = fault["kind"]
-
-    def one(res, tag, step):
-        names = v2._names(res, tag, step)
-        if len(names) != 1 or names[0] is None:
-            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
-        return names[0]
-
-    def first(res, tag, step):  # the first of the step's calls (a mark made at every micro-batch)
-        names = v2._names(res, tag, step)
-        if not names or names[0] is None:
-            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
-        return names[0]
-
-    def both(tag, step, pick=one):
-        return sorted({pick(tgt, tag, step), pick(ref, tag, step)})
-
-    if kind in ("momentum", "clip", "lr"):
-        step = fault["after_step"] + 1
+    one, first, both = harness.mark_readers(case, tgt, ref)
+    if kind in OPTIMIZER_KINDS:
         what = {
             "momentum": "SGD momentum %g instead of 0.9" % fault["value"],
             "clip": "gradient clipping at max_norm %g instead of %g" % (fault["value"], CLIP),
             "lr": "the learning rate x%g (bf16 run)" % fault["value"],
         }[kind]
-        return {
-            "step": step,
-            "ops": [],
-            "optimizer": True,
-            "what": "%s in the updates after step %d: parameters first differ at step %d"
-            % (what, fault["after_step"], step),
-        }
+        return harness.optimizer_expectation(fault, what)
     if kind == "softcap":
         return {
             "step": 0,
@@ -678,72 +550,40 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
             "that uses the constant (the last layer's GELU: backward runs from the top) is the culprit",
         }
     if kind == "weight":
-        tag = "uses:" + fault["param"]
-        step = fault["step"]
-        return {
-            "step": step,
-            "ops": both(tag, step),
-            "what": "%s %s before step %d; the op is its first consumer" % (fault["param"], HOW[fault["how"]], step),
-        }
+        return harness.weight_expectation(fault, HOW[fault["how"]], both)
     if kind == "ids":
-        step = fault["step"]
-        return {
-            "step": step,
-            "ops": both("embedding", step),
-            "what": "one token id differs (+1) in the batch of step %d; the embedding is its first consumer" % step,
-        }
+        return harness.data_expectation(
+            fault,
+            both("embedding", fault["step"]),
+            "one token id differs (+1) in the batch of step %d; the embedding is its first consumer",
+        )
     if kind == "token_type":
-        step = fault["step"]
-        return {
-            "step": step,
-            "ops": both("token_type_embedding", step),
-            "what": "the segment boundary of one sequence 2 tokens early (token types) in the batch of step %d; the "
-            "token-type embedding is its first consumer" % step,
-        }
+        return harness.data_expectation(
+            fault,
+            both("token_type_embedding", fault["step"]),
+            "the segment boundary of one sequence 2 tokens early (token types) in the batch of step %d; the "
+            "token-type embedding is its first consumer",
+        )
     if kind == "labels":
-        step = fault["step"]
-        return {
-            "step": step,
-            "ops": both("cross_entropy", step),
-            "what": "two masked-LM labels differ in the batch of step %d; the cross-entropy is their first "
-            "consumer" % step,
-        }
+        return harness.data_expectation(
+            fault,
+            both("cross_entropy", fault["step"]),
+            "two masked-LM labels differ in the batch of step %d; the cross-entropy is their first consumer",
+        )
     raise ValueError(kind)
 
 
-def argmax_flips(tgt: dict, ref: dict) -> list[dict]:
-    """Tokens whose argmax differs, per step and argmax call."""
-    flips = []
-    for a, b in zip(tgt["argmax"], ref["argmax"]):
-        fa = [x for row in a["pred"] for x in row]
-        fb = [x for row in b["pred"] for x in row]
-        for tok, (x, y) in enumerate(zip(fa, fb)):
-            if x != y:
-                flips.append({"step": b["step"], "record": b["record"], "token": tok, "target": x, "ref": y})
-    return flips
+argmax_flips = harness.argmax_flips
 
 
-_records, _strip, _sides, check_changes = harness._records, harness._strip, harness._sides, harness.check_changes
 SET = 3
 NOISY_REF = "M"
 DEVICES = devices3.DEVICES
 
 
-def describe(out: Path) -> None:
-    harness.describe(out, STEPS)
-
-
 def warm() -> None:
     """The imports made once, before forking."""
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-    from msprobe.pytorch import PrecisionDebugger  # noqa: F401
-    from transformers import (  # noqa: F401
-        BertForMaskedLM,
-        BloomForCausalLM,
-        FalconForCausalLM,
-        PhiForCausalLM,
-    )
+    harness.warm("BertForMaskedLM", "BloomForCausalLM", "FalconForCausalLM", "PhiForCausalLM")
 
 
 def main(argv=None) -> int:

@@ -20,12 +20,8 @@ Independent of the development set and of sets 1 to 3 (``validation/devices.py``
 * ``rcp``: SiLU as x * r(1 + exp(-x)) where r is a hardware reciprocal: a 12-bit estimate refined by one
   Newton-Raphson step.
 
-Installed as in sets 2 and 3 (the gradient plumbing comes from ``validation/v2/devices.py``): a replacement of a
-torch API function put on the ``torch`` modules before msprobe wraps the API, so msprobe records it under the stock
-name; it runs the stock kernel first (the output keeps the stock autograd node) and overwrites the values;
-gradients go through tensor hooks on aliases of the inputs. A guard raises when a replacement differs from the
-stock kernel by more than a few roundings of the dtype. ``python validation/v4/devices.py`` prints the measured
-magnitudes (docs/validation.md, "Validation set 4").
+Installed as in sets 2 and 3 (``validation/common_devices.py``: the guard, the gradient plumbing and installing).
+``python validation/v4/devices.py`` prints the measured magnitudes (docs/validation.md, "Validation set 4").
 """
 
 from __future__ import annotations
@@ -41,18 +37,12 @@ import torch.nn.functional as F
 _HERE = Path(__file__).resolve().parent
 
 
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-v2 = _load("validation_v2_devices", _HERE.parent / "v2" / "devices.py")
-rel_l2, _alias, _quiet, _GradOut = v2.rel_l2, v2._alias, v2._quiet, v2._GradOut
+common = sys.modules.get("validation_common_devices")
+if common is None:  # the guard, the gradient plumbing, installing, the tables: loaded once, by path
+    _spec = importlib.util.spec_from_file_location("validation_common_devices", _HERE.parent / "common_devices.py")
+    common = sys.modules["validation_common_devices"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(common)
+rel_l2 = common.rel_l2
 
 # the stock functions, captured before anyone (this module or msprobe) replaces them
 _TARGETS = {
@@ -70,24 +60,7 @@ _TARGETS = {
     "silu": (F, "silu"),
 }
 _STOCK = {key: getattr(mod, attr) for key, (mod, attr) in _TARGETS.items()}
-# the largest relative L2 difference from the stock kernel a replacement may make: a few roundings of the dtype
-GUARD = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
-
-
-def _guard(name: str, got: torch.Tensor, stock: torch.Tensor, precision=None) -> torch.Tensor:
-    if got.dtype != stock.dtype or got.shape != stock.shape:
-        raise AssertionError("device %s: %s %s vs stock %s %s" % (name, got.dtype, got.shape, stock.dtype, stock.shape))
-    if not torch.equal(torch.isfinite(got), torch.isfinite(stock)):
-        raise AssertionError("device %s: finiteness differs from the stock kernel" % name)
-    err = rel_l2(got, stock)
-    if err > GUARD.get(precision or stock.dtype, 2e-2):
-        raise AssertionError("device %s: rel_l2 %.3g from the stock kernel" % (name, err))
-    return got
-
-
-def _replace(name: str, out: torch.Tensor, noisy: torch.Tensor) -> None:
-    _guard(name, noisy, out)
-    out.data.copy_(noisy)
+GUARD, _guard, _replace = common.GUARD, common.guard, common.replace
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -196,12 +169,7 @@ def blocked_layer_norm(x, normalized_shape, weight, bias, eps):
     mean = (blocked_sum(x) / n).unsqueeze(-1)
     d = x - mean
     var = (blocked_sum(d * d) / n).unsqueeze(-1)
-    y = (d * torch.rsqrt(var + eps)).unflatten(-1, tuple(normalized_shape))
-    if weight is not None:
-        y = y * weight.float()
-    if bias is not None:
-        y = y + bias.float()
-    return y
+    return common.normalized(d, var, eps, normalized_shape, weight, bias)
 
 
 def pow_exp2(x: torch.Tensor, e: float) -> torch.Tensor:
@@ -281,8 +249,10 @@ def _method(fn):
     return method
 
 
-class Device:
+class Device(common.Installed):
     """One simulated device: a set of the mechanisms above (``taps``: "forward" or "reverse")."""
+
+    TARGETS = _TARGETS
 
     def __init__(self, name, text, taps=None, bn1pass=False, blocked=False, pow2=False, sincos=False,
                  softplus=False, rcp=False):  # fmt: skip
@@ -296,7 +266,7 @@ class Device:
         stock = _STOCK["conv%dd" % dims]
         if isinstance(padding, str) or input.dim() != dims + 2:
             return stock(input, weight, bias, stride, padding, dilation, groups)
-        x_in, w_in = _alias(input), _alias(weight)
+        x_in, w_in = common.alias(input), common.alias(weight)
         out = stock(x_in, w_in, bias, stride, padding, dilation, groups)
 
         def four(t):  # conv1d as conv2d over a height of 1
@@ -315,7 +285,7 @@ class Device:
             y = y.squeeze(-2) if dims == 1 else y
             _replace("conv%dd" % dims, out, y.to(out.dtype))
         if out.requires_grad:
-            grad = _GradOut(out)
+            grad = common.GradOut(out)
             cache: dict = {}
 
             def grads():
@@ -325,9 +295,9 @@ class Device:
                 return cache["g"]
 
             if x_in is not input:
-                x_in.register_hook(_quiet(lambda gx: _guard("conv dx", grads()[0].to(gx.dtype), gx)))
+                x_in.register_hook(common.quiet(lambda gx: _guard("conv dx", grads()[0].to(gx.dtype), gx)))
             if w_in is not weight:
-                w_in.register_hook(_quiet(lambda gw: _guard("conv dw", grads()[1].to(gw.dtype), gw)))
+                w_in.register_hook(common.quiet(lambda gw: _guard("conv dw", grads()[1].to(gw.dtype), gw)))
         return out
 
     def conv1d(self, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -454,17 +424,8 @@ class Device:
             out["silu"] = self.silu_fn
         return out
 
-    def install(self) -> None:
-        for key, fn in self.replacements().items():
-            mod, attr = _TARGETS[key]
-            self._saved[key] = getattr(mod, attr)
-            setattr(mod, attr, _method(fn) if mod is torch.Tensor else fn)
-
-    def uninstall(self) -> None:
-        for key, fn in self._saved.items():
-            mod, attr = _TARGETS[key]
-            setattr(mod, attr, fn)
-        self._saved.clear()
+    def _wrap(self, mod, fn):
+        return _method(fn) if mod is torch.Tensor else fn
 
 
 DEVICES = {
@@ -590,15 +551,7 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
                 exact = _call(_STOCK[key], key, tuple(t.double() for t in args))
                 stock = _call(_STOCK[key], key, args)
                 got = _call(fn, key, args)
-            row = {
-                "device": dev.name,
-                "op": key,
-                "dtype": str(stock.dtype).replace("torch.", ""),
-                "stock_vs_f64": rel_l2(stock, exact),
-                "device_vs_f64": rel_l2(got, exact),
-                "device_vs_stock": rel_l2(got, stock),
-                "elements_differing": (got.double() != stock.double()).float().mean().item(),
-            }
+            row = common.magnitudes(dev.name, key, str(stock.dtype).replace("torch.", ""), exact, stock, got)
             if key in CONV:
                 r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
                 for col, which in (("grad_device_vs_stock", 0), ("wgrad_device_vs_stock", 1)):
@@ -608,21 +561,8 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
     return rows
 
 
-COLS = [
-    "device",
-    "op",
-    "dtype",
-    "stock_vs_f64",
-    "device_vs_f64",
-    "device_vs_stock",
-    "elements_differing",
-    "grad_device_vs_stock",
-    "wgrad_device_vs_stock",
-]
+COLS = common.COLS
 
 
 if __name__ == "__main__":
-    print("| " + " | ".join(COLS) + " |")
-    print("|" + "---|" * len(COLS))
-    for r in measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0):
-        print("| " + " | ".join(v2._fmt(r.get(c, "")) for c in COLS) + " |")
+    common.print_table(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 0), COLS)

@@ -14,9 +14,10 @@ name is read from msprobe while the faulty call runs, never from dumpstore.
 
 The driver (arguments, runs, checks, key) is ``validation/harness.py``; the run harness (the tracer of msprobe's
 record names, the forked runs, msprobe's config, the structure check) is set 2's ``validation/v2/make_pairs.py``.
-What is here: the families, the training loops, the faults and the expected culprits. Runs: 3 training steps;
-forward and backward (both micro-batches where there are two) inside msprobe's window, clipping and the optimizer
-step outside it; msprobe level "mix"; statistics mode for every case and tensor mode for a subset.
+What is here: the families, their optimizers and setups, the faults and the expected culprits (the training loop and
+the run are the driver's). Runs: 3 training steps; forward and backward (both micro-batches where there are two)
+inside msprobe's window, clipping and the optimizer step outside it; msprobe level "mix"; statistics mode for every
+case and tensor mode for a subset.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ HERE = Path(__file__).resolve().parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: nothing to download, ever
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-_spec = importlib.util.spec_from_file_location("validation_v4_devices", HERE / "devices.py")
-devices4 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(devices4)
-v2 = devices4._load("validation_v2_make_pairs", HERE.parent / "v2" / "make_pairs.py")
-harness = devices4._load("validation_harness", HERE.parent / "harness.py")
+harness = sys.modules.get("validation_harness")
+if harness is None:  # the driver (arguments, runs, checks, key), loaded once, by path
+    _spec = importlib.util.spec_from_file_location("validation_harness", HERE.parent / "harness.py")
+    harness = sys.modules["validation_harness"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(harness)
+devices4 = harness._load("validation_v4_devices", HERE / "devices.py")  # this set's devices, under their own name
+v2 = harness.set2()  # set 2's run harness
 
 SET = 4
 STEPS = v2.STEPS  # 3
@@ -280,19 +283,11 @@ def batches(family: str, fault) -> list[list[dict]]:
 
 
 def _hf(family: str):
-    if family == "t5":
-        from transformers.models.t5 import modeling_t5 as hf
-    elif family == "resnet":
-        from transformers.models.resnet import modeling_resnet as hf
-    elif family == "mamba":
-        from transformers.models.mamba import modeling_mamba as hf
-    else:
-        from transformers.models.gptj import modeling_gptj as hf
-    return hf
+    return harness.hf_module(family)  # the families are named as transformers' models
 
 
 def family_faults(family: str) -> list[dict]:
-    return [fault for fam, _, fault, _ in CASES.values() if fam == family and fault]
+    return harness.family_faults(sys.modules[__name__], family)
 
 
 SILU_BACK_WRONG = "1 + s"  # the derivative's (1 - s) written (1 + s): d/dx x s(x) = s (1 + x (1 - s))
@@ -308,12 +303,7 @@ def patch(family: str, model, tracer: Tracer, active) -> None:
     on = lambda kind: active is not None and active["kind"] == kind
 
     def embed_mark(emb, tag):
-        def fwd(ids, emb=emb, tag=tag):
-            out = torch.nn.Embedding.forward(emb, ids)
-            tracer.mark(tag)
-            return out
-
-        emb.forward = fwd
+        harness.embed_mark(tracer, emb, tag)
 
     if family == "t5":
         embed_mark(model.encoder.embed_tokens, "embedding")  # the encoder's (its table is the shared one)
@@ -402,25 +392,15 @@ def patch(family: str, model, tracer: Tracer, active) -> None:
 
         bn.forward = bn_fwd
 
-    for fault in family_faults(family):
-        if fault["kind"] == "weight":
-            params = dict(model.named_parameters())
-            tracer.watch[id(params[fault["param"]])] = (fault["param"], fault["step"])
+    harness.watch_weights(sys.modules[__name__], family, model, tracer)
+
+
+def _row3neg(p) -> None:
+    p[3] = -p[3]
 
 
 def corrupt(model, fault) -> None:
-    import torch
-
-    p = dict(model.named_parameters())[fault["param"]]
-    with torch.no_grad():
-        if fault["how"] == "sign2pct":
-            g = torch.Generator().manual_seed(7)
-            sel = torch.rand(p.shape, generator=g) < 0.02
-            p[sel] = -p[sel]
-        elif fault["how"] == "row3neg":
-            p[3] = -p[3]
-        else:
-            raise ValueError(fault["how"])
+    harness.corrupt(model, fault, {"row3neg": _row3neg})
 
 
 def make_optimizer(family: str, model):
@@ -451,61 +431,14 @@ def forward_loss(family: str, model, batch: dict, fault, tracer):
     return out.loss, out.logits
 
 
-def train(family: str, model, data, fault, hooks=None, on_step=None, steps=STEPS, debugger=None, tracer=None,
-          info=None):  # fmt: skip
-    """The training loop of every run (and of the near-tie crafting, without msprobe): forward and backward of
-    every micro-batch inside msprobe's window, clipping and the optimizer step outside it; an optimizer fault
-    changes its setting in the update after ``after_step``. Returns the losses."""
-    import torch
+OPTIMIZER_KINDS = ("lr", "nesterov", "alpha")
+ARGMAX_FAMILY = "resnet"  # the batch's accuracy, an argmax over the logits inside the window
 
-    opt = make_optimizer(family, model)
-    kind = fault["kind"] if fault else None
-    autocast = getattr(torch, AUTOCAST[family]) if family in AUTOCAST else None
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if autocast == torch.float16 else None
-    n_micro = MICRO.get(family, 1)
-    losses = []
-    info = info if info is not None else {}
-    for step in range(steps):
-        if tracer is not None:
-            tracer.step = step
-        if on_step is not None:
-            on_step(step)
-        if debugger is not None:
-            debugger.start(model)
-        for batch in data[step]:
-            with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-                loss, logits = forward_loss(family, model, batch, fault, tracer)
-                if family == "resnet":  # the batch's accuracy, a discrete output inside the window
-                    pred = torch.argmax(logits, dim=-1)
-                    if tracer is not None:
-                        tracer.argmax.append({"step": step, "record": tracer.current(), "pred": pred.tolist()})
-                    info.setdefault("accuracy", []).append(float((pred == batch["labels"]).float().mean()))
-                if hooks is not None:
-                    hooks(step, logits)
-            loss = loss / n_micro
-            (scaler.scale(loss) if scaler else loss).backward()
-            losses.append(float(loss.detach()))
-        if debugger is not None:
-            debugger.stop()
-        if scaler:
-            scaler.unscale_(opt)
-        info.setdefault("grad_norm", []).append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
-        if kind in ("lr", "nesterov", "alpha") and step == fault["after_step"]:
-            for group in opt.param_groups:
-                if kind == "lr":
-                    group["lr"] = group["lr"] * fault["value"]
-                else:
-                    group[kind] = fault["value"]
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-            info.setdefault("loss_scale", []).append(scaler.get_scale())
-        else:
-            opt.step()
-        opt.zero_grad()
-        if debugger is not None:
-            debugger.step()
-    return losses
+
+def train(family: str, model, data, fault, **kw):
+    """The training loop of every run (``harness.train``): the optimizer faults are the learning rate, SGD's
+    Nesterov switch and RMSprop's alpha."""
+    return harness.train(sys.modules[__name__], family, model, data, fault, **kw)
 
 
 def craft_near_tie(model, data, device) -> tuple[dict, object]:
@@ -522,28 +455,13 @@ def craft_near_tie(model, data, device) -> tuple[dict, object]:
     return harness.craft_near_tie(model, model.classifier[-1], run, device, FLIP_STEP)
 
 
-def run_one(job: dict) -> dict:
-    """One msprobe run; returns the marks and the argmax log. Runs in a fresh forked process."""
-    import torch
-    import torch.distributed as dist
-
-    family, variant, fault, role, mode = job["family"], job["variant"], job["fault"], job["role"], job["mode"]
-    target = role == "target"
-    out_dir, scratch = Path(job["dump_dir"]), Path(job["scratch"])
-    scratch.mkdir(parents=True, exist_ok=True)
-    os.chdir(scratch)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo", init_method="file://" + str(scratch / "pg"), rank=0, world_size=1)
-
-    tracer = Tracer()
-    active = fault if target else None
-    data = batches(family, active)
+def setup(family: str, variant: str, target: bool, active, tracer: Tracer, info: dict):
+    """A run's model (built on the device where the family computes tables when built), patched; a "flip"
+    variant's tilt crafted on a model of its own; the device installed (``harness.run_one``)."""
     device = DEVICES[FAMILIES[family]["device"]]
     if not target and variant == "noisyref":
         device = DEVICES[NOISY_REF]
     on_device = target or variant == "noisyref"
-    info: dict = {}
     tilt = None
     if variant == "flip":  # crafted on a model of its own (the device installs itself for its simulated run)
         info["flip"], tilt = craft_near_tie(
@@ -555,71 +473,32 @@ def run_one(job: dict) -> dict:
     if on_device and family not in BUILD_ON_DEVICE:
         device.install()
     patch(family, model, tracer, active)
-    tracer.install()
+    return model, tilt
 
-    from msprobe.pytorch import PrecisionDebugger
 
-    v2.write_config(scratch / "config.json", out_dir, mode)
-    debugger = PrecisionDebugger(config_path=str(scratch / "config.json"))
-    tracer.install_modules(model)
+def flip_head(model):
+    return model.classifier[-1]
 
-    def on_step(step):
-        if active and active["kind"] == "weight" and active["step"] == step:
-            corrupt(model, active)
-        if tilt is not None and step == FLIP_STEP:
-            with torch.no_grad():
-                model.classifier[-1].weight += tilt
 
-    losses = train(family, model, data, active, on_step=on_step, debugger=debugger, tracer=tracer, info=info)
-    dist.destroy_process_group()
-    return {
-        "job": job["name"],
-        "marks": tracer.marks,
-        "argmax": tracer.argmax,
-        "leaf": tracer.leaf_modules(),
-        "losses": losses,
-        "info": info,
-    }
+def run_one(job: dict) -> dict:
+    """One msprobe run (``harness.run_one``)."""
+    return harness.run_one(sys.modules[__name__], job)
 
 
 # =================================================================================================================
 # the key
 # =================================================================================================================
 def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
-    """What the verdict should say, from the marks both runs made at the faulty call."""
-    if fault is None:
-        return {"clean": True}
+    """What the verdict should say about a fault, from the marks both runs made at the faulty call."""
     kind = fault["kind"]
-
-    def one(res, tag, step):
-        names = v2._names(res, tag, step)
-        if len(names) != 1 or names[0] is None:
-            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
-        return names[0]
-
-    def first(res, tag, step):  # the first of the step's calls (a mark made at every micro-batch or layer)
-        names = v2._names(res, tag, step)
-        if not names or names[0] is None:
-            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
-        return names[0]
-
-    def both(tag, step, pick=one):
-        return sorted({pick(tgt, tag, step), pick(ref, tag, step)})
-
-    if kind in ("lr", "nesterov", "alpha"):
-        step = fault["after_step"] + 1
+    _, first, both = harness.mark_readers(case, tgt, ref)
+    if kind in OPTIMIZER_KINDS:
         what = {
             "lr": "the learning rate x%g (RAdam, fp32 master weights)" % fault["value"],
             "nesterov": "SGD momentum without Nesterov (nesterov=False) instead of Nesterov",
             "alpha": "RMSprop alpha %g instead of 0.99" % fault["value"],
         }[kind]
-        return {
-            "step": step,
-            "ops": [],
-            "optimizer": True,
-            "what": "%s in the updates after step %d: parameters first differ at step %d"
-            % (what, fault["after_step"], step),
-        }
+        return harness.optimizer_expectation(fault, what)
     if kind == "double_norm":
         return {
             "step": 0,
@@ -673,52 +552,28 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
             "(the (1 - s) of the last layer: backward runs from the top) is the culprit",
         }
     if kind == "weight":
-        tag = "uses:" + fault["param"]
-        step = fault["step"]
-        return {
-            "step": step,
-            "ops": both(tag, step),
-            "what": "%s %s before step %d; the op is its first consumer" % (fault["param"], HOW[fault["how"]], step),
-        }
+        return harness.weight_expectation(fault, HOW[fault["how"]], both)
     if kind == "ids":
-        step = fault["step"]
-        return {
-            "step": step,
-            "ops": both("embedding", step, first),
-            "what": "one token id differs (+1) in the batch of step %d; the embedding is its first consumer" % step,
-        }
+        return harness.data_expectation(
+            fault,
+            both("embedding", fault["step"], first),
+            "one token id differs (+1) in the batch of step %d; the embedding is its first consumer",
+        )
     if kind == "labels":
-        step = fault["step"]
-        return {
-            "step": step,
-            "ops": both("cross_entropy", step),
-            "what": "two images' labels differ in the batch of step %d; the cross-entropy is their first consumer"
-            % step,
-        }
+        return harness.data_expectation(
+            fault,
+            both("cross_entropy", fault["step"]),
+            "two images' labels differ in the batch of step %d; the cross-entropy is their first consumer",
+        )
     raise ValueError(kind)
 
 
-def argmax_flips(tgt: dict, ref: dict) -> list[dict]:
-    """Images whose argmax differs, per step and argmax call."""
-    flips = []
-    for a, b in zip(tgt["argmax"], ref["argmax"]):
-        for tok, (x, y) in enumerate(zip(a["pred"], b["pred"])):
-            if x != y:
-                flips.append({"step": b["step"], "record": b["record"], "token": tok, "target": x, "ref": y})
-    return flips
+argmax_flips = harness.argmax_flips
 
 
 def warm() -> None:
     """The imports made once, before forking."""
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-    from msprobe.pytorch import PrecisionDebugger  # noqa: F401
-    from transformers import (  # noqa: F401
-        GPTJForCausalLM,
-        MambaForCausalLM,
-        ResNetForImageClassification,
-        T5ForConditionalGeneration,
-    )
+    harness.warm("GPTJForCausalLM", "MambaForCausalLM", "ResNetForImageClassification", "T5ForConditionalGeneration")
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,177 @@
+"""The scaffolding the simulated devices of every validation set share (``validation/devices.py``,
+``validation/v2/devices.py``, ``validation/v3/devices.py``, ``validation/v4/devices.py``): the guard that a
+replacement changes values at the rounding level only, the tensor-hook plumbing of the gradients, installing and
+uninstalling a device's replacements on the torch modules, and the printing of the measured magnitude tables. What
+a set's devices compute (the mechanisms, the devices, the ops they replace) stays in the set's file.
+
+How a device is installed: a replacement of a torch API function put on the ``torch`` modules before msprobe wraps
+the API, so msprobe records it under the stock name; it runs the stock kernel first (the output keeps the stock
+autograd node) and overwrites the values; gradients go through tensor hooks on aliases of the inputs. A guard raises
+when a replacement differs from the stock kernel by more than a few roundings of the dtype.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+# ---------------------------------------------------------------------------------------------------------------
+# guard and gradient plumbing
+# ---------------------------------------------------------------------------------------------------------------
+# the largest relative L2 difference from the stock kernel a replacement may make: a few roundings of the dtype
+GUARD = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def rel_l2(got: torch.Tensor, stock: torch.Tensor) -> float:
+    with torch.no_grad():
+        a, b = got.detach().double(), stock.detach().double()
+        finite = torch.isfinite(b)
+        ref = b[finite].norm().item()
+        return (a[finite] - b[finite]).norm().item() / max(ref, 1e-30)
+
+
+def guard(name: str, got: torch.Tensor, stock: torch.Tensor, precision=None, table=None) -> torch.Tensor:
+    """``got`` if it has the stock output's dtype, shape and finiteness and differs from it by at most the
+    ``table``'s (default ``GUARD``) bound of ``precision`` (default: the dtype); else AssertionError."""
+    if got.dtype != stock.dtype or got.shape != stock.shape:
+        raise AssertionError("device %s: %s %s vs stock %s %s" % (name, got.dtype, got.shape, stock.dtype, stock.shape))
+    if not torch.equal(torch.isfinite(got), torch.isfinite(stock)):
+        raise AssertionError("device %s: finiteness differs from the stock kernel" % name)
+    err = rel_l2(got, stock)
+    if err > (GUARD if table is None else table).get(precision or stock.dtype, 2e-2):
+        raise AssertionError("device %s: rel_l2 %.3g from the stock kernel" % (name, err))
+    return got
+
+
+def replace(name: str, out: torch.Tensor, noisy: torch.Tensor, precision=None, table=None) -> None:
+    """Overwrite the stock output's values with the device's (after the guard)."""
+    guard(name, noisy, out, precision, table)
+    out.data.copy_(noisy)
+
+
+def alias(t):
+    """A view of a tensor that needs a gradient, to hang a gradient hook on; other values as they are."""
+    if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
+        return t.view_as(t)
+    return t
+
+
+def quiet(fn):
+    """Run a backward hook with msprobe's recording off (its torch calls are the device's, not the model's)."""
+
+    def run(*args):
+        try:
+            from msprobe.core.dump.hook_manager import BaseHookManager
+        except ImportError:  # pragma: no cover - msprobe absent: nothing records
+            with torch.no_grad():
+                return fn(*args)
+        tid = threading.get_ident()
+        old = BaseHookManager.inner_switch[tid]
+        BaseHookManager.inner_switch[tid] = True
+        try:
+            with torch.no_grad():
+                return fn(*args)
+        finally:
+            BaseHookManager.inner_switch[tid] = old
+
+    return run
+
+
+class GradOut:
+    """Keeps the gradient arriving at an output (a tensor hook that changes nothing)."""
+
+    def __init__(self, out: torch.Tensor):
+        self.g = None
+        out.register_hook(quiet(self._keep))
+
+    def _keep(self, g):
+        self.g = g.detach()
+
+
+def autocast_dtype():
+    if torch.is_autocast_enabled("cpu"):
+        return torch.get_autocast_dtype("cpu")
+    return None
+
+
+def normalized(d: torch.Tensor, var: torch.Tensor, eps: float, normalized_shape, weight, bias) -> torch.Tensor:
+    """A LayerNorm's last step in fp32, from the centred input ``d`` (rows flattened) and its variance: scaled by
+    rsqrt(var + eps), unflattened to ``normalized_shape``, then the weight and the bias."""
+    y = (d * torch.rsqrt(var + eps)).unflatten(-1, tuple(normalized_shape))
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# installing
+# ---------------------------------------------------------------------------------------------------------------
+class Installed:
+    """A device's install and uninstall: each of ``replacements()`` (op key -> function) put on its place in
+    ``TARGETS`` (op key -> (module, attribute)), the stock function kept in ``self._saved`` until uninstall."""
+
+    TARGETS: dict = {}
+
+    def replacements(self) -> dict:
+        raise NotImplementedError
+
+    def _wrap(self, mod, fn):
+        """The function put on ``mod`` for ``fn`` (a set whose replacements go on ``torch.Tensor`` binds them)."""
+        return fn
+
+    def install(self) -> None:
+        for key, fn in self.replacements().items():
+            mod, attr = self.TARGETS[key]
+            self._saved[key] = getattr(mod, attr)
+            setattr(mod, attr, self._wrap(mod, fn))
+
+    def uninstall(self) -> None:
+        for key, fn in self._saved.items():
+            mod, attr = self.TARGETS[key]
+            setattr(mod, attr, fn)
+        self._saved.clear()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# measured magnitudes (docs/validation.md)
+# ---------------------------------------------------------------------------------------------------------------
+COLS = [
+    "device",
+    "op",
+    "dtype",
+    "stock_vs_f64",
+    "device_vs_f64",
+    "device_vs_stock",
+    "elements_differing",
+    "grad_device_vs_stock",
+    "wgrad_device_vs_stock",
+]
+
+
+def magnitudes(device: str, op: str, dtype: str, exact, stock, got, rel=rel_l2) -> dict:
+    """One row of a magnitude table: the stock kernel's and the device's relative L2 error against float64
+    (``exact``), their relative L2 difference and the share of elements that differ."""
+    return {
+        "device": device,
+        "op": op,
+        "dtype": dtype,
+        "stock_vs_f64": rel(stock, exact),
+        "device_vs_f64": rel(got, exact),
+        "device_vs_stock": rel(got, stock),
+        "elements_differing": (got.double() != stock.double()).float().mean().item(),
+    }
+
+
+def fmt(v) -> str:
+    return "%.2g" % v if isinstance(v, float) else str(v)
+
+
+def print_table(rows, cols=COLS) -> None:
+    """The rows as a markdown table of ``cols``."""
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |")

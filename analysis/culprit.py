@@ -13,7 +13,8 @@ from typing import Any
 
 import polars as pl
 
-from dumpstore.dtypes import INT_DTYPES
+from dumpstore.dtypes import DISCRETE_DTYPES
+from dumpstore.names import MODULE_RECORD_PREFIXES
 
 from . import steps as ST
 from .compare import Comparison
@@ -136,9 +137,6 @@ def _culprit(
     return weak
 
 
-_MODULES = ("Module.", "Cell.")
-
-
 def _innermost(found: tuple[Found, Found], recs: pl.DataFrame, view: _StepView) -> tuple[Found, Found] | None:
     """An `op` finding at a module record is named at the record inside it (its own or a nested module's op,
     same step, rank and direction) whose output diverges with the largest local error (the error it made
@@ -146,7 +144,7 @@ def _innermost(found: tuple[Found, Found], recs: pl.DataFrame, view: _StepView) 
     because none of its inner records stood out on its own (each was judged before it: msprobe writes a
     module's record when it returns).  None: not a module, or no inner record diverges."""
     f, key = found[0]
-    if f.kind != "op" or not f.op.startswith(_MODULES):
+    if f.kind != "op" or not f.op.startswith(MODULE_RECORD_PREFIXES):
         return None
     inner = [r for r, _ in view.parents.items() if f.op in enclosing_modules(r, view.parents)]
     if not inner:
@@ -157,8 +155,7 @@ def _innermost(found: tuple[Found, Found], recs: pl.DataFrame, view: _StepView) 
         pl.col("_record").is_in(inner)
         & pl.col("out_div")
         & (pl.col("_direction") == direction)
-        & ~pl.col("_record").str.starts_with(_MODULES[0])
-        & ~pl.col("_record").str.starts_with(_MODULES[1])
+        & ~pl.any_horizontal([pl.col("_record").str.starts_with(m) for m in MODULE_RECORD_PREFIXES])
         & pl.col("local").is_finite().fill_null(False)  # (a discrete output's error is no local error)
     )
     if not cand.height:
@@ -225,7 +222,7 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
         & (pl.col("_record") == rec["_record"])
         & (pl.col("kind") == "tensor")
     )
-    exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+    exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
     ints = leaves.filter(pl.col("_io").is_in(INPUT_IO) & exact & (pl.col("err_source") == "stats"))
     outs = leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & ~exact & pl.col("err").is_not_null())
     unrecorded = not ints.height and is_loss(rec.get("op_class"))  # a loss whose labels the dump does not list
@@ -442,7 +439,7 @@ class _Judge:
         ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]))
         if ev is None:
             return None
-        exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+        exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
         ints = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact)
         data = [
             r
@@ -584,7 +581,7 @@ class _Judge:
         tol = float(self.rec["tol"] or 0.0)
         if not (float(self.rec.get("in_float_err") or 0.0) <= QUIET * tol):
             return None
-        exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+        exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
         ints = self.leaves.filter(
             pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact & (pl.col("status") == "diverged")
         )
@@ -666,7 +663,7 @@ class _Judge:
                 return found
         if fed:
             return None
-        if bad_in.filter(pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])).height:
+        if bad_in.filter(pl.col("tol_dtype").is_in(DISCRETE_DTYPES)).height:
             return None  # a differing discrete input (indices, a mask) can change any output: carried, no ratio
         amp = rec["amp"]
         if amp is None or not amp >= self.cmp.tolerances.amplification:
@@ -702,7 +699,7 @@ class _Judge:
         error the pair carries here.  Equal values chosen at different places are a near tie; the flip is noted
         (`NoiseModel.flips`) as noise, not judged as a culprit."""
         outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
-        exact = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+        exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
         flipped = outs.filter(exact)
         if not flipped.height:
             return False

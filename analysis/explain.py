@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dumpstore.names import module_of, without_direction, without_direction_and_call
+from dumpstore.names import MODULE_RECORD_PREFIXES, module_of, without_direction, without_direction_and_call
 
 __all__ = [
     "SIGNATURES",
@@ -415,7 +415,7 @@ def explain(look: _Lookup, f: dict[str, Any]) -> Explanation:
     rows = look.rows(run, step, rank, [op])
     ex = Explanation(op=op, run=run)
     mod = next((r["module"] for r in rows if r.get("module")), None)
-    if op.startswith(("Module.", "Cell.")):
+    if op.startswith(MODULE_RECORD_PREFIXES):
         mod = op if re.search(r"\.\d+$", op) else mod
     ex.module_record = mod
     ex.module, ex.module_class = module_of(mod)

@@ -34,11 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from dumpstore.dtypes import INT_DTYPES
+from dumpstore.dtypes import DISCRETE_DTYPES
 
 from .noise import STAND_OUT, NoiseModel
-
-_DISCRETE = (*INT_DTYPES, "bool")
 
 
 def enclosing_modules(record: str, parents: dict[str, str]) -> frozenset:
@@ -145,7 +143,7 @@ def explained_by_flip(noise: NoiseModel, key: tuple, leaf: dict[str, Any]) -> di
     if flip is None:
         return None
     fk = flip[0]
-    if leaf.get("tol_dtype") in _DISCRETE:
+    if leaf.get("tol_dtype") in DISCRETE_DTYPES:
         return {"after_flip": fk, "why": "discrete, derived from the flipped choice"}
     if integer_valued(leaf):
         return {"after_flip": fk, "why": "whole numbers in both runs (a count or indicator of the flipped choice)"}

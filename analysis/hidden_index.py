@@ -35,12 +35,11 @@ from typing import Any
 
 import polars as pl
 
-from dumpstore.dtypes import EPS, INT_DTYPES
+from dumpstore.dtypes import DISCRETE_DTYPES, EPS
+from dumpstore.names import MODULE_RECORD_PREFIXES
 
 from .noise import STAND_OUT
 
-_DISCRETE = [*INT_DTYPES, "bool"]
-_MODULE = ("Module.", "Cell.")
 # ops that copy values chosen by integer indices and do no arithmetic on them (msprobe's op type, last token)
 GATHERS = frozenset(
     {"embedding", "gather", "index_select", "take", "take_along_dim", "__getitem__", "index", "embedding_bag"}
@@ -72,7 +71,7 @@ LOSSES = frozenset(
 def is_loss(op_class: str | None) -> bool:
     """Whether a record's op class (`Functional.cross_entropy`) is a loss, whose target is data (never a module
     record)."""
-    if not op_class or op_class.startswith(_MODULE):
+    if not op_class or op_class.startswith(MODULE_RECORD_PREFIXES):
         return False
     return op_class.rsplit(".", 1)[-1].lower() in LOSSES
 
@@ -80,7 +79,7 @@ def is_loss(op_class: str | None) -> bool:
 def is_gather(op_class: str | None) -> bool:
     """Whether a record's op class (`Functional.embedding`, `Tensor.__getitem__`, `Torch.gather`, ...) copies
     values chosen by indices without arithmetic (a module record never counts: it holds other ops)."""
-    if not op_class or op_class.startswith(_MODULE):
+    if not op_class or op_class.startswith(MODULE_RECORD_PREFIXES):
         return False
     return op_class.rsplit(".", 1)[-1].lower() in GATHERS
 
@@ -89,7 +88,7 @@ def hidden_index_columns(is_in: pl.Expr, is_out: pl.Expr, tensor: pl.Expr) -> li
     """Record-table aggregations (analysis/_divergence.py `_record_table`): `idx_hidden`, an integer or boolean
     input compared by its statistics only that agrees; `out_dtype`, the dtype of the first float output;
     `in_float_err`, the largest error of the float tensor inputs."""
-    discrete = pl.col("tol_dtype").is_in(_DISCRETE)
+    discrete = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
     stats = pl.col("err_source") == "stats"
     hidden = is_in & tensor & discrete & stats & (pl.col("status") != "diverged")
     float_eps = pl.col("dtype").replace_strict(EPS, default=None, return_dtype=pl.Float64)
@@ -140,7 +139,7 @@ def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict
     from .noise import order_key
 
     classes = recs["op_class"].drop_nulls().unique().to_list()
-    gathers = [c for c in classes if is_gather(c) or c.startswith(_MODULE)]
+    gathers = [c for c in classes if is_gather(c) or c.startswith(MODULE_RECORD_PREFIXES)]
     losses = [c for c in classes if is_loss(c)]
     cand = recs.filter(
         (pl.col("idx_hidden").fill_null(False) | pl.col("op_class").is_in(losses).fill_null(False))

@@ -32,6 +32,7 @@ import numpy as np
 import polars as pl
 
 from dumpstore.dtypes import EPS
+from dumpstore.names import MODULE_RECORD_PREFIXES
 
 from . import rules as R
 from .noise import median
@@ -95,7 +96,7 @@ def is_reduction(op_class: str | None) -> bool:
     """Whether an op class (`Functional.softmax`, `Tensor.sum`, `Module.LlamaMLP`, ...) reduces over an axis."""
     if not op_class:
         return False
-    if op_class.startswith(("Module.", "Cell.")):
+    if op_class.startswith(MODULE_RECORD_PREFIXES):
         return True
     op = op_class.rsplit(".", 1)[-1].lower().strip("_")
     return op in _REDUCTIONS or is_matmul(op)
@@ -114,7 +115,7 @@ def reduction_length(op_class: str | None, k_last: float | None, k_max: float | 
     if not is_reduction(op_class):
         return 1.0
     op = str(op_class).rsplit(".", 1)[-1].lower().strip("_")
-    module = str(op_class).startswith(("Module.", "Cell."))
+    module = str(op_class).startswith(MODULE_RECORD_PREFIXES)
     product = is_matmul(op) and not op.startswith("conv") and "attention" not in op  # (SDPA: two products)
     last = not module and (op in _LAST_AXIS or product)
     k = k_last if last else k_max

@@ -8,7 +8,7 @@ from typing import Any
 
 import polars as pl
 
-from dumpstore.dtypes import FLOAT_DTYPES, INT_DTYPES
+from dumpstore.dtypes import DISCRETE_DTYPES, FLOAT_DTYPES
 
 from .order import INPUT_IO, OUTPUT_IO
 
@@ -102,7 +102,7 @@ def discrete_data_readers(rows: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """The records (`keys`) of one step's rows with an integer or boolean tensor input that differs between the
     runs (labels, ids, indices): candidates for the culprit judge even where their outputs stay within their
     tolerance (analysis/culprit.py `_discrete_data` decides whether no op made them)."""
-    discrete = pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"])
+    discrete = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
     return rows.filter(
         pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & discrete & (pl.col("status") == "diverged")
     ).select(keys)

@@ -25,7 +25,7 @@ from typing import Any
 
 import polars as pl
 
-from dumpstore.dtypes import INT_DTYPES
+from dumpstore.dtypes import DISCRETE_DTYPES
 
 from .compare import Comparison
 
@@ -165,7 +165,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
             (
                 is_out
                 & (
-                    (pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"]) & (pl.col("err") > 0))
+                    (pl.col("tol_dtype").is_in(DISCRETE_DTYPES) & (pl.col("err") > 0))
                     | pl.col("detail").str.starts_with("shape").fill_null(False)
                 )
             )
@@ -214,7 +214,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
     # a discrete change: an integer or boolean output, or a tensor of another shape (data-dependent shapes: the
     # tokens an expert got); after float error was carried it is that error's consequence
     discrete_out = (
-        (is_out & pl.col("tol_dtype").is_in([*INT_DTYPES, "bool"]))
+        (is_out & pl.col("tol_dtype").is_in(DISCRETE_DTYPES))
         | pl.col("detail").str.starts_with("shape").fill_null(False)
         | (is_out & pl.col("_in_shape").fill_null(False))  # made from a tensor of another shape
     )

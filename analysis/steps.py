@@ -52,7 +52,7 @@ import numpy as np
 import polars as pl
 
 from dumpstore.dtypes import eps
-from dumpstore.names import parse_record
+from dumpstore.names import MODULE_RECORD_PREFIXES, parse_record
 
 from . import rules as R
 from .noise import OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
@@ -195,7 +195,7 @@ def _owners(t: pl.DataFrame) -> list[tuple]:
     (micro-batches: `fc1.Linear.forward.0` and `.forward.1`) is one tensor, not its own sibling.  A module
     record names its module without the call counter; an API record (no module records: the parameter is a
     tensor input that requires grad) is its own; the rank and the target fingerprint join them."""
-    recs = [re.sub(r"\.\d+$", "", r) if r.startswith(("Module.", "Cell.")) else r for r in t["_record"].to_list()]
+    recs = [re.sub(r"\.\d+$", "", r) if r.startswith(MODULE_RECORD_PREFIXES) else r for r in t["_record"].to_list()]
     fps = t["_fp_t"].to_list()
     ranks = t["rank"].to_list()
     first: dict[tuple, tuple] = {}

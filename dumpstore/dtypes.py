@@ -11,6 +11,7 @@ import functools
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+DISCRETE_DTYPES = (*INT_DTYPES, "bool")  # integers and booleans: no rounding noise
 COMPLEX_DTYPES = ("complex32", "complex64", "complex128")
 
 _ALIASES = {
@@ -99,7 +100,7 @@ def eps(dtype: str) -> float:
     """Machine epsilon of a float dtype; 0 for exact types; fp32's for unknown names."""
     if dtype in EPS:
         return EPS[dtype]
-    if dtype in INT_DTYPES or dtype == "bool":
+    if dtype in DISCRETE_DTYPES:
         return 0.0
     return EPS["float32"]
 

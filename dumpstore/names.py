@@ -9,6 +9,7 @@ import re
 from typing import NamedTuple
 
 MODULE_PREFIXES = ("Module", "Cell")
+MODULE_RECORD_PREFIXES = tuple(p + "." for p in MODULE_PREFIXES)  # how module and cell record names start
 _API = re.compile(r"^(?P<prefix>[A-Za-z_][\w]*)\.(?P<api>.+)\.(?P<call>\d+)\.(?P<dir>forward|backward)$")
 _MODULE = re.compile(r"^(?P<prefix>Module|Cell)\.(?P<api>.+)\.(?P<dir>forward|backward)\.(?P<call>\d+)$")
 _PGRAD = re.compile(r"^(?P<prefix>Module|Cell)\.(?P<api>.+)\.parameters_grad(?:\.(?P<call>\d+))?$")

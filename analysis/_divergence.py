@@ -43,6 +43,7 @@ from .defaults import default_keywords, framework_of
 from .dtype_change import applies as dtype_applies
 from .dtype_change import dtype_columns
 from .findings import Finding, Verdict
+from .flipflow import mark_possible_flips
 from .hidden_index import hidden_index_columns
 from .noise import NoiseModel, order_key, record_measures, saves_result
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
@@ -177,6 +178,7 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison, judged_from: int | None = N
     if not dtype_applies(cmp.precision, _cross_framework(rows)):
         recs = recs.with_columns(pl.lit(False).alias("dtype_diff"))
     noise = NoiseModel.fit(recs)
+    mark_possible_flips(noise, rows, recs)  # discrete outputs whose flip the statistics cannot show
     unmatched = _unmatched(cmp.records)
     found, shown = _culprit(rows, recs, cmp, noise, judged_from=judged_from)
     # across frameworks (MindSpore vs PyTorch), records of one framework only are expected structure: listed as

@@ -652,7 +652,7 @@ class _Judge:
         if self.t_prod.producer(out, views=False) is not None and self.r_prod.producer(out, views=False) is not None:
             return None  # the same output was recorded earlier (a module and its last op): judged there
         # fed by a near-tie flip upstream in its step, within what the flip explains (analysis/flipflow.py)
-        fed = fed_by_flip(self.noise, self.key, rec) is not None
+        fed = fed_by_flip(self.noise, self.key, rec, leaves) is not None
         if fed:
             self.noise.explain(self.key)
         if bad_in.height == 0 and rec["fresh"]:

@@ -87,6 +87,7 @@ class NoiseModel:
     output_norms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # ... and its reference norm (or NaN)
     flips: list[dict[str, Any]] = field(default_factory=list)  # discrete outputs flipped on near ties (noise)
     flip_marks: list[tuple[tuple, frozenset]] = field(default_factory=list)  # their order keys, enclosing modules
+    possible_flips: Any = None  # flips the statistics cannot show (analysis/flipflow.py PossibleFlips)
     flip_explained: set[tuple] = field(default_factory=set)  # order keys of the flips and of what they explained
     _explained: dict[tuple[bool, str], np.ndarray] = field(default_factory=dict)  # ... as masks of fresh / carry
     _output_ranks: np.ndarray | None = None  # the rank of each of `outputs` (analysis/flipflow.py), on first use

@@ -368,13 +368,15 @@ def noise_line(v: dict) -> str:
         line += " (on what could be judged: see NOT JUDGED)"
     if over:
         line += f": {over} tensors over their tolerance, none standing out"
-    flips = n.get("discrete_flips") or []
+    flips = [f for f in n.get("discrete_flips") or [] if not f.get("possible")]
     if flips:
         f = flips[0]
         line += (
             f"; {len(flips)} discrete outputs changed on near ties, noise (first: step {f['step']} rank {f['rank']}"
             f" {f['op']})"
         )
+    for f in [f for f in n.get("discrete_flips") or [] if f.get("possible")]:
+        line += f"; step {f['step']} rank {f['rank']}: {f['detail']}"
     if n.get("largest_amplification") is not None:
         line += (
             f"; largest amplification {num(n['largest_amplification'])}x at step {n['step']} rank {n['rank']}"

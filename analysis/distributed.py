@@ -157,7 +157,7 @@ def overflow(
     batch: int | None = None,
 ):
     """`overflow.overflow` mapped over a Ray cluster by partition; the same OverflowReport."""
-    from ._overflow import OverflowReport
+    from ._overflow import OverflowReport, is_overflow
 
     whole = store.run_info(run).get("generation") == "8.x" or bool(
         ref and store.run_info(ref).get("generation") == "8.x"
@@ -166,7 +166,7 @@ def overflow(
         parts = partitions(store, run, ref, steps, ranks, _cpus(address), batch, whole_steps=whole)
         reports = _map(_overflow_part, store, parts, address, run, ref)
     producers = [p for r in reports for p in r.producers]
-    first = next((p for p in producers if not p["likely_mask"]), None)
+    first = next((p for p in producers if is_overflow(p)), None)
     frames = [r.tensors for r in reports]
     tensors = pl.concat(frames, how="vertical_relaxed") if frames else None
     if tensors is None:

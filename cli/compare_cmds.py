@@ -500,6 +500,13 @@ def overflow_text(rep, top: int) -> str:
         head + (f"  (beyond reference {text(rep.ref)})" if rep.ref else ""),
         f"{len(rep.producers)} producers (clean inputs, dirty output); {rep.tensors.height} dirty tensors",
     ]
+    masked = [p for p in rep.producers if p.get("masked")]
+    if masked:
+        p = masked[0]
+        lines.append(
+            f"MASKED: {len(masked)} producers whose NaN/Inf every path discards, not overflow (first: step "
+            f"{p['step']} rank {p['rank']} {text(p['op'])}, ended by {text(p['masked_by'])})"
+        )
     if rep.tensors.height:
         shown = rep.tensors if top == 0 else rep.tensors.head(top)
         lines.append(render(shown.to_arrow(), "table"))

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from dumpstore.dtypes import DISCRETE_DTYPES
+from dumpstore.dtypes import DISCRETE_DTYPES, EPS
 
 from .noise import STAND_OUT, NoiseModel, order_key
 from .order import INPUT_IO, OUTPUT_IO
@@ -174,8 +174,9 @@ TIES = 1
 
 @dataclass
 class PossibleFlips:
-    """The records of a pair whose discrete output may have flipped unseen (`mark_possible_flips`), and those
-    reading a differing discrete input (data, labels, or a flip the statistics show), each with its order key."""
+    """The records of a pair whose discrete output may have flipped unseen (`mark_possible_flips`: each with its
+    order key and `until`, the start of the next micro-batch of its step and rank, or None), and those reading
+    a differing discrete input (data, labels, or a flip the statistics show)."""
 
     sources: list[dict[str, Any]] = field(default_factory=list)
     discrete_differs: list[tuple] = field(default_factory=list)
@@ -183,13 +184,16 @@ class PossibleFlips:
 
 def mark_possible_flips(noise: NoiseModel, rows: pl.DataFrame, recs: pl.DataFrame) -> None:
     """Note the records whose discrete output (indices, a mask: argmax, top-k, sort, eq/gt/lt, max-pool indices)
-    is computed from float inputs that differ, within their tolerance, and is compared by its statistics only
-    (msprobe keeps max/min of an integer tensor: a flipped choice keeps them): a flip there is possible, and
-    the statistics cannot tell.  A record whose arguments or inputs differ beyond tolerance is no such source
-    (a changed argument, a wrong kernel before it, data: judged by their own rules); and the records reading a
-    differing discrete input (`noise.possible_flips`)."""
+    is computed from float inputs that may differ and is compared by its statistics only (msprobe keeps max/min
+    of an integer tensor: a flipped choice keeps them): a flip there is possible, and the statistics cannot
+    tell.  The float inputs may differ when their statistics differ within tolerance, or when they agree but
+    are rounded to a 16-bit float's precision (msprobe's statistics of a bf16 or fp16 tensor are: a difference
+    can hide in them) while the pair already differs before it in its step and rank.  A record whose arguments
+    or inputs differ beyond tolerance is no such source (a changed argument, a wrong kernel before it, data:
+    judged by their own rules).  Also the records reading a differing discrete input (`noise.possible_flips`)."""
     need = {"_io", "kind", "tol_dtype", "err_source", "status", "_record", "name"}
-    if not need <= set(rows.columns) or not {"in_float_err", "in_div", "arg_diff", "out_div"} <= set(recs.columns):
+    have = {"in_float_err", "in_float_eps", "in_div", "arg_diff", "out_div", "_direction", "_phase"}
+    if not need <= set(rows.columns) or not have <= set(recs.columns):
         return
     keys = ["step", "rank", "source", "_record"]
     discrete = (pl.col("kind") == "tensor") & pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
@@ -197,32 +201,52 @@ def mark_possible_flips(noise: NoiseModel, rows: pl.DataFrame, recs: pl.DataFram
         pl.col("_io").is_in(OUTPUT_IO) & discrete & (pl.col("err_source") == "stats") & (pl.col("status") != "diverged")
     )
     named = outs.group_by(keys, maintain_order=True).agg(pl.col("name").alias("_outputs"))
+    rounded = (pl.col("in_float_err") == 0) & (pl.col("in_float_eps") > EPS["float32"])  # 16-bit statistics
     src = recs.join(named, on=keys, how="inner", nulls_equal=True).filter(
-        (pl.col("in_float_err") > 0) & ~pl.col("in_div") & ~pl.col("arg_diff") & ~pl.col("out_div")
+        ((pl.col("in_float_err") > 0) | rounded) & ~pl.col("in_div") & ~pl.col("arg_diff") & ~pl.col("out_div")
     )
     differs = rows.filter(pl.col("_io").is_in(INPUT_IO) & discrete & (pl.col("status") == "diverged"))
     differs = recs.join(differs.select(keys).unique(), on=keys, how="semi", nulls_equal=True)
-    noise.possible_flips = PossibleFlips(
-        [
-            {"key": order_key(r), "op": r["_record"], "outputs": r["_outputs"], "float_err": float(r["in_float_err"])}
-            for r in src.iter_rows(named=True)
-        ],
-        [order_key(r) for r in differs.iter_rows(named=True)],
-    )
+    starts = _micro_batch_starts(recs)
+    sources = []
+    for r in src.iter_rows(named=True):
+        key = order_key(r)
+        if not r["in_float_err"] and not (flip_level(noise, (key[0],), key) or 0.0) > 0:
+            continue  # 16-bit statistics that agree where nothing before differs: the inputs are the same
+        later = [k for k in starts if k[0] == key[0] and k[2] == key[2] and k[3] == key[3] and k > key]
+        sources.append(
+            {
+                "key": key,
+                "until": min(later) if later else None,
+                "op": r["_record"],
+                "outputs": r["_outputs"],
+                "float_err": float(r["in_float_err"]),
+            }
+        )
+    noise.possible_flips = PossibleFlips(sources, [order_key(r) for r in differs.iter_rows(named=True)])
+
+
+def _micro_batch_starts(recs: pl.DataFrame) -> list[tuple]:
+    """The order keys of the forward records that follow a backward record in their step, rank and source (the
+    first record of a micro-batch after the first): a flip in one micro-batch makes nothing of the next."""
+    ordered = recs.filter(pl.col("_phase") == 0).select("step", "_phase", "rank", "source", "_seq", "_direction")
+    prev = pl.col("_direction").shift(1).over(["step", "rank", "source"])
+    starts = ordered.filter((pl.col("_direction") == "forward") & (prev == "backward"))
+    return [order_key(r) for r in starts.iter_rows(named=True)]
 
 
 def possible_before(noise: NoiseModel, key: tuple) -> dict[str, Any] | None:
-    """The first possible flip (`mark_possible_flips`) before `key` in its step and rank; None also where a
-    discrete input differs before `key` in its step and rank (data or labels changed: whole numbers after it
-    are not a flip's to explain)."""
+    """The first possible flip (`mark_possible_flips`) before `key` in its step, rank and micro-batch; None also
+    where a discrete input differs before `key` in its step and rank (data or labels changed: whole numbers
+    after it are not a flip's to explain)."""
     marks = noise.possible_flips
     if not isinstance(marks, PossibleFlips):
         return None
     if any(k[0] == key[0] and k[2] == key[2] and k < key for k in marks.discrete_differs):
         return None
     for s in marks.sources:
-        k = s["key"]
-        if k[0] == key[0] and k[2] == key[2] and k < key:
+        k, until = s["key"], s["until"]
+        if k[0] == key[0] and k[2] == key[2] and k < key and (until is None or key < until):
             return s
     return None
 

@@ -24,10 +24,20 @@ def _ints(a: np.ndarray, dtype: str | None = None) -> dict:
     return leaf(a, stats=("Max", "Min"), dtype=dtype)
 
 
-def _classifier(pred: np.ndarray, *, noise: float = 0.0, labels: np.ndarray = LABELS, cast: bool = False) -> dict:
-    """Float ops (the pair's baseline) and the logits, off by `noise` (relative: the target's rounding), their
-    argmax, `pred == labels` and the mean of the float indicator (`cast`: the `.float()` recorded as
-    `Tensor.float.0.forward`, else made by no recorded op)."""
+def _classifier(
+    pred: np.ndarray,
+    *,
+    noise: float = 0.0,
+    labels: np.ndarray = LABELS,
+    cast: bool = False,
+    logits_same: bool = False,
+    logits_dtype: str | None = None,
+    next_micro_batch: bool = False,
+) -> dict:
+    """Float ops (the pair's baseline) and the logits, off by `noise` (relative: the target's rounding; the
+    logits exactly the same with `logits_same`, dumped as `logits_dtype`), their argmax, `pred == labels` and
+    the mean of the float indicator (`cast`: the `.float()` recorded as `Tensor.float.0.forward`, else made by
+    no recorded op; `next_micro_batch`: in the next micro-batch, after a backward record)."""
     rng = np.random.default_rng(3)
     x = _f32(rng.normal(size=(8, 16)))
     recs: dict = {
@@ -35,10 +45,10 @@ def _classifier(pred: np.ndarray, *, noise: float = 0.0, labels: np.ndarray = LA
         for i in range(4)
     }
     w = _f32(rng.normal(size=(10, 16)) / 4)
-    logits = _f32((x @ w.T) * (1 + noise))
+    logits = _f32((x @ w.T) * (1 + (0.0 if logits_same else noise)))
     recs["Functional.linear.0.forward"] = {"input_args": [x, leaf(w, requires_grad=True)], "output": [logits]}
     recs["Torch.argmax.0.forward"] = {
-        "input_args": [logits, {"type": "int", "value": -1}],
+        "input_args": [leaf(logits, dtype=logits_dtype), {"type": "int", "value": -1}],
         "output": [_ints(pred)],
     }
     right = pred == labels
@@ -52,6 +62,8 @@ def _classifier(pred: np.ndarray, *, noise: float = 0.0, labels: np.ndarray = LA
             "input_args": [_ints(right.astype(np.int8), dtype="bool")],
             "output": [indicator],
         }
+    if next_micro_batch:
+        recs["Functional.gelu.0.backward"] = {"input": [x], "output": [x]}
     recs["Tensor.mean.0.forward"] = {"input_args": [indicator], "output": [_f32(indicator.mean())]}
     return recs
 
@@ -127,3 +139,27 @@ def test_units_moved_reads_sum_extremes_and_sum_of_squares():
     assert units_moved({**counts, "min": 3.0, "max": 7.0, "mean": 4.5, "norm": math.sqrt(90)}) == 0
     # [3, 4, 5, 6] -> [3, 4, 5, 8]: the max up by two: beyond one tie
     assert units_moved({**counts, "min": 3.0, "max": 8.0, "mean": 5.0, "norm": math.sqrt(114)}) is None
+
+
+def test_a_flip_in_one_micro_batch_explains_nothing_in_the_next(dump_writer, store_dir):
+    """The indicator read in the next micro-batch (after a backward record): no flip of the first makes it."""
+    v = _verdict(
+        dump_writer,
+        store_dir,
+        _target(FLIPPED, next_micro_batch=True),
+        _classifier(REF_PRED, next_micro_batch=True),
+    )
+    assert v.culprit is not None and (v.culprit.op, v.culprit.kind) == ("Tensor.mean.0.forward", "input")
+
+
+@pytest.mark.parametrize(("dtype", "quiet"), [("bfloat16", True), (None, False)])
+def test_logits_whose_statistics_agree_can_flip_in_16_bits_only(dump_writer, store_dir, dtype, quiet):
+    """The argmax's logits dumped with the same statistics in both runs while the ops before them differ: in
+    bf16 (statistics rounded to 8 bits) a difference can hide there, a flip is possible; in float32 the same
+    statistics mean the same logits, nothing could flip."""
+    ref = _classifier(REF_PRED, logits_dtype=dtype)
+    v = _verdict(dump_writer, store_dir, _target(FLIPPED, logits_same=True, logits_dtype=dtype), ref)
+    if quiet:
+        assert v.culprit is None and v.noise["discrete_flips"][0]["op"] == "Torch.argmax.0.forward"
+    else:
+        assert v.culprit is not None and (v.culprit.op, v.culprit.kind) == ("Tensor.mean.0.forward", "input")

@@ -30,12 +30,13 @@ def _classifier(
     noise: float = 0.0,
     labels: np.ndarray = LABELS,
     cast: bool = False,
-    logits_same: bool = False,
+    logits_noise: float | None = None,
     logits_dtype: str | None = None,
     next_micro_batch: bool = False,
+    dim: int = -1,
 ) -> dict:
     """Float ops (the pair's baseline) and the logits, off by `noise` (relative: the target's rounding; the
-    logits exactly the same with `logits_same`, dumped as `logits_dtype`), their argmax, `pred == labels` and
+    logits off by `logits_noise` where given, dumped as `logits_dtype`), their argmax, `pred == labels` and
     the mean of the float indicator (`cast`: the `.float()` recorded as `Tensor.float.0.forward`, else made by
     no recorded op; `next_micro_batch`: in the next micro-batch, after a backward record)."""
     rng = np.random.default_rng(3)
@@ -45,10 +46,10 @@ def _classifier(
         for i in range(4)
     }
     w = _f32(rng.normal(size=(10, 16)) / 4)
-    logits = _f32((x @ w.T) * (1 + (0.0 if logits_same else noise)))
+    logits = _f32((x @ w.T) * (1 + (noise if logits_noise is None else logits_noise)))
     recs["Functional.linear.0.forward"] = {"input_args": [x, leaf(w, requires_grad=True)], "output": [logits]}
     recs["Torch.argmax.0.forward"] = {
-        "input_args": [leaf(logits, dtype=logits_dtype), {"type": "int", "value": -1}],
+        "input_args": [leaf(logits, dtype=logits_dtype), {"type": "int", "value": dim}],
         "output": [_ints(pred)],
     }
     right = pred == labels
@@ -158,8 +159,21 @@ def test_logits_whose_statistics_agree_can_flip_in_16_bits_only(dump_writer, sto
     bf16 (statistics rounded to 8 bits) a difference can hide there, a flip is possible; in float32 the same
     statistics mean the same logits, nothing could flip."""
     ref = _classifier(REF_PRED, logits_dtype=dtype)
-    v = _verdict(dump_writer, store_dir, _target(FLIPPED, logits_same=True, logits_dtype=dtype), ref)
+    v = _verdict(dump_writer, store_dir, _target(FLIPPED, logits_noise=0.0, logits_dtype=dtype), ref)
     if quiet:
         assert v.culprit is None and v.noise["discrete_flips"][0]["op"] == "Torch.argmax.0.forward"
     else:
         assert v.culprit is not None and (v.culprit.op, v.culprit.kind) == ("Tensor.mean.0.forward", "input")
+
+
+def test_a_changed_argument_of_the_discrete_op_is_found(dump_writer, store_dir):
+    """The argmax taken over another dimension in the target (same outputs' statistics): the argument, not a
+    possible flip."""
+    v = _verdict(dump_writer, store_dir, _target(FLIPPED, dim=1))
+    assert v.culprit is not None and (v.culprit.op, v.culprit.kind) == ("Torch.argmax.0.forward", "scalar")
+
+
+def test_a_wrong_kernel_before_the_discrete_op_is_found(dump_writer, store_dir):
+    """The logits 1 % off on agreeing inputs: the linear that made them, before any possible flip."""
+    v = _verdict(dump_writer, store_dir, _target(FLIPPED, logits_noise=0.01))
+    assert v.culprit is not None and (v.culprit.op, v.culprit.kind) == ("Functional.linear.0.forward", "op")

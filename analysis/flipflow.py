@@ -7,7 +7,8 @@ expert gets, often through indexing and permutes msprobe does not record), the c
 the residual stream after it, and in the backward every gradient (they all descend from the loss, which the
 flipped rows feed).
 
-A record is **fed by the flip** (data-flow downstream of the flipped record, in its step and rank) when
+A record is **fed by the flip** (data-flow downstream of the flipped record, in its step, rank and micro-batch:
+a flip in one micro-batch makes nothing of the next) when
   - it comes after the flip in the forward and one of its inputs differs (an input made downstream of it), or
     is an integer compared by its statistics only (msprobe keeps max/min: the flip can hide in it), or is a
     float input that differs by a statistics bound only (one re-routed row of many moves a tensor's mean and
@@ -53,11 +54,19 @@ def enclosing_modules(record: str, parents: dict[str, str]) -> frozenset:
 
 
 def flip_before(noise: NoiseModel, key: tuple) -> tuple[tuple, frozenset] | None:
-    """The first near-tie flip noted before `key` in its step and rank: its order key and enclosing modules."""
+    """The first near-tie flip noted before `key` in its step, rank and micro-batch: its order key and enclosing
+    modules.  A flip in one micro-batch makes nothing of the next (same weights, other rows)."""
     for fk, scope in noise.flip_marks:
-        if fk[0] == key[0] and fk[2] == key[2] and fk < key:
+        if fk[0] == key[0] and fk[2] == key[2] and fk < key and not _past_micro_batch(noise, fk, key):
             return fk, scope
     return None
+
+
+def _past_micro_batch(noise: NoiseModel, since: tuple, key: tuple) -> bool:
+    """Whether a micro-batch of `since`'s step, rank and source starts after `since`, at or before `key`."""
+    marks = noise.possible_flips
+    starts = marks.starts if isinstance(marks, PossibleFlips) else []
+    return any(s[0] == since[0] and s[2] == since[2] and s[3] == since[3] and since < s <= key for s in starts)
 
 
 def flip_level(noise: NoiseModel, since: tuple, key: tuple) -> float | None:
@@ -174,12 +183,12 @@ TIES = 1
 
 @dataclass
 class PossibleFlips:
-    """The records of a pair whose discrete output may have flipped unseen (`mark_possible_flips`: each with its
-    order key and `until`, the start of the next micro-batch of its step and rank, or None), and those reading
-    a differing discrete input (data, labels, or a flip the statistics show)."""
+    """The records of a pair whose discrete output may have flipped unseen (`mark_possible_flips`), those reading
+    a differing discrete input (data, labels, or a flip the statistics show), and where micro-batches start."""
 
     sources: list[dict[str, Any]] = field(default_factory=list)
     discrete_differs: list[tuple] = field(default_factory=list)
+    starts: list[tuple] = field(default_factory=list)  # the first record of each micro-batch after the first
 
 
 def mark_possible_flips(noise: NoiseModel, rows: pl.DataFrame, recs: pl.DataFrame) -> None:
@@ -213,17 +222,15 @@ def mark_possible_flips(noise: NoiseModel, rows: pl.DataFrame, recs: pl.DataFram
         key = order_key(r)
         if not r["in_float_err"] and not (flip_level(noise, (key[0],), key) or 0.0) > 0:
             continue  # 16-bit statistics that agree where nothing before differs: the inputs are the same
-        later = [k for k in starts if k[0] == key[0] and k[2] == key[2] and k[3] == key[3] and k > key]
         sources.append(
             {
                 "key": key,
-                "until": min(later) if later else None,
                 "op": r["_record"],
                 "outputs": r["_outputs"],
                 "float_err": float(r["in_float_err"]),
             }
         )
-    noise.possible_flips = PossibleFlips(sources, [order_key(r) for r in differs.iter_rows(named=True)])
+    noise.possible_flips = PossibleFlips(sources, [order_key(r) for r in differs.iter_rows(named=True)], starts)
 
 
 def _micro_batch_starts(recs: pl.DataFrame) -> list[tuple]:
@@ -245,8 +252,8 @@ def possible_before(noise: NoiseModel, key: tuple) -> dict[str, Any] | None:
     if any(k[0] == key[0] and k[2] == key[2] and k < key for k in marks.discrete_differs):
         return None
     for s in marks.sources:
-        k, until = s["key"], s["until"]
-        if k[0] == key[0] and k[2] == key[2] and k < key and (until is None or key < until):
+        k = s["key"]
+        if k[0] == key[0] and k[2] == key[2] and k < key and not _past_micro_batch(noise, k, key):
             return s
     return None
 

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from test_flipflow import _f32, _pair
+from test_flipflow import _f32, _moe, _pair
 
 from dumpstore.analysis.flipflow import TIES, units_moved
 from helpers import leaf
@@ -177,3 +177,23 @@ def test_a_wrong_kernel_before_the_discrete_op_is_found(dump_writer, store_dir):
     """The logits 1 % off on agreeing inputs: the linear that made them, before any possible flip."""
     v = _verdict(dump_writer, store_dir, _target(FLIPPED, logits_noise=0.01))
     assert v.culprit is not None and (v.culprit.op, v.culprit.kind) == ("Functional.linear.0.forward", "op")
+
+
+def _moe_then_next_micro_batch(flipped: bool, grad_off: float) -> dict:
+    """test_flipflow's MoE pair (a top-2 routing near tie, flipped in the target when `flipped`), then the next
+    micro-batch: a forward op and its backward, whose gradient is off by `grad_off` in the target."""
+    recs = _moe("tensor", flipped)
+    rng = np.random.default_rng(8)
+    x, g = _f32(rng.normal(size=(16, 8))), _f32(rng.normal(size=(16, 8)))
+    recs["Functional.gelu.9.forward"] = {"input_args": [x], "output": [_f32(x * 0.5)]}
+    recs["Functional.gelu.9.backward"] = {"input": [g], "output": [_f32(g * 0.5 * (1 + grad_off))]}
+    return recs
+
+
+def test_a_noted_flip_explains_nothing_in_the_next_micro_batch(dump_writer, store_dir):
+    """A backward op of the next micro-batch 5 % off on an agreeing gradient, within what the flip's
+    consequences showed (STAND_OUT x its level): named, the flip of the micro-batch before makes nothing of it."""
+    ref = _moe_then_next_micro_batch(False, 0.0)
+    v = _pair(dump_writer, store_dir, "tensor", [ref], [_moe_then_next_micro_batch(True, 0.05)])
+    assert v.culprit is not None
+    assert (v.culprit.op, v.culprit.kind) == ("Functional.gelu.9.backward", "op")

@@ -2,13 +2,14 @@
 `F.linear(x, w, b)`; `bias=None` against a bias tensor) is a discrete difference, like a changed scalar argument,
 found at the first step it shows even when the outputs still agree (a bias that starts at zero).
 
-What counts, per record pair of the same API (analysis/_divergence.py `same_call`): a top-level argument
-(positional `input.2` or keyword `input.bias`; a module's `parameters.bias`) that is a tensor in one run and
-absent or None in the other.  What does not, because it follows from the data or the compute dtype rather than
-from the call: a tensor argument's shape (a routing flip changes how many tokens an expert gets), its dtype
-(autocast; a cast msprobe does not record is analysis/dtype_change.py's), an element of a list argument
-(`torch.cat` of the experts that got tokens), and a tensor against a Python number (`x * 0.5` against
-`x * torch.tensor(0.5)`: the same value).  See docs/how-it-decides.md, "Argument signatures".
+What counts, per forward record pair of the same API (analysis/_divergence.py `same_call`): a top-level argument
+(positional `input.2` or keyword `input.bias`; a module's `parameters.bias`) that is a tensor in one run and absent
+or None in the other.  What does not, because it follows from the data or the compute dtype rather than from the
+call: a backward record's inputs (gradients: None where no gradient flows), a tensor argument's shape (a routing
+flip changes how many tokens an expert gets), its dtype (autocast; a cast msprobe does not record is
+analysis/dtype_change.py's), an element of a list argument (`torch.cat` of the experts that got tokens), and a
+tensor against a Python number (`x * 0.5` against `x * torch.tensor(0.5)`: the same value).
+See docs/how-it-decides.md, section 4, rule 1.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def one_run_tensor() -> pl.Expr:
     top = ~index.str.contains(".", literal=True).fill_null(True)
     t_tensor, r_tensor = pl.col("kind") == "tensor", pl.col("ref_kind") == "tensor"
     one = (t_tensor & _absent("ref_")) | (r_tensor & _absent(""))
-    return (pl.col("_io").is_in(INPUT_IO) & pl.col("_paired") & top & one).fill_null(False)
+    forward = pl.col("_direction") == "forward"  # a backward record's inputs are gradients: None where none flows
+    return (pl.col("_io").is_in(INPUT_IO) & pl.col("_paired") & forward & top & one).fill_null(False)
 
 
 def signature_column() -> pl.Expr:

@@ -97,8 +97,9 @@ def test_same_arguments_stay_quiet(dump_writer, store_dir):
 
 
 def test_what_counts_as_a_signature_difference():
-    """Top-level inputs only, tensor against None or absent; a list element, a dtype or shape, a number against a
-    tensor, an output: not (they follow from the data or the compute dtype)."""
+    """Top-level inputs of forward records only, tensor against None or absent; a list element, a dtype or shape, a
+    number against a tensor, an output, a backward record's gradient: not (the data or the compute dtype decide
+    them)."""
     rows = pl.DataFrame(
         {
             "index_path": ["2", None, "0.3", "bias", "1", "1", "0", "weight"],
@@ -107,12 +108,14 @@ def test_what_counts_as_a_signature_difference():
             "ref_kind": ["tensor", "tensor", None, "null", "tensor", "tensor", None, "tensor"],
             "_io": ["input", "input", "input", "input", "input", "input", "output", "parameters"],
             "_paired": [True] * 8,
+            "_direction": ["forward"] * 8,
         }
     )
     got = rows.select(one_run_tensor()).to_series().to_list()
     assert got == [True, True, False, True, False, False, False, True]
-    unpaired = rows.with_columns(pl.lit(False).alias("_paired"))
-    assert not any(unpaired.select(one_run_tensor()).to_series().to_list())
+    for col, value in (("_paired", False), ("_direction", "backward")):
+        other = rows.with_columns(pl.lit(value).alias(col))
+        assert not any(other.select(one_run_tensor()).to_series().to_list())
 
 
 # ------------------------------------------------------------------------------------------------ repeats

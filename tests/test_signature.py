@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from dumpstore._ingest import ingest
-from dumpstore.analysis._divergence import divergence
+from dumpstore.analysis._divergence import divergence, divergence_by_steps
 from dumpstore.analysis.align_repeats import agreeing, place_by_values, tolerance_of
 from dumpstore.analysis.compare import compare_runs
 from dumpstore.analysis.signature import one_run_tensor
@@ -64,6 +64,9 @@ def test_bias_given_in_one_run_only_is_named(dump_writer, store_dir, target_args
         "outputs": "within tolerance",
     }
     assert (v.first_divergence.op, v.first_divergence.kind) == ("Functional.linear.0.forward", "signature")
+    # the screened path (runs over max_rows) details the unit where a tensor meets None (analysis/screen.py `args`)
+    screened = divergence_by_steps(store, "target", "ref", max_rows=1)
+    assert screened.culprit == c and screened.first_divergence == v.first_divergence
 
 
 def test_signature_before_the_value_it_changes(dump_writer, store_dir):

@@ -82,6 +82,8 @@ def _slide(
     """`place_by_values` for the insertions of `a` (runs of `a` unmatched where nothing of `b` is)."""
     partner = dict(matched)
     for p, g in _insertions(partner, len(a), len(b)):
+        if (p - 1 if p > 0 else p + g) not in partner:
+            continue  # an earlier slide moved its neighbour (not seen in 100,000 random sequences: a guard)
         j0 = partner[p - 1] if p > 0 else partner[p + g] - 1  # the partner of a[p - 1] (before the run)
         left = 0  # a slide left by s: a[p-s .. p-s+g) are the extra calls, a[p+g-s .. p+g) take their partners
         while p - left - 1 >= 0 and partner.get(p - left - 1) == j0 - left and a[p - left - 1] == a[p + g - left - 1]:
@@ -95,10 +97,14 @@ def _slide(
             continue
         lo, hi = p - left, p + g + right
         js = list(range(j0 - left + 1, j0 + right + 1))
-        scores = {}
-        for q in range(lo, p + right + 1):
-            ii = [i for i in range(lo, hi) if not q <= i < q + g]
-            scores[q] = sum(score(i, j) for i, j in zip(ii, js))
+        # placement q (the extra calls a[q .. q+g)): js[k] pairs with a[lo+k] for k < q-lo, with a[lo+k+g] after;
+        # its score is a prefix of the first sums plus a suffix of the second (2 scores per call, not per pair)
+        before, after = [0], [0]
+        for k, j in enumerate(js):
+            before.append(before[-1] + score(lo + k, j))
+        for k in range(len(js) - 1, -1, -1):
+            after.append(after[-1] + score(lo + k + g, js[k]))
+        scores = {q: before[q - lo] + after[len(js) - (q - lo)] for q in range(lo, p + right + 1)}
         best = max(scores, key=lambda q: (scores[q], q == p))  # the names' placement on a tie
         if best == p:
             continue

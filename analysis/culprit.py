@@ -27,6 +27,7 @@ from .order import INPUT_IO, OUTPUT_IO
 from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers
 from .rank import significance
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
+from .signature import signature_finding
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -411,7 +412,7 @@ class _Judge:
 
     def verdict(self) -> tuple[Found, Found] | None:
         if self.rec["arg_diff"]:
-            return self._argument()
+            return signature_finding(self.rec, self.leaves, self.key) or self._argument()
         if self.rec.get("dtype_diff"):
             changed = self._dtype_change()
             if changed is not None:

@@ -132,6 +132,8 @@ ADVICE = {
     "input": "The runs are fed different data: check the data pipeline, its seed and the preprocessing of {what}.",
     "scalar": "Make both runs call {op} with the same {argument}: check the model config or the layer's "
     "constructor arguments{where}.",
+    "signature": "Make both runs call {op} with the same arguments: {argument} is given in one run only; check "
+    "the layer's constructor (bias=...) or the kernel or patch that replaces the call{where}.",
     "optimizer": "The weights agree before this step and move differently: check the learning rate, its schedule, "
     "the optimizer and its hyper-parameters (betas, eps, weight decay) and gradient clipping.",
     "op": "The op itself computes differently: dump it at tensor level (the config below), compare with --exact, "
@@ -426,7 +428,7 @@ def explain(look: _Lookup, f: dict[str, Any]) -> Explanation:
         ex.source = user_frame(look.frames(run, step, rank, sid))
     if kind == "parameter" and ev.get("differing"):
         ex.parameter = _parameter(look, f, ev["differing"], rows, mod)
-    if kind == "scalar" and ev.get("scalar"):
+    if kind in ("scalar", "signature") and ev.get("scalar"):
         ex.argument = _argument(look, f, ev["scalar"], rows)
     ex.advice = _advice(kind, ex, f)
     ex.next_dump = next_dump_config(op, mod, step, rank)
@@ -470,9 +472,16 @@ def _argument(look: _Lookup, f: dict[str, Any], leaf: str, rows: list[dict]) -> 
         "name": name,
         "position": known.get("index_path"),
         "named_by": how,
-        "target": t.get("value") if t else None,
-        "ref": r.get("value") if r else None,
+        "target": _arg_value(t),
+        "ref": _arg_value(r),
     }
+
+
+def _arg_value(row: dict[str, Any] | None) -> Any:
+    """An argument's value as shown: a scalar's value, or `a tensor` (analysis/signature.py's arguments)."""
+    if row is None:
+        return None
+    return "a tensor" if row.get("kind") == "tensor" else row.get("value")
 
 
 def _advice(kind: str, ex: Explanation, f: dict[str, Any]) -> str | None:

@@ -321,8 +321,10 @@ def _optimizer(
     if ev is not None and ratio and (over or decay is None):
         evidence = {k: v for k, v in ev.items() if k != "differs"}
         value = ev["median_ratio"]
+        tied = f" ({ev['tied']} more tied)" if ev.get("tied") else ""
         text = (
-            f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
+            f"{ev['same_way']} of {ev['parameters'] - ev.get('tied', 0)} parameters{tied} moved "
+            f"{ev['median_ratio']:.4g}x (median) as far as "
             f"in the reference between steps {before} and {after}, beyond their own spread and their gradients' "
             f"error (log ratio bar {ev['bar']:.2g}): learning rate, clipping or optimizer differs"
         )

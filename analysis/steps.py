@@ -28,12 +28,13 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
                        carried in, or rounding), x > STAND_OUT x the largest x of its siblings (same module class
                        or API, parameter name and shape, other modules or ranks: the same optimizer's noise on
                        the same kind of tensor; another call of the same module reads the same tensor and is
-                       none; a parameter without siblings: the largest x of every other parameter), and either the parameter is over its
-                       tolerance or x > STAND_OUT x (UPDATES_APART + x_prev) (more than the two runs' updates
-                       can put between them): a parameter changed between steps (written to, loaded wrongly).
-                       Named at its first consumer at step a, outright where x >= X_MIN (a sizeable part of an
-                       update), else only where that consumer confirms it (`needs_consumer`: its activations
-                       agree and its own error stands out; analysis/culprit.py `_consumer_confirms`).
+                       none; a parameter without siblings: the largest x of every other parameter), and
+                       either the parameter is over its tolerance or x > STAND_OUT x (UPDATES_APART + x_prev)
+                       (more than the two runs' updates can put between them): a parameter changed between
+                       steps (written to, loaded wrongly).  Named at its first consumer at step a, outright where
+                       x >= X_MIN (a sizeable part of an update), else only where that consumer confirms it
+                       (`needs_consumer`: its activations agree and its own error stands out;
+                       analysis/culprit.py `_consumer_confirms`).
   update differs       at least OPT_SHARE of the measured parameters have x > STAND_OUT x their explanation,
                        and the median x is at least X_MIN: every parameter moved otherwise than its gradient
                        explains (clipping at another norm, another optimizer): the optimizer culprit.  A

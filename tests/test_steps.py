@@ -8,10 +8,12 @@ import numpy as np
 import polars as pl
 import pytest
 from test_noise import MODES, _ingest_pair, _mark_parameters, _t, _verdict
+from test_noise_model import _optimizer_rows
 
 from dumpstore import ingest, open_store
 from dumpstore.analysis import compare_runs, divergence, steps
 from dumpstore.analysis.explain import explain_findings
+from dumpstore.analysis.noise import update_evidence
 from dumpstore.analysis.tolerance import Tolerances
 
 N_PARAMS = 6
@@ -472,3 +474,24 @@ def test_the_gap_a_change_shows_counts_extremes_beyond_two_element_updates():
     gap = steps._changed_gap(t, r, r, b, np.array([100.0, 100.0, 100.0, 100.0]))
     # 0.02 of max within two moves of 0.01; 0.05 is 0.03 beyond them; a mean 0.01 apart is 0.1 of the norm
     assert gap == pytest.approx([0.0, 0.03, 0.1, 0.5], abs=1e-12)
+
+
+def test_tied_update_sizes_say_neither_run_moved_further():
+    """bf16 statistics round a norm or a max to the same step in both runs: a parameter's two update sizes are then
+    equal, a ratio of exactly 1 that says nothing of which run moved further.  Set 3 `bloom_lr_step2` (lr x1.05,
+    pure bf16, statistics): 22 of 30 parameters 1.05-1.08x, 8 tied; the share of parameters moved the same way
+    (OPT_SHARE) is counted among the 22, the median keeps the ties."""
+    ratios = np.array([1.06] * 22 + [1.0] * 8)
+    rows, params = _optimizer_rows(ratios)
+    ev = update_evidence(rows, 0, 1, params)
+    assert ev is not None and ev["differs"]
+    assert (ev["parameters"], ev["same_way"], ev["tied"]) == (30, 22, 8)
+    assert ev["median_ratio"] == pytest.approx(1.06, rel=1e-3)
+    # ties pull the median to 1: a majority of them leaves nothing to find
+    rows, params = _optimizer_rows(np.array([1.06] * 12 + [1.0] * 18))
+    ev = update_evidence(rows, 0, 1, params)
+    assert ev is not None and not ev["differs"] and ev["median_ratio"] == 1.0
+    # no ties: no key, and the share over every parameter as before
+    rows, params = _optimizer_rows(np.full(30, 1.06))
+    ev = update_evidence(rows, 0, 1, params)
+    assert ev is not None and ev["differs"] and "tied" not in ev

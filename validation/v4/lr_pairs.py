@@ -1,12 +1,14 @@
-"""Learning-rate changes from the second update on, under set 4's optimizers (RMSprop GPT-J, NAdam Mamba in pure
-bf16, Nesterov SGD ResNet), and their clean pairs: set 4's families and harness (``make_pairs.py``) with these
-cases in place of its own. The optimizer rule (docs/how-it-decides.md, section 5) is checked on optimizers
-other than Adam with them.
+"""Learning-rate changes from the second update on, under optimizers other than Adam (set 4's RMSprop GPT-J, NAdam
+Mamba in pure bf16, Nesterov SGD ResNet) and their clean pairs; or a sweep of learning-rate factors in pure bf16
+(``--sweep mamba``: set 4's Mamba, NAdam; ``--sweep llama``: set 1's Llama, AdamW), statistics mode, where bf16
+statistics limit what the optimizer rule can see (docs/how-it-decides.md, section 5). The families, runs and key
+are those of set 4's (``make_pairs.py``) or set 1's (``validation/make_pairs.py``) harness, with these cases in
+place of the set's own.
 
-    .venv/bin/python validation/v4/lr_pairs.py [--out validation/v4/.lr_data] [--jobs 2]
+    .venv/bin/python validation/v4/lr_pairs.py [--sweep mamba|llama] [--out validation/v4/.lr_data] [--jobs 2]
     .venv/bin/python validation/score.py --data validation/v4/.lr_data
 
-``--only`` and ``--modes`` as in make_pairs.py; the default folder is git-ignored (never set 4's own ``.data``).
+``--only`` and ``--modes`` as in make_pairs.py; the default folder is git-ignored (never a set's own ``.data``).
 """
 
 from __future__ import annotations
@@ -27,20 +29,45 @@ CASES = {
     "mamba_clean": ("mamba", "base", None, ("stats", "tensor")),
     "resnet_clean": ("resnet", "base", None, ("stats", "tensor")),
 }
+SWEEP = (1.1, 1.2, 1.5, 2.0)  # learning-rate factors from the second update on
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def main(argv=None) -> int:
-    spec = importlib.util.spec_from_file_location("validation_v4_make_pairs", HERE / "make_pairs.py")
-    assert spec and spec.loader
-    v4 = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = v4
-    spec.loader.exec_module(v4)
-    v4.CASES.clear()
-    v4.CASES.update(CASES)
     argv = list(sys.argv[1:] if argv is None else argv)
+    sweep = None
+    if "--sweep" in argv:
+        at = argv.index("--sweep")
+        sweep = argv[at + 1]
+        del argv[at : at + 2]
+    if sweep == "llama":  # set 1's harness (it imports its devices module from its own folder)
+        sys.path.insert(0, str(HERE.parent))
+        mod = _load("validation_make_pairs", HERE.parent / "make_pairs.py")
+        key = "factor"
+    else:
+        mod = _load("validation_v4_make_pairs", HERE / "make_pairs.py")
+        key = "value"
+    mod.CASES.clear()
+    if sweep in ("llama", "mamba"):
+        for f in SWEEP:
+            fault = {"kind": "lr", "after_step": 1, key: f}
+            mod.CASES["%s_lr%d_step2" % (sweep, round(f * 100))] = (sweep, "base", fault, ("stats",))
+        mod.CASES["%s_clean" % sweep] = (sweep, "base", None, ("stats",))
+    elif sweep is not None:
+        raise SystemExit("--sweep: llama or mamba, not %r" % sweep)
+    else:
+        mod.CASES.update(CASES)
     if not any(a == "--out" or a.startswith("--out=") for a in argv):
-        argv = ["--out", str(HERE / ".lr_data"), *argv]
-    return v4.main(argv)
+        argv = ["--out", str(HERE / (".lr_data" if sweep is None else ".lr_data_" + sweep)), *argv]
+    return mod.main(argv)
 
 
 if __name__ == "__main__":

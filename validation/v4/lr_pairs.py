@@ -5,10 +5,13 @@ statistics limit what the optimizer rule can see (docs/how-it-decides.md, sectio
 are those of set 4's (``make_pairs.py``) or set 1's (``validation/make_pairs.py``) harness, with these cases in
 place of the set's own.
 
-    .venv/bin/python validation/v4/lr_pairs.py [--sweep mamba|llama] [--out validation/v4/.lr_data] [--jobs 2]
+    .venv/bin/python validation/v4/lr_pairs.py [--sweep mamba|llama] [--optimizer NAME] [--only CASE ...]
+        [--out validation/v4/.lr_data] [--jobs 2]
     .venv/bin/python validation/score.py --data validation/v4/.lr_data
 
-``--only`` and ``--modes`` as in make_pairs.py; the default folder is git-ignored (never a set's own ``.data``).
+``--optimizer`` trains every family with another ``torch.optim`` optimizer (OPTIMIZERS: Adagrad, Adadelta,
+Adamax, ...; use its own ``--out``: its references differ). ``--only`` and ``--modes`` as in make_pairs.py; the
+default folder is git-ignored (never a set's own ``.data``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ CASES = {
     "resnet_clean": ("resnet", "base", None, ("stats", "tensor")),
 }
 SWEEP = (1.1, 1.2, 1.5, 2.0)  # learning-rate factors from the second update on
+# --optimizer NAME: every family trained with torch.optim.NAME at this learning rate instead of its own
+OPTIMIZERS = {"Adagrad": 1e-2, "Adadelta": 1.0, "Adamax": 2e-3, "SGD": 0.05, "RAdam": 3e-3, "NAdam": 2e-3}
 
 
 def _load(name: str, path: Path):
@@ -43,11 +48,17 @@ def _load(name: str, path: Path):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    sweep = None
+    sweep = optimizer = None
     if "--sweep" in argv:
         at = argv.index("--sweep")
         sweep = argv[at + 1]
         del argv[at : at + 2]
+    if "--optimizer" in argv:
+        at = argv.index("--optimizer")
+        optimizer = argv[at + 1]
+        del argv[at : at + 2]
+        if optimizer not in OPTIMIZERS:
+            raise SystemExit("--optimizer: one of %s, not %r" % (", ".join(OPTIMIZERS), optimizer))
     if sweep == "llama":  # set 1's harness (it imports its devices module from its own folder)
         sys.path.insert(0, str(HERE.parent))
         mod = _load("validation_make_pairs", HERE.parent / "make_pairs.py")
@@ -56,6 +67,14 @@ def main(argv=None) -> int:
         mod = _load("validation_v4_make_pairs", HERE / "make_pairs.py")
         key = "value"
     mod.CASES.clear()
+    if optimizer is not None:
+
+        def make_optimizer(family, model, name=optimizer):
+            import torch
+
+            return getattr(torch.optim, name)(model.parameters(), lr=OPTIMIZERS[name])
+
+        mod.make_optimizer = make_optimizer
     if sweep in ("llama", "mamba"):
         for f in SWEEP:
             fault = {"kind": "lr", "after_step": 1, key: f}

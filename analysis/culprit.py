@@ -21,10 +21,10 @@ from .compare import Comparison
 from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
-from .hidden_index import data_suspects, hidden_index_stands, is_loss
+from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, is_loss
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
-from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers
+from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers, discrete_first_differs
 from .rank import significance
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
 
@@ -81,6 +81,7 @@ def _culprit(
     keys = ["rank", "source", "_record"]
     weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
     suspects = data_suspects(recs)  # data the statistics cannot verify, named before later findings of its step
+    int_first = discrete_first_differs(rows)  # where integer inputs first differ (data changed at a later step)
     for i, step in enumerate(steps):
         if judged_from is not None and step < judged_from:
             continue
@@ -118,6 +119,7 @@ def _culprit(
                     first_step=steps[0],
                     changed=changed,
                     parents=view.parents,
+                    int_first=int_first,
                 )
                 found = judge.verdict()
                 if found is None:
@@ -402,11 +404,13 @@ class _Judge:
         first_step: int,
         changed: dict[int, dict[str, Any]] | None = None,
         parents: dict[str, str] | None = None,
+        int_first: dict[tuple, int] | None = None,
     ):
         self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
         self.cmp, self.noise, self.first_step = cmp, noise, first_step
         self.changed = changed or {}  # parameters changed between steps (analysis/steps.py), by fingerprint
         self.parents = parents or {}
+        self.int_first = int_first or {}  # (rank, source, record, name) -> first step an integer input differs
         self.key = order_key(rec)
 
     def verdict(self) -> tuple[Found, Found] | None:
@@ -436,10 +440,14 @@ class _Judge:
         rec = self.rec
         if not rec.get("idx_hidden") or rec.get("out_dtype") is None:
             return None
-        ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]))
+        exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
+        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor") & ~exact)
+        if not outs.height:
+            return None
+        out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
+        ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]), out)
         if ev is None:
             return None
-        exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
         ints = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact)
         data = [
             r
@@ -448,22 +456,30 @@ class _Judge:
             and self.r_prod.producer(r) is None
             and explained_by_flip(self.noise, self.key, r) is None
         ]
-        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor") & ~exact)
-        if not data or not outs.height:
+        if not data:
             return None
-        out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
         leaf = data[0]
         f = _finding(out, "input")
         f.threshold, f.dtype = ev["bar"], rec["out_dtype"]
+        if "beyond_rounding" in ev:
+            why = (
+                f"this op's output differs {out['err']:.3g} ({ev['beyond_rounding']:.3g} beyond {ROUNDINGS:g} "
+                "roundings of each of its statistics) where its float inputs' statistics agree exactly: a gather "
+                "copies elements, so a copied element moved beyond rounding"
+            )
+        else:
+            why = (
+                f"this op's output differs {out['err']:.3g} where its float inputs explain at most {ev['carried']:.3g}"
+            )
         return _with_evidence(
             f,
             differing=leaf["name"],
             hidden_by_statistics=True,
             float_inputs_explain=ev["carried"],
+            beyond_rounding=ev.get("beyond_rounding"),
             detail=(
                 f"{leaf['name']} (an integer input no earlier op produced) has the same max/min in both runs, but "
-                f"this op's output differs {out['err']:.3g} where its float inputs explain at most "
-                f"{ev['carried']:.3g}: its values differ (msprobe's statistics of integers keep only max/min)"
+                f"{why}: its values differ (msprobe's statistics of integers keep only max/min)"
             ),
         )
 
@@ -574,13 +590,11 @@ class _Judge:
 
     def _discrete_data(self) -> Finding | None:
         """Integer data (labels, ids: an integer or boolean input no recorded op produced in either run) that
-        differ, read by a record whose float inputs agree (within `QUIET` x its tolerance) and whose output may
-        stay within its tolerance (two masked-LM labels move a bfloat16-autocast loss by 0.8 %): integers have no
-        rounding noise, and nothing float before this record differs enough to have made them (a near-tie flip
-        noted upstream in its step explains them)."""
-        tol = float(self.rec["tol"] or 0.0)
-        if not (float(self.rec.get("in_float_err") or 0.0) <= QUIET * tol):
-            return None
+        differ at this step and agreed at every earlier one, whatever the noise of the record's float inputs and
+        whether or not its output leaves its tolerance (two masked-LM labels move a bfloat16-autocast loss by
+        0.8 %): integers have no rounding noise, and no recorded op made them, so no float difference before
+        this record did (a near-tie flip noted upstream in its step explains them).  An integer input that
+        differed at an earlier step already is left to the other rules (no data change starts here)."""
         exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
         ints = self.leaves.filter(
             pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact & (pl.col("status") == "diverged")
@@ -592,10 +606,15 @@ class _Judge:
         for leaf in ints.iter_rows(named=True):
             if self.t_prod.producer(leaf) is not None or self.r_prod.producer(leaf) is not None:
                 continue
+            first = self.int_first.get((leaf["rank"], leaf["source"], leaf["_record"], leaf["name"]))
+            if first is not None and first < leaf["step"]:
+                continue  # it differed before: no data change starts at this step
             if explained_by_flip(self.noise, self.key, leaf) is not None:
                 continue
             if leaf["err_source"] == "stats" and not _extreme_differs(leaf):
                 continue  # a mean of integers, summed in floating point on the device, can round differently
+            float_err = float(self.rec.get("in_float_err") or 0.0)
+            agree = "agree" if float_err <= QUIET * float(self.rec["tol"] or 0.0) else "differ by their noise"
             return _with_evidence(
                 _finding(out, "input"),
                 differing=leaf["name"],
@@ -603,8 +622,8 @@ class _Judge:
                 float_input_err=self.rec.get("in_float_err"),
                 detail=(
                     f"{leaf['name']} (integer data no earlier op produced) differs "
-                    f"({_stat_change(leaf)}) while this op's float inputs agree "
-                    f"({float(self.rec.get('in_float_err') or 0.0):.3g}): its output moved {out['err']:.3g}"
+                    f"({_stat_change(leaf)}) while this op's float inputs {agree} "
+                    f"({float_err:.3g}): its output moved {out['err']:.3g}"
                 ),
             )
         return None

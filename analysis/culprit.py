@@ -265,6 +265,10 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     f_new = _with_evidence(
         f_new,
         differing=name,
+        # (the advice names what differs: the labels the loss's record does not list, not its output)
+        differing_unrecorded=f"the labels (the target of {rec['_record']}, not recorded in the dump)"
+        if unrecorded
+        else None,
         hidden_by_statistics=True,
         error_per_input_error=h,
         earlier_steps_max=before,

@@ -125,3 +125,27 @@ def test_beyond_rounding_of_bfloat16_statistics():
     same = {**out, "min": -0.28515625, "mean": -0.0084838867, "norm": 3.15625}
     assert beyond_rounding(same) == 0.0
     assert beyond_rounding({**out, "ref_norm": None}) is None
+
+
+def test_the_advice_for_labels_the_dump_does_not_list_names_the_labels(dump_writer, store_dir):
+    """The labels reach the loss through ops msprobe does not record (its record lists the logits only): the
+    verdict names the loss ahead of the backward of its step, and its advice names the labels, not the loss's
+    output."""
+    from test_stats_blind import _loss_step
+
+    from dumpstore.analysis.explain import explain_findings
+
+    ref = [_loss_step(s, False, 0.0, False, recorded=False) for s in range(2)]
+    tgt = [_loss_step(0, False, 0.0, True, recorded=False), _loss_step(1, True, 0.05, True, recorded=False)]
+    for name, steps in (("ref", ref), ("target", tgt)):
+        w = dump_writer(name, "statistics")
+        for i, recs in enumerate(steps):
+            w.write(recs, step=i)
+        ingest(w.root, name, store=store_dir, jobs=1)
+    v = divergence(compare_runs(open_store(store_dir), "target", "ref"))
+    assert v.culprit is not None and (v.culprit.step, v.culprit.op) == (1, "Functional.cross_entropy.0.forward")
+    advice = explain_findings(open_store(store_dir), v)["culprit"].advice
+    assert advice == (
+        "The runs are fed different data: check the data pipeline, its seed and the preprocessing of the labels "
+        "(the target of Functional.cross_entropy.0.forward, not recorded in the dump)."
+    )

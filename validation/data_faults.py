@@ -95,7 +95,9 @@ def _scale(p) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", type=int, choices=sorted(EXTRA), required=True)
+    ap.add_argument("--out", required=True, help="folder for the pairs and key.json (never a set's own .data)")
     args, rest = ap.parse_known_args(argv)
+    rest = ["--out", args.out, *rest]
     s = _load(args.set)
     s.CASES = dict(EXTRA[args.set])
     own = s.corrupt

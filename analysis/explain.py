@@ -491,7 +491,8 @@ def _advice(kind: str, ex: Explanation, f: dict[str, Any]) -> str | None:
     if template is None:
         return None
     where = f" (at {source_text(ex.source)})" if ex.source else ""
-    what = (f.get("evidence") or {}).get("differing") or f.get("name") or f["op"]
+    ev = f.get("evidence") or {}
+    what = ev.get("differing") or ev.get("differing_unrecorded") or f.get("name") or f["op"]
     return template.format(
         parameter=(ex.parameter or {}).get("name") or "this parameter",
         what=what,

@@ -44,6 +44,7 @@ def test_every_pair_runs_a_family_on_another_sets_device():
         assert dtype == cross.NATIVE[family] or (cross.NATIVE[family], dtype) in {
             ("bf16", "fp32"),
             ("fp32", "bf16-autocast"),
+            ("fp32", "fp16-autocast"),
             ("bf16-autocast", "fp16-autocast"),
             ("bf16-autocast", "fp32"),
             ("fp16-autocast", "bf16-autocast"),

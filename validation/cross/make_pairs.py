@@ -119,12 +119,14 @@ PAIRS = {
     "bloom_fp32_H": ("bloom", "H", "fp32", 2, ("stats",)),
     "phi_D": ("phi", "D", "fp16-autocast", 2, ("stats",)),
     # set 4's families on devices of sets 1-3 (each device picked for the ops it replaces that the family runs:
-    # linear/matmul everywhere, T5's and GPT-J's softmax and tanh, Mamba's rsqrt, ResNet's cross-entropy)
+    # linear/matmul everywhere, T5's and GPT-J's softmax and tanh, Mamba's rsqrt; ResNet's classifier only: a
+    # device whose rounding differs from the stock kernel's at K = 16 (D truncates; F's exact sum rounded once and
+    # its one vocabulary block left ResNet under bf16 autocast bitwise equal)
     "t5_A": ("t5", "A", "bf16-autocast", 2, ("stats",)),
     "t5_C": ("t5", "C", "bf16-autocast", 2, ("stats",)),
     "t5_fp32_I": ("t5", "I", "fp32", 2, ("stats",)),
     "resnet_B": ("resnet", "B", "fp32", 6, ("stats",)),
-    "resnet_bf16_F": ("resnet", "F", "bf16-autocast", 8, ("stats", "tensor")),
+    "resnet_fp16_D": ("resnet", "D", "fp16-autocast", 8, ("stats", "tensor")),
     "resnet_H": ("resnet", "H", "fp32", 8, ("stats",)),
     "mamba_A": ("mamba", "A", "bf16", 2, ("stats", "tensor")),
     "mamba_E": ("mamba", "E", "bf16", 3, ("stats",)),
@@ -134,7 +136,9 @@ PAIRS = {
     "gptj_bf16_J": ("gptj", "J", "bf16-autocast", 2, ("stats",)),
     "gptj_fp32_I": ("gptj", "I", "fp32", 2, ("stats",)),
     # families of sets 1-3 on set 4's devices (O: SiLU, pow and means of RMSNorms; P and Q: pow, means and
-    # LayerNorm statistics; N's convolutions and BatchNorm touch none of them)
+    # LayerNorm statistics; N's convolutions and BatchNorm touch none of them). Their fp32 results are rounded
+    # once to the tensor's dtype: in a pure bf16 model most differences round away (bloom on P in bf16: 6 of 591
+    # records differ), so bloom runs in fp32 there
     "llama_O": ("llama", "O", "bf16", 2, ("stats", "tensor")),
     "qwen2_O": ("qwen2", "O", "bf16", 3, ("stats",)),
     "moe_O": ("moe", "O", "fp32", 2, ("stats",)),
@@ -142,7 +146,7 @@ PAIRS = {
     "neox_P": ("neox", "P", "bf16-autocast", 2, ("stats",)),
     "bert_P": ("bert", "P", "bf16-autocast", 3, ("stats",)),
     "falcon_P": ("falcon", "P", "fp32", 2, ("stats",)),
-    "bloom_P": ("bloom", "P", "bf16", 2, ("stats",)),
+    "bloom_fp32_P": ("bloom", "P", "fp32", 2, ("stats",)),
     "gpt2_Q": ("gpt2", "Q", "fp16-autocast", 2, ("stats", "tensor")),
     "phi_Q": ("phi", "Q", "fp16-autocast", 2, ("stats",)),
     "opt_Q": ("opt", "Q", "fp16-autocast", 3, ("stats",)),

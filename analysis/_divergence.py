@@ -127,6 +127,7 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             .any()
             .alias("same_call"),
             pl.col("match").first(),
+            pl.col("module").drop_nulls().first().alias("_module"),  # its enclosing module record (msprobe's)
             *hidden_index_columns(is_in, is_out, tensor),
             *reach_columns(is_in, tensor),
             *dtype_columns(),
@@ -162,7 +163,9 @@ def _with_saved_inputs(recs: pl.DataFrame) -> pl.DataFrame:
     out = recs.join(fwd, on=keys + ["_record"], how="left", nulls_equal=True, maintain_order="left")
     bwd = pl.col("_fwd_in_err").is_not_null() & pl.col("_record").str.ends_with(".backward")
     return out.with_columns(
-        pl.when(bwd).then(pl.max_horizontal("in_err", "_fwd_in_err")).otherwise(pl.col("in_err")).alias("in_err")
+        pl.when(bwd).then(pl.max_horizontal("in_err", "_fwd_in_err")).otherwise(pl.col("in_err")).alias("in_err"),
+        # what it saved, on its own: what a module enclosing it reads without listing it (noise.record_measures)
+        pl.when(bwd).then(pl.col("_fwd_in_err")).alias("saved_err"),
     ).drop("_fwd_in_err")
 
 

@@ -435,7 +435,7 @@ class _Judge:
 
     def verdict(self) -> tuple[Found, Found] | None:
         if self.rec["arg_diff"]:
-            return signature_finding(self.rec, self.leaves, self.key) or self._argument()
+            return signature_finding(self.rec, self.leaves, self.key, _finding) or self._argument()
         if self.rec.get("dtype_diff"):
             changed = self._dtype_change()
             if changed is not None:

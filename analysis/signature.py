@@ -14,11 +14,12 @@ See docs/how-it-decides.md, section 4, rule 1.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
 
-from .explain import argument_name
+from .arguments import argument_name
 from .findings import Finding
 from .order import INPUT_IO, OUTPUT_IO
 
@@ -55,10 +56,13 @@ def _describe(leaf: dict[str, Any], prefix: str) -> str:
     return f"a {leaf.get(f'{prefix}dtype') or ''} tensor [{dims}]".replace("a  tensor", "a tensor")
 
 
-def signature_finding(rec: dict[str, Any], leaves: pl.DataFrame, key: tuple) -> tuple[Found, Found] | None:
+def signature_finding(
+    rec: dict[str, Any], leaves: pl.DataFrame, key: tuple, finding_of: Callable[[dict[str, Any]], Finding]
+) -> tuple[Found, Found] | None:
     """(culprit, first divergence) for a record whose argument signature differs: the first such argument, named
-    by keyword or by its position in the op's signature (analysis/explain.py `argument_name`); the first
-    divergence is its first diverged output, else the record itself."""
+    by keyword or by its position in the op's signature (analysis/arguments.py `argument_name`); the first
+    divergence is its first diverged output (as `finding_of` reads an output row: culprit.py's), else the record
+    itself."""
     hits = leaves.filter(one_run_tensor())
     if not hits.height:
         return None
@@ -76,9 +80,7 @@ def signature_finding(rec: dict[str, Any], leaves: pl.DataFrame, key: tuple) -> 
     culprit = Finding(leaf["step"], leaf["rank"], rec["_record"], name, "signature", detail=detail, evidence=evidence)
     outs = leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("status") == "diverged"))
     if outs.height:
-        from .culprit import _finding  # (culprit.py asks this module first: imported when used)
-
-        return (culprit, key), (_finding(outs.row(0, named=True)), key)
+        return (culprit, key), (finding_of(outs.row(0, named=True)), key)
     culprit.evidence["outputs"] = "within tolerance"
     first = Finding(**{**culprit.__dict__, "evidence": {}})
     return (culprit, key), (first, key)

@@ -121,6 +121,9 @@ def compare(
         from dumpstore.analysis.distributed import ranked
         from dumpstore.store import open_store
 
+        if culprit_first and by == "significance":  # the Ray engine's verdict, as the local engine's below
+            cluster = {"address": address, "batch": batch}
+            ranking["culprit"] = _culprit(store, None, target, ref, steps, ranks, tol, exact, maps, noise_ref, cluster)
         table = ranked(
             open_store(store),
             target,
@@ -148,13 +151,14 @@ def compare(
     click.echo(render(table.to_arrow(), fmt))
 
 
-def _culprit(store, cmp, target, ref, steps, ranks, tol, exact, maps, noise_ref):
+def _culprit(store, cmp, target, ref, steps, ranks, tol, exact, maps, noise_ref, cluster=None):
     """The culprit of `dumpstore divergence` over every step of the selected ranks (memoized in the store: after
-    a divergence run no second verdict is computed); taken from `cmp` when it holds every step."""
+    a divergence run no second verdict is computed); taken from `cmp` when it holds every step; `cluster`: the
+    Ray engine's options (address, batch) to reach it there."""
     from dumpstore.analysis.verdict import answer
 
     q = question(target, ref, (), ranks, tol, exact, maps, noise_ref)
-    return answer(store, q, comparison=None if steps else cmp).culprit
+    return answer(store, q, comparison=None if steps else cmp, cluster=cluster).culprit
 
 
 @click.command()

@@ -36,6 +36,7 @@ from .order import INPUT_IO, OUTPUT_IO
 from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers, discrete_first_differs
 from .rank import significance
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
+from .signature import signature_finding
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -325,15 +326,21 @@ def _optimizer(
     fresh = [produced.producer_of(fp, seq) is None for fp, seq in weights.select("_fp_t", "seq").iter_rows()]
     params = weights.filter(pl.Series(fresh, dtype=pl.Boolean))  # (named rows of every column: a second a step)
     distinct = ST.parameters_of(params)  # one row per tensor: a weight read by several records counts once
-    # within their tolerance, only a common shift far beyond its own spread (weight decay: ~1e-4 of a norm) counts
-    ev = update_evidence(rows, before, after, distinct, ST.gradient_error(rows, before)) if over else None
-    decay = None if ev is not None and ev["differs"] else ST.decay_differs(rows, before, after, distinct)
+    # the update ratio is judged whether or not a parameter is over its tolerance: an optimizer whose updates are
+    # proportional to the gradient (SGD, RAdam's first steps) moves the parameters by far less than Adam, and a
+    # changed learning rate leaves every one within its tolerance (docs/how-it-decides.md, section 5)
+    ev = update_evidence(rows, before, after, distinct, ST.gradient_error(rows, before))
+    ratio = ev is not None and ev["differs"]
+    # every parameter within its tolerance: the weight-decay reading, the more specific one, is tried first
+    decay = None if ratio and over else ST.decay_differs(rows, before, after, distinct)
     metric = "update_ratio"
-    if ev is not None and ev["differs"]:
+    if ev is not None and ratio and (over or decay is None):
         evidence = {k: v for k, v in ev.items() if k != "differs"}
         value = ev["median_ratio"]
+        tied = f" ({ev['tied']} more tied)" if ev.get("tied") else ""
         text = (
-            f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
+            f"{ev['same_way']} of {ev['parameters'] - ev.get('tied', 0)} parameters{tied} moved "
+            f"{ev['median_ratio']:.4g}x (median) as far as "
             f"in the reference between steps {before} and {after}, beyond their own spread and their gradients' "
             f"error (log ratio bar {ev['bar']:.2g}): learning rate, clipping or optimizer differs"
         )
@@ -428,7 +435,7 @@ class _Judge:
 
     def verdict(self) -> tuple[Found, Found] | None:
         if self.rec["arg_diff"]:
-            return self._argument()
+            return signature_finding(self.rec, self.leaves, self.key, _finding) or self._argument()
         if self.rec.get("dtype_diff"):
             changed = self._dtype_change()
             if changed is not None:
@@ -685,7 +692,7 @@ class _Judge:
         if self.t_prod.producer(out, views=False) is not None and self.r_prod.producer(out, views=False) is not None:
             return None  # the same output was recorded earlier (a module and its last op): judged there
         # fed by a near-tie flip upstream in its step, within what the flip explains (analysis/flipflow.py)
-        fed = fed_by_flip(self.noise, self.key, rec) is not None
+        fed = fed_by_flip(self.noise, self.key, rec, leaves) is not None
         if fed:
             self.noise.explain(self.key)
         if bad_in.height == 0 and rec["fresh"]:

@@ -149,3 +149,27 @@ def test_the_advice_for_labels_the_dump_does_not_list_names_the_labels(dump_writ
         "The runs are fed different data: check the data pipeline, its seed and the preprocessing of the labels "
         "(the target of Functional.cross_entropy.0.forward, not recorded in the dump)."
     )
+
+
+def test_where_integer_inputs_first_differ():
+    """Per (rank, source, record, leaf), the first step whose integer or boolean input differs; float inputs,
+    outputs and agreeing integers are left out."""
+    import polars as pl
+
+    from dumpstore.analysis.producers import discrete_first_differs
+
+    rows = pl.DataFrame(
+        {
+            "step": [0, 1, 2, 1, 2, 2],
+            "rank": [0] * 6,
+            "source": [None] * 6,
+            "_record": ["Functional.cross_entropy.0.forward"] * 3 + ["Functional.embedding.0.forward"] * 3,
+            "name": ["ce.input.1"] * 3 + ["emb.input.0", "emb.input.0", "emb.output.0"],
+            "_io": ["input", "input", "input", "input", "input", "output"],
+            "kind": ["tensor"] * 6,
+            "tol_dtype": ["int64", "int64", "int64", "int64", "int64", "int64"],
+            "status": ["pass", "diverged", "diverged", "pass", "pass", "diverged"],
+        },
+        schema_overrides={"source": pl.String},
+    )
+    assert discrete_first_differs(rows) == {(0, None, "Functional.cross_entropy.0.forward", "ce.input.1"): 1}

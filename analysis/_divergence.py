@@ -42,12 +42,15 @@ from .culprit import _culprit
 from .defaults import default_keywords, framework_of
 from .dtype_change import applies as dtype_applies
 from .dtype_change import dtype_columns
+from .extra_chain import chain_head
 from .findings import Finding, Verdict
+from .flipflow import mark_possible_flips
 from .hidden_index import hidden_index_columns
 from .noise import NoiseModel, order_key, record_measures, saves_result
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
 from .rules import STATUSES
 from .sibling_prior import reach_columns
+from .signature import signature_column
 from .tolerance import Tolerances
 
 
@@ -118,6 +121,7 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             pl.col("tol_dtype").filter(is_out & tensor).first().alias("tol_dtype"),
             pl.col("err").filter(scalar_arg).max().alias("arg_err"),
             one_sided.any().alias("arg_one_sided"),
+            signature_column(),  # a tensor argument given in one run only (analysis/signature.py)
             ((pl.col("api") == pl.col("ref_api")) & (pl.col("prefix") == pl.col("ref_prefix")))
             .fill_null(False)
             .any()
@@ -133,9 +137,10 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
     arg_tol = pl.max_horizontal(pl.col("tol").fill_null(0.0), pl.lit(R.VALUE_RTOL))
     # arguments compare only between calls of the same API (a mapped MindSpore/PyTorch pair has other signatures)
     recs = recs.with_columns(
-        (((pl.col("arg_err") > arg_tol).fill_null(False) | pl.col("arg_one_sided")) & pl.col("same_call")).alias(
-            "arg_diff"
-        )
+        (
+            ((pl.col("arg_err") > arg_tol).fill_null(False) | pl.col("arg_one_sided") | pl.col("sig_diff"))
+            & pl.col("same_call")
+        ).alias("arg_diff")
     )
     return record_measures(_with_saved_inputs(recs))
 
@@ -180,8 +185,10 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison, judged_from: int | None = N
     if not dtype_applies(cmp.precision, _cross_framework(rows)):
         recs = recs.with_columns(pl.lit(False).alias("dtype_diff"))
     noise = NoiseModel.fit(recs)
+    mark_possible_flips(noise, rows, recs)  # discrete outputs whose flip the statistics cannot show
     unmatched = _unmatched(cmp.records)
     found, shown = _culprit(rows, recs, cmp, noise, judged_from=judged_from)
+    found = chain_head(found, rows, cmp.records)  # an extra op fed by another: the first (analysis/extra_chain.py)
     # across frameworks (MindSpore vs PyTorch), records of one framework only are expected structure: listed as
     # unmatched, named only as the producer of a diverged input (missing_op / extra_op culprits)
     cross = _cross_framework(rows)

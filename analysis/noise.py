@@ -87,6 +87,7 @@ class NoiseModel:
     output_norms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # ... and its reference norm (or NaN)
     flips: list[dict[str, Any]] = field(default_factory=list)  # discrete outputs flipped on near ties (noise)
     flip_marks: list[tuple[tuple, frozenset]] = field(default_factory=list)  # their order keys, enclosing modules
+    possible_flips: Any = None  # flips the statistics cannot show (analysis/flipflow.py PossibleFlips)
     flip_explained: set[tuple] = field(default_factory=set)  # order keys of the flips and of what they explained
     _explained: dict[tuple[bool, str], np.ndarray] = field(default_factory=dict)  # ... as masks of fresh / carry
     _output_ranks: np.ndarray | None = None  # the rank of each of `outputs` (analysis/flipflow.py), on first use
@@ -369,16 +370,21 @@ def update_evidence(
     r = ratio[ok]
     med = float(median(r))
     same_way = int((r > 1).sum()) if med > 1 else int((r < 1).sum())
+    # a tie (both sizes the same value: bf16 statistics rounded to the same step) says neither run moved further:
+    # the share is counted among the others; the median keeps the ties (they pull it to 1)
+    tied = int((r == 1).sum())
     logs = np.log(np.maximum(r, 1e-12))  # a parameter the target did not move at all: a ratio of ~0
     spread = 1.4826 * float(median(np.abs(logs - median(logs))))  # robust sigma of the log ratios
     se = 1.2533 * spread / np.sqrt(r.size)  # standard error of their median
     bar = float(max(OPT_Z * se, OPT_FLOOR, gradient_error))
-    return {
+    moved = r.size - tied
+    out = {
         "parameters": int(ok.sum()),
         "gradient_error": gradient_error,
         "median_ratio": med,
         "same_way": same_way,
         "spread": spread,
         "bar": bar,
-        "differs": bool(abs(float(median(logs))) > bar and same_way >= OPT_SHARE * ok.sum()),
+        "differs": bool(abs(float(median(logs))) > bar and moved >= OPT_MIN_PARAMS and same_way >= OPT_SHARE * moved),
     }
+    return out | {"tied": tied} if tied else out

@@ -35,6 +35,7 @@ from .noise import (
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers, discrete_first_differs
 from .rank import significance
+from .rules import within_estimates
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
 from .signature import signature_finding
 
@@ -852,7 +853,7 @@ class _Judge:
             if kind == "input" and leaf["err"] is not None:
                 level = step_level(self.noise, self.key, leaf.get("ref_norm"))  # relative and absolute
                 bar = max(self.noise.carried(self.key) or 0.0, level or 0.0)
-                if bar > 0 and leaf["err"] <= bar:
+                if bar > 0 and within_estimates(leaf["err"], bar, leaf.get("err_bound")):
                     return None  # within the error the pair carries here: reached through unrecorded ops
                 if explained_by_flip(self.noise, self.key, leaf) is not None:
                     self.noise.explain(self.key)

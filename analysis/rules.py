@@ -420,6 +420,14 @@ def pair_err(
     )
 
 
+def within_estimates(err: float, bound: float, bar: float | None) -> bool:
+    """Whether an error `err` is within `bound` where both are estimates within the relative error bar `bar` of
+    the true values (a sketch's `err_bound`, sqrt(2/M) beyond M elements; 0 or None for exact errors): the true
+    err <= the true bound means err <= bound x (1 + bar) / (1 - bar) for the estimates."""
+    s = min(max(float(bar or 0.0), 0.0), 0.5)
+    return err <= bound * (1.0 + s) / (1.0 - s)
+
+
 def exceeds(err: Any, tol: Any) -> Any:
     """The threshold rule: an error above its tolerance (Polars expressions, numpy arrays or floats alike)."""
     return err > tol

@@ -294,3 +294,17 @@ def test_an_amplification_beyond_what_statistics_hide_is_named(dump_writer, stor
     ref, tgt = _losses_noisy_backward(None, 0.0, False), _losses_noisy_backward(None, 0.05, True)
     c = _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit
     assert c is not None and (c.step, c.op, c.kind) == (1, "Functional.linear.0.backward", "op")
+
+
+def test_a_bound_between_sketch_estimates_allows_their_error_bars():
+    """draw 5 of the clean combinations, gpt2_Q (tensor): GPT-2's key, cut from the fused c_attn output, 0.003013
+    off by its sketch against that output's absolute error over the key's norm, 0.00171 x 9.67 / 5.60 = 0.00296;
+    both are sketch estimates of 4,608 and 1,536 elements, each within sqrt(2/512) = 0.0625 of the true error."""
+    from dumpstore.analysis.rules import within_estimates
+
+    bound = 0.00171 * 9.67 / 5.60
+    assert within_estimates(0.003013, bound, 0.0625)
+    assert not within_estimates(0.003013, bound, 0.0)  # exact errors: the slice is beyond its source
+    assert not within_estimates(0.003013, bound, None)  # statistics bounds have no error bar
+    assert within_estimates(bound * 1.0625 / 0.9375, bound, 0.0625)
+    assert not within_estimates(bound * 1.0625 / 0.9375 * (1 + 1e-9), bound, 0.0625)

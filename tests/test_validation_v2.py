@@ -244,9 +244,10 @@ SETS = {
         "set": 5,
         "families": {"vit", "wav2vec2", "bart", "granite", "granite_wide"},
         "devices": {"S", "T", "U", "V", "W", "S+X"},
-        "counts": {("stats", True): 8, ("stats", False): 19, ("tensor", True): 5, ("tensor", False): 7},
+        "counts": {("stats", True): 8, ("stats", False): 19, ("tensor", True): 4, ("tensor", False): 6},
         "optimizer": 6,
         "flip": "wav2vec2_flip",
+        "flip_modes": ("stats",),  # tensor mode: 4 clean pairs without the flip (the data kept under 300 MB)
     },
 }
 
@@ -281,7 +282,7 @@ def test_the_set_is_as_documented(validation_set):
     for (mode, clean), n in want["counts"].items():
         assert sum(c["expect"].get("clean", False) == clean for c in cases if c["mode"] == mode) == n, (mode, clean)
     assert sum(bool(c["expect"].get("optimizer")) for c in cases if c["mode"] == "stats") == want["optimizer"]
-    for mode in ("stats", "tensor"):
+    for mode in want.get("flip_modes", ("stats", "tensor")):
         flip = key["cases"]["%s_%s" % (want["flip"], mode)]
         assert [(f["step"], f["token"]) for f in flip["flips"]] == [(2, flip["crafted"]["token"])]
     for c in cases:  # every fault's key names msprobe records (or the optimizer) at its step

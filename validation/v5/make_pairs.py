@@ -740,9 +740,12 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
             "add, sqrt and divide; the mean is the first record the reference does not have",
         }
     if kind == "missing_ln_emb":
+        ln, drop = first(ref, "ln_emb", 0), first(tgt, "dropout", 0)
         return {
             "step": 0,
-            "ops": sorted({first(ref, "ln_emb", 0), first(tgt, "dropout", 0)}),
+            "ops": sorted({ln, drop}),
+            # the leaf modules of each run's own record (the target's layer_norm.0 is another LayerNorm)
+            "modules": sorted(set(ref["leaf"].get("0", {}).get(ln, [])) | set(tgt["leaf"].get("0", {}).get(drop, []))),
             "what": "the encoder's LayerNorm on the embeddings (layernorm_embedding) missing in the target (the "
             "reference's layer_norm; its consumer in the target, the dropout (p = 0) after it, also counts)",
         }

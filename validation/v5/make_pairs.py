@@ -432,14 +432,12 @@ def patch(family: str, model, tracer: Tracer, active) -> None:
         grad_mult = GradMultiply.make(tracer)
         scale = active["value"] if on("grad_mult") else GRAD_MULT
 
-        def fe_fwd(input_values, enc=enc):  # Wav2Vec2FeatureEncoder.forward, with marks, then fairseq's multiplier
+        def fe_fwd(input_values, enc=enc):  # Wav2Vec2FeatureEncoder.forward, then fairseq's gradient multiplier
             h = input_values[:, None]
             if enc._requires_grad and enc.training:
                 h.requires_grad = True
-            for i, layer in enumerate(enc.conv_layers):
+            for layer in enc.conv_layers:
                 h = layer(h)
-                if i == 0:
-                    tracer.mark("conv0")
             return grad_mult(h, scale)
 
         enc.forward = fe_fwd

@@ -42,12 +42,15 @@ from .culprit import _culprit
 from .defaults import default_keywords, framework_of
 from .dtype_change import applies as dtype_applies
 from .dtype_change import dtype_columns
+from .extra_chain import chain_head
 from .findings import Finding, Verdict
+from .flipflow import mark_possible_flips
 from .hidden_index import hidden_index_columns
 from .noise import NoiseModel, order_key, record_measures, saves_result
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
 from .rules import STATUSES
 from .sibling_prior import reach_columns
+from .signature import signature_column
 from .tolerance import Tolerances
 
 
@@ -118,11 +121,13 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             pl.col("tol_dtype").filter(is_out & tensor).first().alias("tol_dtype"),
             pl.col("err").filter(scalar_arg).max().alias("arg_err"),
             one_sided.any().alias("arg_one_sided"),
+            signature_column(),  # a tensor argument given in one run only (analysis/signature.py)
             ((pl.col("api") == pl.col("ref_api")) & (pl.col("prefix") == pl.col("ref_prefix")))
             .fill_null(False)
             .any()
             .alias("same_call"),
             pl.col("match").first(),
+            pl.col("module").drop_nulls().first().alias("_module"),  # its enclosing module record (msprobe's)
             *hidden_index_columns(is_in, is_out, tensor),
             *reach_columns(is_in, tensor),
             *dtype_columns(),
@@ -132,9 +137,10 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
     arg_tol = pl.max_horizontal(pl.col("tol").fill_null(0.0), pl.lit(R.VALUE_RTOL))
     # arguments compare only between calls of the same API (a mapped MindSpore/PyTorch pair has other signatures)
     recs = recs.with_columns(
-        (((pl.col("arg_err") > arg_tol).fill_null(False) | pl.col("arg_one_sided")) & pl.col("same_call")).alias(
-            "arg_diff"
-        )
+        (
+            ((pl.col("arg_err") > arg_tol).fill_null(False) | pl.col("arg_one_sided") | pl.col("sig_diff"))
+            & pl.col("same_call")
+        ).alias("arg_diff")
     )
     return record_measures(_with_saved_inputs(recs))
 
@@ -157,7 +163,9 @@ def _with_saved_inputs(recs: pl.DataFrame) -> pl.DataFrame:
     out = recs.join(fwd, on=keys + ["_record"], how="left", nulls_equal=True, maintain_order="left")
     bwd = pl.col("_fwd_in_err").is_not_null() & pl.col("_record").str.ends_with(".backward")
     return out.with_columns(
-        pl.when(bwd).then(pl.max_horizontal("in_err", "_fwd_in_err")).otherwise(pl.col("in_err")).alias("in_err")
+        pl.when(bwd).then(pl.max_horizontal("in_err", "_fwd_in_err")).otherwise(pl.col("in_err")).alias("in_err"),
+        # what it saved, on its own: what a module enclosing it reads without listing it (noise.record_measures)
+        pl.when(bwd).then(pl.col("_fwd_in_err")).alias("saved_err"),
     ).drop("_fwd_in_err")
 
 
@@ -177,8 +185,10 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison, judged_from: int | None = N
     if not dtype_applies(cmp.precision, _cross_framework(rows)):
         recs = recs.with_columns(pl.lit(False).alias("dtype_diff"))
     noise = NoiseModel.fit(recs)
+    mark_possible_flips(noise, rows, recs)  # discrete outputs whose flip the statistics cannot show
     unmatched = _unmatched(cmp.records)
     found, shown = _culprit(rows, recs, cmp, noise, judged_from=judged_from)
+    found = chain_head(found, rows, cmp.records)  # an extra op fed by another: the first (analysis/extra_chain.py)
     # across frameworks (MindSpore vs PyTorch), records of one framework only are expected structure: listed as
     # unmatched, named only as the producer of a diverged input (missing_op / extra_op culprits)
     cross = _cross_framework(rows)

@@ -4,8 +4,9 @@ In the spirit of MindSpore Insight's watchpoints, from one run's dumps alone (no
 thresholds (`Thresholds`), all overridable:
 
   overflow           NaN, +-Inf or +-finfo.max produced by an op from clean inputs (analysis/_overflow.py; a
-                     -Inf-only output of a masking op such as masked_fill is not counted, nor parameters_grad
-                     records, which have no inputs to call clean)
+                     -Inf-only output of a masking op such as masked_fill is not counted, nor an Inf every path
+                     from which a where, clamp or integer cast discards, nor parameters_grad records, which have
+                     no inputs to call clean)
   grad_explosion     a gradient norm (parameters_grad leaves and backward outputs, per tensor) above
                      `explode_factor` = 10 x the median of the same tensor's norms at the earlier dumped steps
                      (needs one earlier step); 10x is an order of magnitude: step-to-step gradient norms of a
@@ -47,7 +48,7 @@ from dumpstore.query import connect, fetch_arrow
 from dumpstore.store import Store
 from dumpstore.views import MODULE_PATH as _MODULE_PATH
 
-from ._overflow import OverflowReport, overflow
+from ._overflow import OverflowReport, is_overflow, overflow
 
 WATCHPOINTS = (
     "overflow",
@@ -442,8 +443,8 @@ def _overflow_findings(rep: OverflowReport) -> list[_Found]:
     seqs = {(r["step"], r["rank"], r["record"]): r["seq"] for r in rep.tensors.iter_rows(named=True)}
     out: list[_Found] = []
     for p in rep.producers:
-        if p["likely_mask"] or parse_record(p["op"]).direction == "parameters_grad":
-            continue  # a masking -Inf; a gradient record has no inputs to call clean
+        if not is_overflow(p) or parse_record(p["op"]).direction == "parameters_grad":
+            continue  # a masking -Inf, or one every path discards; a gradient record has no inputs to call clean
         counts = {k: p[f"{k}_count"] for k in ("nan", "posinf", "neginf", "sat") if p.get(f"{k}_count")}
         detail = "output holds " + p["kind"] + (f" ({counts})" if counts else "") + " from clean inputs"
         f = HealthFinding(

@@ -10,11 +10,15 @@ reported as a divergence).  Leaves then pair by io and index path.  What stays u
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
 
 from dumpstore.names import parse_record
+
+from .align_repeats import Values, agreeing, place_by_values, tolerance_of
+from .tolerance import Tolerances
 
 GROUP = ["step", "rank", "source"]
 
@@ -35,13 +39,22 @@ def _signatures(rows: pl.DataFrame) -> pl.DataFrame:
     squeezed = pl.col("shape").list.eval(pl.element().filter(pl.element() != 1))  # msprobe squeezes: [1, N] ~ [N]
     shape_text = pl.concat_str(pl.lit("("), squeezed.cast(pl.List(pl.String)).list.join("x"), pl.lit(")"))
     out_shape = pl.when(pl.col("io") == "output").then(shape_text).otherwise(None)  # 0-d: "()"
+    fields = ("io", "index_path", "dtype", "numel", "min", "max", "mean", "norm")
+    leaf = pl.struct([pl.col(f) if f in rows.columns else pl.lit(None).alias(f) for f in fields])
     return rows.group_by(GROUP + ["seq", "record"], maintain_order=True).agg(
-        out_shape.drop_nulls().str.join(",").alias("sig")
+        out_shape.drop_nulls().str.join(",").alias("sig"),
+        leaf.filter(pl.col("kind") == "tensor" if "kind" in rows.columns else pl.lit(True)).alias(
+            "vals"
+        ),  # for repeats placed by values (align_repeats)
     )
 
 
-def align_records(target: pl.DataFrame, ref: pl.DataFrame) -> pl.DataFrame:
-    """Pairs (step, rank, source, t_record, r_record, how); a null side means unmatched."""
+def align_records(
+    target: pl.DataFrame, ref: pl.DataFrame, tolerances: Tolerances | None = None, floor: str = "float32"
+) -> pl.DataFrame:
+    """Pairs (step, rank, source, t_record, r_record, how); a null side means unmatched.  `tolerances` and
+    `floor` (the runs' compute precision) judge which calls of a repeat agree (analysis/align_repeats.py)."""
+    tol = tolerance_of(floor, (tolerances or Tolerances()).for_dtype)
     t_rec, r_rec = _records(target), _records(ref)
     both = t_rec.join(r_rec, on=GROUP + ["record"], how="full", coalesce=True, suffix="_r")
     bad = both.filter(pl.col("seq").is_null() | pl.col("seq_r").is_null()).select(GROUP).unique()
@@ -55,7 +68,7 @@ def align_records(target: pl.DataFrame, ref: pl.DataFrame) -> pl.DataFrame:
     for key in bad.iter_rows(named=True):
         t = t_bad.filter(*[pl.col(c) == key[c] for c in GROUP])
         r = r_bad.filter(*[pl.col(c) == key[c] for c in GROUP])
-        parts.append(_sequence_pairs(key, t, r))
+        parts.append(_sequence_pairs(key, t, r, tol))
     types: dict[str, Any] = {c: exact.schema[c] for c in GROUP}
     schema = pl.Schema({**types, "t_record": pl.String, "r_record": pl.String, "how": pl.String})
     if not parts:
@@ -63,17 +76,21 @@ def align_records(target: pl.DataFrame, ref: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([p.cast(schema) for p in parts], how="vertical")
 
 
-def _sequence_pairs(key: dict, t: pl.DataFrame, r: pl.DataFrame) -> pl.DataFrame:
+def _sequence_pairs(
+    key: dict, t: pl.DataFrame, r: pl.DataFrame, tol: Callable[[str | None, str | None], float]
+) -> pl.DataFrame:
     tk, rk = t["record"].to_list(), r["record"].to_list()
     ts = [f"{counter_free(k)}|{s}" for k, s in zip(tk, t["sig"].to_list())]
     rs = [f"{counter_free(k)}|{s}" for k, s in zip(rk, r["sig"].to_list())]
     pairs: list[tuple[str | None, str | None, str]] = []
     used_t, used_r = set(), set()
-    for a, b, size in difflib.SequenceMatcher(None, ts, rs, autojunk=False).get_matching_blocks():
-        for i in range(size):
-            pairs.append((tk[a + i], rk[b + i], "exact" if tk[a + i] == rk[b + i] else "sequence"))
-            used_t.add(a + i)
-            used_r.add(b + i)
+    blocks = difflib.SequenceMatcher(None, ts, rs, autojunk=False).get_matching_blocks()
+    matched = [(a + i, b + i) for a, b, size in blocks for i in range(size)]
+    values = (_LeafValues(t["vals"]), _LeafValues(r["vals"]))
+    for i, j in place_by_values(matched, (ts, rs), lambda i, j: agreeing(values[0][i], values[1][j], tol)):
+        pairs.append((tk[i], rk[j], "exact" if tk[i] == rk[j] else "sequence"))
+        used_t.add(i)
+        used_r.add(j)
     tsig, rsig = t["sig"].to_list(), r["sig"].to_list()
     left_t: dict[str, list[int]] = {counter_free(tk[i]): [] for i in range(len(tk)) if i not in used_t}
     for i in range(len(tk)):
@@ -102,6 +119,22 @@ def _sequence_pairs(key: dict, t: pl.DataFrame, r: pl.DataFrame) -> pl.DataFrame
             "how": [p[2] for p in pairs],
         }
     )
+
+
+class _LeafValues:
+    """Each record's tensor leaves by (io, index_path), built on first use (only repeats are scored)."""
+
+    def __init__(self, column: pl.Series):
+        self.column = column
+        self.done: dict[int, Values] = {}
+
+    def __getitem__(self, i: int) -> Values:
+        if i not in self.done:
+            self.done[i] = {
+                (v["io"], v["index_path"]): (v["dtype"], v["numel"], v["min"], v["max"], v["mean"], v["norm"])
+                for v in self.column[i]
+            }
+        return self.done[i]
 
 
 def _shapes_can_match(a: str | None, b: str | None) -> bool:

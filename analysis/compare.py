@@ -88,14 +88,14 @@ def compare_runs(
             "mindspore" if "mindspore" in r_info["framework"] else "pytorch",
         )
         records = layer_records(store, (target, ref), (t, r), frameworks, layer_rules(mapping.layer))
-    else:
-        records = align_records(t, r)
+    precision = dict(precision) if precision else _precision(t, r)
+    if not mapping.layer:
+        records = align_records(t, r, tol, precision["floor"])
     pairs = apply_data_mapping(align_leaves(t, r, records), mapping.data)
     if renamed:
         back = {v: k for k, v in renamed.items()}
         pairs = pairs.with_columns(pl.col("_orig_record").alias("record")).drop("_orig_record")
         records = records.with_columns(pl.col("t_record").replace(back))
-    precision = dict(precision) if precision else _precision(t, r)
     rows = pair_metrics(pairs, tol, precision["floor"])
     if exact:
         from .exact import add_exact_metrics

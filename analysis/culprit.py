@@ -21,12 +21,22 @@ from .compare import Comparison
 from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
-from .hidden_index import data_suspects, hidden_index_stands, is_loss
-from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
+from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, is_loss
+from .noise import (
+    MIN_SIBLINGS,
+    QUANTILE,
+    QUIET,
+    STAND_OUT,
+    NoiseModel,
+    order_key,
+    statistics_hidden,
+    update_evidence,
+)
 from .order import INPUT_IO, OUTPUT_IO
-from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers
+from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers, discrete_first_differs
 from .rank import significance
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
+from .signature import signature_finding
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -81,6 +91,7 @@ def _culprit(
     keys = ["rank", "source", "_record"]
     weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
     suspects = data_suspects(recs)  # data the statistics cannot verify, named before later findings of its step
+    int_first = discrete_first_differs(rows)  # where integer inputs first differ (data changed at a later step)
     for i, step in enumerate(steps):
         if judged_from is not None and step < judged_from:
             continue
@@ -118,6 +129,7 @@ def _culprit(
                     first_step=steps[0],
                     changed=changed,
                     parents=view.parents,
+                    int_first=int_first,
                 )
                 found = judge.verdict()
                 if found is None:
@@ -254,6 +266,10 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     f_new = _with_evidence(
         f_new,
         differing=name,
+        # (the advice names what differs: the labels the loss's record does not list, not its output)
+        differing_unrecorded=f"the labels (the target of {rec['_record']}, not recorded in the dump)"
+        if unrecorded
+        else None,
         hidden_by_statistics=True,
         error_per_input_error=h,
         earlier_steps_max=before,
@@ -310,15 +326,21 @@ def _optimizer(
     fresh = [produced.producer_of(fp, seq) is None for fp, seq in weights.select("_fp_t", "seq").iter_rows()]
     params = weights.filter(pl.Series(fresh, dtype=pl.Boolean))  # (named rows of every column: a second a step)
     distinct = ST.parameters_of(params)  # one row per tensor: a weight read by several records counts once
-    # within their tolerance, only a common shift far beyond its own spread (weight decay: ~1e-4 of a norm) counts
-    ev = update_evidence(rows, before, after, distinct, ST.gradient_error(rows, before)) if over else None
-    decay = None if ev is not None and ev["differs"] else ST.decay_differs(rows, before, after, distinct)
+    # the update ratio is judged whether or not a parameter is over its tolerance: an optimizer whose updates are
+    # proportional to the gradient (SGD, RAdam's first steps) moves the parameters by far less than Adam, and a
+    # changed learning rate leaves every one within its tolerance (docs/how-it-decides.md, section 5)
+    ev = update_evidence(rows, before, after, distinct, ST.gradient_error(rows, before))
+    ratio = ev is not None and ev["differs"]
+    # every parameter within its tolerance: the weight-decay reading, the more specific one, is tried first
+    decay = None if ratio and over else ST.decay_differs(rows, before, after, distinct)
     metric = "update_ratio"
-    if ev is not None and ev["differs"]:
+    if ev is not None and ratio and (over or decay is None):
         evidence = {k: v for k, v in ev.items() if k != "differs"}
         value = ev["median_ratio"]
+        tied = f" ({ev['tied']} more tied)" if ev.get("tied") else ""
         text = (
-            f"{ev['same_way']} of {ev['parameters']} parameters moved {ev['median_ratio']:.4g}x (median) as far as "
+            f"{ev['same_way']} of {ev['parameters'] - ev.get('tied', 0)} parameters{tied} moved "
+            f"{ev['median_ratio']:.4g}x (median) as far as "
             f"in the reference between steps {before} and {after}, beyond their own spread and their gradients' "
             f"error (log ratio bar {ev['bar']:.2g}): learning rate, clipping or optimizer differs"
         )
@@ -402,16 +424,18 @@ class _Judge:
         first_step: int,
         changed: dict[int, dict[str, Any]] | None = None,
         parents: dict[str, str] | None = None,
+        int_first: dict[tuple, int] | None = None,
     ):
         self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
         self.cmp, self.noise, self.first_step = cmp, noise, first_step
         self.changed = changed or {}  # parameters changed between steps (analysis/steps.py), by fingerprint
         self.parents = parents or {}
+        self.int_first = int_first or {}  # (rank, source, record, name) -> first step an integer input differs
         self.key = order_key(rec)
 
     def verdict(self) -> tuple[Found, Found] | None:
         if self.rec["arg_diff"]:
-            return self._argument()
+            return signature_finding(self.rec, self.leaves, self.key, _finding) or self._argument()
         if self.rec.get("dtype_diff"):
             changed = self._dtype_change()
             if changed is not None:
@@ -436,10 +460,14 @@ class _Judge:
         rec = self.rec
         if not rec.get("idx_hidden") or rec.get("out_dtype") is None:
             return None
-        ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]))
+        exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
+        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor") & ~exact)
+        if not outs.height:
+            return None
+        out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
+        ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]), out)
         if ev is None:
             return None
-        exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
         ints = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact)
         data = [
             r
@@ -448,22 +476,30 @@ class _Judge:
             and self.r_prod.producer(r) is None
             and explained_by_flip(self.noise, self.key, r) is None
         ]
-        outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor") & ~exact)
-        if not data or not outs.height:
+        if not data:
             return None
-        out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
         leaf = data[0]
         f = _finding(out, "input")
         f.threshold, f.dtype = ev["bar"], rec["out_dtype"]
+        if "beyond_rounding" in ev:
+            why = (
+                f"this op's output differs {out['err']:.3g} ({ev['beyond_rounding']:.3g} beyond {ROUNDINGS:g} "
+                "roundings of each of its statistics) where its float inputs' statistics agree exactly: a gather "
+                "copies elements, so a copied element moved beyond rounding"
+            )
+        else:
+            why = (
+                f"this op's output differs {out['err']:.3g} where its float inputs explain at most {ev['carried']:.3g}"
+            )
         return _with_evidence(
             f,
             differing=leaf["name"],
             hidden_by_statistics=True,
             float_inputs_explain=ev["carried"],
+            beyond_rounding=ev.get("beyond_rounding"),
             detail=(
                 f"{leaf['name']} (an integer input no earlier op produced) has the same max/min in both runs, but "
-                f"this op's output differs {out['err']:.3g} where its float inputs explain at most "
-                f"{ev['carried']:.3g}: its values differ (msprobe's statistics of integers keep only max/min)"
+                f"{why}: its values differ (msprobe's statistics of integers keep only max/min)"
             ),
         )
 
@@ -506,7 +542,7 @@ class _Judge:
         if changed is None:
             return None
         if changed.get("needs_consumer"):
-            confirms = self._consumer_confirms(leaf)
+            confirms = self._consumer_confirms(leaf, changed)
             if confirms is None:
                 return None
             changed = {k: v for k, v in changed.items() if k != "needs_consumer"} | confirms
@@ -524,22 +560,23 @@ class _Judge:
             ),
         )
 
-    def _consumer_confirms(self, leaf: dict[str, Any]) -> dict[str, Any] | None:
+    def _consumer_confirms(self, leaf: dict[str, Any], changed: dict[str, Any]) -> dict[str, Any] | None:
         """Evidence that a parameter changed by under `X_MIN` of its update (but beyond its siblings and what its
         update explains) made this consumer's output differ: its other tensor inputs agree (within `QUIET` x the
-        tolerance) and its local error (beyond what its inputs' measured errors carry: a sign flip keeps the
-        parameter's norm, so its statistics bound hides most of the change) stands out as a fresh op's would,
+        tolerance), and its output error beyond what its inputs' noise explains stands out as a fresh op's would,
         beyond the fresh ops before it, its siblings (within the prior's reach) and the error the pair carries
-        here.  None where it does not."""
+        here.  Its inputs' noise: the other inputs' errors, and of the parameter's own error (exact in tensor
+        mode, a statistics bound otherwise) the share its noise explains, `noise_share` (its siblings' and its
+        explanation's x over its own x): the rest of it is the change judged.  None where it does not."""
         rec = self.rec
         tol = float(rec["tol"] or 0.0)
-        others = self.leaves.filter(
-            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & (pl.col("name") != leaf["name"])
-        )
+        ins = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor"))
+        others = ins.filter(pl.col("name") != leaf["name"])
         worst = others["err"].drop_nulls().max() if others.height else 0.0
         if not rec["out_div"] or worst is None or not float(worst) <= QUIET * tol:  # type: ignore[arg-type]
             return None
-        value = rec["local"]  # beyond what its inputs' measured errors, the parameter's included, carry
+        share = noise_share(changed)
+        value = _beyond_input_noise(rec, ins, leaf["name"], share)
         bar = self.noise.bar(rec["_direction"], True, self.key)
         if value is None or (bar is not None and value <= bar):
             return None
@@ -548,7 +585,7 @@ class _Judge:
         level = self.noise.carried(self.key)
         if level is not None and value <= level:
             return None
-        return {"consumer_err": value, "consumer_bar": max(bar or 0.0, level or 0.0)}
+        return {"consumer_err": value, "consumer_bar": max(bar or 0.0, level or 0.0), "noise_share": share}
 
     def _changed_parameter(self) -> Finding | None:
         """The first consumer of a parameter changed between the steps, whether or not the parameter or the
@@ -574,13 +611,11 @@ class _Judge:
 
     def _discrete_data(self) -> Finding | None:
         """Integer data (labels, ids: an integer or boolean input no recorded op produced in either run) that
-        differ, read by a record whose float inputs agree (within `QUIET` x its tolerance) and whose output may
-        stay within its tolerance (two masked-LM labels move a bfloat16-autocast loss by 0.8 %): integers have no
-        rounding noise, and nothing float before this record differs enough to have made them (a near-tie flip
-        noted upstream in its step explains them)."""
-        tol = float(self.rec["tol"] or 0.0)
-        if not (float(self.rec.get("in_float_err") or 0.0) <= QUIET * tol):
-            return None
+        differ at this step and agreed at every earlier one, whatever the noise of the record's float inputs and
+        whether or not its output leaves its tolerance (two masked-LM labels move a bfloat16-autocast loss by
+        0.8 %): integers have no rounding noise, and no recorded op made them, so no float difference before
+        this record did (a near-tie flip noted upstream in its step explains them).  An integer input that
+        differed at an earlier step already is left to the other rules (no data change starts here)."""
         exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
         ints = self.leaves.filter(
             pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact & (pl.col("status") == "diverged")
@@ -592,10 +627,15 @@ class _Judge:
         for leaf in ints.iter_rows(named=True):
             if self.t_prod.producer(leaf) is not None or self.r_prod.producer(leaf) is not None:
                 continue
+            first = self.int_first.get((leaf["rank"], leaf["source"], leaf["_record"], leaf["name"]))
+            if first is not None and first < leaf["step"]:
+                continue  # it differed before: no data change starts at this step
             if explained_by_flip(self.noise, self.key, leaf) is not None:
                 continue
             if leaf["err_source"] == "stats" and not _extreme_differs(leaf):
                 continue  # a mean of integers, summed in floating point on the device, can round differently
+            float_err = float(self.rec.get("in_float_err") or 0.0)
+            agree = "agree" if float_err <= QUIET * float(self.rec["tol"] or 0.0) else "differ by their noise"
             return _with_evidence(
                 _finding(out, "input"),
                 differing=leaf["name"],
@@ -603,8 +643,8 @@ class _Judge:
                 float_input_err=self.rec.get("in_float_err"),
                 detail=(
                     f"{leaf['name']} (integer data no earlier op produced) differs "
-                    f"({_stat_change(leaf)}) while this op's float inputs agree "
-                    f"({float(self.rec.get('in_float_err') or 0.0):.3g}): its output moved {out['err']:.3g}"
+                    f"({_stat_change(leaf)}) while this op's float inputs {agree} "
+                    f"({float_err:.3g}): its output moved {out['err']:.3g}"
                 ),
             )
         return None
@@ -652,7 +692,7 @@ class _Judge:
         if self.t_prod.producer(out, views=False) is not None and self.r_prod.producer(out, views=False) is not None:
             return None  # the same output was recorded earlier (a module and its last op): judged there
         # fed by a near-tie flip upstream in its step, within what the flip explains (analysis/flipflow.py)
-        fed = fed_by_flip(self.noise, self.key, rec) is not None
+        fed = fed_by_flip(self.noise, self.key, rec, leaves) is not None
         if fed:
             self.noise.explain(self.key)
         if bad_in.height == 0 and rec["fresh"]:
@@ -826,14 +866,47 @@ class _Judge:
         return None
 
 
+def noise_share(changed: dict[str, Any]) -> float:
+    """The share of a changed parameter's difference its noise explains: the largest x of its siblings and what
+    its update was fed (analysis/steps.py `corrupted`), over its own x (under 1 / STAND_OUT where it was named).
+    1 (all of it) where fewer than MIN_SIBLINGS siblings measure its kind's noise: one other layer's router
+    does not show what Adam's per-element normalisation does to this one's update."""
+    if changed.get("judged_against") != "siblings" or int(changed.get("siblings") or 0) < MIN_SIBLINGS:
+        return 1.0
+    x = float(changed.get("update_units") or 0.0)
+    noise = max(float(changed.get("siblings_max") or 0.0), float(changed.get("carried_in") or 0.0))
+    return 1.0 if not x > 0 else min(1.0, noise / x)
+
+
+def _beyond_input_noise(rec: dict[str, Any], ins: pl.DataFrame, param: str, share: float) -> float | None:
+    """A record's output error beyond what its tensor inputs' noise carries: each input's error times its
+    conditioning max(1, |x| / |y|) (analysis/noise.py `record_measures`), the changed parameter's (`param`)
+    times `share`; None without an output error."""
+    out_err, out_norm = rec.get("out_err"), rec.get("out_norm")
+    if out_err is None:
+        return None
+    carried = 0.0
+    for r in ins.iter_rows(named=True):
+        err = r.get("err")
+        if err is None:
+            continue
+        kappa = 1.0
+        norm = r.get("ref_norm")
+        if norm is not None and out_norm and out_norm > 0 and norm / out_norm > 1.0:
+            kappa = norm / out_norm
+        carried = max(carried, float(err) * kappa * (share if r["name"] == param else 1.0))
+    return max(float(out_err) - carried, 0.0)
+
+
 def _confirmation(changed: dict[str, Any]) -> str:
     """The detail's clause for a parameter change under `X_MIN` of an update that its consumer confirmed."""
     if "consumer_err" not in changed:
         return ""
     return (
         f"; under a quarter of an update, confirmed by this op's output, off {changed['consumer_err']:.3g} beyond "
-        "what its inputs carry, on agreeing activations, where the pair's fresh ops and carried error reach "
-        f"{changed['consumer_bar']:.3g}"
+        "what its inputs' noise carries (its other inputs' errors and the share of this parameter's that its "
+        f"noise explains, {changed['noise_share']:.3g}), on agreeing activations, where the pair's fresh ops and "
+        f"carried error reach {changed['consumer_bar']:.3g}"
     )
 
 

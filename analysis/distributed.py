@@ -157,7 +157,7 @@ def overflow(
     batch: int | None = None,
 ):
     """`overflow.overflow` mapped over a Ray cluster by partition; the same OverflowReport."""
-    from ._overflow import OverflowReport
+    from ._overflow import OverflowReport, is_overflow
 
     whole = store.run_info(run).get("generation") == "8.x" or bool(
         ref and store.run_info(ref).get("generation") == "8.x"
@@ -166,7 +166,7 @@ def overflow(
         parts = partitions(store, run, ref, steps, ranks, _cpus(address), batch, whole_steps=whole)
         reports = _map(_overflow_part, store, parts, address, run, ref)
     producers = [p for r in reports for p in r.producers]
-    first = next((p for p in producers if not p["likely_mask"]), None)
+    first = next((p for p in producers if is_overflow(p)), None)
     frames = [r.tensors for r in reports]
     tensors = pl.concat(frames, how="vertical_relaxed") if frames else None
     if tensors is None:
@@ -218,7 +218,8 @@ def ranked(
     cmp = Comparison(
         rows, pl.DataFrame(), answers[0][0], compare_options.get("tolerances") or Tolerances(), target, ref, {}
     )
-    again = {k: v for k, v in rank_options.items() if k in ("by", "top")}  # the filters ran in the partitions
+    # the filters ran in the partitions; the verdict's culprit (`culprit`) comes first again over all of them
+    again = {k: v for k, v in rank_options.items() if k in ("by", "top", "culprit")}
     return rank_rows(cmp, **again)
 
 
@@ -229,8 +230,11 @@ def _compare_part(
     from dumpstore.store import open_store
 
     from .compare import compare_runs
-    from .rank import COLUMNS, rank_rows
+    from .rank import COLUMNS, CULPRIT_NOTE, rank_rows
 
     cmp = compare_runs(open_store(root), target, ref, steps=[step], ranks=ranks, **compare_options)
     top = rank_rows(cmp, **rank_options)
+    if rank_options.get("culprit") is not None:  # kept among the top rows here; noted once, by the driver
+        plain = pl.col("detail").str.strip_prefix(CULPRIT_NOTE).str.strip_prefix("; ")
+        top = top.with_columns(pl.when(plain == "").then(None).otherwise(plain).alias("detail"))
     return cmp.precision, top.select([c for c in COLUMNS if c in top.columns])

@@ -24,6 +24,8 @@ from typing import Any
 
 from dumpstore.names import MODULE_RECORD_PREFIXES, module_of, without_direction, without_direction_and_call
 
+from .arguments import SIGNATURES, argument_name
+
 __all__ = [
     "SIGNATURES",
     "Explanation",
@@ -36,68 +38,6 @@ __all__ = [
     "user_frame",
 ]
 
-# Positional parameter names of ops whose arguments msprobe records by position (`input.4`): torch's signatures
-# (torch.nn.functional, torch, Tensor methods, torch_npu).  A keyword argument is recorded by name already.
-SIGNATURES: dict[str, tuple[str, ...]] = {
-    "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps"),
-    "rms_norm": ("input", "normalized_shape", "weight", "eps"),
-    "group_norm": ("input", "num_groups", "weight", "bias", "eps"),
-    "batch_norm": ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
-    "instance_norm": (
-        "input",
-        "running_mean",
-        "running_var",
-        "weight",
-        "bias",
-        "use_input_stats",
-        "momentum",
-        "eps",
-    ),
-    "normalize": ("input", "p", "dim", "eps"),
-    "npu_rms_norm": ("input", "gamma", "epsilon"),
-    "gelu": ("input", "approximate"),
-    "softmax": ("input", "dim", "_stacklevel", "dtype"),
-    "log_softmax": ("input", "dim", "_stacklevel", "dtype"),
-    "dropout": ("input", "p", "training", "inplace"),
-    "leaky_relu": ("input", "negative_slope", "inplace"),
-    "elu": ("input", "alpha", "inplace"),
-    "celu": ("input", "alpha", "inplace"),
-    "softplus": ("input", "beta", "threshold"),
-    "hardtanh": ("input", "min_val", "max_val", "inplace"),
-    "silu": ("input", "inplace"),
-    "relu": ("input", "inplace"),
-    "linear": ("input", "weight", "bias"),
-    "embedding": ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse"),
-    "scaled_dot_product_attention": ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"),
-    "topk": ("input", "k", "dim", "largest", "sorted"),
-    "masked_fill": ("input", "mask", "value"),
-    "add": ("input", "other", "alpha"),
-    "sub": ("input", "other", "alpha"),
-    "rsub": ("input", "other", "alpha"),
-    "mul": ("input", "other"),
-    "div": ("input", "other", "rounding_mode"),
-    "pow": ("input", "exponent"),
-    "clamp": ("input", "min", "max"),
-    "clip": ("input", "min", "max"),
-    "cumsum": ("input", "dim", "dtype"),
-    "sum": ("input", "dim", "keepdim", "dtype"),
-    "mean": ("input", "dim", "keepdim", "dtype"),
-    "cross_entropy": (
-        "input",
-        "target",
-        "weight",
-        "size_average",
-        "ignore_index",
-        "reduce",
-        "reduction",
-        "label_smoothing",
-    ),
-    "pad": ("input", "pad", "mode", "value"),
-    "interpolate": ("input", "size", "scale_factor", "mode", "align_corners"),
-    "conv1d": ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
-    "conv2d": ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
-    "conv3d": ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
-}
 
 MEMO = "memo/explain"  # where under the store explanations are kept, next to the verdicts (analysis/memo.py)
 
@@ -132,6 +72,8 @@ ADVICE = {
     "input": "The runs are fed different data: check the data pipeline, its seed and the preprocessing of {what}.",
     "scalar": "Make both runs call {op} with the same {argument}: check the model config or the layer's "
     "constructor arguments{where}.",
+    "signature": "Make both runs call {op} with the same arguments: {argument} is given in one run only; check "
+    "the layer's constructor (bias=...) or the kernel or patch that replaces the call{where}.",
     "optimizer": "The weights agree before this step and move differently: check the learning rate, its schedule, "
     "the optimizer and its hyper-parameters (betas, eps, weight decay) and gradient clipping.",
     "op": "The op itself computes differently: dump it at tensor level (the config below), compare with --exact, "
@@ -246,25 +188,6 @@ def next_dump_config(op: str, module_record: str | None, step: int, rank: int) -
         "async_dump": False,
         "tensor": {"scope": [], "list": names, "data_mode": ["all"]},
     }
-
-
-def _op_type(row: dict[str, Any]) -> str:
-    t = str(row.get("op_type") or "")
-    return t.strip("_").removeprefix("npu_") if t not in SIGNATURES else t
-
-
-def argument_name(row: dict[str, Any]) -> tuple[str, str]:
-    """(name, how) of a non-tensor argument's leaf: its keyword as msprobe recorded it, else its position in the
-    op's signature (`SIGNATURES`), else `argument N`."""
-    idx = str(row.get("index_path") or "")
-    head, _, rest = idx.partition(".")
-    suffix = "".join(f"[{p}]" for p in rest.split(".")) if rest else ""
-    if head and not head.isdigit():
-        return head + suffix, "record"
-    sig = SIGNATURES.get(_op_type(row)) or SIGNATURES.get(str(row.get("op_type") or ""))
-    if head.isdigit() and sig and int(head) < len(sig):
-        return sig[int(head)] + suffix, "signature"
-    return f"argument {idx}", "position"
 
 
 _COLS = "run, record, module, io, index_path, name, kind, value, op_type, api, stack_id, max, min, mean, norm, seq"
@@ -426,7 +349,7 @@ def explain(look: _Lookup, f: dict[str, Any]) -> Explanation:
         ex.source = user_frame(look.frames(run, step, rank, sid))
     if kind == "parameter" and ev.get("differing"):
         ex.parameter = _parameter(look, f, ev["differing"], rows, mod)
-    if kind == "scalar" and ev.get("scalar"):
+    if kind in ("scalar", "signature") and ev.get("scalar"):
         ex.argument = _argument(look, f, ev["scalar"], rows)
     ex.advice = _advice(kind, ex, f)
     ex.next_dump = next_dump_config(op, mod, step, rank)
@@ -470,9 +393,16 @@ def _argument(look: _Lookup, f: dict[str, Any], leaf: str, rows: list[dict]) -> 
         "name": name,
         "position": known.get("index_path"),
         "named_by": how,
-        "target": t.get("value") if t else None,
-        "ref": r.get("value") if r else None,
+        "target": _arg_value(t),
+        "ref": _arg_value(r),
     }
+
+
+def _arg_value(row: dict[str, Any] | None) -> Any:
+    """An argument's value as shown: a scalar's value, or `a tensor` (analysis/signature.py's arguments)."""
+    if row is None:
+        return None
+    return "a tensor" if row.get("kind") == "tensor" else row.get("value")
 
 
 def _advice(kind: str, ex: Explanation, f: dict[str, Any]) -> str | None:
@@ -482,7 +412,8 @@ def _advice(kind: str, ex: Explanation, f: dict[str, Any]) -> str | None:
     if template is None:
         return None
     where = f" (at {source_text(ex.source)})" if ex.source else ""
-    what = (f.get("evidence") or {}).get("differing") or f.get("name") or f["op"]
+    ev = f.get("evidence") or {}
+    what = ev.get("differing") or ev.get("differing_unrecorded") or f.get("name") or f["op"]
     return template.format(
         parameter=(ex.parameter or {}).get("name") or "this parameter",
         what=what,

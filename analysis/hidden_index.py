@@ -40,6 +40,10 @@ from dumpstore.names import MODULE_RECORD_PREFIXES
 
 from .noise import STAND_OUT
 
+# a statistic of a float tensor moved by more than this many roundings of itself (eps of the tensor's dtype x its
+# magnitude) moved by more than rounding: the noise model's own margin (noise.py STAND_OUT)
+ROUNDINGS = STAND_OUT
+
 # ops that copy values chosen by integer indices and do no arithmetic on them (msprobe's op type, last token)
 GATHERS = frozenset(
     {"embedding", "gather", "index_select", "take", "take_along_dim", "__getitem__", "index", "embedding_bag"}
@@ -112,8 +116,33 @@ def carried_by_floats(rec: dict[str, Any]) -> float:
     return b * kappa
 
 
-def hidden_index_stands(rec: dict[str, Any], own_tol: float) -> dict[str, Any] | None:
-    """The evidence that an integer input hidden by its statistics differs, or None (see the module doc)."""
+def beyond_rounding(leaf: dict[str, Any]) -> float | None:
+    """The statistics bound of a float leaf's relative error (analysis/rules.py `stats_bound`: max(|dNorm|,
+    |dMax|, |dMin|, |dMean| sqrt(n)) / ||y||) with each statistic's difference less ROUNDINGS roundings of that
+    statistic in the leaf's dtype (eps x its magnitude, the mean's at least eps x the elements' RMS: a sum
+    rounds in proportion to its terms; msprobe keeps a bfloat16 tensor's statistics in bfloat16): the part of
+    the difference no rounding of the statistics makes.  None: statistics missing."""
+    e = EPS.get(str(leaf.get("dtype")), EPS["float32"])
+    ref_norm = leaf.get("ref_norm")
+    if ref_norm is None or not math.isfinite(ref_norm) or ref_norm <= 0:
+        return None
+    n = float(leaf.get("numel") or leaf.get("ref_numel") or 1)
+    rms = ref_norm / math.sqrt(n)  # a mean is a sum: its rounding is eps x the elements' size, not the mean's
+    terms = []
+    for s, weight in (("norm", 1.0), ("max", 1.0), ("min", 1.0), ("mean", math.sqrt(n))):
+        t, r = leaf.get(s), leaf.get("ref_" + s)
+        if t is None or r is None or not (math.isfinite(t) and math.isfinite(r)):
+            continue
+        size = max(abs(t), abs(r), rms if s == "mean" else 0.0)
+        terms.append(max(abs(t - r) - ROUNDINGS * e * size, 0.0) * weight)
+    return max(terms) / ref_norm if terms else None
+
+
+def hidden_index_stands(
+    rec: dict[str, Any], own_tol: float, out: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The evidence that an integer input hidden by its statistics differs, or None (see the module doc).
+    `out`: the output leaf judged (its statistics), for float inputs whose statistics agree exactly."""
     if not rec.get("idx_hidden") or rec.get("out_dtype") is None or not is_gather(rec.get("op_class")):
         return None
     if rec.get("_direction") != "forward":
@@ -121,6 +150,13 @@ def hidden_index_stands(rec: dict[str, Any], own_tol: float) -> dict[str, Any] |
     out_err = rec.get("out_err")
     if out_err is None or not math.isfinite(out_err):
         return None
+    if rec.get("in_bound") and rec.get("in_float_err") == 0.0 and out is not None and out.get("err_source") == "stats":
+        # the float inputs' statistics agree exactly: no measured difference of the table to carry, and what
+        # their rounding hides moves a copied element by a rounding or two of its own, not more
+        value = beyond_rounding(out)
+        if value is None or not value > 0.0:
+            return None
+        return {"carried": 0.0, "bar": out_err - value, "own_tol": own_tol, "beyond_rounding": value}
     carried = carried_by_floats(rec)
     bar = max(STAND_OUT * carried, own_tol)
     if not out_err > bar:

@@ -87,6 +87,7 @@ class NoiseModel:
     output_norms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # ... and its reference norm (or NaN)
     flips: list[dict[str, Any]] = field(default_factory=list)  # discrete outputs flipped on near ties (noise)
     flip_marks: list[tuple[tuple, frozenset]] = field(default_factory=list)  # their order keys, enclosing modules
+    possible_flips: Any = None  # flips the statistics cannot show (analysis/flipflow.py PossibleFlips)
     flip_explained: set[tuple] = field(default_factory=set)  # order keys of the flips and of what they explained
     _explained: dict[tuple[bool, str], np.ndarray] = field(default_factory=dict)  # ... as masks of fresh / carry
     _output_ranks: np.ndarray | None = None  # the rank of each of `outputs` (analysis/flipflow.py), on first use
@@ -279,13 +280,20 @@ def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
     # conditioning: an input error e on a tensor of norm |x| is an output error of about e |x| / |y| when the op
     # passes it on unchanged in absolute size (a sum with cancellation: the bias gradient of a logit layer)
     kappa = pl.max_horizontal(pl.col("in_norm") / pl.col("out_norm"), pl.lit(1.0)).fill_nan(1.0).fill_null(1.0)
-    carried = in_err * pl.when(kappa.is_finite()).then(kappa).otherwise(1.0)
+    kappa = pl.when(kappa.is_finite()).then(kappa).otherwise(1.0)
+    kinked = pl.lit(False)
     if "op_class" in recs.columns:
         # a kinked op's backward (relu: the gradient passes where the forward input was > 0): an input error e
         # moves a share ~e of the elements across the kink, each passing its full gradient or none, a relative
         # difference ~sqrt(e) of the output (docs/how-it-decides.md, section 2)
         kinked = is_kinked(pl.col("op_class")) & (pl.col("_direction") == "backward")
-        carried = pl.when(kinked).then(pl.max_horizontal(carried, (KINK * in_err).sqrt())).otherwise(carried)
+    carried = _carried(in_err, kappa, kinked)
+    if {"saved_err", "_module"} <= set(recs.columns):
+        # a module's backward reads, through the records inside it, what they saved in the forward (a ReLU's
+        # input, a norm's statistics), which its own record does not list: it carries what they carry from it
+        recs = recs.with_columns(_carried(pl.col("saved_err").fill_null(0.0), kappa, kinked).alias("_saved"))
+        recs = recs.with_columns(pl.Series("_inner", module_inner_saved(recs), dtype=pl.Float64)).drop("_saved")
+        carried = pl.max_horizontal(carried, pl.col("_inner"))
     fresh = (carried <= QUIET * pl.col("tol").fill_null(0.0)) & ~no_inputs
     return recs.with_columns(
         fresh.alias("fresh"),
@@ -297,7 +305,33 @@ def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
         .then(pl.col("out_err"))
         .otherwise(pl.max_horizontal(pl.col("out_err") - carried, pl.lit(0.0)))
         .alias("local"),
-    )
+    ).drop("_inner", strict=False)
+
+
+def _carried(err: pl.Expr, kappa: pl.Expr, kinked: pl.Expr) -> pl.Expr:
+    """The output error an input error `err` explains: err x the conditioning kappa, and for a kinked op's backward
+    at least sqrt(KINK x err) (the elements the error moves across the kink)."""
+    return pl.when(kinked).then(pl.max_horizontal(err * kappa, (KINK * err).sqrt())).otherwise(err * kappa)
+
+
+def module_inner_saved(recs: pl.DataFrame) -> list[float]:
+    """Per record: the most that a record inside it (a module record's own ops and nested modules, by msprobe's
+    `module` of each record: `_module`) carries from what it saved in the forward (`_saved`); 0 for a record with
+    nothing inside.  A backward record's module is the module's backward record, so this stays in its direction."""
+    keys = list(zip(recs["step"], recs["rank"], recs["source"], recs["_record"]))
+    parent = dict(zip(keys, recs["_module"]))
+    best: dict[tuple, float] = {}
+    for key, value in zip(keys, recs["_saved"]):
+        if value is None or not value > 0:
+            continue
+        seen: set[str] = set()
+        m = parent.get(key)
+        while m is not None and m not in seen:
+            seen.add(m)
+            up = (key[0], key[1], key[2], m)
+            best[up] = max(best.get(up, 0.0), float(value))
+            m = parent.get(up)
+    return [best.get(k, 0.0) for k in keys]
 
 
 def update_evidence(
@@ -336,16 +370,21 @@ def update_evidence(
     r = ratio[ok]
     med = float(median(r))
     same_way = int((r > 1).sum()) if med > 1 else int((r < 1).sum())
+    # a tie (both sizes the same value: bf16 statistics rounded to the same step) says neither run moved further:
+    # the share is counted among the others; the median keeps the ties (they pull it to 1)
+    tied = int((r == 1).sum())
     logs = np.log(np.maximum(r, 1e-12))  # a parameter the target did not move at all: a ratio of ~0
     spread = 1.4826 * float(median(np.abs(logs - median(logs))))  # robust sigma of the log ratios
     se = 1.2533 * spread / np.sqrt(r.size)  # standard error of their median
     bar = float(max(OPT_Z * se, OPT_FLOOR, gradient_error))
-    return {
+    moved = r.size - tied
+    out = {
         "parameters": int(ok.sum()),
         "gradient_error": gradient_error,
         "median_ratio": med,
         "same_way": same_way,
         "spread": spread,
         "bar": bar,
-        "differs": bool(abs(float(median(logs))) > bar and same_way >= OPT_SHARE * ok.sum()),
+        "differs": bool(abs(float(median(logs))) > bar and moved >= OPT_MIN_PARAMS and same_way >= OPT_SHARE * moved),
     }
+    return out | {"tied": tied} if tied else out

@@ -106,3 +106,21 @@ def discrete_data_readers(rows: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     return rows.filter(
         pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & discrete & (pl.col("status") == "diverged")
     ).select(keys)
+
+
+def discrete_first_differs(rows: pl.DataFrame) -> dict[tuple, int]:
+    """(rank, source, record, leaf name) -> the first step of `rows` at which that integer or boolean tensor input
+    differs between the runs: data that differ at a later step only agreed before (analysis/culprit.py
+    `_discrete_data`)."""
+    discrete = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
+    keys = ["rank", "source", "_record", "name"]
+    first = (
+        rows.lazy()
+        .filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & discrete & (pl.col("status") == "diverged")
+        )
+        .group_by(keys)
+        .agg(pl.col("step").min())
+        .collect()
+    )
+    return {tuple(r[:4]): int(r[4]) for r in first.select(*keys, "step").iter_rows()}

@@ -322,6 +322,10 @@ def _static(
         c("dtype"),
         R.dtype_eps(c("tol_dtype")).fill_null(0.0).alias("_eps_judged"),
         R.small_value_scale().alias("_scale"),
+        # a tensor against None: an argument given in one run only (analysis/signature.py), counted as `args`
+        (((c("kind") == "tensor") & (c("ref_kind") == "null")) | ((c("kind") == "null") & (c("ref_kind") == "tensor")))
+        .fill_null(False)
+        .alias("_tensor_or_none"),
     )
     # pairs whose err can only be the statistics bound, when the statistics are finite and ||y|| > 0 (_fast)
     plain = (
@@ -353,7 +357,7 @@ def _static(
         decided.alias("decided"),
         c("tol"),
         R.sqrt_numel(),
-        c("_is_scalars").fill_null(False).alias("scalar"),
+        (c("_is_scalars").fill_null(False) | c("_tensor_or_none")).alias("scalar"),
         (c("_is_tensors").fill_null(False) & c("_scale")).alias("tensor"),
         c("ref_numel").cast(pl.Float64).alias("ref_numel"),
         c("_eps_judged").alias("eps"),

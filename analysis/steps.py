@@ -7,26 +7,34 @@ grad and that no recorded op produced) between steps b and a = the next compared
   gap(s)   ||p_t(s) - p_r(s)||, target against reference at step s
   upd      ||p_r(a) - p_r(b)||, the reference's update of p
   x        gap(a) / upd: how much of one update the runs disagree by after it
+  x_chg    the same with gap(a)'s extremes (its max and min differences: one element each) counted only beyond
+           UPDATES_APART x the reference update's own max/min move: what a change of the tensor shows, not two
+           runs' updates of one element (the changed-parameter rule's measure)
   x_prev   gap(b) / upd: the disagreement the runs carried into the update
   g_prev   the relative error of p's gradient at step b (its `parameters_grad` leaf): what the update was fed
   x_round  eps(p's dtype) x ||p_r(b)|| / upd: one rounding of the parameter, in the same units
 
 All norms are the statistics lower bound of analysis/rules.py (`stats_bound`) in both dump modes, so that `x`
-is a ratio of two quantities measured the same way.  Device noise moves an update by about the error of the
-gradient it was computed from (Adam's normalisation can flip the sign of updates of near-zero gradients, but
-those carry little of the update's norm), and carries the earlier disagreement on: x stays of the order of
+is a ratio of two quantities measured the same way.  Neither is an upper bound (statistics bound ||a - b||
+from above only by ||a|| + ||b||, a hundred updates), so x is not a bound either way: the norm and the mean are
+projections of a difference on fixed directions, which shrink a gap and an update alike, and their ratio reads
+the ratio of the norms; a max or min difference is one element's, which does not shrink, and is compared with
+one element's update (x_chg).  Device noise moves an update by about the error of the gradient it was
+computed from (Adam's normalisation can flip the sign of updates of near-zero gradients, but those carry
+little of the update's norm), and carries the earlier disagreement on: x stays of the order of
 its explanation max(x_prev, g_prev, x_round).  Hence:
 
-  corrupted parameter  x > STAND_OUT x its explanation (not what the update was fed, carried in, or rounding),
-                       x > STAND_OUT x the largest x of its siblings (same module class or API, parameter name
-                       and shape, other modules or ranks: the same optimizer's noise on the same kind of tensor;
-                       another call of the same module reads the same tensor and is none; a parameter without
-                       siblings: the largest x of every other parameter), and either the parameter is over its
-                       tolerance or x > STAND_OUT x (UPDATES_APART + x_prev) (more than the two runs' updates
-                       can put between them): a parameter changed between steps (written to, loaded wrongly).
-                       Named at its first consumer at step a, outright where x >= X_MIN (a sizeable part of an
-                       update), else only where that consumer confirms it (`needs_consumer`: its activations
-                       agree and its own error stands out; analysis/culprit.py `_consumer_confirms`).
+  corrupted parameter  x (here x_chg throughout) > STAND_OUT x its explanation (not what the update was fed,
+                       carried in, or rounding), x > STAND_OUT x the largest x of its siblings (same module class
+                       or API, parameter name and shape, other modules or ranks: the same optimizer's noise on
+                       the same kind of tensor; another call of the same module reads the same tensor and is
+                       none; a parameter without siblings: the largest x of every other parameter), and
+                       either the parameter is over its tolerance or x > STAND_OUT x (UPDATES_APART + x_prev)
+                       (more than the two runs' updates can put between them): a parameter changed between
+                       steps (written to, loaded wrongly).  Named at its first consumer at step a, outright where
+                       x >= X_MIN (a sizeable part of an update), else only where that consumer confirms it
+                       (`needs_consumer`: its activations agree and its own error stands out;
+                       analysis/culprit.py `_consumer_confirms`).
   update differs       at least OPT_SHARE of the measured parameters have x > STAND_OUT x their explanation,
                        and the median x is at least X_MIN: every parameter moved otherwise than its gradient
                        explains (clipping at another norm, another optimizer): the optimizer culprit.  A
@@ -77,6 +85,26 @@ def _bound(t: dict[str, np.ndarray], r: dict[str, np.ndarray], numel: np.ndarray
     return np.where(r["norm"] == 0, np.abs(t["norm"]), gap)  # ||x - 0|| = ||x||: a bias that starts at zero
 
 
+def _changed_gap(
+    t: dict[str, np.ndarray],
+    r: dict[str, np.ndarray],
+    a: dict[str, np.ndarray],
+    b: dict[str, np.ndarray],
+    n: np.ndarray,
+) -> np.ndarray:
+    """The part of the statistics lower bound of ||t - r|| that a change of the tensor shows, not the two runs'
+    updates of one element: the bulk (|d norm|, |d mean| sqrt(n): the whole tensor) in full, the extremes (|d max|,
+    |d min|: one element each) only beyond UPDATES_APART x what the reference's update moved its own extremes
+    (`a` against `b`, the reference at both steps).  NaN where no statistic is known."""
+    with np.errstate(invalid="ignore"):
+        bulk = np.fmax(np.abs(t["norm"] - r["norm"]), np.abs(t["mean"] - r["mean"]) * np.sqrt(n))
+        extreme = np.fmax(np.abs(t["max"] - r["max"]), np.abs(t["min"] - r["min"]))
+        element = np.fmax(np.abs(a["max"] - b["max"]), np.abs(a["min"] - b["min"]))
+        beyond = np.where(np.isnan(element), extreme, extreme - UPDATES_APART * element)
+        out = np.fmax(bulk, np.where(beyond > 0, beyond, 0.0 * beyond))
+    return np.where(r["norm"] == 0, np.abs(t["norm"]), out)  # ||x - 0|| = ||x||: a bias that starts at zero
+
+
 def parameters_of(params: pl.DataFrame) -> pl.DataFrame:
     """The parameter leaves among `params` (candidate weight leaves of one step): module records' `parameters`
     leaves where the dump has them, else the candidates, one per tensor (fingerprint)."""
@@ -109,12 +137,18 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     gap_b = _bound(side("", "_b"), side("ref_", "_b"), numel)
     upd = _bound(side("ref_"), side("ref_", "_b"), numel)
     rounding = np.array([eps(d or "") for d in both["dtype"].to_list()]) * np.abs(side("ref_", "_b")["norm"])
+    changed = _changed_gap(side(""), side("ref_"), side("ref_"), side("ref_", "_b"), numel)
     with np.errstate(all="ignore"):
         x = np.where(upd > 0, gap / upd, np.nan)
+        x_changed = np.where((upd > 0) & np.isfinite(gap), changed / upd, np.nan)
         x_prev = np.where(upd > 0, gap_b / upd, np.nan)
         x_round = np.where(upd > 0, rounding / upd, np.nan)
     out = both.select(*_KEYS, "_fp_t", "shape", "status").with_columns(
-        pl.Series("x", x), pl.Series("x_prev", x_prev), pl.Series("x_round", x_round), _module("_record")
+        pl.Series("x", x),
+        pl.Series("x_changed", x_changed),
+        pl.Series("x_prev", x_prev),
+        pl.Series("x_round", x_round),
+        _module("_record"),
     )
     grads = rows.filter(
         (pl.col("step") == before) & (pl.col("_io") == "parameters_grad") & (pl.col("kind") == "tensor")
@@ -146,9 +180,9 @@ def _explained(t: pl.DataFrame) -> np.ndarray:
     return np.fmax(np.fmax(cols[0], cols[1]), cols[2])
 
 
-def _beyond(t: pl.DataFrame) -> np.ndarray:
-    """x > STAND_OUT x what the update was fed, carried in, or one rounding of the parameter explains."""
-    x = t["x"].fill_null(np.nan).to_numpy()
+def _beyond(t: pl.DataFrame, col: str = "x") -> np.ndarray:
+    """x (or `col`) > STAND_OUT x what the update was fed, carried in, or one rounding of the parameter explains."""
+    x = t[col].fill_null(np.nan).to_numpy()
     with np.errstate(invalid="ignore"):
         return np.isfinite(x) & (x > STAND_OUT * np.nan_to_num(_explained(t), nan=0.0))
 
@@ -158,7 +192,7 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     its evidence."""
     if t is None or not t.height:
         return {}
-    x = t["x"].fill_null(np.nan).to_numpy()
+    x = t["x_changed"].fill_null(np.nan).to_numpy()  # the gap a change shows, in updates
     klass = t["klass"].to_list()
     owner = _owners(t)  # another layer, or the same on another rank; not another call of the same module
     expl = _explained(t)
@@ -167,7 +201,7 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     with np.errstate(invalid="ignore"):
         apart = x > STAND_OUT * (UPDATES_APART + x_prev)  # beyond what any two updates can put between the runs
     out: dict[int, dict[str, Any]] = {}
-    for i in np.flatnonzero(_beyond(t) & (over | apart)):
+    for i in np.flatnonzero(_beyond(t, "x_changed") & (over | apart)):
         sib = [j for j in range(t.height) if klass[j] == klass[i] and owner[j] != owner[i]]
         sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
         kin = "siblings"

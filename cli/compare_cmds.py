@@ -121,6 +121,9 @@ def compare(
         from dumpstore.analysis.distributed import ranked
         from dumpstore.store import open_store
 
+        if culprit_first and by == "significance":  # the Ray engine's verdict, as the local engine's below
+            cluster = {"address": address, "batch": batch}
+            ranking["culprit"] = _culprit(store, None, target, ref, steps, ranks, tol, exact, maps, noise_ref, cluster)
         table = ranked(
             open_store(store),
             target,
@@ -148,13 +151,14 @@ def compare(
     click.echo(render(table.to_arrow(), fmt))
 
 
-def _culprit(store, cmp, target, ref, steps, ranks, tol, exact, maps, noise_ref):
+def _culprit(store, cmp, target, ref, steps, ranks, tol, exact, maps, noise_ref, cluster=None):
     """The culprit of `dumpstore divergence` over every step of the selected ranks (memoized in the store: after
-    a divergence run no second verdict is computed); taken from `cmp` when it holds every step."""
+    a divergence run no second verdict is computed); taken from `cmp` when it holds every step; `cluster`: the
+    Ray engine's options (address, batch) to reach it there."""
     from dumpstore.analysis.verdict import answer
 
     q = question(target, ref, (), ranks, tol, exact, maps, noise_ref)
-    return answer(store, q, comparison=None if steps else cmp).culprit
+    return answer(store, q, comparison=None if steps else cmp, cluster=cluster).culprit
 
 
 @click.command()
@@ -368,13 +372,15 @@ def noise_line(v: dict) -> str:
         line += " (on what could be judged: see NOT JUDGED)"
     if over:
         line += f": {over} tensors over their tolerance, none standing out"
-    flips = n.get("discrete_flips") or []
+    flips = [f for f in n.get("discrete_flips") or [] if not f.get("possible")]
     if flips:
         f = flips[0]
         line += (
             f"; {len(flips)} discrete outputs changed on near ties, noise (first: step {f['step']} rank {f['rank']}"
             f" {f['op']})"
         )
+    for f in [f for f in n.get("discrete_flips") or [] if f.get("possible")]:
+        line += f"; step {f['step']} rank {f['rank']}: {f['detail']}"
     if n.get("largest_amplification") is not None:
         line += (
             f"; largest amplification {num(n['largest_amplification'])}x at step {n['step']} rank {n['rank']}"
@@ -498,6 +504,13 @@ def overflow_text(rep, top: int) -> str:
         head + (f"  (beyond reference {text(rep.ref)})" if rep.ref else ""),
         f"{len(rep.producers)} producers (clean inputs, dirty output); {rep.tensors.height} dirty tensors",
     ]
+    masked = [p for p in rep.producers if p.get("masked")]
+    if masked:
+        p = masked[0]
+        lines.append(
+            f"MASKED: {len(masked)} producers whose NaN/Inf every path discards, not overflow (first: step "
+            f"{p['step']} rank {p['rank']} {text(p['op'])}, ended by {text(p['masked_by'])})"
+        )
     if rep.tensors.height:
         shown = rep.tensors if top == 0 else rep.tensors.head(top)
         lines.append(render(shown.to_arrow(), "table"))

@@ -179,6 +179,79 @@ def test_a_backward_from_its_forwards_result_reads_that_results_error():
         "Functional.linear.0.backward": 1e-4,
         "Torch.rsqrt.2.backward": 0.0015,
     }
+    saved = dict(zip(*_with_saved_inputs(recs).select("_record", "saved_err").to_dict(as_series=False).values()))
+    assert saved == {  # what each backward read from its forward alone (its gradient input aside)
+        "Torch.rsqrt.2.forward": None,
+        "Functional.linear.0.forward": None,
+        "Functional.linear.0.backward": 1e-4,
+        "Torch.rsqrt.2.backward": 0.0015,
+    }
+
+
+# the clean combination resnet_fp16_D (tensor mode, step 1): a basic block's backward (ResNetBasicLayer), its
+# gradient input off 4.9e-4, its output 0.0547; inside it, the block's last ReLU read its forward input, off
+# 1.15e-3, and passed on sqrt(2 x 1.15e-3) = 0.048 (its mask flips); its stage encloses it
+_BLOCK = "Module.stages.1.layers.0.ResNetBasicLayer.backward.0"
+_STAGE = "Module.stages.1.ResNetStage.backward.0"
+
+
+def _block(inner_op: str) -> pl.DataFrame:
+    records = [
+        ("Functional.%s.4.backward" % inner_op, "Module.stages.1.layers.0.activation.ReLU.backward.0", 1.15e-3),
+        ("Module.stages.1.layers.0.activation.ReLU.backward.0", _BLOCK, None),
+        ("Functional.conv2d.3.backward", "Module.stages.1.layers.0.layer.0.Conv2d.backward.0", 5e-4),
+        ("Module.stages.1.layers.0.layer.0.Conv2d.backward.0", _BLOCK, None),
+        (_BLOCK, _STAGE, None),
+        (_STAGE, None, None),
+        ("Functional.relu.2.backward", "Module.stages.0.layers.0.activation.ReLU.backward.0", 2e-3),
+    ]
+    n = len(records)
+    return pl.DataFrame(
+        {
+            "step": [1] * n,
+            "rank": [0] * n,
+            "source": [""] * n,
+            "_record": [r for r, _, _ in records],
+            "_module": [m for _, m, _ in records],
+            "saved_err": [e for *_, e in records],
+            "op_class": ["Functional." + inner_op, "Module.ReLU", "Functional.conv2d", "Module.Conv2d"]
+            + ["Module.ResNetBasicLayer", "Module.ResNetStage", "Functional.relu"],
+            "_direction": ["backward"] * n,
+            "in_err": [1.15e-3, 4.9e-4, 0.0635, 0.0635, 4.9e-4, 4.9e-4, 0.0547],
+            "out_err": [0.0511, 0.0511, 0.0781, 0.0665, 0.0547, 0.0547, 0.0562],
+            "in_norm": [1.0] * n,
+            "out_norm": [1.0] * n,
+            "tol": [2.0**-10] * n,
+            "tol_dtype": ["float16"] * n,
+        },
+        schema_overrides={"_module": pl.String, "saved_err": pl.Float64},
+    )
+
+
+def test_a_modules_backward_carries_what_the_records_inside_it_saved():
+    """The block and its stage read the ReLU's saved input through the ReLU's backward: they carry
+    sqrt(2 x 1.15e-3), not their gradient input's 4.9e-4 (which made them 'amplify' 112x); a record outside the
+    block (stage 0's ReLU) passes nothing to it, and the conv's saved 5e-4 is less."""
+    got = {r["_record"]: r for r in record_measures(_block("relu")).iter_rows(named=True)}
+    carried = math.sqrt(KINK * 1.15e-3)
+    for module in (_BLOCK, _STAGE):
+        assert got[module]["amp"] == pytest.approx(0.0547 / carried, rel=1e-12)
+        assert got[module]["local"] == pytest.approx(0.0547 - carried, rel=1e-12)
+        assert got[module]["fresh"] is False
+    assert got["Module.stages.1.layers.0.activation.ReLU.backward.0"]["amp"] == pytest.approx(0.0511 / carried)
+    assert got["Module.stages.1.layers.0.layer.0.Conv2d.backward.0"]["amp"] == pytest.approx(0.0665 / 0.0635)
+    # the API records' own measures are as before: their inputs' errors, the ReLU's kinked
+    assert got["Functional.relu.4.backward"]["amp"] == pytest.approx(0.0511 / carried, rel=1e-12)
+    assert got["Functional.relu.2.backward"]["amp"] == pytest.approx(0.0562 / math.sqrt(KINK * 0.0547))
+    assert "_inner" not in got[_BLOCK] and "_saved" not in got[_BLOCK]
+
+
+def test_a_module_whose_inner_records_are_smooth_carries_their_saved_errors_as_they_are():
+    """A smooth op inside (GELU) passes its saved 1.15e-3 on as it is: the block still 'amplifies' 0.0547 /
+    1.15e-3, as a fault inside a module whose records each stay in the noise does."""
+    got = {r["_record"]: r for r in record_measures(_block("gelu")).iter_rows(named=True)}
+    assert got[_BLOCK]["amp"] == pytest.approx(0.0547 / 1.15e-3, rel=1e-12)
+    assert got[_STAGE]["amp"] == pytest.approx(0.0547 / 1.15e-3, rel=1e-12)
 
 
 def _losses_noisy_backward(labels_at: int | None, fault: float, target: bool) -> list[dict]:

@@ -235,12 +235,23 @@ def test_changed_labels_the_dump_shows_are_named_at_the_loss_within_its_toleranc
         assert "differs (max 30 vs 31) while this op's float inputs agree" in c.detail
 
 
-def test_changed_labels_are_not_named_so_where_the_loss_float_inputs_differ(dump_writer, store_dir):
-    """The same labels with logits off by 5e-5 (over a tenth of the float32 tolerance): the labels could be a
-    consequence of what differs upstream, so the rule stays out; nothing else stands out: quiet."""
+def test_changed_labels_are_named_whatever_the_noise_of_the_loss_float_inputs(dump_writer, store_dir):
+    """The same labels with logits off by 5e-5 (over a tenth of the float32 tolerance): labels are data no recorded
+    op produced, so no float difference upstream made them; they agreed at step 0: named at the loss."""
     ref = [_loss_step(s, False, 0.0, False) for s in range(2)]
     tgt = [_loss_step(0, False, 0.0, True), _loss_step(1, True, 0.0, True, visible=True, logit_err=5e-5)]
-    assert _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit is None
+    c = _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit
+    assert c is not None and (c.step, c.op, c.kind) == (1, "Functional.cross_entropy.0.forward", "input")
+    assert "differs (max 30 vs 31) while this op's float inputs differ by their noise (4.99e-05)" in c.detail
+
+
+def test_labels_changed_at_every_step_are_named_where_the_change_starts(dump_writer, store_dir):
+    """Labels that differ at step 0 and again at step 1, the loss within its tolerance on noisy logits: named at
+    step 0, the first step they differ (at step 1 they differed before: no data change starts there)."""
+    ref = [_loss_step(s, False, 0.0, False) for s in range(2)]
+    tgt = [_loss_step(s, True, 0.0, True, visible=True, logit_err=5e-5) for s in range(2)]
+    c = _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit
+    assert c is not None and (c.step, c.op, c.kind) == (0, "Functional.cross_entropy.0.forward", "input")
 
 
 def test_statistics_of_bfloat16_inputs_agree_only_to_their_rounding():

@@ -99,7 +99,9 @@ def _overflow_html(ovf: OverflowReport | None) -> str:
         return f'<div class="finding none"><h3>{label}</h3><p>not scanned</p></div>'
     f = ovf.first_overflow
     if f is None:
-        more = f" ({len(ovf.producers)} masking-like producers ignored)" if ovf.producers else ""
+        masked = sum(1 for p in ovf.producers if p.get("masked"))
+        more = f" ({len(ovf.producers)} masking-like producers ignored" if ovf.producers else ""
+        more += f", {masked} of them masked downstream)" if masked else (")" if ovf.producers else "")
         return (
             f'<div class="finding none"><h3>{label}</h3><p>none: no NaN/Inf/saturated value beyond the '
             f'reference{esc(more)}</p><p class="rule">{esc(rule)}</p></div>'

@@ -1,11 +1,14 @@
 """Clean combinations: each validation set's families run on the simulated devices of *another* set.
 
-Sets 1-3 (``validation/make_pairs.py``, ``validation/v2/``, ``validation/v3/``) run every family on its own set's
-device only. A new user brings a family and a device nobody tuned on together; this set makes such pairs, clean
-only (no fault): the reference is plain CPU torch, the target the same training on a device of another set, in
-the family's own dtype setup or another one it supports (a pure bf16 model trained in fp32, an fp32 model under
-bf16 autocast, bf16 autocast as fp16 with loss scaling), with another model seed, data seed and batch size than
-its set uses. Every pair must be quiet: ``validation/score.py --data <out>`` scores the verdict's false alarms.
+Sets 1-4 (``validation/make_pairs.py``, ``validation/v2/``, ``validation/v3/``, ``validation/v4/``) run every family
+on its own set's device only. A new user brings a family and a device nobody tuned on together; this set makes such
+pairs, clean only (no fault): the reference is plain CPU torch, the target the same training on a device of another
+set, in the family's own dtype setup or another one it supports (a pure bf16 model trained in fp32, an fp32 model
+under bf16 autocast, bf16 autocast as fp16 with loss scaling, fp16 autocast as bf16, an autocast model in fp32),
+with another model seed, data seed and batch size (an image classifier: images) than its set uses. The first 20
+pairs (sets 1-3 among themselves) were made before set 4 existed and are unchanged; the next 24 run set 4's families
+on devices of sets 1-3 and families of sets 1-3 on set 4's devices. Every pair must be quiet: ``validation/score.py
+--data <out>`` scores the verdict's false alarms.
 
     .venv/bin/python validation/cross/make_pairs.py --out validation/cross/.data [--jobs 2] [--only PAIR ...]
         [--draw K]   # another draw of the model and data seeds (+100 K, +7 K; default K = 1)
@@ -46,24 +49,28 @@ if harness is None:  # the sets' shared driver, whose loader loads the rest: onc
 _load = harness._load
 
 
-# the three sets' harnesses and devices, each under its own name; every device module captures the stock torch
+# the four sets' harnesses and devices, each under its own name; every device module captures the stock torch
 # functions when it is imported, so all of them are imported before msprobe is
+SET4 = _load("validation_v4_make_pairs", V / "v4" / "make_pairs.py")  # loads set 2's harness and set 4's devices
+DEV4 = SET4.devices4
 SET3 = _load("validation_v3_make_pairs", V / "v3" / "make_pairs.py")  # loads set 2's harness too
 DEV2 = _load("validation_v2_devices", V / "v2" / "devices.py")
 SET2 = SET3.v2
 SET1 = _load("validation_v1_make_pairs", V / "make_pairs.py")
 DEV3 = SET3.devices3
 DEV1 = _load("validation_v1_devices", V / "devices.py")
-SETS = {1: (SET1, DEV1), 2: (SET2, DEV2), 3: (SET3, DEV3)}
-DEVICE_SET = {k: s for s, (_, dev) in SETS.items() for k in dev.DEVICES if k != "M"}
+SETS = {1: (SET1, DEV1), 2: (SET2, DEV2), 3: (SET3, DEV3), 4: (SET4, DEV4)}
+# M and R: a set's reference rerun on another GPU (the noisy-reference variant), not a device of its own
+DEVICE_SET = {k: s for s, (_, dev) in SETS.items() for k in dev.DEVICES if k not in ("M", "R")}
 RUN_ONE = {s: mod.run_one for s, (mod, _) in SETS.items()}
-FLIPS = {1: SET1.topk_flips, 2: SET2.topk_flips, 3: SET3.argmax_flips}
+FLIPS = {1: SET1.topk_flips, 2: SET2.topk_flips, 3: SET3.argmax_flips, 4: SET4.argmax_flips}
 
 # family -> (set, its dtype setup as the set runs it)
 FAMILY_SET = {
     **{f: 1 for f in SET1.FAMILIES},
     **{f: 2 for f in SET2.FAMILIES},
     **{f: 3 for f in SET3.FAMILIES},
+    **{f: 4 for f in SET4.FAMILIES},
 }
 NATIVE = {
     "llama": "bf16",
@@ -78,10 +85,15 @@ NATIVE = {
     "bloom": "bf16",
     "bert": "bf16-autocast",
     "phi": "fp16-autocast",
+    "t5": "bf16-autocast",
+    "resnet": "fp32",
+    "mamba": "bf16",
+    "gptj": "fp16-autocast",
 }
 SEED_SHIFT, DATA_SEED_SHIFT = 100, 7  # per draw: another model init and data stream than the family's set uses
 
-# pair -> (family, device, dtype setup, batch, modes). Devices are other sets' (A-D: set 1, E-H: set 2, I-L: set 3).
+# pair -> (family, device, dtype setup, batch, modes). Devices are other sets' (A-D: set 1, E-H: set 2, I-L: set 3,
+# N-Q: set 4).
 PAIRS = {
     # set 1's families
     "llama_E": ("llama", "E", "bf16", 2, ("stats", "tensor")),
@@ -106,6 +118,38 @@ PAIRS = {
     "bloom_E": ("bloom", "E", "bf16", 2, ("stats", "tensor")),
     "bloom_fp32_H": ("bloom", "H", "fp32", 2, ("stats",)),
     "phi_D": ("phi", "D", "fp16-autocast", 2, ("stats",)),
+    # set 4's families on devices of sets 1-3 (each device picked for the ops it replaces that the family runs:
+    # linear/matmul everywhere, T5's and GPT-J's softmax and tanh, Mamba's rsqrt; ResNet's classifier only: a
+    # device whose rounding differs from the stock kernel's at K = 16 (D truncates; F's exact sum rounded once and
+    # its one vocabulary block left ResNet under bf16 autocast bitwise equal)
+    "t5_A": ("t5", "A", "bf16-autocast", 2, ("stats",)),
+    "t5_C": ("t5", "C", "bf16-autocast", 2, ("stats",)),
+    "t5_fp32_I": ("t5", "I", "fp32", 2, ("stats",)),
+    "resnet_B": ("resnet", "B", "fp32", 6, ("stats",)),
+    "resnet_fp16_D": ("resnet", "D", "fp16-autocast", 8, ("stats", "tensor")),
+    "resnet_H": ("resnet", "H", "fp32", 8, ("stats",)),
+    "mamba_A": ("mamba", "A", "bf16", 2, ("stats", "tensor")),
+    "mamba_E": ("mamba", "E", "bf16", 3, ("stats",)),
+    "mamba_fp32_B": ("mamba", "B", "fp32", 2, ("stats",)),
+    "gptj_D": ("gptj", "D", "fp16-autocast", 2, ("stats", "tensor")),
+    "gptj_L": ("gptj", "L", "fp16-autocast", 3, ("stats",)),
+    "gptj_bf16_J": ("gptj", "J", "bf16-autocast", 2, ("stats",)),
+    "gptj_fp32_I": ("gptj", "I", "fp32", 2, ("stats",)),
+    # families of sets 1-3 on set 4's devices (O: SiLU, pow and means of RMSNorms; P and Q: pow, means and
+    # LayerNorm statistics; N's convolutions and BatchNorm touch none of them). Their fp32 results are rounded
+    # once to the tensor's dtype: in a pure bf16 model most differences round away (bloom on P in bf16: 6 of 591
+    # records differ), so bloom runs in fp32 there
+    "llama_O": ("llama", "O", "bf16", 2, ("stats", "tensor")),
+    "qwen2_O": ("qwen2", "O", "bf16", 3, ("stats",)),
+    "moe_O": ("moe", "O", "fp32", 2, ("stats",)),
+    "gemma_P": ("gemma", "P", "bf16-autocast", 2, ("stats", "tensor")),
+    "neox_P": ("neox", "P", "bf16-autocast", 2, ("stats",)),
+    "bert_P": ("bert", "P", "bf16-autocast", 3, ("stats",)),
+    "falcon_P": ("falcon", "P", "fp32", 2, ("stats",)),
+    "bloom_fp32_P": ("bloom", "P", "fp32", 2, ("stats",)),
+    "gpt2_Q": ("gpt2", "Q", "fp16-autocast", 2, ("stats", "tensor")),
+    "phi_Q": ("phi", "Q", "fp16-autocast", 2, ("stats",)),
+    "opt_Q": ("opt", "Q", "fp16-autocast", 3, ("stats",)),
 }
 
 
@@ -125,15 +169,20 @@ def _apply(job: dict) -> None:
     mod.FAMILIES[family]["device"] = "X"
     mod.FAMILIES[family]["seed"] += SEED_SHIFT * job["draw"]
     mod.DATA_SEED += DATA_SEED_SHIFT * job["draw"]
-    mod.BATCH = job["batch"]
+    if family == getattr(mod, "ARGMAX_FAMILY", None) and hasattr(mod, "IMAGES"):  # an image classifier's batch
+        mod.IMAGES = job["batch"]
+    else:
+        mod.BATCH = job["batch"]
     native, dtype = NATIVE[family], job["dtype"]
     if dtype == native:
         return
     if native == "bf16" and dtype == "fp32":  # a pure bf16 model trained in fp32
         build = mod.build_model
         mod.build_model = lambda fam, build=build: build(fam).to(torch.float32)
-    elif dtype.endswith("-autocast") and s in (2, 3):  # the set's autocast table: fp32 -> bf16, bf16 -> fp16
+    elif dtype.endswith("-autocast") and s >= 2:  # the set's autocast table: fp32 -> bf16, bf16 <-> fp16
         mod.AUTOCAST[family] = {"bf16-autocast": "bfloat16", "fp16-autocast": "float16"}[dtype]
+    elif dtype == "fp32" and native.endswith("-autocast") and s >= 2:  # fp32 weights without autocast
+        mod.AUTOCAST.pop(family)
     else:
         raise ValueError("%s: dtype setup %s is not supported" % (family, dtype))
 

@@ -1,0 +1,120 @@
+"""More instances of two fault classes, made with the generators of validation sets 3 and 4: data changed after
+step 0 (one token id +1, or labels, at step 1 or 2) and a small weight change after step 0 (a weight x1.01 before
+step 1), in other families, dtypes and dump modes than the sets' own cases.
+
+    .venv/bin/python validation/data_faults.py --set 4 --out /tmp/data_faults_v4 [--jobs 2] [--only CASE ...]
+    .venv/bin/python validation/score.py --data /tmp/data_faults_v4
+
+Each set's families, devices, training loop and key are its own (``validation/v3/make_pairs.py``,
+``validation/v4/make_pairs.py``, driven by ``validation/harness.py``): this module only adds cases to its ``CASES``
+and one way to change a weight (``x1.01``: every element times 1.01). Nothing here is written into the repository:
+the pairs go to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# set -> case -> (family, variant, fault, modes), as the sets' own CASES
+EXTRA = {
+    4: {
+        "mamba_clean": ("mamba", "base", None, ("stats", "tensor")),
+        "resnet_clean": ("resnet", "base", None, ("stats", "tensor")),
+        "gptj_clean": ("gptj", "base", None, ("stats", "tensor")),
+        "mamba_ids_step1": ("mamba", "base", {"kind": "ids", "step": 1}, ("stats", "tensor")),
+        "mamba_ids_step2": ("mamba", "base", {"kind": "ids", "step": 2}, ("stats", "tensor")),
+        "t5_ids_step1": ("t5", "base", {"kind": "ids", "step": 1}, ("stats",)),
+        "resnet_labels_step1": ("resnet", "base", {"kind": "labels", "step": 1}, ("stats", "tensor")),
+        "mamba_inproj_x101_step1": (
+            "mamba",
+            "base",
+            {"kind": "weight", "param": "backbone.layers.1.mixer.in_proj.weight", "step": 1, "how": "x1.01"},
+            ("stats", "tensor"),
+        ),
+        "resnet_conv_x101_step1": (
+            "resnet",
+            "base",
+            {
+                "kind": "weight",
+                "param": "resnet.encoder.stages.1.layers.0.layer.0.convolution.weight",
+                "step": 1,
+                "how": "x1.01",
+            },
+            ("stats", "tensor"),
+        ),
+        "gptj_fcin_x101_step1": (
+            "gptj",
+            "base",
+            {"kind": "weight", "param": "transformer.h.1.mlp.fc_in.weight", "step": 1, "how": "x1.01"},
+            ("stats", "tensor"),
+        ),
+    },
+    3: {
+        "falcon_clean": ("falcon", "base", None, ("stats", "tensor")),
+        "bloom_clean": ("bloom", "base", None, ("stats", "tensor")),
+        "bert_clean": ("bert", "base", None, ("stats", "tensor")),
+        "falcon_ids_step1": ("falcon", "base", {"kind": "ids", "step": 1}, ("stats", "tensor")),
+        "falcon_ids_step2": ("falcon", "base", {"kind": "ids", "step": 2}, ("tensor",)),
+        "bert_labels_step1": ("bert", "base", {"kind": "labels", "step": 1}, ("stats", "tensor")),
+        "bert_ids_step1": ("bert", "base", {"kind": "ids", "step": 1}, ("stats",)),
+        "bloom_mlp_x101_step1": (
+            "bloom",
+            "base",
+            {"kind": "weight", "param": "transformer.h.1.mlp.dense_h_to_4h.weight", "step": 1, "how": "x1.01"},
+            ("stats", "tensor"),
+        ),
+        "falcon_mlp_x101_step1": (
+            "falcon",
+            "base",
+            {"kind": "weight", "param": "transformer.h.1.mlp.dense_h_to_4h.weight", "step": 1, "how": "x1.01"},
+            ("stats", "tensor"),
+        ),
+    },
+}
+
+
+def _load(number: int):
+    path = HERE / ("v%d" % number) / "make_pairs.py"
+    spec = importlib.util.spec_from_file_location("validation_v%d_make_pairs" % number, path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _scale(p) -> None:
+    p.mul_(1.01)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", type=int, choices=sorted(EXTRA), required=True)
+    ap.add_argument("--out", required=True, help="folder for the pairs and key.json (never a set's own .data)")
+    args, rest = ap.parse_known_args(argv)
+    rest = ["--out", args.out, *rest]
+    s = _load(args.set)
+    s.CASES = dict(EXTRA[args.set])
+    own = s.corrupt
+
+    def corrupt(model, fault) -> None:
+        if fault.get("how") == "x1.01":
+            import torch
+
+            with torch.no_grad():
+                _scale(dict(model.named_parameters())[fault["param"]])
+            return
+        own(model, fault)
+
+    s.corrupt = corrupt
+    s.HOW = {**getattr(s, "HOW", {}), "x1.01": "every element times 1.01"}
+    return s.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,16 +22,7 @@ from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
 from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, is_loss
-from .noise import (
-    MIN_SIBLINGS,
-    QUANTILE,
-    QUIET,
-    STAND_OUT,
-    NoiseModel,
-    order_key,
-    statistics_hidden,
-    update_evidence,
-)
+from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers, discrete_first_differs
 from .rank import significance
@@ -543,7 +534,7 @@ class _Judge:
         if changed is None:
             return None
         if changed.get("needs_consumer"):
-            confirms = self._consumer_confirms(leaf, changed)
+            confirms = self._consumer_confirms(leaf)
             if confirms is None:
                 return None
             changed = {k: v for k, v in changed.items() if k != "needs_consumer"} | confirms
@@ -561,23 +552,22 @@ class _Judge:
             ),
         )
 
-    def _consumer_confirms(self, leaf: dict[str, Any], changed: dict[str, Any]) -> dict[str, Any] | None:
+    def _consumer_confirms(self, leaf: dict[str, Any]) -> dict[str, Any] | None:
         """Evidence that a parameter changed by under `X_MIN` of its update (but beyond its siblings and what its
         update explains) made this consumer's output differ: its other tensor inputs agree (within `QUIET` x the
-        tolerance), and its output error beyond what its inputs' noise explains stands out as a fresh op's would,
+        tolerance) and its local error (beyond what its inputs' measured errors carry: a sign flip keeps the
+        parameter's norm, so its statistics bound hides most of the change) stands out as a fresh op's would,
         beyond the fresh ops before it, its siblings (within the prior's reach) and the error the pair carries
-        here.  Its inputs' noise: the other inputs' errors, and of the parameter's own error (exact in tensor
-        mode, a statistics bound otherwise) the share its noise explains, `noise_share` (its siblings' and its
-        explanation's x over its own x): the rest of it is the change judged.  None where it does not."""
+        here.  None where it does not."""
         rec = self.rec
         tol = float(rec["tol"] or 0.0)
-        ins = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor"))
-        others = ins.filter(pl.col("name") != leaf["name"])
+        others = self.leaves.filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & (pl.col("name") != leaf["name"])
+        )
         worst = others["err"].drop_nulls().max() if others.height else 0.0
         if not rec["out_div"] or worst is None or not float(worst) <= QUIET * tol:  # type: ignore[arg-type]
             return None
-        share = noise_share(changed)
-        value = _beyond_input_noise(rec, ins, leaf["name"], share)
+        value = rec["local"]  # beyond what its inputs' measured errors, the parameter's included, carry
         bar = self.noise.bar(rec["_direction"], True, self.key)
         if value is None or (bar is not None and value <= bar):
             return None
@@ -586,7 +576,7 @@ class _Judge:
         level = self.noise.carried(self.key)
         if level is not None and value <= level:
             return None
-        return {"consumer_err": value, "consumer_bar": max(bar or 0.0, level or 0.0), "noise_share": share}
+        return {"consumer_err": value, "consumer_bar": max(bar or 0.0, level or 0.0)}
 
     def _changed_parameter(self) -> Finding | None:
         """The first consumer of a parameter changed between the steps, whether or not the parameter or the
@@ -867,47 +857,14 @@ class _Judge:
         return None
 
 
-def noise_share(changed: dict[str, Any]) -> float:
-    """The share of a changed parameter's difference its noise explains: the largest x of its siblings and what
-    its update was fed (analysis/steps.py `corrupted`), over its own x (under 1 / STAND_OUT where it was named).
-    1 (all of it) where fewer than MIN_SIBLINGS siblings measure its kind's noise: one other layer's router
-    does not show what Adam's per-element normalisation does to this one's update."""
-    if changed.get("judged_against") != "siblings" or int(changed.get("siblings") or 0) < MIN_SIBLINGS:
-        return 1.0
-    x = float(changed.get("update_units") or 0.0)
-    noise = max(float(changed.get("siblings_max") or 0.0), float(changed.get("carried_in") or 0.0))
-    return 1.0 if not x > 0 else min(1.0, noise / x)
-
-
-def _beyond_input_noise(rec: dict[str, Any], ins: pl.DataFrame, param: str, share: float) -> float | None:
-    """A record's output error beyond what its tensor inputs' noise carries: each input's error times its
-    conditioning max(1, |x| / |y|) (analysis/noise.py `record_measures`), the changed parameter's (`param`)
-    times `share`; None without an output error."""
-    out_err, out_norm = rec.get("out_err"), rec.get("out_norm")
-    if out_err is None:
-        return None
-    carried = 0.0
-    for r in ins.iter_rows(named=True):
-        err = r.get("err")
-        if err is None:
-            continue
-        kappa = 1.0
-        norm = r.get("ref_norm")
-        if norm is not None and out_norm and out_norm > 0 and norm / out_norm > 1.0:
-            kappa = norm / out_norm
-        carried = max(carried, float(err) * kappa * (share if r["name"] == param else 1.0))
-    return max(float(out_err) - carried, 0.0)
-
-
 def _confirmation(changed: dict[str, Any]) -> str:
     """The detail's clause for a parameter change under `X_MIN` of an update that its consumer confirmed."""
     if "consumer_err" not in changed:
         return ""
     return (
         f"; under a quarter of an update, confirmed by this op's output, off {changed['consumer_err']:.3g} beyond "
-        "what its inputs' noise carries (its other inputs' errors and the share of this parameter's that its "
-        f"noise explains, {changed['noise_share']:.3g}), on agreeing activations, where the pair's fresh ops and "
-        f"carried error reach {changed['consumer_bar']:.3g}"
+        "what its inputs carry, on agreeing activations, where the pair's fresh ops and carried error reach "
+        f"{changed['consumer_bar']:.3g}"
     )
 
 

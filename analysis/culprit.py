@@ -16,6 +16,7 @@ import polars as pl
 from dumpstore.dtypes import DISCRETE_DTYPES
 from dumpstore.names import MODULE_RECORD_PREFIXES
 
+from . import param_change as PC
 from . import steps as ST
 from .compare import Comparison
 from .dtype_change import changed_dtype
@@ -187,9 +188,9 @@ def _innermost(found: tuple[Found, Found], recs: pl.DataFrame, view: _StepView) 
 
 def _also_judged(rows: pl.DataFrame, keys: list[str], changed: dict[int, Any]) -> pl.DataFrame:
     """The records (`keys`, with `_also` true) of one step's rows judged even where their outputs stay within
-    their tolerance: the consumers of a parameter changed between the steps (by target fingerprint), and the
+    their tolerance: the consumers of a parameter changed between the steps (by parameter key), and the
     records reading integer data that differ (analysis/producers.py `discrete_data_readers`)."""
-    consumers = rows.filter(pl.col("_io").is_in(INPUT_IO) & pl.col("_fp_t").is_in(list(changed))).select(keys)
+    consumers = rows.filter(pl.col("_io").is_in(INPUT_IO) & PC.key_expr(rows.columns).is_in(list(changed))).select(keys)
     return (
         pl.concat([consumers, discrete_data_readers(rows, keys)])
         .unique(maintain_order=True)
@@ -530,7 +531,7 @@ class _Judge:
         """A weight changed between the steps beyond what its update explains (analysis/steps.py `corrupted`), at
         this consumer; None for any other weight (later weights carry the optimizer's noise), and for one changed
         by under `X_MIN` of its update where this consumer does not confirm it (`_consumer_confirms`)."""
-        changed = self.changed.get(leaf.get("_fp_t"))  # type: ignore[arg-type]
+        changed = self.changed.get(leaf.get("_pkey"))  # type: ignore[arg-type]
         if changed is None:
             return None
         if changed.get("needs_consumer"):
@@ -584,8 +585,8 @@ class _Judge:
         tolerance on its norm means nothing (a sign flip of some elements keeps the norm)."""
         if not self.changed or self.rec["step"] == self.first_step:
             return None
-        ins = self.leaves.filter(
-            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & pl.col("_fp_t").is_in(list(self.changed))
+        ins = self.leaves.with_columns(PC.key_expr(self.leaves.columns)).filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & pl.col("_pkey").is_in(list(self.changed))
         )
         outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor"))
         if not ins.height or not outs.height:

@@ -549,7 +549,8 @@ class _Judge:
                 f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step{within} "
                 f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
                 f" at most {changed['siblings_max']:.3g}, what its update was fed "
-                f"{changed['carried_in'] or 0:.3g}): changed between steps" + _confirmation(changed)
+                f"{changed['carried_in'] or 0:.3g}{_step_agrees(changed)}): changed between steps"
+                + _confirmation(changed)
             ),
         )
 
@@ -856,6 +857,13 @@ class _Judge:
                 detail=f"{leaf['name']} differs and no earlier op produced it",
             )
         return None
+
+
+def _step_agrees(changed: dict[str, Any]) -> str:
+    """Why a parameter within its tolerance and two updates is named: every other parameter agrees."""
+    if "step_max" not in changed or changed["judged_against"] != "siblings":
+        return ""  # (judged against every other parameter: said already)
+    return f", every other parameter of the step at most {changed['step_max']:.3g}"
 
 
 def _confirmation(changed: dict[str, Any]) -> str:

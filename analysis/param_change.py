@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 REF_FP = "_fp_ref_"  # the reference side's fingerprint (analysis/producers.py `_fingerprint("ref_")`)
@@ -31,3 +32,14 @@ def key_expr(columns: list[str]) -> pl.Expr:
 def keys(frame: pl.DataFrame) -> list[Any]:
     """`key_expr` of every row of `frame`, in order."""
     return frame.select(key_expr(frame.columns))["_pkey"].to_list()
+
+
+def others_max(x: np.ndarray, owner: list) -> np.ndarray:
+    """For each row, the largest finite `x` of the rows of every other tensor (`owner`: analysis/steps.py
+    `_owners`; another call of the same module is the same tensor); NaN where there is none."""
+    out = np.full(len(x), np.nan)
+    for i in range(len(x)):
+        vals = [x[j] for j in range(len(x)) if owner[j] != owner[i] and np.isfinite(x[j])]
+        if vals:
+            out[i] = max(vals)
+    return out

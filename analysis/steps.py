@@ -209,15 +209,18 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     expl = _explained(t)
     over = (t["status"] == "diverged").to_numpy()
     x_prev = np.nan_to_num(t["x_prev"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
+    others = PC.others_max(x, owner)  # the largest x of every other parameter of the step
     with np.errstate(invalid="ignore"):
         apart = x > STAND_OUT * (UPDATES_APART + x_prev)  # beyond what any two updates can put between the runs
+        # ... of which the step's other parameters show a share: Adam-like flips grow as its square root
+        agree = (x >= X_MIN) & (x > STAND_OUT * (UPDATES_APART * np.sqrt(np.fmin(others, 1.0)) + x_prev))
     out: dict[int, dict[str, Any]] = {}
-    for i in np.flatnonzero(_beyond(t, "x_changed") & (over | apart)):
+    for i in np.flatnonzero(_beyond(t, "x_changed") & (over | apart | agree)):
         sib = [j for j in range(t.height) if klass[j] == klass[i] and owner[j] != owner[i]]
         sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
         kin = "siblings"
         if not sx.size:  # no tensor of its kind: every other parameter of the step
-            kin, sx = "parameters", x[(np.arange(t.height) != i) & np.isfinite(x)]
+            kin, sx = "parameters", x[[j for j in range(t.height) if owner[j] != owner[i] and np.isfinite(x[j])]]
         if not sx.size or not x[i] > STAND_OUT * float(sx.max()):
             continue  # within the optimizer's noise on its kind of tensor (or, without any, on any)
         fp = pkeys[int(i)]
@@ -230,6 +233,8 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
             "siblings": len(sx),
             "siblings_max": float(sx.max()),
         }
+        if not (over[i] or apart[i]):  # within its tolerance and two updates: the step's updates agree
+            out[int(fp)]["step_max"] = float(others[i])
         if not x[i] >= X_MIN:  # under a quarter of an update: named only where its consumer confirms it
             out[int(fp)]["needs_consumer"] = True
     return out

@@ -12,7 +12,8 @@ from test_noise import MODES, _ingest_pair, _mark_parameters, _t, _verdict
 from test_steps import N_PARAMS, _noise, _runs, _table
 
 from dumpstore import open_store
-from dumpstore.analysis import param_change, steps
+from dumpstore.analysis import compare_runs, divergence, param_change, steps
+from dumpstore.analysis.tolerance import Tolerances
 
 
 def _copied(x, params, grads, steps_: int, source: int | None, dest: int, at: int, noise=None) -> list[dict]:
@@ -73,3 +74,75 @@ def test_two_parameters_equal_in_the_target_are_siblings_not_one_tensor():
             "siblings_max": 0.002,
         }
     }
+
+
+def test_within_its_tolerance_a_parameter_is_changed_beyond_what_the_steps_update_noise_can_flip():
+    """Within its tolerance and two updates, a parameter is named where every other parameter of the step
+    agrees: the others' largest x, m, is the share of an update the step's noise reached, and per-element
+    normalised updates (Adam) flip a share of elements of that order, which moves a parameter by up to
+    UPDATES_APART x sqrt(m) of an update; beyond STAND_OUT x that (and X_MIN), something else wrote to it."""
+    within = ["pass"] * 5
+    kinds = ["conv|1|32x48", "linear|1|8x8", "linear|1|8x8", "linear|1|8x8", "linear|1|8x8"]
+    quiet = [2e-6, 1e-6, 1.5e-6, 1.2e-6]  # the step's updates agree to 2e-6 of an update
+    c = steps.corrupted(_table([0.963, *quiet], status=within, klass=kinds, g_prev=[0.0] * 5, x_round=[9e-5] * 5))
+    assert c == {
+        100: {
+            "update_units": 0.963,
+            "carried_in": 9e-5,
+            "judged_against": "parameters",
+            "siblings": 4,
+            "siblings_max": 2e-6,
+            "step_max": 2e-6,
+        }
+    }
+    # the bar: 3 x 2 x sqrt(m): m = 0.01 -> 0.6
+    noisy = [0.01, 0.002, 0.003, 0.004]
+    assert list(steps.corrupted(_table([0.61, *noisy], status=within, klass=kinds))) == [100]
+    assert steps.corrupted(_table([0.59, *noisy], status=within, klass=kinds)) == {}
+    # carried in: 3 x (2 x 0.1 + 0.1) = 0.9
+    assert steps.corrupted(_table([0.61, *noisy], status=within, klass=kinds, x_prev=[0.1] * 5)) == {}
+    # under X_MIN: within its tolerance, not named (a router's Adam noise 8.7x the step's largest other)
+    assert steps.corrupted(_table([0.0073, 8.4e-4, 1e-6, 1e-6, 1e-6], status=within, klass=kinds)) == {}
+    # every other parameter counts, its siblings and other kinds alike
+    assert steps.corrupted(_table([0.61, 0.002, 0.003, 0.004, 0.19], status=within)) == {}
+
+
+def test_another_call_of_a_parameter_without_siblings_is_not_one_of_the_other_parameters():
+    """A tensor of its own kind read by two calls of its module (micro-batches) is judged against the other
+    tensors, not against its own second call."""
+    records = ["Module.embed.Embedding.forward.0", "Module.embed.Embedding.forward.1"]
+    records += [f"Module.layers.{i}.fc.Linear.forward.0" for i in range(2)]
+    kinds = ["embedding|1|96x8", "embedding|1|96x8", "linear|1|8x8", "linear|1|8x8"]
+    t = _table([1.2, 1.2, 0.01, 0.02], records=records, fps=[100, 100, 101, 102], klass=kinds)
+    assert steps.corrupted(t)[100]["judged_against"] == "parameters"
+    assert steps.corrupted(t)[100]["siblings"] == 2 and steps.corrupted(t)[100]["siblings_max"] == 0.02
+
+
+def test_a_sign_flip_within_two_updates_is_named_where_the_steps_updates_agree(dump_writer, store_dir):
+    """Statistics mode, a loose tolerance (a bfloat16 autocast floor over float32 master weights): the two runs'
+    updates agree exactly (step 0 the same in both); one small element's sign flipped in parameter 3 before
+    step 1 moves it within its tolerance and by under two updates, where no other parameter moved at all."""
+    rng = np.random.default_rng(40)
+    x, params, grads = _runs(rng)
+    at = np.unravel_index(np.argmin(np.abs(np.abs(params[3]) - 2e-3)), params[3].shape)
+
+    def run(corrupt: bool) -> list[dict]:
+        out = []
+        for step in range(2):
+            recs = {}
+            for i, (p, g) in enumerate(zip(params, grads)):
+                q = _t(p - step * 1e-3 * g)
+                if corrupt and step == 1 and i == 3:
+                    q[at] = -q[at]
+                recs[f"Functional.linear.{i}.forward"] = {"input_args": [x, q], "output": [x @ q.T]}
+            out.append(recs)
+        return out
+
+    st = _ingest_pair(dump_writer, store_dir, "statistics", run(False), run(True), steps=2)
+    _mark_parameters(st, store_dir)
+    cmp = compare_runs(open_store(store_dir), "target", "ref", tolerances=Tolerances.parse(["float32=2e-2"]))
+    c = divergence(cmp).culprit
+    assert c is not None and (c.kind, c.step, c.op) == ("parameter", 1, "Functional.linear.3.forward")
+    assert c.evidence["update_units"] == pytest.approx(0.9715, abs=1e-4)  # under STAND_OUT x UPDATES_APART = 6
+    assert c.evidence["step_max"] == 0.0
+    assert "within its tolerance" in c.detail

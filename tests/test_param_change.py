@@ -16,16 +16,16 @@ from dumpstore.analysis import compare_runs, divergence, param_change, steps
 from dumpstore.analysis.tolerance import Tolerances
 
 
-def _copied(x, params, grads, steps_: int, source: int | None, dest: int, at: int, noise=None) -> list[dict]:
-    """Steps of N_PARAMS linear records (parameter i at step s is p_i - s * 0.01 * g_i, moved by `noise`); from
-    step `at` on, parameter `dest` holds parameter `source`'s value (None: no copy)."""
+def _steps(x, params, grads, steps_: int, lr: float = 0.01, noise=None, edit=None) -> list[dict]:
+    """Steps of N_PARAMS linear records: parameter i at step s is p_i - s * lr * g_i, moved by `noise`, then
+    `edit(step, qs)` changes the list of parameters in place."""
     out = []
     for step in range(steps_):
-        qs = [_t(p - step * 0.01 * g) for p, g in zip(params, grads)]
+        qs = [_t(p - step * lr * g) for p, g in zip(params, grads)]
         if noise is not None:
             qs = [_t(noise(step, i, q, g)) for i, (q, g) in enumerate(zip(qs, grads))]
-        if source is not None and step >= at:
-            qs[dest] = qs[source].copy()
+        if edit is not None:
+            edit(step, qs)
         out.append(
             {f"Functional.linear.{i}.forward": {"input_args": [x, q], "output": [x @ q.T]} for i, q in enumerate(qs)}
         )
@@ -38,8 +38,13 @@ def test_a_parameter_given_another_layers_values_is_named_at_its_own_consumer(du
     fingerprint), but not one reference tensor.  The change is named at parameter 4's consumer, not at
     parameter 3's (the first reader of that target fingerprint), and parameter 3 is one of its siblings."""
     x, params, grads = _runs(np.random.default_rng(30))
-    ref = _copied(x, params, grads, 2, None, 4, 1)
-    target = _copied(x, params, grads, 2, 3, 4, 1, noise=_noise(31))
+
+    def copy(step, qs):
+        if step == 1:
+            qs[4] = qs[3].copy()
+
+    ref = _steps(x, params, grads, 2)
+    target = _steps(x, params, grads, 2, noise=_noise(31), edit=copy)
     st = _ingest_pair(dump_writer, store_dir, mode, ref, target, steps=2)
     _mark_parameters(st, store_dir)
     c = _verdict(open_store(store_dir)).culprit
@@ -126,19 +131,12 @@ def test_a_sign_flip_within_two_updates_is_named_where_the_steps_updates_agree(d
     x, params, grads = _runs(rng)
     at = np.unravel_index(np.argmin(np.abs(np.abs(params[3]) - 2e-3)), params[3].shape)
 
-    def run(corrupt: bool) -> list[dict]:
-        out = []
-        for step in range(2):
-            recs = {}
-            for i, (p, g) in enumerate(zip(params, grads)):
-                q = _t(p - step * 1e-3 * g)
-                if corrupt and step == 1 and i == 3:
-                    q[at] = -q[at]
-                recs[f"Functional.linear.{i}.forward"] = {"input_args": [x, q], "output": [x @ q.T]}
-            out.append(recs)
-        return out
+    def flip(step, qs):
+        if step == 1:
+            qs[3][at] = -qs[3][at]
 
-    st = _ingest_pair(dump_writer, store_dir, "statistics", run(False), run(True), steps=2)
+    ref, target = _steps(x, params, grads, 2, lr=1e-3), _steps(x, params, grads, 2, lr=1e-3, edit=flip)
+    st = _ingest_pair(dump_writer, store_dir, "statistics", ref, target, steps=2)
     _mark_parameters(st, store_dir)
     cmp = compare_runs(open_store(store_dir), "target", "ref", tolerances=Tolerances.parse(["float32=2e-2"]))
     c = divergence(cmp).culprit

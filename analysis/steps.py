@@ -30,8 +30,13 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
                        the same kind of tensor; another call of the same module reads the same tensor and is
                        none; a parameter without siblings: the largest x of every other parameter), and
                        either the parameter is over its tolerance or x > STAND_OUT x (UPDATES_APART + x_prev)
-                       (more than the two runs' updates can put between them): a parameter changed between
-                       steps (written to, loaded wrongly).  Named at its first consumer at step a, outright where
+                       (more than the two runs' updates can put between them) or x >= X_MIN and x > STAND_OUT x
+                       (UPDATES_APART x sqrt(min(m, 1)) + x_prev), m the largest x of every other parameter of
+                       the step (the share of an update the step's noise reached; per-element normalised updates
+                       flip a share of elements of that order, and flips move a parameter by up to
+                       UPDATES_APART x the square root of their share): a parameter changed between steps
+                       (written to, loaded wrongly).  A parameter is its pair of fingerprints (target,
+                       reference: analysis/param_change.py).  Named at its first consumer at step a, outright where
                        x >= X_MIN (a sizeable part of an update), else only where that consumer confirms it
                        (`needs_consumer`: its activations agree and its own error stands out;
                        analysis/culprit.py `_consumer_confirms`).

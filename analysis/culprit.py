@@ -860,10 +860,9 @@ class _Judge:
 
 
 def _step_agrees(changed: dict[str, Any]) -> str:
-    """Why a parameter within its tolerance and two updates is named: every other parameter agrees."""
-    if "step_max" not in changed or changed["judged_against"] != "siblings":
-        return ""  # (judged against every other parameter: said already)
-    return f", every other parameter of the step at most {changed['step_max']:.3g}"
+    """Why a parameter within its tolerance and two updates is named: every other parameter moved as its
+    gradient explains (analysis/steps.py `corrupted`)."""
+    return ", every other parameter of the step as its gradient explains" if changed.get("step_agrees") else ""
 
 
 def _confirmation(changed: dict[str, Any]) -> str:

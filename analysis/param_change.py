@@ -34,12 +34,13 @@ def keys(frame: pl.DataFrame) -> list[Any]:
     return frame.select(key_expr(frame.columns))["_pkey"].to_list()
 
 
-def others_max(x: np.ndarray, owner: list) -> np.ndarray:
-    """For each row, the largest finite `x` of the rows of every other tensor (`owner`: analysis/steps.py
-    `_owners`; another call of the same module is the same tensor); NaN where there is none."""
-    out = np.full(len(x), np.nan)
-    for i in range(len(x)):
-        vals = [x[j] for j in range(len(x)) if owner[j] != owner[i] and np.isfinite(x[j])]
-        if vals:
-            out[i] = max(vals)
+def others_count(flag: np.ndarray, measured: np.ndarray, owner: list, least: int) -> np.ndarray:
+    """For each row, how many rows of every other tensor (`owner`: analysis/steps.py `_owners`; another call of
+    the same module is the same tensor) that are `measured` have `flag`; -1 where fewer than `least` other
+    tensors are measured (no evidence either way)."""
+    out = np.full(len(flag), -1)
+    for i in range(len(flag)):
+        rows = {owner[j]: bool(flag[j]) for j in range(len(flag)) if owner[j] != owner[i] and measured[j]}
+        if len(rows) >= least:
+            out[i] = sum(rows.values())
     return out

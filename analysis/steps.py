@@ -30,11 +30,9 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
                        the same kind of tensor; another call of the same module reads the same tensor and is
                        none; a parameter without siblings: the largest x of every other parameter), and
                        either the parameter is over its tolerance or x > STAND_OUT x (UPDATES_APART + x_prev)
-                       (more than the two runs' updates can put between them) or x >= X_MIN and x > STAND_OUT x
-                       (UPDATES_APART x sqrt(min(m, 1)) + x_prev), m the largest x of every other parameter of
-                       the step (the share of an update the step's noise reached; per-element normalised updates
-                       flip a share of elements of that order, and flips move a parameter by up to
-                       UPDATES_APART x the square root of their share): a parameter changed between steps
+                       (more than the two runs' updates can put between them) or x >= X_MIN where every other
+                       parameter of the step (at least MIN_MEASURED) is within STAND_OUT x its own explanation
+                       (the runs' updates agree: no update flipped anywhere): a parameter changed between steps
                        (written to, loaded wrongly).  A parameter is its pair of fingerprints (target,
                        reference: analysis/param_change.py).  Named at its first consumer at step a, outright where
                        x >= X_MIN (a sizeable part of an update), else only where that consumer confirms it
@@ -76,7 +74,7 @@ X_MIN = 0.25  # a gap of a quarter of the reference's own update: far beyond rou
 # directions: ||u_t - u_r|| <= ||u_t|| + ||u_r||), on top of what they carried in: a parameter within its
 # tolerance is named only beyond STAND_OUT x that
 UPDATES_APART = 2.0
-MIN_MEASURED = 3  # fewer measured parameters than this: the update-differs rule does not apply
+MIN_MEASURED = 3  # fewer measured parameters: no update-differs rule, no step agreement (corrupted)
 
 _KEYS = ["rank", "source", "_record", "_io", "index_path"]
 
@@ -214,13 +212,14 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     expl = _explained(t)
     over = (t["status"] == "diverged").to_numpy()
     x_prev = np.nan_to_num(t["x_prev"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
-    others = PC.others_max(x, owner)  # the largest x of every other parameter of the step
+    beyond = _beyond(t, "x_changed")
+    # every other parameter of the step moved as its gradient explains: the runs' updates agree (none flipped)
+    unexplained = PC.others_count(beyond, np.isfinite(x), owner, MIN_MEASURED)
     with np.errstate(invalid="ignore"):
         apart = x > STAND_OUT * (UPDATES_APART + x_prev)  # beyond what any two updates can put between the runs
-        # ... of which the step's other parameters show a share: Adam-like flips grow as its square root
-        agree = (x >= X_MIN) & (x > STAND_OUT * (UPDATES_APART * np.sqrt(np.fmin(others, 1.0)) + x_prev))
+        agree = (x >= X_MIN) & (unexplained == 0)
     out: dict[int, dict[str, Any]] = {}
-    for i in np.flatnonzero(_beyond(t, "x_changed") & (over | apart | agree)):
+    for i in np.flatnonzero(beyond & (over | apart | agree)):
         sib = [j for j in range(t.height) if klass[j] == klass[i] and owner[j] != owner[i]]
         sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
         kin = "siblings"
@@ -239,7 +238,7 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
             "siblings_max": float(sx.max()),
         }
         if not (over[i] or apart[i]):  # within its tolerance and two updates: the step's updates agree
-            out[int(fp)]["step_max"] = float(others[i])
+            out[int(fp)]["step_agrees"] = True
         if not x[i] >= X_MIN:  # under a quarter of an update: named only where its consumer confirms it
             out[int(fp)]["needs_consumer"] = True
     return out

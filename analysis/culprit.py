@@ -860,9 +860,9 @@ class _Judge:
 
 
 def _step_agrees(changed: dict[str, Any]) -> str:
-    """Why a parameter within its tolerance and two updates is named: every other parameter moved as its
-    gradient explains (analysis/steps.py `corrupted`)."""
-    return ", every other parameter of the step as its gradient explains" if changed.get("step_agrees") else ""
+    """Why a parameter within its tolerance and two updates is named: every other parameter of the step is
+    within rounding of the reference's (analysis/steps.py `corrupted`)."""
+    return ", every other parameter of the step within rounding" if changed.get("step_agrees") else ""
 
 
 def _confirmation(changed: dict[str, Any]) -> str:

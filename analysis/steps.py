@@ -31,9 +31,9 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
                        none; a parameter without siblings: the largest x of every other parameter), and
                        either the parameter is over its tolerance or x > STAND_OUT x (UPDATES_APART + x_prev)
                        (more than the two runs' updates can put between them) or x >= X_MIN where every other
-                       parameter of the step (at least MIN_MEASURED) is within STAND_OUT x (x_prev + one rounding
-                       of itself or of its update, eps: column `eps`): the runs computed the same updates: a
-                       parameter changed between steps (written to, loaded wrongly).  A parameter is its pair of
+                       parameter of the step (at least MIN_MEASURED) is within STAND_OUT x (x_prev + x_round):
+                       the runs computed the same updates: a parameter changed between steps (written to, loaded
+                       wrongly).  A parameter is its pair of
                        fingerprints (target, reference: analysis/param_change.py).  Named at its first consumer
                        at step a, outright where x >= X_MIN (a sizeable part of an update), else only where that
                        consumer confirms it
@@ -149,8 +149,7 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     gap = _bound(side(""), side("ref_"), numel)
     gap_b = _bound(side("", "_b"), side("ref_", "_b"), numel)
     upd = _bound(side("ref_"), side("ref_", "_b"), numel)
-    one = np.array([eps(d or "") for d in both["dtype"].to_list()], dtype=float)  # one rounding, relative
-    rounding = one * np.abs(side("ref_", "_b")["norm"])
+    rounding = np.array([eps(d or "") for d in both["dtype"].to_list()]) * np.abs(side("ref_", "_b")["norm"])
     changed = _changed_gap(side(""), side("ref_"), side("ref_"), side("ref_", "_b"), numel)
     with np.errstate(all="ignore"):
         x = np.where(upd > 0, gap / upd, np.nan)
@@ -162,7 +161,6 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         pl.Series("x_changed", x_changed),
         pl.Series("x_prev", x_prev),
         pl.Series("x_round", x_round),
-        pl.Series("eps", one),
         _module("_record"),
     )
     grads = rows.filter(
@@ -216,12 +214,11 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     over = (t["status"] == "diverged").to_numpy()
     x_prev = np.nan_to_num(t["x_prev"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
     beyond = _beyond(t, "x_changed")
-    # every other parameter of the step within STAND_OUT roundings (of itself, of its update) of what it carried
-    # in: the runs computed the same updates, none moved by noise a per-element normalisation could flip
+    # every other parameter of the step within STAND_OUT x (what it carried in + one rounding of itself): the runs
+    # computed the same updates, none moved by noise that a per-element normalisation could flip
     x_round = np.nan_to_num(t["x_round"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
-    one = t["eps"].fill_null(0.0).to_numpy() if "eps" in t.columns else np.zeros(t.height)
     with np.errstate(invalid="ignore"):
-        moved = np.isfinite(x) & (x > STAND_OUT * (x_prev + np.fmax(x_round, one)))
+        moved = np.isfinite(x) & (x > STAND_OUT * (x_prev + x_round))
     off = PC.others_count(moved, np.isfinite(x), owner, MIN_MEASURED)
     with np.errstate(invalid="ignore"):
         apart = x > STAND_OUT * (UPDATES_APART + x_prev)  # beyond what any two updates can put between the runs

@@ -33,12 +33,11 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
                        (more than the two runs' updates can put between them) or x >= X_MIN where every other
                        parameter of the step (at least MIN_MEASURED) is within STAND_OUT x (x_prev + x_round):
                        the runs computed the same updates: a parameter changed between steps (written to, loaded
-                       wrongly).  A parameter is its pair of
-                       fingerprints (target, reference: analysis/param_change.py).  Named at its first consumer
-                       at step a, outright where x >= X_MIN (a sizeable part of an update), else only where that
-                       consumer confirms it
-                       (`needs_consumer`: its activations agree and its own error stands out;
-                       analysis/culprit.py `_consumer_confirms`).
+                       wrongly).  A parameter is its pair of fingerprints (target, reference:
+                       analysis/param_change.py).  Named at its first consumer at step a, outright where x >= X_MIN
+                       (a sizeable part of an update), else only where that consumer confirms it (`needs_consumer`:
+                       its activations agree and its own error stands out; analysis/culprit.py
+                       `_consumer_confirms`).
   update differs       at least OPT_SHARE of the measured parameters have x > STAND_OUT x their explanation,
                        and the median x is at least X_MIN: every parameter moved otherwise than its gradient
                        explains (clipping at another norm, another optimizer): the optimizer culprit.  A
@@ -127,9 +126,8 @@ def parameters_of(params: pl.DataFrame) -> pl.DataFrame:
 
 def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> pl.DataFrame | None:
     """One row per parameter of step `after` (see the module's docstring): its keys, `_fp_t`, `_pkey` (which
-    parameter: analysis/param_change.py), shape, status,
-    `x`, `x_prev`, `x_round`, `g_prev`, `klass` (module class or API, parameter name, shape).  None: nothing
-    measurable."""
+    parameter: analysis/param_change.py), shape, status, `x`, `x_prev`, `x_round`, `g_prev`, `klass` (module
+    class or API, parameter name, shape).  None: nothing measurable."""
     stats = [*R.STATS, *(f"ref_{s}" for s in R.STATS)]
     cols = rows.select("step", *_KEYS, *stats, "numel")
     params = parameters_of(params)

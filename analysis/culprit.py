@@ -24,7 +24,7 @@ from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_le
 from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, is_loss
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
-from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers, discrete_first_differs
+from .producers import Producers, discrete_data_readers, discrete_first_differs, with_fingerprints
 from .rank import significance
 from .rules import within_estimates
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
@@ -277,7 +277,7 @@ class _StepView:
 
     def __init__(self, rows: pl.DataFrame, step: int):
         self.step, self._all = step, rows
-        self._producers: dict[str, _Producers] = {}
+        self._producers: dict[str, Producers] = {}
 
     @cached_property
     def parents(self) -> dict[str, str]:
@@ -288,13 +288,11 @@ class _StepView:
     @cached_property
     def rows(self) -> pl.DataFrame:
         rows = self._all if self._all["step"].n_unique() == 1 else self._all.filter(pl.col("step") == self.step)
-        return rows.with_columns(
-            _fingerprint(""), _fingerprint("ref_"), _view_fingerprint(""), _view_fingerprint("ref_")
-        )
+        return with_fingerprints(rows)
 
-    def producers(self, prefix: str) -> _Producers:
+    def producers(self, prefix: str) -> Producers:
         if prefix not in self._producers:
-            self._producers[prefix] = _Producers(self.rows, prefix)
+            self._producers[prefix] = Producers(self.rows, prefix)
         return self._producers[prefix]
 
 
@@ -408,8 +406,8 @@ class _Judge:
         self,
         rec: dict,
         leaves: pl.DataFrame,
-        t_prod: _Producers,
-        r_prod: _Producers,
+        t_prod: Producers,
+        r_prod: Producers,
         only: dict,
         cmp: Comparison,
         noise: NoiseModel,

@@ -24,7 +24,7 @@ from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_le
 from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, is_loss
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
-from .producers import Producers, discrete_data_readers, discrete_first_differs, with_fingerprints
+from .producers import Producers, discrete_data_readers, discrete_first_differs, integer_input, with_fingerprints
 from .rank import significance
 from .rules import within_estimates
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
@@ -458,7 +458,7 @@ class _Judge:
         ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]), out)
         if ev is None:
             return None
-        ints = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact)
+        ints = self.leaves.filter(integer_input())
         data = [
             r
             for r in ints.iter_rows(named=True)
@@ -606,9 +606,7 @@ class _Judge:
         this record did (a near-tie flip noted upstream in its step explains them).  An integer input that
         differed at an earlier step already is left to the other rules (no data change starts here)."""
         exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
-        ints = self.leaves.filter(
-            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact & (pl.col("status") == "diverged")
-        )
+        ints = self.leaves.filter(integer_input() & (pl.col("status") == "diverged"))
         outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor") & ~exact)
         if not ints.height or not outs.height:
             return None

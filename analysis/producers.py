@@ -161,27 +161,27 @@ class Producers:
         return self.producer(leaf.row(0, named=True), views=views) if leaf.height else None
 
 
+def integer_input() -> pl.Expr:
+    """Row-level (a comparison's ordered rows, `_io`): an integer or boolean tensor input of its record (labels,
+    ids, indices, masks; by the pair's tolerance dtype)."""
+    return pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
+
+
 def discrete_data_readers(rows: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """The records (`keys`) of one step's rows with an integer or boolean tensor input that differs between the
     runs (labels, ids, indices): candidates for the culprit judge even where their outputs stay within their
     tolerance (analysis/culprit.py `_discrete_data` decides whether no op made them)."""
-    discrete = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
-    return rows.filter(
-        pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & discrete & (pl.col("status") == "diverged")
-    ).select(keys)
+    return rows.filter(integer_input() & (pl.col("status") == "diverged")).select(keys)
 
 
 def discrete_first_differs(rows: pl.DataFrame) -> dict[tuple, int]:
     """(rank, source, record, leaf name) -> the first step of `rows` at which that integer or boolean tensor input
     differs between the runs: data that differ at a later step only agreed before (analysis/culprit.py
     `_discrete_data`)."""
-    discrete = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
     keys = ["rank", "source", "_record", "name"]
     first = (
         rows.lazy()
-        .filter(
-            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & discrete & (pl.col("status") == "diverged")
-        )
+        .filter(integer_input() & (pl.col("status") == "diverged"))
         .group_by(keys)
         .agg(pl.col("step").min())
         .collect()

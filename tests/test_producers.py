@@ -11,6 +11,7 @@ from dumpstore.analysis.producers import (
     Producers,
     fingerprint,
     fingerprint_column,
+    integer_input,
     view_key,
     with_fingerprints,
 )
@@ -121,3 +122,14 @@ def test_is_weight_without_parameters_leaves_is_requires_grad():
     prod = Producers(rows, "")
     leaves = prod.rows.to_dicts()
     assert prod.is_weight(leaves[0]) and not prod.is_weight(leaves[2])
+
+
+def test_integer_input_is_an_integer_or_boolean_tensor_input():
+    rows = pl.DataFrame(
+        {
+            "_io": ["input", "input", "input", "output", "parameters", "input"],
+            "kind": ["tensor", "tensor", "scalar", "tensor", "tensor", "tensor"],
+            "tol_dtype": ["int64", "bool", "int64", "int64", "int32", "float32"],
+        }
+    )
+    assert rows.select(integer_input())["_io"].to_list() == [True, True, False, False, True, False]

@@ -37,7 +37,7 @@ import polars as pl
 
 from dumpstore.dtypes import EPS
 
-from .order import INPUT_IO, OUTPUT_IO
+from .order import OUTPUT_IO
 from .producers import _Producers
 
 
@@ -102,7 +102,7 @@ class CarriedDtypes:
         output's dtypes are the gradient's (a gradient has its tensor's dtype), else None."""
         record = str(leaf.get("_record") or "")
         forward = _forward_name(record)
-        if forward is None or leaf.get("_io") not in INPUT_IO:
+        if forward is None or leaf.get("_io") != "input":  # a backward record's inputs: its gradients
             return None
         hits = self.rows.filter(
             (pl.col("_record") == forward)

@@ -34,10 +34,11 @@ def _copy_leaf(arr: np.ndarray, mode: str) -> np.ndarray | dict:
     return lf
 
 
-def _model(mode: str, matmul_out: str, consumer_in: str, scale: float = 1.0) -> dict:
+def _model(mode: str, matmul_out: str, consumer_in: str, scale: float = 1.0, gelu_in: str = "float16") -> dict:
     """GELUs (the noise baseline), a batched matmul on float16 inputs whose output is `matmul_out` (scaled by
     `scale`: a kernel error), the heads merged without a record and read by a linear as `consumer_in` (another
-    dtype than the matmul's output: a cast msprobe does not record), a GELU; backward, the linear's and the
+    dtype than the matmul's output: a cast msprobe does not record), a GELU reading the linear's output as
+    `gelu_in` (float32: a cast the code makes, not recorded); backward, the linear's and the
     matmul's, the gradient reaching the matmul in the dtype of its output."""
     rng = np.random.default_rng(6)  # a draw whose float32 merged copy moves the float64 norm (the premise)
     x = rng.normal(size=(T, H * E)).astype("float16")
@@ -53,7 +54,8 @@ def _model(mode: str, matmul_out: str, consumer_in: str, scale: float = 1.0) -> 
     m = _merged(o).astype(consumer_in)
     y = (m.astype(np.float32) @ w.T.astype(np.float32)).astype("float16")
     recs["Functional.linear.0.forward"] = {"input_args": [_copy_leaf(m, mode), w], "output": [y]}
-    recs["Functional.gelu.4.forward"] = {"input_args": [y], "output": [(y * 0.5).astype("float16")]}
+    g = y.astype(gelu_in)
+    recs["Functional.gelu.4.forward"] = {"input_args": [g], "output": [(g * 0.5).astype("float16")]}
     gy = (rng.normal(size=(T, H * E)) / 10).astype("float16")
     gm = (gy.astype(np.float32) @ w.astype(np.float32)).astype("float16")
     gw = (gy.astype(np.float32).T @ m.astype(np.float32)).astype("float16")
@@ -115,6 +117,24 @@ def test_a_cast_after_the_view_is_still_named(dump_writer, store_dir, mode):
         "float32",
         "float16",
     )
+
+
+@pytest.mark.parametrize("mode", ["tensor", "statistics"])
+def test_a_cast_elsewhere_in_a_pair_whose_policies_differ_is_named(dump_writer, store_dir, mode):
+    """The policies differ on the matmul (carried to the linear: no finding there) and the target's code casts
+    the linear's output to float32 before a GELU: that input's producer, the linear, outputs float16 in both
+    runs, so its dtype is no carried difference: the GELU is named by its dtype (a pair-level switch would
+    have hidden it)."""
+    v = _pair(
+        dump_writer,
+        store_dir,
+        mode,
+        _model(mode, "float16", "float16"),
+        _model(mode, "float32", "float32", gelu_in="float32"),
+    )
+    c = v.culprit
+    assert c is not None and (c.step, c.op, c.kind, c.metric) == (0, "Functional.gelu.4.forward", "op", "dtype")
+    assert c.name == "Functional.gelu.4.forward.input.0"
 
 
 @pytest.mark.parametrize("mode", ["tensor", "statistics"])

@@ -17,9 +17,9 @@ another order by the dumper, whose float32 statistics then differ in their last 
 fingerprint cannot see through.  The run whose tensor is 16-bit links it: its values sum exactly in float64
 (tensor mode's statistics, from the file) and msprobe rounds its statistics of a 16-bit tensor to 16 bits.
 Where neither run links it (both runs' statistics summed in another order and kept wider), the dtype is
-judged as before: evidence.  The difference is
-carried only where the producer's output differs in the same dtypes as the consumer's input (target and
-reference); a cast left out between them changes the dtype on one side and is judged as before.
+judged as before: evidence.  The difference is carried only where the producer's output differs in the same
+dtypes as the consumer's input (target and reference); a cast left out between them changes the dtype on one
+side and is judged as before.
 
 Backward, a gradient has the dtype of the tensor it is the gradient of (autograd casts it there, through casts
 msprobe does not record): a backward record's gradient input whose dtypes are those of its forward record's

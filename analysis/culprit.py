@@ -17,6 +17,7 @@ from dumpstore.dtypes import DISCRETE_DTYPES
 from dumpstore.names import MODULE_RECORD_PREFIXES
 
 from . import steps as ST
+from .carried_dtype import CarriedDtypes, note
 from .compare import Comparison
 from .dtype_change import changed_dtype
 from .findings import Finding
@@ -105,6 +106,7 @@ def _culprit(
         if not candidates.height:
             continue
         t_prod, r_prod = view.producers(""), view.producers("ref_")
+        carried = CarriedDtypes(view.rows, t_prod, r_prod)
         for start in range(0, candidates.height, batch):
             chunk = candidates.slice(start, batch)
             leaves = view.rows.join(chunk.select(keys), on=keys, how="semi")
@@ -122,6 +124,7 @@ def _culprit(
                     changed=changed,
                     parents=view.parents,
                     int_first=int_first,
+                    carried=carried,
                 )
                 found = judge.verdict()
                 if found is None:
@@ -415,7 +418,9 @@ class _Judge:
         changed: dict[int, dict[str, Any]] | None = None,
         parents: dict[str, str] | None = None,
         int_first: dict[tuple, int] | None = None,
+        carried: CarriedDtypes | None = None,
     ):
+        self.carried = carried  # dtype differences a recorded op made, carried to its consumers
         self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
         self.cmp, self.noise, self.first_step = cmp, noise, first_step
         self.changed = changed or {}  # parameters changed between steps (analysis/steps.py), by fingerprint
@@ -505,6 +510,10 @@ class _Judge:
             if (tp and self.only.get(at + (tp,)) == "target_only") or (rp and self.only.get(at + (rp,)) == "ref_only"):
                 return self._producer(leaf, leaf)  # made by a record of one run only: named as that (rule 6)
             if tp is not None and rp is not None:
+                continue
+            made = None if self.carried is None else self.carried.source(leaf)
+            if made is not None:  # carried from a recorded op's output (analysis/carried_dtype.py): judged by values
+                self.noise.carried_dtypes.append(note(leaf, self.rec["_record"], made))
                 continue
             side = "the target" if tp is None else "the reference"
             return Finding(

@@ -64,3 +64,34 @@ def test_updates_differ_from_a_sixteenth_of_an_update_on():
     found = steps.update_differs(_table([0.07, 0.1, 0.2, 0.16]))
     assert found == {"parameters": 4, "unexplained": 4, "median_update_units": 0.13, "median_carried_in": 1e-3}
     assert steps.update_differs(_table([0.06, 0.06, 0.06, 0.06])) is None  # a median under UPDATE_X_MIN
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_floor_of_a_later_update_is_the_pairs_own_update_noise_before_it(dump_writer, store_dir, mode):
+    """Device noise that flipped 5 % of the first update's elements (Adam's lr sign(g)): the update before step 2
+    reads that noise, and the floor of the update between steps 1 and 2 is STAND_OUT x its median x."""
+    from dumpstore import open_store
+    from dumpstore.analysis import compare_runs
+    from dumpstore.analysis._divergence import _ordered
+    from dumpstore.analysis.culprit import _StepView
+    from dumpstore.analysis.noise import STAND_OUT
+    from dumpstore.analysis.updates import update_floor
+
+    x, params, grads = _runs(np.random.default_rng(23))
+    flips = [np.random.default_rng(24 + i).random(size=(8, 8)) < 0.05 for i in range(N_PARAMS)]
+
+    def flipped(step, i, q, g):  # the first update moved the flipped elements the other way
+        return q + 2 * 0.01 * g * flips[i] if step >= 1 else q
+
+    _pair(dump_writer, store_dir, mode, _run(x, params, grads, 3), _run(x, params, grads, 3, flipped))
+    cmp = compare_runs(open_store(store_dir), "target", "ref")
+    rows = _ordered(cmp.rows, cmp.records)
+    step_rows = _StepView(rows, 2).rows
+    weights = step_rows.filter(step_rows["index_path"] == "1")
+    t = steps.table(rows, 0, 1, weights)
+    prev = float(np.median(t["x"].to_numpy()))
+    # the statistics bound of the flips' gap (its mean: the update's norm did not move), both dump modes alike
+    assert prev == pytest.approx(0.375, abs=1e-5)
+    assert STAND_OUT * prev > steps.UPDATE_X_MIN  # the noise sets the floor, not UPDATE_X_MIN
+    assert update_floor(rows, 1, weights) == (STAND_OUT * prev, prev)
+    assert update_floor(rows, 0, weights) == (steps.X_MIN, None)  # the first update: nothing before it

@@ -30,6 +30,7 @@ from .rank import significance
 from .rules import within_estimates
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
 from .signature import signature_finding
+from .updates import updates_differ
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -347,7 +348,7 @@ def _optimizer(
     else:
         # (only the rules of steps.py use the table); a parameter within its tolerance can still have changed
         table = ST.table(rows, before, after, params) if params.height else None
-        broad = ST.update_differs(table) if over else None
+        broad = updates_differ(rows, before, params, table) if over else None
         if broad is None:
             return None, ST.corrupted(table)
         evidence, value, metric = broad, broad["median_update_units"], "update_units"

@@ -16,6 +16,7 @@ import polars as pl
 from dumpstore.dtypes import DISCRETE_DTYPES
 from dumpstore.names import MODULE_RECORD_PREFIXES
 
+from . import param_change as PC
 from . import steps as ST
 from .carried_dtype import CarriedDtypes, note
 from .compare import Comparison
@@ -191,9 +192,9 @@ def _innermost(found: tuple[Found, Found], recs: pl.DataFrame, view: _StepView) 
 
 def _also_judged(rows: pl.DataFrame, keys: list[str], changed: dict[int, Any]) -> pl.DataFrame:
     """The records (`keys`, with `_also` true) of one step's rows judged even where their outputs stay within
-    their tolerance: the consumers of a parameter changed between the steps (by target fingerprint), and the
+    their tolerance: the consumers of a parameter changed between the steps (by parameter key), and the
     records reading integer data that differ (analysis/producers.py `discrete_data_readers`)."""
-    consumers = rows.filter(pl.col("_io").is_in(INPUT_IO) & pl.col("_fp_t").is_in(list(changed))).select(keys)
+    consumers = rows.filter(pl.col("_io").is_in(INPUT_IO) & PC.key_expr(rows.columns).is_in(list(changed))).select(keys)
     return (
         pl.concat([consumers, discrete_data_readers(rows, keys)])
         .unique(maintain_order=True)
@@ -538,7 +539,7 @@ class _Judge:
         """A weight changed between the steps beyond what its update explains (analysis/steps.py `corrupted`), at
         this consumer; None for any other weight (later weights carry the optimizer's noise), and for one changed
         by under `X_MIN` of its update where this consumer does not confirm it (`_consumer_confirms`)."""
-        changed = self.changed.get(leaf.get("_fp_t"))  # type: ignore[arg-type]
+        changed = self.changed.get(leaf.get("_pkey"))  # type: ignore[arg-type]
         if changed is None:
             return None
         if changed.get("needs_consumer"):
@@ -556,7 +557,8 @@ class _Judge:
                 f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step{within} "
                 f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
                 f" at most {changed['siblings_max']:.3g}, what its update was fed "
-                f"{changed['carried_in'] or 0:.3g}): changed between steps" + _confirmation(changed)
+                f"{changed['carried_in'] or 0:.3g}{_step_agrees(changed)}): changed between steps"
+                + _confirmation(changed)
             ),
         )
 
@@ -592,8 +594,8 @@ class _Judge:
         tolerance on its norm means nothing (a sign flip of some elements keeps the norm)."""
         if not self.changed or self.rec["step"] == self.first_step:
             return None
-        ins = self.leaves.filter(
-            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & pl.col("_fp_t").is_in(list(self.changed))
+        ins = self.leaves.with_columns(PC.key_expr(self.leaves.columns)).filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & pl.col("_pkey").is_in(list(self.changed))
         )
         outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor"))
         if not ins.height or not outs.height:
@@ -861,6 +863,12 @@ class _Judge:
                 detail=f"{leaf['name']} differs and no earlier op produced it",
             )
         return None
+
+
+def _step_agrees(changed: dict[str, Any]) -> str:
+    """Why a parameter within its tolerance and two updates is named: every other parameter moved as its
+    gradient explains (analysis/steps.py `corrupted`)."""
+    return ", every other parameter of the step as its gradient explains" if changed.get("step_agrees") else ""
 
 
 def _confirmation(changed: dict[str, Any]) -> str:

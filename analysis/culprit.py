@@ -237,9 +237,11 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     floor = max(float(rec["in_float_err"] or 0.0), float(rec.get("in_float_eps") or 0.0), float(rec["_eps"]))
     f_new = _finding(out, "input")
     f_new.threshold, f_new.dtype = STAND_OUT * before * floor, rec["out_dtype"]
+    g = rec.get("_g")
+    through = "" if g is None else f"; {g:.3g}x the most that error moves it through its recorded gradient"
     moved = (
-        f"this op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step), "
-        f"ahead of {f.op} later in the step"
+        f"this op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step"
+        f"{through}), ahead of {f.op} later in the step"
     )
     if unrecorded:
         name, why = (
@@ -265,6 +267,7 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
         hidden_by_statistics=True,
         error_per_input_error=h,
         earlier_steps_max=before,
+        gradient_units=rec.get("_g"),
         ahead_of=f.op,
         detail=why,
     )

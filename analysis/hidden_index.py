@@ -101,6 +101,10 @@ def hidden_index_columns(is_in: pl.Expr, is_out: pl.Expr, tensor: pl.Expr) -> li
         pl.col("dtype").filter(is_out & tensor & ~discrete).first().alias("out_dtype"),
         pl.col("err").filter(is_in & tensor & ~discrete).max().alias("in_float_err"),
         float_eps.filter(is_in & tensor & ~discrete & stats).max().alias("in_float_eps"),
+        # the norms of the largest float input and output (the reference's): a loss's logits, and in its backward
+        # record the gradient it was given and the one it returns (`loss_gradient`)
+        pl.col("ref_norm").cast(pl.Float64).filter(is_in & tensor & ~discrete).max().alias("in_float_norm"),
+        pl.col("ref_norm").cast(pl.Float64).filter(is_out & tensor & ~discrete).max().alias("out_float_norm"),
     ]
 
 
@@ -164,6 +168,22 @@ def hidden_index_stands(
     return {"carried": carried, "bar": bar, "own_tol": own_tol}
 
 
+def loss_gradients(recs: pl.DataFrame) -> pl.DataFrame:
+    """Per forward record with a backward record (keys, step): `_grad`, the norm of the gradient its backward
+    returns for its largest float input per unit of the gradient it was given (the reference's norms: out_float_norm
+    / in_float_norm of the backward record), what one unit of change of that input can move its output, to first
+    order (Cauchy-Schwarz: |dy| <= ||grad|| ||dx||).  A loss's backward is given the loss scale (or 1) and returns
+    the gradient of its logits."""
+    need = {"_record", "_direction", "in_float_norm", "out_float_norm"}
+    keys = ["step", "rank", "source", "_record"]
+    if not need <= set(recs.columns):
+        return pl.DataFrame(schema={**{k: recs.schema[k] for k in keys}, "_grad": pl.Float64})
+    grad = pl.col("out_float_norm") / pl.col("in_float_norm")
+    return recs.filter((pl.col("_direction") == "backward") & grad.is_finite() & (grad > 0)).select(
+        *keys[:3], pl.col("_record").str.replace(r"\.backward$", ".forward"), grad.alias("_grad")
+    )
+
+
 def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict[str, Any]]]:
     """Per (step, rank), the first forward record reading integer data the statistics cannot verify whose output
     moved, relative to its float inputs, STAND_OUT x more than the same record did at every earlier step
@@ -198,10 +218,17 @@ def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict
         .sort("step")
         .with_columns(pl.col("_h").cum_max().shift(1).over(keys).alias("_h_before"))
     )
+    cand = cand.join(loss_gradients(recs), on=keys + ["step"], how="left", nulls_equal=True, maintain_order="left")
+    # the output's move in units of the most its float inputs' seen error moves it through its measured gradient
+    moved = pl.col("out_err") * pl.col("out_norm") / (pl.col("_grad") * seen * pl.col("in_float_norm"))
+    if not {"out_norm", "in_float_norm"} <= set(cand.columns):
+        moved = pl.lit(None, pl.Float64)
+    cand = cand.with_columns(pl.when(moved.is_finite()).then(moved).alias("_g"))
     stands = (
         (pl.col("_h_before") > 0).fill_null(False)  # a ratio measured before (0: nothing differed, no baseline)
         & (pl.col("_h") > STAND_OUT * pl.col("_h_before"))
         & (pl.col("out_err") > STAND_OUT * pl.col("_eps"))
+        & (pl.col("_g").is_null() | (pl.col("_g") > STAND_OUT))  # (no gradient recorded: the history alone)
     )
     out: dict[tuple[int, int], tuple[tuple, dict[str, Any]]] = {}
     for rec in cand.filter(stands).iter_rows(named=True):

@@ -21,7 +21,7 @@ from .compare import Comparison
 from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
-from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, is_loss
+from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, integer_sum_differs, is_loss
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers, discrete_first_differs
@@ -626,8 +626,8 @@ class _Judge:
                 continue  # it differed before: no data change starts at this step
             if explained_by_flip(self.noise, self.key, leaf) is not None:
                 continue
-            if leaf["err_source"] == "stats" and not _extreme_differs(leaf):
-                continue  # a mean of integers, summed in floating point on the device, can round differently
+            if leaf["err_source"] == "stats" and not (_extreme_differs(leaf) or integer_sum_differs(leaf)):
+                continue  # a mean of integers summed in floating point beyond 2^24 can round differently
             float_err = float(self.rec.get("in_float_err") or 0.0)
             agree = "agree" if float_err <= QUIET * float(self.rec["tol"] or 0.0) else "differ by their noise"
             return _with_evidence(

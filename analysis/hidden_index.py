@@ -142,6 +142,38 @@ def beyond_rounding(leaf: dict[str, Any]) -> float | None:
     return max(terms) / ref_norm if terms else None
 
 
+# float32 integers are exact up to 2^24: a sum whose every partial sum stays below it is exact in any order
+EXACT_INT32 = 2.0**24
+
+
+def _ulp32(x: float) -> float:
+    """The spacing of float32 numbers at |x| (the smallest subnormal at 0)."""
+    return float(2.0 ** (max(math.frexp(abs(x))[1], -125) - 24)) if x else 2.0**-149
+
+
+def integer_sum_differs(leaf: dict[str, Any]) -> bool:
+    """Whether an integer leaf's statistics show its values differ although its max and min agree, from the mean
+    and norm some msprobe versions keep for integer tensors (8.x: computed in float32, `Norm` 10.816654205322266 =
+    float32(sqrt(117)) for the labels [6, 7, 4, 4]).  While n max(|x|) < 2^24 every partial sum of the values is
+    an exact float32 integer in whatever order a device adds them, so the mean is the exact sum divided once:
+    equal values give means at most a division's rounding apart (an ulp each side; a device may divide
+    otherwise), and a mean differing by more than 2 ulp has another sum (one id +1 moves it by 1/n).  The same for
+    the norm, the square root of the exact sum of squares, while n max(|x|)^2 < 2^24.  Beyond that the sums round
+    and nothing is claimed: the difference of one id is below what the summation order can make."""
+    n = float(leaf.get("numel") or leaf.get("ref_numel") or 0)
+    ext = [leaf.get(s) for s in ("max", "min", "ref_max", "ref_min")]
+    if n <= 0 or any(v is None or not math.isfinite(v) for v in ext):
+        return False
+    m = max(abs(float(v)) for v in ext)  # type: ignore[arg-type]
+    for s, exact in (("mean", n * m < EXACT_INT32), ("norm", n * m * m < EXACT_INT32)):
+        t, r = leaf.get(s), leaf.get("ref_" + s)
+        if not exact or t is None or r is None or not (math.isfinite(t) and math.isfinite(r)):
+            continue
+        if abs(t - r) > 2.0 * _ulp32(max(abs(t), abs(r))):
+            return True
+    return False
+
+
 def hidden_index_stands(
     rec: dict[str, Any], own_tol: float, out: dict[str, Any] | None = None
 ) -> dict[str, Any] | None:

@@ -280,3 +280,56 @@ def test_data_suspects_in_units_of_the_loss_gradient():
     assert want == pytest.approx(3.699, rel=1e-3)
     # no backward record: the history alone (11.9x the step-0 ratio)
     assert list(data_suspects(recs.filter(pl.col("_direction") == "forward"))) == [(1, 0)]
+
+
+def _ids_v8(ids: np.ndarray) -> dict:
+    """An integer leaf as msprobe 8.x writes it in statistics mode: max, min, and a mean and norm computed in
+    float32."""
+    out = leaf(ids, stats=("Max", "Min"))
+    f = ids.astype(np.float32)
+    out["Mean"] = float(f.mean(dtype=np.float32))
+    out["Norm"] = float(np.float32(np.sqrt((f * f).sum(dtype=np.float32))))
+    return out
+
+
+def _v8_step(ids: np.ndarray) -> dict:
+    recs = _step(ids, _bf16(0.05 + 0.1 * np.random.default_rng(4).normal(size=(V, D))))
+    recs["Functional.embedding.0.forward"]["input_args"][0] = _ids_v8(ids)
+    return recs
+
+
+def test_an_integer_mean_kept_by_msprobe_8_shows_one_id_changed(dump_writer, store_dir):
+    """msprobe 8.x keeps a float32 mean and norm of integer tensors: one id +1 inside the batch's range moves the
+    mean of 32 ids by 1/32 (40.40625 -> 40.4375) while a pure-bfloat16 embedding's output stays equal in its
+    extremes and 1e-5 off: the ids differ, `input` at the embedding at step 1.  The same pair with equal ids and
+    the target's mean one float32 rounding off (a device dividing otherwise) is quiet."""
+    ref = [_v8_step(_ids(False, s)) for s in range(2)]
+    tgt = [_v8_step(_ids(False, 0)), _v8_step(_ids(True, 1))]
+    v = _verdict(dump_writer, store_dir, ref, tgt)
+    c = v.culprit
+    assert c is not None and (c.step, c.op, c.kind) == (1, "Functional.embedding.0.forward", "input")
+    assert c.evidence["differing"] == "Functional.embedding.0.forward.input.0"
+    assert "mean 40.4375 vs 40.4062" in c.detail and c.value < 1e-4
+    rounded = _v8_step(_ids(False, 1))
+    m = rounded["Functional.embedding.0.forward"]["input_args"][0]
+    m["Mean"] = float(np.nextafter(np.float32(m["Mean"]), np.float32(100)))
+    v = _verdict(dump_writer, store_dir / "rounded", ref, [_v8_step(_ids(False, 0)), rounded])
+    assert v.culprit is None
+
+
+def test_integer_sum_differs_only_where_the_sum_is_exact():
+    """n max|x| < 2^24: a mean more than 2 float32 ulps apart is another sum (32 ids, 1/32 apart); one ulp is a
+    division's rounding.  n max|x| >= 2^24 (4096 ids up to 50000): the float32 sum rounds, nothing is claimed.
+    The norm alike, while n max|x|^2 < 2^24."""
+    from dumpstore.analysis.hidden_index import integer_sum_differs
+
+    base = {"numel": 32, "max": 95.0, "ref_max": 95.0, "min": 0.0, "ref_min": 0.0}
+    assert integer_sum_differs({**base, "mean": 40.4375, "ref_mean": 40.40625})
+    one_ulp = float(np.nextafter(np.float32(40.40625), np.float32(100)))
+    assert not integer_sum_differs({**base, "mean": one_ulp, "ref_mean": 40.40625})
+    assert not integer_sum_differs({**base, "mean": None, "ref_mean": 40.40625})
+    big = {"numel": 4096, "max": 50000.0, "ref_max": 50000.0, "min": 0.0, "ref_min": 0.0}
+    assert not integer_sum_differs({**big, "mean": 25000.25, "ref_mean": 25000.0})
+    norm = {**base, "max": 9.0, "ref_max": 9.0, "norm": 30.0, "ref_norm": 30.016663}  # 32 x 81 < 2^24
+    assert integer_sum_differs(norm)
+    assert not integer_sum_differs({**norm, "max": 1000.0, "ref_max": 1000.0})  # 32 x 1e6 >= 2^24

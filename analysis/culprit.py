@@ -23,7 +23,7 @@ from .compare import Comparison
 from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
-from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, is_loss
+from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, integer_sum_differs, is_loss
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import Producers, discrete_data_readers, discrete_first_differs, integer_input, with_fingerprints
@@ -242,9 +242,11 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     floor = max(float(rec["in_float_err"] or 0.0), float(rec.get("in_float_eps") or 0.0), float(rec["_eps"]))
     f_new = _finding(out, "input")
     f_new.threshold, f_new.dtype = STAND_OUT * before * floor, rec["out_dtype"]
+    g = rec.get("_g")
+    through = "" if g is None else f"; {g:.3g}x the most that error moves it through its recorded gradient"
     moved = (
-        f"this op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step), "
-        f"ahead of {f.op} later in the step"
+        f"this op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step"
+        f"{through}), ahead of {f.op} later in the step"
     )
     if unrecorded:
         name, why = (
@@ -270,6 +272,7 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
         hidden_by_statistics=True,
         error_per_input_error=h,
         earlier_steps_max=before,
+        gradient_units=rec.get("_g"),
         ahead_of=f.op,
         detail=why,
     )
@@ -631,8 +634,8 @@ class _Judge:
                 continue  # it differed before: no data change starts at this step
             if explained_by_flip(self.noise, self.key, leaf) is not None:
                 continue
-            if leaf["err_source"] == "stats" and not _extreme_differs(leaf):
-                continue  # a mean of integers, summed in floating point on the device, can round differently
+            if leaf["err_source"] == "stats" and not (_extreme_differs(leaf) or integer_sum_differs(leaf)):
+                continue  # a mean of integers summed in floating point beyond 2^24 can round differently
             float_err = float(self.rec.get("in_float_err") or 0.0)
             agree = "agree" if float_err <= QUIET * float(self.rec["tol"] or 0.0) else "differ by their noise"
             return _with_evidence(

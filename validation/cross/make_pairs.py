@@ -166,7 +166,9 @@ PAIRS = {
     # set 5's families on devices of sets 1-4, each device picked for the kernels it replaces that the family
     # calls (ViT: its patch convolution, LayerNorm, linear, matmul, softmax, exact GELU; wav2vec2: conv1d, linear,
     # matmul, softmax, LayerNorm, GELU; BART: linear, matmul, softmax, LayerNorm, the embeddings; Granite: linear,
-    # matmul, softmax, SiLU, the RMSNorm's pow, mean and rsqrt, the embedding)
+    # matmul, softmax, SiLU, the RMSNorm's pow, mean and rsqrt, the embedding). The fp16 devices of sets 1-3 (D, G,
+    # L) trip their guards on BART's scaled gradients (the matmul's second-operand gradient 3.7 % and 6.9 % off the
+    # stock kernel on D and L, a linear's input gradient 0.5 % on G): BART runs on Q and on bf16 and fp32 devices
     "vit_C": ("vit", "C", "bf16-autocast", 8, ("stats", "tensor")),
     "vit_J": ("vit", "J", "bf16-autocast", 6, ("stats",)),
     "vit_fp16_L": ("vit", "L", "fp16-autocast", 8, ("stats",)),
@@ -175,32 +177,37 @@ PAIRS = {
     "wav2vec2_I": ("wav2vec2", "I", "fp32", 3, ("stats",)),
     "wav2vec2_N": ("wav2vec2", "N", "fp32", 2, ("stats",)),
     "wav2vec2_bf16_C": ("wav2vec2", "C", "bf16-autocast", 2, ("stats",)),
-    "bart_D": ("bart", "D", "fp16-autocast", 2, ("stats", "tensor")),
-    "bart_G": ("bart", "G", "fp16-autocast", 3, ("stats",)),
+    "bart_bf16_C": ("bart", "C", "bf16-autocast", 3, ("stats",)),
     "bart_Q": ("bart", "Q", "fp16-autocast", 2, ("stats",)),
-    "bart_bf16_F": ("bart", "F", "bf16-autocast", 2, ("stats",)),
+    "bart_bf16_F": ("bart", "F", "bf16-autocast", 2, ("stats", "tensor")),
+    "bart_bf16_J": ("bart", "J", "bf16-autocast", 2, ("stats",)),
     "bart_fp32_I": ("bart", "I", "fp32", 2, ("stats",)),
     "granite_A": ("granite", "A", "bf16", 2, ("stats", "tensor")),
     "granite_E": ("granite", "E", "bf16", 3, ("stats",)),
-    "granite_K": ("granite", "K", "bf16", 2, ("stats",)),
+    "granite_fp32_K": ("granite", "K", "fp32", 2, ("stats",)),
     "granite_O": ("granite", "O", "bf16", 2, ("stats",)),
     "granite_fp32_B": ("granite", "B", "fp32", 2, ("stats",)),
     # families of sets 1-4 on set 5's devices (S: softmax through the log-sum-exp, GELU through erfc, the fused
     # cross-entropy, shifted one-pass LayerNorm statistics; T: S with matmul off the autocast list; U: conv1d by FFT,
     # GELU through erfc; V: shifted LayerNorm, the fused cross-entropy, GELU through erfc; W: the log-sum-exp
-    # softmax -- its fused optimizer is set 5's families' own and X is a reference rerun)
+    # softmax -- its fused optimizer is set 5's families' own and X is a reference rerun). The fp32 results of S's
+    # softmax and W's are rounded once to the tensor's dtype: in a pure bf16 model (llama, qwen2, bloom on W: 7 to 9
+    # of about 700 records differ) or T5's fp32 softmax under autocast (6 of 3,876) they round away, so those run in
+    # fp32. The families of sets 1-4 keep transformers' GELU module, which holds the F.gelu it was built with (the
+    # devices' GELU never runs there: Falcon on U, 0 of 816 records differ); U's FFT convolution is Mamba's
+    # depthwise conv1d
     "bert_S": ("bert", "S", "bf16-autocast", 2, ("stats", "tensor")),
     "neox_S": ("neox", "S", "bf16-autocast", 2, ("stats",)),
-    "t5_S": ("t5", "S", "bf16-autocast", 3, ("stats",)),
+    "t5_fp32_S": ("t5", "S", "fp32", 3, ("stats",)),
     "gemma_T": ("gemma", "T", "bf16-autocast", 2, ("stats",)),
-    "falcon_U": ("falcon", "U", "fp32", 2, ("stats",)),
+    "mamba_U": ("mamba", "U", "bf16", 3, ("stats",)),
     "mamba_fp32_U": ("mamba", "U", "fp32", 2, ("stats", "tensor")),
     "opt_V": ("opt", "V", "fp16-autocast", 2, ("stats", "tensor")),
     "gpt2_V": ("gpt2", "V", "fp16-autocast", 3, ("stats",)),
     "bert_fp16_V": ("bert", "V", "fp16-autocast", 2, ("stats",)),
-    "llama_W": ("llama", "W", "bf16", 2, ("stats", "tensor")),
-    "qwen2_W": ("qwen2", "W", "bf16", 2, ("stats",)),
-    "bloom_W": ("bloom", "W", "bf16", 3, ("stats",)),
+    "llama_fp32_W": ("llama", "W", "fp32", 2, ("stats", "tensor")),
+    "moe_W": ("moe", "W", "fp32", 2, ("stats",)),
+    "bloom_fp32_W": ("bloom", "W", "fp32", 3, ("stats",)),
 }
 
 

@@ -39,8 +39,10 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
                        its activations agree and its own error stands out; analysis/culprit.py
                        `_consumer_confirms`).
   update differs       at least OPT_SHARE of the measured parameters have x > STAND_OUT x their explanation,
-                       and the median x is at least X_MIN: every parameter moved otherwise than its gradient
-                       explains (clipping at another norm, another optimizer): the optimizer culprit.  A
+                       and the median x is at least its floor (analysis/updates.py: X_MIN at the pair's first
+                       update, else UPDATE_X_MIN and STAND_OUT x the update before's): every parameter moved
+                       otherwise than its gradient explains (clipping at another norm, another optimizer): the
+                       optimizer culprit.  A
                        learning-rate change moves every update by the same factor and is found by the
                        update-ratio rule of analysis/noise.py (`update_evidence`), which runs first.
   decay differs        the parameters' norms moved apart by one common factor between the steps: the median of
@@ -70,6 +72,10 @@ from . import rules as R
 from .noise import OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
 
 X_MIN = 0.25  # a gap of a quarter of the reference's own update: far beyond rounding of an update
+# the update-differs rule's floor: the runs' updates a sixteenth of an update apart (median over the parameters).
+# Device noise moves an update by about its gradients' error; where most parameters are beyond that explanation,
+# the clean pairs' median stays 2x under this (docs/how-it-decides.md, section 5)
+UPDATE_X_MIN = 2.0**-4
 # two runs' updates of a parameter put at most both of them between the runs (each one update, in opposite
 # directions: ||u_t - u_r|| <= ||u_t|| + ||u_r||), on top of what they carried in: a parameter within its
 # tolerance is named only beyond STAND_OUT x that
@@ -308,8 +314,9 @@ def decay_differs(rows: pl.DataFrame, before: int, after: int, params: pl.DataFr
     return {"parameters": int(d.size), "median_norm_gap": med, "same_way": same_way, "spread": spread, "bar": bar}
 
 
-def update_differs(t: pl.DataFrame | None) -> dict[str, Any] | None:
-    """Evidence that every parameter moved otherwise than its gradient explains; None when it did not."""
+def update_differs(t: pl.DataFrame | None, floor: float = UPDATE_X_MIN) -> dict[str, Any] | None:
+    """Evidence that every parameter moved otherwise than its gradient explains, by a median x of at least `floor`
+    (analysis/updates.py `update_floor`); None when it did not."""
     if t is None:
         return None
     x = t["x"].fill_null(np.nan).to_numpy()
@@ -317,7 +324,7 @@ def update_differs(t: pl.DataFrame | None) -> dict[str, Any] | None:
     if measured.sum() < MIN_MEASURED:
         return None
     beyond = _beyond(t)
-    if float(beyond[measured].mean()) < OPT_SHARE or not median(x[measured]) >= X_MIN:
+    if float(beyond[measured].mean()) < OPT_SHARE or not median(x[measured]) >= floor:
         return None
     return {
         "parameters": int(measured.sum()),

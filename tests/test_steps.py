@@ -296,7 +296,7 @@ def test_updates_differ_when_most_parameters_are_beyond_their_explanation_by_a_q
         "median_update_units": 0.375,
         "median_carried_in": 1e-3,
     }
-    assert steps.update_differs(_table([0.2, 0.2, 0.2, 0.2])) is None  # a median under X_MIN
+    assert steps.update_differs(_table([0.2, 0.2, 0.2, 0.2]), steps.X_MIN) is None  # a median under the floor
     explained = steps.update_differs(_table([0.3, 0.4, 0.35, 0.5], g_prev=[0.2, 0.2, 1e-3, 1e-3]))
     assert explained is None  # 2 of 4 explained by their gradients: under OPT_SHARE
     assert steps.update_differs(_table([0.3, 0.4])) is None  # fewer than MIN_MEASURED parameters

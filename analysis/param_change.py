@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-REF_FP = "_fp_ref_"  # the reference side's fingerprint (analysis/producers.py `_fingerprint("ref_")`)
+from .producers import fingerprint_column
+
+REF_FP = fingerprint_column("ref_")  # the reference side's fingerprint (analysis/producers.py)
 
 
 def key_expr(columns: list[str]) -> pl.Expr:

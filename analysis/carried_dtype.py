@@ -38,7 +38,7 @@ import polars as pl
 from dumpstore.dtypes import EPS
 
 from .order import OUTPUT_IO
-from .producers import _Producers
+from .producers import Producers, fingerprint_column
 
 
 def reduction_slack(dtype: str, n: int) -> tuple[float, float]:
@@ -75,7 +75,7 @@ class CarriedDtypes:
     """One step's rows (with both runs' fingerprint columns, analysis/culprit.py `_StepView.rows`) and each run's
     producers: which consumer inputs carry a recorded op's dtype difference, and the notes of those found."""
 
-    def __init__(self, rows: pl.DataFrame, t_prod: _Producers, r_prod: _Producers):
+    def __init__(self, rows: pl.DataFrame, t_prod: Producers, r_prod: Producers):
         self.rows, self.prods = rows, {"": t_prod, "ref_": r_prod}
 
     def source(self, leaf: dict[str, Any]) -> dict[str, Any] | None:
@@ -116,9 +116,8 @@ class CarriedDtypes:
 
     def _output(self, prefix: str, record: str, leaf: dict[str, Any]) -> dict[str, Any] | None:
         """`record`'s output row in run `prefix` that produced `leaf` there (the same fingerprint, or view)."""
-        tag = prefix or "t"
         same = pl.lit(False)
-        for col in (f"_fp_{tag}", f"_vfp_{tag}"):
+        for col in (fingerprint_column(prefix), fingerprint_column(prefix, view=True)):
             if leaf.get(col) is not None:
                 same = same | (pl.col(col) == leaf[col]).fill_null(False)
         hits = self.rows.filter(

@@ -81,23 +81,22 @@ def test_the_merged_copy_moves_the_target_statistics():
 
 
 @pytest.mark.parametrize("mode", ["tensor", "statistics"])
-def test_a_dtype_carried_through_an_unrecorded_view_is_noted(dump_writer, store_dir, mode):
-    """The matmul's output dtype differs (a policy, on equal inputs); the linear reads it through an unrecorded
-    transpose and reshape: no producer links it in the target, the reference's view does, and the target's
-    matmul output holds the linear's input values: carried, not a cast left out; its values agree: quiet, the
-    difference listed as a note (the linear, and the matmul's backward by the forward output's dtype)."""
-    v = _pair(dump_writer, store_dir, mode, _model(mode, "float16", "float16"), _model(mode, "float32", "float32"))
+@pytest.mark.parametrize("wide", ["target", "ref"])
+def test_a_dtype_carried_through_an_unrecorded_view_is_noted(dump_writer, store_dir, mode, wide):
+    """The matmul's output dtype differs (a policy, on equal inputs; float32 in the `wide` run); the linear reads
+    it through an unrecorded transpose and reshape: no producer links it in the float32 run, the float16 run's
+    view does, and the float32 run's matmul output holds the linear's input values: carried, not a cast left
+    out; its values agree: quiet, the difference listed as a note (the linear, and the matmul's backward by the
+    forward output's dtype)."""
+    narrow, broad = _model(mode, "float16", "float16"), _model(mode, "float32", "float32")
+    target, ref = (broad, narrow) if wide == "target" else (narrow, broad)
+    v = _pair(dump_writer, store_dir, mode, ref, target)
     assert v.culprit is None and v.first_divergence is None
+    dtypes = ("float32", "float16") if wide == "target" else ("float16", "float32")
     notes = [(n["op"], n["input"], n["dtype"], n["ref_dtype"], n["from"]) for n in v.noise["carried_dtypes"]]
     assert notes == [
-        (
-            "Functional.linear.0.forward",
-            "Functional.linear.0.forward.input.0",
-            "float32",
-            "float16",
-            "Torch.matmul.0.forward",
-        ),
-        ("Torch.matmul.0.backward", "Torch.matmul.0.backward.input.0", "float32", "float16", "Torch.matmul.0.forward"),
+        ("Functional.linear.0.forward", "Functional.linear.0.forward.input.0", *dtypes, "Torch.matmul.0.forward"),
+        ("Torch.matmul.0.backward", "Torch.matmul.0.backward.input.0", *dtypes, "Torch.matmul.0.forward"),
     ]
     assert "; 2 inputs differ in dtype, carried from a recorded op's output (first: step 0 rank 0 " in noise_line(
         v.to_dict()

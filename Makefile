@@ -9,7 +9,7 @@ DEMO   := $(CURDIR)/out/demo
 
 SOURCES := dumpstore analysis cli tests bench sample_dumps validation
 
-.PHONY: setup demo check test test-all lint format bench samples validate validate-v2 validate-v3 validate-v4 validate-v5 validate-cross validate-longrun clean
+.PHONY: setup demo check test test-all lint format bench samples validate validate-v2 validate-v3 validate-v4 validate-v5 validate-v6 validate-cross validate-longrun clean
 
 setup: $(STAMP)
 	$(BIN)/python sample_dumps/fixtures.py  # the tensor samples' .pt files, unpacked once (git-ignored)
@@ -97,6 +97,13 @@ validate-v5: $(STAMP)
 	$(BIN)/python validation/v5/devices.py
 	$(BIN)/python validation/v5/make_pairs.py --out validation/v5/.data
 	$(BIN)/python validation/score.py --data validation/v5/.data
+
+# Validation set 6 (docs/validation.md, "Validation set 6"): ConvNeXt V2, CLIP, RWKV and DeBERTa-v2 on eight more
+# device mechanisms, made into validation/v6/.data, scored by the same rule.
+validate-v6: $(STAMP)
+	$(BIN)/python validation/v6/devices.py
+	$(BIN)/python validation/v6/make_pairs.py --out validation/v6/.data
+	$(BIN)/python validation/score.py --data validation/v6/.data
 
 # The clean combinations (docs/validation.md, "Clean combinations"): every set's families on other sets' devices,
 # clean pairs only, made into validation/cross/.data; the verdict must stay quiet on each. CROSS_SETS="5" makes only

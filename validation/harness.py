@@ -249,6 +249,56 @@ def train(s, family: str, model, data, fault, hooks=None, on_step=None, steps=No
     return losses
 
 
+def run_device(s, family: str, variant: str, target: bool):
+    """The device a run of set module ``s`` is on (None: the stock reference): a target on its family's device (an
+    "amp" variant's on ``s.AMP_DEVICE``), a "noisyref" variant's reference on ``s.NOISY_REF``."""
+    if target:
+        return s.DEVICES[s.AMP_DEVICE if variant == "amp" else s.FAMILIES[family]["device"]]
+    return s.DEVICES[s.NOISY_REF] if variant == "noisyref" else None
+
+
+def device_label(s, family: str, variant: str) -> str:
+    """The key's device of a pair of set module ``s``: the target's, "+" the reference's where that is noisy too."""
+    if variant == "amp":
+        return s.AMP_DEVICE
+    return s.FAMILIES[family]["device"] + ("+" + s.NOISY_REF if variant == "noisyref" else "")
+
+
+def setup(s, family: str, variant: str, target: bool, active, tracer, info: dict):
+    """A run's model for ``run_one`` (set module ``s``: ``build_model``, ``patch``, ``batches``, ``Tracer`` and
+    ``craft_near_tie(model, data, device)``): a "flip" variant's tilt crafted on a model of its own, patched as the
+    runs' (the device installs itself there); the run's device (``run_device``) installed, then the model patched.
+    Returns (model, tilt)."""
+    tilt = None
+    if variant == "flip":
+        crafted = s.build_model(family)
+        s.patch(family, crafted, s.Tracer(), None)
+        info["flip"], tilt = s.craft_near_tie(crafted, s.batches(family, None), s.DEVICES[s.FAMILIES[family]["device"]])
+    model = s.build_model(family)
+    device = run_device(s, family, variant, target)
+    if device is not None:
+        device.install()
+    s.patch(family, model, tracer, active)
+    return model, tilt
+
+
+def craft_first_micro(s, family: str, model, head, data, device) -> tuple[dict, object]:
+    """``craft_near_tie`` on a family of set module ``s`` whose steps may have several micro-batches: the hooks see
+    each step's first micro-batch only (the generator checks every micro-batch for flips)."""
+
+    def run(on_step, hooks):
+        seen: set = set()
+
+        def first_micro(step, logits):
+            if step not in seen:
+                seen.add(step)
+                hooks(step, logits)
+
+        return train(s, family, model, data, None, on_step=on_step, hooks=first_micro)
+
+    return craft_near_tie(model, head, run, device, s.FLIP_STEP)
+
+
 def start_child(job: dict) -> tuple[Path, Path]:
     """A forked run's start: its scratch folder made and entered, one thread, deterministic algorithms, a gloo
     process group of one rank. Returns (the dump folder, the scratch folder)."""

@@ -46,7 +46,7 @@ from .extra_chain import chain_head
 from .findings import Finding, Verdict
 from .flipflow import mark_possible_flips
 from .hidden_index import hidden_index_columns
-from .noise import NoiseModel, order_key, record_measures, saves_result
+from .noise import NoiseModel, order_key, parameter_error, record_measures, saves_result
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
 from .rules import STATUSES
 from .sibling_prior import reach_columns
@@ -130,6 +130,7 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             pl.col("module").drop_nulls().first().alias("_module"),  # its enclosing module record (msprobe's)
             *hidden_index_columns(is_in, is_out, tensor),
             *reach_columns(is_in, tensor),
+            parameter_error(tensor),  # the error of the parameters it lists (noise.record_measures)
             *dtype_columns(),
         )
         .sort(["step", "_phase", "rank", "source", "_seq"])

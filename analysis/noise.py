@@ -275,6 +275,12 @@ def statistics_hidden(rec: dict[str, Any]) -> float | None:
     return float(np.sqrt(HIDDEN * b) * kappa)
 
 
+def parameter_error(tensor: pl.Expr) -> pl.Expr:
+    """Record-table aggregation (analysis/_divergence.py): `param_err`, the largest error of the parameters a
+    record lists (msprobe's mix level lists them in a leaf module's forward record: a Linear's weight and bias)."""
+    return pl.col("err").filter((pl.col("_io") == "parameters") & tensor).max().alias("param_err")
+
+
 def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
     """Add `fresh` (inputs agree) and `amp` (output error / max(input error, eps)) to a record table."""
     floor = R.dtype_eps(pl.col("tol_dtype")).fill_null(R.EPS_FLOAT32)
@@ -294,8 +300,13 @@ def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
     carried = _carried(in_err, kappa, kinked)
     if {"saved_err", "_module"} <= set(recs.columns):
         # a module's backward reads, through the records inside it, what they saved in the forward (a ReLU's
-        # input, a norm's statistics), which its own record does not list: it carries what they carry from it
-        recs = recs.with_columns(_carried(pl.col("saved_err").fill_null(0.0), kappa, kinked).alias("_saved"))
+        # input, a norm's statistics), and its forward the parameters of the modules inside it (a decoder layer's
+        # linears' weights, which differ by the updates' noise from step 1 on), neither of which its own record
+        # lists: it carries what they carry from them
+        read = pl.col("saved_err").fill_null(0.0)
+        if "param_err" in recs.columns:
+            read = pl.max_horizontal(read, pl.col("param_err").fill_null(0.0))
+        recs = recs.with_columns(_carried(read, kappa, kinked).alias("_saved"))
         recs = recs.with_columns(pl.Series("_inner", module_inner_saved(recs), dtype=pl.Float64)).drop("_saved")
         carried = pl.max_horizontal(carried, pl.col("_inner"))
     fresh = (carried <= QUIET * pl.col("tol").fill_null(0.0)) & ~no_inputs

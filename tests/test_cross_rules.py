@@ -254,6 +254,59 @@ def test_a_module_whose_inner_records_are_smooth_carries_their_saved_errors_as_t
     assert got[_STAGE]["amp"] == pytest.approx(0.0547 / 1.15e-3, rel=1e-12)
 
 
+# the clean combination opt_D (tensor mode, draw 6, step 1): a decoder layer's forward, its input off 4.68e-6, its
+# output 0.003745 (3.8 float16 tolerances, over the fresh ops' p99 before it x 3 = 0.00303); inside it, the key
+# projection's weight, listed by its Linear module only, off 0.0067 by the first update's noise
+_LAYER = "Module.model.decoder.layers.0.OPTDecoderLayer.forward.0"
+_ATTN = "Module.model.decoder.layers.0.self_attn.OPTAttention.forward.0"
+_KPROJ = "Module.model.decoder.layers.0.self_attn.k_proj.Linear.forward.0"
+
+
+def _layer(weight_err: float | None) -> pl.DataFrame:
+    records = [  # record, its module, input error, output error, the error of the parameters it lists
+        ("Functional.linear.1.forward", _KPROJ, max(4.31e-6, weight_err or 0.0), 0.00916, None),
+        (_KPROJ, _ATTN, max(4.31e-6, weight_err or 0.0), 0.00916, weight_err),
+        (_ATTN, _LAYER, 4.31e-6, 0.0031, None),
+        (_LAYER, None, 4.68e-6, 0.003745, None),
+    ]
+    n = len(records)
+    return pl.DataFrame(
+        {
+            "step": [1] * n,
+            "rank": [0] * n,
+            "source": [""] * n,
+            "_record": [r[0] for r in records],
+            "_module": [r[1] for r in records],
+            "saved_err": [None] * n,
+            "param_err": [r[4] for r in records],
+            "op_class": ["Functional.linear", "Module.Linear", "Module.OPTAttention", "Module.OPTDecoderLayer"],
+            "_direction": ["forward"] * n,
+            "in_err": [r[2] for r in records],
+            "out_err": [r[3] for r in records],
+            "in_norm": [1.0] * n,
+            "out_norm": [1.0] * n,
+            "tol": [2.0**-10] * n,
+            "tol_dtype": ["float16"] * n,
+        },
+        schema_overrides={"_module": pl.String, "saved_err": pl.Float64, "param_err": pl.Float64},
+    )
+
+
+def test_a_modules_forward_carries_the_parameters_of_the_modules_inside_it():
+    """The decoder layer and its attention read the key projection's weight, off 0.0067, through the Linear
+    module inside them, which lists it: they carry it (not fresh, amplification 0.003745 / 0.0067), where their
+    own records (activations only) made them fresh ops creating 0.003745 out of inputs off 4.68e-6."""
+    got = {r["_record"]: r for r in record_measures(_layer(0.0067)).iter_rows(named=True)}
+    for module, out in ((_LAYER, 0.003745), (_ATTN, 0.0031)):
+        assert got[module]["fresh"] is False
+        assert got[module]["amp"] == pytest.approx(out / 0.0067, rel=1e-12)
+        assert got[module]["local"] == 0.0
+    assert got[_KPROJ]["amp"] == pytest.approx(0.00916 / 0.0067, rel=1e-12)  # its own listed weight, as before
+    # at step 0 (the weights equal) the layer is a fresh op, as before
+    same = {r["_record"]: r for r in record_measures(_layer(None)).iter_rows(named=True)}
+    assert same[_LAYER]["fresh"] is True and same[_LAYER]["local"] == 0.003745
+
+
 def _losses_noisy_backward(labels_at: int | None, fault: float, target: bool) -> list[dict]:
     """test_stats_blind's loss steps with the logit-layer backward's gradient 1e-4 off in the target (carried,
     not fresh: over a tenth of the float32 tolerance) and its output off by that and `fault` at step 1."""

@@ -9,16 +9,16 @@ first overflow); so is, without a reference, a -Inf-only output of a masking op.
 inputs and parameters are clean and whose output is dirty; the first overflow is the first producer in execution
 order (steps in order, then dump order) per step and rank that is neither a mask fill nor **masked**.
 
-A producer's Inf/NaN is masked when it reaches nothing that matters (`_masked`), in both runs, with and without
-a reference: following its dirty outputs through the records that read them (linked by dtype, element count,
-max and min: a view msprobe does not record keeps them), every path ends in a record whose outputs are clean
-and that selects or saturates (`where`, `masked_fill`, `clamp`, `min`/`max`, `exp`/`softmax` of -Inf only, a
-comparison or cast with integer or boolean outputs: the Inf's value is discarded by definition), or in an
-integer cast msprobe does not record (a dirty float output no recorded op reads, while a later record reads an
-integer tensor of its element count that no recorded op made: T5's relative-position buckets take log(0) =
--Inf, cast to long, and a `where` picks the exact bucket there).  An arithmetic op that turns an Inf into a
-finite number (1 / Inf = 0, rsqrt(Inf) = 0) is not masking: the wrong finite value matters; nor is a dirty
-output that nothing later reads (a loss of -Inf).  Masked producers are listed (`masked`, `masked_by`), never
+A producer's Inf/NaN is masked when it reaches nothing that matters (`_masked`), in both runs, with and without a
+reference: following its dirty outputs through the records that read them (linked by analysis/producers.py's view
+rule on max and min: dtype, element count, max and min, which a view msprobe does not record keeps), every path
+ends in a record whose outputs are clean and that selects or saturates (`where`, `masked_fill`, `clamp`,
+`min`/`max`, `exp`/`softmax` of -Inf only, a comparison or cast with integer or boolean outputs: the Inf's value is
+discarded by definition), or in an integer cast msprobe does not record (a dirty float output no recorded op reads,
+while a later record reads an integer tensor of its element count that no recorded op made: T5's relative-position
+buckets take log(0) = -Inf, cast to long, and a `where` picks the exact bucket there). An arithmetic op that turns
+an Inf into a finite number (1 / Inf = 0, rsqrt(Inf) = 0) is not masking: the wrong finite value matters; nor is a
+dirty output that nothing later reads (a loss of -Inf). Masked producers are listed (`masked`, `masked_by`), never
 the first overflow.
 """
 
@@ -34,6 +34,7 @@ from dumpstore.dtypes import DISCRETE_DTYPES, FINFO_MAX, is_float
 from .compare import Comparison, compare_runs
 from .load import load_run
 from .order import ORDER, OUTPUT_IO, with_phase
+from .producers import view_key
 from .select import check_selection
 
 _FLAGS = ("has_nan", "has_posinf", "has_neginf", "has_sat")
@@ -256,6 +257,9 @@ def _producers(rows: pl.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
+# the view rule's statistics here: a dirty tensor's mean and norm are NaN or Inf (they match nothing); an integer
+# cast's reader keeps only its max and min
+_LINK_STATS = ("max", "min")
 _GRAPH_COLS = [
     "seq",
     "record",
@@ -286,17 +290,10 @@ def _graphs(rows: pl.DataFrame, groups: set[tuple]) -> dict[tuple, _Graph]:
     return {at: _Graph(part) for at, part in parts.items()}
 
 
-def _link(row: dict[str, Any]) -> tuple:
+def _link(row: dict[str, Any]) -> tuple | None:
     """What a tensor is known by where msprobe does not record the op between a producer and its reader (a view,
-    a reshape): dtype, element count, max and min."""
-    return (row["dtype"], row["numel"], _num(row["max"]), _num(row["min"]))
-
-
-def _num(v: Any) -> Any:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return v
+    a reshape): analysis/producers.py's view rule on max and min (`view_key`; None where one is unknown)."""
+    return view_key(row, stats=_LINK_STATS)
 
 
 class _Graph:
@@ -312,7 +309,8 @@ class _Graph:
             self.outs.setdefault(r["seq"], []).append(r)
         self.readers: dict[tuple, list[int]] = {}
         for r in dirty.filter(~is_out).iter_rows(named=True):
-            self.readers.setdefault(_link(r), []).append(r["seq"])
+            if (link := _link(r)) is not None:
+                self.readers.setdefault(link, []).append(r["seq"])
         self.records = {
             r["seq"]: r
             for r in here.group_by("seq", maintain_order=True)
@@ -339,7 +337,8 @@ class _Graph:
         while todo:
             at = todo.pop(0)  # breadth first: the nearest ends are named first
             for out in self.outs.get(at, []):
-                readers = [s for s in self.readers.get(_link(out), []) if s > at]
+                link = _link(out)  # (a dirty leaf has its max and min)
+                readers = [s for s in (self.readers.get(link, []) if link else []) if s > at]
                 if not readers:
                     cast = self._integer_cast(out)
                     if cast is None:
@@ -371,7 +370,7 @@ class _Graph:
         if self._ints is None:
             ints = self.rows.filter(pl.col("dtype").is_in(list(DISCRETE_DTYPES)) & pl.col("numel").is_not_null())
             is_out = ints["io"].is_in(list(OUTPUT_IO))
-            made = {_link(r) for r in ints.filter(is_out).iter_rows(named=True)}
+            made = {_link(r) for r in ints.filter(is_out).iter_rows(named=True)} - {None}
             self._ints = [r for r in ints.filter(~is_out).iter_rows(named=True) if _link(r) not in made]
         for r in self._ints:
             if r["seq"] > out["seq"] and r["numel"] == out["numel"]:

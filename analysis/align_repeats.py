@@ -16,37 +16,35 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from dumpstore.dtypes import eps
 
-# (io, index_path) -> (dtype, numel, min, max, mean, norm) of a record's tensor leaves
+from .rules import STATS, stats_bound
+
+# (io, index_path) -> (dtype, numel, min, max, mean, norm) of a record's tensor leaves (the statistics in
+# analysis/rules.py `STATS` order)
 Values = dict[tuple[str, str], tuple]
 
 
-def _stats_err(a: tuple, b: tuple) -> float | None:
-    """The statistics lower bound of relative L2 error of target leaf `a` against reference leaf `b`
-    (analysis/rules.py `stats_bound`, finite statistics only); None where nothing is comparable."""
-    _, n, *sa = a
-    _, _, *sb = b
-    if any(x is None or not math.isfinite(x) for x in sa + sb):
-        return None
-    (amin, amax, amean, anorm), (bmin, bmax, bmean, bnorm) = sa, sb
-    num = max(abs(anorm - bnorm), abs(amax - bmax), abs(amin - bmin), abs(amean - bmean) * math.sqrt(n or 1))
-    if bnorm > 0:
-        return num / bnorm
-    return 0.0 if num == 0 else math.inf
-
-
 def agreeing(a: Values, b: Values, tol: Callable[[str | None, str | None], float]) -> int:
-    """How many tensor leaves of two records (same io and position) agree within their tolerance."""
-    n = 0
-    for where, x in a.items():
-        y = b.get(where)
-        if y is None:
-            continue
-        err = _stats_err(x, y)
-        if err is not None and err <= tol(x[0], y[0]):
-            n += 1
-    return n
+    """How many tensor leaves of two records (same io and position) agree within their tolerance: the statistics
+    lower bound of relative L2 error of target leaf against reference leaf (analysis/rules.py `stats_bound`), on
+    the leaves with all four statistics finite on both sides (its norm case: an integer leaf's max and min, or a
+    non-finite norm, say too little to place a call by)."""
+    pairs = [(x, y) for where, x in a.items() if (y := b.get(where)) is not None and _finite(x) and _finite(y)]
+    if not pairs:
+        return 0
+    t = {s: np.array([x[2 + k] for x, _ in pairs], dtype=np.float64) for k, s in enumerate(STATS)}
+    r = {s: np.array([y[2 + k] for _, y in pairs], dtype=np.float64) for k, s in enumerate(STATS)}
+    null = {s: np.zeros(len(pairs), dtype=bool) for s in STATS}  # (none: all four finite)
+    sqrt_n = np.sqrt(np.array([x[1] or 1 for x, _ in pairs], dtype=np.float64))
+    err, _ = stats_bound(t, r, null, null, sqrt_n, np.zeros(len(pairs), dtype=bool))
+    return sum(1 for e, (x, y) in zip(err.tolist(), pairs) if e <= tol(x[0], y[0]))
+
+
+def _finite(leaf: tuple) -> bool:
+    return all(v is not None and math.isfinite(v) for v in leaf[2:])
 
 
 def tolerance_of(floor: str, for_dtype: Callable[[str | None], float]) -> Callable[[str | None, str | None], float]:

@@ -16,19 +16,22 @@ import polars as pl
 from dumpstore.dtypes import DISCRETE_DTYPES
 from dumpstore.names import MODULE_RECORD_PREFIXES
 
+from . import param_change as PC
 from . import steps as ST
+from .carried_dtype import CarriedDtypes, note
 from .compare import Comparison
 from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
-from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, is_loss
+from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, integer_sum_differs, is_loss
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
-from .producers import _fingerprint, _Producers, _view_fingerprint, discrete_data_readers, discrete_first_differs
+from .producers import Producers, discrete_data_readers, discrete_first_differs, integer_input, with_fingerprints
 from .rank import significance
 from .rules import within_estimates
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
 from .signature import signature_finding
+from .updates import updates_differ
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -105,6 +108,7 @@ def _culprit(
         if not candidates.height:
             continue
         t_prod, r_prod = view.producers(""), view.producers("ref_")
+        carried = CarriedDtypes(view.rows, t_prod, r_prod)
         for start in range(0, candidates.height, batch):
             chunk = candidates.slice(start, batch)
             leaves = view.rows.join(chunk.select(keys), on=keys, how="semi")
@@ -122,6 +126,7 @@ def _culprit(
                     changed=changed,
                     parents=view.parents,
                     int_first=int_first,
+                    carried=carried,
                 )
                 found = judge.verdict()
                 if found is None:
@@ -187,9 +192,9 @@ def _innermost(found: tuple[Found, Found], recs: pl.DataFrame, view: _StepView) 
 
 def _also_judged(rows: pl.DataFrame, keys: list[str], changed: dict[int, Any]) -> pl.DataFrame:
     """The records (`keys`, with `_also` true) of one step's rows judged even where their outputs stay within
-    their tolerance: the consumers of a parameter changed between the steps (by target fingerprint), and the
+    their tolerance: the consumers of a parameter changed between the steps (by parameter key), and the
     records reading integer data that differ (analysis/producers.py `discrete_data_readers`)."""
-    consumers = rows.filter(pl.col("_io").is_in(INPUT_IO) & pl.col("_fp_t").is_in(list(changed))).select(keys)
+    consumers = rows.filter(pl.col("_io").is_in(INPUT_IO) & PC.key_expr(rows.columns).is_in(list(changed))).select(keys)
     return (
         pl.concat([consumers, discrete_data_readers(rows, keys)])
         .unique(maintain_order=True)
@@ -237,9 +242,11 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     floor = max(float(rec["in_float_err"] or 0.0), float(rec.get("in_float_eps") or 0.0), float(rec["_eps"]))
     f_new = _finding(out, "input")
     f_new.threshold, f_new.dtype = STAND_OUT * before * floor, rec["out_dtype"]
+    g = rec.get("_g")
+    through = "" if g is None else f"; {g:.3g}x the most that error moves it through its recorded gradient"
     moved = (
-        f"this op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step), "
-        f"ahead of {f.op} later in the step"
+        f"this op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step"
+        f"{through}), ahead of {f.op} later in the step"
     )
     if unrecorded:
         name, why = (
@@ -265,6 +272,7 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
         hidden_by_statistics=True,
         error_per_input_error=h,
         earlier_steps_max=before,
+        gradient_units=rec.get("_g"),
         ahead_of=f.op,
         detail=why,
     )
@@ -277,7 +285,7 @@ class _StepView:
 
     def __init__(self, rows: pl.DataFrame, step: int):
         self.step, self._all = step, rows
-        self._producers: dict[str, _Producers] = {}
+        self._producers: dict[str, Producers] = {}
 
     @cached_property
     def parents(self) -> dict[str, str]:
@@ -288,13 +296,11 @@ class _StepView:
     @cached_property
     def rows(self) -> pl.DataFrame:
         rows = self._all if self._all["step"].n_unique() == 1 else self._all.filter(pl.col("step") == self.step)
-        return rows.with_columns(
-            _fingerprint(""), _fingerprint("ref_"), _view_fingerprint(""), _view_fingerprint("ref_")
-        )
+        return with_fingerprints(rows)
 
-    def producers(self, prefix: str) -> _Producers:
+    def producers(self, prefix: str) -> Producers:
         if prefix not in self._producers:
-            self._producers[prefix] = _Producers(self.rows, prefix)
+            self._producers[prefix] = Producers(self.rows, prefix)
         return self._producers[prefix]
 
 
@@ -346,7 +352,7 @@ def _optimizer(
     else:
         # (only the rules of steps.py use the table); a parameter within its tolerance can still have changed
         table = ST.table(rows, before, after, params) if params.height else None
-        broad = ST.update_differs(table) if over else None
+        broad = updates_differ(rows, before, params, table) if over else None
         if broad is None:
             return None, ST.corrupted(table)
         evidence, value, metric = broad, broad["median_update_units"], "update_units"
@@ -408,8 +414,8 @@ class _Judge:
         self,
         rec: dict,
         leaves: pl.DataFrame,
-        t_prod: _Producers,
-        r_prod: _Producers,
+        t_prod: Producers,
+        r_prod: Producers,
         only: dict,
         cmp: Comparison,
         noise: NoiseModel,
@@ -417,7 +423,9 @@ class _Judge:
         changed: dict[int, dict[str, Any]] | None = None,
         parents: dict[str, str] | None = None,
         int_first: dict[tuple, int] | None = None,
+        carried: CarriedDtypes | None = None,
     ):
+        self.carried = carried  # dtype differences a recorded op made, carried to its consumers
         self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
         self.cmp, self.noise, self.first_step = cmp, noise, first_step
         self.changed = changed or {}  # parameters changed between steps (analysis/steps.py), by fingerprint
@@ -460,7 +468,7 @@ class _Judge:
         ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]), out)
         if ev is None:
             return None
-        ints = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact)
+        ints = self.leaves.filter(integer_input())
         data = [
             r
             for r in ints.iter_rows(named=True)
@@ -508,6 +516,10 @@ class _Judge:
                 return self._producer(leaf, leaf)  # made by a record of one run only: named as that (rule 6)
             if tp is not None and rp is not None:
                 continue
+            made = None if self.carried is None else self.carried.source(leaf)
+            if made is not None:  # carried from a recorded op's output (analysis/carried_dtype.py): judged by values
+                self.noise.carried_dtypes.append(note(leaf, self.rec["_record"], made))
+                continue
             side = "the target" if tp is None else "the reference"
             return Finding(
                 leaf["step"],
@@ -530,7 +542,7 @@ class _Judge:
         """A weight changed between the steps beyond what its update explains (analysis/steps.py `corrupted`), at
         this consumer; None for any other weight (later weights carry the optimizer's noise), and for one changed
         by under `X_MIN` of its update where this consumer does not confirm it (`_consumer_confirms`)."""
-        changed = self.changed.get(leaf.get("_fp_t"))  # type: ignore[arg-type]
+        changed = self.changed.get(leaf.get("_pkey"))  # type: ignore[arg-type]
         if changed is None:
             return None
         if changed.get("needs_consumer"):
@@ -548,7 +560,8 @@ class _Judge:
                 f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step{within} "
                 f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
                 f" at most {changed['siblings_max']:.3g}, what its update was fed "
-                f"{changed['carried_in'] or 0:.3g}): changed between steps" + _confirmation(changed)
+                f"{changed['carried_in'] or 0:.3g}{_step_agrees(changed)}): changed between steps"
+                + _confirmation(changed)
             ),
         )
 
@@ -584,8 +597,8 @@ class _Judge:
         tolerance on its norm means nothing (a sign flip of some elements keeps the norm)."""
         if not self.changed or self.rec["step"] == self.first_step:
             return None
-        ins = self.leaves.filter(
-            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & pl.col("_fp_t").is_in(list(self.changed))
+        ins = self.leaves.with_columns(PC.key_expr(self.leaves.columns)).filter(
+            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & pl.col("_pkey").is_in(list(self.changed))
         )
         outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor"))
         if not ins.height or not outs.height:
@@ -608,9 +621,7 @@ class _Judge:
         this record did (a near-tie flip noted upstream in its step explains them).  An integer input that
         differed at an earlier step already is left to the other rules (no data change starts here)."""
         exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
-        ints = self.leaves.filter(
-            pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor") & exact & (pl.col("status") == "diverged")
-        )
+        ints = self.leaves.filter(integer_input() & (pl.col("status") == "diverged"))
         outs = self.leaves.filter(pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor") & ~exact)
         if not ints.height or not outs.height:
             return None
@@ -623,8 +634,8 @@ class _Judge:
                 continue  # it differed before: no data change starts at this step
             if explained_by_flip(self.noise, self.key, leaf) is not None:
                 continue
-            if leaf["err_source"] == "stats" and not _extreme_differs(leaf):
-                continue  # a mean of integers, summed in floating point on the device, can round differently
+            if leaf["err_source"] == "stats" and not (_extreme_differs(leaf) or integer_sum_differs(leaf)):
+                continue  # a mean of integers summed in floating point beyond 2^24 can round differently
             float_err = float(self.rec.get("in_float_err") or 0.0)
             agree = "agree" if float_err <= QUIET * float(self.rec["tol"] or 0.0) else "differ by their noise"
             return _with_evidence(
@@ -855,6 +866,12 @@ class _Judge:
                 detail=f"{leaf['name']} differs and no earlier op produced it",
             )
         return None
+
+
+def _step_agrees(changed: dict[str, Any]) -> str:
+    """Why a parameter within its tolerance and two updates is named: every other parameter moved as its
+    gradient explains (analysis/steps.py `corrupted`)."""
+    return ", every other parameter of the step as its gradient explains" if changed.get("step_agrees") else ""
 
 
 def _confirmation(changed: dict[str, Any]) -> str:

@@ -5,7 +5,8 @@ read the output of another call of the same run only: the target normalises its 
 once more, and the diverged input of the first conv is the extra `div`'s output; the extra `sub` made `div`'s
 input.  The culprit is the chain's first call, the one whose tensor inputs both runs have: walking back from
 the named call through its tensor inputs, as long as one is the output of an earlier call of the same run only
-(the same tensor: equal dtype, number of elements and statistics), the earlier call is named.
+(the same values, through a view or not: analysis/producers.py `view_key`, all four statistics, any dtype),
+the earlier call is named.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import polars as pl
 
 from .findings import Finding
 from .order import INPUT_IO, OUTPUT_IO
+from .producers import STATS, view_key
 
 _SIDES = {
     "extra_op": ("target_only", "", "t_record", "target"),
     "missing_op": ("ref_only", "ref_", "r_record", "reference"),
 }
-_STATS = ("dtype", "numel", "min", "max", "mean", "norm")
 
 
 def chain_head(found: tuple[Finding, tuple] | None, rows: pl.DataFrame, records: pl.DataFrame) -> Any:
@@ -42,12 +43,12 @@ def chain_head(found: tuple[Finding, tuple] | None, rows: pl.DataFrame, records:
         & (pl.col("rank") == f.rank)
         & pl.col(f"{pre}record").is_in(list(only))
         & (pl.col(f"{pre}kind") == "tensor")
-    ).select(f"{pre}record", f"{pre}seq", f"{pre}io", *[f"{pre}{s}" for s in _STATS])
-    made: dict[tuple, tuple[int, str]] = {}  # fingerprint -> (seq, record) of the first one-sided output
+    ).select(f"{pre}record", f"{pre}seq", f"{pre}io", f"{pre}dtype", f"{pre}numel", *[f"{pre}{s}" for s in STATS])
+    made: dict[tuple, tuple[int, str]] = {}  # view key -> (seq, record) of the first one-sided output
     ins: dict[str, list[tuple]] = {}
-    for r in side.iter_rows():
-        record, seq, io, fp = r[0], r[1], r[2], tuple(r[3:])
-        if any(x is None for x in fp[2:]):
+    for r in side.iter_rows(named=True):
+        record, seq, io, fp = r[f"{pre}record"], r[f"{pre}seq"], r[f"{pre}io"], view_key(r, pre)
+        if fp is None:
             continue  # no statistics: nothing to follow
         if io in OUTPUT_IO and (fp not in made or seq < made[fp][0]):
             made[fp] = (seq, record)

@@ -101,6 +101,10 @@ def hidden_index_columns(is_in: pl.Expr, is_out: pl.Expr, tensor: pl.Expr) -> li
         pl.col("dtype").filter(is_out & tensor & ~discrete).first().alias("out_dtype"),
         pl.col("err").filter(is_in & tensor & ~discrete).max().alias("in_float_err"),
         float_eps.filter(is_in & tensor & ~discrete & stats).max().alias("in_float_eps"),
+        # the norms of the largest float input and output (the reference's): a loss's logits, and in its backward
+        # record the gradient it was given and the one it returns (`loss_gradient`)
+        pl.col("ref_norm").cast(pl.Float64).filter(is_in & tensor & ~discrete).max().alias("in_float_norm"),
+        pl.col("ref_norm").cast(pl.Float64).filter(is_out & tensor & ~discrete).max().alias("out_float_norm"),
     ]
 
 
@@ -138,6 +142,38 @@ def beyond_rounding(leaf: dict[str, Any]) -> float | None:
     return max(terms) / ref_norm if terms else None
 
 
+# float32 integers are exact up to 2^24: a sum whose every partial sum stays below it is exact in any order
+EXACT_INT32 = 2.0**24
+
+
+def _ulp32(x: float) -> float:
+    """The spacing of float32 numbers at |x| (the smallest subnormal at 0)."""
+    return float(2.0 ** (max(math.frexp(abs(x))[1], -125) - 24)) if x else 2.0**-149
+
+
+def integer_sum_differs(leaf: dict[str, Any]) -> bool:
+    """Whether an integer leaf's statistics show its values differ although its max and min agree, from the mean
+    and norm some msprobe versions keep for integer tensors (8.x: computed in float32, `Norm` 10.816654205322266 =
+    float32(sqrt(117)) for the labels [6, 7, 4, 4]).  While n max(|x|) < 2^24 every partial sum of the values is
+    an exact float32 integer in whatever order a device adds them, so the mean is the exact sum divided once:
+    equal values give means at most a division's rounding apart (an ulp each side; a device may divide
+    otherwise), and a mean differing by more than 2 ulp has another sum (one id +1 moves it by 1/n).  The same for
+    the norm, the square root of the exact sum of squares, while n max(|x|)^2 < 2^24.  Beyond that the sums round
+    and nothing is claimed: the difference of one id is below what the summation order can make."""
+    n = float(leaf.get("numel") or leaf.get("ref_numel") or 0)
+    ext = [leaf.get(s) for s in ("max", "min", "ref_max", "ref_min")]
+    if n <= 0 or any(v is None or not math.isfinite(v) for v in ext):
+        return False
+    m = max(abs(float(v)) for v in ext)  # type: ignore[arg-type]
+    for s, exact in (("mean", n * m < EXACT_INT32), ("norm", n * m * m < EXACT_INT32)):
+        t, r = leaf.get(s), leaf.get("ref_" + s)
+        if not exact or t is None or r is None or not (math.isfinite(t) and math.isfinite(r)):
+            continue
+        if abs(t - r) > 2.0 * _ulp32(max(abs(t), abs(r))):
+            return True
+    return False
+
+
 def hidden_index_stands(
     rec: dict[str, Any], own_tol: float, out: dict[str, Any] | None = None
 ) -> dict[str, Any] | None:
@@ -162,6 +198,22 @@ def hidden_index_stands(
     if not out_err > bar:
         return None
     return {"carried": carried, "bar": bar, "own_tol": own_tol}
+
+
+def loss_gradients(recs: pl.DataFrame) -> pl.DataFrame:
+    """Per forward record with a backward record (keys, step): `_grad`, the norm of the gradient its backward
+    returns for its largest float input per unit of the gradient it was given (the reference's norms: out_float_norm
+    / in_float_norm of the backward record), what one unit of change of that input can move its output, to first
+    order (Cauchy-Schwarz: |dy| <= ||grad|| ||dx||).  A loss's backward is given the loss scale (or 1) and returns
+    the gradient of its logits."""
+    need = {"_record", "_direction", "in_float_norm", "out_float_norm"}
+    keys = ["step", "rank", "source", "_record"]
+    if not need <= set(recs.columns):
+        return pl.DataFrame(schema={**{k: recs.schema[k] for k in keys}, "_grad": pl.Float64})
+    grad = pl.col("out_float_norm") / pl.col("in_float_norm")
+    return recs.filter((pl.col("_direction") == "backward") & grad.is_finite() & (grad > 0)).select(
+        *keys[:3], pl.col("_record").str.replace(r"\.backward$", ".forward"), grad.alias("_grad")
+    )
 
 
 def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict[str, Any]]]:
@@ -198,10 +250,17 @@ def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict
         .sort("step")
         .with_columns(pl.col("_h").cum_max().shift(1).over(keys).alias("_h_before"))
     )
+    cand = cand.join(loss_gradients(recs), on=keys + ["step"], how="left", nulls_equal=True, maintain_order="left")
+    # the output's move in units of the most its float inputs' seen error moves it through its measured gradient
+    moved = pl.col("out_err") * pl.col("out_norm") / (pl.col("_grad") * seen * pl.col("in_float_norm"))
+    if not {"out_norm", "in_float_norm"} <= set(cand.columns):
+        moved = pl.lit(None, pl.Float64)
+    cand = cand.with_columns(pl.when(moved.is_finite()).then(moved).alias("_g"))
     stands = (
         (pl.col("_h_before") > 0).fill_null(False)  # a ratio measured before (0: nothing differed, no baseline)
         & (pl.col("_h") > STAND_OUT * pl.col("_h_before"))
         & (pl.col("out_err") > STAND_OUT * pl.col("_eps"))
+        & (pl.col("_g").is_null() | (pl.col("_g") > STAND_OUT))  # (no gradient recorded: the history alone)
     )
     out: dict[tuple[int, int], tuple[tuple, dict[str, Any]]] = {}
     for rec in cand.filter(stands).iter_rows(named=True):

@@ -86,6 +86,8 @@ class NoiseModel:
     outputs: tuple[list[tuple], np.ndarray] = ([], np.zeros(0))  # every record's output error, all directions
     output_norms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # ... and its reference norm (or NaN)
     flips: list[dict[str, Any]] = field(default_factory=list)  # discrete outputs flipped on near ties (noise)
+    # inputs whose dtype differs as the recorded op's output they carry (analysis/carried_dtype.py): notes
+    carried_dtypes: list[dict[str, Any]] = field(default_factory=list)
     flip_marks: list[tuple[tuple, frozenset]] = field(default_factory=list)  # their order keys, enclosing modules
     possible_flips: Any = None  # flips the statistics cannot show (analysis/flipflow.py PossibleFlips)
     flip_explained: set[tuple] = field(default_factory=set)  # order keys of the flips and of what they explained
@@ -187,6 +189,8 @@ class NoiseModel:
         out: dict[str, Any] = {"quantile": QUANTILE, "stand_out": STAND_OUT}
         if self.flips:
             out["discrete_flips"] = list(self.flips)
+        if self.carried_dtypes:
+            out["carried_dtypes"] = list(self.carried_dtypes)
         if ok.height:
             top = ok.sort("amp", descending=True).row(0, named=True)
             out |= {

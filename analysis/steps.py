@@ -30,14 +30,19 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
                        the same kind of tensor; another call of the same module reads the same tensor and is
                        none; a parameter without siblings: the largest x of every other parameter), and
                        either the parameter is over its tolerance or x > STAND_OUT x (UPDATES_APART + x_prev)
-                       (more than the two runs' updates can put between them): a parameter changed between
-                       steps (written to, loaded wrongly).  Named at its first consumer at step a, outright where
+                       (more than the two runs' updates can put between them) or x >= X_MIN where every other
+                       parameter of the step (at least MIN_MEASURED) is within STAND_OUT x its own explanation
+                       (the runs' updates agree: no update flipped anywhere): a parameter changed between steps
+                       (written to, loaded wrongly).  A parameter is its pair of fingerprints (target,
+                       reference: analysis/param_change.py).  Named at its first consumer at step a, outright where
                        x >= X_MIN (a sizeable part of an update), else only where that consumer confirms it
                        (`needs_consumer`: its activations agree and its own error stands out;
                        analysis/culprit.py `_consumer_confirms`).
   update differs       at least OPT_SHARE of the measured parameters have x > STAND_OUT x their explanation,
-                       and the median x is at least X_MIN: every parameter moved otherwise than its gradient
-                       explains (clipping at another norm, another optimizer): the optimizer culprit.  A
+                       and the median x is at least its floor (analysis/updates.py: X_MIN at the pair's first
+                       update, else UPDATE_X_MIN and STAND_OUT x the update before's): every parameter moved
+                       otherwise than its gradient explains (clipping at another norm, another optimizer): the
+                       optimizer culprit.  A
                        learning-rate change moves every update by the same factor and is found by the
                        update-ratio rule of analysis/noise.py (`update_evidence`), which runs first.
   decay differs        the parameters' norms moved apart by one common factor between the steps: the median of
@@ -62,15 +67,20 @@ import polars as pl
 from dumpstore.dtypes import eps
 from dumpstore.names import MODULE_RECORD_PREFIXES, parse_record
 
+from . import param_change as PC
 from . import rules as R
 from .noise import OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
 
 X_MIN = 0.25  # a gap of a quarter of the reference's own update: far beyond rounding of an update
+# the update-differs rule's floor: the runs' updates a sixteenth of an update apart (median over the parameters).
+# Device noise moves an update by about its gradients' error; where most parameters are beyond that explanation,
+# the clean pairs' median stays 2x under this (docs/how-it-decides.md, section 5)
+UPDATE_X_MIN = 2.0**-4
 # two runs' updates of a parameter put at most both of them between the runs (each one update, in opposite
 # directions: ||u_t - u_r|| <= ||u_t|| + ||u_r||), on top of what they carried in: a parameter within its
 # tolerance is named only beyond STAND_OUT x that
 UPDATES_APART = 2.0
-MIN_MEASURED = 3  # fewer measured parameters than this: the update-differs rule does not apply
+MIN_MEASURED = 3  # fewer measured parameters: no update-differs rule, no step agreement (corrupted)
 
 _KEYS = ["rank", "source", "_record", "_io", "index_path"]
 
@@ -101,27 +111,35 @@ def _changed_gap(
         extreme = np.fmax(np.abs(t["max"] - r["max"]), np.abs(t["min"] - r["min"]))
         element = np.fmax(np.abs(a["max"] - b["max"]), np.abs(a["min"] - b["min"]))
         beyond = np.where(np.isnan(element), extreme, extreme - UPDATES_APART * element)
-        out = np.fmax(bulk, np.where(beyond > 0, beyond, 0.0 * beyond))
+        out = np.fmax(bulk, np.where(beyond > 0, beyond, np.where(np.isnan(beyond), np.nan, 0.0)))  # (not -0)
     return np.where(r["norm"] == 0, np.abs(t["norm"]), out)  # ||x - 0|| = ||x||: a bias that starts at zero
 
 
 def parameters_of(params: pl.DataFrame) -> pl.DataFrame:
     """The parameter leaves among `params` (candidate weight leaves of one step): module records' `parameters`
-    leaves where the dump has them, else the candidates, one per tensor (fingerprint)."""
+    leaves where the dump has them, else the candidates, one per tensor (parameter key: analysis/param_change.py)."""
     named = params.filter(pl.col("_io") == "parameters")
     if named.height:
         return named
-    return params.unique(subset=["_fp_t"], keep="first", maintain_order=True) if "_fp_t" in params.columns else params
+    if "_fp_t" not in params.columns:
+        return params
+    return (
+        params.with_columns(PC.key_expr(params.columns).alias("_one"))
+        .unique(subset=["_one"], keep="first", maintain_order=True)
+        .drop("_one")
+    )
 
 
 def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> pl.DataFrame | None:
-    """One row per parameter of step `after` (see the module's docstring): its keys, `_fp_t`, shape, status,
+    """One row per parameter of step `after` (see the module's docstring): its keys, `_fp_t`, `_pkey` (which
+    parameter: analysis/param_change.py), shape, status,
     `x`, `x_prev`, `x_round`, `g_prev`, `klass` (module class or API, parameter name, shape).  None: nothing
     measurable."""
     stats = [*R.STATS, *(f"ref_{s}" for s in R.STATS)]
     cols = rows.select("step", *_KEYS, *stats, "numel")
     params = parameters_of(params)
-    now = params.select(*_KEYS, "_fp_t", "shape", "status", "dtype").join(
+    params = params.with_columns(PC.key_expr(params.columns))  # which parameter (analysis/param_change.py)
+    now = params.select(*_KEYS, "_fp_t", "_pkey", "shape", "status", "dtype").join(
         cols.filter(pl.col("step") == after).drop("step").unique(subset=_KEYS, keep="first"), on=_KEYS, how="inner"
     )
     then = cols.filter(pl.col("step") == before).drop("step", "numel").unique(subset=_KEYS, keep="first")
@@ -143,7 +161,7 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         x_changed = np.where((upd > 0) & np.isfinite(gap), changed / upd, np.nan)
         x_prev = np.where(upd > 0, gap_b / upd, np.nan)
         x_round = np.where(upd > 0, rounding / upd, np.nan)
-    out = both.select(*_KEYS, "_fp_t", "shape", "status").with_columns(
+    out = both.select(*_KEYS, "_fp_t", "_pkey", "shape", "status").with_columns(
         pl.Series("x", x),
         pl.Series("x_changed", x_changed),
         pl.Series("x_prev", x_prev),
@@ -188,28 +206,34 @@ def _beyond(t: pl.DataFrame, col: str = "x") -> np.ndarray:
 
 
 def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
-    """The parameters changed between the steps (see the module's docstring), by target fingerprint, each with
+    """The parameters changed between the steps (see the module's docstring), by parameter key (its target and
+    reference fingerprints, analysis/param_change.py; the target's alone in a table without `_pkey`), each with
     its evidence."""
     if t is None or not t.height:
         return {}
     x = t["x_changed"].fill_null(np.nan).to_numpy()  # the gap a change shows, in updates
     klass = t["klass"].to_list()
+    pkeys = t["_pkey"].to_list() if "_pkey" in t.columns else t["_fp_t"].to_list()
     owner = _owners(t)  # another layer, or the same on another rank; not another call of the same module
     expl = _explained(t)
     over = (t["status"] == "diverged").to_numpy()
     x_prev = np.nan_to_num(t["x_prev"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
+    beyond = _beyond(t, "x_changed")
+    # every other parameter of the step moved as its gradient explains: the runs' updates agree (none flipped)
+    unexplained = PC.others_count(beyond, np.isfinite(x), owner, MIN_MEASURED)
     with np.errstate(invalid="ignore"):
         apart = x > STAND_OUT * (UPDATES_APART + x_prev)  # beyond what any two updates can put between the runs
+        agree = (x >= X_MIN) & (unexplained == 0)
     out: dict[int, dict[str, Any]] = {}
-    for i in np.flatnonzero(_beyond(t, "x_changed") & (over | apart)):
+    for i in np.flatnonzero(beyond & (over | apart | agree)):
         sib = [j for j in range(t.height) if klass[j] == klass[i] and owner[j] != owner[i]]
         sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
         kin = "siblings"
         if not sx.size:  # no tensor of its kind: every other parameter of the step
-            kin, sx = "parameters", x[(np.arange(t.height) != i) & np.isfinite(x)]
+            kin, sx = "parameters", x[[j for j in range(t.height) if owner[j] != owner[i] and np.isfinite(x[j])]]
         if not sx.size or not x[i] > STAND_OUT * float(sx.max()):
             continue  # within the optimizer's noise on its kind of tensor (or, without any, on any)
-        fp = t["_fp_t"][int(i)]
+        fp = pkeys[int(i)]
         if fp is None:
             continue
         out[int(fp)] = {
@@ -219,6 +243,8 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
             "siblings": len(sx),
             "siblings_max": float(sx.max()),
         }
+        if not (over[i] or apart[i]):  # within its tolerance and two updates: the step's updates agree
+            out[int(fp)]["step_agrees"] = True
         if not x[i] >= X_MIN:  # under a quarter of an update: named only where its consumer confirms it
             out[int(fp)]["needs_consumer"] = True
     return out
@@ -228,15 +254,16 @@ def _owners(t: pl.DataFrame) -> list[tuple]:
     """Which tensor each row is, for the sibling test: the same parameter read by several calls of its module
     (micro-batches: `fc1.Linear.forward.0` and `.forward.1`) is one tensor, not its own sibling.  A module
     record names its module without the call counter; an API record (no module records: the parameter is a
-    tensor input that requires grad) is its own; the rank and the target fingerprint join them."""
+    tensor input that requires grad) is its own; the rank and the parameter key (its target and reference
+    fingerprints: two layers equal in the target are two tensors) join them."""
     recs = [re.sub(r"\.\d+$", "", r) if r.startswith(MODULE_RECORD_PREFIXES) else r for r in t["_record"].to_list()]
-    fps = t["_fp_t"].to_list()
+    fps = t["_pkey"].to_list() if "_pkey" in t.columns else t["_fp_t"].to_list()
     ranks = t["rank"].to_list()
     first: dict[tuple, tuple] = {}
     out = []
     for rec, fp, rank in zip(recs, fps, ranks):
         key = (rec, rank)
-        if fp is not None:  # one fingerprint on one rank: one tensor, whatever record reads it
+        if fp is not None:  # one parameter key on one rank: one tensor, whatever record reads it
             key = first.setdefault((fp, rank), key)
         out.append(key)
     return out
@@ -284,8 +311,9 @@ def decay_differs(rows: pl.DataFrame, before: int, after: int, params: pl.DataFr
     return {"parameters": int(d.size), "median_norm_gap": med, "same_way": same_way, "spread": spread, "bar": bar}
 
 
-def update_differs(t: pl.DataFrame | None) -> dict[str, Any] | None:
-    """Evidence that every parameter moved otherwise than its gradient explains; None when it did not."""
+def update_differs(t: pl.DataFrame | None, floor: float = UPDATE_X_MIN) -> dict[str, Any] | None:
+    """Evidence that every parameter moved otherwise than its gradient explains, by a median x of at least `floor`
+    (analysis/updates.py `update_floor`); None when it did not."""
     if t is None:
         return None
     x = t["x"].fill_null(np.nan).to_numpy()
@@ -293,7 +321,7 @@ def update_differs(t: pl.DataFrame | None) -> dict[str, Any] | None:
     if measured.sum() < MIN_MEASURED:
         return None
     beyond = _beyond(t)
-    if float(beyond[measured].mean()) < OPT_SHARE or not median(x[measured]) >= X_MIN:
+    if float(beyond[measured].mean()) < OPT_SHARE or not median(x[measured]) >= floor:
         return None
     return {
         "parameters": int(measured.sum()),

@@ -381,6 +381,13 @@ def noise_line(v: dict) -> str:
         )
     for f in [f for f in n.get("discrete_flips") or [] if f.get("possible")]:
         line += f"; step {f['step']} rank {f['rank']}: {f['detail']}"
+    carried = n.get("carried_dtypes") or []
+    if carried:
+        c = carried[0]
+        line += (
+            f"; {len(carried)} inputs differ in dtype, carried from a recorded op's output (first: step "
+            f"{c['step']} rank {c['rank']} {c['input']} {c['dtype']}/{c['ref_dtype']} from {c['from']})"
+        )
     if n.get("largest_amplification") is not None:
         line += (
             f"; largest amplification {num(n['largest_amplification'])}x at step {n['step']} rank {n['rank']}"

@@ -10,8 +10,11 @@ place of the set's own.
     .venv/bin/python validation/score.py --data validation/v4/.lr_data
 
 ``--optimizer`` trains every family with another ``torch.optim`` optimizer (OPTIMIZERS: Adagrad, Adadelta,
-Adamax, ...; use its own ``--out``: its references differ). ``--only`` and ``--modes`` as in make_pairs.py; the
-default folder is git-ignored (never a set's own ``.data``).
+Adamax, ...; use its own ``--out``: its references differ). ``--clip VALUE`` makes gradient clipping at max_norm
+VALUE instead of 1.0 from the second update on (``<family>_clip_step2``, statistics mode) with each family's clean
+pair, in place of the learning-rate cases (set 4's families: GPT-J fp32 under fp16 autocast with a GradScaler,
+ResNet fp32, Mamba pure bf16; with ``--optimizer`` under that optimizer). ``--only`` and ``--modes`` as in
+make_pairs.py; the default folder is git-ignored (never a set's own ``.data``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,17 @@ CASES = {
 }
 SWEEP = (1.1, 1.2, 1.5, 2.0)  # learning-rate factors from the second update on
 # --optimizer NAME: every family trained with torch.optim.NAME at this learning rate instead of its own
-OPTIMIZERS = {"Adagrad": 1e-2, "Adadelta": 1.0, "Adamax": 2e-3, "SGD": 0.05, "RAdam": 3e-3, "NAdam": 2e-3}
+OPTIMIZERS = {
+    "Adagrad": 1e-2,
+    "Adadelta": 1.0,
+    "Adamax": 2e-3,
+    "SGD": 0.05,
+    "RAdam": 3e-3,
+    "NAdam": 2e-3,
+    "Adam": 1e-3,
+    "AdamW": 1e-3,
+}
+CLIP_FAMILIES = ("gptj", "resnet", "mamba")  # --clip: set 4's fp16-autocast, fp32 and pure-bf16 families
 
 
 def _load(name: str, path: Path):
@@ -48,7 +61,11 @@ def _load(name: str, path: Path):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    sweep = optimizer = None
+    sweep = optimizer = clip = None
+    if "--clip" in argv:
+        at = argv.index("--clip")
+        clip = float(argv[at + 1])
+        del argv[at : at + 2]
     if "--sweep" in argv:
         at = argv.index("--sweep")
         sweep = argv[at + 1]
@@ -82,10 +99,29 @@ def main(argv=None) -> int:
         mod.CASES["%s_clean" % sweep] = (sweep, "base", None, ("stats",))
     elif sweep is not None:
         raise SystemExit("--sweep: llama or mamba, not %r" % sweep)
+    elif clip is not None:  # the harness lowers the clipping norm; the key names the optimizer at step 2
+        for family in CLIP_FAMILIES:
+            mod.CASES["%s_clip_step2" % family] = (
+                family,
+                "base",
+                {"kind": "clip", "after_step": 1, "value": clip},
+                ("stats",),
+            )
+            mod.CASES["%s_clean" % family] = (family, "base", None, ("stats",))
+        expectation = mod.expectation
+
+        def clip_expectation(case, fault, tgt, ref):
+            if fault is not None and fault["kind"] == "clip":
+                what = "gradient clipping at max_norm %g instead of %g" % (fault["value"], mod.CLIP)
+                return mod.harness.optimizer_expectation(fault, what)
+            return expectation(case, fault, tgt, ref)
+
+        mod.expectation = clip_expectation
     else:
         mod.CASES.update(CASES)
     if not any(a == "--out" or a.startswith("--out=") for a in argv):
-        argv = ["--out", str(HERE / (".lr_data" if sweep is None else ".lr_data_" + sweep)), *argv]
+        folder = ".lr_data" if sweep is None else ".lr_data_" + sweep
+        argv = ["--out", str(HERE / (folder if clip is None else ".clip_data")), *argv]
     return mod.main(argv)
 
 

@@ -1,0 +1,46 @@
+"""Which parameter a row is, for the changed-parameter rule of analysis/steps.py (see docs/how-it-decides.md,
+section 5, *Parameters after the first step*).
+
+A tensor is recognised across records by its fingerprint (analysis/producers.py: dtype, shape, step, rank and
+statistics).  One run's fingerprint alone does not say which parameter a row is: two parameters with equal
+values in the target (one layer's weight copied into another's: a wrong checkpoint mapping, a tied weight
+written to) have one target fingerprint, and a change of one of them would be named at the first consumer of
+either, and would make the other its own copy, not its sibling.  The reference tells them apart: a parameter
+is its pair of fingerprints (target, reference), and a consumer reads it where both of its input's
+fingerprints are the pair's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+REF_FP = "_fp_ref_"  # the reference side's fingerprint (analysis/producers.py `_fingerprint("ref_")`)
+
+
+def key_expr(columns: list[str]) -> pl.Expr:
+    """The parameter key of a row: the hash of its (target, reference) fingerprints; the target fingerprint
+    alone where the frame has no reference fingerprint; null where the target has none."""
+    if REF_FP not in columns:
+        return pl.col("_fp_t").alias("_pkey")
+    pair = pl.struct(pl.col("_fp_t"), pl.col(REF_FP)).hash(seed=0)
+    return pl.when(pl.col("_fp_t").is_not_null()).then(pair).otherwise(None).alias("_pkey")
+
+
+def keys(frame: pl.DataFrame) -> list[Any]:
+    """`key_expr` of every row of `frame`, in order."""
+    return frame.select(key_expr(frame.columns))["_pkey"].to_list()
+
+
+def others_count(flag: np.ndarray, measured: np.ndarray, owner: list, least: int) -> np.ndarray:
+    """For each row, how many rows of every other tensor (`owner`: analysis/steps.py `_owners`; another call of
+    the same module is the same tensor) that are `measured` have `flag`; -1 where fewer than `least` other
+    tensors are measured (no evidence either way)."""
+    out = np.full(len(flag), -1)
+    for i in range(len(flag)):
+        rows = {owner[j]: bool(flag[j]) for j in range(len(flag)) if owner[j] != owner[i] and measured[j]}
+        if len(rows) >= least:
+            out[i] = sum(rows.values())
+    return out

@@ -1,0 +1,144 @@
+"""Which parameter changed between steps (analysis/param_change.py, analysis/steps.py `corrupted`): a parameter
+is its pair of fingerprints (target, reference), so one layer given another layer's values is named at its own
+consumer, and the layer it was copied from is its sibling, not its copy; on small real dump pairs in both dump
+modes and on hand-made tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from test_noise import MODES, _ingest_pair, _mark_parameters, _t, _verdict
+from test_steps import N_PARAMS, _noise, _runs, _table
+
+from dumpstore import open_store
+from dumpstore.analysis import compare_runs, divergence, param_change, steps
+from dumpstore.analysis.tolerance import Tolerances
+
+
+def _steps(x, params, grads, steps_: int, lr: float = 0.01, noise=None, edit=None) -> list[dict]:
+    """Steps of N_PARAMS linear records: parameter i at step s is p_i - s * lr * g_i, moved by `noise`, then
+    `edit(step, qs)` changes the list of parameters in place."""
+    out = []
+    for step in range(steps_):
+        qs = [_t(p - step * lr * g) for p, g in zip(params, grads)]
+        if noise is not None:
+            qs = [_t(noise(step, i, q, g)) for i, (q, g) in enumerate(zip(qs, grads))]
+        if edit is not None:
+            edit(step, qs)
+        out.append(
+            {f"Functional.linear.{i}.forward": {"input_args": [x, q], "output": [x @ q.T]} for i, q in enumerate(qs)}
+        )
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_parameter_given_another_layers_values_is_named_at_its_own_consumer(dump_writer, store_dir, mode):
+    """Parameter 4 given parameter 3's values before step 1: both read one target tensor (one target
+    fingerprint), but not one reference tensor.  The change is named at parameter 4's consumer, not at
+    parameter 3's (the first reader of that target fingerprint), and parameter 3 is one of its siblings."""
+    x, params, grads = _runs(np.random.default_rng(30))
+
+    def copy(step, qs):
+        if step == 1:
+            qs[4] = qs[3].copy()
+
+    ref = _steps(x, params, grads, 2)
+    target = _steps(x, params, grads, 2, noise=_noise(31), edit=copy)
+    st = _ingest_pair(dump_writer, store_dir, mode, ref, target, steps=2)
+    _mark_parameters(st, store_dir)
+    c = _verdict(open_store(store_dir)).culprit
+    assert c is not None and (c.kind, c.step, c.op) == ("parameter", 1, "Functional.linear.4.forward")
+    assert c.evidence["judged_against"] == "siblings" and c.evidence["siblings"] == N_PARAMS - 1
+    assert c.evidence["update_units"] > 100 * c.evidence["siblings_max"]
+
+
+def test_the_parameter_key_is_the_pair_of_fingerprints():
+    frame = pl.DataFrame(
+        {"_fp_t": [7, 7, 8, None], "_fp_ref_": [1, 2, 1, 1]}, schema={"_fp_t": pl.UInt64, "_fp_ref_": pl.UInt64}
+    )
+    k = param_change.keys(frame)
+    assert k[0] != k[1] and k[0] != k[2] and k[1] != k[2] and k[3] is None
+    assert k == param_change.keys(frame)  # the same rows, the same keys (steps.py and culprit.py agree)
+    assert param_change.keys(frame.drop("_fp_ref_")) == [7, 7, 8, None]  # no reference side: the target's
+
+
+def test_two_parameters_equal_in_the_target_are_siblings_not_one_tensor():
+    """Layer 1's weight given layer 0's values: one target fingerprint (100), two parameter keys.  Judged by the
+    target fingerprint alone, layer 0 was layer 1's own copy (no sibling: judged against every other parameter)
+    and the change was keyed by the fingerprint layer 0's consumer reads too."""
+    records = [f"Module.layers.{i}.down.Linear.forward.0" for i in range(3)]
+    t = _table([0.0, 0.46, 0.002], records=records, fps=[100, 100, 102], x_round=[0.14] * 3)
+    t = t.with_columns(pl.Series("_pkey", [500, 501, 502]))
+    assert steps.corrupted(t) == {
+        501: {
+            "update_units": 0.46,
+            "carried_in": 0.14,
+            "judged_against": "siblings",
+            "siblings": 2,
+            "siblings_max": 0.002,
+        }
+    }
+
+
+def test_within_its_tolerance_a_parameter_is_changed_where_every_other_update_is_what_its_gradient_explains():
+    """Within its tolerance and two updates, a parameter is named (x >= X_MIN, beyond its explanation and its
+    siblings) where every other parameter of the step, at least MIN_MEASURED, is within STAND_OUT x its own
+    explanation: the runs' updates agree, none was flipped by an optimizer's per-element normalisation, so
+    nothing but a write can put this one a sizeable part of an update away."""
+    within = ["pass"] * 5
+    kinds = ["conv|1|32x48", "linear|1|8x8", "linear|1|8x8", "linear|1|8x8", "linear|1|8x8"]
+    quiet = [2e-6, 1e-6, 1.5e-6, 1.2e-6]  # each within 3 x its explanation, 1e-5 here (x_round)
+    c = steps.corrupted(_table([0.963, *quiet], status=within, klass=kinds, g_prev=[0.0] * 5, x_round=[1e-5] * 5))
+    assert c == {
+        100: {
+            "update_units": 0.963,
+            "carried_in": 1e-5,
+            "judged_against": "parameters",
+            "siblings": 4,
+            "siblings_max": 2e-6,
+            "step_agrees": True,
+        }
+    }
+    # one other parameter beyond its explanation (3 x 1e-3, its g_prev): the updates do not agree
+    noisy = [0.004, 0.002, 0.003, 0.0029]
+    assert steps.corrupted(_table([0.61, *noisy], status=within, klass=kinds)) == {}
+    assert list(steps.corrupted(_table([0.61, 0.0029, 0.002, 0.003, 0.0029], status=within, klass=kinds))) == [100]
+    # under X_MIN: not named (qmoe_clean's router, Adam noise at x = 0.0073)
+    assert steps.corrupted(_table([0.0073, 2e-4, 1e-6, 1e-6, 1e-6], status=within, klass=kinds)) == {}
+    # fewer than MIN_MEASURED other parameters: no measure of the step
+    assert steps.corrupted(_table([0.61, 0.0029, 0.002], status=within[:3], klass=kinds[:3])) == {}
+
+
+def test_another_call_of_a_parameter_without_siblings_is_not_one_of_the_other_parameters():
+    """A tensor of its own kind read by two calls of its module (micro-batches) is judged against the other
+    tensors, not against its own second call."""
+    records = ["Module.embed.Embedding.forward.0", "Module.embed.Embedding.forward.1"]
+    records += [f"Module.layers.{i}.fc.Linear.forward.0" for i in range(2)]
+    kinds = ["embedding|1|96x8", "embedding|1|96x8", "linear|1|8x8", "linear|1|8x8"]
+    t = _table([1.2, 1.2, 0.01, 0.02], records=records, fps=[100, 100, 101, 102], klass=kinds)
+    assert steps.corrupted(t)[100]["judged_against"] == "parameters"
+    assert steps.corrupted(t)[100]["siblings"] == 2 and steps.corrupted(t)[100]["siblings_max"] == 0.02
+
+
+def test_a_sign_flip_within_two_updates_is_named_where_the_steps_updates_agree(dump_writer, store_dir):
+    """Statistics mode, a loose tolerance (a bfloat16 autocast floor over float32 master weights): the two runs'
+    updates agree exactly (step 0 the same in both); one small element's sign flipped in parameter 3 before
+    step 1 moves it within its tolerance and by under two updates, where no other parameter moved at all."""
+    rng = np.random.default_rng(40)
+    x, params, grads = _runs(rng)
+    at = np.unravel_index(np.argmin(np.abs(np.abs(params[3]) - 2e-3)), params[3].shape)
+
+    def flip(step, qs):
+        if step == 1:
+            qs[3][at] = -qs[3][at]
+
+    ref, target = _steps(x, params, grads, 2, lr=1e-3), _steps(x, params, grads, 2, lr=1e-3, edit=flip)
+    st = _ingest_pair(dump_writer, store_dir, "statistics", ref, target, steps=2)
+    _mark_parameters(st, store_dir)
+    cmp = compare_runs(open_store(store_dir), "target", "ref", tolerances=Tolerances.parse(["float32=2e-2"]))
+    c = divergence(cmp).culprit
+    assert c is not None and (c.kind, c.step, c.op) == ("parameter", 1, "Functional.linear.3.forward")
+    assert c.evidence["update_units"] == pytest.approx(0.9715, abs=1e-4)  # under STAND_OUT x UPDATES_APART = 6
+    assert c.evidence["step_agrees"] is True
+    assert "within its tolerance" in c.detail

@@ -254,7 +254,7 @@ SETS = {
         "set": 6,
         "families": {"convnext", "clip", "rwkv", "deberta", "deberta_wide"},
         "devices": {"Y", "Z", "AA", "AB", "AC", "Z+AD"},
-        "counts": {("stats", True): 8, ("stats", False): 19, ("tensor", True): 4, ("tensor", False): 7},
+        "counts": {("stats", True): 8, ("stats", False): 19, ("tensor", True): 4, ("tensor", False): 6},
         "optimizer": 7,
         "flip": "convnext_flip",
         "flip_modes": ("stats",),

@@ -261,7 +261,7 @@ def test_set6_batches_change_only_what_each_data_fault_says(make6):
                     else:
                         assert n == (want if hit else 0), (family, s, m, name)
     conv = make6.batches("convnext", None)
-    assert [len(s) for s in conv] == [3, 3, 3] and conv[0][0]["pixel_values"].shape == (4, 3, 16, 16)
+    assert [len(s) for s in conv] == [3, 3, 3] and conv[0][0]["pixel_values"].shape == (2, 3, 12, 12)
     clip = make6.batches("clip", {"kind": "ids", "step": 1})[1][0]["input_ids"]
     assert (clip[:, -1] == make6.VOCAB - 1).all() and (clip[:, :-1] < make6.VOCAB - 1).all()  # one end of text
     deb = make6.batches("deberta", None)[0][0]

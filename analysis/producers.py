@@ -161,7 +161,6 @@ class Producers:
         return self.producer(leaf.row(0, named=True), views=views) if leaf.height else None
 
 
-_Producers = Producers  # the former private name (branch hdtype's analysis/carried_dtype.py imports it)
 
 
 def integer_input() -> pl.Expr:

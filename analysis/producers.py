@@ -161,8 +161,6 @@ class Producers:
         return self.producer(leaf.row(0, named=True), views=views) if leaf.height else None
 
 
-
-
 def integer_input() -> pl.Expr:
     """Row-level (a comparison's ordered rows, `_io`): an integer or boolean tensor input of its record (labels,
     ids, indices, masks; by the pair's tolerance dtype)."""

@@ -84,9 +84,10 @@ FAMILIES = {
         "text": "CLIP (two towers, contrastive): a ViT image tower (4x4 patches of 3x12x12 images, a class token, "
         "pre-LayerNorm before the blocks, post-LayerNorm on the class token) and a causal text tower (8-token "
         "captions, the end-of-text token's state pooled), both hidden 32 (4 heads, MLP 64, quick GELU), 2 and 1 "
-        "layers, projections to 16; embeddings L2-normalised, logits scaled by exp(logit_scale), symmetric cross-entropy "
-        "over 4 image-caption pairs; fp32 weights under fp16 autocast with dynamic loss scaling (GradScaler, "
-        "initial scale 2^10); Adafactor (lr 1e-3, no parameter scaling, no relative step, update clipping 1.0)",
+        "layers, projections to 16; embeddings L2-normalised, logits scaled by exp(logit_scale), symmetric "
+        "cross-entropy over 4 image-caption pairs; fp32 weights under fp16 autocast with dynamic loss scaling "
+        "(GradScaler, initial scale 2^10); Adafactor (lr 1e-3, no parameter scaling, no relative step, update clipping "
+        "1.0)",
         "device": "Z",
         "seed": 62,
     },

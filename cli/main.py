@@ -96,6 +96,11 @@ def _terminate_as_interrupt():
         if _FORKING:
             _DEFERRED.append(signum)
             return
+        if _in_polars_callback(frame):  # raised there, Polars' Rust caller panics (a traceback, exit 1): try again soon
+            import threading
+
+            threading.Timer(0.05, os.kill, (me, signum)).start()
+            return
         raise KeyboardInterrupt
 
     try:
@@ -108,6 +113,15 @@ def _terminate_as_interrupt():
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def _in_polars_callback(frame) -> bool:
+    """Whether the signal came while Python code of Polars ran (a dtype built for its Rust code, for one): an
+    exception raised there goes up into Rust, which panics on it instead of passing it on."""
+    polars = sys.modules.get("polars")
+    if polars is None or frame is None or not getattr(polars, "__file__", None):
+        return False
+    return frame.f_code.co_filename.startswith(os.path.dirname(polars.__file__) + os.sep)
 
 
 def _damaged_file(exc: Exception, ctx: click.Context) -> str | None:

@@ -237,3 +237,20 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in pids if alive(p)]
+
+
+def test_a_signal_in_polars_python_code_is_put_off():
+    """Polars' Rust code panics on an exception raised in the Python it calls (a dtype's __init__): the handler
+    tells such a frame from the command's own, so SIGTERM is raised again a moment later, outside it."""
+    import polars
+
+    from dumpstore.cli.main import _in_polars_callback
+
+    inside = compile(
+        "frame = sys._getframe()", os.path.join(os.path.dirname(polars.__file__), "datatypes", "x.py"), "exec"
+    )
+    scope: dict = {"sys": sys}
+    exec(inside, scope)
+    assert _in_polars_callback(scope["frame"]) is True
+    assert _in_polars_callback(sys._getframe()) is False
+    assert _in_polars_callback(None) is False

@@ -19,21 +19,28 @@ import polars as pl
 
 from .producers import fingerprint_column
 
-REF_FP = fingerprint_column("ref_")  # the reference side's fingerprint (analysis/producers.py)
+T_FP = fingerprint_column()  # the target side's fingerprint (analysis/producers.py)
+REF_FP = fingerprint_column("ref_")  # the reference side's
 
 
 def key_expr(columns: list[str]) -> pl.Expr:
     """The parameter key of a row: the hash of its (target, reference) fingerprints; the target fingerprint
     alone where the frame has no reference fingerprint; null where the target has none."""
     if REF_FP not in columns:
-        return pl.col("_fp_t").alias("_pkey")
-    pair = pl.struct(pl.col("_fp_t"), pl.col(REF_FP)).hash(seed=0)
-    return pl.when(pl.col("_fp_t").is_not_null()).then(pair).otherwise(None).alias("_pkey")
+        return pl.col(T_FP).alias("_pkey")
+    pair = pl.struct(pl.col(T_FP), pl.col(REF_FP)).hash(seed=0)
+    return pl.when(pl.col(T_FP).is_not_null()).then(pair).otherwise(None).alias("_pkey")
 
 
 def keys(frame: pl.DataFrame) -> list[Any]:
     """`key_expr` of every row of `frame`, in order."""
     return frame.select(key_expr(frame.columns))["_pkey"].to_list()
+
+
+def table_keys(t: pl.DataFrame) -> list[Any]:
+    """The parameter key of each row of a parameter table (analysis/steps.py `table`, which adds `_pkey`); the
+    target fingerprint where the table has no key column."""
+    return t["_pkey" if "_pkey" in t.columns else T_FP].to_list()
 
 
 def others_count(flag: np.ndarray, measured: np.ndarray, owner: list, least: int) -> np.ndarray:

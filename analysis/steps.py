@@ -212,7 +212,7 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
         return {}
     x = t["x_changed"].fill_null(np.nan).to_numpy()  # the gap a change shows, in updates
     klass = t["klass"].to_list()
-    pkeys = t["_pkey"].to_list() if "_pkey" in t.columns else t["_fp_t"].to_list()
+    pkeys = PC.table_keys(t)
     owner = _owners(t)  # another layer, or the same on another rank; not another call of the same module
     expl = _explained(t)
     over = (t["status"] == "diverged").to_numpy()
@@ -260,7 +260,7 @@ def _owners(t: pl.DataFrame) -> list[tuple]:
     tensor input that requires grad) is its own; the rank and the parameter key (its target and reference
     fingerprints: two layers equal in the target are two tensors) join them."""
     recs = [re.sub(r"\.\d+$", "", r) if r.startswith(MODULE_RECORD_PREFIXES) else r for r in t["_record"].to_list()]
-    fps = t["_pkey"].to_list() if "_pkey" in t.columns else t["_fp_t"].to_list()
+    fps = PC.table_keys(t)
     ranks = t["rank"].to_list()
     first: dict[tuple, tuple] = {}
     out = []

@@ -799,12 +799,19 @@ class _Judge:
             return None
         if siblings_excuse(rec, value, self.noise.sibling_bar(rec)):
             return None  # its siblings (other layers) make as much error, within the prior's reach
+        hidden = None
         if rec.get("in_bound") and value is not None:
             # its inputs agree by their statistics only, which can hide what the pair carries (a softmax's rows
             # sum to one: its statistics barely move): fresh as far as statistics show, not more
             level = self.noise.carried(self.key)
             if level is not None and value <= level:
                 return None
+            # nor beyond what its inputs' statistics can hide, passed on (noise.statistics_hidden): a batch
+            # norm's output statistics are pinned by the normalisation whatever error its input carried; as for a
+            # carrying op, such a finding only orders a data suspect before it (`_culprit`)
+            hidden = statistics_hidden(rec)
+            if hidden is not None and value > hidden:
+                hidden = None
         one_sided = self.leaves.filter(
             pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(["target_only", "ref_only"])
         )
@@ -820,6 +827,7 @@ class _Judge:
             reason="inputs agree, output diverges",
             noise_bar=bar,
             arguments_in_one_run=args or None,
+            within_hidden=hidden,
             detail=None if out["detail"] else f"inputs agree, output diverges{q}",
         )
 

@@ -46,7 +46,7 @@ from .extra_chain import chain_head
 from .findings import Finding, Verdict
 from .flipflow import mark_possible_flips
 from .hidden_index import hidden_index_columns
-from .noise import NoiseModel, order_key, parameter_error, record_measures, saves_result
+from .noise import NoiseModel, gain_columns, order_key, parameter_error, record_measures, saves_result
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
 from .rules import STATUSES
 from .sibling_prior import reach_columns
@@ -131,6 +131,7 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             *hidden_index_columns(is_in, is_out, tensor),
             *reach_columns(is_in, tensor),
             parameter_error(tensor),  # the error of the parameters it lists (noise.record_measures)
+            *gain_columns(is_in, is_out, tensor, rows.columns),  # an elementwise backward's gain (noise.py)
             *dtype_columns(),
         )
         .sort(["step", "_phase", "rank", "source", "_seq"])

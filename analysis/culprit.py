@@ -806,10 +806,12 @@ class _Judge:
             level = self.noise.carried(self.key)
             if level is not None and value <= level:
                 return None
-            # nor beyond what its inputs' statistics can hide, passed on (noise.statistics_hidden): a batch
-            # norm's output statistics are pinned by the normalisation whatever error its input carried; as for a
-            # carrying op, such a finding only orders a data suspect before it (`_culprit`)
-            hidden = statistics_hidden(rec)
+            # nor beyond what its inputs' statistics can hide (noise.statistics_hidden): a batch norm's output
+            # statistics are pinned by the normalisation whatever error its input carried; as for a carrying op,
+            # such a finding only orders a data suspect before it (`_culprit`).  Unconditioned: nothing was
+            # measured to reach the op, and a loss's mean over same-signed terms has |x| / |y| large without any
+            # cancellation (a changed label read by a CTC loss: 12)
+            hidden = statistics_hidden(rec, conditioned=False)
             if hidden is not None and value > hidden:
                 hidden = None
         one_sided = self.leaves.filter(

@@ -260,18 +260,19 @@ def is_kinked(op_class: pl.Expr) -> pl.Expr:
     return op_class.str.split(".").list.last().str.strip_chars("_").is_in(list(KINKED)).fill_null(False)
 
 
-def statistics_hidden(rec: dict[str, Any]) -> float | None:
+def statistics_hidden(rec: dict[str, Any], conditioned: bool = True) -> float | None:
     """What a record's inputs compared by their statistics can hide, carried to its output: sqrt(HIDDEN x b) x
     the conditioning max(1, |x| / |y|), for an input bound b.  Noise uncorrelated with the values moves a
     tensor's norm only at second order (|y + d| = |y| sqrt(1 + delta^2) ~ |y| (1 + delta^2 / 2)), and its mean,
     max and min barely, so a bound b can stand for a relative difference up to sqrt(2 b) (as in
-    analysis/hidden_index.py).  None: the inputs are not statistics bounds."""
+    analysis/hidden_index.py).  `conditioned=False`: without the conditioning (a fresh op's, culprit._fresh).
+    None: the inputs are not statistics bounds."""
     b = rec.get("in_err")
     if not rec.get("in_bound") or b is None or not np.isfinite(b) or b <= 0:
         return None
     kappa = 1.0
     x, y = rec.get("in_norm"), rec.get("out_norm")
-    if x is not None and y is not None and np.isfinite(x) and np.isfinite(y) and y > 0:
+    if conditioned and x is not None and y is not None and np.isfinite(x) and np.isfinite(y) and y > 0:
         kappa = max(1.0, x / y)
     return float(np.sqrt(HIDDEN * b) * kappa)
 

@@ -19,11 +19,13 @@ N = 4  # modules with a listed weight each
 LR = 1e-3
 
 
-def _steps(rng: np.random.Generator, scalar: list[float], noise: float) -> list[dict[str, dict]]:
+def _steps(
+    rng: np.random.Generator, scalar: list[float], noise: float, dtype: str | None = None
+) -> list[dict[str, dict]]:
     """Three steps of N Linear modules (weight listed as the module's parameter, read by its functional linear)
     and a scalar parameter scaling the last output through `Tensor.__mul__` (no module lists it), with its
     backward (output 1: the scalar's gradient, equal in both runs); `noise`: the target device's relative noise
-    on every update of the weights."""
+    on every update of the weights; `dtype`: the scalar's declared dtype (statistics mode)."""
     x = rng.normal(size=(3, 8)).astype(np.float32)
     w0 = [rng.normal(size=(8, 8)).astype(np.float32) * 0.1 for _ in range(N)]
     g = [np.sign(rng.normal(size=(8, 8))).astype(np.float32) for _ in range(N)]
@@ -48,7 +50,7 @@ def _steps(rng: np.random.Generator, scalar: list[float], noise: float) -> list[
         v = np.array(s, dtype=np.float32)
         z = y  # the last linear's output, scaled by the scalar
         recs["Tensor.__mul__.0.forward"] = {
-            "input_args": [leaf(z, requires_grad=True), leaf(v, requires_grad=True)],
+            "input_args": [leaf(z, requires_grad=True), leaf(v, requires_grad=True, dtype=dtype)],
             "input_kwargs": {},
             "output": [leaf((z * v).astype(np.float32), requires_grad=True)],
         }
@@ -125,3 +127,27 @@ def test_the_exact_update_gap_is_measured_only_for_one_element_tensors():
     assert np.isnan(got[2]) and np.isnan(got[3])
     flipped = _exact_update_gap(side(1.001), side(0.999), side(1.0), side(1.0), np.array([1]))
     assert flipped[0] == pytest.approx(0.0, abs=1e-9)
+
+
+# bfloat16 around 2: one ulp is 2^-7 below 2 (2^-6 above); every value here is exact in bfloat16
+BF16_REF = [2.0, 1.875, 1.75]  # the reference's bfloat16 scalar: -0.125 (16 ulps) per step
+
+
+def test_a_bfloat16_scalar_reset_is_named_and_one_rounding_of_its_update_is_not(tmp_path):
+    """A bfloat16 scalar reset before step 1 is 16 of its ulps away, one update: named.  A device that rounds
+    the stored parameter otherwise (stochastic rounding) moves it by one ulp: where the reference's update is
+    one ulp (2^-7 at 2) and the target's rounded to 0, its own update is off by a whole update, within one
+    rounding of the parameter (x_round = eps(bfloat16) x 2 / 2^-7 = 2): quiet."""
+    mode = "statistics"
+    found = _verdict_at(tmp_path / "reset", mode, BF16_REF, [2.0, 2.0, 1.875])
+    assert found.culprit is not None and (found.culprit.kind, found.culprit.step) == ("parameter", 1)
+    assert found.culprit.evidence["own_update_off"] == pytest.approx(1.0)
+    quiet = _verdict_at(tmp_path / "rounding", mode, [2.0, 2.0 - 2.0**-7, 2.0 - 2.0**-6], [2.0, 2.0, 2.0 - 2.0**-6])
+    assert quiet.culprit is None
+
+
+def _verdict_at(root, mode: str, ref: list[float], target: list[float]):
+    root.mkdir()
+    r = _steps(np.random.default_rng(7), ref, noise=0.0, dtype="bfloat16")
+    t = _steps(np.random.default_rng(7), target, noise=1e-3, dtype="bfloat16")
+    return _verdict(root, mode, r, t)

@@ -2,7 +2,8 @@
 reference's own update of each parameter, and the two rules built on it (see docs/how-it-decides.md).
 
 For every parameter p (a module record's `parameters` leaf; without module records, a tensor input that requires
-grad and that no recorded op produced) between steps b and a = the next compared step:
+grad and that no recorded op produced; with them, also such an input of one element that no module lists: a
+model's own scalar, `_table_parameters`) between steps b and a = the next compared step:
 
   gap(s)   ||p_t(s) - p_r(s)||, target against reference at step s
   upd      ||p_r(a) - p_r(b)||, the reference's update of p
@@ -13,6 +14,8 @@ grad and that no recorded op produced) between steps b and a = the next compared
   x_prev   gap(b) / upd: the disagreement the runs carried into the update
   g_prev   the relative error of p's gradient at step b (its `parameters_grad` leaf): what the update was fed
   x_round  eps(p's dtype) x ||p_r(b)|| / upd: one rounding of the parameter, in the same units
+  x_exact  for a one-element p (its statistics are its value): the target's own update off the reference's and
+           off its sign flip, in the reference's update (`_exact_update_gap`)
 
 All norms are the statistics lower bound of analysis/rules.py (`stats_bound`) in both dump modes, so that `x`
 is a ratio of two quantities measured the same way.  Neither is an upper bound (statistics bound ||a - b||
@@ -37,7 +40,9 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
                        analysis/param_change.py).  Named at its first consumer at step a, outright where x >= X_MIN
                        (a sizeable part of an update), else only where that consumer confirms it (`needs_consumer`:
                        its activations agree and its own error stands out; analysis/culprit.py
-                       `_consumer_confirms`).
+                       `_consumer_confirms`).  A one-element parameter instead: x_exact >= X_MIN, beyond
+                       STAND_OUT x its explanation and x the x_exact of its siblings (else of the other
+                       one-element parameters; none: on its own measure).
   update differs       at least OPT_SHARE of the measured parameters have x > STAND_OUT x their explanation,
                        and the median x is at least its floor (analysis/updates.py: X_MIN at the pair's first
                        update, else UPDATE_X_MIN and STAND_OUT x the update before's): every parameter moved

@@ -201,6 +201,7 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         pl.Series("x_prev", x_prev),
         pl.Series("x_round", x_round),
         pl.Series("x_exact", exact),
+        pl.Series("_numel", numel),
         _module("_record"),
     )
     grads = rows.filter(
@@ -321,9 +322,16 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     # every other parameter of the step within STAND_OUT x (what it carried in + one rounding of itself): the runs
     # computed the same updates, none moved by noise that a per-element normalisation could flip
     x_round = np.nan_to_num(t["x_round"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
+    n_el = (
+        t["_numel"].cast(pl.Float64).fill_null(np.inf).to_numpy() if "_numel" in t.columns else np.full(len(x), np.inf)
+    )
     with np.errstate(invalid="ignore"):
         moved = np.isfinite(x) & (x > STAND_OUT * (x_prev + x_round))
-    off = PC.others_count(moved, np.isfinite(x), owner, MIN_MEASURED)
+        # only a parameter whose bar is under X_MIN can show that the updates agreed: where one rounding of it is a
+        # third of an update or more (a bf16 weight whose update is under its ulp), "within rounding" says nothing
+        # (one that moved beyond its bar shows the opposite whatever its bar)
+        shows = np.isfinite(x) & ((STAND_OUT * (x_prev + x_round) < X_MIN) | moved)
+    off = PC.others_count(moved, shows, owner, MIN_MEASURED)
     # a one-element tensor: its own update measured exactly, against the reference's and its sign flip
     x_exact = (
         t["x_exact"].cast(pl.Float64).fill_null(np.nan).to_numpy()
@@ -332,7 +340,12 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     )
     with np.errstate(invalid="ignore"):
         apart = x > STAND_OUT * (UPDATES_APART + x_prev)  # beyond what any two updates can put between the runs
-        agree = (x >= X_MIN) & (off == 0)
+        # and beyond one element's update reversed: an optimizer that normalises per element (Adam's first step,
+        # Lion) moves every element by the same size, ||u|| / sqrt(n), and turns an element whose gradient is
+        # noise-level into an update of either sign, UPDATES_APART / sqrt(n) of an update apart; the other
+        # parameters' agreement cannot rule that out (gradient statistics rounded to bf16 that agree do not say
+        # every element does)
+        agree = (x >= X_MIN) & (off == 0) & (x > STAND_OUT * UPDATES_APART / np.sqrt(np.fmax(n_el, 1.0)))
         exact = (x_exact >= X_MIN) & (x_exact > STAND_OUT * np.nan_to_num(expl, nan=0.0))
     # a one-element parameter's own update is known: that, not its tolerance or the two-update bound, decides
     flagged = np.where(np.isfinite(x_exact), exact, over | apart | agree)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import polars as pl
 import pytest
 
 from dumpstore import ingest, open_store
-from dumpstore.analysis import compare_runs, divergence
+from dumpstore.analysis import compare_runs, divergence, steps
 from helpers import leaf
 
 N = 4  # modules with a listed weight each
@@ -65,8 +66,8 @@ def _steps(
 
 def _verdict(tmp_path, mode: str, ref: list[dict], target: list[dict]):
     store = tmp_path / "store"
-    for name, steps in (("ref", ref), ("target", target)):
-        for step, data in enumerate(steps):
+    for name, run in (("ref", ref), ("target", target)):
+        for step, data in enumerate(run):
             d = tmp_path / name / f"step{step}" / "rank0"
             d.mkdir(parents=True)
             doc = {"task": mode, "level": "mix", "framework": "pytorch", "dump_data_dir": None, "data": data}
@@ -151,3 +152,28 @@ def _verdict_at(root, mode: str, ref: list[float], target: list[float]):
     r = _steps(np.random.default_rng(7), ref, noise=0.0, dtype="bfloat16")
     t = _steps(np.random.default_rng(7), target, noise=1e-3, dtype="bfloat16")
     return _verdict(root, mode, r, t)
+
+
+def test_the_step_agrees_only_on_parameters_that_can_show_it_and_beyond_one_element_reversed():
+    """The within-tolerance rule on a step whose updates agree (analysis/steps.py `corrupted`, `agree`): a
+    parameter whose bar (STAND_OUT x (x_prev + x_round)) is X_MIN or more cannot show that the updates agreed
+    (a bf16 weight whose update is under its ulp: x_round 22); and a per-element normalising optimizer reverses
+    an element whose gradient is noise-level, UPDATES_APART / sqrt(n) of an update (set 6's RWKV under Lion,
+    pure bf16: an LN bias of 32 elements 0.278 apart in the clean pair and in a fault pair alike, where the
+    other biases happened to agree)."""
+    from test_steps import _table
+
+    kinds = ["ln|bias|32", "lin|w|8x8", "lin|w|8x8", "lin|w|8x8", "ln|b|16", "ln|b|16", "ln|b|16"]
+    within = ["pass"] * 7
+    x = [0.278, 0.05, 0.07, 0.06, 0.0, 0.001, 0.0]  # three bf16 weights "within rounding" (x_round 22)
+    x_round = [0.034, 22.0, 22.0, 22.0, 0.012, 0.012, 0.012]
+    t = _table(x, status=within, klass=kinds, x_round=x_round, g_prev=[0.0] * 7)
+    # with three informative biases agreeing: named as before where the parameter is large enough
+    big = t.with_columns(pl.Series("_numel", [4096.0, 64, 64, 64, 16, 16, 16]))
+    assert steps.corrupted(big)[100]["step_agrees"] is True
+    # 32 elements: one reversed element is 2 / sqrt(32) = 0.354 of an update, x = 0.278 is within 3 x that
+    small = t.with_columns(pl.Series("_numel", [32.0, 64, 64, 64, 16, 16, 16]))
+    assert steps.corrupted(small) == {}
+    # only the three weights besides it (uninformative, within their bar): no evidence the updates agreed
+    only_w = big.filter(pl.col("klass") != "ln|b|16")
+    assert steps.corrupted(only_w) == {}

@@ -558,8 +558,7 @@ class _Judge:
             **changed,
             detail=(
                 f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step{within} "
-                f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
-                f" at most {changed['siblings_max']:.3g}, what its update was fed "
+                f"({_peers(changed)}, what its update was fed "
                 f"{changed['carried_in'] or 0:.3g}{_step_agrees(changed)}): changed between steps"
                 + _confirmation(changed)
             ),
@@ -608,7 +607,7 @@ class _Judge:
             if (
                 self.t_prod.producer(leaf) is None
                 and self.r_prod.producer(leaf) is None
-                and self.t_prod.is_weight(leaf)
+                and (self.t_prod.is_weight(leaf) or _unlisted_scalar(leaf))
             ):
                 return self._parameter_finding(leaf, out)
         return None
@@ -876,9 +875,29 @@ class _Judge:
         return None
 
 
+def _peers(changed: dict[str, Any]) -> str:
+    """What a changed parameter was judged against, for its detail."""
+    if not changed.get("siblings"):
+        return "no other one-element parameter to compare"
+    kin = "siblings" if changed["judged_against"] == "siblings" else "other parameters"
+    return f"its {kin} at most {changed['siblings_max']:.3g}"
+
+
+def _unlisted_scalar(leaf: dict[str, Any]) -> bool:
+    """A one-element input that requires grad: a parameter no module lists (analysis/steps.py
+    `_table_parameters`) where the changed-parameter table keyed it."""
+    return bool(leaf.get("requires_grad")) and leaf.get("numel") == 1
+
+
 def _step_agrees(changed: dict[str, Any]) -> str:
     """Why a parameter within its tolerance and two updates is named: every other parameter of the step is
-    within rounding of the reference's (analysis/steps.py `corrupted`)."""
+    within rounding of the reference's (analysis/steps.py `corrupted`); a one-element parameter: its own update
+    is off the reference's (and its sign flip) by that much of it."""
+    if changed.get("own_update_off") is not None:
+        return (
+            f", its own update off the reference's and its sign flip by {changed['own_update_off']:.3g} of it "
+            "(one element: its statistics are its value)"
+        )
     return ", every other parameter of the step within rounding" if changed.get("step_agrees") else ""
 
 

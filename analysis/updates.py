@@ -182,7 +182,7 @@ def ratio_shift(
         "previous_ratio": float(np.exp(med_then)),
         "previous_parameters": int(then.size),
         "same_way": same_way,
-        "spread": spread,
+        "spread": float(spread),
         "bar": bar,
     }
     return out | {"tied": tied} if tied else out
@@ -256,6 +256,6 @@ def decay_shift(rows: pl.DataFrame, before: int, after: int, params: pl.DataFram
         "median_norm_gap": med,
         "previous_norm_gap": med_then,
         "same_way": same_way,
-        "spread": spread,
+        "spread": float(spread),
         "bar": bar,
     }

@@ -149,7 +149,19 @@ def ratio_shift(
 ) -> dict[str, Any] | None:
     """Evidence that the update sizes between `before` and `after` moved, target against reference, by another
     factor than in the pair's update before (from the step before `before`); None when they did not, at the
-    pair's first update, or with fewer than OPT_MIN_PARAMS measured ratios in either update.
+    pair's first update, or with fewer than OPT_MIN_PARAMS measured ratios in either update (`ratio_shift_measures`
+    has the measures whether or not they differ)."""
+    m = ratio_shift_measures(rows, before, after, params, gradient_error)
+    if m is None or not m.pop("differs"):
+        return None
+    m.pop("margin")
+    return m
+
+
+def ratio_shift_measures(
+    rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame, gradient_error: float = 0.0
+) -> dict[str, Any] | None:
+    """`ratio_shift`'s measures, with `margin` (|shift| / bar) and `differs`; None where it has none.
 
     The ratios are `measured_ratios` (one per tensor); the update before reads the same pair's device noise and
     any systematic difference of its update sizes (a device that stores parameters by stochastic rounding moves
@@ -173,8 +185,6 @@ def ratio_shift(
     tied = int((now == med_then).sum())
     moved = now[now != med_then]
     same_way = int((np.sign(moved - med_then) == np.sign(shift)).sum())
-    if not abs(shift) > bar or moved.size < OPT_MIN_PARAMS or same_way < OPT_SHARE * moved.size:
-        return None
     out = {
         "parameters": int(now.size),
         "gradient_error": gradient_error,
@@ -184,6 +194,8 @@ def ratio_shift(
         "same_way": same_way,
         "spread": float(spread),
         "bar": bar,
+        "margin": abs(shift) / bar,
+        "differs": bool(abs(shift) > bar and moved.size >= OPT_MIN_PARAMS and same_way >= OPT_SHARE * moved.size),
     }
     return out | {"tied": tied} if tied else out
 
@@ -225,7 +237,17 @@ def norm_gaps(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame)
 def decay_shift(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
     """Evidence that the parameters' norms moved apart by one common relative amount between `before` and `after`,
     beyond the update before (`steps.decay_differs` for a later update, over the parameters `norm_gaps` measures);
-    None when they did not, at the pair's first update, or with fewer than OPT_MIN_PARAMS measured.
+    None when they did not, at the pair's first update, or with fewer than OPT_MIN_PARAMS measured
+    (`decay_shift_measures` has the measures whether or not they differ)."""
+    m = decay_shift_measures(rows, before, after, params)
+    if m is None or not m.pop("differs"):
+        return None
+    m.pop("margin")
+    return m
+
+
+def decay_shift_measures(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
+    """`decay_shift`'s measures, with `margin` (|shift| / bar) and `differs`; None where it has none.
 
     `decay_differs` takes the median over every parameter, so where a weight decay enters only some of them
     (biases and norms near 0 move by -lr dwd p ~ 0; LAMB, whose trust ratio ||p|| / ||u|| scales each update,
@@ -249,8 +271,6 @@ def decay_shift(rows: pl.DataFrame, before: int, after: int, params: pl.DataFram
     shift = med - med_then
     bar = float(max(OPT_Z * np.hypot(se, se_then), STAND_OUT * spread, STAND_OUT * e))
     same_way = int((np.sign(now - med_then) == np.sign(shift)).sum())
-    if not abs(shift) > bar or same_way < OPT_SHARE * now.size:
-        return None
     return {
         "parameters": int(now.size),
         "median_norm_gap": med,
@@ -258,4 +278,6 @@ def decay_shift(rows: pl.DataFrame, before: int, after: int, params: pl.DataFram
         "same_way": same_way,
         "spread": float(spread),
         "bar": bar,
+        "margin": abs(shift) / bar,
+        "differs": bool(abs(shift) > bar and same_way >= OPT_SHARE * now.size),
     }

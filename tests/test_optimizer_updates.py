@@ -66,6 +66,19 @@ def test_updates_differ_from_a_sixteenth_of_an_update_on():
     assert steps.update_differs(_table([0.06, 0.06, 0.06, 0.06])) is None  # a median under UPDATE_X_MIN
 
 
+def test_updates_differ_where_most_parameters_moved_beyond_their_explanation():
+    """A hyperparameter that acts on some tensors only (Lion's betas on those whose gradient changed sign, a
+    weight decay on those with a norm) leaves the others explained: more than half beyond is enough, the floor on
+    the median x is the evidence."""
+    assert steps.UPDATE_SHARE == 0.5
+    explained = [0.0, 0.0, 0.0, 1.0, 1.0]  # x_prev: the last two carried in more than they moved
+    found = steps.update_differs(_table([0.1, 0.15, 0.2, 0.12, 0.3], x_prev=explained))
+    assert found is not None and (found["parameters"], found["unexplained"]) == (5, 3)
+    assert found["median_update_units"] == 0.15
+    # half of them beyond: no majority
+    assert steps.update_differs(_table([0.1, 0.15, 0.2, 0.3], x_prev=[0.0, 0.0, 1.0, 1.0])) is None
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_the_floor_of_a_later_update_is_the_pairs_own_update_noise_before_it(dump_writer, store_dir, mode):
     """Device noise that flipped 5 % of the first update's elements (Adam's lr sign(g)): the update before step 2

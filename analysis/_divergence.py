@@ -398,8 +398,10 @@ def _screened(
         these = {u for u in complex_units | (hits if open_ else set()) if u[0] == step}
         if not these:  # found already: later steps only for their units that need alignment
             continue
-        prev = max((x for x in steps_c if x < step), default=None)
-        context = {(prev, k) for _, k in these} if open_ and prev is not None else set()
+        # context, not judged: the step before (the update into `step` starts there) and the one before it (the
+        # update before, which the optimizer rule judges the update into `step` against: analysis/updates.py)
+        before = sorted(x for x in steps_c if x < step)[-2:]
+        context = {(p, k) for _, k in these for p in before} if open_ else set()
         cmp = compare_runs(
             store,
             target,

@@ -31,7 +31,7 @@ from .rank import significance
 from .rules import within_estimates
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
 from .signature import signature_finding
-from .updates import updates_differ
+from .updates import decay_shift, ratio_shift, updates_differ
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -327,27 +327,39 @@ def _optimizer(
     # the update ratio is judged whether or not a parameter is over its tolerance: an optimizer whose updates are
     # proportional to the gradient (SGD, RAdam's first steps) moves the parameters by far less than Adam, and a
     # changed learning rate leaves every one within its tolerance (docs/how-it-decides.md, section 5)
-    ev = update_evidence(rows, before, after, distinct, ST.gradient_error(rows, before))
+    gerr = ST.gradient_error(rows, before)
+    ev = update_evidence(rows, before, after, distinct, gerr)
     ratio = ev is not None and ev["differs"]
+    if not ratio:  # a later update: its measured ratios against the update before (analysis/updates.py)
+        shifted = ratio_shift(rows, before, after, distinct, gerr)
+        ev, ratio = (shifted | {"differs": True}, True) if shifted is not None else (ev, ratio)
     # every parameter within its tolerance: the weight-decay reading, the more specific one, is tried first
     decay = None if ratio and over else ST.decay_differs(rows, before, after, distinct)
+    if decay is None and not ratio:  # a later update: the parameters a decay could move, against the update before
+        decay = decay_shift(rows, before, after, params)
     metric = "update_ratio"
     if ev is not None and ratio and (over or decay is None):
         evidence = {k: v for k, v in ev.items() if k != "differs"}
         value = ev["median_ratio"]
         tied = f" ({ev['tied']} more tied)" if ev.get("tied") else ""
+        was = f" (the update before: {ev['previous_ratio']:.4g}x)" if ev.get("previous_ratio") is not None else ""
         text = (
             f"{ev['same_way']} of {ev['parameters'] - ev.get('tied', 0)} parameters{tied} moved "
             f"{ev['median_ratio']:.4g}x (median) as far as "
-            f"in the reference between steps {before} and {after}, beyond their own spread and their gradients' "
-            f"error (log ratio bar {ev['bar']:.2g}): learning rate, clipping or optimizer differs"
+            f"in the reference between steps {before} and {after}{was}, beyond their own spread and their "
+            f"gradients' error (log ratio bar {ev['bar']:.2g}): learning rate, clipping or optimizer differs"
         )
     elif decay is not None:
         evidence, value, metric = decay, decay["median_norm_gap"], "norm_gap"
+        was = (
+            f" (the update before: {decay['previous_norm_gap']:+.3g})"
+            if decay.get("previous_norm_gap") is not None
+            else ""
+        )
         text = (
             f"{decay['same_way']} of {decay['parameters']} parameters' norms moved {decay['median_norm_gap']:+.3g} "
-            f"(relative, median) from the reference's between steps {before} and {after}, beyond their own spread "
-            f"(bar {decay['bar']:.2g}): every parameter moved in proportion to itself, weight decay differs"
+            f"(relative, median) from the reference's between steps {before} and {after}{was}, beyond their own "
+            f"spread (bar {decay['bar']:.2g}): every parameter moved in proportion to itself, weight decay differs"
         )
     else:
         # (only the rules of steps.py use the table); a parameter within its tolerance can still have changed

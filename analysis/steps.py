@@ -43,7 +43,7 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
                        `_consumer_confirms`).  A one-element parameter instead: x_exact >= X_MIN, beyond
                        STAND_OUT x its explanation and x the x_exact of its siblings (else of the other
                        one-element parameters; none: on its own measure).
-  update differs       at least OPT_SHARE of the measured parameters have x > STAND_OUT x their explanation,
+  update differs       most (over UPDATE_SHARE) of the measured parameters have x > STAND_OUT x their explanation,
                        and the median x is at least its floor (analysis/updates.py: X_MIN at the pair's first
                        update, else UPDATE_X_MIN and STAND_OUT x the update before's): every parameter moved
                        otherwise than its gradient explains (clipping at another norm, another optimizer): the
@@ -86,6 +86,11 @@ UPDATE_X_MIN = 2.0**-4
 # tolerance is named only beyond STAND_OUT x that
 UPDATES_APART = 2.0
 MIN_MEASURED = 3  # fewer measured parameters: no update-differs rule, no step agreement (corrupted)
+# the update-differs rule: more than this share of the measured parameters beyond their explanation (a majority:
+# a hyperparameter that acts on some tensors only, Lion's betas on those whose gradient changed sign, a weight
+# decay on those with a norm, leaves the others explained; the floor on the median x is the evidence, the share
+# only says the median is of moved parameters: docs/how-it-decides.md, section 5)
+UPDATE_SHARE = 0.5
 
 _KEYS = ["rank", "source", "_record", "_io", "index_path"]
 
@@ -464,7 +469,7 @@ def update_differs(t: pl.DataFrame | None, floor: float = UPDATE_X_MIN) -> dict[
     if measured.sum() < MIN_MEASURED:
         return None
     beyond = _beyond(t)
-    if float(beyond[measured].mean()) < OPT_SHARE or not median(x[measured]) >= floor:
+    if not float(beyond[measured].mean()) > UPDATE_SHARE or not median(x[measured]) >= floor:
         return None
     return {
         "parameters": int(measured.sum()),

@@ -85,7 +85,7 @@ def _culprit(
     steps = sorted(set(recs["step"].to_list()))
     keys = ["rank", "source", "_record"]
     weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
-    suspects = data_suspects(recs)  # data the statistics cannot verify, named before later findings of its step
+    suspects = data_suspects(recs, rows)  # data the statistics cannot verify, named before later findings of its step
     int_first = discrete_first_differs(rows)  # where integer inputs first differ (data changed at a later step)
     for i, step in enumerate(steps):
         if judged_from is not None and step < judged_from:
@@ -241,12 +241,17 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     h, before = rec["_h"], rec["_h_before"]
     floor = max(float(rec["in_float_err"] or 0.0), float(rec.get("in_float_eps") or 0.0), float(rec["_eps"]))
     f_new = _finding(out, "input")
-    f_new.threshold, f_new.dtype = STAND_OUT * before * floor, rec["out_dtype"]
     g = rec.get("_g")
     through = "" if g is None else f"; {g:.3g}x the most that error moves it through its recorded gradient"
+    if before > 0:
+        f_new.threshold = STAND_OUT * before * floor
+        history = f"{h / before:.3g}x the most at any earlier step"
+    else:  # equal in both runs at every earlier step: the gradient test alone (hidden_index.data_suspects)
+        f_new.threshold = STAND_OUT * float(rec["out_err"]) / g if g else None
+        history = "equal in both runs at every earlier step"
+    f_new.dtype = rec["out_dtype"]
     moved = (
-        f"this op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step"
-        f"{through}), ahead of {f.op} later in the step"
+        f"this op's output error is {h:.3g}x its float inputs' ({history}{through}), ahead of {f.op} later in the step"
     )
     if unrecorded:
         name, why = (

@@ -222,7 +222,10 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     at that record instead: every later record of the step, the backward above all, descends from it."""
     f, key = found[0]
     hit = suspects.get((f.step, f.rank))
-    if hit is None or not hit[0] < key:
+    # at the suspect itself, an op finding beyond what its inputs' statistics hide is the data's error, not the
+    # op's computing (one within it is no finding: the walk goes on to a later one)
+    itself = hit is not None and hit[0] == key and f.kind == "op" and f.evidence.get("within_hidden") is None
+    if hit is None or not (hit[0] < key or itself):
         return None
     skey, rec = hit
     leaves = view.rows.filter(
@@ -250,9 +253,8 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
         f_new.threshold = STAND_OUT * float(rec["out_err"]) / g if g else None
         history = "equal in both runs at every earlier step"
     f_new.dtype = rec["out_dtype"]
-    moved = (
-        f"this op's output error is {h:.3g}x its float inputs' ({history}{through}), ahead of {f.op} later in the step"
-    )
+    after = "beyond its own tolerance" if itself else f"ahead of {f.op} later in the step"
+    moved = f"this op's output error is {h:.3g}x its float inputs' ({history}{through}), {after}"
     if unrecorded:
         name, why = (
             None,

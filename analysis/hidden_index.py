@@ -135,18 +135,27 @@ def carried_by_floats(rec: dict[str, Any]) -> float:
     return b * kappa
 
 
-def beyond_rounding(leaf: dict[str, Any]) -> float | None:
+def beyond_rounding(leaf: dict[str, Any], reads: float | None = None) -> float | None:
     """The statistics bound of a float leaf's relative error (analysis/rules.py `stats_bound`: max(|dNorm|,
     |dMax|, |dMin|, |dMean| sqrt(n)) / ||y||) with each statistic's difference less ROUNDINGS roundings of that
     statistic in the leaf's dtype (eps x its magnitude, the mean's at least eps x the elements' RMS: a sum
     rounds in proportion to its terms; msprobe keeps a bfloat16 tensor's statistics in bfloat16): the part of
-    the difference no rounding of the statistics makes.  None: statistics missing."""
+    the difference no rounding of the statistics makes.  `reads`: the number of indices a gather's output copies
+    (the mean's allowance of a coarse dtype's output then counts how the copied rows add up).  None: statistics
+    missing."""
     e = EPS.get(str(leaf.get("dtype")), EPS["float32"])
     ref_norm = leaf.get("ref_norm")
     if ref_norm is None or not math.isfinite(ref_norm) or ref_norm <= 0:
         return None
     n = float(leaf.get("numel") or leaf.get("ref_numel") or 1)
     rms = ref_norm / math.sqrt(n)  # a mean is a sum: its rounding is eps x the elements' size, not the mean's
+    if reads and 0 < reads < n and e > EPS["float32"]:
+        # a gather's output of `reads` indices, in a dtype coarser than the float32 msprobe sums its mean in (the
+        # summation's own rounding, eps(float32) x RMS, is then far below): a table off by roundings of its
+        # elements, in signs that owe nothing to which rows the indices read, moves the copied sum as a root of
+        # squares, eps ||y|| sqrt(c) with c the most reads of one row (unknown: at most `reads`), so the mean by
+        # eps RMS sqrt(reads / n) (one row of n / reads elements read every time: eps RMS at reads = n)
+        rms *= math.sqrt(reads / n)
     terms = []
     for s, weight in (("norm", 1.0), ("max", 1.0), ("min", 1.0), ("mean", math.sqrt(n))):
         t, r = leaf.get(s), leaf.get("ref_" + s)
@@ -190,10 +199,11 @@ def integer_sum_differs(leaf: dict[str, Any]) -> bool:
 
 
 def hidden_index_stands(
-    rec: dict[str, Any], own_tol: float, out: dict[str, Any] | None = None
+    rec: dict[str, Any], own_tol: float, out: dict[str, Any] | None = None, reads: float | None = None
 ) -> dict[str, Any] | None:
     """The evidence that an integer input hidden by its statistics differs, or None (see the module doc).
-    `out`: the output leaf judged (its statistics), for float inputs whose statistics agree exactly."""
+    `out`: the output leaf judged (its statistics), for float inputs whose statistics agree exactly; `reads`: the
+    number of indices the output copies (`beyond_rounding`)."""
     if not rec.get("idx_hidden") or rec.get("out_dtype") is None or not is_gather(rec.get("op_class")):
         return None
     if rec.get("_direction") != "forward":
@@ -204,7 +214,7 @@ def hidden_index_stands(
     if rec.get("in_bound") and rec.get("in_float_err") == 0.0 and out is not None and out.get("err_source") == "stats":
         # the float inputs' statistics agree exactly: no measured difference of the table to carry, and what
         # their rounding hides moves a copied element by a rounding or two of its own, not more
-        value = beyond_rounding(out)
+        value = beyond_rounding(out, reads)
         if value is None or not value > 0.0:
             return None
         return {"carried": 0.0, "bar": out_err - value, "own_tol": own_tol, "beyond_rounding": value}

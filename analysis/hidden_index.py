@@ -275,9 +275,8 @@ def producer_gradients(recs: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
     need = {"_record", "_io", "_seq", "_direction", "kind", "ref_dtype", "ref_numel", "ref_norm", "ref_max"}
     if not need <= set(rows.columns) or "op_class" not in recs.columns:
         return pl.DataFrame(schema=out_schema)
-    losses = recs.filter(
-        (pl.col("_direction") == "forward") & pl.col("op_class").map_elements(is_loss, return_dtype=pl.Boolean)
-    ).select(keys)
+    classes = [c for c in recs["op_class"].drop_nulls().unique().to_list() if is_loss(c)]
+    losses = recs.filter((pl.col("_direction") == "forward") & pl.col("op_class").is_in(classes)).select(keys)
     if not losses.height:
         return pl.DataFrame(schema=out_schema)
     stat = ["ref_min", "ref_max", "ref_mean", "ref_norm"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_data_faults import _bf16, _leaf16, _verdict
+from test_data_faults import _bf16, _ids_v8, _leaf16, _verdict
 
 from helpers import leaf
 
@@ -16,14 +16,21 @@ N, C, H = 32, 96, 16  # label positions, classes, hidden size
 
 
 def _step(
-    step: int, target: bool, labels_at: int | None, rounded: bool = False, backward: float = 0.0, scale: float = 0.3
+    step: int,
+    target: bool,
+    labels_at: int | None,
+    rounded: bool = False,
+    backward: float = 0.0,
+    scale: float = 0.3,
+    v8: bool = False,
 ) -> dict:
     """One step: a logit layer (bf16 output), the cross-entropy of its logits with labels (-100 at unmasked
     positions; at step `labels_at` the target's two first masked labels +1, under the batch's largest), its
     backward filed with scalars, and the logit layer's backward given the cross-entropy's gradient (its output
     off by `backward` in the target).  `rounded`: the target's logits differ by one bf16 rounding in three
     elements, their statistics equal (the precondition is asserted).  `scale`: the logit layer's weights' (the
-    logits' size, and so how far a changed label moves the loss)."""
+    logits' size, and so how far a changed label moves the loss).  `v8`: the labels as msprobe 8.x keeps them
+    (a float32 mean and norm too)."""
     rng = np.random.default_rng(400 + step)
     x = _bf16(rng.normal(size=(N, H)).astype(np.float32))
     w = (rng.normal(size=(C, H)) * scale).astype(np.float32)
@@ -55,7 +62,7 @@ def _step(
     return {
         "Functional.linear.0.forward": {"input_args": [_leaf16(x), w], "output": [_leaf16(z)]},
         "Functional.cross_entropy.0.forward": {
-            "input_args": [_leaf16(z), leaf(labels, stats=("Max", "Min"))],
+            "input_args": [_leaf16(z), _ids_v8(labels) if v8 else leaf(labels, stats=("Max", "Min"))],
             "output": [np.array(loss, dtype=np.float32)],
         },
         # msprobe files the tensors of a neighbouring backward hook here: scalars, not the logits' gradient
@@ -99,3 +106,16 @@ def test_the_clean_pair_is_quiet(dump_writer, store_dir):
     ref = [_step(s, False, None) for s in range(3)]
     tgt = [_step(s, True, None) for s in range(3)]
     assert _verdict(dump_writer, store_dir, ref, tgt).culprit is None
+
+
+def test_labels_kept_with_their_mean_differ_at_any_step(dump_writer, store_dir):
+    """msprobe 8.x keeps a float32 mean and norm of the labels: the ignore_index entries (-100) included, the
+    sum of 32 labels stays an exact float32 integer (32 x 100 < 2^24), so two labels +1 move the mean by 2/32
+    beyond any rounding of a division: the labels differ, named at the loss with no gradient or history
+    needed (analysis/hidden_index.py integer_sum_differs)."""
+    ref = [_step(s, False, None, scale=0.1, v8=True) for s in range(3)]
+    tgt = [_step(s, True, 2, scale=0.1, v8=True) for s in range(3)]
+    c = _verdict(dump_writer, store_dir, ref, tgt).culprit
+    assert c is not None and (c.step, c.op, c.kind) == (2, "Functional.cross_entropy.0.forward", "input")
+    assert c.evidence["differing"] == "Functional.cross_entropy.0.forward.input.1"
+    assert "gradient_units" not in c.evidence

@@ -85,7 +85,7 @@ def _culprit(
     steps = sorted(set(recs["step"].to_list()))
     keys = ["rank", "source", "_record"]
     weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
-    suspects = data_suspects(recs)  # data the statistics cannot verify, named before later findings of its step
+    suspects = data_suspects(recs, rows)  # data the statistics cannot verify, named before later findings of its step
     int_first = discrete_first_differs(rows)  # where integer inputs first differ (data changed at a later step)
     for i, step in enumerate(steps):
         if judged_from is not None and step < judged_from:
@@ -222,7 +222,10 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     at that record instead: every later record of the step, the backward above all, descends from it."""
     f, key = found[0]
     hit = suspects.get((f.step, f.rank))
-    if hit is None or not hit[0] < key:
+    # at the suspect itself, an op finding beyond what its inputs' statistics hide is the data's error, not the
+    # op's computing (one within it is no finding: the walk goes on to a later one)
+    itself = hit is not None and hit[0] == key and f.kind == "op" and f.evidence.get("within_hidden") is None
+    if hit is None or not (hit[0] < key or itself):
         return None
     skey, rec = hit
     leaves = view.rows.filter(
@@ -241,13 +244,17 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     h, before = rec["_h"], rec["_h_before"]
     floor = max(float(rec["in_float_err"] or 0.0), float(rec.get("in_float_eps") or 0.0), float(rec["_eps"]))
     f_new = _finding(out, "input")
-    f_new.threshold, f_new.dtype = STAND_OUT * before * floor, rec["out_dtype"]
     g = rec.get("_g")
     through = "" if g is None else f"; {g:.3g}x the most that error moves it through its recorded gradient"
-    moved = (
-        f"this op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step"
-        f"{through}), ahead of {f.op} later in the step"
-    )
+    if before > 0:
+        f_new.threshold = STAND_OUT * before * floor
+        history = f"{h / before:.3g}x the most at any earlier step"
+    else:  # equal in both runs at every earlier step: the gradient test alone (hidden_index.data_suspects)
+        f_new.threshold = STAND_OUT * float(rec["out_err"]) / g if g else None
+        history = "equal in both runs at every earlier step"
+    f_new.dtype = rec["out_dtype"]
+    after = "beyond its own tolerance" if itself else f"ahead of {f.op} later in the step"
+    moved = f"this op's output error is {h:.3g}x its float inputs' ({history}{through}), {after}"
     if unrecorded:
         name, why = (
             None,
@@ -477,10 +484,11 @@ class _Judge:
         if not outs.height:
             return None
         out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
-        ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]), out)
+        ints = self.leaves.filter(integer_input())
+        reads = ints.select(pl.coalesce("numel", "ref_numel").max()).item() if ints.height else None
+        ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]), out, reads)
         if ev is None:
             return None
-        ints = self.leaves.filter(integer_input())
         data = [
             r
             for r in ints.iter_rows(named=True)

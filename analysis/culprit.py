@@ -24,6 +24,7 @@ from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
 from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, integer_sum_differs, is_loss
+from .lone_precision import lone_detail
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import Producers, discrete_data_readers, discrete_first_differs, integer_input, with_fingerprints
@@ -459,6 +460,9 @@ class _Judge:
             changed = self._dtype_change()
             if changed is not None:
                 return (changed, self.key), (changed, self.key)
+            if self.rec.get("lone_low"):  # one call lowered where its siblings keep the dtype (lone_precision.py)
+                f = self._lone_precision()
+                return (f, self.key), (f, self.key)
         hidden = self._hidden_index()
         if hidden is not None:
             return (hidden, self.key), (hidden, self.key)
@@ -557,6 +561,33 @@ class _Judge:
                 evidence={"dtype": leaf["dtype"], "ref_dtype": leaf["ref_dtype"], "reason": "dtype differs"},
             )
         return None
+
+    def _lone_precision(self) -> Finding:
+        """This call's output in a lower-precision dtype than the reference's while its siblings keep the
+        reference's (analysis/lone_precision.py): the op computes in another precision."""
+        rec = self.rec
+        outs = self.leaves.filter(changed_dtype() & pl.col("_io").is_in(OUTPUT_IO))
+        leaf = outs.row(0, named=True)
+        return Finding(
+            leaf["step"],
+            leaf["rank"],
+            rec["_record"],
+            leaf["name"],
+            "op",
+            metric="dtype",
+            value=leaf.get("err"),
+            threshold=rec.get("lone_tol"),
+            source=leaf.get("err_source"),
+            dtype=leaf["dtype"],
+            detail=lone_detail(rec),
+            evidence={
+                "dtype": leaf["dtype"],
+                "ref_dtype": leaf["ref_dtype"],
+                "reason": "one call lowered",
+                "siblings_kept": rec["lone_kept"],
+                "siblings_lowered": rec["lone_lowered"],
+            },
+        )
 
     def _parameter_finding(self, leaf: dict[str, Any], out: dict[str, Any]) -> Finding | None:
         """A weight changed between the steps beyond what its update explains (analysis/steps.py `corrupted`), at

@@ -22,7 +22,9 @@ tgt_dir, variant)`` (the clean pairs' structure check, where a variant may diffe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import fcntl
 import importlib
 import importlib.util
 import json
@@ -48,6 +50,34 @@ def _load(name: str, path: Path):
 def set2():
     """Set 2's harness module (``validation/v2/make_pairs.py``), loaded once under its own name."""
     return _load("validation_v2_make_pairs", _HERE / "v2" / "make_pairs.py")
+
+
+LOCK = ".lock"  # the file in an output folder that a generation holds (flock) while it writes the folder
+
+
+@contextlib.contextmanager
+def output_lock(out: Path):
+    """Hold output folder ``out`` (made if missing) for one generation: an exclusive ``flock`` on ``out/.lock``,
+    released when the block ends or the process (and its forked runs, which share the lock) dies, so no stale lock
+    outlives a crash. Another generation already holding it: SystemExit with one line naming the folder, the
+    holder's pid and the fix (two generations writing one folder remove and rewrite each other's dumps and key)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise SystemExit(
+                "Error: %s is being written by another generation (pid %s, lock %s); wait for it to finish or "
+                "pass another --out" % (out, holder, path)
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+        yield path
+    finally:
+        os.close(fd)  # (releases the lock where this process held it)
 
 
 ULPS = [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16, 24, -24, 32, -32]
@@ -513,7 +543,6 @@ def describe(out: Path, steps: int = 3) -> None:
 
 def main(s, argv=None) -> int:
     """Make set module ``s``'s pairs and key (or, with --describe, print how much each pair differs)."""
-    v2 = set2()
     ap = argparse.ArgumentParser(description=s.__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(s.HERE / ".data"))
     ap.add_argument("--jobs", type=int, default=2)
@@ -525,6 +554,14 @@ def main(s, argv=None) -> int:
     if args.describe:
         describe(out, s.STEPS)
         return 0
+    with output_lock(out):
+        return generate(s, args, out)
+
+
+def generate(s, args, out: Path) -> int:
+    """Make set module ``s``'s pairs of ``args`` (--only, --modes, --jobs) and its key in ``out`` (held by
+    ``output_lock``)."""
+    v2 = set2()
     cases = {
         k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
         for k, (fam, var, fault, modes) in s.CASES.items()

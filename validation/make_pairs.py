@@ -801,6 +801,7 @@ def structure_differences(ref_dir: Path, tgt_dir: Path) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """Make the pairs and their key (one generation at a time in an output folder)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / ".data"))
     ap.add_argument("--jobs", type=int, default=2)
@@ -808,6 +809,12 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="*", default=["stats", "tensor"], help="dump modes to make (default: both)")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
+    with harness.output_lock(out):  # one generation at a time writes the folder
+        return generate(args, out)
+
+
+def generate(args, out: Path) -> int:
+    """Make set 1's pairs of ``args`` (--only, --modes, --jobs) and their key in ``out``."""
     cases = {
         k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
         for k, (fam, var, fault, modes) in CASES.items()

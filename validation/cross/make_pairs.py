@@ -291,6 +291,7 @@ def select(only=None, sets=None) -> dict:
 
 
 def main(argv=None) -> int:
+    """Make the pairs and their key (one generation at a time in an output folder)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / ".data"))
     ap.add_argument("--jobs", type=int, default=2)
@@ -300,6 +301,12 @@ def main(argv=None) -> int:
     ap.add_argument("--set", type=int, nargs="*", help="only the pairs whose family or device is of these sets")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
+    with harness.output_lock(out):  # one generation at a time writes the folder
+        return generate(args, out)
+
+
+def generate(args, out: Path) -> int:
+    """Make the pairs of ``args`` (--only, --set, --modes, --draw, --jobs) and their key in ``out``."""
     pairs = {
         k: (fam, dev, dt, b, tuple(m for m in modes if m in args.modes))
         for k, (fam, dev, dt, b, modes) in select(args.only, args.set).items()

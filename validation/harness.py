@@ -1,13 +1,14 @@
-"""The shared driver of the held-out validation sets 3 and 4 (argument parsing, the runs, the checks, the key, the
-training loop, one run) and the pieces every set's generator shares (the near-tie search of a "flip" variant, a
-forked run's start).
+"""The shared driver of the held-out validation sets 3 to 6 (argument parsing, the runs, the checks, the key, the
+training loop, one run) and the pieces every set's generator shares: the output folder's lock (one generation at a
+time), the forked runs (msprobe's config, the jobs, the loop that forks them, the structure check), the near-tie
+search of a "flip" variant, a forked run's start.
 
-A set's generator (``validation/v3/make_pairs.py``, ``validation/v4/make_pairs.py``) is a module with its families,
-cases, one run (``run_one``, usually ``run_one(set_module, job)`` here), the expected culprit of a fault
+A set's generator (``validation/v3/make_pairs.py`` ... ``validation/v6/make_pairs.py``) is a module with its
+families, cases, one run (``run_one``, usually ``run_one(set_module, job)`` here), the expected culprit of a fault
 (``expectation``) and the discrete choices it logs (``argmax_flips``); ``main(set_module, argv)`` runs it: the forked
-runs of set 2's harness (``validation/v2/make_pairs.py``: ``plan_jobs``, ``run_jobs``, ``structure_differences``),
-the checks that every clean pair differs in values only and every fault changes its run at the key's step and
-nothing before, and ``key.json`` in set 1's format (so ``validation/score.py`` scores every set unchanged).
+runs (``plan_jobs``, ``run_jobs``, ``structure_differences`` here; sets 1 and 2 and the cross set use them too), the
+checks that every clean pair differs in values only and every fault changes its run at the key's step and nothing
+before, and ``key.json`` in set 1's format (so ``validation/score.py`` scores every set unchanged).
 
 A set module provides: ``__doc__``, ``HERE``, ``SET`` (its number), ``STEPS``, ``FAMILIES`` (name -> {"text",
 "device"}), ``CASES`` (name -> (family, variant, fault, modes)), ``DEVICES`` (name -> an object with ``text``),
@@ -28,6 +29,7 @@ import fcntl
 import importlib
 import importlib.util
 import json
+import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -177,6 +179,22 @@ def craft_near_tie(model, head, train, device, flip_step: int) -> tuple[dict, ob
     finally:
         hd.remove()
         model.load_state_dict(start)
+
+
+# the cases' tables (a set's CASES: name -> (family, variant, fault, dump modes))
+STATS, BOTH = ("stats",), ("stats", "tensor")
+
+
+def weight_case(family: str, param: str, step: int, how: str, modes: tuple = STATS) -> tuple:
+    """A case of a weight fault: parameter ``param`` corrupted (``how``: "sign2pct" or the set's own) before
+    ``step``."""
+    return (family, "base", {"kind": "weight", "param": param, "step": step, "how": how}, modes)
+
+
+def optimizer_case(family: str, kind: str, value, modes: tuple = STATS) -> tuple:
+    """A case of an optimizer fault: setting ``kind`` ("lr": a factor, "clip": the norm, else a param groups'
+    setting) changed to ``value`` in the updates after step 0 (parameters first differ at step 2)."""
+    return (family, "base", {"kind": kind, "after_step": 1, "value": value}, modes)
 
 
 def family_faults(s, family: str) -> list[dict]:
@@ -344,6 +362,160 @@ def start_child(job: dict) -> tuple[Path, Path]:
     return out_dir, scratch
 
 
+# =================================================================================================================
+# the forked runs (every set's: sets 1 and 2 and the sets driven by main below)
+# =================================================================================================================
+def write_config(path: Path, dump_dir: Path, mode: str, steps: int = 3) -> None:
+    """msprobe's config of a run: level "mix", every rank, steps 0 to ``steps`` - 1, statistics or tensor mode."""
+    task = "statistics" if mode == "stats" else "tensor"
+    cfg = {
+        "task": task,
+        "dump_path": str(dump_dir),
+        "rank": [],
+        "step": list(range(steps)),
+        "level": "mix",
+        task: {"scope": [], "list": [], "data_mode": ["all"]},
+    }
+    if task == "statistics":
+        cfg[task]["summary_mode"] = "statistics"
+    path.write_text(json.dumps(cfg, indent=1))
+
+
+def plan_jobs(cases: dict, out: Path) -> list[dict]:
+    """The runs that make ``cases`` ({name: (family, variant, fault, modes)}): one reference per family, variant
+    and mode, one target per case and mode, each with its dump, scratch and log paths (old dumps removed)."""
+    jobs, refs = [], {}
+    for case, (family, variant, fault, modes) in cases.items():
+        for mode in modes:
+            ref = "%s_%s_ref_%s" % (family, variant, mode)  # one reference per family, variant and mode
+            if ref not in refs:
+                refs[ref] = {"name": ref, "family": family, "variant": variant, "fault": None, "role": "ref"}
+                refs[ref]["mode"] = mode
+                jobs.append(refs[ref])
+            jobs.append(
+                {
+                    "name": "%s_target_%s" % (case, mode),
+                    "family": family,
+                    "variant": variant,
+                    "fault": fault,
+                    "role": "target",
+                    "mode": mode,
+                }
+            )
+    for job in jobs:
+        job["dump_dir"] = str(out / job["mode"] / job["name"])
+        job["scratch"] = str(out / "scratch" / job["name"])
+        job["log"] = str(out / "logs" / (job["name"] + ".log"))
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(job["dump_dir"], ignore_errors=True)
+        shutil.rmtree(job["scratch"], ignore_errors=True)
+    return jobs
+
+
+def _child(job: dict, conn, run) -> None:
+    """A forked run: ``run(job)`` with stdout and stderr to the job's log, its result (or error) to the parent."""
+    log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # msprobe and torch talk: to a file
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    try:
+        res = run(job)
+        conn.send(("ok", res))
+    except BaseException as exc:  # report to the parent, whatever it was
+        import traceback
+
+        conn.send(("error", "%s: %s\n%s" % (job["name"], exc, traceback.format_exc())))
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def run_jobs(jobs: list[dict], n: int, run) -> dict:
+    """Run ``run(job)`` of every job in forked children, at most n at a time; returns name -> result."""
+    ctx = mp.get_context("fork")
+    pending, running, results = list(jobs), [], {}
+    while pending or running:
+        while pending and len(running) < n:
+            job = pending.pop(0)
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(job, child, run))
+            p.start()
+            child.close()
+            running.append((job, p, parent, time.time()))
+        for item in list(running):
+            job, p, conn, t0 = item
+            if conn.poll(0.2):
+                status, res = conn.recv()
+                p.join()
+                running.remove(item)
+                if status != "ok":
+                    raise SystemExit("run failed (log: %s): %s" % (job["log"], res))
+                results[job["name"]] = res
+                print("  %-40s %5.1fs" % (job["name"], time.time() - t0), flush=True)
+            elif not p.is_alive():
+                running.remove(item)
+                raise SystemExit("run %s died (exit code %s; log: %s)" % (job["name"], p.exitcode, job["log"]))
+    return results
+
+
+def names(res: dict, tag: str, step: int | None = None) -> list[str]:
+    """The records of a run's marks ``tag`` (at ``step``; None: every step)."""
+    return [m["record"] for m in res["marks"] if m["tag"] == tag and (step is None or m["step"] == step)]
+
+
+def topk_flips(tgt: dict, ref: dict) -> list[dict]:
+    """Tokens whose set of chosen experts differs, per step and top-k call, with the reference's top values."""
+    flips = []
+    for a, b in zip(tgt["topk"], ref["topk"]):
+        for tok, (ia, ib) in enumerate(zip(a["indices"], b["indices"])):
+            if sorted(ia) != sorted(ib):
+                row = b["input"][tok]
+                order = sorted(range(len(row)), key=lambda e: -row[e])
+                flips.append(
+                    {
+                        "step": b["step"],
+                        "record": b["record"],
+                        "token": tok,
+                        "target_experts": ia,
+                        "ref_experts": ib,
+                        "ref_probs_sorted": [row[e] for e in order],
+                    }
+                )
+    return flips
+
+
+def leaves(obj, path=()):
+    """(path, (type, dtype, shape, requires_grad)) of every leaf of a dump.json record tree."""
+    if isinstance(obj, dict):
+        if "dtype" in obj or obj.get("type") == "torch.Tensor":
+            yield path, (obj.get("type"), obj.get("dtype"), tuple(obj.get("shape") or ()), obj.get("requires_grad"))
+            return
+        if "type" in obj:
+            yield path, (obj.get("type"),)
+        for k, v in obj.items():
+            if isinstance(v, (dict, list)):
+                yield from leaves(v, path + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from leaves(v, path + (i,))
+
+
+def structure_differences(ref_dir: Path, tgt_dir: Path, steps: int = 3) -> list[str]:
+    """Where two runs' dumps differ in records, leaf types, dtypes, shapes or requires_grad (values aside)."""
+    out = []
+    for step in range(steps):
+        a, b = _records(ref_dir, step), _records(tgt_dir, step)
+        if list(a) != list(b):
+            out.append("step %d: records differ" % step)
+            continue
+        la, lb = dict(leaves(a)), dict(leaves(b))
+        out += [
+            "step %d: %s" % (step, ".".join(map(str, k)))
+            for k in sorted(set(la) | set(lb), key=str)
+            if la.get(k) != lb.get(k)
+        ]
+    return out
+
+
 def run_one(s, job: dict) -> dict:
     """One msprobe run of set module ``s``; returns the marks and the argmax log. Runs in a fresh forked process.
     ``s.setup(family, variant, target, active, tracer, info)`` builds the model, patches it, crafts a "flip"
@@ -365,8 +537,7 @@ def run_one(s, job: dict) -> dict:
 
     from msprobe.pytorch import PrecisionDebugger
 
-    v2 = set2()
-    v2.write_config(scratch / "config.json", out_dir, mode)
+    write_config(scratch / "config.json", out_dir, mode, s.STEPS)
     debugger = PrecisionDebugger(config_path=str(scratch / "config.json"))
     tracer.install_modules(model)
 
@@ -424,19 +595,18 @@ def mark_readers(case: str, tgt: dict, ref: dict):
     """The readers of the marks both runs made at a faulty call: ``one(res, tag, step)`` (the record of the step's
     only call), ``first(res, tag, step)`` (the first of the step's calls) and ``both(tag, step, pick=one)`` (the
     sorted records of the target and the reference)."""
-    v2 = set2()
 
     def one(res, tag, step):
-        names = v2._names(res, tag, step)
-        if len(names) != 1 or names[0] is None:
-            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
-        return names[0]
+        got = names(res, tag, step)
+        if len(got) != 1 or got[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, got))
+        return got[0]
 
     def first(res, tag, step):
-        names = v2._names(res, tag, step)
-        if not names or names[0] is None:
-            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
-        return names[0]
+        got = names(res, tag, step)
+        if not got or got[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, got))
+        return got[0]
 
     def both(tag, step, pick=one):
         return sorted({pick(tgt, tag, step), pick(ref, tag, step)})
@@ -561,7 +731,6 @@ def main(s, argv=None) -> int:
 def generate(s, args, out: Path) -> int:
     """Make set module ``s``'s pairs of ``args`` (--only, --modes, --jobs) and its key in ``out`` (held by
     ``output_lock``)."""
-    v2 = set2()
     cases = {
         k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
         for k, (fam, var, fault, modes) in s.CASES.items()
@@ -570,9 +739,8 @@ def generate(s, args, out: Path) -> int:
     t0 = time.time()
     s.warm()
     print("imports %.1fs" % (time.time() - t0), flush=True)
-    jobs = v2.plan_jobs(cases, out)
-    v2.run_one = s.run_one  # set 2's forked-run harness runs this set's runs
-    results = v2.run_jobs(jobs, args.jobs)
+    jobs = plan_jobs(cases, out)
+    results = run_jobs(jobs, args.jobs, s.run_one)
     key_path = out / "key.json"
     key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}
     for case, (family, variant, fault, modes) in cases.items():
@@ -603,7 +771,7 @@ def generate(s, args, out: Path) -> int:
                 if hasattr(s, "structure_differences"):  # a set whose variants may differ in more (set 5's "amp")
                     odd = s.structure_differences(out / mode / ref_name, out / mode / tgt_name, variant)
                 else:
-                    odd = v2.structure_differences(out / mode / ref_name, out / mode / tgt_name)
+                    odd = structure_differences(out / mode / ref_name, out / mode / tgt_name, s.STEPS)
                 if odd:
                     raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
             clean = out / "stats" / ("%s_clean_target_stats" % family)

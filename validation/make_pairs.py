@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -529,18 +528,8 @@ def craft_near_tie(model, data, device) -> tuple[dict, object]:
 
 
 def write_config(path: Path, dump_dir: Path, mode: str) -> None:
-    task = "statistics" if mode == "stats" else "tensor"
-    cfg = {
-        "task": task,
-        "dump_path": str(dump_dir),
-        "rank": [],
-        "step": list(range(STEPS)),
-        "level": "mix",
-        task: {"scope": [], "list": [], "data_mode": ["all"]},
-    }
-    if task == "statistics":
-        cfg[task]["summary_mode"] = "statistics"
-    path.write_text(json.dumps(cfg, indent=1))
+    """msprobe's config of a run (``harness.write_config``)."""
+    harness.write_config(path, dump_dir, mode, STEPS)
 
 
 def run_one(job: dict) -> dict:
@@ -614,55 +603,16 @@ def run_one(job: dict) -> dict:
     }
 
 
-def _child(job: dict, conn) -> None:
-    log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # msprobe and torch talk: to a file
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    try:
-        res = run_one(job)
-        conn.send(("ok", res))
-    except BaseException as exc:  # report to the parent, whatever it was
-        import traceback
-
-        conn.send(("error", "%s: %s\n%s" % (job["name"], exc, traceback.format_exc())))
-    finally:
-        conn.close()
-        os._exit(0)
-
-
 def run_jobs(jobs: list[dict], n: int) -> dict:
-    """Run jobs in forked children, at most n at a time; returns name -> result."""
-    ctx = mp.get_context("fork")
-    pending, running, results = list(jobs), [], {}
-    while pending or running:
-        while pending and len(running) < n:
-            job = pending.pop(0)
-            parent, child = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, args=(job, child))
-            p.start()
-            child.close()
-            running.append((job, p, parent, time.time()))
-        for item in list(running):
-            job, p, conn, t0 = item
-            if conn.poll(0.2):
-                status, res = conn.recv()
-                p.join()
-                running.remove(item)
-                if status != "ok":
-                    raise SystemExit("run failed (log: %s): %s" % (job["log"], res))
-                results[job["name"]] = res
-                print("  %-34s %5.1fs" % (job["name"], time.time() - t0), flush=True)
-            elif not p.is_alive():
-                running.remove(item)
-                raise SystemExit("run %s died (exit code %s; log: %s)" % (job["name"], p.exitcode, job["log"]))
-    return results
+    """Run jobs in forked children, at most n at a time (``harness.run_jobs``), each by this module's ``run_one``
+    (looked up when the child runs); returns name -> result."""
+    return harness.run_jobs(jobs, n, lambda job: run_one(job))
 
 
 # =================================================================================================================
 # the key
 # =================================================================================================================
-def _names(res: dict, tag: str, step: int | None = None) -> list[str]:
-    return [m["record"] for m in res["marks"] if m["tag"] == tag and (step is None or m["step"] == step)]
+_names = harness.names
 
 
 def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
@@ -745,59 +695,15 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     raise ValueError(kind)
 
 
-def topk_flips(tgt: dict, ref: dict) -> list[dict]:
-    """Tokens whose set of chosen experts differs, per step and top-k call, with the reference's top values."""
-    flips = []
-    for a, b in zip(tgt["topk"], ref["topk"]):
-        for tok, (ia, ib) in enumerate(zip(a["indices"], b["indices"])):
-            if sorted(ia) != sorted(ib):
-                row = b["input"][tok]
-                order = sorted(range(len(row)), key=lambda e: -row[e])
-                flips.append(
-                    {
-                        "step": b["step"],
-                        "record": b["record"],
-                        "token": tok,
-                        "target_experts": ia,
-                        "ref_experts": ib,
-                        "ref_probs_sorted": [row[e] for e in order],
-                    }
-                )
-    return flips
+topk_flips = harness.topk_flips
 
 
-def _leaves(obj, path=()):
-    """(path, (type, dtype, shape, requires_grad)) of every leaf of a dump.json record tree."""
-    if isinstance(obj, dict):
-        if "dtype" in obj or obj.get("type") == "torch.Tensor":
-            yield path, (obj.get("type"), obj.get("dtype"), tuple(obj.get("shape") or ()), obj.get("requires_grad"))
-            return
-        if "type" in obj:
-            yield path, (obj.get("type"),)
-        for k, v in obj.items():
-            if isinstance(v, (dict, list)):
-                yield from _leaves(v, path + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _leaves(v, path + (i,))
+_leaves = harness.leaves
 
 
 def structure_differences(ref_dir: Path, tgt_dir: Path) -> list[str]:
     """Where two runs' dumps differ in records, leaf types, dtypes, shapes or requires_grad (values aside)."""
-    out = []
-    for step in range(STEPS):
-        a = json.loads((ref_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
-        b = json.loads((tgt_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
-        if list(a) != list(b):
-            out.append("step %d: records differ" % step)
-            continue
-        la, lb = dict(_leaves(a)), dict(_leaves(b))
-        out += [
-            "step %d: %s" % (step, ".".join(map(str, k)))
-            for k in sorted(set(la) | set(lb), key=str)
-            if la.get(k) != lb.get(k)
-        ]
-    return out
+    return harness.structure_differences(ref_dir, tgt_dir, STEPS)
 
 
 def main(argv=None) -> int:
@@ -829,37 +735,7 @@ def generate(args, out: Path) -> int:
     from transformers.activations import GELUActivation  # noqa: F401
 
     print("imports %.1fs" % (time.time() - t0), flush=True)
-    jobs, refs = [], {}
-    for case, (family, variant, fault, modes) in cases.items():
-        for mode in modes:
-            ref = "%s_%s_ref_%s" % (family, variant, mode)  # one reference per family, variant and mode
-            if ref not in refs:
-                refs[ref] = {
-                    "name": ref,
-                    "family": family,
-                    "variant": variant,
-                    "fault": None,
-                    "role": "ref",
-                    "mode": mode,
-                }
-                jobs.append(refs[ref])
-            jobs.append(
-                {
-                    "name": "%s_target_%s" % (case, mode),
-                    "family": family,
-                    "variant": variant,
-                    "fault": fault,
-                    "role": "target",
-                    "mode": mode,
-                }
-            )
-    for job in jobs:
-        job["dump_dir"] = str(out / job["mode"] / job["name"])
-        job["scratch"] = str(out / "scratch" / job["name"])
-        job["log"] = str(out / "logs" / (job["name"] + ".log"))
-        (out / "logs").mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(job["dump_dir"], ignore_errors=True)
-        shutil.rmtree(job["scratch"], ignore_errors=True)
+    jobs = harness.plan_jobs(cases, out)
     results = run_jobs(jobs, args.jobs)
     key_path = out / "key.json"
     key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}

@@ -94,9 +94,9 @@ CASES = {
     "resnet_flip": ("resnet", "flip", None, ("stats", "tensor")),
     "resnet_noisyref": ("resnet", "noisyref", None, ("stats",)),
     # optimizer, from the second update on
-    "t5_lr_step2": ("t5", "base", {"kind": "lr", "after_step": 1, "value": 1.1}, ("stats",)),
-    "resnet_nesterov_step2": ("resnet", "base", {"kind": "nesterov", "after_step": 1, "value": False}, ("stats",)),
-    "gptj_alpha_step2": ("gptj", "base", {"kind": "alpha", "after_step": 1, "value": 0.9}, ("stats",)),
+    "t5_lr_step2": harness.optimizer_case("t5", "lr", 1.1),
+    "resnet_nesterov_step2": harness.optimizer_case("resnet", "nesterov", False),
+    "gptj_alpha_step2": harness.optimizer_case("gptj", "alpha", 0.9),
     # an op in the target only, an op missing in the target
     "resnet_double_normalize": ("resnet", "base", {"kind": "double_norm"}, ("stats", "tensor")),
     "t5_missing_tied_scale": ("t5", "base", {"kind": "missing_scale"}, ("stats",)),
@@ -108,27 +108,11 @@ CASES = {
     # backward only: a custom SiLU's gradient formula
     "mamba_silu_backward": ("mamba", "base", {"kind": "silu_back"}, ("stats", "tensor")),
     # parameters and data
-    "resnet_conv_step1": (
-        "resnet",
-        "base",
-        {
-            "kind": "weight",
-            "param": "resnet.encoder.stages.1.layers.0.layer.0.convolution.weight",
-            "step": 1,
-            "how": "sign2pct",
-        },
-        ("stats", "tensor"),
+    "resnet_conv_step1": harness.weight_case(
+        "resnet", "resnet.encoder.stages.1.layers.0.layer.0.convolution.weight", 1, "sign2pct", harness.BOTH
     ),
-    "t5_relbias_step2": (
-        "t5",
-        "base",
-        {
-            "kind": "weight",
-            "param": "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-            "step": 2,
-            "how": "row3neg",
-        },
-        ("stats",),
+    "t5_relbias_step2": harness.weight_case(
+        "t5", "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", 2, "row3neg"
     ),
     "mamba_data_step1": ("mamba", "base", {"kind": "ids", "step": 1}, ("stats",)),
     "t5_ids_step2": ("t5", "base", {"kind": "ids", "step": 2}, ("stats",)),

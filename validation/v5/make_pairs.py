@@ -114,12 +114,12 @@ CASES = {
     "vit_noisyref": ("vit", "noisyref", None, ("stats",)),
     "vit_amp": ("vit", "amp", None, ("stats",)),
     # optimizer, from the second update on
-    "wav2vec2_lr_step2": ("wav2vec2", "base", {"kind": "lr", "after_step": 1, "value": 1.1}, ("stats",)),
-    "granite_lr_step2": ("granite", "base", {"kind": "lr", "after_step": 1, "value": 1.05}, ("stats", "tensor")),
-    "wav2vec2_momentum_step2": ("wav2vec2", "base", {"kind": "momentum", "after_step": 1, "value": 0.8}, ("stats",)),
-    "vit_wd_step2": ("vit", "base", {"kind": "weight_decay", "after_step": 1, "value": 0.1}, ("stats",)),
-    "bart_clip_step2": ("bart", "base", {"kind": "clip", "after_step": 1, "value": 0.25}, ("stats",)),
-    "bart_eps_step2": ("bart", "base", {"kind": "eps", "after_step": 1, "value": 1e-6}, ("stats",)),
+    "wav2vec2_lr_step2": harness.optimizer_case("wav2vec2", "lr", 1.1),
+    "granite_lr_step2": harness.optimizer_case("granite", "lr", 1.05, harness.BOTH),
+    "wav2vec2_momentum_step2": harness.optimizer_case("wav2vec2", "momentum", 0.8),
+    "vit_wd_step2": harness.optimizer_case("vit", "weight_decay", 0.1),
+    "bart_clip_step2": harness.optimizer_case("bart", "clip", 0.25),
+    "bart_eps_step2": harness.optimizer_case("bart", "eps", 1e-6),
     # an op in the target only, an op missing in the target
     "wav2vec2_extra_normalize": ("wav2vec2", "base", {"kind": "normalize"}, ("stats",)),
     "bart_missing_ln_embedding": ("bart", "base", {"kind": "missing_ln_emb"}, ("stats",)),
@@ -133,17 +133,9 @@ CASES = {
     # backward only: the feature encoder's gradient multiplier
     "wav2vec2_grad_mult": ("wav2vec2", "base", {"kind": "grad_mult", "value": 1.0}, ("stats", "tensor")),
     # parameters and data
-    "vit_patch_step1": (
-        "vit",
-        "base",
-        {"kind": "weight", "param": "vit.embeddings.patch_embeddings.projection.weight", "step": 1, "how": "sign2pct"},
-        ("stats",),
-    ),
-    "granite_down_swap_step2": (
-        "granite",
-        "base",
-        {"kind": "weight", "param": "model.layers.1.mlp.down_proj.weight", "step": 2, "how": "from_layer0"},
-        ("stats", "tensor"),
+    "vit_patch_step1": harness.weight_case("vit", "vit.embeddings.patch_embeddings.projection.weight", 1, "sign2pct"),
+    "granite_down_swap_step2": harness.weight_case(
+        "granite", "model.layers.1.mlp.down_proj.weight", 2, "from_layer0", harness.BOTH
     ),
     "wav2vec2_gain_mb2_step1": ("wav2vec2", "base", {"kind": "gain", "step": 1, "micro": 1}, ("stats",)),
     "granite_ids_step2": ("granite", "base", {"kind": "ids", "step": 2}, ("stats", "tensor")),

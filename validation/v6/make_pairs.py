@@ -130,18 +130,13 @@ CASES = {
     "clip_noisyref": ("clip", "noisyref", None, ("stats", "tensor")),
     "deberta_amp": ("deberta", "amp", None, ("stats", "tensor")),
     # optimizer, from the second update on
-    "convnext_lr_step2": ("convnext", "base", {"kind": "lr", "after_step": 1, "value": 1.1}, ("stats",)),
-    "rwkv_lr_step2": ("rwkv", "base", {"kind": "lr", "after_step": 1, "value": 1.05}, ("stats",)),
-    "rwkv_betas_step2": ("rwkv", "base", {"kind": "betas", "after_step": 1, "value": (0.95, 0.98)}, ("stats",)),
-    "convnext_wd_step2": ("convnext", "base", {"kind": "weight_decay", "after_step": 1, "value": 0.1}, ("stats",)),
-    "deberta_wd_step2": (
-        "deberta",
-        "base",
-        {"kind": "weight_decay", "after_step": 1, "value": 0.01},
-        ("stats", "tensor"),
-    ),
-    "convnext_eps_step2": ("convnext", "base", {"kind": "eps", "after_step": 1, "value": 1e-4}, ("stats",)),
-    "clip_gradclip_step2": ("clip", "base", {"kind": "clip", "after_step": 1, "value": 0.1}, ("stats",)),
+    "convnext_lr_step2": harness.optimizer_case("convnext", "lr", 1.1),
+    "rwkv_lr_step2": harness.optimizer_case("rwkv", "lr", 1.05),
+    "rwkv_betas_step2": harness.optimizer_case("rwkv", "betas", (0.95, 0.98)),
+    "convnext_wd_step2": harness.optimizer_case("convnext", "weight_decay", 0.1),
+    "deberta_wd_step2": harness.optimizer_case("deberta", "weight_decay", 0.01, harness.BOTH),
+    "convnext_eps_step2": harness.optimizer_case("convnext", "eps", 1e-4),
+    "clip_gradclip_step2": harness.optimizer_case("clip", "clip", 0.1),
     # an op in the target only, an op missing in the target
     "convnext_extra_rescale": ("convnext", "base", {"kind": "rescale"}, ("stats",)),
     "clip_missing_pre_ln": ("clip", "base", {"kind": "missing_pre_ln"}, ("stats", "tensor")),
@@ -153,24 +148,9 @@ CASES = {
     # backward only: a hand-written GELU backward with a wrong constant
     "convnext_gelu_backward_S1": ("convnext", "base", {"kind": "gelu_backward", "stage": 1}, ("stats",)),
     # parameters and data
-    "rwkv_time_first_step1": (
-        "rwkv",
-        "base",
-        {"kind": "weight", "param": "rwkv.blocks.1.attention.time_first", "step": 1, "how": "from_layer0"},
-        ("stats",),
-    ),
-    "clip_textproj_step2": (
-        "clip",
-        "base",
-        {"kind": "weight", "param": "text_projection.weight", "step": 2, "how": "sign2pct"},
-        ("stats",),
-    ),
-    "clip_logit_scale_step1": (
-        "clip",
-        "base",
-        {"kind": "weight", "param": "logit_scale", "step": 1, "how": "reinit"},
-        ("stats", "tensor"),
-    ),
+    "rwkv_time_first_step1": harness.weight_case("rwkv", "rwkv.blocks.1.attention.time_first", 1, "from_layer0"),
+    "clip_textproj_step2": harness.weight_case("clip", "text_projection.weight", 2, "sign2pct"),
+    "clip_logit_scale_step1": harness.weight_case("clip", "logit_scale", 1, "reinit", harness.BOTH),
     "convnext_bgr_mb2_step2": ("convnext", "base", {"kind": "bgr", "step": 2, "micro": 1}, ("stats",)),
     "clip_caption_step1": ("clip", "base", {"kind": "ids", "step": 1}, ("stats", "tensor")),
     "deberta_labels_step2": ("deberta", "base", {"kind": "labels", "step": 2}, ("stats", "tensor")),

@@ -181,6 +181,93 @@ def craft_near_tie(model, head, train, device, flip_step: int) -> tuple[dict, ob
         model.load_state_dict(start)
 
 
+def craft_router_tie(model, routers: list, device, step_loss, forward, make_optimizer, clip: float, flip_step: int,
+                     tries: int, ulps) -> tuple[dict, object]:  # fmt: skip
+    """A mixture-of-experts 'flip' variant's near-tie (sets 1 and 2), in both runs alike: a tilt of the first
+    router's weight, added before step ``flip_step``, that ties one token's 2nd and 3rd experts in the reference to
+    within a few fp32 ulps, chosen (by simulating both runs without msprobe) so that the device's rounding flips that
+    token's choice and nothing else. ``routers``: the model's router modules (forward output: logits, weights,
+    expert indices); ``step_loss(step)``: the loss of a training step's batch; ``forward(step)``: the forward of a
+    step's inputs; ``make_optimizer()``: the runs' optimizer; ``clip``: their clipping norm; ``tries`` and ``ulps``:
+    ``search_tilt``'s.
+
+    Returns (what was done, the tilt to add to the first router's weight before step ``flip_step``)."""
+    import torch
+
+    seen: list = []
+    handles = [
+        r.register_forward_hook(lambda mod, inp, out: seen.append((inp[0].detach().clone(), out[0].detach(), out[2])))
+        for r in routers
+    ]
+    start = copy.deepcopy(model.state_dict())
+
+    def train(dev, steps):
+        """Both runs' training (same optimizer, clipping, data) for ``steps`` steps; the routings of each step."""
+        model.load_state_dict(start)
+        opt = make_optimizer()
+        routes = []
+        if dev is not None:
+            dev.install()
+        try:
+            for step in range(steps):
+                seen.clear()
+                step_loss(step).backward()
+                routes.append([s[2].clone() for s in seen])
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                opt.step()
+                opt.zero_grad()
+        finally:
+            if dev is not None:
+                dev.uninstall()
+        return routes, copy.deepcopy(model.state_dict())
+
+    def route(state, dev, tilt):
+        model.load_state_dict(state)
+        with torch.no_grad():
+            routers[0].weight += tilt
+        seen.clear()
+        if dev is not None:
+            dev.install()
+        try:
+            with torch.no_grad():
+                forward(flip_step)
+        finally:
+            if dev is not None:
+                dev.uninstall()
+        return [s[2].clone() for s in seen], seen[0]
+
+    def differ(a, b):
+        return [
+            (layer, tok)
+            for layer, (x, y) in enumerate(zip(a, b))
+            for tok in range(x.shape[0])
+            if not torch.equal(x[tok].sort().values, y[tok].sort().values)
+        ]
+
+    try:
+        ref_routes, ref_state = train(None, flip_step)
+        dev_routes, dev_state = train(device, flip_step)
+        if any(differ(a, b) for a, b in zip(ref_routes, dev_routes)):
+            raise RuntimeError("device %s flips a routing before the crafted step" % device.name)
+        zero = torch.zeros_like(routers[0].weight)
+        _, (h, logits, _) = route(ref_state, None, zero)
+        _, (_, dev_logits, _) = route(dev_state, device, zero)
+
+        def trial(t, tilt):
+            ref_idx, (_, ref_logits, _) = route(ref_state, None, tilt)
+            dev_idx, _ = route(dev_state, device, tilt)
+            return differ(ref_idx, dev_idx) == [(0, t)], ref_logits
+
+        found = search_tilt(h, logits, dev_logits, zero, 1, tries, ulps, trial, flip_step, "experts")
+        if found is not None:
+            return found
+        raise RuntimeError("no tilt of the router flips exactly one token on device %s" % device.name)
+    finally:
+        for hd in handles:
+            hd.remove()
+        model.load_state_dict(start)
+
+
 # the cases' tables (a set's CASES: name -> (family, variant, fault, dump modes))
 STATS, BOTH = ("stats",), ("stats", "tensor")
 
@@ -195,6 +282,15 @@ def optimizer_case(family: str, kind: str, value, modes: tuple = STATS) -> tuple
     """A case of an optimizer fault: setting ``kind`` ("lr": a factor, "clip": the norm, else a param groups'
     setting) changed to ``value`` in the updates after step 0 (parameters first differ at step 2)."""
     return (family, "base", {"kind": kind, "after_step": 1, "value": value}, modes)
+
+
+def draw_batches(seed: int, steps: int, n_micro: int, draw) -> list[list[dict]]:
+    """Per step, per micro-batch: ``draw(g)``, one micro-batch's inputs, all from one generator ``g`` seeded ``seed``
+    (drawn in order: step by step, micro-batch by micro-batch)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [[draw(g) for _ in range(n_micro)] for _ in range(steps)]
 
 
 def family_faults(s, family: str) -> list[dict]:

@@ -514,89 +514,27 @@ def _routers(model) -> list:
 
 
 def craft_near_tie(model, data, device) -> tuple[dict, object]:
-    """qmoe 'flip' variant, in both runs alike: a tilt of layer 0's router weight, added before the last step, that
-    ties one token's 2nd and 3rd experts in the reference to within a few fp32 ulps, chosen (by simulating both
-    runs without msprobe) so that the device's rounding flips that token's choice and nothing else.
+    """qmoe 'flip' variant, in both runs alike (``harness.craft_router_tie``): a tilt of layer 0's router weight,
+    added before the last step, that ties one token's 2nd and 3rd experts in the reference to within a few fp32 ulps,
+    chosen (by simulating both runs without msprobe) so that the device's rounding flips that token's choice and
+    nothing else.
 
     Returns (what was done, the tilt to add to the router weight before step FLIP_STEP)."""
-    import copy
-
     import torch
 
     ids, labels = data
-    routers = _routers(model)
-    seen: list = []
-    handles = [
-        r.register_forward_hook(lambda mod, inp, out: seen.append((inp[0].detach().clone(), out[0].detach(), out[2])))
-        for r in routers
-    ]
-    start = copy.deepcopy(model.state_dict())
-
-    def train(dev, steps):
-        """Both runs' training (same optimizer, clipping, data) for ``steps`` steps; the routings of each step."""
-        model.load_state_dict(start)
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
-        routes = []
-        if dev is not None:
-            dev.install()
-        try:
-            for step in range(steps):
-                seen.clear()
-                model(input_ids=ids[step], labels=labels[step]).loss.backward()
-                routes.append([s[2].clone() for s in seen])
-                torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-                opt.step()
-                opt.zero_grad()
-        finally:
-            if dev is not None:
-                dev.uninstall()
-        return routes, copy.deepcopy(model.state_dict())
-
-    def route(state, dev, tilt):
-        model.load_state_dict(state)
-        with torch.no_grad():
-            routers[0].weight += tilt
-        seen.clear()
-        if dev is not None:
-            dev.install()
-        try:
-            with torch.no_grad():
-                model(input_ids=ids[FLIP_STEP])
-        finally:
-            if dev is not None:
-                dev.uninstall()
-        return [s[2].clone() for s in seen], seen[0]
-
-    def differ(a, b):
-        return [
-            (layer, tok)
-            for layer, (x, y) in enumerate(zip(a, b))
-            for tok in range(x.shape[0])
-            if not torch.equal(x[tok].sort().values, y[tok].sort().values)
-        ]
-
-    try:
-        ref_routes, ref_state = train(None, FLIP_STEP)
-        dev_routes, dev_state = train(device, FLIP_STEP)
-        if any(differ(a, b) for a, b in zip(ref_routes, dev_routes)):
-            raise RuntimeError("the device flips a routing before the crafted step")
-        zero = torch.zeros_like(routers[0].weight)
-        _, (h, logits, _) = route(ref_state, None, zero)
-        _, (_, dev_logits, _) = route(dev_state, device, zero)
-
-        def trial(t, tilt):
-            ref_idx, (_, ref_logits, _) = route(ref_state, None, tilt)
-            dev_idx, _ = route(dev_state, device, tilt)
-            return differ(ref_idx, dev_idx) == [(0, t)], ref_logits
-
-        found = harness.search_tilt(h, logits, dev_logits, zero, 1, 3, harness.ULPS, trial, FLIP_STEP, "experts")
-        if found is not None:
-            return found
-        raise RuntimeError("no tilt of the router flips exactly one token on the device")
-    finally:
-        for hd in handles:
-            hd.remove()
-        model.load_state_dict(start)
+    return harness.craft_router_tie(
+        model,
+        _routers(model),
+        device,
+        lambda step: model(input_ids=ids[step], labels=labels[step]).loss,
+        lambda step: model(input_ids=ids[step]),
+        lambda: torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD),
+        CLIP,
+        FLIP_STEP,
+        3,
+        harness.ULPS,
+    )
 
 
 def write_config(path: Path, dump_dir: Path, mode: str) -> None:

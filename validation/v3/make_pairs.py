@@ -211,26 +211,9 @@ MICRO = {"phi": 2}  # micro-batches per step
 
 
 def batches(family: str, fault) -> list[list[dict]]:
-    """Per step, per micro-batch: the model's inputs. A data fault changes one step's batch."""
-    import torch
-
-    g = torch.Generator().manual_seed(DATA_SEED)
-    out = []
-    for _step in range(STEPS):
-        micro = []
-        for _ in range(MICRO.get(family, 1)):
-            ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
-            if family == "bert":
-                masked = torch.rand(BATCH, SEQ, generator=g) < 0.15
-                masked[:, 3] = True  # at least one masked token per sequence
-                labels = torch.where(masked, ids, torch.full_like(ids, -100))
-                inp = torch.where(masked, torch.full_like(ids, MASK_ID), ids)
-                types = torch.zeros_like(ids)
-                types[:, SEQ // 2 :] = 1
-                micro.append({"input_ids": inp, "token_type_ids": types, "labels": labels})
-            else:
-                micro.append({"input_ids": ids, "labels": ids.clone()})
-        out.append(micro)
+    """Per step, per micro-batch: the model's inputs (``harness.draw_batches``). A data fault changes one step's
+    batch."""
+    out = harness.draw_batches(DATA_SEED, STEPS, MICRO.get(family, 1), lambda g: _micro_batch(family, g))
     if fault and fault["kind"] in ("ids", "token_type", "labels"):
         b = out[fault["step"]][0]
         if fault["kind"] == "ids":
@@ -243,6 +226,23 @@ def batches(family: str, fault) -> list[list[dict]]:
             for i, j in pos:
                 lab[i, j] = (lab[i, j] + 7 - 2) % (VOCAB - 2) + 2
     return out
+
+
+def _micro_batch(family: str, g) -> dict:
+    """One micro-batch of ``family``'s inputs, drawn from generator ``g``."""
+    import torch
+
+    ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
+    if family == "bert":
+        masked = torch.rand(BATCH, SEQ, generator=g) < 0.15
+        masked[:, 3] = True  # at least one masked token per sequence
+        labels = torch.where(masked, ids, torch.full_like(ids, -100))
+        inp = torch.where(masked, torch.full_like(ids, MASK_ID), ids)
+        types = torch.zeros_like(ids)
+        types[:, SEQ // 2 :] = 1
+        return {"input_ids": inp, "token_type_ids": types, "labels": labels}
+    else:
+        return {"input_ids": ids, "labels": ids.clone()}
 
 
 def _hf(family: str):

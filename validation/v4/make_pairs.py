@@ -237,24 +237,9 @@ def build_model(family: str):
 
 
 def batches(family: str, fault) -> list[list[dict]]:
-    """Per step, per micro-batch: the model's inputs. A data fault changes one step's batch."""
-    import torch
-
-    g = torch.Generator().manual_seed(DATA_SEED)
-    out = []
-    for _step in range(STEPS):
-        micro = []
-        for _ in range(MICRO.get(family, 1)):
-            if family == "resnet":
-                px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
-                micro.append({"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)})
-            elif family == "t5":
-                ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
-                micro.append({"input_ids": ids, "labels": torch.randint(2, VOCAB, (BATCH, TGT_LEN), generator=g)})
-            else:
-                ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
-                micro.append({"input_ids": ids, "labels": ids.clone()})
-        out.append(micro)
+    """Per step, per micro-batch: the model's inputs (``harness.draw_batches``). A data fault changes one step's
+    batch."""
+    out = harness.draw_batches(DATA_SEED, STEPS, MICRO.get(family, 1), lambda g: _micro_batch(family, g))
     if fault and fault["kind"] in ("ids", "labels"):
         b = out[fault["step"]][0]
         if fault["kind"] == "ids":
@@ -264,6 +249,21 @@ def batches(family: str, fault) -> list[list[dict]]:
             lab[2] = (lab[2] + 3) % CLASSES  # two images' labels changed
             lab[5] = (lab[5] + 7) % CLASSES
     return out
+
+
+def _micro_batch(family: str, g) -> dict:
+    """One micro-batch of ``family``'s inputs, drawn from generator ``g``."""
+    import torch
+
+    if family == "resnet":
+        px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
+        return {"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)}
+    elif family == "t5":
+        ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
+        return {"input_ids": ids, "labels": torch.randint(2, VOCAB, (BATCH, TGT_LEN), generator=g)}
+    else:
+        ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
+        return {"input_ids": ids, "labels": ids.clone()}
 
 
 def _hf(family: str):

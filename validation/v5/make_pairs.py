@@ -328,31 +328,9 @@ def _waveforms(g, n: int):
 
 
 def batches(family: str, fault) -> list[list[dict]]:
-    """Per step, per micro-batch: the model's inputs. A data fault changes one step's batch."""
-    import torch
-
-    g = torch.Generator().manual_seed(DATA_SEED)
-    out = []
-    for _step in range(STEPS):
-        micro = []
-        for _ in range(MICRO.get(family, 1)):
-            if family == "vit":
-                px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
-                micro.append({"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)})
-            elif family == "wav2vec2":
-                wave = _waveforms(g, BATCH)
-                micro.append(
-                    {"input_values": wave, "labels": torch.randint(1, CTC_VOCAB, (BATCH, TRANSCRIPT), generator=g)}
-                )
-            elif family == "bart":
-                src = torch.randint(4, VOCAB, (BATCH, SEQ), generator=g)
-                lab = torch.randint(4, VOCAB, (BATCH, TGT_LEN), generator=g)
-                micro.append({"input_ids": src, "labels": lab})
-            else:
-                n, seq = (1, WIDE_SEQ) if family == "granite_wide" else (BATCH, SEQ)
-                ids = torch.randint(0, VOCAB, (n, seq), generator=g)
-                micro.append({"input_ids": ids, "labels": ids.clone()})
-        out.append(micro)
+    """Per step, per micro-batch: the model's inputs (``harness.draw_batches``). A data fault changes one step's
+    batch."""
+    out = harness.draw_batches(DATA_SEED, STEPS, MICRO.get(family, 1), lambda g: _micro_batch(family, g))
     if fault and fault["kind"] in ("ids", "labels", "gain"):
         b = out[fault["step"]][fault.get("micro", 0)]
         if fault["kind"] == "ids":
@@ -364,6 +342,26 @@ def batches(family: str, fault) -> list[list[dict]]:
         else:
             b["input_values"] = b["input_values"] * 0.5  # a gain augmentation applied twice
     return out
+
+
+def _micro_batch(family: str, g) -> dict:
+    """One micro-batch of ``family``'s inputs, drawn from generator ``g``."""
+    import torch
+
+    if family == "vit":
+        px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
+        return {"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)}
+    elif family == "wav2vec2":
+        wave = _waveforms(g, BATCH)
+        return {"input_values": wave, "labels": torch.randint(1, CTC_VOCAB, (BATCH, TRANSCRIPT), generator=g)}
+    elif family == "bart":
+        src = torch.randint(4, VOCAB, (BATCH, SEQ), generator=g)
+        lab = torch.randint(4, VOCAB, (BATCH, TGT_LEN), generator=g)
+        return {"input_ids": src, "labels": lab}
+    else:
+        n, seq = (1, WIDE_SEQ) if family == "granite_wide" else (BATCH, SEQ)
+        ids = torch.randint(0, VOCAB, (n, seq), generator=g)
+        return {"input_ids": ids, "labels": ids.clone()}
 
 
 def _hf(family: str):

@@ -384,34 +384,9 @@ def build_model(family: str):
 
 
 def batches(family: str, fault) -> list[list[dict]]:
-    """Per step, per micro-batch: the model's inputs. A data fault changes one step's batch (one micro-batch)."""
-    import torch
-
-    g = torch.Generator().manual_seed(DATA_SEED)
-    out = []
-    for _step in range(STEPS):
-        micro = []
-        for _ in range(MICRO.get(family, 1)):
-            if family == "convnext":
-                px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
-                micro.append({"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)})
-            elif family == "clip":
-                px = torch.randn(PAIRS, 3, SIZE, SIZE, generator=g) * 0.5
-                ids = torch.randint(3, VOCAB - 1, (PAIRS, CAPTION), generator=g)
-                ids[:, 0] = 0  # start of text
-                ids[:, -1] = VOCAB - 1  # end of text (pooled)
-                micro.append({"pixel_values": px, "input_ids": ids})
-            elif family == "rwkv":
-                micro.append({"input_ids": torch.randint(0, VOCAB, (BATCH, RWKV_SEQ), generator=g)})
-            else:
-                n, seq = (1, WIDE_SEQ) if family == "deberta_wide" else (BATCH, SEQ)
-                ids = torch.randint(4, VOCAB, (n, seq), generator=g)
-                pos = torch.stack([torch.randperm(seq, generator=g)[:N_MASKED] for _ in range(n)])
-                labels = torch.full_like(ids, -100)
-                labels.scatter_(1, pos, ids.gather(1, pos))
-                inp = ids.scatter(1, pos, torch.full_like(pos, MASK_ID))
-                micro.append({"input_ids": inp, "labels": labels, "masked": pos})
-        out.append(micro)
+    """Per step, per micro-batch: the model's inputs (``harness.draw_batches``). A data fault changes one step's
+    batch (one micro-batch)."""
+    out = harness.draw_batches(DATA_SEED, STEPS, MICRO.get(family, 1), lambda g: _micro_batch(family, g))
     if fault and fault["kind"] in ("bgr", "ids", "labels"):
         b = out[fault["step"]][fault.get("micro", 0)]
         if fault["kind"] == "bgr":  # one micro-batch's images loaded BGR (a loader that decodes with OpenCV)
@@ -423,6 +398,31 @@ def batches(family: str, fault) -> list[list[dict]]:
             pos = b["masked"][0, :2]
             b["labels"][0, pos] = (b["labels"][0, pos] - 4 + 1) % (VOCAB - 4) + 4
     return out
+
+
+def _micro_batch(family: str, g) -> dict:
+    """One micro-batch of ``family``'s inputs, drawn from generator ``g``."""
+    import torch
+
+    if family == "convnext":
+        px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
+        return {"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)}
+    elif family == "clip":
+        px = torch.randn(PAIRS, 3, SIZE, SIZE, generator=g) * 0.5
+        ids = torch.randint(3, VOCAB - 1, (PAIRS, CAPTION), generator=g)
+        ids[:, 0] = 0  # start of text
+        ids[:, -1] = VOCAB - 1  # end of text (pooled)
+        return {"pixel_values": px, "input_ids": ids}
+    elif family == "rwkv":
+        return {"input_ids": torch.randint(0, VOCAB, (BATCH, RWKV_SEQ), generator=g)}
+    else:
+        n, seq = (1, WIDE_SEQ) if family == "deberta_wide" else (BATCH, SEQ)
+        ids = torch.randint(4, VOCAB, (n, seq), generator=g)
+        pos = torch.stack([torch.randperm(seq, generator=g)[:N_MASKED] for _ in range(n)])
+        labels = torch.full_like(ids, -100)
+        labels.scatter_(1, pos, ids.gather(1, pos))
+        inp = ids.scatter(1, pos, torch.full_like(pos, MASK_ID))
+        return {"input_ids": inp, "labels": labels, "masked": pos}
 
 
 def family_faults(family: str) -> list[dict]:

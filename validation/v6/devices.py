@@ -250,6 +250,7 @@ class Device(common.Installed):
     """One simulated device: a set of the mechanisms above."""
 
     TARGETS = _TARGETS
+    STACK = _INSTALLED
 
     def __init__(self, name, text, rational_erf=False, fma_ln=False, scaled_norm=False, log1p_ce=False,
                  sym_sigmoid=False, tang_exp=False, sr_store=False, fp32_softmax=False):  # fmt: skip
@@ -267,30 +268,10 @@ class Device(common.Installed):
     def install(self) -> None:
         super().install()
         self.gen = torch.Generator().manual_seed(SR_SEED)
-        _INSTALLED.append(self)
-
-    def uninstall(self) -> None:
-        super().uninstall()
-        if self in _INSTALLED:
-            _INSTALLED.remove(self)
 
     # -- GELU ------------------------------------------------------------------------------------------------------
     def gelu_fn(self, input, approximate="none"):
-        if approximate != "none":
-            return _STOCK["gelu"](input, approximate=approximate)
-        x_in = common.alias(input)
-        out = _STOCK["gelu"](x_in)
-        x = input.detach()
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            _replace("gelu", out, rational_gelu(x).to(out.dtype))
-        if x_in is not input and out.requires_grad:
-            grad = common.GradOut(out)
-
-            def dx(gx):
-                return _guard("gelu dx", (grad.g.float() * rational_gelu_grad(x)).to(gx.dtype), gx)
-
-            x_in.register_hook(common.quiet(dx))
-        return out
+        return common.gelu_with(_STOCK["gelu"], input, approximate, rational_gelu, rational_gelu_grad)
 
     # -- normalisation, norms ----------------------------------------------------------------------------------
     def layer_norm_fn(self, input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -313,21 +294,8 @@ class Device(common.Installed):
     # -- cross-entropy -----------------------------------------------------------------------------------------
     def cross_entropy_fn(self, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                          reduction="mean", label_smoothing=0.0):  # fmt: skip
-        args = (weight, size_average, ignore_index, reduce, reduction, label_smoothing)
-        plain = weight is None and size_average is None and reduce is None and reduction == "mean"
-        if not plain or input.dim() != 2 or target.dim() != 1 or target.is_floating_point():
-            return _STOCK["cross_entropy"](input, target, *args)
-        x_in = common.alias(input)
-        out = _STOCK["cross_entropy"](x_in, target, *args)
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            loss, grad_x = log1p_ce(input.detach(), target, label_smoothing, ignore_index)
-            _replace("cross_entropy", out, loss.to(out.dtype))
-        if x_in is not input and out.requires_grad:
-            grad = common.GradOut(out)
-            x_in.register_hook(
-                common.quiet(lambda gx: _guard("cross_entropy dx", (grad.g.float() * grad_x).to(gx.dtype), gx))
-            )
-        return out
+        return common.cross_entropy_with(_STOCK["cross_entropy"], log1p_ce, input, target, weight, size_average,
+                                         ignore_index, reduce, reduction, label_smoothing)  # fmt: skip
 
     # -- sigmoid, exp ------------------------------------------------------------------------------------------
     def sigmoid_fn(self, input, *, out=None):

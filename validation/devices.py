@@ -308,37 +308,16 @@ class Device(common.Installed):
         return out
 
     def matmul(self, input, other, *, out=None):
-        if out is not None or input.dim() < 2 or other.dim() < 2:
-            return _STOCK["matmul"](input, other, out=out)
-        cast = common.autocast_dtype()
-        a_in, b_in = common.alias(input), common.alias(other)
-        res = _STOCK["matmul"](a_in, b_in)
         blk = max(self.block // 4, 2)
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            a, b = input.detach(), other.detach()
-            if cast is not None:
-                a, b = a.to(cast), b.to(cast)
-            _replace("matmul", res, self._rnd(splitk_matmul(a, b, blk, self.order), res.dtype))
-        if res.requires_grad and a.shape[:-2] == b.shape[:-2]:
-            grad = common.GradOut(res)
-            cdt = cast or res.dtype
-            if a_in is not input:
-                a_in.register_hook(
-                    common.quiet(
-                        lambda ga: _grad_like(
-                            "matmul da", self._rnd(splitk_matmul(grad.g, b.transpose(-1, -2), blk, self.order), cdt), ga
-                        )
-                    )
-                )
-            if b_in is not other:
-                b_in.register_hook(
-                    common.quiet(
-                        lambda gb: _grad_like(
-                            "matmul db", self._rnd(splitk_matmul(a.transpose(-1, -2), grad.g, blk, self.order), cdt), gb
-                        )
-                    )
-                )
-        return res
+        return common.matmul_with(
+            _STOCK["matmul"],
+            input,
+            other,
+            out,
+            lambda a, b: splitk_matmul(a, b, blk, self.order),
+            lambda res, y: _replace("matmul", res, self._rnd(y, res.dtype)),
+            lambda name, y, stock, cdt: _grad_like(name, self._rnd(y, cdt), stock),
+        )
 
     def softmax_fn(self, input, dim=None, _stacklevel=3, dtype=None):
         out = _STOCK["softmax"](input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)

@@ -253,32 +253,15 @@ class Device(common.Installed):
         return out
 
     def matmul(self, input, other, *, out=None):
-        if out is not None or input.dim() < 2 or other.dim() < 2:
-            return _STOCK["matmul"](input, other, out=out)
-        cast = common.autocast_dtype()
-        a_in, b_in = common.alias(input), common.alias(other)
-        res = _STOCK["matmul"](a_in, b_in)
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            a, b = input.detach(), other.detach()
-            if cast is not None:
-                a, b = a.to(cast), b.to(cast)
-            _replace("matmul", res, self._out(self._product(a, b), res.dtype))
-        if res.requires_grad and a.shape[:-2] == b.shape[:-2]:
-            grad = common.GradOut(res)
-            cdt = cast or res.dtype
-            if a_in is not input:
-                a_in.register_hook(
-                    common.quiet(
-                        lambda ga: self._grad("matmul da", self._product(grad.g, b.transpose(-1, -2)), ga, cdt)
-                    )
-                )
-            if b_in is not other:
-                b_in.register_hook(
-                    common.quiet(
-                        lambda gb: self._grad("matmul db", self._product(a.transpose(-1, -2), grad.g), gb, cdt)
-                    )
-                )
-        return res
+        return common.matmul_with(
+            _STOCK["matmul"],
+            input,
+            other,
+            out,
+            self._product,
+            lambda res, y: _replace("matmul", res, self._out(y, res.dtype)),
+            self._grad,
+        )
 
     def softmax_fn(self, input, dim=None, _stacklevel=3, dtype=None):
         out = _STOCK["softmax"](input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)

@@ -169,6 +169,19 @@ def load_script(name: str, path: Path):
     return mod
 
 
+def score_validation(data: Path, tmp_path: Path) -> tuple[list[dict], subprocess.CompletedProcess]:
+    """validation/score.py over the pairs and key in ``data`` (dumpstore's CLI on every pair): its rows (--json)
+    and the finished process, which exited 0."""
+    out = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "validation" / "score.py"), "--data", str(data), "--json", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text()), proc
+
+
 def rel_l2(a, b) -> float:
     """The relative L2 difference of tensor ``a`` from ``b``, in float64."""
     a, b = a.double(), b.double()

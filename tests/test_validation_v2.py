@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import load_script
+from helpers import load_script, score_validation
 
 torch = pytest.importorskip("torch")
 
@@ -297,14 +297,7 @@ def test_the_set_is_as_documented(validation_set):
 @pytest.mark.validation
 def test_the_verdict_on_the_validation_set(validation_set, tmp_path):
     name, key = validation_set
-    out = tmp_path / "rows.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "validation" / "score.py"), "--data", str(_data(name)), "--json", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(out.read_text())
+    rows, proc = score_validation(_data(name), tmp_path)
     assert len(rows) == len(key["cases"])
     wrong = [r["name"] for r in rows if not r["ok"]]
     assert not wrong, proc.stdout

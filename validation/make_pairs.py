@@ -115,67 +115,8 @@ CASES = {
 # =================================================================================================================
 # one run (in a forked child)
 # =================================================================================================================
-class Tracer:
-    """Reads msprobe's name of the record being made; keeps marks and the top-k choices of every call."""
-
-    def __init__(self):
-        self.step = 0
-        self.marks: list[dict] = []
-        self.topk: list[dict] = []
-        self.watch: dict[int, tuple[str, int]] = {}  # id(param) -> (tag, step)
-        self._seen: set = set()
-        self.events: list[tuple] = []  # msprobe's record names as it makes them, and module entries and exits
-
-    def install_modules(self, model) -> None:
-        """Log every record name msprobe makes, and every module's entry and exit, to find leaf module records."""
-        from msprobe.core.dump.data_dump.data_processor.base import BaseDataProcessor
-
-        tracer = self
-        update = BaseDataProcessor.update_api_or_module_name
-
-        def logged(dp, name):
-            tracer.events.append(("name", tracer.step, name))
-            return update(dp, name)
-
-        BaseDataProcessor.update_api_or_module_name = logged
-        for path, mod in model.named_modules():
-            if path:
-                prefix = "Module.%s.%s.forward." % (path, type(mod).__name__)
-                mod.register_forward_pre_hook(lambda m, a, p=prefix: tracer.events.append(("start", tracer.step, p)))
-                mod.register_forward_hook(lambda m, a, o, p=prefix: tracer.events.append(("end", tracer.step, p)))
-
-    def leaf_modules(self) -> dict:
-        """{step: {api record: [module record]}} for each module call whose forward made exactly one API record:
-        msprobe's two names of the same computation."""
-        out: dict = {}
-        stack: list = []  # [prefix, record name, api records inside]
-        for kind, step, name in self.events:
-            if kind == "start":
-                stack.append([name, None, set()])
-            elif kind == "end":
-                prefix, record, apis = stack.pop()
-                if record and len(apis) == 1:
-                    out.setdefault(str(step), {}).setdefault(next(iter(apis)), []).append(record)
-            elif name.startswith("Module."):
-                if stack and stack[-1][1] is None and name.startswith(stack[-1][0]):
-                    stack[-1][1] = name
-            elif name.endswith(".forward"):
-                for frame in stack:
-                    frame[2].add(name)
-        return out
-
-    @staticmethod
-    def current() -> str | None:
-        from msprobe.pytorch import PrecisionDebugger
-
-        inst = PrecisionDebugger._instance
-        try:
-            return inst.service.data_collector.data_processor.current_api_or_module_name
-        except AttributeError:
-            return None
-
-    def mark(self, tag: str) -> None:
-        self.marks.append({"step": self.step, "tag": tag, "record": self.current()})
+class Tracer(harness.Tracer):
+    """Set 1's record-name tracer (``harness.Tracer``) and the calls its key needs."""
 
     def install(self) -> None:
         import torch
@@ -199,26 +140,7 @@ class Tracer:
             tracer._param_use(weight)
             return out
 
-        def topk_fn(input, k, dim=-1, largest=True, sorted=True, *, out=None):
-            res = topk(input, k, dim=dim, largest=largest, sorted=sorted)
-            tracer.topk.append(
-                {
-                    "step": tracer.step,
-                    "record": tracer.current(),
-                    "indices": res.indices.tolist(),
-                    "values": res.values.detach().float().tolist(),
-                    "input": input.detach().float().tolist(),
-                }
-            )
-            return res
-
-        F.linear, F.layer_norm, torch.topk, torch.addmm = linear, layer_norm, topk_fn, addmm_fn
-
-    def _param_use(self, weight) -> None:
-        tag, step = self.watch.get(id(weight), (None, None))
-        if tag is not None and self.step == step and (tag, self.step) not in self._seen:
-            self._seen.add((tag, self.step))
-            self.mark("uses:" + tag)
+        F.linear, F.layer_norm, torch.topk, torch.addmm = linear, layer_norm, tracer.topk_logged(topk), addmm_fn
 
 
 def build_model(family: str):

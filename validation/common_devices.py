@@ -238,6 +238,30 @@ def magnitudes(device: str, op: str, dtype: str, exact, stock, got, rel=rel_l2) 
     }
 
 
+def measure_op(device: str, op: str, fn, stock_fn, call, args: tuple, auto: bool, seed: int, grad: bool,
+               dtype_name: str | None = None) -> dict:  # fmt: skip
+    """One row of a magnitude table (sets 5 and 6): ``call(f, args)`` with the stock function and with the device's
+    replacement ``fn`` (under bf16 autocast where ``auto``) against the stock function in float64 (``magnitudes``);
+    with ``grad`` also the input gradients' difference (a backward of sum(y * r), r fixed, seeded ``seed`` + 1).
+    ``dtype_name``: the row's dtype (default: "autocast" or the stock output's)."""
+    with torch.no_grad():
+        exact = call(stock_fn, tuple(t.double() if t.is_floating_point() else t for t in args))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=auto):
+            stock = call(stock_fn, args)
+            got = call(fn, args)
+    name = dtype_name or ("autocast" if auto else str(stock.dtype).replace("torch.", ""))
+    row = magnitudes(device, op, name, exact, stock.float(), got.float())
+    if grad:
+        r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
+        grads = []
+        for f in (stock_fn, fn):
+            leaf = args[0].detach().clone().requires_grad_()
+            (call(f, (leaf,) + args[1:]).float() * r).sum().backward()
+            grads.append(leaf.grad)
+        row["grad_device_vs_stock"] = rel_l2(grads[1], grads[0])
+    return row
+
+
 def fmt(v) -> str:
     return "%.2g" % v if isinstance(v, float) else str(v)
 

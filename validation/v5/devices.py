@@ -435,6 +435,11 @@ def _inputs(seed: int) -> dict:
     }
 
 
+def _caller(key: str):
+    """``_call`` of op ``key`` as ``call(fn, args)``."""
+    return lambda fn, args: _call(fn, key, args)
+
+
 def _call(fn, key: str, args: tuple):
     if key == "softmax":
         return fn(args[0], -1)
@@ -477,22 +482,8 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
             auto = setting == "autocast"
             dtype = setting if isinstance(setting, torch.dtype) else torch.float32
             args = tuple(t.to(dtype) if t.is_floating_point() else t for t in base[key])
-            with torch.no_grad():
-                exact = _call(_STOCK[key], key, tuple(t.double() if t.is_floating_point() else t for t in args))
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=auto):
-                    stock = _call(_STOCK[key], key, args)
-                    got = _call(fn, key, args)
-            name = "autocast" if auto else str(stock.dtype).replace("torch.", "")
-            row = common.magnitudes(dev.name, key, name, exact, stock.float(), got.float())
-            if key in GRADS:
-                r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
-                grads = []
-                for f in (_STOCK[key], fn):
-                    leaf = args[0].detach().clone().requires_grad_()
-                    (_call(f, key, (leaf,) + args[1:]).float() * r).sum().backward()
-                    grads.append(leaf.grad)
-                row["grad_device_vs_stock"] = rel_l2(grads[1], grads[0])
-            rows.append(row)
+            call = _caller(key)
+            rows.append(common.measure_op(dev.name, key, fn, _STOCK[key], call, args, auto, seed, key in GRADS))
     rows += measure_optimizers(seed)
     return rows
 

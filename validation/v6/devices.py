@@ -434,6 +434,11 @@ def _inputs(seed: int) -> dict:
     }
 
 
+def _caller(key: str):
+    """``_call`` of op ``key`` as ``call(fn, args)``."""
+    return lambda fn, args: _call(fn, key, args)
+
+
 def _call(fn, key: str, args: tuple):
     if key == "layer_norm":
         return fn(args[0], (args[0].shape[-1],), args[1], args[2], 1e-5)
@@ -478,22 +483,9 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
             args = tuple(t.to(dtype) if t.is_floating_point() else t for t in base[key])
             if key == "layer_norm":  # the weight and bias stay fp32 (the families' LayerNorm modules)
                 args = (args[0],) + base[key][1:]
-            with torch.no_grad():
-                exact = _call(_STOCK[key], key, tuple(t.double() if t.is_floating_point() else t for t in args))
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=auto):
-                    stock = _call(_STOCK[key], key, args)
-                    got = _call(fn, key, args)
             name = "autocast" if auto else str(args[0].dtype).replace("torch.", "")
-            row = common.magnitudes(dev.name, key, name, exact, stock.float(), got.float())
-            if key in GRADS:
-                r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
-                grads = []
-                for f in (_STOCK[key], fn):
-                    leaf = args[0].detach().clone().requires_grad_()
-                    (_call(f, key, (leaf,) + args[1:]).float() * r).sum().backward()
-                    grads.append(leaf.grad)
-                row["grad_device_vs_stock"] = rel_l2(grads[1], grads[0])
-            rows.append(row)
+            call = _caller(key)
+            rows.append(common.measure_op(dev.name, key, fn, _STOCK[key], call, args, auto, seed, key in GRADS, name))
         if dev.sr_store:
             rows.append(measure_store(dev, seed))
     return rows

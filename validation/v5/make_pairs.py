@@ -605,41 +605,18 @@ def craft_near_tie(model, data, device) -> tuple[dict, object]:
     (``harness.craft_near_tie``, on each step's first micro-batch: the generator checks both).
 
     Returns (what was done, the tilt to add to the head's weight before step FLIP_STEP)."""
-
-    def run(on_step, hooks):
-        seen: set = set()
-
-        def first_micro(step, logits):
-            if step not in seen:
-                seen.add(step)
-                hooks(step, logits)
-
-        return train("wav2vec2", model, data, None, on_step=on_step, hooks=first_micro)
-
-    return harness.craft_near_tie(model, model.lm_head, run, device, FLIP_STEP)
+    return harness.craft_first_micro(sys.modules[__name__], "wav2vec2", model, model.lm_head, data, device)
 
 
 def run_device(family: str, variant: str, target: bool):
-    """The device a run is on (None: the stock reference)."""
-    if target:
-        return DEVICES[AMP_DEVICE if variant == "amp" else FAMILIES[family]["device"]]
-    return DEVICES[NOISY_REF] if variant == "noisyref" else None
+    """The device a run is on (None: the stock reference; ``harness.run_device``)."""
+    return harness.run_device(sys.modules[__name__], family, variant, target)
 
 
 def setup(family: str, variant: str, target: bool, active, tracer: Tracer, info: dict):
     """A run's model, patched; a "flip" variant's tilt crafted on a model of its own; the device installed
-    (``harness.run_one``)."""
-    tilt = None
-    if variant == "flip":  # crafted on a model of its own, patched as the runs' (the device installs itself)
-        crafted = build_model(family)
-        patch(family, crafted, Tracer(), None)
-        info["flip"], tilt = craft_near_tie(crafted, batches(family, None), DEVICES[FAMILIES[family]["device"]])
-    model = build_model(family)
-    device = run_device(family, variant, target)
-    if device is not None:
-        device.install()
-    patch(family, model, tracer, active)
-    return model, tilt
+    (``harness.setup``)."""
+    return harness.setup(sys.modules[__name__], family, variant, target, active, tracer, info)
 
 
 def flip_head(model):
@@ -652,10 +629,8 @@ def run_one(job: dict) -> dict:
 
 
 def device_label(family: str, variant: str) -> str:
-    """The key's device of a pair: the target's, "+" the reference's where that is noisy too."""
-    if variant == "amp":
-        return AMP_DEVICE
-    return FAMILIES[family]["device"] + ("+" + NOISY_REF if variant == "noisyref" else "")
+    """The key's device of a pair (``harness.device_label``)."""
+    return harness.device_label(sys.modules[__name__], family, variant)
 
 
 def structure_differences(ref_dir: Path, tgt_dir: Path, variant: str) -> list[str]:

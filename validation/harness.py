@@ -8,7 +8,9 @@ families, cases, one run (``run_one``, usually ``run_one(set_module, job)`` here
 (``expectation``) and the discrete choices it logs (``argmax_flips``); ``main(set_module, argv)`` runs it: the forked
 runs (``plan_jobs``, ``run_jobs``, ``structure_differences`` here; sets 1 and 2 and the cross set use them too), the
 checks that every clean pair differs in values only and every fault changes its run at the key's step and nothing
-before, and ``key.json`` in set 1's format (so ``validation/score.py`` scores every set unchanged).
+before, and ``key.json`` in set 1's format (so ``validation/score.py`` scores every set unchanged). Sets 1 and 2
+(whose flips are top-k routings) run through ``main_routed``; every generator holds its output folder with
+``output_lock``.
 
 A set module provides: ``__doc__``, ``HERE``, ``SET`` (its number), ``STEPS``, ``FAMILIES`` (name -> {"text",
 "device"}), ``CASES`` (name -> (family, variant, fault, modes)), ``DEVICES`` (name -> an object with ``text``),
@@ -903,15 +905,101 @@ def describe(out: Path, steps: int = 3) -> None:
         print("| %s | %s | %s | %.2g |" % (name, case["device"], " | ".join(cells), abs(lb - la) / abs(la)))
 
 
-def main(s, argv=None) -> int:
-    """Make set module ``s``'s pairs and key (or, with --describe, print how much each pair differs)."""
+def parse_args(s, argv=None, describe: bool = False) -> argparse.Namespace:
+    """A set generator's arguments: --out (default: the set's ``.data``), --jobs, --only, --modes and, with
+    ``describe``, --describe."""
     ap = argparse.ArgumentParser(description=s.__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(s.HERE / ".data"))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", nargs="*", help="cases to make (default: all)")
     ap.add_argument("--modes", nargs="*", default=["stats", "tensor"], help="dump modes to make (default: both)")
-    ap.add_argument("--describe", action="store_true", help="print how much each pair differs; make nothing")
-    args = ap.parse_args(argv)
+    if describe:
+        ap.add_argument("--describe", action="store_true", help="print how much each pair differs; make nothing")
+    return ap.parse_args(argv)
+
+
+def selected_cases(s, args) -> dict:
+    """Set module ``s``'s cases that ``args`` asks for (--only; all by default), each with the modes of --modes."""
+    return {
+        k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
+        for k, (fam, var, fault, modes) in s.CASES.items()
+        if not args.only or k in args.only
+    }
+
+
+def main_routed(s, argv=None) -> int:
+    """Make the pairs and key of set 1 or 2 (``s``; one generation at a time in an output folder)."""
+    args = parse_args(s, argv)
+    out = Path(args.out).resolve()
+    with output_lock(out):
+        return generate_routed(s, args, out)
+
+
+def generate_routed(s, args, out: Path) -> int:
+    """Make the pairs of set 1 or 2 (``s``: its flips are top-k routings; ``s.warm()`` makes the imports,
+    ``s.device_table()`` is its devices) of ``args`` and their key in ``out``. Set 1's key (made before the sets had
+    numbers) has neither the set's number nor the loss scales: those go in where ``s`` has a ``SET``."""
+    cases = selected_cases(s, args)
+    t0 = time.time()
+    s.warm()
+    print("imports %.1fs" % (time.time() - t0), flush=True)
+    jobs = plan_jobs(cases, out)
+    results = run_jobs(jobs, args.jobs, lambda job: s.run_one(job))
+    key_path = out / "key.json"
+    key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}
+    numbered = hasattr(s, "SET")
+    for case, (family, variant, fault, modes) in cases.items():
+        for mode in modes:
+            tgt_name, ref_name = "%s_target_%s" % (case, mode), "%s_%s_ref_%s" % (family, variant, mode)
+            tgt, ref = results[tgt_name], results[ref_name]
+            exp = s.expectation(case, fault, tgt, ref)
+            if exp.get("ops"):
+                step = str(exp["step"])
+                exp["modules"] = sorted(
+                    set(exp.get("modules", []))
+                    | {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
+                )
+            flips = s.topk_flips(tgt, ref)
+            if variant == "flip" and [(f["step"], f["token"]) for f in flips] != [
+                (s.FLIP_STEP, ref["info"]["flip"]["token"])
+            ]:
+                raise SystemExit("%s: not the one crafted routing flip: %r" % (case, flips))
+            if variant != "flip" and fault is None and flips:
+                raise SystemExit("%s: a clean pair without a crafted tie flipped routing: %r" % (case, flips))
+            if variant != "flip" and fault is None:  # the device changes values only: same records, shapes, dtypes
+                odd = s.structure_differences(out / mode / ref_name, out / mode / tgt_name)
+                if odd:
+                    raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
+            entry = {
+                "case": case,
+                "mode": mode,
+                "family": family,
+                "device": s.FAMILIES[family]["device"],
+                "ref": str(Path(mode) / ref_name),
+                "target": str(Path(mode) / tgt_name),
+                "expect": exp,
+                "flips": flips,
+                "crafted": ref["info"].get("flip"),
+                "losses": {"ref": ref["losses"], "target": tgt["losses"]},
+                "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
+            }
+            if numbered:
+                entry["loss_scale"] = {"ref": ref["info"].get("loss_scale"), "target": tgt["info"].get("loss_scale")}
+            key["cases"]["%s_%s" % (case, mode)] = entry
+    key["families"] = {k: v["text"] for k, v in s.FAMILIES.items()}
+    key["devices"] = {k: v.text for k, v in s.device_table().items()}
+    key["steps"] = s.STEPS
+    if numbered:
+        key["set"] = s.SET
+    key_path.write_text(json.dumps(key, indent=1, sort_keys=True))
+    shutil.rmtree(out / "scratch", ignore_errors=True)
+    print("%d runs, %d cases in %.1fs; key: %s" % (len(jobs), len(key["cases"]), time.time() - t0, key_path))
+    return 0
+
+
+def main(s, argv=None) -> int:
+    """Make set module ``s``'s pairs and key (or, with --describe, print how much each pair differs)."""
+    args = parse_args(s, argv, describe=True)
     out = Path(args.out).resolve()
     if args.describe:
         describe(out, s.STEPS)
@@ -923,11 +1011,7 @@ def main(s, argv=None) -> int:
 def generate(s, args, out: Path) -> int:
     """Make set module ``s``'s pairs of ``args`` (--only, --modes, --jobs) and its key in ``out`` (held by
     ``output_lock``)."""
-    cases = {
-        k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
-        for k, (fam, var, fault, modes) in s.CASES.items()
-        if not args.only or k in args.only
-    }
+    cases = selected_cases(s, args)
     t0 = time.time()
     s.warm()
     print("imports %.1fs" % (time.time() - t0), flush=True)

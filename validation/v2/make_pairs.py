@@ -22,14 +22,10 @@ crafting) follows set 1's and is copied, not imported, so that changes to set 1 
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import math
 import os
-import shutil
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -42,6 +38,7 @@ if harness is None:  # the driver's shared pieces (the near-tie search), loaded 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: nothing to download, ever
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+SET = 2
 STEPS = 3
 BATCH, SEQ, VOCAB = 2, 16, 96
 LR, CLIP, WD, BETAS = 2e-3, 1.0, 0.01, (0.9, 0.999)
@@ -655,29 +652,10 @@ def structure_differences(ref_dir: Path, tgt_dir: Path) -> list[str]:
 plan_jobs = harness.plan_jobs
 
 
-def main(argv=None) -> int:
-    """Make the pairs and their key (one generation at a time in an output folder)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(HERE / ".data"))
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--only", nargs="*", help="cases to make (default: all)")
-    ap.add_argument("--modes", nargs="*", default=["stats", "tensor"], help="dump modes to make (default: both)")
-    args = ap.parse_args(argv)
-    out = Path(args.out).resolve()
-    with harness.output_lock(out):  # one generation at a time writes the folder
-        return generate(args, out)
-
-
-def generate(args, out: Path) -> int:
-    """Make set 2's pairs of ``args`` (--only, --modes, --jobs) and their key in ``out``."""
-    cases = {
-        k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
-        for k, (fam, var, fault, modes) in CASES.items()
-        if not args.only or k in args.only
-    }
-    t0 = time.time()
-    import devices  # noqa: F401  (the children use this copy)
-    import torch  # noqa: F401  (imported once, before forking)
+def warm() -> None:
+    """The imports made once, before forking (the forked runs use this copy of ``devices``)."""
+    import devices  # noqa: F401
+    import torch  # noqa: F401
     import transformers  # noqa: F401
     from msprobe.pytorch import PrecisionDebugger  # noqa: F401
     from transformers import (  # noqa: F401
@@ -688,58 +666,17 @@ def generate(args, out: Path) -> int:
     )
     from transformers.activations import GELUTanh  # noqa: F401
 
-    print("imports %.1fs" % (time.time() - t0), flush=True)
-    jobs = plan_jobs(cases, out)
-    results = run_jobs(jobs, args.jobs)
-    key_path = out / "key.json"
-    key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}
-    for case, (family, variant, fault, modes) in cases.items():
-        for mode in modes:
-            tgt = results["%s_target_%s" % (case, mode)]
-            ref_name = "%s_%s_ref_%s" % (family, variant, mode)
-            ref = results[ref_name]
-            exp = expectation(case, fault, tgt, ref)
-            if exp.get("ops"):
-                step = str(exp["step"])
-                exp["modules"] = sorted(
-                    set(exp.get("modules", []))
-                    | {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
-                )
-            flips = topk_flips(tgt, ref)
-            if variant == "flip" and [(f["step"], f["token"]) for f in flips] != [
-                (FLIP_STEP, ref["info"]["flip"]["token"])
-            ]:
-                raise SystemExit("%s: not the one crafted routing flip: %r" % (case, flips))
-            if variant != "flip" and fault is None and flips:
-                raise SystemExit("%s: a clean pair without a crafted tie flipped routing: %r" % (case, flips))
-            if variant != "flip" and fault is None:  # the device changes values only: same records, shapes, dtypes
-                odd = structure_differences(out / mode / ref_name, out / mode / ("%s_target_%s" % (case, mode)))
-                if odd:
-                    raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
-            key["cases"]["%s_%s" % (case, mode)] = {
-                "case": case,
-                "mode": mode,
-                "family": family,
-                "device": FAMILIES[family]["device"],
-                "ref": str(Path(mode) / ref_name),
-                "target": str(Path(mode) / ("%s_target_%s" % (case, mode))),
-                "expect": exp,
-                "flips": flips,
-                "crafted": ref["info"].get("flip"),
-                "losses": {"ref": ref["losses"], "target": tgt["losses"]},
-                "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
-                "loss_scale": {"ref": ref["info"].get("loss_scale"), "target": tgt["info"].get("loss_scale")},
-            }
+
+def device_table() -> dict:
+    """This set's devices (``devices.DEVICES``)."""
     from devices import DEVICES
 
-    key["families"] = {k: v["text"] for k, v in FAMILIES.items()}
-    key["devices"] = {k: v.text for k, v in DEVICES.items()}
-    key["steps"] = STEPS
-    key["set"] = 2
-    key_path.write_text(json.dumps(key, indent=1, sort_keys=True))
-    shutil.rmtree(out / "scratch", ignore_errors=True)
-    print("%d runs, %d cases in %.1fs; key: %s" % (len(jobs), len(key["cases"]), time.time() - t0, key_path))
-    return 0
+    return DEVICES
+
+
+def main(argv=None) -> int:
+    """Make the pairs and their key (``harness.main_routed``: one generation at a time in an output folder)."""
+    return harness.main_routed(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

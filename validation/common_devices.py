@@ -106,6 +106,32 @@ def normalized(d: torch.Tensor, var: torch.Tensor, eps: float, normalized_shape,
     return y
 
 
+def linear_with(stock, input, weight, bias, put, grad_x, grad_w) -> torch.Tensor:
+    """A linear's replacement (sets 1 to 3): the stock kernel runs (its autograd node kept); ``put(out, x, w, b)``
+    overwrites its values from the operands in the autocast dtype; where an operand needs a gradient, tensor hooks
+    replace the stock gradients: ``grad_x(gy, w, gx, cdt)`` (None: the input's stays stock) and ``grad_w(gy2, x2, gw,
+    cdt)`` (gy and x as rows), ``cdt`` the compute dtype."""
+    cast = autocast_dtype()
+    x_in, w_in = alias(input), alias(weight)
+    out = stock(x_in, w_in, bias)
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        x, w = input.detach(), weight.detach()
+        b = bias.detach() if bias is not None else None
+        if cast is not None:
+            x, w = x.to(cast), w.to(cast)
+            b = b.to(cast) if b is not None else None
+        put(out, x, w, b)
+    if out.requires_grad:
+        g = GradOut(out)
+        cdt = cast or out.dtype
+        if x_in is not input and grad_x is not None:
+            x_in.register_hook(quiet(lambda gx: grad_x(g.g, w, gx, cdt)))
+        if w_in is not weight:
+            n, k = w.shape
+            w_in.register_hook(quiet(lambda gw: grad_w(g.g.reshape(-1, n), x.reshape(-1, k), gw, cdt)))
+    return out
+
+
 def matmul_with(stock, input, other, out, product, put, grad) -> torch.Tensor:
     """A matmul's replacement (sets 1 to 3) on operands of 2 or more dimensions (anything else stays stock): the
     operands in the autocast dtype, the stock output's values replaced by ``put(res, product(a, b))``; where an

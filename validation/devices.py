@@ -271,41 +271,22 @@ class Device(common.Installed):
         return _round_to(y32, dtype, self.rounding)
 
     def linear(self, input, weight, bias=None):
-        cast = common.autocast_dtype()
-        x_in, w_in = common.alias(input), common.alias(weight)
-        out = _STOCK["linear"](x_in, w_in, bias)
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            x, w, b = input.detach(), weight.detach(), bias.detach() if bias is not None else None
-            if cast is not None:
-                x, w = x.to(cast), w.to(cast)
-                b = b.to(cast) if b is not None else None
-            y = splitk_matmul(x, w.t(), self.block, self.order)
-            if b is not None:
-                y = y + b.float()
-            _replace("linear", out, self._rnd(y, out.dtype))
-        if out.requires_grad:
-            grad = common.GradOut(out)
-            cdt = cast or out.dtype
-            if x_in is not input:
-                x_in.register_hook(
-                    common.quiet(
-                        lambda gx: _grad_like(
-                            "linear dx", self._rnd(splitk_matmul(grad.g, w, self.block, self.order), cdt), gx
-                        )
-                    )
-                )
-            if w_in is not weight:
-                n, k = w.shape
+        return common.linear_with(_STOCK["linear"], input, weight, bias, self._linear_put, self._linear_dx,
+                                  self._linear_dw)  # fmt: skip
 
-                def dw(gw):
-                    g2 = grad.g.reshape(-1, n).float()
-                    x2 = x.reshape(-1, k).float()
-                    return _grad_like(
-                        "linear dw", self._rnd(splitk_matmul(g2.t(), x2, self.block, self.order), cdt), gw
-                    )
+    def _linear_put(self, out, x, w, b):
+        y = splitk_matmul(x, w.t(), self.block, self.order)
+        if b is not None:
+            y = y + b.float()
+        _replace("linear", out, self._rnd(y, out.dtype))
 
-                w_in.register_hook(common.quiet(dw))
-        return out
+    def _linear_dx(self, g, w, gx, cdt):
+        return _grad_like("linear dx", self._rnd(splitk_matmul(g, w, self.block, self.order), cdt), gx)
+
+    def _linear_dw(self, g2, x2, gw, cdt):
+        return _grad_like(
+            "linear dw", self._rnd(splitk_matmul(g2.float().t(), x2.float(), self.block, self.order), cdt), gw
+        )
 
     def matmul(self, input, other, *, out=None):
         blk = max(self.block // 4, 2)

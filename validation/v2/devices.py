@@ -287,35 +287,22 @@ class Device(common.Installed):
 
     # -- replacements ---------------------------------------------------------------------------------------------
     def linear(self, input, weight, bias=None):
-        cast = common.autocast_dtype()
-        x_in, w_in = common.alias(input), common.alias(weight)
-        out = _STOCK["linear"](x_in, w_in, bias)
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            x, w = input.detach(), weight.detach()
-            b = bias.detach() if bias is not None else None
-            if cast is not None:
-                x, w = x.to(cast), w.to(cast)
-                b = b.to(cast) if b is not None else None
-            y = self._product(x, w.t())
-            if b is not None and self.unfused_bias and out.dtype in (torch.bfloat16, torch.float16):
-                y = self._round(self._round(y, out.dtype).float() + b.float(), out.dtype)  # a second rounding
-            elif b is not None:
-                y = y + b.float()
-            _replace("linear", out, self._round(y, out.dtype), self._precision(out.dtype))
-        if out.requires_grad:
-            grad = common.GradOut(out)
-            cdt = cast or out.dtype
-            if x_in is not input:
-                x_in.register_hook(common.quiet(lambda gx: self._grad("linear dx", self._product(grad.g, w), gx, cdt)))
-            if w_in is not weight:
-                n, k = w.shape
+        return common.linear_with(_STOCK["linear"], input, weight, bias, self._linear_put, self._linear_dx,
+                                  self._linear_dw)  # fmt: skip
 
-                def dw(gw):
-                    g2, x2 = grad.g.reshape(-1, n), x.reshape(-1, k)
-                    return self._grad("linear dw", self._product(g2.t(), x2), gw, cdt)
+    def _linear_put(self, out, x, w, b):
+        y = self._product(x, w.t())
+        if b is not None and self.unfused_bias and out.dtype in (torch.bfloat16, torch.float16):
+            y = self._round(self._round(y, out.dtype).float() + b.float(), out.dtype)  # a second rounding
+        elif b is not None:
+            y = y + b.float()
+        _replace("linear", out, self._round(y, out.dtype), self._precision(out.dtype))
 
-                w_in.register_hook(common.quiet(dw))
-        return out
+    def _linear_dx(self, g, w, gx, cdt):
+        return self._grad("linear dx", self._product(g, w), gx, cdt)
+
+    def _linear_dw(self, g2, x2, gw, cdt):
+        return self._grad("linear dw", self._product(g2.t(), x2), gw, cdt)
 
     def matmul(self, input, other, *, out=None):
         return common.matmul_with(

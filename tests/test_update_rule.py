@@ -207,6 +207,7 @@ def test_a_weight_decay_changed_under_lamb_is_found_on_the_parameters_it_moves(t
     rows = _ordered(cmp.rows, cmp.records)
     assert steps.decay_differs(rows, 1, 2, rows.filter((rows["step"] == 2) & (rows["_io"] == "parameters"))) is None
     assert "8 of 8 parameters' norms moved -9.49e-06 (relative, median)" in c.detail
+    assert "(the update before: +0)" in c.detail and "the parameters a decay moves moved in proportion" in c.detail
 
 
 def test_the_lamb_pair_without_the_change_is_quiet(tmp_path):

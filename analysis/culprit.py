@@ -359,15 +359,14 @@ def _optimizer(
         )
     elif decay is not None:
         evidence, value, metric = decay, decay["median_norm_gap"], "norm_gap"
-        was = (
-            f" (the update before: {decay['previous_norm_gap']:+.3g})"
-            if decay.get("previous_norm_gap") is not None
-            else ""
-        )
+        later = decay.get("previous_norm_gap") is not None  # analysis/updates.py decay_shift
+        was = f" (the update before: {decay['previous_norm_gap']:+.3g})" if later else ""
+        which = "the parameters a decay moves moved in proportion to themselves" if later else None
+        which = which or "every parameter moved in proportion to itself"
         text = (
             f"{decay['same_way']} of {decay['parameters']} parameters' norms moved {decay['median_norm_gap']:+.3g} "
             f"(relative, median) from the reference's between steps {before} and {after}{was}, beyond their own "
-            f"spread (bar {decay['bar']:.2g}): every parameter moved in proportion to itself, weight decay differs"
+            f"spread (bar {decay['bar']:.2g}): {which}, weight decay differs"
         )
     else:
         # (only the rules of steps.py use the table); a parameter within its tolerance can still have changed

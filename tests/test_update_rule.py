@@ -207,9 +207,32 @@ def test_a_weight_decay_changed_under_lamb_is_found_on_the_parameters_it_moves(t
     rows = _ordered(cmp.rows, cmp.records)
     assert steps.decay_differs(rows, 1, 2, rows.filter((rows["step"] == 2) & (rows["_io"] == "parameters"))) is None
     assert "8 of 8 parameters' norms moved -9.49e-06 (relative, median)" in c.detail
+    assert "(the update before: +0)" in c.detail and "the parameters a decay moves moved in proportion" in c.detail
 
 
 def test_the_lamb_pair_without_the_change_is_quiet(tmp_path):
     runs, grads = _lamb_runs(0.05)
     _, v = _verdict(tmp_path, runs, grads, dtype="float32")
     assert v.culprit is None
+
+
+def test_a_module_called_per_micro_batch_is_one_tensor():
+    import polars as pl
+
+    recs = [
+        "Module.a.Linear.forward.0",
+        "Module.a.Linear.forward.1",
+        "Module.b.Linear.forward.0",
+        "Tensor.mul.0.forward",
+    ]
+    params = pl.DataFrame(
+        {"rank": [0, 0, 0, 0], "source": [""] * 4, "_record": recs, "index_path": ["weight"] * 3 + ["1"]}
+    )
+    out = one_per_tensor(params)
+    assert out["_record"].to_list() == [
+        "Module.a.Linear.forward.0",
+        "Module.b.Linear.forward.0",
+        "Tensor.mul.0.forward",
+    ]
+    # another rank's copy is another tensor
+    assert one_per_tensor(params.with_columns(pl.Series("rank", [0, 1, 0, 0]))).height == 4

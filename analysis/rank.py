@@ -346,16 +346,21 @@ def _own_tol() -> pl.Expr:
 
 
 def _dtype_tol() -> pl.Expr:
-    """The tolerance of the leaf's own float dtype (tolerance.REL_L2_DEFAULT), where it is judged at another
-    float dtype (a float32 tensor of a bfloat16-autocast run: the run's compute floor); else its tolerance.  A
-    class's inferred precision (`tf32`: matmuls with 10-bit-mantissa inputs) is kept."""
+    """The tolerance of the leaf's own float dtypes (tolerance.REL_L2_DEFAULT; the coarser of the two runs': a
+    softmax output in float32 where the reference's is bfloat16 carries bfloat16's rounding), where it is judged
+    at another float dtype (a float32 tensor of a bfloat16-autocast run: the run's compute floor); else its
+    tolerance.  A class's inferred precision (`tf32`: matmuls with 10-bit-mantissa inputs) is kept."""
     from dumpstore.dtypes import FLOAT_DTYPES
 
     from .tolerance import REL_L2_DEFAULT
 
-    own = pl.col("dtype").replace_strict(REL_L2_DEFAULT, default=None, return_dtype=pl.Float64)
+    def of(col: str) -> pl.Expr:
+        return pl.col(col).replace_strict(REL_L2_DEFAULT, default=None, return_dtype=pl.Float64)
+
+    own = pl.max_horizontal(of("dtype"), of("ref_dtype"))
+    both = of("dtype").is_not_null() & of("ref_dtype").is_not_null()
     storage = pl.col("tol_dtype").is_in(list(FLOAT_DTYPES)).fill_null(False)
-    return pl.when(storage & own.is_not_null()).then(own).otherwise(pl.col("tol").fill_null(0.0))
+    return pl.when(storage & both).then(own).otherwise(pl.col("tol").fill_null(0.0))
 
 
 def _module_filter(module: str) -> pl.Expr:

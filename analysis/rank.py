@@ -149,6 +149,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
     is_out, is_in = pl.col("_io").is_in(OUTPUT_IO), pl.col("_io").is_in(INPUT_IO)
     tensor = pl.col("kind") == "tensor"
     finite = pl.col("err").is_finite()
+    by_stats = (pl.col("err_source") == "stats") if "err_source" in df.columns else pl.lit(False)
     # a tensor holding a mask's fill (finfo.min, +-finfo.max: rules.small_value_scale) has the fill's norm: its
     # relative error says nothing of the rest of it
     filled = pl.col("ref_has_sat").fill_null(False) if "ref_has_sat" in df.columns else pl.lit(False)
@@ -176,7 +177,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
             (pl.col("err_source") == "stats").filter(is_in & tensor).all().fill_null(False).alias("_in_bound"),
             pl.col("tol").filter(is_out & tensor).max().alias("_out_tol"),
             # statistics of an input agree only to its dtype's rounding (msprobe keeps a bf16 tensor's in bf16)
-            _dtype_tol_of("dtype").filter(is_in & tensor & (pl.col("err_source") == "stats")).max().alias("_in_dtol"),
+            _dtype_tol_of("dtype").filter(is_in & tensor & by_stats).max().alias("_in_dtol"),
             *([pl.col("module").first().alias("_parent")] if "module" in df.columns else []),
         )
         .sort(group + ["_phase", "_seq"], nulls_last=True)
@@ -232,7 +233,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         pl.when(is_out & (pl.col("lone_tol") > 0))
         .then(pl.min_horizontal(_own_tol(), pl.col("lone_tol")))
         .when(exact_in)
-        .then(pl.min_horizontal(_own_tol(), pl.max_horizontal(_dtype_tol(), pl.col("_in_dtol"))))
+        .then(pl.min_horizontal(_own_tol(), pl.max_horizontal(_dtype_tol(df.columns), pl.col("_in_dtol"))))
         .otherwise(_own_tol())
     )
     denom = pl.max_horizontal(own_tol, carried)
@@ -364,7 +365,7 @@ def _dtype_tol_of(col: str) -> pl.Expr:
     return pl.col(col).replace_strict(REL_L2_DEFAULT, default=None, return_dtype=pl.Float64)
 
 
-def _dtype_tol() -> pl.Expr:
+def _dtype_tol(columns: list[str]) -> pl.Expr:
     """The tolerance of the leaf's own float dtypes (tolerance.REL_L2_DEFAULT; the coarser of the two runs': a
     softmax output in float32 where the reference's is bfloat16 carries bfloat16's rounding), where it is judged
     at another float dtype (a float32 tensor of a bfloat16-autocast run: the run's compute floor); else its
@@ -372,8 +373,9 @@ def _dtype_tol() -> pl.Expr:
     from dumpstore.dtypes import FLOAT_DTYPES
 
     of = _dtype_tol_of
-    own = pl.max_horizontal(of("dtype"), of("ref_dtype"))
-    both = of("dtype").is_not_null() & of("ref_dtype").is_not_null()
+    ref = "ref_dtype" if "ref_dtype" in columns else "dtype"  # (hand-made rows may lack the reference's)
+    own = pl.max_horizontal(of("dtype"), of(ref))
+    both = of("dtype").is_not_null() & of(ref).is_not_null()
     storage = pl.col("tol_dtype").is_in(list(FLOAT_DTYPES)).fill_null(False)
     return pl.when(storage & both).then(own).otherwise(pl.col("tol").fill_null(0.0))
 

@@ -35,7 +35,7 @@ from typing import Any
 import polars as pl
 
 from dumpstore.dtypes import EPS, FLOAT_DTYPES
-from dumpstore.names import MODULE_RECORD_PREFIXES
+from dumpstore.names import CALL_DIRECTION_SQL, MODULE_RECORD_PREFIXES
 
 from .order import INPUT_IO, OUTPUT_IO
 
@@ -92,7 +92,7 @@ def lone_records(rows: pl.DataFrame, rec: str, io: str, direction: str) -> pl.Da
         is_out.any().alias("_has_out"),
     )
     recs = recs.filter(~pl.col("_in_moved") & pl.col("_has_out")).with_columns(
-        pl.col(rec).str.replace(r"\.\d+\.(forward|backward)$", "").alias("_api")
+        pl.col(rec).str.replace(CALL_DIRECTION_SQL, "${1}").alias("_api")
     )
     group = ["rank", "source", "_api", "_dir", "_sig"]
     kept = ~pl.col("_out_moved")

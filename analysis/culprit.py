@@ -7,6 +7,7 @@ sibling_prior.py."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import cached_property
 from typing import Any
@@ -24,7 +25,7 @@ from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
 from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, integer_sum_differs, is_loss
-from .lone_precision import lone_detail
+from .lone_precision import call_record, lone_detail
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import Producers, discrete_data_readers, discrete_first_differs, integer_input, with_fingerprints
@@ -567,18 +568,19 @@ class _Judge:
         rec = self.rec
         outs = self.leaves.filter(changed_dtype() & pl.col("_io").is_in(OUTPUT_IO))
         leaf = outs.row(0, named=True)
+        op = call_record(rec, self.cmp.records)  # a lowered backward: the call, named at its forward record
         return Finding(
             leaf["step"],
             leaf["rank"],
-            rec["_record"],
+            op,
             leaf["name"],
             "op",
             metric="dtype",
-            value=leaf.get("err"),
+            value=leaf["err"] if leaf.get("err") is not None and math.isfinite(leaf["err"]) else None,
             threshold=rec.get("lone_tol"),
             source=leaf.get("err_source"),
             dtype=leaf["dtype"],
-            detail=lone_detail(rec),
+            detail=lone_detail(rec, op),
             evidence={
                 "dtype": leaf["dtype"],
                 "ref_dtype": leaf["ref_dtype"],

@@ -123,12 +123,26 @@ def with_lone(recs: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
     return out.with_columns((pl.col("lone_low").fill_null(False) & diff).alias("lone_low"))
 
 
-def lone_detail(rec: dict[str, Any]) -> str:
-    """The finding's sentence."""
+def call_record(rec: dict[str, Any], records: pl.DataFrame) -> str:
+    """The record a lowered record's finding names: a backward record whose forward record (the same call) is in
+    the comparison at its step and rank is named at the forward, where the call is in the code (a kernel that
+    casts its inputs inside the call shows the lower dtype in its gradients only: the forward's output is upcast
+    before msprobe records it); else the record itself."""
+    name = str(rec["_record"])
+    if not name.endswith(".backward") or "t_record" not in records.columns:
+        return name
+    fwd = name[: -len("backward")] + "forward"
+    at = (pl.col("step") == rec["step"]) & (pl.col("rank") == rec["rank"]) & (pl.col("t_record") == fwd)
+    return fwd if records.filter(at).height else name
+
+
+def lone_detail(rec: dict[str, Any], op: str | None = None) -> str:
+    """The finding's sentence (`op`: the record named, where it is not the lowered one)."""
     target, ref = (str(rec.get("lone_dtypes") or "?/?").split("/") + ["?"])[:2]
+    where = "" if op in (None, rec["_record"]) else f"{rec['_record']} (this call's backward): "
     return (
-        f"its output is {target} in the target, {ref} in the reference, on inputs of the reference's dtypes, "
-        f"where {rec['lone_kept']} other calls of this API on the same dtypes keep {ref} in both runs "
+        f"{where}its output is {target} in the target, {ref} in the reference, on inputs of the reference's "
+        f"dtypes, where {rec['lone_kept']} other calls of this API on the same dtypes keep {ref} in both runs "
         f"({rec['lone_lowered']} lowered in all): not a device's policy for the op (that lowers every call) but "
         f"this call computed in {target}"
     )

@@ -149,6 +149,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
     is_out, is_in = pl.col("_io").is_in(OUTPUT_IO), pl.col("_io").is_in(INPUT_IO)
     tensor = pl.col("kind") == "tensor"
     finite = pl.col("err").is_finite()
+    by_stats = (pl.col("err_source") == "stats") if "err_source" in df.columns else pl.lit(False)
     # a tensor holding a mask's fill (finfo.min, +-finfo.max: rules.small_value_scale) has the fill's norm: its
     # relative error says nothing of the rest of it
     filled = pl.col("ref_has_sat").fill_null(False) if "ref_has_sat" in df.columns else pl.lit(False)
@@ -175,6 +176,8 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
             .alias("_discrete"),
             (pl.col("err_source") == "stats").filter(is_in & tensor).all().fill_null(False).alias("_in_bound"),
             pl.col("tol").filter(is_out & tensor).max().alias("_out_tol"),
+            # statistics of an input agree only to its dtype's rounding (msprobe keeps a bf16 tensor's in bf16)
+            _dtype_tol_of("dtype").filter(is_in & tensor & by_stats).max().alias("_in_dtol"),
             *([pl.col("module").first().alias("_parent")] if "module" in df.columns else []),
         )
         .sort(group + ["_phase", "_seq"], nulls_last=True)
@@ -189,7 +192,16 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
     recs = recs.join(lone, on=key, how="left", nulls_equal=True)
     df = df.join(
         recs.select(
-            *key, "_in_err", "_in_unknown", "_before", "_in_shape", "_flipped", "_in_bound", "_inside", "lone_tol"
+            *key,
+            "_in_err",
+            "_in_unknown",
+            "_before",
+            "_in_shape",
+            "_flipped",
+            "_in_bound",
+            "_inside",
+            "lone_tol",
+            "_in_dtol",
         ),
         on=key,
         how="left",
@@ -221,7 +233,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         pl.when(is_out & (pl.col("lone_tol") > 0))
         .then(pl.min_horizontal(_own_tol(), pl.col("lone_tol")))
         .when(exact_in)
-        .then(pl.min_horizontal(_own_tol(), _dtype_tol()))
+        .then(pl.min_horizontal(_own_tol(), pl.max_horizontal(_dtype_tol(df.columns), pl.col("_in_dtol"))))
         .otherwise(_own_tol())
     )
     denom = pl.max_horizontal(own_tol, carried)
@@ -262,6 +274,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         "_flipped",
         "_in_bound",
         "lone_tol",
+        "_in_dtol",
     )
 
 
@@ -345,17 +358,26 @@ def _own_tol() -> pl.Expr:
     return pl.when(gather & own.is_not_null() & (own < tol)).then(own).otherwise(tol)
 
 
-def _dtype_tol() -> pl.Expr:
-    """The tolerance of the leaf's own float dtype (tolerance.REL_L2_DEFAULT), where it is judged at another
-    float dtype (a float32 tensor of a bfloat16-autocast run: the run's compute floor); else its tolerance.  A
-    class's inferred precision (`tf32`: matmuls with 10-bit-mantissa inputs) is kept."""
-    from dumpstore.dtypes import FLOAT_DTYPES
-
+def _dtype_tol_of(col: str) -> pl.Expr:
+    """tolerance.REL_L2_DEFAULT of the dtype in `col` (null for others)."""
     from .tolerance import REL_L2_DEFAULT
 
-    own = pl.col("dtype").replace_strict(REL_L2_DEFAULT, default=None, return_dtype=pl.Float64)
+    return pl.col(col).replace_strict(REL_L2_DEFAULT, default=None, return_dtype=pl.Float64)
+
+
+def _dtype_tol(columns: list[str]) -> pl.Expr:
+    """The tolerance of the leaf's own float dtypes (tolerance.REL_L2_DEFAULT; the coarser of the two runs': a
+    softmax output in float32 where the reference's is bfloat16 carries bfloat16's rounding), where it is judged
+    at another float dtype (a float32 tensor of a bfloat16-autocast run: the run's compute floor); else its
+    tolerance.  A class's inferred precision (`tf32`: matmuls with 10-bit-mantissa inputs) is kept."""
+    from dumpstore.dtypes import FLOAT_DTYPES
+
+    of = _dtype_tol_of
+    ref = "ref_dtype" if "ref_dtype" in columns else "dtype"  # (hand-made rows may lack the reference's)
+    own = pl.max_horizontal(of("dtype"), of(ref))
+    both = of("dtype").is_not_null() & of(ref).is_not_null()
     storage = pl.col("tol_dtype").is_in(list(FLOAT_DTYPES)).fill_null(False)
-    return pl.when(storage & own.is_not_null()).then(own).otherwise(pl.col("tol").fill_null(0.0))
+    return pl.when(storage & both).then(own).otherwise(pl.col("tol").fill_null(0.0))
 
 
 def _module_filter(module: str) -> pl.Expr:

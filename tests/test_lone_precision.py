@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analysis.lone_precision import lone_records
+from analysis.lone_precision import call_record, lone_records
 from analysis.rank import rank_rows
 from dumpstore import ingest, open_store
 from dumpstore.analysis import compare_runs, divergence
@@ -106,3 +106,13 @@ def test_too_few_kept_siblings_are_no_evidence(dump_writer, store_dir):
     are no evidence of a policy."""
     cmp = _write(dump_writer, store_dir, "tensor", _model(12, set()), _model(12, set(range(1, 11))))
     assert divergence(cmp).culprit is None
+
+
+def test_a_lowered_backward_is_named_at_its_forward():
+    """A kernel that casts inside the call shows the lower dtype in its gradients only: the backward record's
+    finding names the call's forward record where the comparison has it, else the backward itself."""
+    records = pl.DataFrame({"step": [0, 0], "rank": [0, 0], "t_record": ["Functional.linear.6.forward", "x"]})
+    rec = {"_record": "Functional.linear.6.backward", "step": 0, "rank": 0}
+    assert call_record(rec, records) == "Functional.linear.6.forward"
+    assert call_record({**rec, "_record": "Functional.linear.7.backward"}, records) == "Functional.linear.7.backward"
+    assert call_record({**rec, "step": 1}, records) == "Functional.linear.6.backward"

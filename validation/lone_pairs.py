@@ -9,13 +9,19 @@ Families (fp32 weights and compute, AdamW lr 1e-3, 3 steps, one micro-batch each
        tokens, batch 2, vocab 64; next-token cross-entropy);
   cnn  a small CNN (four 3x3 convolutions 8-8-16-16 channels, the third of stride 2, each followed by GroupNorm
        and ReLU; global average pooling, a linear classifier of 10 classes; 4 images of 3x12x12).
-Cases (the target's difference; the reference is the stock fp32 run):
+Every target runs on set 6's device Y (validation/v6/devices.py: GELU's erf by a rational approximation,
+LayerNorm's epilogue as one fused multiply-add, cross-entropy with a log1p log-sum-exp, nrm2 norms), the
+reference is the stock fp32 run. Cases (the target's difference besides its device):
   tf_fc1_bf16_L1      layer 1's MLP up-projection (nn.Linear) under a bfloat16 autocast region, its output upcast;
   tf_scores_bf16_L0   layer 0's attention scores q @ k^T (torch.matmul) under a bfloat16 autocast region;
   tf_ln_fp16_L1       layer 1's second LayerNorm on float16 copies of its input and parameters, its output upcast;
   tf_clean_linear     every Linear under bfloat16 autocast (a device's policy for the op class): clean;
   cnn_conv_bf16_L2    the third convolution under a bfloat16 autocast region, its output upcast;
-  cnn_clean_conv      every convolution under bfloat16 autocast (the class's policy): clean.
+  cnn_clean_conv      every convolution under bfloat16 autocast (the class's policy): clean;
+  tf_clean, cnn_clean the device alone: clean;
+  tf_fc1_inner_bf16_L1  layer 1's MLP up-projection computed by a kernel that casts its inputs to bfloat16 and
+                      its output back to float32 inside the recorded call (F.linear patched before msprobe wraps
+                      it, as a device's kernel): the record shows float32 only, with a bfloat16-sized error.
 The key names the faulty call's msprobe record at step 0 (the API's call counter read from the dump, first
 micro-batch), in validation/score.py's format.
 """
@@ -44,6 +50,21 @@ def _load(name: str, path: Path):
 
 make_pairs = _load("validation_make_pairs", HERE / "make_pairs.py")
 STEPS = make_pairs.STEPS
+INNER = [False]  # the inner-bf16 kernel's switch: on around the faulty call only
+
+
+def inner_linear(stock):
+    """F.linear whose kernel computes in bfloat16 and returns float32 while INNER is on."""
+
+    def linear(input, weight, bias=None):
+        if INNER[0]:
+            low = stock(input.bfloat16(), weight.bfloat16(), None if bias is None else bias.bfloat16())
+            return low.float()
+        return stock(input, weight, bias)
+
+    return linear
+
+
 CASES = {
     "tf_fc1_bf16_L1": ("tf", {"kind": "fc1_bf16", "layer": 1}),
     "tf_scores_bf16_L0": ("tf", {"kind": "scores_bf16", "layer": 0}),
@@ -51,10 +72,15 @@ CASES = {
     "tf_clean_linear": ("tf", {"kind": "all_linear_bf16", "clean": True}),
     "cnn_conv_bf16_L2": ("cnn", {"kind": "conv_bf16", "layer": 2}),
     "cnn_clean_conv": ("cnn", {"kind": "all_conv_bf16", "clean": True}),
+    "tf_clean": ("tf", {"kind": "none", "clean": True}),
+    "tf_fc1_inner_bf16_L1": ("tf", {"kind": "fc1_inner_bf16", "layer": 1}),
+    "cnn_clean": ("cnn", {"kind": "none", "clean": True}),
 }
+DEVICE = "Y"
 # the faulty call: (API record prefix, its index among that API's calls in the first forward)
 EXPECT = {
     "fc1_bf16": lambda f: ("Functional.linear", 4 * f["layer"] + 2),  # qkv, out, fc1, fc2 per layer
+    "fc1_inner_bf16": lambda f: ("Functional.linear", 4 * f["layer"] + 2),
     "scores_bf16": lambda f: ("Torch.matmul", 2 * f["layer"]),  # scores, then probabilities @ v
     "ln_fp16": lambda f: ("Functional.layer_norm", 2 * f["layer"] + 1),  # ln1, ln2 per layer
     "conv_bf16": lambda f: ("Functional.conv2d", f["layer"]),
@@ -82,6 +108,12 @@ def build(family: str, fault: dict | None):
                 self.fc1, self.fc2 = nn.Linear(H, 2 * H), nn.Linear(2 * H, H)
 
             def lin(self, m, x, name):
+                if kind == "fc1_inner_bf16" and name == "fc1" and fault["layer"] == self.i:
+                    INNER[0] = True
+                    try:
+                        return m(x)
+                    finally:
+                        INNER[0] = False
                 if kind == "all_linear_bf16" or (kind == "fc1_bf16" and name == "fc1" and fault["layer"] == self.i):
                     with low():
                         return m(x).float()
@@ -100,9 +132,10 @@ def build(family: str, fault: dict | None):
                 p = F.softmax((s / (H // NH) ** 0.5).masked_fill(mask, float("-inf")), dim=-1)
                 a = torch.matmul(p, v).transpose(1, 2).reshape(B, T, H)
                 x = x + self.lin(self.out, a, "out")
-                h = self.ln2(x)
                 if kind == "ln_fp16" and fault["layer"] == self.i:
                     h = F.layer_norm(x.half(), (H,), self.ln2.weight.half(), self.ln2.bias.half()).float()
+                else:
+                    h = self.ln2(x)
                 return x + self.lin(self.fc2, F.gelu(self.lin(self.fc1, h, "fc1")), "fc2")
 
         class LM(nn.Module):
@@ -170,6 +203,12 @@ def run(job: dict) -> None:
     scratch = out.parent / (out.name + "_scratch")
     scratch.mkdir(parents=True, exist_ok=True)
     os.chdir(scratch)
+    if job["role"] == "target":  # the device's kernels installed before msprobe wraps the APIs (as the sets do)
+        _load("validation_v6_devices", HERE / "v6" / "devices.py").DEVICES[DEVICE].install()
+    if job["fault"] and job["fault"]["kind"] == "fc1_inner_bf16":
+        import torch.nn.functional as F
+
+        F.linear = inner_linear(F.linear)
     make_pairs.write_config(scratch / "config.json", out, mode)  # set 1's msprobe config (3 steps, level mix)
     model, data, loss_of = build(job["family"], job["fault"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -193,9 +232,17 @@ def main(argv: list[str]) -> int:
     jobs = []
     for mode in ("stats", "tensor"):
         for family in ("tf", "cnn"):
-            jobs.append({"family": family, "fault": None, "mode": mode, "out": str(out / mode / f"{family}_ref")})
+            job = {
+                "family": family,
+                "fault": None,
+                "mode": mode,
+                "role": "ref",
+                "out": str(out / mode / f"{family}_ref"),
+            }
+            jobs.append(job)
         for case, (family, fault) in CASES.items():
-            jobs.append({"family": family, "fault": fault, "mode": mode, "out": str(out / mode / f"{case}_target")})
+            target = str(out / mode / f"{case}_target")
+            jobs.append({"family": family, "fault": fault, "mode": mode, "role": "target", "out": target})
             expect = {"clean": True}
             if not fault.get("clean"):
                 api, n = EXPECT[fault["kind"]](fault)
@@ -204,6 +251,7 @@ def main(argv: list[str]) -> int:
                 "case": case,
                 "mode": mode,
                 "family": family,
+                "device": DEVICE,
                 "ref": f"{mode}/{family}_ref",
                 "target": f"{mode}/{case}_target",
                 "expect": expect,

@@ -282,7 +282,7 @@ def weight_case(family: str, param: str, step: int, how: str, modes: tuple = STA
 
 def optimizer_case(family: str, kind: str, value, modes: tuple = STATS) -> tuple:
     """A case of an optimizer fault: setting ``kind`` ("lr": a factor, "clip": the norm, else a param groups'
-    setting) changed to ``value`` in the updates after step 0 (parameters first differ at step 2)."""
+    setting) changed to ``value`` in the updates after step 1 (parameters first differ at step 2)."""
     return (family, "base", {"kind": kind, "after_step": 1, "value": value}, modes)
 
 

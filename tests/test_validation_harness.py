@@ -1,10 +1,12 @@
-"""The validation generators' output lock (``validation/harness.py``'s ``output_lock``): one generation at a time
-writes an output folder; a second one stops with one line, before it removes or writes anything. Every set's
-generator is run as a script against a folder this test holds (no torch run: each stops at the lock, seconds)."""
+"""The validation generators' shared harness (``validation/harness.py``): the output lock (one generation at a time
+writes an output folder; a second one stops with one line, before it removes or writes anything: every set's
+generator is run as a script against a folder this test holds, each stopping at the lock, seconds), the jobs' plan,
+msprobe's config, the structure check and the batches' draw."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -88,3 +90,81 @@ def test_every_generator_stops_on_a_folder_another_generation_holds(tmp_path, ge
         "stats/a_run/step0/rank0",
         "stats/a_run/step0/rank0/dump.json",
     ]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the pieces every generator shares
+# ------------------------------------------------------------------------------------------------------------
+def test_plan_jobs_makes_one_reference_per_family_variant_and_mode_and_removes_old_dumps(tmp_path):
+    old = tmp_path / "stats" / "a_clean_target_stats" / "step0"
+    old.mkdir(parents=True)
+    cases = {
+        "a_clean": ("a", "base", None, ("stats", "tensor")),
+        "a_lr_step2": harness.optimizer_case("a", "lr", 1.1),
+        "a_flip": ("a", "flip", None, ("stats",)),
+    }
+    jobs = harness.plan_jobs(cases, tmp_path)
+    assert [(j["name"], j["role"], j["fault"]) for j in jobs] == [
+        ("a_base_ref_stats", "ref", None),
+        ("a_clean_target_stats", "target", None),
+        ("a_base_ref_tensor", "ref", None),
+        ("a_clean_target_tensor", "target", None),
+        ("a_lr_step2_target_stats", "target", {"kind": "lr", "after_step": 1, "value": 1.1}),
+        ("a_flip_ref_stats", "ref", None),
+        ("a_flip_target_stats", "target", None),
+    ]
+    assert jobs[1]["dump_dir"] == str(tmp_path / "stats" / "a_clean_target_stats")
+    assert jobs[1]["log"] == str(tmp_path / "logs" / "a_clean_target_stats.log")
+    assert not old.exists() and (tmp_path / "logs").is_dir()
+
+
+def _dump(root: Path, records_per_step: list[dict]) -> Path:
+    for step, records in enumerate(records_per_step):
+        d = root / ("step%d" % step) / "rank0"
+        d.mkdir(parents=True)
+        (d / "dump.json").write_text(json.dumps({"data": records}))
+    return root
+
+
+def test_structure_differences_names_what_differs_beyond_values(tmp_path):
+    def rec(dtype, shape=(2, 3), value=1.0):
+        return {"input_args": [{"type": "torch.Tensor", "dtype": dtype, "shape": list(shape), "Max": value}]}
+
+    ref = _dump(tmp_path / "ref", [{"Functional.linear.0.forward": rec("torch.float32")}] * 2)
+    same = _dump(tmp_path / "same", [{"Functional.linear.0.forward": rec("torch.float32", value=2.0)}] * 2)
+    other = _dump(
+        tmp_path / "other",
+        [{"Functional.linear.0.forward": rec("torch.bfloat16")}, {"Functional.gelu.0.forward": rec("torch.float32")}],
+    )
+    assert harness.structure_differences(ref, same, 2) == []
+    assert harness.structure_differences(ref, other, 2) == [
+        "step 0: Functional.linear.0.forward.input_args.0",
+        "step 1: records differ",
+    ]
+
+
+def test_write_config_is_msprobes_statistics_or_tensor_config(tmp_path):
+    harness.write_config(tmp_path / "c.json", tmp_path / "dump", "stats", 3)
+    assert json.loads((tmp_path / "c.json").read_text()) == {
+        "task": "statistics",
+        "dump_path": str(tmp_path / "dump"),
+        "rank": [],
+        "step": [0, 1, 2],
+        "level": "mix",
+        "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
+    }
+    harness.write_config(tmp_path / "t.json", tmp_path / "dump", "tensor", 2)
+    cfg = json.loads((tmp_path / "t.json").read_text())
+    assert (cfg["task"], cfg["step"], cfg["tensor"]) == (
+        "tensor",
+        [0, 1],
+        {"scope": [], "list": [], "data_mode": ["all"]},
+    )
+
+
+def test_draw_batches_draws_step_by_step_from_one_generator():
+    torch = pytest.importorskip("torch")
+    got = harness.draw_batches(7, 2, 3, lambda g: {"x": torch.randint(0, 1000, (2,), generator=g)})
+    g = torch.Generator().manual_seed(7)
+    want = [[torch.randint(0, 1000, (2,), generator=g) for _ in range(3)] for _ in range(2)]
+    assert [[b["x"].tolist() for b in step] for step in got] == [[x.tolist() for x in step] for step in want]

@@ -282,7 +282,7 @@ def weight_case(family: str, param: str, step: int, how: str, modes: tuple = STA
 
 def optimizer_case(family: str, kind: str, value, modes: tuple = STATS) -> tuple:
     """A case of an optimizer fault: setting ``kind`` ("lr": a factor, "clip": the norm, else a param groups'
-    setting) changed to ``value`` in the updates after step 0 (parameters first differ at step 2)."""
+    setting) changed to ``value`` in the updates after step 1 (parameters first differ at step 2)."""
     return (family, "base", {"kind": kind, "after_step": 1, "value": value}, modes)
 
 
@@ -905,6 +905,46 @@ def describe(out: Path, steps: int = 3) -> None:
         print("| %s | %s | %s | %.2g |" % (name, case["device"], " | ".join(cells), abs(lb - la) / abs(la)))
 
 
+def op_modules(exp: dict, tgt: dict, ref: dict) -> set:
+    """The module records of the key's ops at its step (msprobe's other name of each op where a module made only
+    it), in either run."""
+    step = str(exp["step"])
+    return {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
+
+
+def check_flips(s, case: str, variant: str, fault, flips: list, ref: dict, words: tuple) -> None:
+    """A "flip" variant's pair flips the one crafted choice (at ``s.FLIP_STEP``, the crafted token) and nothing else;
+    a clean pair without a crafted tie flips none (``words``: the choice, as "a crafted ... flip" and "flipped ...").
+    Else SystemExit."""
+    if variant == "flip" and [(f["step"], f["token"]) for f in flips] != [(s.FLIP_STEP, ref["info"]["flip"]["token"])]:
+        raise SystemExit("%s: not the one crafted %s flip: %r" % (case, words[0], flips))
+    if variant != "flip" and fault is None and flips:
+        raise SystemExit("%s: a clean pair without a crafted tie flipped %s: %r" % (case, words[1], flips))
+
+
+def key_entry(case: str, mode: str, family: str, device: str, exp: dict, flips: list, tgt_name: str, tgt: dict,
+              ref_name: str, ref: dict, loss_scale: bool = True) -> dict:  # fmt: skip
+    """A pair's entry in ``key.json``: its case, mode, family, device, the two dumps, the expected verdict, the
+    discrete choices that flipped, the crafted tie, both runs' losses, gradient norms and (unless not
+    ``loss_scale``: set 1's key) loss scales."""
+    entry = {
+        "case": case,
+        "mode": mode,
+        "family": family,
+        "device": device,
+        "ref": str(Path(mode) / ref_name),
+        "target": str(Path(mode) / tgt_name),
+        "expect": exp,
+        "flips": flips,
+        "crafted": ref["info"].get("flip"),
+        "losses": {"ref": ref["losses"], "target": tgt["losses"]},
+        "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
+    }
+    if loss_scale:
+        entry["loss_scale"] = {"ref": ref["info"].get("loss_scale"), "target": tgt["info"].get("loss_scale")}
+    return entry
+
+
 def parse_args(s, argv=None, describe: bool = False) -> argparse.Namespace:
     """A set generator's arguments: --out (default: the set's ``.data``), --jobs, --only, --modes and, with
     ``describe``, --describe."""
@@ -954,37 +994,15 @@ def generate_routed(s, args, out: Path) -> int:
             tgt, ref = results[tgt_name], results[ref_name]
             exp = s.expectation(case, fault, tgt, ref)
             if exp.get("ops"):
-                step = str(exp["step"])
-                exp["modules"] = sorted(
-                    set(exp.get("modules", []))
-                    | {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
-                )
+                exp["modules"] = sorted(set(exp.get("modules", [])) | op_modules(exp, tgt, ref))
             flips = s.topk_flips(tgt, ref)
-            if variant == "flip" and [(f["step"], f["token"]) for f in flips] != [
-                (s.FLIP_STEP, ref["info"]["flip"]["token"])
-            ]:
-                raise SystemExit("%s: not the one crafted routing flip: %r" % (case, flips))
-            if variant != "flip" and fault is None and flips:
-                raise SystemExit("%s: a clean pair without a crafted tie flipped routing: %r" % (case, flips))
+            check_flips(s, case, variant, fault, flips, ref, ("routing", "routing"))
             if variant != "flip" and fault is None:  # the device changes values only: same records, shapes, dtypes
                 odd = s.structure_differences(out / mode / ref_name, out / mode / tgt_name)
                 if odd:
                     raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
-            entry = {
-                "case": case,
-                "mode": mode,
-                "family": family,
-                "device": s.FAMILIES[family]["device"],
-                "ref": str(Path(mode) / ref_name),
-                "target": str(Path(mode) / tgt_name),
-                "expect": exp,
-                "flips": flips,
-                "crafted": ref["info"].get("flip"),
-                "losses": {"ref": ref["losses"], "target": tgt["losses"]},
-                "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
-            }
-            if numbered:
-                entry["loss_scale"] = {"ref": ref["info"].get("loss_scale"), "target": tgt["info"].get("loss_scale")}
+            device = s.FAMILIES[family]["device"]
+            entry = key_entry(case, mode, family, device, exp, flips, tgt_name, tgt, ref_name, ref, numbered)
             key["cases"]["%s_%s" % (case, mode)] = entry
     key["families"] = {k: v["text"] for k, v in s.FAMILIES.items()}
     key["devices"] = {k: v.text for k, v in s.device_table().items()}
@@ -1031,18 +1049,10 @@ def generate(s, args, out: Path) -> int:
                 )
                 if not set(exp["ops"]) <= written:
                     raise SystemExit("%s_%s: %r not in the dumps" % (case, mode, sorted(set(exp["ops"]) - written)))
-                step = str(exp["step"])
                 if "modules" not in exp:  # (an expectation may name them: set 5's, where a name means two calls)
-                    exp["modules"] = sorted(
-                        {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
-                    )
+                    exp["modules"] = sorted(op_modules(exp, tgt, ref))
             flips = s.argmax_flips(tgt, ref)
-            if variant == "flip" and [(f["step"], f["token"]) for f in flips] != [
-                (s.FLIP_STEP, ref["info"]["flip"]["token"])
-            ]:
-                raise SystemExit("%s: not the one crafted argmax flip: %r" % (case, flips))
-            if variant != "flip" and fault is None and flips:
-                raise SystemExit("%s: a clean pair without a crafted tie flipped an argmax: %r" % (case, flips))
+            check_flips(s, case, variant, fault, flips, ref, ("argmax", "an argmax"))
             if fault is None:  # the devices change values only: same records, shapes, dtypes
                 if hasattr(s, "structure_differences"):  # a set whose variants may differ in more (set 5's "amp")
                     odd = s.structure_differences(out / mode / ref_name, out / mode / tgt_name, variant)
@@ -1053,22 +1063,14 @@ def generate(s, args, out: Path) -> int:
             clean = out / "stats" / ("%s_clean_target_stats" % family)
             if fault is not None and mode == "stats" and clean.exists():
                 exp["changed"] = check_changes(case, exp, fault, out, mode, out / mode / tgt_name, clean)
-            key["cases"]["%s_%s" % (case, mode)] = {
-                "case": case,
-                "mode": mode,
-                "family": family,
-                "device": s.device_label(family, variant)
+            device = (
+                s.device_label(family, variant)
                 if hasattr(s, "device_label")
-                else s.FAMILIES[family]["device"] + ("+" + s.NOISY_REF if variant == "noisyref" else ""),
-                "ref": str(Path(mode) / ref_name),
-                "target": str(Path(mode) / tgt_name),
-                "expect": exp,
-                "flips": flips,
-                "crafted": ref["info"].get("flip"),
-                "losses": {"ref": ref["losses"], "target": tgt["losses"]},
-                "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
-                "loss_scale": {"ref": ref["info"].get("loss_scale"), "target": tgt["info"].get("loss_scale")},
-            }
+                else s.FAMILIES[family]["device"] + ("+" + s.NOISY_REF if variant == "noisyref" else "")
+            )
+            key["cases"]["%s_%s" % (case, mode)] = key_entry(
+                case, mode, family, device, exp, flips, tgt_name, tgt, ref_name, ref
+            )
     key["families"] = {k: v["text"] for k, v in s.FAMILIES.items()}
     key["devices"] = {k: v.text for k, v in s.DEVICES.items()}
     key["steps"] = s.STEPS

@@ -477,12 +477,7 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
         return {"clean": True}
     kind = fault["kind"]
 
-    def one(res, tag, step):
-        names = _names(res, tag, step)
-        if len(names) != 1 or names[0] is None:
-            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
-        return names[0]
-
+    one, _, _ = harness.mark_readers(case, tgt, ref)
     if kind in ("lr", "clip"):
         step = fault["after_step"] + 1
         return {

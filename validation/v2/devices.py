@@ -305,15 +305,10 @@ class Device(common.Installed):
         return self._grad("linear dw", self._product(g2.t(), x2), gw, cdt)
 
     def matmul(self, input, other, *, out=None):
-        return common.matmul_with(
-            _STOCK["matmul"],
-            input,
-            other,
-            out,
-            self._product,
-            lambda res, y: _replace("matmul", res, self._round(y, res.dtype), self._precision(res.dtype)),
-            self._grad,
-        )
+        return common.matmul_with(_STOCK["matmul"], input, other, out, self._product, self._matmul_put, self._grad)
+
+    def _matmul_put(self, res, y):
+        _replace("matmul", res, self._round(y, res.dtype), self._precision(res.dtype))
 
     def softmax_fn(self, input, dim=None, _stacklevel=3, dtype=None):
         out = _STOCK["softmax"](input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)

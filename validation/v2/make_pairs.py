@@ -553,29 +553,14 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
         return {"clean": True}
     kind = fault["kind"]
 
-    def one(res, tag, step):
-        names = _names(res, tag, step)
-        if len(names) != 1 or names[0] is None:
-            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
-        return names[0]
-
-    def both(tag, step):
-        return sorted({one(tgt, tag, step), one(ref, tag, step)})
-
+    one, _, both = harness.mark_readers(case, tgt, ref)
     if kind in ("betas", "wd"):
-        step = fault["after_step"] + 1
         what = (
             "AdamW betas %s instead of %s" % (tuple(fault["betas"]), BETAS)
             if kind == "betas"
             else ("AdamW weight decay %g instead of %g" % (fault["wd"], WD))
         )
-        return {
-            "step": step,
-            "ops": [],
-            "optimizer": True,
-            "what": "%s in the updates after step %d: parameters first differ at step %d"
-            % (what, fault["after_step"], step),
-        }
+        return harness.optimizer_expectation(fault, what)
     if kind == "extra_embed_scale":
         return {
             "step": 0,

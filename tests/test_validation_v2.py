@@ -263,7 +263,7 @@ SETS = {
         "set": 7,
         "families": {"swin", "whisper", "olmoe", "olmoe_wide", "siglip"},
         "devices": {"AE", "AF", "AG", "AH", "AI", "AF+AJ"},
-        "counts": {("stats", True): 8, ("stats", False): 19, ("tensor", True): 5, ("tensor", False): 6},
+        "counts": {("stats", True): 8, ("stats", False): 19, ("tensor", True): 4, ("tensor", False): 6},
         "optimizer": 7,
         "flip": "swin_flip",
         "flip_modes": ("stats",),

@@ -80,7 +80,7 @@ FAMILIES = {
     },
     "whisper": {
         "text": "Whisper (speech encoder-decoder): log-mel features (16 bins x 32 frames), a conv1d stem (kernel 3, "
-        "then kernel 3 stride 2, GELU), sinusoidal positions, 2 encoder layers and 2 decoder layers (self- and "
+        "then kernel 3 stride 2, GELU), sinusoidal positions, 2 encoder layers and 1 decoder layer (self- and "
         "cross-attention), hidden 32 (4 heads, MLP 64), GELU, pre-LN, output projection tied to the token "
         "embedding; 8-token transcripts (teacher forcing), batch 2; next-token cross-entropy; fp32 weights under "
         "fp16 autocast with dynamic loss scaling (GradScaler, initial scale 2^10); Adan (hand-written: lr 2e-3, "
@@ -120,13 +120,13 @@ FAMILIES = {
 # device AJ; "amp": the target under another autocast policy, device AI), fault (None: clean), dump modes. The
 # expected culprit comes from what msprobe named at the faulty call.
 CASES = {
-    "swin_clean": ("swin", "base", None, ("stats", "tensor")),
+    "swin_clean": ("swin", "base", None, ("stats",)),
     "whisper_clean": ("whisper", "base", None, ("stats", "tensor")),
-    "olmoe_clean": ("olmoe", "base", None, ("stats",)),
+    "olmoe_clean": ("olmoe", "base", None, ("stats", "tensor")),
     "siglip_clean": ("siglip", "base", None, ("stats", "tensor")),
     "olmoe_wide_clean": ("olmoe_wide", "base", None, ("stats",)),
     "swin_flip": ("swin", "flip", None, ("stats",)),
-    "whisper_noisyref": ("whisper", "noisyref", None, ("stats", "tensor")),
+    "whisper_noisyref": ("whisper", "noisyref", None, ("stats",)),
     "siglip_amp": ("siglip", "amp", None, ("stats", "tensor")),
     # optimizer, from the second update on
     "swin_lr_step2": ("swin", "base", {"kind": "lr", "after_step": 1, "value": 1.1}, ("stats",)),
@@ -140,22 +140,27 @@ CASES = {
     ),
     "olmoe_wd_step2": ("olmoe", "base", {"kind": "weight_decay", "after_step": 1, "value": 0.1}, ("stats",)),
     "whisper_eps_step2": ("whisper", "base", {"kind": "eps", "after_step": 1, "value": 1e-3}, ("stats",)),
-    "siglip_gradclip_step2": ("siglip", "base", {"kind": "clip", "after_step": 1, "value": 0.1}, ("stats",)),
+    "siglip_gradclip_step2": (
+        "siglip",
+        "base",
+        {"kind": "clip", "after_step": 1, "value": 0.1},
+        ("stats", "tensor"),
+    ),
     # an op in the target only, an op missing in the target
     "whisper_extra_embed_scale": ("whisper", "base", {"kind": "embed_scale"}, ("stats", "tensor")),
-    "swin_missing_shift_mask": ("swin", "base", {"kind": "missing_mask"}, ("stats", "tensor")),
+    "swin_missing_shift_mask": ("swin", "base", {"kind": "missing_mask"}, ("stats",)),
     # a changed scalar argument
     "swin_roll_shift_B1": ("swin", "base", {"kind": "roll_shift", "value": 1}, ("stats",)),
     # a wrong kernel in one layer
-    "whisper_gelu_tanh_L1": ("whisper", "base", {"kind": "gelu_tanh", "layer": 1}, ("stats", "tensor")),
-    "siglip_fc2_nobias_L1": ("siglip", "base", {"kind": "fc2_nobias", "layer": 1}, ("stats",)),
+    "whisper_gelu_tanh_L1": ("whisper", "base", {"kind": "gelu_tanh", "layer": 1}, ("stats",)),
+    "siglip_fc2_nobias_L1": ("siglip", "base", {"kind": "fc2_nobias", "layer": 1}, ("stats", "tensor")),
     # backward only: the fused tanh-GELU's hand-written backward with a wrong constant
     "swin_gelu_backward_S1": ("swin", "base", {"kind": "gelu_backward"}, ("stats",)),
     # parameters and data
-    "olmoe_qnorm_reset_step1": (
+    "olmoe_router_swap_step1": (
         "olmoe",
         "base",
-        {"kind": "weight", "param": "model.layers.1.self_attn.q_norm.weight", "step": 1, "how": "ones"},
+        {"kind": "weight", "param": "model.layers.1.mlp.gate.weight", "step": 1, "how": "swap_experts"},
         ("stats", "tensor"),
     ),
     "swin_query_step2": (
@@ -171,13 +176,14 @@ CASES = {
     ),  # fmt: skip
     "whisper_features_step1": ("whisper", "base", {"kind": "features", "step": 1}, ("stats", "tensor")),
     "swin_transposed_mb2_step2": ("swin", "base", {"kind": "transposed", "step": 2, "micro": 1}, ("stats",)),
-    "siglip_stale_image_step2": ("siglip", "base", {"kind": "stale_image", "step": 2}, ("stats",)),
-    "whisper_labels_step2": ("whisper", "base", {"kind": "labels", "step": 2}, ("stats", "tensor")),
+    "siglip_stale_image_step2": ("siglip", "base", {"kind": "stale_image", "step": 2}, ("stats", "tensor")),
+    "whisper_labels_step2": ("whisper", "base", {"kind": "labels", "step": 2}, ("stats",)),
 }
 
 HOW = {
     "sign2pct": "the sign of 2 % of the elements flipped",
-    "ones": "reset to ones (a resume whose checkpoint lacks the QK-norm weights: left at their initial value)",
+    "swap_experts": "with the rows of experts 1 and 2 swapped (a checkpoint conversion that orders the experts "
+    "differently from the expert weights)",
 }
 MICRO = {"swin": 2}  # micro-batches per step
 AUTOCAST = {"whisper": "float16", "siglip": "bfloat16"}
@@ -319,7 +325,7 @@ def build_model(family: str):
             num_mel_bins=MELS,
             encoder_layers=2,
             encoder_attention_heads=4,
-            decoder_layers=2,
+            decoder_layers=1,
             decoder_attention_heads=4,
             encoder_ffn_dim=64,
             decoder_ffn_dim=64,
@@ -570,21 +576,6 @@ def patch(family: str, model, tracer: Tracer, active) -> None:
 
         emb.forward = embed
 
-    if family in ("olmoe", "olmoe_wide"):
-        for layer in model.model.layers:
-            norm = layer.self_attn.q_norm
-
-            def q_norm(h, norm=norm):  # OlmoeRMSNorm, op for op, its weight's use reported to the tracer
-                dtype = h.dtype
-                h = h.to(torch.float32)
-                var = h.pow(2).mean(-1, keepdim=True)
-                h = h * torch.rsqrt(var + norm.variance_epsilon)
-                y = norm.weight * h.to(dtype)
-                tracer._param_use(norm.weight)
-                return y
-
-            norm.forward = q_norm
-
     if family == "siglip":
         vm = model.vision_model
         proj = vm.embeddings.patch_embedding
@@ -615,8 +606,8 @@ def corrupt(model, fault) -> None:
 
     p = dict(model.named_parameters())[fault["param"]]
     with torch.no_grad():
-        if fault["how"] == "ones":
-            p.fill_(1.0)
+        if fault["how"] == "swap_experts":
+            p[[1, 2]] = p[[2, 1]].clone()
         else:
             harness.corrupt(model, fault, {})
 

@@ -46,7 +46,8 @@ from .extra_chain import chain_head
 from .findings import Finding, Verdict
 from .flipflow import mark_possible_flips
 from .hidden_index import hidden_index_columns
-from .noise import NoiseModel, order_key, parameter_error, record_measures, saves_result
+from .lone_precision import with_lone
+from .noise import NoiseModel, gain_columns, order_key, parameter_error, record_measures, saves_result
 from .order import INPUT_IO, ORDER, OUTPUT_IO, sort_rows, with_phase
 from .rules import STATUSES
 from .sibling_prior import reach_columns
@@ -131,6 +132,7 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             *hidden_index_columns(is_in, is_out, tensor),
             *reach_columns(is_in, tensor),
             parameter_error(tensor),  # the error of the parameters it lists (noise.record_measures)
+            *gain_columns(is_in, is_out, tensor, rows.columns),  # an elementwise backward's gain (noise.py)
             *dtype_columns(),
         )
         .sort(["step", "_phase", "rank", "source", "_seq"])
@@ -185,6 +187,7 @@ def _verdict_of(rows: pl.DataFrame, cmp: Comparison, judged_from: int | None = N
     recs = _record_table(rows)
     if not dtype_applies(cmp.precision, _cross_framework(rows)):
         recs = recs.with_columns(pl.lit(False).alias("dtype_diff"))
+    recs = with_lone(recs, rows)  # one call computed at a lower precision than its siblings (lone_precision.py)
     noise = NoiseModel.fit(recs)
     mark_possible_flips(noise, rows, recs)  # discrete outputs whose flip the statistics cannot show
     unmatched = _unmatched(cmp.records)
@@ -397,8 +400,10 @@ def _screened(
         these = {u for u in complex_units | (hits if open_ else set()) if u[0] == step}
         if not these:  # found already: later steps only for their units that need alignment
             continue
-        prev = max((x for x in steps_c if x < step), default=None)
-        context = {(prev, k) for _, k in these} if open_ and prev is not None else set()
+        # context, not judged: the step before (the update into `step` starts there) and the one before it (the
+        # update before, which the optimizer rule judges the update into `step` against: analysis/updates.py)
+        before = sorted(x for x in steps_c if x < step)[-2:]
+        context = {(p, k) for _, k in these for p in before} if open_ else set()
         cmp = compare_runs(
             store,
             target,

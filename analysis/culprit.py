@@ -24,6 +24,7 @@ from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
 from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, integer_sum_differs, is_loss
+from .lone_precision import lone_detail
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
 from .producers import Producers, discrete_data_readers, discrete_first_differs, integer_input, with_fingerprints
@@ -31,7 +32,7 @@ from .rank import significance
 from .rules import within_estimates
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
 from .signature import signature_finding
-from .updates import updates_differ
+from .updates import decay_shift, ratio_shift, updates_differ
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -85,7 +86,7 @@ def _culprit(
     steps = sorted(set(recs["step"].to_list()))
     keys = ["rank", "source", "_record"]
     weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
-    suspects = data_suspects(recs)  # data the statistics cannot verify, named before later findings of its step
+    suspects = data_suspects(recs, rows)  # data the statistics cannot verify, named before later findings of its step
     int_first = discrete_first_differs(rows)  # where integer inputs first differ (data changed at a later step)
     for i, step in enumerate(steps):
         if judged_from is not None and step < judged_from:
@@ -222,7 +223,10 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     at that record instead: every later record of the step, the backward above all, descends from it."""
     f, key = found[0]
     hit = suspects.get((f.step, f.rank))
-    if hit is None or not hit[0] < key:
+    # at the suspect itself, an op finding beyond what its inputs' statistics hide is the data's error, not the
+    # op's computing (one within it is no finding: the walk goes on to a later one)
+    itself = hit is not None and hit[0] == key and f.kind == "op" and f.evidence.get("within_hidden") is None
+    if hit is None or not (hit[0] < key or itself):
         return None
     skey, rec = hit
     leaves = view.rows.filter(
@@ -241,13 +245,17 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
     h, before = rec["_h"], rec["_h_before"]
     floor = max(float(rec["in_float_err"] or 0.0), float(rec.get("in_float_eps") or 0.0), float(rec["_eps"]))
     f_new = _finding(out, "input")
-    f_new.threshold, f_new.dtype = STAND_OUT * before * floor, rec["out_dtype"]
     g = rec.get("_g")
     through = "" if g is None else f"; {g:.3g}x the most that error moves it through its recorded gradient"
-    moved = (
-        f"this op's output error is {h:.3g}x its float inputs' ({h / before:.3g}x the most at any earlier step"
-        f"{through}), ahead of {f.op} later in the step"
-    )
+    if before > 0:
+        f_new.threshold = STAND_OUT * before * floor
+        history = f"{h / before:.3g}x the most at any earlier step"
+    else:  # equal in both runs at every earlier step: the gradient test alone (hidden_index.data_suspects)
+        f_new.threshold = STAND_OUT * float(rec["out_err"]) / g if g else None
+        history = "equal in both runs at every earlier step"
+    f_new.dtype = rec["out_dtype"]
+    after = "beyond its own tolerance" if itself else f"ahead of {f.op} later in the step"
+    moved = f"this op's output error is {h:.3g}x its float inputs' ({history}{through}), {after}"
     if unrecorded:
         name, why = (
             None,
@@ -327,27 +335,39 @@ def _optimizer(
     # the update ratio is judged whether or not a parameter is over its tolerance: an optimizer whose updates are
     # proportional to the gradient (SGD, RAdam's first steps) moves the parameters by far less than Adam, and a
     # changed learning rate leaves every one within its tolerance (docs/how-it-decides.md, section 5)
-    ev = update_evidence(rows, before, after, distinct, ST.gradient_error(rows, before))
+    gerr = ST.gradient_error(rows, before)
+    ev = update_evidence(rows, before, after, distinct, gerr)
     ratio = ev is not None and ev["differs"]
+    if not ratio:  # a later update: its measured ratios against the update before (analysis/updates.py)
+        shifted = ratio_shift(rows, before, after, distinct, gerr)
+        ev, ratio = (shifted | {"differs": True}, True) if shifted is not None else (ev, ratio)
     # every parameter within its tolerance: the weight-decay reading, the more specific one, is tried first
     decay = None if ratio and over else ST.decay_differs(rows, before, after, distinct)
+    if decay is None and not ratio:  # a later update: the parameters a decay could move, against the update before
+        decay = decay_shift(rows, before, after, params)
     metric = "update_ratio"
     if ev is not None and ratio and (over or decay is None):
         evidence = {k: v for k, v in ev.items() if k != "differs"}
         value = ev["median_ratio"]
         tied = f" ({ev['tied']} more tied)" if ev.get("tied") else ""
+        was = f" (the update before: {ev['previous_ratio']:.4g}x)" if ev.get("previous_ratio") is not None else ""
         text = (
             f"{ev['same_way']} of {ev['parameters'] - ev.get('tied', 0)} parameters{tied} moved "
             f"{ev['median_ratio']:.4g}x (median) as far as "
-            f"in the reference between steps {before} and {after}, beyond their own spread and their gradients' "
-            f"error (log ratio bar {ev['bar']:.2g}): learning rate, clipping or optimizer differs"
+            f"in the reference between steps {before} and {after}{was}, beyond their own spread and their "
+            f"gradients' error (log ratio bar {ev['bar']:.2g}): learning rate, clipping or optimizer differs"
         )
     elif decay is not None:
         evidence, value, metric = decay, decay["median_norm_gap"], "norm_gap"
+        was = (
+            f" (the update before: {decay['previous_norm_gap']:+.3g})"
+            if decay.get("previous_norm_gap") is not None
+            else ""
+        )
         text = (
             f"{decay['same_way']} of {decay['parameters']} parameters' norms moved {decay['median_norm_gap']:+.3g} "
-            f"(relative, median) from the reference's between steps {before} and {after}, beyond their own spread "
-            f"(bar {decay['bar']:.2g}): every parameter moved in proportion to itself, weight decay differs"
+            f"(relative, median) from the reference's between steps {before} and {after}{was}, beyond their own "
+            f"spread (bar {decay['bar']:.2g}): every parameter moved in proportion to itself, weight decay differs"
         )
     else:
         # (only the rules of steps.py use the table); a parameter within its tolerance can still have changed
@@ -440,6 +460,9 @@ class _Judge:
             changed = self._dtype_change()
             if changed is not None:
                 return (changed, self.key), (changed, self.key)
+            if self.rec.get("lone_low"):  # one call lowered where its siblings keep the dtype (lone_precision.py)
+                f = self._lone_precision()
+                return (f, self.key), (f, self.key)
         hidden = self._hidden_index()
         if hidden is not None:
             return (hidden, self.key), (hidden, self.key)
@@ -465,10 +488,11 @@ class _Judge:
         if not outs.height:
             return None
         out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
-        ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]), out)
+        ints = self.leaves.filter(integer_input())
+        reads = ints.select(pl.coalesce("numel", "ref_numel").max()).item() if ints.height else None
+        ev = hidden_index_stands(rec, self.cmp.tolerances.for_dtype(rec["out_dtype"]), out, reads)
         if ev is None:
             return None
-        ints = self.leaves.filter(integer_input())
         data = [
             r
             for r in ints.iter_rows(named=True)
@@ -538,6 +562,33 @@ class _Judge:
             )
         return None
 
+    def _lone_precision(self) -> Finding:
+        """This call's output in a lower-precision dtype than the reference's while its siblings keep the
+        reference's (analysis/lone_precision.py): the op computes in another precision."""
+        rec = self.rec
+        outs = self.leaves.filter(changed_dtype() & pl.col("_io").is_in(OUTPUT_IO))
+        leaf = outs.row(0, named=True)
+        return Finding(
+            leaf["step"],
+            leaf["rank"],
+            rec["_record"],
+            leaf["name"],
+            "op",
+            metric="dtype",
+            value=leaf.get("err"),
+            threshold=rec.get("lone_tol"),
+            source=leaf.get("err_source"),
+            dtype=leaf["dtype"],
+            detail=lone_detail(rec),
+            evidence={
+                "dtype": leaf["dtype"],
+                "ref_dtype": leaf["ref_dtype"],
+                "reason": "one call lowered",
+                "siblings_kept": rec["lone_kept"],
+                "siblings_lowered": rec["lone_lowered"],
+            },
+        )
+
     def _parameter_finding(self, leaf: dict[str, Any], out: dict[str, Any]) -> Finding | None:
         """A weight changed between the steps beyond what its update explains (analysis/steps.py `corrupted`), at
         this consumer; None for any other weight (later weights carry the optimizer's noise), and for one changed
@@ -558,8 +609,7 @@ class _Judge:
             **changed,
             detail=(
                 f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step{within} "
-                f"(its {'siblings' if changed['judged_against'] == 'siblings' else 'other parameters'}"
-                f" at most {changed['siblings_max']:.3g}, what its update was fed "
+                f"({_peers(changed)}, what its update was fed "
                 f"{changed['carried_in'] or 0:.3g}{_step_agrees(changed)}): changed between steps"
                 + _confirmation(changed)
             ),
@@ -608,7 +658,7 @@ class _Judge:
             if (
                 self.t_prod.producer(leaf) is None
                 and self.r_prod.producer(leaf) is None
-                and self.t_prod.is_weight(leaf)
+                and (self.t_prod.is_weight(leaf) or _unlisted_scalar(leaf))
             ):
                 return self._parameter_finding(leaf, out)
         return None
@@ -799,12 +849,19 @@ class _Judge:
             return None
         if siblings_excuse(rec, value, self.noise.sibling_bar(rec)):
             return None  # its siblings (other layers) make as much error, within the prior's reach
+        hidden = None
         if rec.get("in_bound") and value is not None:
             # its inputs agree by their statistics only, which can hide what the pair carries (a softmax's rows
             # sum to one: its statistics barely move): fresh as far as statistics show, not more
             level = self.noise.carried(self.key)
             if level is not None and value <= level:
                 return None
+            # nor beyond what its inputs' statistics can hide, passed on (noise.statistics_hidden): a batch
+            # norm's output statistics are pinned by the normalisation whatever error its input carried; as for a
+            # carrying op, such a finding only orders a data suspect before it (`_culprit`)
+            hidden = statistics_hidden(rec)
+            if hidden is not None and value > hidden:
+                hidden = None
         one_sided = self.leaves.filter(
             pl.col("_io").is_in(INPUT_IO) & pl.col("match").is_in(["target_only", "ref_only"])
         )
@@ -820,6 +877,7 @@ class _Judge:
             reason="inputs agree, output diverges",
             noise_bar=bar,
             arguments_in_one_run=args or None,
+            within_hidden=hidden,
             detail=None if out["detail"] else f"inputs agree, output diverges{q}",
         )
 
@@ -868,9 +926,29 @@ class _Judge:
         return None
 
 
+def _peers(changed: dict[str, Any]) -> str:
+    """What a changed parameter was judged against, for its detail."""
+    if not changed.get("siblings"):
+        return "no other one-element parameter to compare"
+    kin = "siblings" if changed["judged_against"] == "siblings" else "other parameters"
+    return f"its {kin} at most {changed['siblings_max']:.3g}"
+
+
+def _unlisted_scalar(leaf: dict[str, Any]) -> bool:
+    """A one-element input that requires grad: a parameter no module lists (analysis/steps.py
+    `_table_parameters`) where the changed-parameter table keyed it."""
+    return bool(leaf.get("requires_grad")) and leaf.get("numel") == 1
+
+
 def _step_agrees(changed: dict[str, Any]) -> str:
     """Why a parameter within its tolerance and two updates is named: every other parameter of the step is
-    within rounding of the reference's (analysis/steps.py `corrupted`)."""
+    within rounding of the reference's (analysis/steps.py `corrupted`); a one-element parameter: its own update
+    is off the reference's (and its sign flip) by that much of it."""
+    if changed.get("own_update_off") is not None:
+        return (
+            f", its own update off the reference's and its sign flip by {changed['own_update_off']:.3g} of it "
+            "(one element: its statistics are its value)"
+        )
     return ", every other parameter of the step within rounding" if changed.get("step_agrees") else ""
 
 

@@ -35,10 +35,11 @@ from typing import Any
 
 import polars as pl
 
-from dumpstore.dtypes import DISCRETE_DTYPES, EPS
+from dumpstore.dtypes import DISCRETE_DTYPES, EPS, FLOAT_DTYPES
 from dumpstore.names import MODULE_RECORD_PREFIXES
 
 from .noise import STAND_OUT
+from .order import INPUT_IO, OUTPUT_IO
 
 # a statistic of a float tensor moved by more than this many roundings of itself (eps of the tensor's dtype x its
 # magnitude) moved by more than rounding: the noise model's own margin (noise.py STAND_OUT)
@@ -105,7 +106,21 @@ def hidden_index_columns(is_in: pl.Expr, is_out: pl.Expr, tensor: pl.Expr) -> li
         # record the gradient it was given and the one it returns (`loss_gradient`)
         pl.col("ref_norm").cast(pl.Float64).filter(is_in & tensor & ~discrete).max().alias("in_float_norm"),
         pl.col("ref_norm").cast(pl.Float64).filter(is_out & tensor & ~discrete).max().alias("out_float_norm"),
+        # the element count of those two (a backward record's gradient is the logits' only with their count) and
+        # the float inputs' largest magnitude (the reference's max/min: what one rounding of an element can move)
+        _numel_of_largest(is_in & tensor & ~discrete).alias("in_float_numel"),
+        _numel_of_largest(is_out & tensor & ~discrete).alias("out_float_numel"),
+        pl.max_horizontal(pl.col("ref_max").abs(), pl.col("ref_min").abs())
+        .cast(pl.Float64)
+        .filter(is_in & tensor & ~discrete)
+        .max()
+        .alias("in_float_amax"),
     ]
+
+
+def _numel_of_largest(where: pl.Expr) -> pl.Expr:
+    """The reference's element count of the leaf with the largest reference norm among `where` (in a group_by)."""
+    return pl.col("ref_numel").cast(pl.Float64).filter(where).sort_by(pl.col("ref_norm").filter(where)).last()
 
 
 def carried_by_floats(rec: dict[str, Any]) -> float:
@@ -120,18 +135,27 @@ def carried_by_floats(rec: dict[str, Any]) -> float:
     return b * kappa
 
 
-def beyond_rounding(leaf: dict[str, Any]) -> float | None:
+def beyond_rounding(leaf: dict[str, Any], reads: float | None = None) -> float | None:
     """The statistics bound of a float leaf's relative error (analysis/rules.py `stats_bound`: max(|dNorm|,
     |dMax|, |dMin|, |dMean| sqrt(n)) / ||y||) with each statistic's difference less ROUNDINGS roundings of that
     statistic in the leaf's dtype (eps x its magnitude, the mean's at least eps x the elements' RMS: a sum
     rounds in proportion to its terms; msprobe keeps a bfloat16 tensor's statistics in bfloat16): the part of
-    the difference no rounding of the statistics makes.  None: statistics missing."""
+    the difference no rounding of the statistics makes.  `reads`: the number of indices a gather's output copies
+    (the mean's allowance of a coarse dtype's output then counts how the copied rows add up).  None: statistics
+    missing."""
     e = EPS.get(str(leaf.get("dtype")), EPS["float32"])
     ref_norm = leaf.get("ref_norm")
     if ref_norm is None or not math.isfinite(ref_norm) or ref_norm <= 0:
         return None
     n = float(leaf.get("numel") or leaf.get("ref_numel") or 1)
     rms = ref_norm / math.sqrt(n)  # a mean is a sum: its rounding is eps x the elements' size, not the mean's
+    if reads and 0 < reads < n and e > EPS["float32"]:
+        # a gather's output of `reads` indices, in a dtype coarser than the float32 msprobe sums its mean in (the
+        # summation's own rounding, eps(float32) x RMS, is then far below): a table off by roundings of its
+        # elements, in signs that owe nothing to which rows the indices read, moves the copied sum as a root of
+        # squares, eps ||y|| sqrt(c) with c the most reads of one row (unknown: at most `reads`), so the mean by
+        # eps RMS sqrt(reads / n) (one row of n / reads elements read every time: eps RMS at reads = n)
+        rms *= math.sqrt(reads / n)
     terms = []
     for s, weight in (("norm", 1.0), ("max", 1.0), ("min", 1.0), ("mean", math.sqrt(n))):
         t, r = leaf.get(s), leaf.get("ref_" + s)
@@ -175,10 +199,11 @@ def integer_sum_differs(leaf: dict[str, Any]) -> bool:
 
 
 def hidden_index_stands(
-    rec: dict[str, Any], own_tol: float, out: dict[str, Any] | None = None
+    rec: dict[str, Any], own_tol: float, out: dict[str, Any] | None = None, reads: float | None = None
 ) -> dict[str, Any] | None:
     """The evidence that an integer input hidden by its statistics differs, or None (see the module doc).
-    `out`: the output leaf judged (its statistics), for float inputs whose statistics agree exactly."""
+    `out`: the output leaf judged (its statistics), for float inputs whose statistics agree exactly; `reads`: the
+    number of indices the output copies (`beyond_rounding`)."""
     if not rec.get("idx_hidden") or rec.get("out_dtype") is None or not is_gather(rec.get("op_class")):
         return None
     if rec.get("_direction") != "forward":
@@ -189,7 +214,7 @@ def hidden_index_stands(
     if rec.get("in_bound") and rec.get("in_float_err") == 0.0 and out is not None and out.get("err_source") == "stats":
         # the float inputs' statistics agree exactly: no measured difference of the table to carry, and what
         # their rounding hides moves a copied element by a rounding or two of its own, not more
-        value = beyond_rounding(out)
+        value = beyond_rounding(out, reads)
         if value is None or not value > 0.0:
             return None
         return {"carried": 0.0, "bar": out_err - value, "own_tol": own_tol, "beyond_rounding": value}
@@ -200,23 +225,103 @@ def hidden_index_stands(
     return {"carried": carried, "bar": bar, "own_tol": own_tol}
 
 
-def loss_gradients(recs: pl.DataFrame) -> pl.DataFrame:
+def loss_gradients(recs: pl.DataFrame, rows: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per forward record with a backward record (keys, step): `_grad`, the norm of the gradient its backward
     returns for its largest float input per unit of the gradient it was given (the reference's norms: out_float_norm
     / in_float_norm of the backward record), what one unit of change of that input can move its output, to first
     order (Cauchy-Schwarz: |dy| <= ||grad|| ||dx||).  A loss's backward is given the loss scale (or 1) and returns
-    the gradient of its logits."""
+    the gradient of its logits.  A backward record whose float output has another element count than the forward's
+    float input returns no gradient of it (msprobe can file a backward hook's tensors under the next backward
+    record: a cross-entropy's "gradient" of shape []): then, given the comparison's `rows`, the gradient its
+    logits' producer was given (`producer_gradients`)."""
     need = {"_record", "_direction", "in_float_norm", "out_float_norm"}
     keys = ["step", "rank", "source", "_record"]
+    schema: dict[str, Any] = {**{k: recs.schema[k] for k in keys if k in recs.schema}, "_grad": pl.Float64}
     if not need <= set(recs.columns):
-        return pl.DataFrame(schema={**{k: recs.schema[k] for k in keys}, "_grad": pl.Float64})
+        return pl.DataFrame(schema=schema)
     grad = pl.col("out_float_norm") / pl.col("in_float_norm")
-    return recs.filter((pl.col("_direction") == "backward") & grad.is_finite() & (grad > 0)).select(
-        *keys[:3], pl.col("_record").str.replace(r"\.backward$", ".forward"), grad.alias("_grad")
+    own = recs.filter((pl.col("_direction") == "backward") & grad.is_finite() & (grad > 0)).select(
+        *keys[:3], pl.col("_record").str.replace(r"\.backward$", ".forward"), grad.alias("_grad"), *_numel(recs, "out")
     )
+    fwd = recs.filter(pl.col("_direction") == "forward").select(*keys, *_numel(recs, "in"))
+    own = own.join(fwd, on=keys, how="left", nulls_equal=True)
+    own = own.filter(
+        pl.col("_n_out").is_null() | pl.col("_n_in").is_null() | (pl.col("_n_out") == pl.col("_n_in"))
+    ).select(*keys, "_grad")
+    if rows is None:
+        return own
+    other = producer_gradients(recs, rows).join(own, on=keys, how="anti", nulls_equal=True)
+    return pl.concat([own, other.select(own.columns).cast(own.schema)])
 
 
-def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict[str, Any]]]:
+def _numel(recs: pl.DataFrame, side: str) -> list[pl.Expr]:
+    col = f"{side}_float_numel"
+    return [(pl.col(col) if col in recs.columns else pl.lit(None, pl.Float64)).alias(f"_n_{side}")]
+
+
+_FORWARD_NAME = r"\.forward(\.\d+)?$"  # Functional.linear.17.forward, Module.x.Linear.forward.0
+
+
+def producer_gradients(recs: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+    """Per loss forward record (keys, step): `_grad`, the norm of the gradient the producer of its float input
+    (the logits) was given in the reference: the float input of the producer's backward record with the logits'
+    element count (analysis/producers.py's view rule, all four statistics of the reference: the first forward
+    record before the loss with an output of the logits' dtype, element count and statistics), divided by the
+    gradient the loss's backward record was given where it lists one of one element (the loss scale), else 1 (an
+    unknown scale can only make the gradient larger and the loss's move in its units smaller)."""
+    keys = ["step", "rank", "source", "_record"]
+    out_schema: dict[str, Any] = {k: recs.schema[k] for k in keys if k in recs.schema}
+    out_schema["_grad"] = pl.Float64
+    need = {"_record", "_io", "_seq", "_direction", "kind", "ref_dtype", "ref_numel", "ref_norm", "ref_max"}
+    if not need <= set(rows.columns) or "op_class" not in recs.columns:
+        return pl.DataFrame(schema=out_schema)
+    classes = [c for c in recs["op_class"].drop_nulls().unique().to_list() if is_loss(c)]
+    losses = recs.filter((pl.col("_direction") == "forward") & pl.col("op_class").is_in(classes)).select(keys)
+    if not losses.height:
+        return pl.DataFrame(schema=out_schema)
+    stat = ["ref_min", "ref_max", "ref_mean", "ref_norm"]
+    view = ["step", "rank", "source", "ref_dtype", "ref_numel", *stat]
+    tensor = (pl.col("kind") == "tensor") & pl.col("ref_dtype").is_in(list(FLOAT_DTYPES))
+    known = pl.all_horizontal([pl.col(c).is_not_null() for c in stat])
+    logits = (
+        rows.join(losses, on=keys, how="semi", nulls_equal=True)
+        .filter(pl.col("_io").is_in(INPUT_IO) & tensor & known)
+        .sort("ref_norm", descending=True)
+        .unique(subset=keys, keep="first", maintain_order=True)
+        .select(*keys, pl.col("_seq").alias("_loss_seq"), *view[3:])
+    )
+    made = rows.filter(pl.col("_io").is_in(OUTPUT_IO) & tensor & known & (pl.col("_direction") == "forward")).select(
+        *view, pl.col("_record").alias("_producer"), pl.col("_seq").alias("_p_seq")
+    )
+    found = (
+        logits.join(made, on=view, how="inner", nulls_equal=True)
+        .filter(pl.col("_p_seq") < pl.col("_loss_seq"))
+        .sort("_p_seq")
+        .unique(subset=keys, keep="first", maintain_order=True)
+        .with_columns(pl.col("_producer").str.replace(_FORWARD_NAME, ".backward$1").alias("_p_bwd"))
+    )
+    given = rows.filter(pl.col("_io").is_in(INPUT_IO) & tensor & (pl.col("_direction") == "backward")).select(
+        "step", "rank", "source", pl.col("_record").alias("_p_bwd"), "ref_numel", pl.col("ref_norm").alias("_given")
+    )
+    found = found.join(given, on=["step", "rank", "source", "_p_bwd", "ref_numel"], how="inner", nulls_equal=True)
+    found = found.group_by(keys, maintain_order=True).agg(pl.col("_given").cast(pl.Float64).max())
+    scale = rows.filter(pl.col("_io").is_in(INPUT_IO) & tensor & (pl.col("ref_numel") == 1)).select(
+        "step",
+        "rank",
+        "source",
+        pl.col("_record").str.replace(r"\.backward$", ".forward"),
+        pl.col("ref_norm").cast(pl.Float64).alias("_scale"),
+        pl.col("_direction"),
+    )
+    scale = scale.filter(pl.col("_direction") == "backward").drop("_direction").unique(subset=keys, keep="first")
+    found = found.join(scale, on=keys, how="left", nulls_equal=True)
+    grad = pl.col("_given") / pl.when(pl.col("_scale") > 0).then(pl.col("_scale")).otherwise(1.0)
+    return found.filter(grad.is_finite() & (grad > 0)).select(*keys, grad.alias("_grad")).cast(pl.Schema(out_schema))
+
+
+def data_suspects(
+    recs: pl.DataFrame, rows: pl.DataFrame | None = None
+) -> dict[tuple[int, int], tuple[tuple, dict[str, Any]]]:
     """Per (step, rank), the first forward record reading integer data the statistics cannot verify whose output
     moved, relative to its float inputs, STAND_OUT x more than the same record did at every earlier step
     (see `first_data_suspect`): its order key and evidence.  Only a precedence: analysis/culprit.py names it
@@ -250,17 +355,36 @@ def data_suspects(recs: pl.DataFrame) -> dict[tuple[int, int], tuple[tuple, dict
         .sort("step")
         .with_columns(pl.col("_h").cum_max().shift(1).over(keys).alias("_h_before"))
     )
-    cand = cand.join(loss_gradients(recs), on=keys + ["step"], how="left", nulls_equal=True, maintain_order="left")
+    grads = loss_gradients(recs, rows)
+    cand = cand.join(grads, on=keys + ["step"], how="left", nulls_equal=True, maintain_order="left")
     # the output's move in units of the most its float inputs' seen error moves it through its measured gradient
     moved = pl.col("out_err") * pl.col("out_norm") / (pl.col("_grad") * seen * pl.col("in_float_norm"))
     if not {"out_norm", "in_float_norm"} <= set(cand.columns):
         moved = pl.lit(None, pl.Float64)
+    # float inputs stored coarser than the output is computed (bf16/fp16 logits of an fp32 loss under autocast)
+    # whose statistics agree exactly: what differs is at most a rounding of each element to that dtype (finer
+    # compute differences round to the same or the adjacent value), eps |x_i| <= eps max|x|, in signs that owe
+    # nothing to the gradient: their move sums as a root of squares, eps max|x| ||grad||, not Cauchy-Schwarz's
+    # aligned eps ||x|| ||grad|| (a factor up to the root of the element count)
+    rounded = (
+        (pl.col("in_float_err") == 0.0)
+        & (pl.col("in_float_eps") > pl.col("_eps"))
+        & pl.col("in_float_amax").is_finite()
+        & (pl.col("in_float_amax") > 0)
+    )
+    if {"out_norm", "in_float_amax"} <= set(cand.columns):
+        by_rounding = pl.col("out_err") * pl.col("out_norm") / (pl.col("_grad") * seen * pl.col("in_float_amax"))
+        moved = pl.when(rounded.fill_null(False)).then(by_rounding).otherwise(moved)
     cand = cand.with_columns(pl.when(moved.is_finite()).then(moved).alias("_g"))
-    stands = (
-        (pl.col("_h_before") > 0).fill_null(False)  # a ratio measured before (0: nothing differed, no baseline)
-        & (pl.col("_h") > STAND_OUT * pl.col("_h_before"))
-        & (pl.col("out_err") > STAND_OUT * pl.col("_eps"))
-        & (pl.col("_g").is_null() | (pl.col("_g") > STAND_OUT))  # (no gradient recorded: the history alone)
+    gradient = pl.col("_g") > STAND_OUT
+    stands = (pl.col("out_err") > STAND_OUT * pl.col("_eps")) & (
+        (
+            (pl.col("_h_before") > 0).fill_null(False)  # a ratio measured before
+            & (pl.col("_h") > STAND_OUT * pl.col("_h_before"))
+            & (pl.col("_g").is_null() | gradient)  # (no gradient recorded: the history alone)
+        )
+        # the output equal in both runs at every earlier step: no ratio to compare with, the gradient alone
+        | ((pl.col("_h_before") == 0) & gradient).fill_null(False)
     )
     out: dict[tuple[int, int], tuple[tuple, dict[str, Any]]] = {}
     for rec in cand.filter(stands).iter_rows(named=True):

@@ -35,6 +35,7 @@ import numpy as np
 import polars as pl
 
 from . import rules as R
+from .conditioning import RESULT_GAIN, result_gain
 
 QUIET = 0.1  # inputs "agree" when their error is below this share of the tolerance
 QUANTILE = 0.99  # the high quantile of the pair's own spread
@@ -281,8 +282,46 @@ def parameter_error(tensor: pl.Expr) -> pl.Expr:
     return pl.col("err").filter((pl.col("_io") == "parameters") & tensor).max().alias("param_err")
 
 
+def gain_columns(is_in: pl.Expr, is_out: pl.Expr, tensor: pl.Expr, columns: list[str]) -> list[pl.Expr]:
+    """Record-table aggregations (analysis/_divergence.py `_record_table`) for `with_result_gain`: `in_abs`, the
+    absolute error ||x - y|| of the worst tensor input (err x its reference norm; for a small value, judged on its
+    record's scale by rules.apply_small_values, err x sqrt(n) x that scale), and `res_lo`, `res_hi`, the reference
+    min and max of the first tensor output."""
+    scale = pl.col("ref_norm").cast(pl.Float64)
+    if {"small_value", "context_rms", "ref_numel"} <= set(columns):
+        on_context = pl.col("ref_numel").cast(pl.Float64).sqrt() * pl.col("context_rms").cast(pl.Float64)
+        scale = pl.when(pl.col("small_value").fill_null(False)).then(on_context).otherwise(scale)
+    where = is_in & tensor
+    return [
+        (pl.col("err") * scale).filter(where).sort_by(pl.col("err").filter(where)).last().alias("in_abs"),
+        pl.col("ref_min").cast(pl.Float64).filter(is_out & tensor).first().alias("res_lo"),
+        pl.col("ref_max").cast(pl.Float64).filter(is_out & tensor).first().alias("res_hi"),
+    ]
+
+
+def with_result_gain(recs: pl.DataFrame) -> pl.DataFrame:
+    """Add `gain` to the backward records of elementwise ops whose derivative is a function of their result
+    (prior.RESULT_GAIN: rsqrt, reciprocal, exp, sqrt, sigmoid, tanh): max |f'| over the range of their forward
+    record's result (`res_lo`, `res_hi`); null elsewhere."""
+    if not {"res_lo", "res_hi", "op_class"} <= set(recs.columns):
+        return recs.with_columns(pl.lit(None, pl.Float64).alias("gain"))
+    keys = ["step", "rank", "source"]
+    op = pl.col("op_class").str.split(".").list.last().str.strip_chars("_").str.to_lowercase()
+    fwd = recs.filter(pl.col("_record").str.ends_with(".forward") & op.is_in(list(RESULT_GAIN))).select(
+        *keys,
+        pl.col("_record").str.replace(r"\.forward$", ".backward"),
+        "op_class",
+        "res_lo",
+        "res_hi",
+    )
+    gains = [result_gain(*r) for r in fwd.select("op_class", "res_lo", "res_hi").iter_rows()]
+    fwd = fwd.select(*keys, "_record", pl.Series("gain", gains, dtype=pl.Float64))
+    return recs.join(fwd, on=[*keys, "_record"], how="left", nulls_equal=True, maintain_order="left")
+
+
 def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
     """Add `fresh` (inputs agree) and `amp` (output error / max(input error, eps)) to a record table."""
+    recs = with_result_gain(recs)
     floor = R.dtype_eps(pl.col("tol_dtype")).fill_null(R.EPS_FLOAT32)
     in_err = pl.col("in_err").fill_null(0.0)
     # a gradient record without inputs (msprobe's parameters_grad) carries its backward op's error: not fresh
@@ -298,6 +337,12 @@ def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
         # difference ~sqrt(e) of the output (docs/how-it-decides.md, section 2)
         kinked = is_kinked(pl.col("op_class")) & (pl.col("_direction") == "backward")
     carried = _carried(in_err, kappa, kinked)
+    if "in_abs" in recs.columns:
+        # the backward of an op whose gain f'(r) varies over the tensor (prior.RESULT_GAIN): an absolute input error
+        # ||d|| reaches the output as up to max|f'| x ||d||, relative to the output's norm
+        gained = pl.col("gain") * pl.col("in_abs").fill_null(0.0) / pl.col("out_norm")
+        gained = pl.when(gained.is_finite() & (pl.col("_direction") == "backward")).then(gained).otherwise(0.0)
+        carried = pl.max_horizontal(carried, gained.fill_null(0.0))
     if {"saved_err", "_module"} <= set(recs.columns):
         # a module's backward reads, through the records inside it, what they saved in the forward (a ReLU's
         # input, a norm's statistics), and its forward the parameters of the modules inside it (a decoder layer's
@@ -320,7 +365,7 @@ def record_measures(recs: pl.DataFrame) -> pl.DataFrame:
         .then(pl.col("out_err"))
         .otherwise(pl.max_horizontal(pl.col("out_err") - carried, pl.lit(0.0)))
         .alias("local"),
-    ).drop("_inner", strict=False)
+    ).drop("_inner", "gain", strict=False)
 
 
 def _carried(err: pl.Expr, kappa: pl.Expr, kinked: pl.Expr) -> pl.Expr:

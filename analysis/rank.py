@@ -28,6 +28,7 @@ import polars as pl
 from dumpstore.dtypes import DISCRETE_DTYPES
 
 from .compare import Comparison
+from .lone_precision import lone_records
 
 METRICS = ("significance", "severity", "rel_l2", "max_abs_err", "max_rel_err", "cosine")
 COLUMNS = [
@@ -184,8 +185,12 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
     )
 
     recs = recs.join(_inside(recs, group), on=key, how="left", nulls_equal=True)
+    lone = lone_records(df, "_rec", "_io", "_dir").filter("lone_low").select(*key, "lone_tol")
+    recs = recs.join(lone, on=key, how="left", nulls_equal=True)
     df = df.join(
-        recs.select(*key, "_in_err", "_in_unknown", "_before", "_in_shape", "_flipped", "_in_bound", "_inside"),
+        recs.select(
+            *key, "_in_err", "_in_unknown", "_before", "_in_shape", "_flipped", "_in_bound", "_inside", "lone_tol"
+        ),
         on=key,
         how="left",
         nulls_equal=True,
@@ -209,7 +214,17 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         .then(pl.max_horizontal(pl.col("_in_err").fill_null(0.0), pl.col("_before")))
         .otherwise(pl.max_horizontal(pl.col("_before"), _sibling_inputs(is_in & tensor & finite)))
     )
-    denom = pl.max_horizontal(_own_tol(), carried)
+    # one call lowered below its siblings' dtype (analysis/lone_precision.py): its outputs at their tolerance;
+    # an op whose tensor inputs agree exactly made all of its error: at its own output dtype's tolerance
+    exact_in = own_inputs & ~module & (pl.col("_in_err") == 0)
+    own_tol = (
+        pl.when(is_out & (pl.col("lone_tol") > 0))
+        .then(pl.min_horizontal(_own_tol(), pl.col("lone_tol")))
+        .when(exact_in)
+        .then(pl.min_horizontal(_own_tol(), _dtype_tol()))
+        .otherwise(_own_tol())
+    )
+    denom = pl.max_horizontal(own_tol, carried)
     one_run = pl.col("match").is_in(["target_only", "ref_only"])
     # a discrete change: an integer or boolean output, or a tensor of another shape (data-dependent shapes: the
     # tokens an expert got); after float error was carried it is that error's consequence
@@ -246,6 +261,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         "_in_shape",
         "_flipped",
         "_in_bound",
+        "lone_tol",
     )
 
 
@@ -327,6 +343,19 @@ def _own_tol() -> pl.Expr:
     gather = pl.col("op_type").str.to_lowercase().is_in(list(GATHERS)).fill_null(False) & ~module & forward
     own = pl.col("dtype").replace_strict(REL_L2_DEFAULT, default=None, return_dtype=pl.Float64)
     return pl.when(gather & own.is_not_null() & (own < tol)).then(own).otherwise(tol)
+
+
+def _dtype_tol() -> pl.Expr:
+    """The tolerance of the leaf's own float dtype (tolerance.REL_L2_DEFAULT), where it is judged at another
+    float dtype (a float32 tensor of a bfloat16-autocast run: the run's compute floor); else its tolerance.  A
+    class's inferred precision (`tf32`: matmuls with 10-bit-mantissa inputs) is kept."""
+    from dumpstore.dtypes import FLOAT_DTYPES
+
+    from .tolerance import REL_L2_DEFAULT
+
+    own = pl.col("dtype").replace_strict(REL_L2_DEFAULT, default=None, return_dtype=pl.Float64)
+    storage = pl.col("tol_dtype").is_in(list(FLOAT_DTYPES)).fill_null(False)
+    return pl.when(storage & own.is_not_null()).then(own).otherwise(pl.col("tol").fill_null(0.0))
 
 
 def _module_filter(module: str) -> pl.Expr:

@@ -60,6 +60,23 @@ def floor_of(a: str, b: str) -> str:
 EPS_FLOAT32 = EPS["float32"]
 
 
+# the smallest normal number of a dtype (finfo.tiny): below it values are subnormal, spaced by eps x it
+SUBNORMAL_BELOW = {
+    "float16": 2.0**-14,
+    "bfloat16": 2.0**-126,
+    "float32": 2.0**-126,
+    "tf32": 2.0**-126,  # float32's exponent range
+    "float64": 2.0**-1022,
+    "float8_e4m3fn": 2.0**-6,
+    "float8_e5m2": 2.0**-14,
+}
+
+
+def dtype_tiny(col: pl.Expr) -> pl.Expr:
+    """The smallest normal number of a dtype column (SUBNORMAL_BELOW; null for exact and unknown dtypes)."""
+    return col.replace_strict(SUBNORMAL_BELOW, default=None, return_dtype=pl.Float64)
+
+
 def dtype_eps(col: pl.Expr) -> pl.Expr:
     """Machine epsilon of a dtype column (null for exact and unknown dtypes)."""
     return col.replace_strict(EPS, default=None, return_dtype=pl.Float64)
@@ -471,6 +488,7 @@ def small_value_err(
     tensor: np.ndarray,
     group: np.ndarray,
     eps_judged: np.ndarray,
+    tiny_judged: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(err, context rms, small) after the small-value rule.
 
@@ -480,7 +498,15 @@ def small_value_err(
     scale is the largest reference RMS among them.  A tensor is in the small-value domain when its reference RMS
     is below eps(judged dtype) x the context RMS; it is then judged by absolute error on the context scale:
     err = ||x - y|| / (sqrt(n) * context rms), compared with the same tolerance.  ||x - y|| is err * ||y||
-    (exact, sketch and statistics errors are all relative to ||y||), or ||x|| when y is all zero."""
+    (exact, sketch and statistics errors are all relative to ||y||), or ||x|| when y is all zero.
+
+    Subnormal values: below the judged dtype's smallest normal number (`tiny_judged`, SUBNORMAL_BELOW: float16's
+    2^-14) its values are spaced by eps x that number, not relative to their size: float16 holds a gradient of
+    rms 1e-7 to about 40 % (the spacing 2^-24 = 6e-8), and two devices that round it once differ by that much.
+    A tensor whose reference RMS is below it is judged by absolute error on that scale too,
+    ||x - y|| / (sqrt(n) * tiny): within the tolerance when it differs by about one spacing per element.  The
+    context rms returned for a small value is the scale it was judged on (the larger of the two where both
+    apply)."""
     with np.errstate(all="ignore"):
         sqrt_n = np.sqrt(np.where(numel > 0, numel, np.nan))
         rms = np.where(tensor, r_norm / sqrt_n, np.nan)
@@ -488,11 +514,17 @@ def small_value_err(
         ok = np.isfinite(rms)
         np.maximum.at(ctx, group[ok], rms[ok])
         ctx_row = ctx[group] if group.size else np.zeros(0)
-        small = ok & (ctx_row > 0) & (rms < eps_judged * ctx_row) & ~np.isnan(err)
+        small = ok & (ctx_row > 0) & (rms < eps_judged * ctx_row)
+        scale = np.where(small, ctx_row, 0.0)
+        if tiny_judged is not None:
+            sub = ok & (rms < tiny_judged) & ((r_norm > 0) | (t_norm > 0))  # (two zero tensors: nothing to judge)
+            scale = np.where(sub, np.maximum(scale, tiny_judged), scale)
+            small |= sub
         delta = np.where(r_norm > 0, err * r_norm, t_norm)
-        small &= np.isfinite(delta)
-        out = np.where(small, delta / (sqrt_n * ctx_row), err)
-    return out, np.where(np.isfinite(ctx_row) & (ctx_row > 0), ctx_row, np.nan), small
+        small &= ~np.isnan(err) & np.isfinite(delta)
+        out = np.where(small, delta / (sqrt_n * scale), err)
+        ctx_out = np.where(small, scale, ctx_row)
+    return out, np.where(np.isfinite(ctx_out) & (ctx_out > 0), ctx_out, np.nan), small
 
 
 def small_value_scale() -> pl.Expr:
@@ -511,18 +543,40 @@ def apply_small_values(rows: pl.DataFrame) -> pl.DataFrame:
     group = rows.select(pl.struct(keys).rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
     tensor = rows.select(both_tensors().fill_null(False) & small_value_scale()).to_series().to_numpy()
     judged = rows.select(dtype_eps(c("tol_dtype")).fill_null(0.0)).to_series().to_numpy()
+    tiny = rows.select(dtype_tiny(c("tol_dtype")).fill_null(0.0)).to_series().to_numpy()
     err, ctx, small = small_value_err(
-        _f64(rows, "err"), _f64(rows, "norm"), _f64(rows, "ref_norm"), _f64(rows, "ref_numel"), tensor, group, judged
+        _f64(rows, "err"),
+        _f64(rows, "norm"),
+        _f64(rows, "ref_norm"),
+        _f64(rows, "ref_numel"),
+        tensor,
+        group,
+        judged,
+        tiny,
     )
     out = rows.with_columns(nullable("err", err), nullable("context_rms", ctx), to_polars("small_value", small))
     if not small.any():
         return out
     unmatched = c("match").is_in(["target_only", "ref_only"])
-    note = pl.format(
-        "small value: reference rms {} < eps x {} (the largest rms among its record's tensors); "
-        "judged by absolute error on that scale",
-        (c("ref_norm") / c("ref_numel").cast(pl.Float64).sqrt()).round_sig_figs(3),
-        c("context_rms").round_sig_figs(3),
+    rms = c("ref_norm") / c("ref_numel").cast(pl.Float64).sqrt()
+    note = (
+        when(c("context_rms") == dtype_tiny(c("tol_dtype")))
+        .then(
+            pl.format(
+                "subnormal: reference rms {} below {}'s smallest normal {}; judged by absolute error on that scale",
+                rms.round_sig_figs(3),
+                c("tol_dtype"),
+                c("context_rms").round_sig_figs(3),
+            )
+        )
+        .otherwise(
+            pl.format(
+                "small value: reference rms {} < eps x {} (the largest rms among its record's tensors); "
+                "judged by absolute error on that scale",
+                rms.round_sig_figs(3),
+                c("context_rms").round_sig_figs(3),
+            )
+        )
     )
     return out.with_columns(
         nullable("severity", severity(err, _f64(rows, "tol"))),

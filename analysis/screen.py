@@ -321,6 +321,7 @@ def _static(
         c("ref_numel"),
         c("dtype"),
         R.dtype_eps(c("tol_dtype")).fill_null(0.0).alias("_eps_judged"),
+        R.dtype_tiny(c("tol_dtype")).fill_null(0.0).alias("_tiny_judged"),
         R.small_value_scale().alias("_scale"),
         # a tensor against None: an argument given in one run only (analysis/signature.py), counted as `args`
         (((c("kind") == "tensor") & (c("ref_kind") == "null")) | ((c("kind") == "null") & (c("ref_kind") == "tensor")))
@@ -361,6 +362,7 @@ def _static(
         (c("_is_tensors").fill_null(False) & c("_scale")).alias("tensor"),
         c("ref_numel").cast(pl.Float64).alias("ref_numel"),
         c("_eps_judged").alias("eps"),
+        c("_tiny_judged").alias("tiny"),
     )
     arrays = arrays.with_columns(
         judged["err"].alias("d_err"),
@@ -500,6 +502,7 @@ def _small_values(
         stnp["tensor"],
         ordnp["group"],
         stnp["eps"],
+        stnp["tiny"],
     )
     if small.any():
         err[small] = new[small]

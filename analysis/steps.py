@@ -2,7 +2,8 @@
 reference's own update of each parameter, and the two rules built on it (see docs/how-it-decides.md).
 
 For every parameter p (a module record's `parameters` leaf; without module records, a tensor input that requires
-grad and that no recorded op produced) between steps b and a = the next compared step:
+grad and that no recorded op produced; with them, also such an input of one element that no module lists: a
+model's own scalar, `_table_parameters`) between steps b and a = the next compared step:
 
   gap(s)   ||p_t(s) - p_r(s)||, target against reference at step s
   upd      ||p_r(a) - p_r(b)||, the reference's update of p
@@ -13,6 +14,8 @@ grad and that no recorded op produced) between steps b and a = the next compared
   x_prev   gap(b) / upd: the disagreement the runs carried into the update
   g_prev   the relative error of p's gradient at step b (its `parameters_grad` leaf): what the update was fed
   x_round  eps(p's dtype) x ||p_r(b)|| / upd: one rounding of the parameter, in the same units
+  x_exact  for a one-element p (its statistics are its value): the target's own update off the reference's and
+           off its sign flip, in the reference's update (`_exact_update_gap`)
 
 All norms are the statistics lower bound of analysis/rules.py (`stats_bound`) in both dump modes, so that `x`
 is a ratio of two quantities measured the same way.  Neither is an upper bound (statistics bound ||a - b||
@@ -37,8 +40,10 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
                        analysis/param_change.py).  Named at its first consumer at step a, outright where x >= X_MIN
                        (a sizeable part of an update), else only where that consumer confirms it (`needs_consumer`:
                        its activations agree and its own error stands out; analysis/culprit.py
-                       `_consumer_confirms`).
-  update differs       at least OPT_SHARE of the measured parameters have x > STAND_OUT x their explanation,
+                       `_consumer_confirms`).  A one-element parameter instead: x_exact >= X_MIN, beyond
+                       STAND_OUT x its explanation and x the x_exact of its siblings (else of the other
+                       one-element parameters; none: on its own measure).
+  update differs       most (over UPDATE_SHARE) of the measured parameters have x > STAND_OUT x their explanation,
                        and the median x is at least its floor (analysis/updates.py: X_MIN at the pair's first
                        update, else UPDATE_X_MIN and STAND_OUT x the update before's): every parameter moved
                        otherwise than its gradient explains (clipping at another norm, another optimizer): the
@@ -81,6 +86,11 @@ UPDATE_X_MIN = 2.0**-4
 # tolerance is named only beyond STAND_OUT x that
 UPDATES_APART = 2.0
 MIN_MEASURED = 3  # fewer measured parameters: no update-differs rule, no step agreement (corrupted)
+# the update-differs rule: more than this share of the measured parameters beyond their explanation (a majority:
+# a hyperparameter that acts on some tensors only, Lion's betas on those whose gradient changed sign, a weight
+# decay on those with a norm, leaves the others explained; the floor on the median x is the evidence, the share
+# only says the median is of moved parameters: docs/how-it-decides.md, section 5)
+UPDATE_SHARE = 0.5
 
 _KEYS = ["rank", "source", "_record", "_io", "index_path"]
 
@@ -121,6 +131,11 @@ def parameters_of(params: pl.DataFrame) -> pl.DataFrame:
     named = params.filter(pl.col("_io") == "parameters")
     if named.height:
         return named
+    return _one_per_tensor(params)
+
+
+def _one_per_tensor(params: pl.DataFrame) -> pl.DataFrame:
+    """`params`, one row per parameter key (the first)."""
     if "_fp_t" not in params.columns:
         return params
     return (
@@ -130,13 +145,37 @@ def parameters_of(params: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _table_parameters(params: pl.DataFrame) -> pl.DataFrame:
+    """The parameters the table measures: `parameters_of`, and where module records list parameters, the
+    one-element tensors among the other candidates whose tensor no module lists (a model's own scalar read
+    directly by an op: CLIP's `logit_scale` through `Tensor.exp`, a temperature, a gate).  A module lists only
+    its own parameters, and the top model's forward is not a record, so such a scalar is in no `parameters`
+    leaf; the other unlisted inputs that require grad are activations reached through ops msprobe does not
+    record (`k.transpose()`, a softmax before dropout), whose step-to-step change is no update.  A one-element
+    input that requires grad and that no recorded op made is a parameter or the loss-like scalar of an
+    unrecorded op, which changes with the data, a whole update of itself or more (`x_exact` small)."""
+    named = parameters_of(params)
+    if not named.height or named.height == params.height or "_fp_t" not in params.columns:
+        return named
+    listed = set(named["_fp_t"].drop_nulls().to_list())
+    scalars = params.filter(
+        (pl.col("_io") != "parameters")
+        & (pl.col("numel") == 1)
+        & pl.col("_fp_t").is_not_null()
+        & ~pl.col("_fp_t").is_in(list(listed))
+    )
+    if not scalars.height:
+        return named
+    return pl.concat([named, _one_per_tensor(scalars)], how="diagonal_relaxed")
+
+
 def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> pl.DataFrame | None:
     """One row per parameter of step `after` (see the module's docstring): its keys, `_fp_t`, `_pkey` (which
     parameter: analysis/param_change.py), shape, status, `x`, `x_prev`, `x_round`, `g_prev`, `klass` (module
     class or API, parameter name, shape).  None: nothing measurable."""
     stats = [*R.STATS, *(f"ref_{s}" for s in R.STATS)]
     cols = rows.select("step", *_KEYS, *stats, "numel")
-    params = parameters_of(params)
+    params = _table_parameters(params)
     params = params.with_columns(PC.key_expr(params.columns))  # which parameter (analysis/param_change.py)
     now = params.select(*_KEYS, "_fp_t", "_pkey", "shape", "status", "dtype").join(
         cols.filter(pl.col("step") == after).drop("step").unique(subset=_KEYS, keep="first"), on=_KEYS, how="inner"
@@ -155,6 +194,7 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     upd = _bound(side("ref_"), side("ref_", "_b"), numel)
     rounding = np.array([eps(d or "") for d in both["dtype"].to_list()]) * np.abs(side("ref_", "_b")["norm"])
     changed = _changed_gap(side(""), side("ref_"), side("ref_"), side("ref_", "_b"), numel)
+    exact = _exact_update_gap(side(""), side("ref_"), side("", "_b"), side("ref_", "_b"), numel)
     with np.errstate(all="ignore"):
         x = np.where(upd > 0, gap / upd, np.nan)
         x_changed = np.where((upd > 0) & np.isfinite(gap), changed / upd, np.nan)
@@ -165,6 +205,8 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         pl.Series("x_changed", x_changed),
         pl.Series("x_prev", x_prev),
         pl.Series("x_round", x_round),
+        pl.Series("x_exact", exact),
+        pl.Series("_numel", numel),
         _module("_record"),
     )
     grads = rows.filter(
@@ -173,6 +215,14 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     grads = grads.with_columns(_module("_record")).drop("_record")
     keys = ["rank", "source", "_module", "index_path"]
     out = out.join(grads.unique(subset=keys, keep="first"), on=keys, how="left", nulls_equal=True)
+    api = _input_gradients(rows, before)  # an input no module lists: its consumer's backward output
+    if api.height:
+        on = ["rank", "source", "_record", "index_path"]
+        out = (
+            out.join(api, on=on, how="left", nulls_equal=True)
+            .with_columns(pl.coalesce("g_prev", "_g_in").alias("g_prev"))
+            .drop("_g_in")
+        )
     klass = pl.concat_str(
         [
             pl.col("_record").map_elements(lambda r: parse_record(r).op_type, return_dtype=pl.String),
@@ -183,6 +233,62 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         ignore_nulls=True,
     )
     return out.with_columns(klass.alias("klass"))
+
+
+def _exact_update_gap(
+    t: dict[str, np.ndarray],
+    r: dict[str, np.ndarray],
+    tb: dict[str, np.ndarray],
+    rb: dict[str, np.ndarray],
+    n: np.ndarray,
+) -> np.ndarray:
+    """For a tensor of one element, whose statistics are its value (exactly, in either dump mode): how far the
+    target's own update (`t` less `tb`: the target at both steps) is from the reference's (`r` less `rb`) or
+    from its sign flip, in units of the reference's update.  An optimizer fed gradients that agree computes
+    the same update, and one that normalises per element (Adam's first step, Lion, Adafactor's clipped step)
+    turns a gradient noise cannot sign into an update of either sign, the same size; nothing else noise does
+    moves a scalar's update by a part of itself beyond what its gradient's error explains.  NaN for larger
+    tensors and where the reference's update is 0 (nothing to measure in)."""
+
+    def value(s: dict[str, np.ndarray]) -> np.ndarray:
+        return np.where(np.isnan(s["mean"]), s["max"], s["mean"])
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        u_t, u_r = value(t) - value(tb), value(r) - value(rb)
+        gap = np.fmin(np.abs(u_t - u_r), np.abs(u_t + u_r)) / np.abs(u_r)
+    return np.where((n == 1) & (u_r != 0) & np.isfinite(gap), gap, np.nan)
+
+
+def _input_gradients(rows: pl.DataFrame, step: int) -> pl.DataFrame:
+    """The relative error of the gradient of each one-element tensor input of an API record at `step` (rank,
+    source, forward `_record`, `index_path`, `_g_in`): the k-th output of the record's backward is the gradient
+    of its k-th tensor input (msprobe's order; non-tensor arguments have none), taken where its shape is the
+    input's.  For a parameter no module lists (no `parameters_grad` leaf); read by several ops, each backward
+    holds one part of its gradient, and the first consumer's part is taken."""
+    at = rows.filter(pl.col("step") == step)
+    ins = at.filter(
+        (pl.col("_io") == "input") & (pl.col("kind") == "tensor") & ~pl.col("index_path").str.contains(r"\.")
+    ).select("rank", "source", "_record", "index_path", "numel", pl.col("shape").cast(pl.List(pl.String)))
+    if not ins.height:
+        return pl.DataFrame()
+    ins = ins.with_columns(pl.col("index_path").cast(pl.Int64, strict=False).alias("_i")).drop_nulls("_i")
+    ins = ins.sort("_i").with_columns(pl.col("_i").rank("ordinal").over("rank", "source", "_record").alias("_k"))
+    ins = ins.filter(pl.col("numel") == 1)
+    outs = at.filter((pl.col("_io") == "output") & (pl.col("kind") == "tensor")).select(
+        "rank",
+        "source",
+        pl.col("_record").str.replace(r"\.backward$", ".forward").alias("_record"),
+        (pl.col("index_path").cast(pl.Int64, strict=False) + 1).cast(pl.UInt32).alias("_k"),
+        pl.col("shape").cast(pl.List(pl.String)).alias("_shape_g"),
+        pl.col("err").alias("_g_in"),
+        pl.col("_record").str.ends_with(".backward").alias("_bwd"),
+    )
+    outs = outs.filter(pl.col("_bwd")).drop("_bwd")
+    got = ins.join(outs, on=["rank", "source", "_record", "_k"], how="inner", nulls_equal=True)
+    got = got.filter(pl.col("shape") == pl.col("_shape_g"))
+    return got.select("rank", "source", "_record", "index_path", "_g_in").unique(
+        subset=["rank", "source", "_record", "index_path"], keep="first"
+    )
 
 
 def _module(col: str) -> pl.Expr:
@@ -221,21 +327,47 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     # every other parameter of the step within STAND_OUT x (what it carried in + one rounding of itself): the runs
     # computed the same updates, none moved by noise that a per-element normalisation could flip
     x_round = np.nan_to_num(t["x_round"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
+    n_el = (
+        t["_numel"].cast(pl.Float64).fill_null(np.inf).to_numpy() if "_numel" in t.columns else np.full(len(x), np.inf)
+    )
     with np.errstate(invalid="ignore"):
         moved = np.isfinite(x) & (x > STAND_OUT * (x_prev + x_round))
-    off = PC.others_count(moved, np.isfinite(x), owner, MIN_MEASURED)
+        # only a parameter whose bar is under X_MIN can show that the updates agreed: where one rounding of it is a
+        # third of an update or more (a bf16 weight whose update is under its ulp), "within rounding" says nothing
+        # (one that moved beyond its bar shows the opposite whatever its bar)
+        shows = np.isfinite(x) & ((STAND_OUT * (x_prev + x_round) < X_MIN) | moved)
+    off = PC.others_count(moved, shows, owner, MIN_MEASURED)
+    # a one-element tensor: its own update measured exactly, against the reference's and its sign flip
+    x_exact = (
+        t["x_exact"].cast(pl.Float64).fill_null(np.nan).to_numpy()
+        if "x_exact" in t.columns
+        else np.full(len(x), np.nan)
+    )
     with np.errstate(invalid="ignore"):
         apart = x > STAND_OUT * (UPDATES_APART + x_prev)  # beyond what any two updates can put between the runs
-        agree = (x >= X_MIN) & (off == 0)
+        # and beyond one element's update reversed: an optimizer that normalises per element (Adam's first step,
+        # Lion) moves every element by the same size, ||u|| / sqrt(n), and turns an element whose gradient is
+        # noise-level into an update of either sign, UPDATES_APART / sqrt(n) of an update apart; the other
+        # parameters' agreement cannot rule that out (gradient statistics rounded to bf16 that agree do not say
+        # every element does)
+        agree = (x >= X_MIN) & (off == 0) & (x > STAND_OUT * UPDATES_APART / np.sqrt(np.fmax(n_el, 1.0)))
+        exact = (x_exact >= X_MIN) & (x_exact > STAND_OUT * np.nan_to_num(expl, nan=0.0))
+    # a one-element parameter's own update is known: that, not its tolerance or the two-update bound, decides
+    flagged = np.where(np.isfinite(x_exact), exact, over | apart | agree)
     out: dict[int, dict[str, Any]] = {}
-    for i in np.flatnonzero(beyond & (over | apart | agree)):
-        sib = [j for j in range(t.height) if klass[j] == klass[i] and owner[j] != owner[i]]
-        sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
-        kin = "siblings"
-        if not sx.size:  # no tensor of its kind: every other parameter of the step
-            kin, sx = "parameters", x[[j for j in range(t.height) if owner[j] != owner[i] and np.isfinite(x[j])]]
-        if not sx.size or not x[i] > STAND_OUT * float(sx.max()):
-            continue  # within the optimizer's noise on its kind of tensor (or, without any, on any)
+    for i in np.flatnonzero(beyond & flagged):
+        if np.isfinite(x_exact[i]):  # judged on its own update: against other scalars' (siblings first), if any
+            kin, sx = _exact_peers(int(i), x_exact, klass, owner)
+            if sx.size and not x_exact[i] > STAND_OUT * float(sx.max()):
+                continue
+        else:
+            sib = [j for j in range(t.height) if klass[j] == klass[i] and owner[j] != owner[i]]
+            sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
+            kin = "siblings"
+            if not sx.size:  # no tensor of its kind: every other parameter of the step
+                kin, sx = "parameters", x[[j for j in range(t.height) if owner[j] != owner[i] and np.isfinite(x[j])]]
+            if not sx.size or not x[i] > STAND_OUT * float(sx.max()):
+                continue  # within the optimizer's noise on its kind of tensor (or, without any, on any)
         fp = pkeys[int(i)]
         if fp is None:
             continue
@@ -244,13 +376,26 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
             "carried_in": None if not np.isfinite(expl[i]) else float(expl[i]),
             "judged_against": kin,
             "siblings": len(sx),
-            "siblings_max": float(sx.max()),
+            "siblings_max": float(sx.max()) if sx.size else 0.0,
         }
-        if not (over[i] or apart[i]):  # within its tolerance and two updates: the step's updates agree
+        if np.isfinite(x_exact[i]):
+            out[int(fp)]["own_update_off"] = float(x_exact[i])
+        elif not (over[i] or apart[i]):  # within its tolerance and two updates: the step's updates agree
             out[int(fp)]["step_agrees"] = True
         if not x[i] >= X_MIN:  # under a quarter of an update: named only where its consumer confirms it
             out[int(fp)]["needs_consumer"] = True
     return out
+
+
+def _exact_peers(i: int, x_exact: np.ndarray, klass: list, owner: list) -> tuple[str, np.ndarray]:
+    """The `x_exact` of the other one-element parameters to judge row `i` against: its siblings (same class,
+    name and shape, another tensor) where measured, else every other one-element parameter; none: judged on its
+    own measure (its update against its gradient's error: `corrupted`)."""
+    others = [j for j in range(len(x_exact)) if owner[j] != owner[i] and np.isfinite(x_exact[j])]
+    sib = [j for j in others if klass[j] == klass[i]]
+    if sib:
+        return "siblings", x_exact[sib]
+    return "parameters", x_exact[others]
 
 
 def _owners(t: pl.DataFrame) -> list[tuple]:
@@ -324,7 +469,7 @@ def update_differs(t: pl.DataFrame | None, floor: float = UPDATE_X_MIN) -> dict[
     if measured.sum() < MIN_MEASURED:
         return None
     beyond = _beyond(t)
-    if float(beyond[measured].mean()) < OPT_SHARE or not median(x[measured]) >= floor:
+    if not float(beyond[measured].mean()) > UPDATE_SHARE or not median(x[measured]) >= floor:
         return None
     return {
         "parameters": int(measured.sum()),

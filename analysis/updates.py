@@ -22,8 +22,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from dumpstore.dtypes import eps
+from dumpstore.names import MODULE_RECORD_PREFIXES
+
+from . import rules as R
 from . import steps as ST
-from .noise import STAND_OUT, median
+from .noise import OPT_FLOOR, OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
 
 
 def update_floor(rows: pl.DataFrame, before: int, params: pl.DataFrame) -> tuple[float, float | None]:
@@ -56,3 +60,224 @@ def updates_differ(
     if not found["median_update_units"] >= floor:
         return None
     return found | {"floor": floor, "previous_update_units": prev}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The update rule changed from a later update on: each update judged against the pair's update before it
+# ------------------------------------------------------------------------------------------------------------------
+def _previous(rows: pl.DataFrame, before: int) -> int | None:
+    """The compared step before `before` (the update into `before` starts there); None at the pair's first update."""
+    earlier = [s for s in rows["step"].unique().to_list() if s is not None and s < before]
+    return max(earlier) if earlier else None
+
+
+def one_per_tensor(params: pl.DataFrame) -> pl.DataFrame:
+    """One row per parameter tensor: a module called several times in a step (micro-batches, a shared layer) dumps
+    its parameters once per call record (`...forward.0`, `...forward.1`), one tensor; counting the copies as
+    independent parameters shrinks a median's standard error without adding evidence."""
+    rec = pl.col("_record")
+    module = pl.any_horizontal([rec.str.starts_with(p) for p in MODULE_RECORD_PREFIXES])
+    one = pl.when(module).then(rec.str.replace(r"\.\d+$", "")).otherwise(rec)
+    return (
+        params.with_columns(one.alias("_one"))
+        .unique(subset=["rank", "source", "_one", "index_path"], keep="first", maintain_order=True)
+        .drop("_one")
+    )
+
+
+def _pair_of_steps(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> pl.DataFrame:
+    """The statistics of `params`' tensors (looked up by their keys) at `after` and (suffix `_b`) at `before`."""
+    stats = [*R.STATS, *(f"ref_{s}" for s in R.STATS)]
+    cols = rows.select("step", *ST._KEYS, *stats, "numel", "dtype", "ref_dtype")
+    now = (
+        cols.filter(pl.col("step") == after)
+        .join(params.select(ST._KEYS), on=ST._KEYS, how="semi")
+        .unique(subset=ST._KEYS, keep="first", maintain_order=True)
+    )
+    then = cols.filter(pl.col("step") == before).select(*ST._KEYS, *stats).unique(subset=ST._KEYS, keep="first")
+    return now.drop("step").join(then, on=ST._KEYS, how="inner", suffix="_b", maintain_order="left")
+
+
+def measured_ratios(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(log ratio, its half-width) of the update sizes target/reference between steps `before` and `after`, one per
+    parameter of `params` whose update a statistic measures; the others are left out.
+
+    A statistic s (norm, max, min, mean) moved by |s(after) - s(before)| in each run, and each s is rounded in the
+    tensor's dtype (msprobe computes a bf16 tensor's statistics in bf16), so that change is known to within
+    q = eps(dtype) x max(|s(after)|, |s(before)|).  A change moves with the update that made it (every statistic
+    of a parameter moves by lr x its update direction's share, so a learning rate x f moves each by f): the ratio
+    of the two runs' changes of one statistic is the update-size ratio, with the half-width q_t/|ds_t| +
+    q_r/|ds_r| in log.  The parameter's ratio is that of its statistic with the smallest half-width, where that
+    statistic moved by at least STAND_OUT x its rounding in both runs (else no statistic measures its update: a
+    bf16 weight of 0.5 moved by lr 1e-3 moves its statistics by whole bf16 steps of 2e-3, or not at all)."""
+    both = _pair_of_steps(rows, before, after, params)
+    if not both.height:
+        return np.zeros(0), np.zeros(0)
+    best_l = np.full(both.height, np.nan)
+    best_h = np.full(both.height, np.inf)
+    e = {pre: np.array([eps(d or "") for d in both[f"{pre}dtype"].to_list()]) for pre in ("", "ref_")}
+    for s in R.STATS:
+        change, rounding = {}, {}
+        for pre in ("", "ref_"):
+            a = both[f"{pre}{s}"].cast(pl.Float64).fill_null(np.nan).to_numpy()
+            b = both[f"{pre}{s}_b"].cast(pl.Float64).fill_null(np.nan).to_numpy()
+            change[pre], rounding[pre] = np.abs(a - b), e[pre] * np.fmax(np.abs(a), np.abs(b))
+        with np.errstate(all="ignore"):
+            ok = (change[""] >= STAND_OUT * rounding[""]) & (change["ref_"] >= STAND_OUT * rounding["ref_"])
+            ok &= (change[""] > 0) & (change["ref_"] > 0)
+            half = rounding[""] / change[""] + rounding["ref_"] / change["ref_"]
+            log = np.log(change[""] / change["ref_"])
+        better = ok & np.isfinite(log) & (half < best_h)
+        best_l, best_h = np.where(better, log, best_l), np.where(better, half, best_h)
+    keep = np.isfinite(best_l)
+    return best_l[keep], best_h[keep]
+
+
+def _location(values: np.ndarray, half: np.ndarray | None = None) -> tuple[float, float, float]:
+    """(median, spread, standard error of the median) of `values`; the spread is the robust sigma (1.4826 MAD) and
+    at least the standard deviation that rounding alone gives a value known to within +-`half` (half / sqrt(3),
+    uniform): a set of ratios tied by rounding has no spread of its own, but is not exact."""
+    med = float(median(values))
+    spread = 1.4826 * float(median(np.abs(values - med)))
+    if half is not None and half.size:
+        spread = max(spread, float(median(half)) / np.sqrt(3.0))
+    return med, spread, 1.2533 * spread / np.sqrt(values.size)
+
+
+def ratio_shift(
+    rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame, gradient_error: float = 0.0
+) -> dict[str, Any] | None:
+    """Evidence that the update sizes between `before` and `after` moved, target against reference, by another
+    factor than in the pair's update before (from the step before `before`); None when they did not, at the
+    pair's first update, or with fewer than OPT_MIN_PARAMS measured ratios in either update (`ratio_shift_measures`
+    has the measures whether or not they differ)."""
+    m = ratio_shift_measures(rows, before, after, params, gradient_error)
+    if m is None or not m.pop("differs"):
+        return None
+    m.pop("margin")
+    return m
+
+
+def ratio_shift_measures(
+    rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame, gradient_error: float = 0.0
+) -> dict[str, Any] | None:
+    """`ratio_shift`'s measures, with `margin` (|shift| / bar) and `differs`; None where it has none.
+
+    The ratios are `measured_ratios` (one per tensor); the update before reads the same pair's device noise and
+    any systematic difference of its update sizes (a device that stores parameters by stochastic rounding moves
+    them otherwise than round-to-nearest, at every update alike), so the shift is judged against both updates'
+    standard errors: it differs when the median log ratio moved by more than OPT_Z x their combined standard
+    error, by more than OPT_FLOOR and by more than the gradients' error, with at least OPT_SHARE of the
+    ratios measured past the update before's median on the same side (those equal to it, ties of bf16
+    statistics, are counted apart)."""
+    prev = _previous(rows, before)
+    if prev is None:
+        return None
+    params = one_per_tensor(params)
+    now, half = measured_ratios(rows, before, after, params)
+    then, half_then = measured_ratios(rows, prev, before, params)
+    if now.size < OPT_MIN_PARAMS or then.size < OPT_MIN_PARAMS:
+        return None
+    med, spread, se = _location(now, half)
+    med_then, _, se_then = _location(then, half_then)
+    shift = med - med_then
+    bar = float(max(OPT_Z * np.hypot(se, se_then), OPT_FLOOR, gradient_error))
+    tied = int((now == med_then).sum())
+    moved = now[now != med_then]
+    same_way = int((np.sign(moved - med_then) == np.sign(shift)).sum())
+    out = {
+        "parameters": int(now.size),
+        "gradient_error": gradient_error,
+        "median_ratio": float(np.exp(med)),
+        "previous_ratio": float(np.exp(med_then)),
+        "previous_parameters": int(then.size),
+        "same_way": same_way,
+        "spread": float(spread),
+        "bar": bar,
+        "margin": abs(shift) / bar,
+        "differs": bool(abs(shift) > bar and moved.size >= OPT_MIN_PARAMS and same_way >= OPT_SHARE * moved.size),
+    }
+    return out | {"tied": tied} if tied else out
+
+
+def norm_gaps(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> tuple[np.ndarray, float]:
+    """(d, the largest eps among their dtypes): `steps.decay_differs`'s d = relative norm gap at `after` less the
+    one carried in from `before`, for the parameters whose d a weight-decay change could show and noise could
+    not: |d| over STAND_OUT x 2 eps (its four norms rounded by eps / 2 each) and |d| ||p_r(after)|| over STAND_OUT
+    x what the update's own disagreement explains (`steps.table`'s max(x_prev, g_prev, x_round), in updates, x
+    the reference's update): a norm gap can move by no more than the gap of the updates, so a parameter whose
+    gradient is mostly rounding (a key projection's bias under softmax, a norm of 1e-7) moves its norm by noise
+    alone and says nothing."""
+    t = ST.table(rows, before, after, params)
+    if t is None:
+        return np.zeros(0), 0.0
+    both = t.select(*ST._KEYS, "x_prev", "g_prev", "x_round").join(
+        _pair_of_steps(rows, before, after, params), on=ST._KEYS, how="inner"
+    )
+    if not both.height:
+        return np.zeros(0), 0.0
+    numel = both["numel"].cast(pl.Float64).fill_null(1.0).to_numpy()
+
+    def side(suffix: str) -> dict[str, np.ndarray]:
+        return {s: both[f"ref_{s}{suffix}"].cast(pl.Float64).fill_null(np.nan).to_numpy() for s in R.STATS}
+
+    upd = ST._bound(side(""), side("_b"), numel)  # the reference's update (statistics lower bound)
+    t_a, r_a, t_b, r_b = (
+        both[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in ("norm", "ref_norm", "norm_b", "ref_norm_b")
+    )
+    e = np.array([eps(d or "") for d in both["dtype"].to_list()])
+    explained = np.nan_to_num(ST._explained(both), nan=0.0) * np.nan_to_num(upd, nan=np.inf)
+    with np.errstate(all="ignore"):
+        d = (t_a - r_a) / r_a - (t_b - r_b) / r_b
+        ok = np.isfinite(d) & (r_a > 0) & (r_b > 0) & (np.abs(d) > STAND_OUT * 2 * e)
+        ok &= np.abs(d) * r_a > STAND_OUT * explained
+    return d[ok], float(e[ok].max()) if ok.any() else 0.0
+
+
+def decay_shift(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
+    """Evidence that the parameters' norms moved apart by one common relative amount between `before` and `after`,
+    beyond the update before (`steps.decay_differs` for a later update, over the parameters `norm_gaps` measures);
+    None when they did not, at the pair's first update, or with fewer than OPT_MIN_PARAMS measured
+    (`decay_shift_measures` has the measures whether or not they differ)."""
+    m = decay_shift_measures(rows, before, after, params)
+    if m is None or not m.pop("differs"):
+        return None
+    m.pop("margin")
+    return m
+
+
+def decay_shift_measures(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
+    """`decay_shift`'s measures, with `margin` (|shift| / bar) and `differs`; None where it has none.
+
+    `decay_differs` takes the median over every parameter, so where a weight decay enters only some of them
+    (biases and norms near 0 move by -lr dwd p ~ 0; LAMB, whose trust ratio ||p|| / ||u|| scales each update,
+    moves a weight's norm by lr ||p|| x the decay's share of its update direction; parameter groups without
+    decay) the others hold the median at 0.  Here only the parameters whose d a change could show count, and a
+    weight decay moves them one way by a common relative amount: their median is off the update before's by
+    more than OPT_Z x the combined standard error, by more than STAND_OUT x their own spread (device noise moves
+    norms by amounts as scattered as themselves: a systematic one, the same way for every parameter, still
+    varies by more than a third of its median) and by more than STAND_OUT x eps, with at least OPT_SHARE of
+    them past the update before's median on that side."""
+    prev = _previous(rows, before)
+    if prev is None:
+        return None
+    params = one_per_tensor(params)
+    now, e = norm_gaps(rows, before, after, params)
+    if now.size < OPT_MIN_PARAMS:
+        return None
+    then, _ = norm_gaps(rows, prev, before, params)
+    med, spread, se = _location(now)
+    med_then, se_then = (0.0, 0.0) if then.size < OPT_MIN_PARAMS else _location(then)[::2]
+    shift = med - med_then
+    bar = float(max(OPT_Z * np.hypot(se, se_then), STAND_OUT * spread, STAND_OUT * e))
+    same_way = int((np.sign(now - med_then) == np.sign(shift)).sum())
+    return {
+        "parameters": int(now.size),
+        "median_norm_gap": med,
+        "previous_norm_gap": med_then,
+        "same_way": same_way,
+        "spread": float(spread),
+        "bar": bar,
+        "margin": abs(shift) / bar,
+        "differs": bool(abs(shift) > bar and same_way >= OPT_SHARE * now.size),
+    }

@@ -160,6 +160,41 @@ def synth():
     return sys.modules["synth"]
 
 
+def load_script(name: str, path: Path):
+    """A script of validation/ loaded by path as module ``name`` (validation/ is not a package and is not put on
+    sys.path: no clash between the sets' devices modules), not registered in sys.modules."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def score_validation(data: Path, tmp_path: Path) -> tuple[list[dict], subprocess.CompletedProcess]:
+    """validation/score.py over the pairs and key in ``data`` (dumpstore's CLI on every pair): its rows (--json)
+    and the finished process, which exited 0."""
+    out = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "validation" / "score.py"), "--data", str(data), "--json", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text()), proc
+
+
+def rel_l2(a, b) -> float:
+    """The relative L2 difference of tensor ``a`` from ``b``, in float64."""
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def randn(*shape, seed: int = 0, scale: float = 1.0):
+    """torch.randn of ``shape`` from a generator seeded ``seed``, times ``scale``."""
+    import torch
+
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
 def msprobe_command() -> list[str] | None:
     """The installed `msprobe` CLI as a command list (the script beside this python, on PATH, or run through this
     python when only the package is installed); None without mindstudio-probe."""

@@ -128,6 +128,37 @@ def test_beyond_rounding_of_bfloat16_statistics():
     assert beyond_rounding({**out, "ref_norm": None}) is None
 
 
+def test_beyond_rounding_counts_how_a_gathers_rows_add_up():
+    """validation/data_faults.py's mamba_ids_step2 (set 4's Mamba, pure bf16, one token id +1 at step 2), the
+    embedding's output (32 ids x 32) with its table's statistics equal: the mean moved 7.17e-4, within 3
+    roundings of the elements' RMS (3 x 2^-7 x 0.104 = 2.4e-3) but beyond 3 roundings of what a table off by
+    roundings moves the mean of 32 copied rows, RMS x sqrt(32 / 1024) (4.3e-4): 0.00275 beyond."""
+    out = {
+        "dtype": "bfloat16",
+        "numel": 1024,
+        "norm": 3.34375,
+        "ref_norm": 3.328125,
+        "max": 0.310546875,
+        "ref_max": 0.310546875,
+        "min": -0.318359375,
+        "ref_min": -0.318359375,
+        "mean": 0.0038299560546875,
+        "ref_mean": 0.004547119140625,
+    }
+    e = 2.0**-7
+    assert beyond_rounding(out) == 0.0
+    size = 3.328125 / 32 * (32 / 1024) ** 0.5
+    want = (0.004547119140625 - 0.0038299560546875 - 3 * e * size) * 32 / 3.328125
+    assert beyond_rounding(out, reads=32) == pytest.approx(want, rel=1e-12)
+    assert beyond_rounding(out, reads=32) == pytest.approx(0.00275, rel=1e-2)
+    assert beyond_rounding({**out, "dtype": "float32"}, reads=32) == beyond_rounding({**out, "dtype": "float32"})
+    # set 5's granite_ids_step2 (the same rule): mean -6.485e-4 against -7.095e-4 of 1024, 32 ids: within
+    granite = {**out, "norm": 0.6796875, "ref_norm": 0.67578125, "mean": -6.4849853515625e-4}
+    granite.update(ref_mean=-7.0953369140625e-4, max=0.0634765625, ref_max=0.06298828125)
+    granite.update(min=-0.068359375, ref_min=-0.068359375)
+    assert beyond_rounding(granite, reads=32) == 0.0
+
+
 def test_the_advice_for_labels_the_dump_does_not_list_names_the_labels(dump_writer, store_dir):
     """The labels reach the loss through ops msprobe does not record (its record lists the logits only): the
     verdict names the loss ahead of the backward of its step, and its advice names the labels, not the loss's

@@ -66,6 +66,19 @@ def test_updates_differ_from_a_sixteenth_of_an_update_on():
     assert steps.update_differs(_table([0.06, 0.06, 0.06, 0.06])) is None  # a median under UPDATE_X_MIN
 
 
+def test_updates_differ_where_most_parameters_moved_beyond_their_explanation():
+    """A hyperparameter that acts on some tensors only (Lion's betas on those whose gradient changed sign, a
+    weight decay on those with a norm) leaves the others explained: more than half beyond is enough, the floor on
+    the median x is the evidence."""
+    assert steps.UPDATE_SHARE == 0.5
+    explained = [0.0, 0.0, 0.0, 1.0, 1.0]  # x_prev: the last two carried in more than they moved
+    found = steps.update_differs(_table([0.1, 0.15, 0.2, 0.12, 0.3], x_prev=explained))
+    assert found is not None and (found["parameters"], found["unexplained"]) == (5, 3)
+    assert found["median_update_units"] == 0.15
+    # half of them beyond: no majority
+    assert steps.update_differs(_table([0.1, 0.15, 0.2, 0.3], x_prev=[0.0, 0.0, 1.0, 1.0])) is None
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_the_floor_of_a_later_update_is_the_pairs_own_update_noise_before_it(dump_writer, store_dir, mode):
     """Device noise that flipped 5 % of the first update's elements (Adam's lr sign(g)): the update before step 2
@@ -95,3 +108,22 @@ def test_the_floor_of_a_later_update_is_the_pairs_own_update_noise_before_it(dum
     assert STAND_OUT * prev > steps.UPDATE_X_MIN  # the noise sets the floor, not UPDATE_X_MIN
     assert update_floor(rows, 1, weights) == (STAND_OUT * prev, prev)
     assert update_floor(rows, 0, weights) == (steps.X_MIN, None)  # the first update: nothing before it
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_screened_path_judges_a_later_update_against_the_update_before_it(dump_writer, store_dir, mode):
+    """A run too large for one batch is screened, and each step with a finding is compared with its context: the
+    step before (the update into it) and the one before that (the update before, which sets the floor of a later
+    update, analysis/updates.py): the rescaling at step 2 is found there as in one batch, at UPDATE_X_MIN, not at
+    the first update's X_MIN (0.129 < 0.25)."""
+    from dumpstore import open_store
+    from dumpstore.analysis._divergence import divergence_by_steps
+
+    x, params, grads = _runs(np.random.default_rng(21))
+    _pair(dump_writer, store_dir, mode, _run(x, params, grads, 3), _run(x, params, grads, 3, _rescaled(_masks())))
+    st = open_store(store_dir)
+    whole = divergence_by_steps(st, "target", "ref").culprit
+    screened = divergence_by_steps(st, "target", "ref", max_rows=1).culprit
+    assert whole is not None and (whole.kind, whole.step, whole.metric) == ("optimizer", 2, "update_units")
+    assert screened == whole
+    assert screened.evidence["floor"] == steps.UPDATE_X_MIN

@@ -148,6 +148,7 @@ def _loss_step(
     b = (a + 1) % V
     z[2, b] = z[2, a] - 1e-3
     z[1, V - 2] = z[1, V - 1] - 1e-3
+    ref_labels = labels.copy()
     zt = _f32(z * (1 + logit_err)) if target and noisy else z
     if target and labels_changed:
         labels[2] = b
@@ -159,7 +160,12 @@ def _loss_step(
         lse = np.log(np.exp(zz - zz.max(1, keepdims=True)).sum(1)) + zz.max(1)
         return float((lse - zz[np.arange(T), labels]).mean())
 
-    grad = _f32(rng.normal(size=(T, V)) / T)
+    # the gradient the logit layer is given: the cross-entropy's of the reference's logits and labels (softmax
+    # less one-hot, over T), what a real backward hands it (analysis/hidden_index.py producer_gradients reads it)
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(T), ref_labels] -= 1.0
+    grad = _f32(p / T)
     gx = _f32(grad @ w)
     return {
         "Functional.linear.0.forward": {"input_args": [x, w], "output": [zt]},
@@ -211,11 +217,24 @@ def test_labels_precedence_needs_an_earlier_step(dump_writer, store_dir, mode):
     assert c is not None and (c.step, c.op) == (0, "Functional.linear.0.backward")
 
 
-def test_labels_precedence_needs_a_measured_ratio_before(dump_writer, store_dir):
-    """Logits and loss equal in both runs at step 0: no ratio was measured there (0 over the eps floor), so the
-    loss at step 1 is no suspect however it moved: the backward finding is named."""
+def test_labels_precedence_without_a_ratio_before_rests_on_the_gradient(dump_writer, store_dir):
+    """Logits and loss equal in both runs at step 0: no ratio was measured there (0 over the eps floor).  At step
+    1 the loss moved 12.9x what its logits' measured error moves it through the gradient the logit layer was
+    given (its backward's input: the cross-entropy's gradient, the loss has no backward record): the labels are
+    named ahead of the backward."""
     ref = [_loss_step(s, False, 0.0, False) for s in range(2)]
     tgt = [_loss_step(0, False, 0.0, True, noisy=False), _loss_step(1, True, 0.05, True)]
+    c = _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit
+    assert c is not None and (c.step, c.op, c.kind) == (1, "Functional.cross_entropy.0.forward", "input")
+    assert c.evidence["earlier_steps_max"] == 0.0
+    assert c.evidence["gradient_units"] == pytest.approx(12.89, rel=1e-3)
+
+
+def test_labels_precedence_without_a_ratio_before_needs_the_gradient_to_stand(dump_writer, store_dir):
+    """The same pair with the target's logits off by 1e-3 at step 1: the loss's move is 0.0129 of what that
+    error moves it through the gradient: no suspect, the backward finding is named."""
+    ref = [_loss_step(s, False, 0.0, False) for s in range(2)]
+    tgt = [_loss_step(0, False, 0.0, True, noisy=False), _loss_step(1, True, 0.05, True, logit_err=1e-3)]
     c = _pair(dump_writer, store_dir, "statistics", ref, tgt).culprit
     assert c is not None and (c.step, c.op) == (1, "Functional.linear.0.backward")
 

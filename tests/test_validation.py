@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import score_validation
+
 ROOT = Path(__file__).resolve().parents[1]
 # loaded under its own name: validation/ is not put on sys.path (no clash with another module called score)
 _spec = importlib.util.spec_from_file_location("validation_score", ROOT / "validation" / "score.py")
@@ -89,14 +91,7 @@ def test_the_set_is_as_documented(key):
 
 @pytest.mark.validation
 def test_the_verdict_on_the_validation_set(key, tmp_path):
-    out = tmp_path / "rows.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "validation" / "score.py"), "--data", str(DATA), "--json", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(out.read_text())
+    rows, proc = score_validation(DATA, tmp_path)
     assert len(rows) == len(key["cases"])
     wrong = [r["name"] for r in rows if not r["ok"]]
     assert not wrong, proc.stdout

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import score_validation
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -151,14 +153,7 @@ def test_the_cross_set_is_as_planned(key):
 
 @pytest.mark.validation
 def test_the_verdict_is_quiet_on_every_clean_combination(key, tmp_path):
-    out = tmp_path / "rows.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "validation" / "score.py"), "--data", str(DATA), "--json", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(out.read_text())
+    rows, proc = score_validation(DATA, tmp_path)
     assert len(rows) == len(key["cases"])
     loud = [r["name"] for r in rows if not r["ok"]]
     assert not loud, proc.stdout

@@ -7,7 +7,6 @@ The marked test makes the runs (minutes: 17 small models trained on CPU under ms
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,19 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "validation" / "longrun"
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-score = _load("validation_longrun_score", HERE / "score.py")
-make_runs = _load("validation_longrun_make_runs", HERE / "make_runs.py")
+score = load_script("validation_longrun_score", HERE / "score.py")
+make_runs = load_script("validation_longrun_make_runs", HERE / "make_runs.py")
 
 FAULT = {
     "case": "x_gradscale",

@@ -12,7 +12,6 @@ CLI with ``validation/score.py``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -22,21 +21,16 @@ from pathlib import Path
 
 import pytest
 
+from helpers import load_script, score_validation
+
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 # loaded under their own names: validation/ is not put on sys.path (no clash with set 1's devices and score)
-devices = _load("validation_v2_devices", ROOT / "validation" / "v2" / "devices.py")
-devices3 = _load("validation_v3_devices", ROOT / "validation" / "v3" / "devices.py")
+devices = load_script("validation_v2_devices", ROOT / "validation" / "v2" / "devices.py")
+devices3 = load_script("validation_v3_devices", ROOT / "validation" / "v3" / "devices.py")
 
 
 def test_round_half_away_differs_from_half_even_only_on_ties():
@@ -312,21 +306,14 @@ def test_the_set_is_as_documented(validation_set):
 @pytest.mark.validation
 def test_the_verdict_on_the_validation_set(validation_set, tmp_path):
     name, key = validation_set
-    out = tmp_path / "rows.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "validation" / "score.py"), "--data", str(_data(name)), "--json", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(out.read_text())
+    rows, proc = score_validation(_data(name), tmp_path)
     assert len(rows) == len(key["cases"])
     wrong = [r["name"] for r in rows if not r["ok"]]
     assert not wrong, proc.stdout
 
 
 def test_set3_batches_change_only_what_each_data_fault_says():
-    make3 = _load("validation_v3_make_pairs", ROOT / "validation" / "v3" / "make_pairs.py")
+    make3 = load_script("validation_v3_make_pairs", ROOT / "validation" / "v3" / "make_pairs.py")
     for family, kind, step in (("falcon", "ids", 2), ("bert", "token_type", 1), ("bert", "labels", 2)):
         clean = make3.batches(family, None)
         bad = make3.batches(family, {"kind": kind, "step": step})
@@ -347,7 +334,7 @@ def test_set3_batches_change_only_what_each_data_fault_says():
 # ------------------------------------------------------------------------------------------------------------
 # set 4's devices
 # ------------------------------------------------------------------------------------------------------------
-devices4 = _load("validation_v4_devices", ROOT / "validation" / "v4" / "devices.py")
+devices4 = load_script("validation_v4_devices", ROOT / "validation" / "v4" / "devices.py")
 
 
 def test_taps_convolution_adds_the_taps_in_its_order_and_matches_stock_to_fp32_rounding():
@@ -469,7 +456,7 @@ def test_a_set4_device_installs_and_uninstalls_with_autograd_through_its_kernels
 
 
 def test_set4_batches_change_only_what_each_data_fault_says():
-    make4 = _load("validation_v4_make_pairs", ROOT / "validation" / "v4" / "make_pairs.py")
+    make4 = load_script("validation_v4_make_pairs", ROOT / "validation" / "v4" / "make_pairs.py")
     for family, kind, step in (("mamba", "ids", 1), ("t5", "ids", 2), ("resnet", "labels", 2)):
         clean = make4.batches(family, None)
         bad = make4.batches(family, {"kind": kind, "step": step})

@@ -5,11 +5,12 @@ their score are the marked tests of ``tests/test_validation_v2.py`` (``[v5]``)."
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
+
+from helpers import load_script, randn, rel_l2
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -17,23 +18,7 @@ F = torch.nn.functional
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-dev5 = _load("validation_v5_devices", ROOT / "validation" / "v5" / "devices.py")
-
-
-def _rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
-
-
-def _randn(*shape, seed=0, scale=1.0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+dev5 = load_script("validation_v5_devices", ROOT / "validation" / "v5" / "devices.py")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -44,10 +29,10 @@ def test_lse_softmax_is_exact_on_ties_and_within_fp32_rounding_elsewhere():
     x = torch.tensor([[0.0, math.log(3.0), -math.inf]])
     got = dev5.lse_softmax(x, -1)
     assert got[0, 2].item() == 0.0 and abs(got[0, 0].item() - 0.25) < 1e-7 and abs(got[0, 1].item() - 0.75) < 1e-7
-    s = _randn(4, 17, 17, scale=3.0)
+    s = randn(4, 17, 17, scale=3.0)
     got, stock = dev5.lse_softmax(s, -1), F.softmax(s, -1)
     exact = F.softmax(s.double(), -1)
-    assert 0 < _rel(got, stock) < 1e-6 and _rel(got, exact) < 1e-6
+    assert 0 < rel_l2(got, stock) < 1e-6 and rel_l2(got, exact) < 1e-6
     assert (got.sum(-1) - 1).abs().max().item() < 1e-5
 
 
@@ -56,11 +41,11 @@ def test_normcdf_gelu_and_its_gradient_match_the_erf_form():
     y = dev5.normcdf_gelu(x)
     assert y[:3].tolist() == [0.0, 40.0, -0.0]  # erfc(-inf-ish) = 2, erfc(+large) = 0: exact at both ends
     assert abs(y[3].item() - 0.8413447460685429) < 1e-7
-    x = _randn(4096, scale=3.0)
-    assert 0 < _rel(dev5.normcdf_gelu(x), F.gelu(x)) < 2e-6
+    x = randn(4096, scale=3.0)
+    assert 0 < rel_l2(dev5.normcdf_gelu(x), F.gelu(x)) < 2e-6
     leaf = x.clone().requires_grad_()
     F.gelu(leaf).sum().backward()
-    assert _rel(dev5.normcdf_gelu_grad(x), leaf.grad) < 2e-6
+    assert rel_l2(dev5.normcdf_gelu_grad(x), leaf.grad) < 2e-6
     assert dev5.normcdf_gelu_grad(torch.tensor([0.0])).item() == 0.5
 
 
@@ -72,13 +57,13 @@ def test_fused_cross_entropy_is_lse_minus_the_smoothed_target_and_its_gradient_s
     q_hit, q_miss = 0.8 + 0.05, 0.05
     assert grad[2].abs().sum().item() == 0.0  # the ignored row
     assert abs(grad[0, 0].item() - (0.25 - q_hit) / 2) < 3e-8 and abs(grad[0, 1].item() - (0.25 - q_miss) / 2) < 3e-8
-    x, t = _randn(64, 96, scale=2.0), torch.randint(0, 96, (64,), generator=torch.Generator().manual_seed(1))
+    x, t = randn(64, 96, scale=2.0), torch.randint(0, 96, (64,), generator=torch.Generator().manual_seed(1))
     leaf = x.clone().requires_grad_()
     stock = F.cross_entropy(leaf, t, label_smoothing=0.1)
     stock.backward()
     loss, grad = dev5.fused_ce(x, t, 0.1)
     assert abs(loss.item() - stock.item()) < 1e-6 * stock.item()
-    assert _rel(grad, leaf.grad) < 1e-6
+    assert rel_l2(grad, leaf.grad) < 1e-6
 
 
 def test_fft_conv1d_correlates_and_matches_stock_with_stride_padding_and_groups():
@@ -87,13 +72,13 @@ def test_fft_conv1d_correlates_and_matches_stock_with_stride_padding_and_groups(
     w = torch.tensor([[[1.0, 2.0, 3.0]]])
     got = dev5.fft_conv1d(x, w)
     assert (got - torch.tensor([[[0.0, 3.0, 2.0, 1.0, 0.0, 0.0]]])).abs().max().item() < 1e-6
-    x, b = _randn(2, 8, 39), _randn(8, seed=2)
+    x, b = randn(2, 8, 39), randn(8, seed=2)
     for args in ((1, 2, 4), (2, 0, 1), (3, 1, 2)):
         stride, pad, groups = args
-        ww = _randn(8, 8 // groups, 5, seed=1, scale=0.3)
+        ww = randn(8, 8 // groups, 5, seed=1, scale=0.3)
         stock = F.conv1d(x, ww, b, stride, pad, 1, groups)
         got = dev5.fft_conv1d(x, ww, b, stride, pad, groups)
-        assert got.shape == stock.shape and 0 < _rel(got, stock) < 2e-6, args
+        assert got.shape == stock.shape and 0 < rel_l2(got, stock) < 2e-6, args
 
 
 def test_scaled_ctc_is_the_ctc_likelihood():
@@ -104,26 +89,26 @@ def test_scaled_ctc_is_the_ctc_likelihood():
     # a repeated symbol needs a blank between: T = 3, target [1, 1]: only 1 0 1
     lp = torch.full((3, 1, 2), math.log(0.5))
     assert abs(dev5.scaled_ctc(lp, torch.tensor([[1, 1]]), [3], [2], reduction="sum").item() + math.log(0.125)) < 1e-6
-    lp = _randn(39, 2, 12, scale=2.0).log_softmax(-1)
+    lp = randn(39, 2, 12, scale=2.0).log_softmax(-1)
     tg = torch.randint(1, 12, (2, 6), generator=torch.Generator().manual_seed(3))
     n = torch.full((2,), 39)
     m = torch.full((2,), 6)
     for reduction in ("mean", "sum", "none"):
         stock = F.ctc_loss(lp.double(), tg, n, m, 0, reduction)
         got = dev5.scaled_ctc(lp, tg, n, m, 0, reduction)
-        assert _rel(got, stock) < 1e-6, reduction
+        assert rel_l2(got, stock) < 1e-6, reduction
     flat = dev5.scaled_ctc(lp, tg.reshape(-1), n, m, 0, "none")  # concatenated targets
     assert torch.equal(flat, dev5.scaled_ctc(lp, tg, n, m, 0, "none"))
 
 
 def test_shifted_layer_norm_keeps_its_accuracy_on_a_large_offset():
-    x = 1000.0 + _randn(16, 32, scale=0.01)  # E[x^2] - E[x]^2 unshifted would lose every digit here
+    x = 1000.0 + randn(16, 32, scale=0.01)  # E[x^2] - E[x]^2 unshifted would lose every digit here
     exact = F.layer_norm(x.double(), (32,))
     got = dev5.shifted_layer_norm(x, (32,), None, None, 1e-5)
-    assert _rel(got, exact) < 1e-3
-    x, w, b = _randn(64, 32) + 3.0, _randn(32, seed=1), _randn(32, seed=2)
+    assert rel_l2(got, exact) < 1e-3
+    x, w, b = randn(64, 32) + 3.0, randn(32, seed=1), randn(32, seed=2)
     stock = F.layer_norm(x, (32,), w, b)
-    assert 0 < _rel(dev5.shifted_layer_norm(x, (32,), w, b, 1e-5), stock) < 2e-6
+    assert 0 < rel_l2(dev5.shifted_layer_norm(x, (32,), w, b, 1e-5), stock) < 2e-6
 
 
 def test_the_fused_optimizer_is_checked_against_the_stock_update():
@@ -133,14 +118,14 @@ def test_the_fused_optimizer_is_checked_against_the_stock_update():
     ):
         res = []
         for fused in (False, True):
-            ps = [_randn(64, 32, seed=i).to(dtype).requires_grad_() for i in range(2)]
+            ps = [randn(64, 32, seed=i).to(dtype).requires_grad_() for i in range(2)]
             opt = dev5.fused_optimizer(cls, ps, **kw) if fused else cls(ps, **kw)
             for step in range(3):
                 for i, p in enumerate(ps):
-                    p.grad = _randn(64, 32, seed=10 * step + i, scale=0.1).to(dtype)
+                    p.grad = randn(64, 32, seed=10 * step + i, scale=0.1).to(dtype)
                 opt.step()
             res.append(torch.cat([p.detach().double().flatten() for p in ps]))
-        assert 0 < _rel(res[1], res[0]) < (1e-9 if dtype == torch.float32 else 1e-3), cls
+        assert 0 < rel_l2(res[1], res[0]) < (1e-9 if dtype == torch.float32 else 1e-3), cls
     p0 = torch.tensor([1.0, 1.0])
     ref = torch.tensor([1.01, 1.0])
     assert dev5.update_close(ref, ref, p0)
@@ -148,7 +133,7 @@ def test_the_fused_optimizer_is_checked_against_the_stock_update():
 
 
 def test_the_fp32_matmul_policy_changes_the_autocast_output_dtype_only():
-    a, b = _randn(2, 5, 8), _randn(2, 8, 5, seed=1)
+    a, b = randn(2, 5, 8), randn(2, 8, 5, seed=1)
     t = dev5.DEVICES["T"]
     t.install()
     try:
@@ -160,7 +145,7 @@ def test_the_fp32_matmul_policy_changes_the_autocast_output_dtype_only():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         stock = torch.matmul(a.to(torch.bfloat16), b.to(torch.bfloat16))
     assert stock.dtype == torch.bfloat16 and got.dtype == torch.float32
-    assert 0 < _rel(got, stock.float()) < 1e-2 and torch.equal(outside, a @ b)
+    assert 0 < rel_l2(got, stock.float()) < 1e-2 and torch.equal(outside, a @ b)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -181,8 +166,8 @@ def test_every_device_stays_within_its_guard_and_changes_something():
 
 def test_devices_install_and_uninstall_with_autograd_through_them():
     stock = {k: getattr(m, a) for k, (m, a) in dev5._TARGETS.items()}
-    x = _randn(4, 8, 16).requires_grad_()
-    w = (_randn(8, 2, 3, seed=1) * 0.3).requires_grad_()
+    x = randn(4, 8, 16).requires_grad_()
+    w = (randn(8, 2, 3, seed=1) * 0.3).requires_grad_()
     for name, device in dev5.DEVICES.items():
         device.install()
         try:
@@ -209,7 +194,7 @@ def test_a_replacement_outside_the_guard_raises():
     s.install()
     try:
         with pytest.raises(AssertionError, match="softmax"):
-            F.softmax(_randn(4, 8), dim=-1)
+            F.softmax(randn(4, 8), dim=-1)
     finally:
         s.uninstall()
         dev5.lse_softmax = saved
@@ -219,7 +204,7 @@ def test_a_replacement_outside_the_guard_raises():
 # the generator's data faults
 # ------------------------------------------------------------------------------------------------------------
 def test_set5_batches_change_only_what_each_data_fault_says():
-    make5 = _load("validation_v5_make_pairs", ROOT / "validation" / "v5" / "make_pairs.py")
+    make5 = load_script("validation_v5_make_pairs", ROOT / "validation" / "v5" / "make_pairs.py")
     for family, fault, field, want in (
         ("granite", {"kind": "ids", "step": 2}, "input_ids", 1),
         ("wav2vec2", {"kind": "labels", "step": 2}, "labels", 2),

@@ -5,11 +5,12 @@ pairs and their score are the marked tests of ``tests/test_validation_v2.py`` (`
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
+
+from helpers import load_script, randn, rel_l2
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -17,23 +18,7 @@ F = torch.nn.functional
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-dev6 = _load("validation_v6_devices", ROOT / "validation" / "v6" / "devices.py")
-
-
-def _rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
-
-
-def _randn(*shape, seed=0, scale=1.0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+dev6 = load_script("validation_v6_devices", ROOT / "validation" / "v6" / "devices.py")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -52,11 +37,11 @@ def test_rational_erf_is_odd_clamped_and_within_a_few_fp32_ulps():
 
 def test_rational_gelu_and_its_gradient_match_the_exact_gelu():
     assert dev6.rational_gelu(torch.tensor([0.0, 10.0])).tolist() == [0.0, 10.0]
-    x = _randn(4096, scale=3.0)
-    assert 0 < _rel(dev6.rational_gelu(x), F.gelu(x)) < 2e-6
+    x = randn(4096, scale=3.0)
+    assert 0 < rel_l2(dev6.rational_gelu(x), F.gelu(x)) < 2e-6
     xd = x.double().requires_grad_()
     F.gelu(xd).sum().backward()
-    assert _rel(dev6.rational_gelu_grad(x), xd.grad) < 1e-6
+    assert rel_l2(dev6.rational_gelu_grad(x), xd.grad) < 1e-6
 
 
 def test_fma_layer_norm_folds_rstd_into_the_weight_and_rounds_once():
@@ -64,10 +49,14 @@ def test_fma_layer_norm_folds_rstd_into_the_weight_and_rounds_once():
     y = dev6.fma_layer_norm(x, (4,), None, None, 0.0)
     want = (torch.tensor([-1.5, -0.5, 0.5, 1.5], dtype=torch.float64) / math.sqrt(1.25)).float()
     assert (y - want).abs().max().item() <= 1.2e-7
-    x, w, b = _randn(64, 32, scale=0.5) + 0.2, _randn(32, seed=1, scale=0.1) + 1.0, _randn(32, seed=2, scale=0.1)
+    x, w, b = (
+        randn(64, 32, scale=0.5) + 0.2,
+        randn(32, seed=1, scale=0.1) + 1.0,
+        randn(32, seed=2, scale=0.1),
+    )
     got = dev6.fma_layer_norm(x, (32,), w, b, 1e-5)
     stock = F.layer_norm(x, (32,), w, b, 1e-5)
-    assert 0 < _rel(got, stock) < 1e-6
+    assert 0 < rel_l2(got, stock) < 1e-6
     # the epilogue: one fused multiply-add of the centred value and the folded scale
     d = x - x.mean(-1, keepdim=True)
     scale = w * torch.rsqrt((d * d).mean(-1, keepdim=True) + 1e-5)
@@ -78,15 +67,15 @@ def test_scaled_norm_is_exact_on_pythagorean_rows_and_does_not_overflow():
     x = torch.tensor([[3.0, 4.0], [0.0, 0.0], [3e30, 4e30]])
     assert dev6.scaled_norm(x, -1).tolist() == [5.0, 0.0, pytest.approx(5e30, rel=1e-6)]
     assert dev6.scaled_norm(x, -1, keepdim=True).shape == (3, 1)
-    h = _randn(4, 8, 8, 64)
+    h = randn(4, 8, 8, 64)
     got, stock = dev6.scaled_norm(h, (1, 2), True), torch.norm(h, p=2, dim=(1, 2), keepdim=True)
-    assert got.shape == stock.shape and 0 < _rel(got, stock) < 1e-6
+    assert got.shape == stock.shape and 0 < rel_l2(got, stock) < 1e-6
 
 
 def test_log1p_cross_entropy_and_its_gradient_match_stock():
     loss, _ = dev6.log1p_ce(torch.zeros(2, 4), torch.tensor([1, 3]))
     assert abs(loss.item() - math.log(4.0)) < 1e-7
-    x, t = _randn(64, 96, scale=2.0), torch.randint(0, 96, (64,), generator=torch.Generator().manual_seed(1))
+    x, t = randn(64, 96, scale=2.0), torch.randint(0, 96, (64,), generator=torch.Generator().manual_seed(1))
     t[:5] = -100
     for eps in (0.0, 0.1):
         loss, grad = dev6.log1p_ce(x, t, eps)
@@ -94,15 +83,15 @@ def test_log1p_cross_entropy_and_its_gradient_match_stock():
         want = F.cross_entropy(xd, t, label_smoothing=eps)
         want.backward()
         assert abs(loss.item() - want.item()) / want.item() < 1e-6
-        assert grad[:5].abs().max().item() == 0.0 and _rel(grad, xd.grad) < 1e-6
+        assert grad[:5].abs().max().item() == 0.0 and rel_l2(grad, xd.grad) < 1e-6
 
 
 def test_two_sided_sigmoid_is_symmetric_and_within_fp32_rounding():
     assert dev6.sym_sigmoid(torch.tensor([0.0])).item() == 0.5
-    x = _randn(4096, scale=4.0)
+    x = randn(4096, scale=4.0)
     y = dev6.sym_sigmoid(x)
     assert (y + dev6.sym_sigmoid(-x) - 1).abs().max().item() < 1.2e-7
-    assert 0 < _rel(y, torch.sigmoid(x)) < 1e-6
+    assert 0 < rel_l2(y, torch.sigmoid(x)) < 1e-6
     assert dev6.sym_sigmoid(torch.tensor([-100.0])).item() == pytest.approx(math.exp(-100), rel=1e-5)
 
 
@@ -156,7 +145,7 @@ def test_the_store_rounds_to_nearest_unless_the_device_rounds_stochastically():
 
 def test_the_fp32_softmax_policy_changes_the_autocast_output_dtype_only():
     device = dev6.DEVICES["AC"]
-    s = _randn(4, 8, 8).to(torch.bfloat16)
+    s = randn(4, 8, 8).to(torch.bfloat16)
     device.install()
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -165,7 +154,7 @@ def test_the_fp32_softmax_policy_changes_the_autocast_output_dtype_only():
     finally:
         device.uninstall()
     assert got.dtype == torch.float32 and plain.dtype == torch.bfloat16
-    assert torch.equal(got, F.softmax(s.float(), dim=-1)) and 0 < _rel(got, plain.float()) < 1e-2
+    assert torch.equal(got, F.softmax(s.float(), dim=-1)) and 0 < rel_l2(got, plain.float()) < 1e-2
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -188,8 +177,8 @@ def test_every_device_stays_within_its_guard_and_changes_something():
 
 def test_devices_install_and_uninstall_with_autograd_through_them():
     stock = {k: getattr(m, a) for k, (m, a) in dev6._TARGETS.items()}
-    x = _randn(4, 8, 16).requires_grad_()
-    w = (_randn(16, seed=1) + 1.0).requires_grad_()
+    x = randn(4, 8, 16).requires_grad_()
+    w = (randn(16, seed=1) + 1.0).requires_grad_()
     for name, device in dev6.DEVICES.items():
         device.install()
         try:
@@ -216,7 +205,7 @@ def test_a_replacement_outside_the_guard_raises():
     device.install()
     try:
         with pytest.raises(AssertionError, match="exp"):
-            _randn(8).exp()
+            randn(8).exp()
     finally:
         device.uninstall()
         dev6.tang_exp = saved
@@ -227,7 +216,7 @@ def test_a_replacement_outside_the_guard_raises():
 # ------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def make6():
-    return _load("validation_v6_make_pairs", ROOT / "validation" / "v6" / "make_pairs.py")
+    return load_script("validation_v6_make_pairs", ROOT / "validation" / "v6" / "make_pairs.py")
 
 
 def test_the_handwritten_optimizers(make6):

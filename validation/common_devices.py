@@ -106,14 +106,109 @@ def normalized(d: torch.Tensor, var: torch.Tensor, eps: float, normalized_shape,
     return y
 
 
+def linear_with(stock, input, weight, bias, put, grad_x, grad_w) -> torch.Tensor:
+    """A linear's replacement (sets 1 to 3): the stock kernel runs (its autograd node kept); ``put(out, x, w, b)``
+    overwrites its values from the operands in the autocast dtype; where an operand needs a gradient, tensor hooks
+    replace the stock gradients: ``grad_x(gy, w, gx, cdt)`` (None: the input's stays stock) and ``grad_w(gy2, x2, gw,
+    cdt)`` (gy and x as rows), ``cdt`` the compute dtype."""
+    cast = autocast_dtype()
+    x_in, w_in = alias(input), alias(weight)
+    out = stock(x_in, w_in, bias)
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        x, w = input.detach(), weight.detach()
+        b = bias.detach() if bias is not None else None
+        if cast is not None:
+            x, w = x.to(cast), w.to(cast)
+            b = b.to(cast) if b is not None else None
+        put(out, x, w, b)
+    if out.requires_grad:
+        g = GradOut(out)
+        cdt = cast or out.dtype
+        if x_in is not input and grad_x is not None:
+            x_in.register_hook(quiet(lambda gx: grad_x(g.g, w, gx, cdt)))
+        if w_in is not weight:
+            n, k = w.shape
+            w_in.register_hook(quiet(lambda gw: grad_w(g.g.reshape(-1, n), x.reshape(-1, k), gw, cdt)))
+    return out
+
+
+def matmul_with(stock, input, other, out, product, put, grad) -> torch.Tensor:
+    """A matmul's replacement (sets 1 to 3) on operands of 2 or more dimensions (anything else stays stock): the
+    operands in the autocast dtype, the stock output's values replaced by ``put(res, product(a, b))``; where an
+    operand needs a gradient (and the batch dimensions match), its gradient ``grad(name, product(...), stock
+    gradient, compute dtype)`` from the device's product of the arriving gradient and the other operand."""
+    if out is not None or input.dim() < 2 or other.dim() < 2:
+        return stock(input, other, out=out)
+    cast = autocast_dtype()
+    a_in, b_in = alias(input), alias(other)
+    res = stock(a_in, b_in)
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        a, b = input.detach(), other.detach()
+        if cast is not None:
+            a, b = a.to(cast), b.to(cast)
+        put(res, product(a, b))
+    if res.requires_grad and a.shape[:-2] == b.shape[:-2]:
+        g = GradOut(res)
+        cdt = cast or res.dtype
+        if a_in is not input:
+            a_in.register_hook(quiet(lambda ga: grad("matmul da", product(g.g, b.transpose(-1, -2)), ga, cdt)))
+        if b_in is not other:
+            b_in.register_hook(quiet(lambda gb: grad("matmul db", product(a.transpose(-1, -2), g.g), gb, cdt)))
+    return res
+
+
+def gelu_with(stock, input, approximate: str, values, derivative) -> torch.Tensor:
+    """An exact GELU's replacement (sets 5 and 6): the stock kernel's output (its autograd node kept) overwritten
+    with ``values(x)`` and, where the input needs a gradient, the input gradient the arriving gradient times
+    ``derivative(x)`` (both fp32); a tanh GELU stays stock."""
+    if approximate != "none":
+        return stock(input, approximate=approximate)
+    x_in = alias(input)
+    out = stock(x_in)
+    x = input.detach()
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        replace("gelu", out, values(x).to(out.dtype))
+    if x_in is not input and out.requires_grad:
+        grad = GradOut(out)
+
+        def dx(gx):
+            return guard("gelu dx", (grad.g.float() * derivative(x)).to(gx.dtype), gx)
+
+        x_in.register_hook(quiet(dx))
+    return out
+
+
+def cross_entropy_with(stock, loss_and_grad, input, target, weight, size_average, ignore_index, reduce, reduction,
+                       label_smoothing) -> torch.Tensor:  # fmt: skip
+    """A cross-entropy's replacement (sets 5 and 6) on 2-d logits, integer targets, the mean and no class weights
+    (anything else stays stock): the stock kernel's output overwritten with the loss of ``loss_and_grad(x, target,
+    label_smoothing, ignore_index)`` (loss, input gradient per unit loss gradient; fp32), the input gradient that
+    gradient times the arriving one."""
+    args = (weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+    plain = weight is None and size_average is None and reduce is None and reduction == "mean"
+    if not plain or input.dim() != 2 or target.dim() != 1 or target.is_floating_point():
+        return stock(input, target, *args)
+    x_in = alias(input)
+    out = stock(x_in, target, *args)
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        loss, grad_x = loss_and_grad(input.detach(), target, label_smoothing, ignore_index)
+        replace("cross_entropy", out, loss.to(out.dtype))
+    if x_in is not input and out.requires_grad:
+        grad = GradOut(out)
+        x_in.register_hook(quiet(lambda gx: guard("cross_entropy dx", (grad.g.float() * grad_x).to(gx.dtype), gx)))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # installing
 # ---------------------------------------------------------------------------------------------------------------
 class Installed:
     """A device's install and uninstall: each of ``replacements()`` (op key -> function) put on its place in
-    ``TARGETS`` (op key -> (module, attribute)), the stock function kept in ``self._saved`` until uninstall."""
+    ``TARGETS`` (op key -> (module, attribute)), the stock function kept in ``self._saved`` until uninstall; a set
+    that asks which device is installed (sets 5 and 6) keeps them in its ``STACK``."""
 
     TARGETS: dict = {}
+    STACK: list | None = None  # a set's list of its devices installed now, last the current (None: not kept)
 
     def replacements(self) -> dict:
         raise NotImplementedError
@@ -127,12 +222,16 @@ class Installed:
             mod, attr = self.TARGETS[key]
             self._saved[key] = getattr(mod, attr)
             setattr(mod, attr, self._wrap(mod, fn))
+        if self.STACK is not None:
+            self.STACK.append(self)
 
     def uninstall(self) -> None:
         for key, fn in self._saved.items():
             mod, attr = self.TARGETS[key]
             setattr(mod, attr, fn)
         self._saved.clear()
+        if self.STACK is not None and self in self.STACK:
+            self.STACK.remove(self)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -163,6 +262,30 @@ def magnitudes(device: str, op: str, dtype: str, exact, stock, got, rel=rel_l2) 
         "device_vs_stock": rel(got, stock),
         "elements_differing": (got.double() != stock.double()).float().mean().item(),
     }
+
+
+def measure_op(device: str, op: str, fn, stock_fn, call, args: tuple, auto: bool, seed: int, grad: bool,
+               dtype_name: str | None = None) -> dict:  # fmt: skip
+    """One row of a magnitude table (sets 5 and 6): ``call(f, args)`` with the stock function and with the device's
+    replacement ``fn`` (under bf16 autocast where ``auto``) against the stock function in float64 (``magnitudes``);
+    with ``grad`` also the input gradients' difference (a backward of sum(y * r), r fixed, seeded ``seed`` + 1).
+    ``dtype_name``: the row's dtype (default: "autocast" or the stock output's)."""
+    with torch.no_grad():
+        exact = call(stock_fn, tuple(t.double() if t.is_floating_point() else t for t in args))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=auto):
+            stock = call(stock_fn, args)
+            got = call(fn, args)
+    name = dtype_name or ("autocast" if auto else str(stock.dtype).replace("torch.", ""))
+    row = magnitudes(device, op, name, exact, stock.float(), got.float())
+    if grad:
+        r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
+        grads = []
+        for f in (stock_fn, fn):
+            leaf = args[0].detach().clone().requires_grad_()
+            (call(f, (leaf,) + args[1:]).float() * r).sum().backward()
+            grads.append(leaf.grad)
+        row["grad_device_vs_stock"] = rel_l2(grads[1], grads[0])
+    return row
 
 
 def fmt(v) -> str:

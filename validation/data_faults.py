@@ -68,6 +68,15 @@ EXTRA = {
             {"kind": "weight", "param": "transformer.h.1.mlp.dense_h_to_4h.weight", "step": 1, "how": "x1.01"},
             ("stats", "tensor"),
         ),
+        # labels changed inside their range (two labels +1, each below the batch's largest: the labels' max/min,
+        # ignore_index -100 included, stay), the inputs unchanged: BERT's masked LM (-100 at unmasked tokens), bf16
+        # autocast; Phi's and BLOOM's causal LM (-100 where Hugging Face pads the shifted labels), fp16 autocast
+        # with loss scaling and pure bf16
+        "bert_labels_in_step1": ("bert", "base", {"kind": "labels", "step": 1, "how": "inside"}, ("stats",)),
+        "bert_labels_in_step2": ("bert", "base", {"kind": "labels", "step": 2, "how": "inside"}, ("stats", "tensor")),
+        "phi_labels_in_step1": ("phi", "base", {"kind": "labels", "step": 1, "how": "inside"}, ("stats",)),
+        "phi_labels_in_step2": ("phi", "base", {"kind": "labels", "step": 2, "how": "inside"}, ("stats", "tensor")),
+        "bloom_labels_in_step2": ("bloom", "base", {"kind": "labels", "step": 2, "how": "inside"}, ("stats",)),
         "falcon_mlp_x101_step1": (
             "falcon",
             "base",
@@ -86,6 +95,25 @@ def _load(number: int):
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def _labels_inside(batches):
+    """The set's `batches`, with a labels fault whose `how` is "inside" made here: in the first micro-batch of the
+    fault's step, two labels +1 (at positions past each sequence's first, which a causal LM's shifted loss reads;
+    each below the largest label of the micro-batch, so its max and min, -100 included, stay)."""
+
+    def made(family: str, fault) -> list[list[dict]]:
+        if not (fault and fault.get("kind") == "labels" and fault.get("how") == "inside"):
+            return batches(family, fault)
+        out = batches(family, None)
+        lab = out[fault["step"]][0]["labels"]
+        top = int(lab.max())
+        pos = [(i, j) for i in range(lab.shape[0]) for j in range(1, lab.shape[1]) if 0 <= int(lab[i, j]) < top]
+        for i, j in pos[:2]:
+            lab[i, j] += 1
+        return out
+
+    return made
 
 
 def _scale(p) -> None:
@@ -112,6 +140,19 @@ def main(argv=None) -> int:
         own(model, fault)
 
     s.corrupt = corrupt
+    s.batches = _labels_inside(s.batches)
+    own_expectation = s.expectation
+
+    def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
+        if not (fault.get("kind") == "labels" and fault.get("how") == "inside"):
+            return own_expectation(case, fault, tgt, ref)
+        # the first micro-batch's cross-entropy reads the changed labels (a step may hold several)
+        names = {s.harness.mark_readers(case, tgt, ref)[1](res, "cross_entropy", fault["step"]) for res in (tgt, ref)}
+        what = "two labels +1 inside the labels' range (max/min and the ignore_index entries unchanged) in the first "
+        what += "micro-batch of step %d, the inputs unchanged; the cross-entropy is their first consumer"
+        return s.harness.data_expectation(fault, sorted(names), what)
+
+    s.expectation = expectation
     s.HOW = {**getattr(s, "HOW", {}), "x1.01": "every element times 1.01"}
     return s.main(rest)
 

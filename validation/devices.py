@@ -271,74 +271,34 @@ class Device(common.Installed):
         return _round_to(y32, dtype, self.rounding)
 
     def linear(self, input, weight, bias=None):
-        cast = common.autocast_dtype()
-        x_in, w_in = common.alias(input), common.alias(weight)
-        out = _STOCK["linear"](x_in, w_in, bias)
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            x, w, b = input.detach(), weight.detach(), bias.detach() if bias is not None else None
-            if cast is not None:
-                x, w = x.to(cast), w.to(cast)
-                b = b.to(cast) if b is not None else None
-            y = splitk_matmul(x, w.t(), self.block, self.order)
-            if b is not None:
-                y = y + b.float()
-            _replace("linear", out, self._rnd(y, out.dtype))
-        if out.requires_grad:
-            grad = common.GradOut(out)
-            cdt = cast or out.dtype
-            if x_in is not input:
-                x_in.register_hook(
-                    common.quiet(
-                        lambda gx: _grad_like(
-                            "linear dx", self._rnd(splitk_matmul(grad.g, w, self.block, self.order), cdt), gx
-                        )
-                    )
-                )
-            if w_in is not weight:
-                n, k = w.shape
+        return common.linear_with(_STOCK["linear"], input, weight, bias, self._linear_put, self._linear_dx,
+                                  self._linear_dw)  # fmt: skip
 
-                def dw(gw):
-                    g2 = grad.g.reshape(-1, n).float()
-                    x2 = x.reshape(-1, k).float()
-                    return _grad_like(
-                        "linear dw", self._rnd(splitk_matmul(g2.t(), x2, self.block, self.order), cdt), gw
-                    )
+    def _linear_put(self, out, x, w, b):
+        y = splitk_matmul(x, w.t(), self.block, self.order)
+        if b is not None:
+            y = y + b.float()
+        _replace("linear", out, self._rnd(y, out.dtype))
 
-                w_in.register_hook(common.quiet(dw))
-        return out
+    def _linear_dx(self, g, w, gx, cdt):
+        return _grad_like("linear dx", self._rnd(splitk_matmul(g, w, self.block, self.order), cdt), gx)
+
+    def _linear_dw(self, g2, x2, gw, cdt):
+        return _grad_like(
+            "linear dw", self._rnd(splitk_matmul(g2.float().t(), x2.float(), self.block, self.order), cdt), gw
+        )
 
     def matmul(self, input, other, *, out=None):
-        if out is not None or input.dim() < 2 or other.dim() < 2:
-            return _STOCK["matmul"](input, other, out=out)
-        cast = common.autocast_dtype()
-        a_in, b_in = common.alias(input), common.alias(other)
-        res = _STOCK["matmul"](a_in, b_in)
         blk = max(self.block // 4, 2)
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            a, b = input.detach(), other.detach()
-            if cast is not None:
-                a, b = a.to(cast), b.to(cast)
-            _replace("matmul", res, self._rnd(splitk_matmul(a, b, blk, self.order), res.dtype))
-        if res.requires_grad and a.shape[:-2] == b.shape[:-2]:
-            grad = common.GradOut(res)
-            cdt = cast or res.dtype
-            if a_in is not input:
-                a_in.register_hook(
-                    common.quiet(
-                        lambda ga: _grad_like(
-                            "matmul da", self._rnd(splitk_matmul(grad.g, b.transpose(-1, -2), blk, self.order), cdt), ga
-                        )
-                    )
-                )
-            if b_in is not other:
-                b_in.register_hook(
-                    common.quiet(
-                        lambda gb: _grad_like(
-                            "matmul db", self._rnd(splitk_matmul(a.transpose(-1, -2), grad.g, blk, self.order), cdt), gb
-                        )
-                    )
-                )
-        return res
+        return common.matmul_with(
+            _STOCK["matmul"],
+            input,
+            other,
+            out,
+            lambda a, b: splitk_matmul(a, b, blk, self.order),
+            lambda res, y: _replace("matmul", res, self._rnd(y, res.dtype)),
+            lambda name, y, stock, cdt: _grad_like(name, self._rnd(y, cdt), stock),
+        )
 
     def softmax_fn(self, input, dim=None, _stacklevel=3, dtype=None):
         out = _STOCK["softmax"](input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)

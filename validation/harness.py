@@ -1,13 +1,16 @@
-"""The shared driver of the held-out validation sets 3 and 4 (argument parsing, the runs, the checks, the key, the
-training loop, one run) and the pieces every set's generator shares (the near-tie search of a "flip" variant, a
-forked run's start).
+"""The shared driver of the held-out validation sets 3 to 6 (argument parsing, the runs, the checks, the key, the
+training loop, one run) and the pieces every set's generator shares: the output folder's lock (one generation at a
+time), the forked runs (msprobe's config, the jobs, the loop that forks them, the structure check), the near-tie
+search of a "flip" variant, a forked run's start.
 
-A set's generator (``validation/v3/make_pairs.py``, ``validation/v4/make_pairs.py``) is a module with its families,
-cases, one run (``run_one``, usually ``run_one(set_module, job)`` here), the expected culprit of a fault
+A set's generator (``validation/v3/make_pairs.py`` ... ``validation/v6/make_pairs.py``) is a module with its
+families, cases, one run (``run_one``, usually ``run_one(set_module, job)`` here), the expected culprit of a fault
 (``expectation``) and the discrete choices it logs (``argmax_flips``); ``main(set_module, argv)`` runs it: the forked
-runs of set 2's harness (``validation/v2/make_pairs.py``: ``plan_jobs``, ``run_jobs``, ``structure_differences``),
-the checks that every clean pair differs in values only and every fault changes its run at the key's step and
-nothing before, and ``key.json`` in set 1's format (so ``validation/score.py`` scores every set unchanged).
+runs (``plan_jobs``, ``run_jobs``, ``structure_differences`` here; sets 1 and 2 and the cross set use them too), the
+checks that every clean pair differs in values only and every fault changes its run at the key's step and nothing
+before, and ``key.json`` in set 1's format (so ``validation/score.py`` scores every set unchanged). Sets 1 and 2
+(whose flips are top-k routings) run through ``main_routed``; every generator holds its output folder with
+``output_lock``.
 
 A set module provides: ``__doc__``, ``HERE``, ``SET`` (its number), ``STEPS``, ``FAMILIES`` (name -> {"text",
 "device"}), ``CASES`` (name -> (family, variant, fault, modes)), ``DEVICES`` (name -> an object with ``text``),
@@ -22,10 +25,13 @@ tgt_dir, variant)`` (the clean pairs' structure check, where a variant may diffe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import fcntl
 import importlib
 import importlib.util
 import json
+import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -48,6 +54,34 @@ def _load(name: str, path: Path):
 def set2():
     """Set 2's harness module (``validation/v2/make_pairs.py``), loaded once under its own name."""
     return _load("validation_v2_make_pairs", _HERE / "v2" / "make_pairs.py")
+
+
+LOCK = ".lock"  # the file in an output folder that a generation holds (flock) while it writes the folder
+
+
+@contextlib.contextmanager
+def output_lock(out: Path):
+    """Hold output folder ``out`` (made if missing) for one generation: an exclusive ``flock`` on ``out/.lock``,
+    released when the block ends or the process (and its forked runs, which share the lock) dies, so no stale lock
+    outlives a crash. Another generation already holding it: SystemExit with one line naming the folder, the
+    holder's pid and the fix (two generations writing one folder remove and rewrite each other's dumps and key)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise SystemExit(
+                "Error: %s is being written by another generation (pid %s, lock %s); wait for it to finish or "
+                "pass another --out" % (out, holder, path)
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+        yield path
+    finally:
+        os.close(fd)  # (releases the lock where this process held it)
 
 
 ULPS = [0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16, 24, -24, 32, -32]
@@ -147,6 +181,118 @@ def craft_near_tie(model, head, train, device, flip_step: int) -> tuple[dict, ob
     finally:
         hd.remove()
         model.load_state_dict(start)
+
+
+def craft_router_tie(model, routers: list, device, step_loss, forward, make_optimizer, clip: float, flip_step: int,
+                     tries: int, ulps) -> tuple[dict, object]:  # fmt: skip
+    """A mixture-of-experts 'flip' variant's near-tie (sets 1 and 2), in both runs alike: a tilt of the first
+    router's weight, added before step ``flip_step``, that ties one token's 2nd and 3rd experts in the reference to
+    within a few fp32 ulps, chosen (by simulating both runs without msprobe) so that the device's rounding flips that
+    token's choice and nothing else. ``routers``: the model's router modules (forward output: logits, weights,
+    expert indices); ``step_loss(step)``: the loss of a training step's batch; ``forward(step)``: the forward of a
+    step's inputs; ``make_optimizer()``: the runs' optimizer; ``clip``: their clipping norm; ``tries`` and ``ulps``:
+    ``search_tilt``'s.
+
+    Returns (what was done, the tilt to add to the first router's weight before step ``flip_step``)."""
+    import torch
+
+    seen: list = []
+    handles = [
+        r.register_forward_hook(lambda mod, inp, out: seen.append((inp[0].detach().clone(), out[0].detach(), out[2])))
+        for r in routers
+    ]
+    start = copy.deepcopy(model.state_dict())
+
+    def train(dev, steps):
+        """Both runs' training (same optimizer, clipping, data) for ``steps`` steps; the routings of each step."""
+        model.load_state_dict(start)
+        opt = make_optimizer()
+        routes = []
+        if dev is not None:
+            dev.install()
+        try:
+            for step in range(steps):
+                seen.clear()
+                step_loss(step).backward()
+                routes.append([s[2].clone() for s in seen])
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                opt.step()
+                opt.zero_grad()
+        finally:
+            if dev is not None:
+                dev.uninstall()
+        return routes, copy.deepcopy(model.state_dict())
+
+    def route(state, dev, tilt):
+        model.load_state_dict(state)
+        with torch.no_grad():
+            routers[0].weight += tilt
+        seen.clear()
+        if dev is not None:
+            dev.install()
+        try:
+            with torch.no_grad():
+                forward(flip_step)
+        finally:
+            if dev is not None:
+                dev.uninstall()
+        return [s[2].clone() for s in seen], seen[0]
+
+    def differ(a, b):
+        return [
+            (layer, tok)
+            for layer, (x, y) in enumerate(zip(a, b))
+            for tok in range(x.shape[0])
+            if not torch.equal(x[tok].sort().values, y[tok].sort().values)
+        ]
+
+    try:
+        ref_routes, ref_state = train(None, flip_step)
+        dev_routes, dev_state = train(device, flip_step)
+        if any(differ(a, b) for a, b in zip(ref_routes, dev_routes)):
+            raise RuntimeError("device %s flips a routing before the crafted step" % device.name)
+        zero = torch.zeros_like(routers[0].weight)
+        _, (h, logits, _) = route(ref_state, None, zero)
+        _, (_, dev_logits, _) = route(dev_state, device, zero)
+
+        def trial(t, tilt):
+            ref_idx, (_, ref_logits, _) = route(ref_state, None, tilt)
+            dev_idx, _ = route(dev_state, device, tilt)
+            return differ(ref_idx, dev_idx) == [(0, t)], ref_logits
+
+        found = search_tilt(h, logits, dev_logits, zero, 1, tries, ulps, trial, flip_step, "experts")
+        if found is not None:
+            return found
+        raise RuntimeError("no tilt of the router flips exactly one token on device %s" % device.name)
+    finally:
+        for hd in handles:
+            hd.remove()
+        model.load_state_dict(start)
+
+
+# the cases' tables (a set's CASES: name -> (family, variant, fault, dump modes))
+STATS, BOTH = ("stats",), ("stats", "tensor")
+
+
+def weight_case(family: str, param: str, step: int, how: str, modes: tuple = STATS) -> tuple:
+    """A case of a weight fault: parameter ``param`` corrupted (``how``: "sign2pct" or the set's own) before
+    ``step``."""
+    return (family, "base", {"kind": "weight", "param": param, "step": step, "how": how}, modes)
+
+
+def optimizer_case(family: str, kind: str, value, modes: tuple = STATS) -> tuple:
+    """A case of an optimizer fault: setting ``kind`` ("lr": a factor, "clip": the norm, else a param groups'
+    setting) changed to ``value`` in the updates after step 0 (parameters first differ at step 2)."""
+    return (family, "base", {"kind": kind, "after_step": 1, "value": value}, modes)
+
+
+def draw_batches(seed: int, steps: int, n_micro: int, draw) -> list[list[dict]]:
+    """Per step, per micro-batch: ``draw(g)``, one micro-batch's inputs, all from one generator ``g`` seeded ``seed``
+    (drawn in order: step by step, micro-batch by micro-batch)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [[draw(g) for _ in range(n_micro)] for _ in range(steps)]
 
 
 def family_faults(s, family: str) -> list[dict]:
@@ -314,6 +460,256 @@ def start_child(job: dict) -> tuple[Path, Path]:
     return out_dir, scratch
 
 
+class Tracer:
+    """Every set's record-name tracer (sets 1 and 2 subclass it with the calls their keys need, the others set
+    2's): reads msprobe's name of the record being made; keeps marks and the top-k choices of every call."""
+
+    def __init__(self):
+        self.step = 0
+        self.marks: list[dict] = []
+        self.topk: list[dict] = []
+        self.watch: dict[int, tuple[str, int]] = {}  # id(param) -> (tag, step)
+        self._seen: set = set()
+        self.events: list[tuple] = []  # msprobe's record names as it makes them, and module entries and exits
+
+    def install_modules(self, model) -> None:
+        """Log every record name msprobe makes, and every module's entry and exit, to find leaf module records."""
+        from msprobe.core.dump.data_dump.data_processor.base import BaseDataProcessor
+
+        tracer = self
+        update = BaseDataProcessor.update_api_or_module_name
+
+        def logged(dp, name):
+            tracer.events.append(("name", tracer.step, name))
+            return update(dp, name)
+
+        BaseDataProcessor.update_api_or_module_name = logged
+        for path, mod in model.named_modules():
+            if path:
+                prefix = "Module.%s.%s.forward." % (path, type(mod).__name__)
+                mod.register_forward_pre_hook(lambda m, a, p=prefix: tracer.events.append(("start", tracer.step, p)))
+                mod.register_forward_hook(lambda m, a, o, p=prefix: tracer.events.append(("end", tracer.step, p)))
+
+    def leaf_modules(self) -> dict:
+        """{step: {api record: [module record]}} for each module call whose forward made exactly one API record:
+        msprobe's two names of the same computation."""
+        out: dict = {}
+        stack: list = []  # [prefix, record name, api records inside]
+        for kind, step, name in self.events:
+            if kind == "start":
+                stack.append([name, None, set()])
+            elif kind == "end":
+                prefix, record, apis = stack.pop()
+                if record and len(apis) == 1:
+                    out.setdefault(str(step), {}).setdefault(next(iter(apis)), []).append(record)
+            elif name.startswith("Module."):
+                if stack and stack[-1][1] is None and name.startswith(stack[-1][0]):
+                    stack[-1][1] = name
+            elif name.endswith(".forward"):
+                for frame in stack:
+                    frame[2].add(name)
+        return out
+
+    def module_record(self, prefix: str, step: int) -> str | None:
+        """msprobe's record of the first call at ``step`` of the module whose record starts with ``prefix``."""
+        for kind, s, name in self.events:
+            if kind == "name" and s == step and name.startswith(prefix):
+                return name
+        return None
+
+    @staticmethod
+    def current() -> str | None:
+        from msprobe.pytorch import PrecisionDebugger
+
+        inst = PrecisionDebugger._instance
+        try:
+            return inst.service.data_collector.data_processor.current_api_or_module_name
+        except AttributeError:
+            return None
+
+    def mark(self, tag: str) -> None:
+        self.marks.append({"step": self.step, "tag": tag, "record": self.current()})
+
+    def _param_use(self, weight) -> None:
+        tag, step = self.watch.get(id(weight), (None, None))
+        if tag is not None and self.step == step and (tag, self.step) not in self._seen:
+            self._seen.add((tag, self.step))
+            self.mark("uses:" + tag)
+
+    def topk_logged(self, topk):
+        """``torch.topk`` function ``topk`` wrapped to log every call's step, record, indices, values and input."""
+        tracer = self
+
+        def topk_fn(input, k, dim=-1, largest=True, sorted=True, *, out=None):
+            res = topk(input, k, dim=dim, largest=largest, sorted=sorted)
+            tracer.topk.append(
+                {
+                    "step": tracer.step,
+                    "record": tracer.current(),
+                    "indices": res.indices.tolist(),
+                    "values": res.values.detach().float().tolist(),
+                    "input": input.detach().float().tolist(),
+                }
+            )
+            return res
+
+        return topk_fn
+
+
+# =================================================================================================================
+# the forked runs (every set's: sets 1 and 2 and the sets driven by main below)
+# =================================================================================================================
+def write_config(path: Path, dump_dir: Path, mode: str, steps: int = 3) -> None:
+    """msprobe's config of a run: level "mix", every rank, steps 0 to ``steps`` - 1, statistics or tensor mode."""
+    task = "statistics" if mode == "stats" else "tensor"
+    cfg = {
+        "task": task,
+        "dump_path": str(dump_dir),
+        "rank": [],
+        "step": list(range(steps)),
+        "level": "mix",
+        task: {"scope": [], "list": [], "data_mode": ["all"]},
+    }
+    if task == "statistics":
+        cfg[task]["summary_mode"] = "statistics"
+    path.write_text(json.dumps(cfg, indent=1))
+
+
+def plan_jobs(cases: dict, out: Path) -> list[dict]:
+    """The runs that make ``cases`` ({name: (family, variant, fault, modes)}): one reference per family, variant
+    and mode, one target per case and mode, each with its dump, scratch and log paths (old dumps removed)."""
+    jobs, refs = [], {}
+    for case, (family, variant, fault, modes) in cases.items():
+        for mode in modes:
+            ref = "%s_%s_ref_%s" % (family, variant, mode)  # one reference per family, variant and mode
+            if ref not in refs:
+                refs[ref] = {"name": ref, "family": family, "variant": variant, "fault": None, "role": "ref"}
+                refs[ref]["mode"] = mode
+                jobs.append(refs[ref])
+            jobs.append(
+                {
+                    "name": "%s_target_%s" % (case, mode),
+                    "family": family,
+                    "variant": variant,
+                    "fault": fault,
+                    "role": "target",
+                    "mode": mode,
+                }
+            )
+    for job in jobs:
+        job["dump_dir"] = str(out / job["mode"] / job["name"])
+        job["scratch"] = str(out / "scratch" / job["name"])
+        job["log"] = str(out / "logs" / (job["name"] + ".log"))
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(job["dump_dir"], ignore_errors=True)
+        shutil.rmtree(job["scratch"], ignore_errors=True)
+    return jobs
+
+
+def _child(job: dict, conn, run) -> None:
+    """A forked run: ``run(job)`` with stdout and stderr to the job's log, its result (or error) to the parent."""
+    log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # msprobe and torch talk: to a file
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    try:
+        res = run(job)
+        conn.send(("ok", res))
+    except BaseException as exc:  # report to the parent, whatever it was
+        import traceback
+
+        conn.send(("error", "%s: %s\n%s" % (job["name"], exc, traceback.format_exc())))
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def run_jobs(jobs: list[dict], n: int, run) -> dict:
+    """Run ``run(job)`` of every job in forked children, at most n at a time; returns name -> result."""
+    ctx = mp.get_context("fork")
+    pending, running, results = list(jobs), [], {}
+    while pending or running:
+        while pending and len(running) < n:
+            job = pending.pop(0)
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(job, child, run))
+            p.start()
+            child.close()
+            running.append((job, p, parent, time.time()))
+        for item in list(running):
+            job, p, conn, t0 = item
+            if conn.poll(0.2):
+                status, res = conn.recv()
+                p.join()
+                running.remove(item)
+                if status != "ok":
+                    raise SystemExit("run failed (log: %s): %s" % (job["log"], res))
+                results[job["name"]] = res
+                print("  %-40s %5.1fs" % (job["name"], time.time() - t0), flush=True)
+            elif not p.is_alive():
+                running.remove(item)
+                raise SystemExit("run %s died (exit code %s; log: %s)" % (job["name"], p.exitcode, job["log"]))
+    return results
+
+
+def names(res: dict, tag: str, step: int | None = None) -> list[str]:
+    """The records of a run's marks ``tag`` (at ``step``; None: every step)."""
+    return [m["record"] for m in res["marks"] if m["tag"] == tag and (step is None or m["step"] == step)]
+
+
+def topk_flips(tgt: dict, ref: dict) -> list[dict]:
+    """Tokens whose set of chosen experts differs, per step and top-k call, with the reference's top values."""
+    flips = []
+    for a, b in zip(tgt["topk"], ref["topk"]):
+        for tok, (ia, ib) in enumerate(zip(a["indices"], b["indices"])):
+            if sorted(ia) != sorted(ib):
+                row = b["input"][tok]
+                order = sorted(range(len(row)), key=lambda e: -row[e])
+                flips.append(
+                    {
+                        "step": b["step"],
+                        "record": b["record"],
+                        "token": tok,
+                        "target_experts": ia,
+                        "ref_experts": ib,
+                        "ref_probs_sorted": [row[e] for e in order],
+                    }
+                )
+    return flips
+
+
+def leaves(obj, path=()):
+    """(path, (type, dtype, shape, requires_grad)) of every leaf of a dump.json record tree."""
+    if isinstance(obj, dict):
+        if "dtype" in obj or obj.get("type") == "torch.Tensor":
+            yield path, (obj.get("type"), obj.get("dtype"), tuple(obj.get("shape") or ()), obj.get("requires_grad"))
+            return
+        if "type" in obj:
+            yield path, (obj.get("type"),)
+        for k, v in obj.items():
+            if isinstance(v, (dict, list)):
+                yield from leaves(v, path + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from leaves(v, path + (i,))
+
+
+def structure_differences(ref_dir: Path, tgt_dir: Path, steps: int = 3) -> list[str]:
+    """Where two runs' dumps differ in records, leaf types, dtypes, shapes or requires_grad (values aside)."""
+    out = []
+    for step in range(steps):
+        a, b = _records(ref_dir, step), _records(tgt_dir, step)
+        if list(a) != list(b):
+            out.append("step %d: records differ" % step)
+            continue
+        la, lb = dict(leaves(a)), dict(leaves(b))
+        out += [
+            "step %d: %s" % (step, ".".join(map(str, k)))
+            for k in sorted(set(la) | set(lb), key=str)
+            if la.get(k) != lb.get(k)
+        ]
+    return out
+
+
 def run_one(s, job: dict) -> dict:
     """One msprobe run of set module ``s``; returns the marks and the argmax log. Runs in a fresh forked process.
     ``s.setup(family, variant, target, active, tracer, info)`` builds the model, patches it, crafts a "flip"
@@ -335,8 +731,7 @@ def run_one(s, job: dict) -> dict:
 
     from msprobe.pytorch import PrecisionDebugger
 
-    v2 = set2()
-    v2.write_config(scratch / "config.json", out_dir, mode)
+    write_config(scratch / "config.json", out_dir, mode, s.STEPS)
     debugger = PrecisionDebugger(config_path=str(scratch / "config.json"))
     tracer.install_modules(model)
 
@@ -394,19 +789,18 @@ def mark_readers(case: str, tgt: dict, ref: dict):
     """The readers of the marks both runs made at a faulty call: ``one(res, tag, step)`` (the record of the step's
     only call), ``first(res, tag, step)`` (the first of the step's calls) and ``both(tag, step, pick=one)`` (the
     sorted records of the target and the reference)."""
-    v2 = set2()
 
     def one(res, tag, step):
-        names = v2._names(res, tag, step)
-        if len(names) != 1 or names[0] is None:
-            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
-        return names[0]
+        got = names(res, tag, step)
+        if len(got) != 1 or got[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, got))
+        return got[0]
 
     def first(res, tag, step):
-        names = v2._names(res, tag, step)
-        if not names or names[0] is None:
-            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, names))
-        return names[0]
+        got = names(res, tag, step)
+        if not got or got[0] is None:
+            raise SystemExit("%s: mark %r at step %d: %r" % (case, tag, step, got))
+        return got[0]
 
     def both(tag, step, pick=one):
         return sorted({pick(tgt, tag, step), pick(ref, tag, step)})
@@ -511,31 +905,118 @@ def describe(out: Path, steps: int = 3) -> None:
         print("| %s | %s | %s | %.2g |" % (name, case["device"], " | ".join(cells), abs(lb - la) / abs(la)))
 
 
-def main(s, argv=None) -> int:
-    """Make set module ``s``'s pairs and key (or, with --describe, print how much each pair differs)."""
-    v2 = set2()
+def parse_args(s, argv=None, describe: bool = False) -> argparse.Namespace:
+    """A set generator's arguments: --out (default: the set's ``.data``), --jobs, --only, --modes and, with
+    ``describe``, --describe."""
     ap = argparse.ArgumentParser(description=s.__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(s.HERE / ".data"))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", nargs="*", help="cases to make (default: all)")
     ap.add_argument("--modes", nargs="*", default=["stats", "tensor"], help="dump modes to make (default: both)")
-    ap.add_argument("--describe", action="store_true", help="print how much each pair differs; make nothing")
-    args = ap.parse_args(argv)
-    out = Path(args.out).resolve()
-    if args.describe:
-        describe(out, s.STEPS)
-        return 0
-    cases = {
+    if describe:
+        ap.add_argument("--describe", action="store_true", help="print how much each pair differs; make nothing")
+    return ap.parse_args(argv)
+
+
+def selected_cases(s, args) -> dict:
+    """Set module ``s``'s cases that ``args`` asks for (--only; all by default), each with the modes of --modes."""
+    return {
         k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
         for k, (fam, var, fault, modes) in s.CASES.items()
         if not args.only or k in args.only
     }
+
+
+def main_routed(s, argv=None) -> int:
+    """Make the pairs and key of set 1 or 2 (``s``; one generation at a time in an output folder)."""
+    args = parse_args(s, argv)
+    out = Path(args.out).resolve()
+    with output_lock(out):
+        return generate_routed(s, args, out)
+
+
+def generate_routed(s, args, out: Path) -> int:
+    """Make the pairs of set 1 or 2 (``s``: its flips are top-k routings; ``s.warm()`` makes the imports,
+    ``s.device_table()`` is its devices) of ``args`` and their key in ``out``. Set 1's key (made before the sets had
+    numbers) has neither the set's number nor the loss scales: those go in where ``s`` has a ``SET``."""
+    cases = selected_cases(s, args)
     t0 = time.time()
     s.warm()
     print("imports %.1fs" % (time.time() - t0), flush=True)
-    jobs = v2.plan_jobs(cases, out)
-    v2.run_one = s.run_one  # set 2's forked-run harness runs this set's runs
-    results = v2.run_jobs(jobs, args.jobs)
+    jobs = plan_jobs(cases, out)
+    results = run_jobs(jobs, args.jobs, lambda job: s.run_one(job))
+    key_path = out / "key.json"
+    key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}
+    numbered = hasattr(s, "SET")
+    for case, (family, variant, fault, modes) in cases.items():
+        for mode in modes:
+            tgt_name, ref_name = "%s_target_%s" % (case, mode), "%s_%s_ref_%s" % (family, variant, mode)
+            tgt, ref = results[tgt_name], results[ref_name]
+            exp = s.expectation(case, fault, tgt, ref)
+            if exp.get("ops"):
+                step = str(exp["step"])
+                exp["modules"] = sorted(
+                    set(exp.get("modules", []))
+                    | {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
+                )
+            flips = s.topk_flips(tgt, ref)
+            if variant == "flip" and [(f["step"], f["token"]) for f in flips] != [
+                (s.FLIP_STEP, ref["info"]["flip"]["token"])
+            ]:
+                raise SystemExit("%s: not the one crafted routing flip: %r" % (case, flips))
+            if variant != "flip" and fault is None and flips:
+                raise SystemExit("%s: a clean pair without a crafted tie flipped routing: %r" % (case, flips))
+            if variant != "flip" and fault is None:  # the device changes values only: same records, shapes, dtypes
+                odd = s.structure_differences(out / mode / ref_name, out / mode / tgt_name)
+                if odd:
+                    raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
+            entry = {
+                "case": case,
+                "mode": mode,
+                "family": family,
+                "device": s.FAMILIES[family]["device"],
+                "ref": str(Path(mode) / ref_name),
+                "target": str(Path(mode) / tgt_name),
+                "expect": exp,
+                "flips": flips,
+                "crafted": ref["info"].get("flip"),
+                "losses": {"ref": ref["losses"], "target": tgt["losses"]},
+                "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
+            }
+            if numbered:
+                entry["loss_scale"] = {"ref": ref["info"].get("loss_scale"), "target": tgt["info"].get("loss_scale")}
+            key["cases"]["%s_%s" % (case, mode)] = entry
+    key["families"] = {k: v["text"] for k, v in s.FAMILIES.items()}
+    key["devices"] = {k: v.text for k, v in s.device_table().items()}
+    key["steps"] = s.STEPS
+    if numbered:
+        key["set"] = s.SET
+    key_path.write_text(json.dumps(key, indent=1, sort_keys=True))
+    shutil.rmtree(out / "scratch", ignore_errors=True)
+    print("%d runs, %d cases in %.1fs; key: %s" % (len(jobs), len(key["cases"]), time.time() - t0, key_path))
+    return 0
+
+
+def main(s, argv=None) -> int:
+    """Make set module ``s``'s pairs and key (or, with --describe, print how much each pair differs)."""
+    args = parse_args(s, argv, describe=True)
+    out = Path(args.out).resolve()
+    if args.describe:
+        describe(out, s.STEPS)
+        return 0
+    with output_lock(out):
+        return generate(s, args, out)
+
+
+def generate(s, args, out: Path) -> int:
+    """Make set module ``s``'s pairs of ``args`` (--only, --modes, --jobs) and its key in ``out`` (held by
+    ``output_lock``)."""
+    cases = selected_cases(s, args)
+    t0 = time.time()
+    s.warm()
+    print("imports %.1fs" % (time.time() - t0), flush=True)
+    jobs = plan_jobs(cases, out)
+    results = run_jobs(jobs, args.jobs, s.run_one)
     key_path = out / "key.json"
     key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}
     for case, (family, variant, fault, modes) in cases.items():
@@ -566,7 +1047,7 @@ def main(s, argv=None) -> int:
                 if hasattr(s, "structure_differences"):  # a set whose variants may differ in more (set 5's "amp")
                     odd = s.structure_differences(out / mode / ref_name, out / mode / tgt_name, variant)
                 else:
-                    odd = v2.structure_differences(out / mode / ref_name, out / mode / tgt_name)
+                    odd = structure_differences(out / mode / ref_name, out / mode / tgt_name, s.STEPS)
                 if odd:
                     raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
             clean = out / "stats" / ("%s_clean_target_stats" % family)

@@ -16,14 +16,9 @@ tensor mode for a subset.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
-import multiprocessing as mp
 import os
-import shutil
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -116,67 +111,8 @@ CASES = {
 # =================================================================================================================
 # one run (in a forked child)
 # =================================================================================================================
-class Tracer:
-    """Reads msprobe's name of the record being made; keeps marks and the top-k choices of every call."""
-
-    def __init__(self):
-        self.step = 0
-        self.marks: list[dict] = []
-        self.topk: list[dict] = []
-        self.watch: dict[int, tuple[str, int]] = {}  # id(param) -> (tag, step)
-        self._seen: set = set()
-        self.events: list[tuple] = []  # msprobe's record names as it makes them, and module entries and exits
-
-    def install_modules(self, model) -> None:
-        """Log every record name msprobe makes, and every module's entry and exit, to find leaf module records."""
-        from msprobe.core.dump.data_dump.data_processor.base import BaseDataProcessor
-
-        tracer = self
-        update = BaseDataProcessor.update_api_or_module_name
-
-        def logged(dp, name):
-            tracer.events.append(("name", tracer.step, name))
-            return update(dp, name)
-
-        BaseDataProcessor.update_api_or_module_name = logged
-        for path, mod in model.named_modules():
-            if path:
-                prefix = "Module.%s.%s.forward." % (path, type(mod).__name__)
-                mod.register_forward_pre_hook(lambda m, a, p=prefix: tracer.events.append(("start", tracer.step, p)))
-                mod.register_forward_hook(lambda m, a, o, p=prefix: tracer.events.append(("end", tracer.step, p)))
-
-    def leaf_modules(self) -> dict:
-        """{step: {api record: [module record]}} for each module call whose forward made exactly one API record:
-        msprobe's two names of the same computation."""
-        out: dict = {}
-        stack: list = []  # [prefix, record name, api records inside]
-        for kind, step, name in self.events:
-            if kind == "start":
-                stack.append([name, None, set()])
-            elif kind == "end":
-                prefix, record, apis = stack.pop()
-                if record and len(apis) == 1:
-                    out.setdefault(str(step), {}).setdefault(next(iter(apis)), []).append(record)
-            elif name.startswith("Module."):
-                if stack and stack[-1][1] is None and name.startswith(stack[-1][0]):
-                    stack[-1][1] = name
-            elif name.endswith(".forward"):
-                for frame in stack:
-                    frame[2].add(name)
-        return out
-
-    @staticmethod
-    def current() -> str | None:
-        from msprobe.pytorch import PrecisionDebugger
-
-        inst = PrecisionDebugger._instance
-        try:
-            return inst.service.data_collector.data_processor.current_api_or_module_name
-        except AttributeError:
-            return None
-
-    def mark(self, tag: str) -> None:
-        self.marks.append({"step": self.step, "tag": tag, "record": self.current()})
+class Tracer(harness.Tracer):
+    """Set 1's record-name tracer (``harness.Tracer``) and the calls its key needs."""
 
     def install(self) -> None:
         import torch
@@ -200,26 +136,7 @@ class Tracer:
             tracer._param_use(weight)
             return out
 
-        def topk_fn(input, k, dim=-1, largest=True, sorted=True, *, out=None):
-            res = topk(input, k, dim=dim, largest=largest, sorted=sorted)
-            tracer.topk.append(
-                {
-                    "step": tracer.step,
-                    "record": tracer.current(),
-                    "indices": res.indices.tolist(),
-                    "values": res.values.detach().float().tolist(),
-                    "input": input.detach().float().tolist(),
-                }
-            )
-            return res
-
-        F.linear, F.layer_norm, torch.topk, torch.addmm = linear, layer_norm, topk_fn, addmm_fn
-
-    def _param_use(self, weight) -> None:
-        tag, step = self.watch.get(id(weight), (None, None))
-        if tag is not None and self.step == step and (tag, self.step) not in self._seen:
-            self._seen.add((tag, self.step))
-            self.mark("uses:" + tag)
+        F.linear, F.layer_norm, torch.topk, torch.addmm = linear, layer_norm, tracer.topk_logged(topk), addmm_fn
 
 
 def build_model(family: str):
@@ -444,103 +361,31 @@ FLIP_STEP = STEPS - 1  # the crafted tie is at the last step: the flip is the pa
 
 
 def craft_near_tie(model, data, device) -> tuple[dict, object]:
-    """moe 'flip' variant, in both runs alike: a tilt of layer 0's router weight, added before the last step, that
-    ties one token's 2nd and 3rd experts in the reference to within a few fp32 ulps, chosen (by simulating both
-    runs without msprobe) so that device B's rounding flips that token's choice and nothing else.
+    """moe 'flip' variant, in both runs alike (``harness.craft_router_tie``): a tilt of layer 0's router weight,
+    added before the last step, that ties one token's 2nd and 3rd experts in the reference to within a few fp32 ulps,
+    chosen (by simulating both runs without msprobe) so that device B's rounding flips that token's choice and
+    nothing else.
 
     Returns (what was done, the tilt to add to the router weight before step FLIP_STEP)."""
-    import copy
-
     import torch
 
-    routers = [m for m in model.modules() if type(m).__name__ == "MixtralTopKRouter"]
-    seen: list = []
-    handles = [
-        r.register_forward_hook(lambda mod, inp, out: seen.append((inp[0].detach().clone(), out[0].detach(), out[2])))
-        for r in routers
-    ]
-    start = copy.deepcopy(model.state_dict())
-
-    def train(dev, steps):
-        """Both runs' training (same optimizer, clipping, data) for ``steps`` steps; the routings of each step."""
-        model.load_state_dict(start)
-        opt = torch.optim.AdamW(model.parameters(), lr=LR)
-        routes = []
-        if dev is not None:
-            dev.install()
-        try:
-            for step in range(steps):
-                seen.clear()
-                model(input_ids=data[step], labels=data[step]).loss.backward()
-                routes.append([s[2].clone() for s in seen])
-                torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-                opt.step()
-                opt.zero_grad()
-        finally:
-            if dev is not None:
-                dev.uninstall()
-        return routes, copy.deepcopy(model.state_dict())
-
-    def route(state, dev, tilt):
-        model.load_state_dict(state)
-        with torch.no_grad():
-            routers[0].weight += tilt
-        seen.clear()
-        if dev is not None:
-            dev.install()
-        try:
-            with torch.no_grad():
-                model(input_ids=data[FLIP_STEP])
-        finally:
-            if dev is not None:
-                dev.uninstall()
-        return [s[2].clone() for s in seen], seen[0]
-
-    def differ(a, b):
-        return [
-            (layer, tok)
-            for layer, (x, y) in enumerate(zip(a, b))
-            for tok in range(x.shape[0])
-            if not torch.equal(x[tok].sort().values, y[tok].sort().values)
-        ]
-
-    try:
-        ref_routes, ref_state = train(None, FLIP_STEP)
-        dev_routes, dev_state = train(device, FLIP_STEP)
-        if any(differ(a, b) for a, b in zip(ref_routes, dev_routes)):
-            raise RuntimeError("device B flips a routing before the crafted step")
-        zero = torch.zeros_like(routers[0].weight)
-        _, (h, logits, _) = route(ref_state, None, zero)
-        _, (_, dev_logits, _) = route(dev_state, device, zero)
-
-        def trial(t, tilt):
-            ref_idx, (_, ref_logits, _) = route(ref_state, None, tilt)
-            dev_idx, _ = route(dev_state, device, tilt)
-            return differ(ref_idx, dev_idx) == [(0, t)], ref_logits
-
-        found = harness.search_tilt(h, logits, dev_logits, zero, 1, 1, harness.ULPS[:17], trial, FLIP_STEP, "experts")
-        if found is not None:
-            return found
-        raise RuntimeError("no tilt of the router flips exactly one token on device B")
-    finally:
-        for hd in handles:
-            hd.remove()
-        model.load_state_dict(start)
+    return harness.craft_router_tie(
+        model,
+        [m for m in model.modules() if type(m).__name__ == "MixtralTopKRouter"],
+        device,
+        lambda step: model(input_ids=data[step], labels=data[step]).loss,
+        lambda step: model(input_ids=data[step]),
+        lambda: torch.optim.AdamW(model.parameters(), lr=LR),
+        CLIP,
+        FLIP_STEP,
+        1,
+        harness.ULPS[:17],
+    )
 
 
 def write_config(path: Path, dump_dir: Path, mode: str) -> None:
-    task = "statistics" if mode == "stats" else "tensor"
-    cfg = {
-        "task": task,
-        "dump_path": str(dump_dir),
-        "rank": [],
-        "step": list(range(STEPS)),
-        "level": "mix",
-        task: {"scope": [], "list": [], "data_mode": ["all"]},
-    }
-    if task == "statistics":
-        cfg[task]["summary_mode"] = "statistics"
-    path.write_text(json.dumps(cfg, indent=1))
+    """msprobe's config of a run (``harness.write_config``)."""
+    harness.write_config(path, dump_dir, mode, STEPS)
 
 
 def run_one(job: dict) -> dict:
@@ -614,55 +459,16 @@ def run_one(job: dict) -> dict:
     }
 
 
-def _child(job: dict, conn) -> None:
-    log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # msprobe and torch talk: to a file
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    try:
-        res = run_one(job)
-        conn.send(("ok", res))
-    except BaseException as exc:  # report to the parent, whatever it was
-        import traceback
-
-        conn.send(("error", "%s: %s\n%s" % (job["name"], exc, traceback.format_exc())))
-    finally:
-        conn.close()
-        os._exit(0)
-
-
 def run_jobs(jobs: list[dict], n: int) -> dict:
-    """Run jobs in forked children, at most n at a time; returns name -> result."""
-    ctx = mp.get_context("fork")
-    pending, running, results = list(jobs), [], {}
-    while pending or running:
-        while pending and len(running) < n:
-            job = pending.pop(0)
-            parent, child = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, args=(job, child))
-            p.start()
-            child.close()
-            running.append((job, p, parent, time.time()))
-        for item in list(running):
-            job, p, conn, t0 = item
-            if conn.poll(0.2):
-                status, res = conn.recv()
-                p.join()
-                running.remove(item)
-                if status != "ok":
-                    raise SystemExit("run failed (log: %s): %s" % (job["log"], res))
-                results[job["name"]] = res
-                print("  %-34s %5.1fs" % (job["name"], time.time() - t0), flush=True)
-            elif not p.is_alive():
-                running.remove(item)
-                raise SystemExit("run %s died (exit code %s; log: %s)" % (job["name"], p.exitcode, job["log"]))
-    return results
+    """Run jobs in forked children, at most n at a time (``harness.run_jobs``), each by this module's ``run_one``
+    (looked up when the child runs); returns name -> result."""
+    return harness.run_jobs(jobs, n, lambda job: run_one(job))
 
 
 # =================================================================================================================
 # the key
 # =================================================================================================================
-def _names(res: dict, tag: str, step: int | None = None) -> list[str]:
-    return [m["record"] for m in res["marks"] if m["tag"] == tag and (step is None or m["step"] == step)]
+_names = harness.names
 
 
 def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
@@ -745,161 +551,37 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     raise ValueError(kind)
 
 
-def topk_flips(tgt: dict, ref: dict) -> list[dict]:
-    """Tokens whose set of chosen experts differs, per step and top-k call, with the reference's top values."""
-    flips = []
-    for a, b in zip(tgt["topk"], ref["topk"]):
-        for tok, (ia, ib) in enumerate(zip(a["indices"], b["indices"])):
-            if sorted(ia) != sorted(ib):
-                row = b["input"][tok]
-                order = sorted(range(len(row)), key=lambda e: -row[e])
-                flips.append(
-                    {
-                        "step": b["step"],
-                        "record": b["record"],
-                        "token": tok,
-                        "target_experts": ia,
-                        "ref_experts": ib,
-                        "ref_probs_sorted": [row[e] for e in order],
-                    }
-                )
-    return flips
+topk_flips = harness.topk_flips
 
 
-def _leaves(obj, path=()):
-    """(path, (type, dtype, shape, requires_grad)) of every leaf of a dump.json record tree."""
-    if isinstance(obj, dict):
-        if "dtype" in obj or obj.get("type") == "torch.Tensor":
-            yield path, (obj.get("type"), obj.get("dtype"), tuple(obj.get("shape") or ()), obj.get("requires_grad"))
-            return
-        if "type" in obj:
-            yield path, (obj.get("type"),)
-        for k, v in obj.items():
-            if isinstance(v, (dict, list)):
-                yield from _leaves(v, path + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _leaves(v, path + (i,))
+_leaves = harness.leaves
 
 
 def structure_differences(ref_dir: Path, tgt_dir: Path) -> list[str]:
     """Where two runs' dumps differ in records, leaf types, dtypes, shapes or requires_grad (values aside)."""
-    out = []
-    for step in range(STEPS):
-        a = json.loads((ref_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
-        b = json.loads((tgt_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
-        if list(a) != list(b):
-            out.append("step %d: records differ" % step)
-            continue
-        la, lb = dict(_leaves(a)), dict(_leaves(b))
-        out += [
-            "step %d: %s" % (step, ".".join(map(str, k)))
-            for k in sorted(set(la) | set(lb), key=str)
-            if la.get(k) != lb.get(k)
-        ]
-    return out
+    return harness.structure_differences(ref_dir, tgt_dir, STEPS)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(HERE / ".data"))
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--only", nargs="*", help="cases to make (default: all)")
-    ap.add_argument("--modes", nargs="*", default=["stats", "tensor"], help="dump modes to make (default: both)")
-    args = ap.parse_args(argv)
-    out = Path(args.out).resolve()
-    cases = {
-        k: (fam, var, fault, tuple(m for m in modes if m in args.modes))
-        for k, (fam, var, fault, modes) in CASES.items()
-        if not args.only or k in args.only
-    }
-    t0 = time.time()
-    import devices  # noqa: F401  (the children use this copy)
-    import torch  # noqa: F401  (imported once, before forking)
+def warm() -> None:
+    """The imports made once, before forking (the forked runs use this copy of ``devices``)."""
+    import devices  # noqa: F401
+    import torch  # noqa: F401
     import transformers  # noqa: F401
     from msprobe.pytorch import PrecisionDebugger  # noqa: F401
     from transformers import GPTNeoXForCausalLM, LlamaForCausalLM, MixtralForCausalLM  # noqa: F401
     from transformers.activations import GELUActivation  # noqa: F401
 
-    print("imports %.1fs" % (time.time() - t0), flush=True)
-    jobs, refs = [], {}
-    for case, (family, variant, fault, modes) in cases.items():
-        for mode in modes:
-            ref = "%s_%s_ref_%s" % (family, variant, mode)  # one reference per family, variant and mode
-            if ref not in refs:
-                refs[ref] = {
-                    "name": ref,
-                    "family": family,
-                    "variant": variant,
-                    "fault": None,
-                    "role": "ref",
-                    "mode": mode,
-                }
-                jobs.append(refs[ref])
-            jobs.append(
-                {
-                    "name": "%s_target_%s" % (case, mode),
-                    "family": family,
-                    "variant": variant,
-                    "fault": fault,
-                    "role": "target",
-                    "mode": mode,
-                }
-            )
-    for job in jobs:
-        job["dump_dir"] = str(out / job["mode"] / job["name"])
-        job["scratch"] = str(out / "scratch" / job["name"])
-        job["log"] = str(out / "logs" / (job["name"] + ".log"))
-        (out / "logs").mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(job["dump_dir"], ignore_errors=True)
-        shutil.rmtree(job["scratch"], ignore_errors=True)
-    results = run_jobs(jobs, args.jobs)
-    key_path = out / "key.json"
-    key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}
-    for case, (family, variant, fault, modes) in cases.items():
-        for mode in modes:
-            tgt = results["%s_target_%s" % (case, mode)]
-            ref_name = "%s_%s_ref_%s" % (family, variant, mode)
-            ref = results[ref_name]
-            exp = expectation(case, fault, tgt, ref)
-            if exp.get("ops"):
-                step = str(exp["step"])
-                exp["modules"] = sorted(
-                    {m for res in (tgt, ref) for op in exp["ops"] for m in res["leaf"].get(step, {}).get(op, [])}
-                )
-            flips = topk_flips(tgt, ref)
-            if variant == "flip" and [(f["step"], f["token"]) for f in flips] != [
-                (FLIP_STEP, ref["info"]["flip"]["token"])
-            ]:
-                raise SystemExit("%s: not the one crafted routing flip: %r" % (case, flips))
-            if variant != "flip" and fault is None and flips:
-                raise SystemExit("%s: a clean pair without a crafted tie flipped routing: %r" % (case, flips))
-            if variant != "flip" and fault is None:  # the device changes values only: same records, shapes, dtypes
-                odd = structure_differences(out / mode / ref_name, out / mode / ("%s_target_%s" % (case, mode)))
-                if odd:
-                    raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
-            key["cases"]["%s_%s" % (case, mode)] = {
-                "case": case,
-                "mode": mode,
-                "family": family,
-                "device": FAMILIES[family]["device"],
-                "ref": str(Path(mode) / ref_name),
-                "target": str(Path(mode) / ("%s_target_%s" % (case, mode))),
-                "expect": exp,
-                "flips": flips,
-                "crafted": ref["info"].get("flip"),
-                "losses": {"ref": ref["losses"], "target": tgt["losses"]},
-                "grad_norm": {"ref": ref["info"]["grad_norm"], "target": tgt["info"]["grad_norm"]},
-            }
+
+def device_table() -> dict:
+    """This set's devices (``devices.DEVICES``)."""
     from devices import DEVICES
 
-    key["families"] = {k: v["text"] for k, v in FAMILIES.items()}
-    key["devices"] = {k: v.text for k, v in DEVICES.items()}
-    key["steps"] = STEPS
-    key_path.write_text(json.dumps(key, indent=1, sort_keys=True))
-    shutil.rmtree(out / "scratch", ignore_errors=True)
-    print("%d runs, %d cases in %.1fs; key: %s" % (len(jobs), len(key["cases"]), time.time() - t0, key_path))
-    return 0
+    return DEVICES
+
+
+def main(argv=None) -> int:
+    """Make the pairs and their key (``harness.main_routed``: one generation at a time in an output folder)."""
+    return harness.main_routed(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The update-differs rule's measures on every clean pair and optimizer fault of some data sets, at every later
 step (docs/how-it-decides.md, section 5, *update differs*): how many parameters are beyond what their gradients,
-the disagreement carried in and rounding explain, and the median x (the runs' updates apart, in updates).
+the disagreement carried in and rounding explain, and the median x (the runs' updates apart, in updates); and
+the rules that judge a later update against the update before it (analysis/updates.py `ratio_shift`,
+`decay_shift`): their measures with `margin` (the shift over its bar) and `differs`.
 
     .venv/bin/python validation/optimizer_survey.py --out OUT.jsonl [--work DIR] DATA ...
 
@@ -26,6 +28,7 @@ from dumpstore.analysis import culprit as C
 from dumpstore.analysis import steps as ST
 from dumpstore.analysis._divergence import _ordered, _record_table
 from dumpstore.analysis.order import INPUT_IO
+from dumpstore.analysis.updates import decay_shift_measures, ratio_shift_measures
 
 DUMPSTORE = Path(sys.executable).parent / "dumpstore"
 
@@ -108,9 +111,23 @@ def measure(store_dir: Path) -> list[dict]:
         if ok.sum():
             beyond = ST._beyond(t)[ok]
             over = int(w.filter(pl.col("status") == "diverged").height)
+            distinct = ST.parameters_of(params)
+            shift = ratio_shift_measures(rows, before, step, distinct, ST.gradient_error(rows, before))
+            decay = decay_shift_measures(rows, before, step, params)
             out.append({"step": step, "n": int(ok.sum()), "beyond": float(beyond.mean()),
                         "median_x": float(np.median(x[ok])), "over": over,
-                        "by_statistic": by_statistic(rows, before, step)})  # fmt: skip
+                        "by_statistic": by_statistic(rows, before, step),
+                        "ratio_shift": shift, "decay_shift": decay})  # fmt: skip
+    return out
+
+
+def _margins(d: dict) -> str:
+    """` ratio M1 decay M2`: the later-update rules' margins (shift over bar), where they measure."""
+    out = ""
+    for rule in ("ratio", "decay"):
+        m = d.get(f"{rule}_shift")
+        if m is not None:
+            out += f" {rule} {m['margin']:.3g}{'!' if m['differs'] else ''}"
     return out
 
 
@@ -134,7 +151,7 @@ def main(argv=None) -> int:
             res = measure(store)
             with args.out.open("a") as f:
                 f.write(json.dumps({"name": key, "kind": kind, "steps": res}) + "\n")
-            print(key, kind, " ".join(f"s{d['step']}:{d['beyond']:.2f}/{d['median_x']:.3g}" for d in res))
+            print(key, kind, " ".join(f"s{d['step']}:{d['beyond']:.2f}/{d['median_x']:.3g}{_margins(d)}" for d in res))
     return 0
 
 

@@ -16,8 +16,9 @@ on devices of sets 1-3 and families of sets 1-3 on set 4's devices. Every pair m
 Nothing of the sets' harnesses is copied: each run is the set's own ``run_one`` (its model, its training loop,
 its record-name tracer, its msprobe config) with three module globals changed in the forked child (the family's
 device key pointing to the foreign device, the seeds and the batch, the autocast dtype or a wrapper of
-``build_model`` that changes the model's dtype); set 2's forked-run loop runs the jobs and set 2's structure check
-checks every pair (same records, leaf types, dtypes, shapes and requires_grad in both runs).
+``build_model`` that changes the model's dtype); the sets' forked-run loop (``validation/harness.py``) runs the
+jobs and set 2's structure check checks every pair (same records, leaf types, dtypes, shapes and requires_grad in
+both runs).
 
 A device keeps its guard (a replacement that differs from the stock kernel by more than a few roundings of the
 dtype raises): a device that trips it on a family it was not built for is a finding about the device model, not a
@@ -291,6 +292,7 @@ def select(only=None, sets=None) -> dict:
 
 
 def main(argv=None) -> int:
+    """Make the pairs and their key (one generation at a time in an output folder)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / ".data"))
     ap.add_argument("--jobs", type=int, default=2)
@@ -300,6 +302,12 @@ def main(argv=None) -> int:
     ap.add_argument("--set", type=int, nargs="*", help="only the pairs whose family or device is of these sets")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
+    with harness.output_lock(out):  # one generation at a time writes the folder
+        return generate(args, out)
+
+
+def generate(args, out: Path) -> int:
+    """Make the pairs of ``args`` (--only, --set, --modes, --draw, --jobs) and their key in ``out``."""
     pairs = {
         k: (fam, dev, dt, b, tuple(m for m in modes if m in args.modes))
         for k, (fam, dev, dt, b, modes) in select(args.only, args.set).items()
@@ -314,8 +322,7 @@ def main(argv=None) -> int:
 
     print("imports %.1fs" % (time.time() - t0), flush=True)
     jobs = plan(pairs, out, args.draw)
-    SET2.run_one = run_one  # set 2's forked-run loop runs these runs
-    results = SET2.run_jobs(jobs, args.jobs)
+    results = harness.run_jobs(jobs, args.jobs, run_one)  # the sets' forked-run loop runs these runs
     key_path = out / "key.json"
     key = (
         json.loads(key_path.read_text())

@@ -96,9 +96,8 @@ def main():
                 j["log"] = str(out / "logs" / (j["name"] + ".log"))
                 j["scratch"] = str(out / "scratch" / j["name"])
         jobs += js
-    cross.SET2.run_one = run_one
     t0 = time.time()
-    results = cross.SET2.run_jobs(jobs, 2)
+    results = cross.harness.run_jobs(jobs, 2, run_one)
     key = {"cases": {}, "dropped": {}, "set": "bwd"}
     for j in jobs:
         if j["role"] != "target":

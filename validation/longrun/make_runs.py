@@ -14,6 +14,7 @@ or the update (gradient scaled, learning rate) first shows in the loss logged at
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -416,7 +417,17 @@ def main() -> None:
     if a._run:
         train(a._run, a.out)
         return
-    a.out.mkdir(parents=True, exist_ok=True)
+    spec = importlib.util.spec_from_file_location("validation_harness", Path(__file__).parents[1] / "harness.py")
+    harness = sys.modules.get("validation_harness") or importlib.util.module_from_spec(spec)
+    if "validation_harness" not in sys.modules:  # the sets' shared driver (its output lock), loaded once, by path
+        sys.modules["validation_harness"] = harness
+        spec.loader.exec_module(harness)
+    with harness.output_lock(a.out.resolve()):  # one generation at a time writes the folder
+        make(a)
+
+
+def make(a) -> None:
+    """Make the runs of ``a.only`` (default: all) into ``a.out`` and the key, ``a.jobs`` at a time."""
     runs = a.only or list(RUNS)
     t0 = time.time()
 

@@ -287,63 +287,33 @@ class Device(common.Installed):
 
     # -- replacements ---------------------------------------------------------------------------------------------
     def linear(self, input, weight, bias=None):
-        cast = common.autocast_dtype()
-        x_in, w_in = common.alias(input), common.alias(weight)
-        out = _STOCK["linear"](x_in, w_in, bias)
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            x, w = input.detach(), weight.detach()
-            b = bias.detach() if bias is not None else None
-            if cast is not None:
-                x, w = x.to(cast), w.to(cast)
-                b = b.to(cast) if b is not None else None
-            y = self._product(x, w.t())
-            if b is not None and self.unfused_bias and out.dtype in (torch.bfloat16, torch.float16):
-                y = self._round(self._round(y, out.dtype).float() + b.float(), out.dtype)  # a second rounding
-            elif b is not None:
-                y = y + b.float()
-            _replace("linear", out, self._round(y, out.dtype), self._precision(out.dtype))
-        if out.requires_grad:
-            grad = common.GradOut(out)
-            cdt = cast or out.dtype
-            if x_in is not input:
-                x_in.register_hook(common.quiet(lambda gx: self._grad("linear dx", self._product(grad.g, w), gx, cdt)))
-            if w_in is not weight:
-                n, k = w.shape
+        return common.linear_with(_STOCK["linear"], input, weight, bias, self._linear_put, self._linear_dx,
+                                  self._linear_dw)  # fmt: skip
 
-                def dw(gw):
-                    g2, x2 = grad.g.reshape(-1, n), x.reshape(-1, k)
-                    return self._grad("linear dw", self._product(g2.t(), x2), gw, cdt)
+    def _linear_put(self, out, x, w, b):
+        y = self._product(x, w.t())
+        if b is not None and self.unfused_bias and out.dtype in (torch.bfloat16, torch.float16):
+            y = self._round(self._round(y, out.dtype).float() + b.float(), out.dtype)  # a second rounding
+        elif b is not None:
+            y = y + b.float()
+        _replace("linear", out, self._round(y, out.dtype), self._precision(out.dtype))
 
-                w_in.register_hook(common.quiet(dw))
-        return out
+    def _linear_dx(self, g, w, gx, cdt):
+        return self._grad("linear dx", self._product(g, w), gx, cdt)
+
+    def _linear_dw(self, g2, x2, gw, cdt):
+        return self._grad("linear dw", self._product(g2.t(), x2), gw, cdt)
 
     def matmul(self, input, other, *, out=None):
-        if out is not None or input.dim() < 2 or other.dim() < 2:
-            return _STOCK["matmul"](input, other, out=out)
-        cast = common.autocast_dtype()
-        a_in, b_in = common.alias(input), common.alias(other)
-        res = _STOCK["matmul"](a_in, b_in)
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            a, b = input.detach(), other.detach()
-            if cast is not None:
-                a, b = a.to(cast), b.to(cast)
-            _replace("matmul", res, self._round(self._product(a, b), res.dtype), self._precision(res.dtype))
-        if res.requires_grad and a.shape[:-2] == b.shape[:-2]:
-            grad = common.GradOut(res)
-            cdt = cast or res.dtype
-            if a_in is not input:
-                a_in.register_hook(
-                    common.quiet(
-                        lambda ga: self._grad("matmul da", self._product(grad.g, b.transpose(-1, -2)), ga, cdt)
-                    )
-                )
-            if b_in is not other:
-                b_in.register_hook(
-                    common.quiet(
-                        lambda gb: self._grad("matmul db", self._product(a.transpose(-1, -2), grad.g), gb, cdt)
-                    )
-                )
-        return res
+        return common.matmul_with(
+            _STOCK["matmul"],
+            input,
+            other,
+            out,
+            self._product,
+            lambda res, y: _replace("matmul", res, self._round(y, res.dtype), self._precision(res.dtype)),
+            self._grad,
+        )
 
     def softmax_fn(self, input, dim=None, _stacklevel=3, dtype=None):
         out = _STOCK["softmax"](input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)

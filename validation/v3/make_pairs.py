@@ -87,9 +87,9 @@ CASES = {
     "falcon_flip": ("falcon", "flip", None, ("stats", "tensor")),
     "bert_noisyref": ("bert", "noisyref", None, ("stats",)),
     # optimizer, from the second update on
-    "falcon_momentum_step2": ("falcon", "base", {"kind": "momentum", "after_step": 1, "value": 0.8}, ("stats",)),
-    "falcon_clip_step2": ("falcon", "base", {"kind": "clip", "after_step": 1, "value": 0.25}, ("stats",)),
-    "bloom_lr_step2": ("bloom", "base", {"kind": "lr", "after_step": 1, "value": 1.05}, ("stats",)),
+    "falcon_momentum_step2": harness.optimizer_case("falcon", "momentum", 0.8),
+    "falcon_clip_step2": harness.optimizer_case("falcon", "clip", 0.25),
+    "bloom_lr_step2": harness.optimizer_case("bloom", "lr", 1.05),
     # an op in the target only, an op missing in the target
     "phi_extra_softcap": ("phi", "base", {"kind": "softcap"}, ("stats", "tensor")),
     "bloom_missing_embed_ln": ("bloom", "base", {"kind": "missing_embed_ln"}, ("stats",)),
@@ -100,18 +100,8 @@ CASES = {
     # backward only: the custom autograd function's gradient formula
     "bloom_gelu_backward": ("bloom", "base", {"kind": "gelu_back"}, ("stats", "tensor")),
     # parameters and data
-    "bert_value_step1": (
-        "bert",
-        "base",
-        {"kind": "weight", "param": "bert.encoder.layer.1.attention.self.value.weight", "step": 1, "how": "sign2pct"},
-        ("stats",),
-    ),
-    "phi_fc1_step2": (
-        "phi",
-        "base",
-        {"kind": "weight", "param": "model.layers.0.mlp.fc1.weight", "step": 2, "how": "col5scale"},
-        ("stats",),
-    ),
+    "bert_value_step1": harness.weight_case("bert", "bert.encoder.layer.1.attention.self.value.weight", 1, "sign2pct"),
+    "phi_fc1_step2": harness.weight_case("phi", "model.layers.0.mlp.fc1.weight", 2, "col5scale"),
     "falcon_data_step2": ("falcon", "base", {"kind": "ids", "step": 2}, ("stats",)),
     "bert_token_type_step1": ("bert", "base", {"kind": "token_type", "step": 1}, ("stats",)),
     "bert_labels_step2": ("bert", "base", {"kind": "labels", "step": 2}, ("stats",)),
@@ -221,26 +211,9 @@ MICRO = {"phi": 2}  # micro-batches per step
 
 
 def batches(family: str, fault) -> list[list[dict]]:
-    """Per step, per micro-batch: the model's inputs. A data fault changes one step's batch."""
-    import torch
-
-    g = torch.Generator().manual_seed(DATA_SEED)
-    out = []
-    for _step in range(STEPS):
-        micro = []
-        for _ in range(MICRO.get(family, 1)):
-            ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
-            if family == "bert":
-                masked = torch.rand(BATCH, SEQ, generator=g) < 0.15
-                masked[:, 3] = True  # at least one masked token per sequence
-                labels = torch.where(masked, ids, torch.full_like(ids, -100))
-                inp = torch.where(masked, torch.full_like(ids, MASK_ID), ids)
-                types = torch.zeros_like(ids)
-                types[:, SEQ // 2 :] = 1
-                micro.append({"input_ids": inp, "token_type_ids": types, "labels": labels})
-            else:
-                micro.append({"input_ids": ids, "labels": ids.clone()})
-        out.append(micro)
+    """Per step, per micro-batch: the model's inputs (``harness.draw_batches``). A data fault changes one step's
+    batch."""
+    out = harness.draw_batches(DATA_SEED, STEPS, MICRO.get(family, 1), lambda g: _micro_batch(family, g))
     if fault and fault["kind"] in ("ids", "token_type", "labels"):
         b = out[fault["step"]][0]
         if fault["kind"] == "ids":
@@ -253,6 +226,23 @@ def batches(family: str, fault) -> list[list[dict]]:
             for i, j in pos:
                 lab[i, j] = (lab[i, j] + 7 - 2) % (VOCAB - 2) + 2
     return out
+
+
+def _micro_batch(family: str, g) -> dict:
+    """One micro-batch of ``family``'s inputs, drawn from generator ``g``."""
+    import torch
+
+    ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
+    if family == "bert":
+        masked = torch.rand(BATCH, SEQ, generator=g) < 0.15
+        masked[:, 3] = True  # at least one masked token per sequence
+        labels = torch.where(masked, ids, torch.full_like(ids, -100))
+        inp = torch.where(masked, torch.full_like(ids, MASK_ID), ids)
+        types = torch.zeros_like(ids)
+        types[:, SEQ // 2 :] = 1
+        return {"input_ids": inp, "token_type_ids": types, "labels": labels}
+    else:
+        return {"input_ids": ids, "labels": ids.clone()}
 
 
 def _hf(family: str):

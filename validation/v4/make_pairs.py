@@ -94,9 +94,9 @@ CASES = {
     "resnet_flip": ("resnet", "flip", None, ("stats", "tensor")),
     "resnet_noisyref": ("resnet", "noisyref", None, ("stats",)),
     # optimizer, from the second update on
-    "t5_lr_step2": ("t5", "base", {"kind": "lr", "after_step": 1, "value": 1.1}, ("stats",)),
-    "resnet_nesterov_step2": ("resnet", "base", {"kind": "nesterov", "after_step": 1, "value": False}, ("stats",)),
-    "gptj_alpha_step2": ("gptj", "base", {"kind": "alpha", "after_step": 1, "value": 0.9}, ("stats",)),
+    "t5_lr_step2": harness.optimizer_case("t5", "lr", 1.1),
+    "resnet_nesterov_step2": harness.optimizer_case("resnet", "nesterov", False),
+    "gptj_alpha_step2": harness.optimizer_case("gptj", "alpha", 0.9),
     # an op in the target only, an op missing in the target
     "resnet_double_normalize": ("resnet", "base", {"kind": "double_norm"}, ("stats", "tensor")),
     "t5_missing_tied_scale": ("t5", "base", {"kind": "missing_scale"}, ("stats",)),
@@ -108,27 +108,11 @@ CASES = {
     # backward only: a custom SiLU's gradient formula
     "mamba_silu_backward": ("mamba", "base", {"kind": "silu_back"}, ("stats", "tensor")),
     # parameters and data
-    "resnet_conv_step1": (
-        "resnet",
-        "base",
-        {
-            "kind": "weight",
-            "param": "resnet.encoder.stages.1.layers.0.layer.0.convolution.weight",
-            "step": 1,
-            "how": "sign2pct",
-        },
-        ("stats", "tensor"),
+    "resnet_conv_step1": harness.weight_case(
+        "resnet", "resnet.encoder.stages.1.layers.0.layer.0.convolution.weight", 1, "sign2pct", harness.BOTH
     ),
-    "t5_relbias_step2": (
-        "t5",
-        "base",
-        {
-            "kind": "weight",
-            "param": "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-            "step": 2,
-            "how": "row3neg",
-        },
-        ("stats",),
+    "t5_relbias_step2": harness.weight_case(
+        "t5", "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", 2, "row3neg"
     ),
     "mamba_data_step1": ("mamba", "base", {"kind": "ids", "step": 1}, ("stats",)),
     "t5_ids_step2": ("t5", "base", {"kind": "ids", "step": 2}, ("stats",)),
@@ -253,24 +237,9 @@ def build_model(family: str):
 
 
 def batches(family: str, fault) -> list[list[dict]]:
-    """Per step, per micro-batch: the model's inputs. A data fault changes one step's batch."""
-    import torch
-
-    g = torch.Generator().manual_seed(DATA_SEED)
-    out = []
-    for _step in range(STEPS):
-        micro = []
-        for _ in range(MICRO.get(family, 1)):
-            if family == "resnet":
-                px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
-                micro.append({"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)})
-            elif family == "t5":
-                ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
-                micro.append({"input_ids": ids, "labels": torch.randint(2, VOCAB, (BATCH, TGT_LEN), generator=g)})
-            else:
-                ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
-                micro.append({"input_ids": ids, "labels": ids.clone()})
-        out.append(micro)
+    """Per step, per micro-batch: the model's inputs (``harness.draw_batches``). A data fault changes one step's
+    batch."""
+    out = harness.draw_batches(DATA_SEED, STEPS, MICRO.get(family, 1), lambda g: _micro_batch(family, g))
     if fault and fault["kind"] in ("ids", "labels"):
         b = out[fault["step"]][0]
         if fault["kind"] == "ids":
@@ -280,6 +249,21 @@ def batches(family: str, fault) -> list[list[dict]]:
             lab[2] = (lab[2] + 3) % CLASSES  # two images' labels changed
             lab[5] = (lab[5] + 7) % CLASSES
     return out
+
+
+def _micro_batch(family: str, g) -> dict:
+    """One micro-batch of ``family``'s inputs, drawn from generator ``g``."""
+    import torch
+
+    if family == "resnet":
+        px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
+        return {"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)}
+    elif family == "t5":
+        ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
+        return {"input_ids": ids, "labels": torch.randint(2, VOCAB, (BATCH, TGT_LEN), generator=g)}
+    else:
+        ids = torch.randint(2, VOCAB, (BATCH, SEQ), generator=g)
+        return {"input_ids": ids, "labels": ids.clone()}
 
 
 def _hf(family: str):

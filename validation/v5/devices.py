@@ -268,6 +268,7 @@ class Device(common.Installed):
     """One simulated device: a set of the mechanisms above."""
 
     TARGETS = _TARGETS
+    STACK = _INSTALLED
 
     def __init__(self, name, text, lse=False, normcdf=False, fused_ce=False, fft=False, scaled_ctc=False,
                  shifted_ln=False, fused_opt=False, fp32_matmul=False):  # fmt: skip
@@ -281,15 +282,6 @@ class Device(common.Installed):
         )
         self._saved: dict = {}
 
-    def install(self) -> None:
-        super().install()
-        _INSTALLED.append(self)
-
-    def uninstall(self) -> None:
-        super().uninstall()
-        if self in _INSTALLED:
-            _INSTALLED.remove(self)
-
     # -- softmax, GELU, cross-entropy ------------------------------------------------------------------------------
     def softmax_fn(self, input, dim=None, _stacklevel=3, dtype=None):
         out = _STOCK["softmax"](input, dim, _stacklevel, dtype)
@@ -300,39 +292,12 @@ class Device(common.Installed):
         return out
 
     def gelu_fn(self, input, approximate="none"):
-        if approximate != "none":
-            return _STOCK["gelu"](input, approximate=approximate)
-        x_in = common.alias(input)
-        out = _STOCK["gelu"](x_in)
-        x = input.detach()
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            _replace("gelu", out, normcdf_gelu(x).to(out.dtype))
-        if x_in is not input and out.requires_grad:
-            grad = common.GradOut(out)
-
-            def dx(gx):
-                return _guard("gelu dx", (grad.g.float() * normcdf_gelu_grad(x)).to(gx.dtype), gx)
-
-            x_in.register_hook(common.quiet(dx))
-        return out
+        return common.gelu_with(_STOCK["gelu"], input, approximate, normcdf_gelu, normcdf_gelu_grad)
 
     def cross_entropy_fn(self, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                          reduction="mean", label_smoothing=0.0):  # fmt: skip
-        args = (weight, size_average, ignore_index, reduce, reduction, label_smoothing)
-        plain = weight is None and size_average is None and reduce is None and reduction == "mean"
-        if not plain or input.dim() != 2 or target.dim() != 1 or target.is_floating_point():
-            return _STOCK["cross_entropy"](input, target, *args)
-        x_in = common.alias(input)
-        out = _STOCK["cross_entropy"](x_in, target, *args)
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            loss, grad_x = fused_ce(input.detach(), target, label_smoothing, ignore_index)
-            _replace("cross_entropy", out, loss.to(out.dtype))
-        if x_in is not input and out.requires_grad:
-            grad = common.GradOut(out)
-            x_in.register_hook(
-                common.quiet(lambda gx: _guard("cross_entropy dx", (grad.g.float() * grad_x).to(gx.dtype), gx))
-            )
-        return out
+        return common.cross_entropy_with(_STOCK["cross_entropy"], fused_ce, input, target, weight, size_average,
+                                         ignore_index, reduce, reduction, label_smoothing)  # fmt: skip
 
     # -- convolution, CTC ------------------------------------------------------------------------------------------
     def conv1d_fn(self, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -470,6 +435,11 @@ def _inputs(seed: int) -> dict:
     }
 
 
+def _caller(key: str):
+    """``_call`` of op ``key`` as ``call(fn, args)``."""
+    return lambda fn, args: _call(fn, key, args)
+
+
 def _call(fn, key: str, args: tuple):
     if key == "softmax":
         return fn(args[0], -1)
@@ -512,22 +482,8 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
             auto = setting == "autocast"
             dtype = setting if isinstance(setting, torch.dtype) else torch.float32
             args = tuple(t.to(dtype) if t.is_floating_point() else t for t in base[key])
-            with torch.no_grad():
-                exact = _call(_STOCK[key], key, tuple(t.double() if t.is_floating_point() else t for t in args))
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=auto):
-                    stock = _call(_STOCK[key], key, args)
-                    got = _call(fn, key, args)
-            name = "autocast" if auto else str(stock.dtype).replace("torch.", "")
-            row = common.magnitudes(dev.name, key, name, exact, stock.float(), got.float())
-            if key in GRADS:
-                r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
-                grads = []
-                for f in (_STOCK[key], fn):
-                    leaf = args[0].detach().clone().requires_grad_()
-                    (_call(f, key, (leaf,) + args[1:]).float() * r).sum().backward()
-                    grads.append(leaf.grad)
-                row["grad_device_vs_stock"] = rel_l2(grads[1], grads[0])
-            rows.append(row)
+            call = _caller(key)
+            rows.append(common.measure_op(dev.name, key, fn, _STOCK[key], call, args, auto, seed, key in GRADS))
     rows += measure_optimizers(seed)
     return rows
 

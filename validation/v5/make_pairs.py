@@ -114,12 +114,12 @@ CASES = {
     "vit_noisyref": ("vit", "noisyref", None, ("stats",)),
     "vit_amp": ("vit", "amp", None, ("stats",)),
     # optimizer, from the second update on
-    "wav2vec2_lr_step2": ("wav2vec2", "base", {"kind": "lr", "after_step": 1, "value": 1.1}, ("stats",)),
-    "granite_lr_step2": ("granite", "base", {"kind": "lr", "after_step": 1, "value": 1.05}, ("stats", "tensor")),
-    "wav2vec2_momentum_step2": ("wav2vec2", "base", {"kind": "momentum", "after_step": 1, "value": 0.8}, ("stats",)),
-    "vit_wd_step2": ("vit", "base", {"kind": "weight_decay", "after_step": 1, "value": 0.1}, ("stats",)),
-    "bart_clip_step2": ("bart", "base", {"kind": "clip", "after_step": 1, "value": 0.25}, ("stats",)),
-    "bart_eps_step2": ("bart", "base", {"kind": "eps", "after_step": 1, "value": 1e-6}, ("stats",)),
+    "wav2vec2_lr_step2": harness.optimizer_case("wav2vec2", "lr", 1.1),
+    "granite_lr_step2": harness.optimizer_case("granite", "lr", 1.05, harness.BOTH),
+    "wav2vec2_momentum_step2": harness.optimizer_case("wav2vec2", "momentum", 0.8),
+    "vit_wd_step2": harness.optimizer_case("vit", "weight_decay", 0.1),
+    "bart_clip_step2": harness.optimizer_case("bart", "clip", 0.25),
+    "bart_eps_step2": harness.optimizer_case("bart", "eps", 1e-6),
     # an op in the target only, an op missing in the target
     "wav2vec2_extra_normalize": ("wav2vec2", "base", {"kind": "normalize"}, ("stats",)),
     "bart_missing_ln_embedding": ("bart", "base", {"kind": "missing_ln_emb"}, ("stats",)),
@@ -133,17 +133,9 @@ CASES = {
     # backward only: the feature encoder's gradient multiplier
     "wav2vec2_grad_mult": ("wav2vec2", "base", {"kind": "grad_mult", "value": 1.0}, ("stats", "tensor")),
     # parameters and data
-    "vit_patch_step1": (
-        "vit",
-        "base",
-        {"kind": "weight", "param": "vit.embeddings.patch_embeddings.projection.weight", "step": 1, "how": "sign2pct"},
-        ("stats",),
-    ),
-    "granite_down_swap_step2": (
-        "granite",
-        "base",
-        {"kind": "weight", "param": "model.layers.1.mlp.down_proj.weight", "step": 2, "how": "from_layer0"},
-        ("stats", "tensor"),
+    "vit_patch_step1": harness.weight_case("vit", "vit.embeddings.patch_embeddings.projection.weight", 1, "sign2pct"),
+    "granite_down_swap_step2": harness.weight_case(
+        "granite", "model.layers.1.mlp.down_proj.weight", 2, "from_layer0", harness.BOTH
     ),
     "wav2vec2_gain_mb2_step1": ("wav2vec2", "base", {"kind": "gain", "step": 1, "micro": 1}, ("stats",)),
     "granite_ids_step2": ("granite", "base", {"kind": "ids", "step": 2}, ("stats", "tensor")),
@@ -336,31 +328,9 @@ def _waveforms(g, n: int):
 
 
 def batches(family: str, fault) -> list[list[dict]]:
-    """Per step, per micro-batch: the model's inputs. A data fault changes one step's batch."""
-    import torch
-
-    g = torch.Generator().manual_seed(DATA_SEED)
-    out = []
-    for _step in range(STEPS):
-        micro = []
-        for _ in range(MICRO.get(family, 1)):
-            if family == "vit":
-                px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
-                micro.append({"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)})
-            elif family == "wav2vec2":
-                wave = _waveforms(g, BATCH)
-                micro.append(
-                    {"input_values": wave, "labels": torch.randint(1, CTC_VOCAB, (BATCH, TRANSCRIPT), generator=g)}
-                )
-            elif family == "bart":
-                src = torch.randint(4, VOCAB, (BATCH, SEQ), generator=g)
-                lab = torch.randint(4, VOCAB, (BATCH, TGT_LEN), generator=g)
-                micro.append({"input_ids": src, "labels": lab})
-            else:
-                n, seq = (1, WIDE_SEQ) if family == "granite_wide" else (BATCH, SEQ)
-                ids = torch.randint(0, VOCAB, (n, seq), generator=g)
-                micro.append({"input_ids": ids, "labels": ids.clone()})
-        out.append(micro)
+    """Per step, per micro-batch: the model's inputs (``harness.draw_batches``). A data fault changes one step's
+    batch."""
+    out = harness.draw_batches(DATA_SEED, STEPS, MICRO.get(family, 1), lambda g: _micro_batch(family, g))
     if fault and fault["kind"] in ("ids", "labels", "gain"):
         b = out[fault["step"]][fault.get("micro", 0)]
         if fault["kind"] == "ids":
@@ -372,6 +342,26 @@ def batches(family: str, fault) -> list[list[dict]]:
         else:
             b["input_values"] = b["input_values"] * 0.5  # a gain augmentation applied twice
     return out
+
+
+def _micro_batch(family: str, g) -> dict:
+    """One micro-batch of ``family``'s inputs, drawn from generator ``g``."""
+    import torch
+
+    if family == "vit":
+        px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
+        return {"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)}
+    elif family == "wav2vec2":
+        wave = _waveforms(g, BATCH)
+        return {"input_values": wave, "labels": torch.randint(1, CTC_VOCAB, (BATCH, TRANSCRIPT), generator=g)}
+    elif family == "bart":
+        src = torch.randint(4, VOCAB, (BATCH, SEQ), generator=g)
+        lab = torch.randint(4, VOCAB, (BATCH, TGT_LEN), generator=g)
+        return {"input_ids": src, "labels": lab}
+    else:
+        n, seq = (1, WIDE_SEQ) if family == "granite_wide" else (BATCH, SEQ)
+        ids = torch.randint(0, VOCAB, (n, seq), generator=g)
+        return {"input_ids": ids, "labels": ids.clone()}
 
 
 def _hf(family: str):
@@ -615,41 +605,18 @@ def craft_near_tie(model, data, device) -> tuple[dict, object]:
     (``harness.craft_near_tie``, on each step's first micro-batch: the generator checks both).
 
     Returns (what was done, the tilt to add to the head's weight before step FLIP_STEP)."""
-
-    def run(on_step, hooks):
-        seen: set = set()
-
-        def first_micro(step, logits):
-            if step not in seen:
-                seen.add(step)
-                hooks(step, logits)
-
-        return train("wav2vec2", model, data, None, on_step=on_step, hooks=first_micro)
-
-    return harness.craft_near_tie(model, model.lm_head, run, device, FLIP_STEP)
+    return harness.craft_first_micro(sys.modules[__name__], "wav2vec2", model, model.lm_head, data, device)
 
 
 def run_device(family: str, variant: str, target: bool):
-    """The device a run is on (None: the stock reference)."""
-    if target:
-        return DEVICES[AMP_DEVICE if variant == "amp" else FAMILIES[family]["device"]]
-    return DEVICES[NOISY_REF] if variant == "noisyref" else None
+    """The device a run is on (None: the stock reference; ``harness.run_device``)."""
+    return harness.run_device(sys.modules[__name__], family, variant, target)
 
 
 def setup(family: str, variant: str, target: bool, active, tracer: Tracer, info: dict):
     """A run's model, patched; a "flip" variant's tilt crafted on a model of its own; the device installed
-    (``harness.run_one``)."""
-    tilt = None
-    if variant == "flip":  # crafted on a model of its own, patched as the runs' (the device installs itself)
-        crafted = build_model(family)
-        patch(family, crafted, Tracer(), None)
-        info["flip"], tilt = craft_near_tie(crafted, batches(family, None), DEVICES[FAMILIES[family]["device"]])
-    model = build_model(family)
-    device = run_device(family, variant, target)
-    if device is not None:
-        device.install()
-    patch(family, model, tracer, active)
-    return model, tilt
+    (``harness.setup``)."""
+    return harness.setup(sys.modules[__name__], family, variant, target, active, tracer, info)
 
 
 def flip_head(model):
@@ -662,10 +629,8 @@ def run_one(job: dict) -> dict:
 
 
 def device_label(family: str, variant: str) -> str:
-    """The key's device of a pair: the target's, "+" the reference's where that is noisy too."""
-    if variant == "amp":
-        return AMP_DEVICE
-    return FAMILIES[family]["device"] + ("+" + NOISY_REF if variant == "noisyref" else "")
+    """The key's device of a pair (``harness.device_label``)."""
+    return harness.device_label(sys.modules[__name__], family, variant)
 
 
 def structure_differences(ref_dir: Path, tgt_dir: Path, variant: str) -> list[str]:

@@ -250,6 +250,7 @@ class Device(common.Installed):
     """One simulated device: a set of the mechanisms above."""
 
     TARGETS = _TARGETS
+    STACK = _INSTALLED
 
     def __init__(self, name, text, rational_erf=False, fma_ln=False, scaled_norm=False, log1p_ce=False,
                  sym_sigmoid=False, tang_exp=False, sr_store=False, fp32_softmax=False):  # fmt: skip
@@ -267,30 +268,10 @@ class Device(common.Installed):
     def install(self) -> None:
         super().install()
         self.gen = torch.Generator().manual_seed(SR_SEED)
-        _INSTALLED.append(self)
-
-    def uninstall(self) -> None:
-        super().uninstall()
-        if self in _INSTALLED:
-            _INSTALLED.remove(self)
 
     # -- GELU ------------------------------------------------------------------------------------------------------
     def gelu_fn(self, input, approximate="none"):
-        if approximate != "none":
-            return _STOCK["gelu"](input, approximate=approximate)
-        x_in = common.alias(input)
-        out = _STOCK["gelu"](x_in)
-        x = input.detach()
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            _replace("gelu", out, rational_gelu(x).to(out.dtype))
-        if x_in is not input and out.requires_grad:
-            grad = common.GradOut(out)
-
-            def dx(gx):
-                return _guard("gelu dx", (grad.g.float() * rational_gelu_grad(x)).to(gx.dtype), gx)
-
-            x_in.register_hook(common.quiet(dx))
-        return out
+        return common.gelu_with(_STOCK["gelu"], input, approximate, rational_gelu, rational_gelu_grad)
 
     # -- normalisation, norms ----------------------------------------------------------------------------------
     def layer_norm_fn(self, input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -313,21 +294,8 @@ class Device(common.Installed):
     # -- cross-entropy -----------------------------------------------------------------------------------------
     def cross_entropy_fn(self, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                          reduction="mean", label_smoothing=0.0):  # fmt: skip
-        args = (weight, size_average, ignore_index, reduce, reduction, label_smoothing)
-        plain = weight is None and size_average is None and reduce is None and reduction == "mean"
-        if not plain or input.dim() != 2 or target.dim() != 1 or target.is_floating_point():
-            return _STOCK["cross_entropy"](input, target, *args)
-        x_in = common.alias(input)
-        out = _STOCK["cross_entropy"](x_in, target, *args)
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            loss, grad_x = log1p_ce(input.detach(), target, label_smoothing, ignore_index)
-            _replace("cross_entropy", out, loss.to(out.dtype))
-        if x_in is not input and out.requires_grad:
-            grad = common.GradOut(out)
-            x_in.register_hook(
-                common.quiet(lambda gx: _guard("cross_entropy dx", (grad.g.float() * grad_x).to(gx.dtype), gx))
-            )
-        return out
+        return common.cross_entropy_with(_STOCK["cross_entropy"], log1p_ce, input, target, weight, size_average,
+                                         ignore_index, reduce, reduction, label_smoothing)  # fmt: skip
 
     # -- sigmoid, exp ------------------------------------------------------------------------------------------
     def sigmoid_fn(self, input, *, out=None):
@@ -466,6 +434,11 @@ def _inputs(seed: int) -> dict:
     }
 
 
+def _caller(key: str):
+    """``_call`` of op ``key`` as ``call(fn, args)``."""
+    return lambda fn, args: _call(fn, key, args)
+
+
 def _call(fn, key: str, args: tuple):
     if key == "layer_norm":
         return fn(args[0], (args[0].shape[-1],), args[1], args[2], 1e-5)
@@ -510,22 +483,9 @@ def measure(seed: int = 0, devices=None) -> list[dict]:
             args = tuple(t.to(dtype) if t.is_floating_point() else t for t in base[key])
             if key == "layer_norm":  # the weight and bias stay fp32 (the families' LayerNorm modules)
                 args = (args[0],) + base[key][1:]
-            with torch.no_grad():
-                exact = _call(_STOCK[key], key, tuple(t.double() if t.is_floating_point() else t for t in args))
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=auto):
-                    stock = _call(_STOCK[key], key, args)
-                    got = _call(fn, key, args)
             name = "autocast" if auto else str(args[0].dtype).replace("torch.", "")
-            row = common.magnitudes(dev.name, key, name, exact, stock.float(), got.float())
-            if key in GRADS:
-                r = torch.randn(stock.shape, generator=torch.Generator().manual_seed(seed + 1))
-                grads = []
-                for f in (_STOCK[key], fn):
-                    leaf = args[0].detach().clone().requires_grad_()
-                    (_call(f, key, (leaf,) + args[1:]).float() * r).sum().backward()
-                    grads.append(leaf.grad)
-                row["grad_device_vs_stock"] = rel_l2(grads[1], grads[0])
-            rows.append(row)
+            call = _caller(key)
+            rows.append(common.measure_op(dev.name, key, fn, _STOCK[key], call, args, auto, seed, key in GRADS, name))
         if dev.sr_store:
             rows.append(measure_store(dev, seed))
     return rows

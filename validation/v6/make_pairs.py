@@ -130,18 +130,13 @@ CASES = {
     "clip_noisyref": ("clip", "noisyref", None, ("stats", "tensor")),
     "deberta_amp": ("deberta", "amp", None, ("stats", "tensor")),
     # optimizer, from the second update on
-    "convnext_lr_step2": ("convnext", "base", {"kind": "lr", "after_step": 1, "value": 1.1}, ("stats",)),
-    "rwkv_lr_step2": ("rwkv", "base", {"kind": "lr", "after_step": 1, "value": 1.05}, ("stats",)),
-    "rwkv_betas_step2": ("rwkv", "base", {"kind": "betas", "after_step": 1, "value": (0.95, 0.98)}, ("stats",)),
-    "convnext_wd_step2": ("convnext", "base", {"kind": "weight_decay", "after_step": 1, "value": 0.1}, ("stats",)),
-    "deberta_wd_step2": (
-        "deberta",
-        "base",
-        {"kind": "weight_decay", "after_step": 1, "value": 0.01},
-        ("stats", "tensor"),
-    ),
-    "convnext_eps_step2": ("convnext", "base", {"kind": "eps", "after_step": 1, "value": 1e-4}, ("stats",)),
-    "clip_gradclip_step2": ("clip", "base", {"kind": "clip", "after_step": 1, "value": 0.1}, ("stats",)),
+    "convnext_lr_step2": harness.optimizer_case("convnext", "lr", 1.1),
+    "rwkv_lr_step2": harness.optimizer_case("rwkv", "lr", 1.05),
+    "rwkv_betas_step2": harness.optimizer_case("rwkv", "betas", (0.95, 0.98)),
+    "convnext_wd_step2": harness.optimizer_case("convnext", "weight_decay", 0.1),
+    "deberta_wd_step2": harness.optimizer_case("deberta", "weight_decay", 0.01, harness.BOTH),
+    "convnext_eps_step2": harness.optimizer_case("convnext", "eps", 1e-4),
+    "clip_gradclip_step2": harness.optimizer_case("clip", "clip", 0.1),
     # an op in the target only, an op missing in the target
     "convnext_extra_rescale": ("convnext", "base", {"kind": "rescale"}, ("stats",)),
     "clip_missing_pre_ln": ("clip", "base", {"kind": "missing_pre_ln"}, ("stats", "tensor")),
@@ -153,24 +148,9 @@ CASES = {
     # backward only: a hand-written GELU backward with a wrong constant
     "convnext_gelu_backward_S1": ("convnext", "base", {"kind": "gelu_backward", "stage": 1}, ("stats",)),
     # parameters and data
-    "rwkv_time_first_step1": (
-        "rwkv",
-        "base",
-        {"kind": "weight", "param": "rwkv.blocks.1.attention.time_first", "step": 1, "how": "from_layer0"},
-        ("stats",),
-    ),
-    "clip_textproj_step2": (
-        "clip",
-        "base",
-        {"kind": "weight", "param": "text_projection.weight", "step": 2, "how": "sign2pct"},
-        ("stats",),
-    ),
-    "clip_logit_scale_step1": (
-        "clip",
-        "base",
-        {"kind": "weight", "param": "logit_scale", "step": 1, "how": "reinit"},
-        ("stats", "tensor"),
-    ),
+    "rwkv_time_first_step1": harness.weight_case("rwkv", "rwkv.blocks.1.attention.time_first", 1, "from_layer0"),
+    "clip_textproj_step2": harness.weight_case("clip", "text_projection.weight", 2, "sign2pct"),
+    "clip_logit_scale_step1": harness.weight_case("clip", "logit_scale", 1, "reinit", harness.BOTH),
     "convnext_bgr_mb2_step2": ("convnext", "base", {"kind": "bgr", "step": 2, "micro": 1}, ("stats",)),
     "clip_caption_step1": ("clip", "base", {"kind": "ids", "step": 1}, ("stats", "tensor")),
     "deberta_labels_step2": ("deberta", "base", {"kind": "labels", "step": 2}, ("stats", "tensor")),
@@ -404,34 +384,9 @@ def build_model(family: str):
 
 
 def batches(family: str, fault) -> list[list[dict]]:
-    """Per step, per micro-batch: the model's inputs. A data fault changes one step's batch (one micro-batch)."""
-    import torch
-
-    g = torch.Generator().manual_seed(DATA_SEED)
-    out = []
-    for _step in range(STEPS):
-        micro = []
-        for _ in range(MICRO.get(family, 1)):
-            if family == "convnext":
-                px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
-                micro.append({"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)})
-            elif family == "clip":
-                px = torch.randn(PAIRS, 3, SIZE, SIZE, generator=g) * 0.5
-                ids = torch.randint(3, VOCAB - 1, (PAIRS, CAPTION), generator=g)
-                ids[:, 0] = 0  # start of text
-                ids[:, -1] = VOCAB - 1  # end of text (pooled)
-                micro.append({"pixel_values": px, "input_ids": ids})
-            elif family == "rwkv":
-                micro.append({"input_ids": torch.randint(0, VOCAB, (BATCH, RWKV_SEQ), generator=g)})
-            else:
-                n, seq = (1, WIDE_SEQ) if family == "deberta_wide" else (BATCH, SEQ)
-                ids = torch.randint(4, VOCAB, (n, seq), generator=g)
-                pos = torch.stack([torch.randperm(seq, generator=g)[:N_MASKED] for _ in range(n)])
-                labels = torch.full_like(ids, -100)
-                labels.scatter_(1, pos, ids.gather(1, pos))
-                inp = ids.scatter(1, pos, torch.full_like(pos, MASK_ID))
-                micro.append({"input_ids": inp, "labels": labels, "masked": pos})
-        out.append(micro)
+    """Per step, per micro-batch: the model's inputs (``harness.draw_batches``). A data fault changes one step's
+    batch (one micro-batch)."""
+    out = harness.draw_batches(DATA_SEED, STEPS, MICRO.get(family, 1), lambda g: _micro_batch(family, g))
     if fault and fault["kind"] in ("bgr", "ids", "labels"):
         b = out[fault["step"]][fault.get("micro", 0)]
         if fault["kind"] == "bgr":  # one micro-batch's images loaded BGR (a loader that decodes with OpenCV)
@@ -443,6 +398,31 @@ def batches(family: str, fault) -> list[list[dict]]:
             pos = b["masked"][0, :2]
             b["labels"][0, pos] = (b["labels"][0, pos] - 4 + 1) % (VOCAB - 4) + 4
     return out
+
+
+def _micro_batch(family: str, g) -> dict:
+    """One micro-batch of ``family``'s inputs, drawn from generator ``g``."""
+    import torch
+
+    if family == "convnext":
+        px = torch.rand(IMAGES, 3, SIZE, SIZE, generator=g)
+        return {"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)}
+    elif family == "clip":
+        px = torch.randn(PAIRS, 3, SIZE, SIZE, generator=g) * 0.5
+        ids = torch.randint(3, VOCAB - 1, (PAIRS, CAPTION), generator=g)
+        ids[:, 0] = 0  # start of text
+        ids[:, -1] = VOCAB - 1  # end of text (pooled)
+        return {"pixel_values": px, "input_ids": ids}
+    elif family == "rwkv":
+        return {"input_ids": torch.randint(0, VOCAB, (BATCH, RWKV_SEQ), generator=g)}
+    else:
+        n, seq = (1, WIDE_SEQ) if family == "deberta_wide" else (BATCH, SEQ)
+        ids = torch.randint(4, VOCAB, (n, seq), generator=g)
+        pos = torch.stack([torch.randperm(seq, generator=g)[:N_MASKED] for _ in range(n)])
+        labels = torch.full_like(ids, -100)
+        labels.scatter_(1, pos, ids.gather(1, pos))
+        inp = ids.scatter(1, pos, torch.full_like(pos, MASK_ID))
+        return {"input_ids": inp, "labels": labels, "masked": pos}
 
 
 def family_faults(family: str) -> list[dict]:

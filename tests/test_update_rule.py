@@ -1,0 +1,215 @@
+"""A later update judged against the update before it (analysis/updates.py `ratio_shift`, `decay_shift`): the
+update-size ratios a statistic measures beyond its rounding (bf16 statistics) and the norm gaps a weight decay
+can move, each against the pair's update before, on small real statistics dumps written as msprobe writes them
+(a bf16 tensor's statistics rounded to bf16)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dumpstore import ingest, open_store
+from dumpstore.analysis import compare_runs, divergence, steps
+from dumpstore.analysis._divergence import _ordered
+from dumpstore.analysis.noise import STAND_OUT
+from dumpstore.analysis.updates import measured_ratios, one_per_tensor
+from helpers import leaf
+
+LR = 1e-3
+N_LAYERS = 8
+SCALES = (0.5, 0.1, 0.04, 0.02)  # the weights' scales, layer by layer: their bf16 steps from 2e-3 to 6e-5
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """Round to the nearest bfloat16 (ties to even), kept in float32."""
+    b = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.astype(np.uint32).view(np.float32)
+
+
+def _stochastic(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Round to one of the two neighbouring bfloat16 values with the probability of its nearness."""
+    bits = np.asarray(a, dtype=np.float32).view(np.uint32)
+    down = (bits & np.uint32(0xFFFF0000)).view(np.float32)
+    up = ((bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000)).view(np.float32)
+    frac = np.where(up != down, (a - down) / (up - down), 0.0)
+    return np.where(rng.random(a.shape) < frac, up, down).astype(np.float32)
+
+
+def _leaf(a: np.ndarray, dtype: str, **kw) -> dict:
+    out = leaf(a, dtype=dtype, **kw)
+    if dtype == "bfloat16":  # msprobe computes a bf16 tensor's statistics in bf16
+        for k in ("Max", "Min", "Mean", "Norm"):
+            out[k] = float(_bf16(np.array([out[k]]))[0])
+    return out
+
+
+def _write(root, params: list[list[dict[str, np.ndarray]]], grads, dtype: str) -> None:
+    """One rank; per step one `Linear` module record per layer with its `parameters` and `parameters_grad`."""
+    x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(1, 16)
+    for s, layers in enumerate(params):
+        d = root / f"step{s}" / "rank0"
+        d.mkdir(parents=True)
+        data = {}
+        for i, p in enumerate(layers):
+            y = (x @ p["weight"].T + p["bias"][:16]).astype(np.float32)
+            data[f"Module.layers.{i}.Linear.forward.0"] = {
+                "input_args": [_leaf(x, dtype)],
+                "input_kwargs": {},
+                "output": [_leaf(y, dtype, requires_grad=True)],
+                "parameters": {k: _leaf(v, dtype, requires_grad=True) for k, v in p.items()},
+            }
+            data[f"Module.layers.{i}.Linear.parameters_grad.0"] = {k: [_leaf(g, dtype)] for k, g in grads[s][i].items()}
+        doc = {"task": "statistics", "level": "mix", "framework": "pytorch", "dump_data_dir": None, "data": data}
+        (d / "dump.json").write_text(json.dumps(doc))
+        (d / "construct.json").write_text("{}")
+
+
+def _lion_runs(factor: float, seed: int = 3, steps: int = 3):
+    """Pure bf16 Lion-like updates (every element moved by lr, sign of its gradient), weights ~0.5 and biases from
+    0: the reference stores each new parameter rounded to nearest, the target by stochastic rounding (a device's
+    store), and the target's learning rate is x `factor` from the second update on."""
+    rng = np.random.default_rng(seed)
+    w0 = [_bf16(rng.normal(size=(16, 16)) * SCALES[i % len(SCALES)]) for i in range(N_LAYERS)]
+    grads = [
+        [{"weight": np.sign(rng.normal(size=(16, 16))), "bias": np.sign(rng.normal(size=32))} for _ in w0]
+        for _ in range(steps)
+    ]
+    grads = [[{k: v.astype(np.float32) for k, v in g.items()} for g in step] for step in grads]
+    noise = np.random.default_rng(seed + 1)
+    runs = {}
+    for name in ("ref", "target"):
+        layers = [{"weight": w, "bias": np.zeros(32, dtype=np.float32)} for w in w0]
+        out = [layers]
+        for s in range(1, steps):
+            lr = LR * (factor if name == "target" and s >= 2 else 1.0)
+            new = []
+            for p, g in zip(layers, grads[s - 1]):
+                q = {k: p[k].astype(np.float64) * (1 - lr * 0.01) - lr * g[k] for k in p}
+                new.append({k: _stochastic(v, noise) if name == "target" else _bf16(v) for k, v in q.items()})
+            layers = new
+            out.append(layers)
+        runs[name] = out
+    return runs, grads
+
+
+def _verdict(tmp_path, runs, grads, dtype: str = "bfloat16"):
+    store = tmp_path / "store"
+    for name in ("ref", "target"):
+        _write(tmp_path / name, runs[name], grads, dtype)
+        ingest(tmp_path / name, name, store=store, jobs=1)
+    st = open_store(store)
+    return st, divergence(compare_runs(st, "target", "ref"))
+
+
+def test_a_learning_rate_from_the_second_update_on_is_found_in_bf16_statistics(tmp_path):
+    """The weights of scale 0.5 move their statistics by whole bf16 steps (an update of 1e-3 where a step is 2e-3
+    to 8e-3) or not at all, and measure nothing; the smaller weights and the biases from 0 move theirs by several
+    steps: those ratios read 1.04-1.06 at the second update and 1-1.008 at the first.  The update-ratio rule
+    alone (every parameter, its median against the ratios' own spread) does not find it here: the ties and the
+    weights' whole-step ratios set its bar."""
+    runs, grads = _lion_runs(1.05)
+    _, v = _verdict(tmp_path, runs, grads)
+    c = v.culprit
+    assert c is not None and (c.kind, c.step, c.metric) == ("optimizer", 2, "update_ratio")
+    ev = c.evidence
+    assert (ev["parameters"], ev["previous_parameters"], ev["same_way"], ev["tied"]) == (10, 11, 9, 1)
+    assert ev["median_ratio"] == pytest.approx(1.0552331, rel=1e-6) and ev["previous_ratio"] == 1.0
+    assert ev["bar"] == pytest.approx(0.0313156, rel=1e-5)  # OPT_Z x the two medians' standard errors
+    assert "9 of 9 parameters (1 more tied) moved 1.055x (median)" in c.detail
+    assert "(the update before: 1x)" in c.detail
+
+
+def test_the_same_pair_without_the_change_is_quiet(tmp_path):
+    """Stochastic against nearest rounding of the stores: the same device noise at both updates."""
+    runs, grads = _lion_runs(1.0)
+    _, v = _verdict(tmp_path, runs, grads)
+    assert v.culprit is None
+
+
+def test_a_ratio_is_read_from_the_statistic_that_moved_most_against_its_rounding(tmp_path):
+    """Per parameter, the statistic whose change is known best (its half-width: both runs' roundings against
+    their changes), where it moved by STAND_OUT roundings or more in both runs; the weights of scale 0.5 have
+    none and are left out (11 and 10 of 16 tensors measured)."""
+    runs, grads = _lion_runs(1.05)
+    st, _ = _verdict(tmp_path, runs, grads)
+    cmp = compare_runs(st, "target", "ref")
+    rows = _ordered(cmp.rows, cmp.records)
+    params = one_per_tensor(rows.filter((rows["step"] == 2) & (rows["_io"] == "parameters")))
+    assert params.height == 2 * N_LAYERS
+    first, half_first = measured_ratios(rows, 0, 1, params)
+    later, half_later = measured_ratios(rows, 1, 2, params)
+    assert (first.size, later.size) == (11, 10)
+    assert (half_first <= 2 / STAND_OUT).all() and (half_later <= 2 / STAND_OUT).all()
+    assert sorted(np.round(np.exp(first), 4)) == [1.0] * 8 + [1.0076] * 3
+    assert np.round(np.exp(later), 4).tolist() == [
+        1.0534,
+        1.0611,
+        1.0433,
+        1.0417,
+        1.0534,
+        1.057,
+        1.0611,
+        1.0611,
+        1.0,
+        1.0611,
+    ]
+
+
+def _lamb_runs(wd: float, seed: int = 7, steps: int = 3):
+    """fp32 LAMB-like updates: u = a + wd p (a: the adaptive direction, +-1 per element), scaled by the trust ratio
+    ||p|| / ||u|| and lr; weights ~0.1, biases from 1e-3 (a LAMB update moves a tensor by lr ||p||: the biases
+    stay near 0, and their decay term with them).  The target's direction carries a device's noise of 1e-4 per
+    element; its weight decay is `wd` (the reference's 0.05) from the second update on."""
+    rng = np.random.default_rng(seed)
+    p0 = [
+        {"weight": (rng.normal(size=(16, 16)) * 0.1).astype(np.float32), "bias": np.full(32, 1e-3, dtype=np.float32)}
+        for _ in range(N_LAYERS)
+    ]
+    dirs = [[{k: np.sign(rng.normal(size=v.shape)) for k, v in p.items()} for p in p0] for _ in range(steps)]
+    noise = np.random.default_rng(seed + 1)
+    runs = {}
+    for name in ("ref", "target"):
+        layers, out = p0, [p0]
+        for s in range(1, steps):
+            decay = wd if name == "target" and s >= 2 else 0.05
+            new = []
+            for p, a in zip(layers, dirs[s - 1]):
+                q = {}
+                for k, v in p.items():
+                    d = a[k] * (1 + (1e-4 * noise.normal(size=v.shape) if name == "target" else 0.0))
+                    u = d + decay * v.astype(np.float64)
+                    q[k] = (v - 2e-3 * np.linalg.norm(v) / np.linalg.norm(u) * u).astype(np.float32)
+                new.append(q)
+            layers = new
+            out.append(layers)
+        runs[name] = out
+    grads = [[{k: np.sign(v).astype(np.float32) for k, v in p.items()} for p in step] for step in dirs]
+    return runs, grads
+
+
+def test_a_weight_decay_changed_under_lamb_is_found_on_the_parameters_it_moves(tmp_path):
+    """The trust ratio keeps every update's size (no ratio moves) and the biases' decay term is ~0 (their norms
+    move by noise only): the median over every parameter stays at 0, the weights' norms all moved by one relative
+    amount."""
+    runs, grads = _lamb_runs(0.1)
+    st, v = _verdict(tmp_path, runs, grads, dtype="float32")
+    c = v.culprit
+    assert c is not None and (c.kind, c.step, c.metric) == ("optimizer", 2, "norm_gap")
+    ev = c.evidence
+    assert (ev["parameters"], ev["same_way"], ev["previous_norm_gap"]) == (N_LAYERS, N_LAYERS, 0.0)  # the weights
+    assert ev["median_norm_gap"] == pytest.approx(-9.4927e-6, rel=1e-4)
+    assert ev["bar"] == pytest.approx(5.3822e-7, rel=1e-4)  # STAND_OUT x their spread
+    # the rule over every parameter (analysis/steps.py decay_differs): the biases hold the median at 0
+    cmp = compare_runs(st, "target", "ref")
+    rows = _ordered(cmp.rows, cmp.records)
+    assert steps.decay_differs(rows, 1, 2, rows.filter((rows["step"] == 2) & (rows["_io"] == "parameters"))) is None
+    assert "8 of 8 parameters' norms moved -9.49e-06 (relative, median)" in c.detail
+
+
+def test_the_lamb_pair_without_the_change_is_quiet(tmp_path):
+    runs, grads = _lamb_runs(0.05)
+    _, v = _verdict(tmp_path, runs, grads, dtype="float32")
+    assert v.culprit is None

@@ -1,12 +1,12 @@
-"""Validation sets 2 to 6 (docs/validation.md, "Validation set 2" to "Validation set 6"): the simulated devices of
+"""Validation sets 2 to 7 (docs/validation.md, "Validation set 2" to "Validation set 7"): the simulated devices of
 sets 2 to 4 stay within rounding, and (marker ``validation``) the verdict on every set's pairs.
 
 The unmarked tests run the devices of ``validation/v2/devices.py``, ``validation/v3/devices.py`` and
-``validation/v4/devices.py`` on small random inputs (torch CPU, seconds; set 5's and set 6's are in
-``tests/test_validation_v5.py`` and ``tests/test_validation_v6.py``). The marked tests, one per set, make the set's
-pairs (35 to 52 msprobe runs of four or five transformers models, minutes) into ``validation/vN/.data`` unless a key
-is already there
-(``VALIDATION_V2_DATA`` ... ``VALIDATION_V6_DATA`` name other folders), then score every pair through dumpstore's
+``validation/v4/devices.py`` on small random inputs (torch CPU, seconds; set 5's to set 7's are in
+``tests/test_validation_v5.py``, ``tests/test_validation_v6.py`` and ``tests/test_validation_v7.py``). The marked
+tests, one per set, make the set's pairs (35 to 53 msprobe runs of four or five transformers models, minutes) into
+``validation/vN/.data`` unless a key is already there
+(``VALIDATION_V2_DATA`` ... ``VALIDATION_V7_DATA`` name other folders), then score every pair through dumpstore's
 CLI with ``validation/score.py``.
 """
 
@@ -251,6 +251,15 @@ SETS = {
         "counts": {("stats", True): 8, ("stats", False): 19, ("tensor", True): 4, ("tensor", False): 6},
         "optimizer": 7,
         "flip": "convnext_flip",
+        "flip_modes": ("stats",),
+    },
+    "v7": {
+        "set": 7,
+        "families": {"swin", "whisper", "olmoe", "olmoe_wide", "siglip"},
+        "devices": {"AE", "AF", "AG", "AH", "AI", "AF+AJ"},
+        "counts": {("stats", True): 8, ("stats", False): 19, ("tensor", True): 4, ("tensor", False): 6},
+        "optimizer": 7,
+        "flip": "swin_flip",
         "flip_modes": ("stats",),
     },
 }

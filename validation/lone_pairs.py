@@ -227,6 +227,9 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "--job":
         run(json.loads(argv[1]))
         return 0
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print(__doc__)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     out = Path(argv[0]).resolve()
     key: dict = {"cases": {}}
     jobs = []

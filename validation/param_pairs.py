@@ -111,6 +111,9 @@ def _with_temperature(m, which: str) -> None:
 def main(argv: list[str]) -> int:
     import torch
 
+    if len(argv) < 2 or argv[0] not in FAMILY or argv[1] not in ("small", "scalar"):
+        print(__doc__)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     which, kind, rest = argv[0], argv[1], argv[2:]
     m = _load(which)
     family = FAMILY[which]

@@ -503,7 +503,7 @@ def small_value_err(
     Subnormal values: below the judged dtype's smallest normal number (`tiny_judged`, SUBNORMAL_BELOW: float16's
     2^-14) its values are spaced by eps x that number, not relative to their size: float16 holds a gradient of
     rms 1e-7 to about 40 % (the spacing 2^-24 = 6e-8), and two devices that round it once differ by that much.
-    A tensor whose reference RMS is below it is judged by absolute error on that scale too,
+    A tensor whose RMS is below it in both runs is judged by absolute error on that scale too,
     ||x - y|| / (sqrt(n) * tiny): within the tolerance when it differs by about one spacing per element.  The
     context rms returned for a small value is the scale it was judged on (the larger of the two where both
     apply)."""
@@ -517,7 +517,9 @@ def small_value_err(
         small = ok & (ctx_row > 0) & (rms < eps_judged * ctx_row)
         scale = np.where(small, ctx_row, 0.0)
         if tiny_judged is not None:
-            sub = ok & (rms < tiny_judged) & ((r_norm > 0) | (t_norm > 0))  # (two zero tensors: nothing to judge)
+            # both runs below it (two zero tensors: nothing to judge; a target far above a zero or subnormal
+            # reference is no rounding of it, and keeps its relative error)
+            sub = ok & (rms < tiny_judged) & (t_norm / sqrt_n < tiny_judged) & ((r_norm > 0) | (t_norm > 0))
             scale = np.where(sub, np.maximum(scale, tiny_judged), scale)
             small |= sub
         delta = np.where(r_norm > 0, err * r_norm, t_norm)

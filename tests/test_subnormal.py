@@ -33,6 +33,21 @@ def test_a_tensor_below_the_smallest_normal_is_judged_on_that_scale():
     assert not small.any() and out.tolist() == err.tolist()
 
 
+def test_a_target_far_above_a_zero_or_subnormal_reference_keeps_its_relative_error():
+    """A reference of zeros (an accuracy's mean over no correct token) against a target of rms 0.25, and a
+    subnormal reference (rms 1e-6) against a target of rms 1e-3: neither is one spacing of rounding; the
+    subnormal scale would make them 1e4 to 1e38 tolerances (compare's first row on a clean pair)."""
+    n = np.array([64.0, 64.0])
+    r_norm = np.array([0.0, 1e-6 * 8.0])
+    t_norm = np.array([0.25 * 8.0, 1e-3 * 8.0])
+    err = np.array([np.inf, 999.0])
+    out, _, small = small_value_err(
+        err, t_norm, r_norm, n, np.array([True, True]), np.array([0, 1]), np.full(2, 2.0**-7), np.full(2, TINY16)
+    )
+    assert small.tolist() == [False, False]
+    assert out.tolist() == err.tolist()
+
+
 def test_float16s_smallest_normal():
     assert SUBNORMAL_BELOW["float16"] == float(np.finfo(np.float16).tiny)
     assert SUBNORMAL_BELOW["float32"] == float(np.finfo(np.float32).tiny)

@@ -35,10 +35,10 @@ def update_floor(rows: pl.DataFrame, before: int, params: pl.DataFrame) -> tuple
     step; `params`: that later step's parameter candidates (the rows `steps.table` takes), looked up at `before`
     and the step before it by (rank, source, record, io, index path).  The median is None at the first update
     (no earlier step in `rows`, or none of the parameters measured there)."""
-    earlier = [s for s in rows["step"].unique().to_list() if s is not None and s < before]
-    if not earlier:
+    start = _previous(rows, before)
+    if start is None:
         return ST.X_MIN, None
-    t = ST.table(rows, max(earlier), before, params)
+    t = ST.table(rows, start, before, params)
     x = t["x"].fill_null(np.nan).to_numpy() if t is not None else np.zeros(0)
     x = x[np.isfinite(x)]
     if x.size < ST.MIN_MEASURED:

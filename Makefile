@@ -14,11 +14,12 @@ SOURCES := dumpstore analysis cli tests bench sample_dumps validation
 setup: $(STAMP)
 	$(BIN)/python sample_dumps/fixtures.py  # the tensor samples' .pt files, unpacked once (git-ignored)
 
+# No pip cache: the venv is about 5 GB (mindspore 2.5 GB, torch 0.75 GB), and a cache would hold the wheels twice.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[dev,ray,longrun]' mindstudio-probe $(TORCH)
+	$(BIN)/python -m pip install -q --no-cache-dir --upgrade pip
+	$(BIN)/python -m pip install -q --no-cache-dir $(TORCH)
+	$(BIN)/python -m pip install -q --no-cache-dir -e '.[dev,ray,longrun]' mindstudio-probe $(TORCH)
 	$(BIN)/python -m compileall -q dumpstore analysis cli  # PYTHONDONTWRITEBYTECODE=1 machines: no compile per process
 	touch $(STAMP)
 

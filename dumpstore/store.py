@@ -47,26 +47,32 @@ class Store:
         try:
             st = path.stat()
         except FileNotFoundError:
-            self._no_catalog()
-            return RUN_SCHEMA.empty_table(), []
+            if not self._no_catalog():
+                return RUN_SCHEMA.empty_table(), []
+            st = path.stat()  # another run's ingest published it while we looked
         key = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if self._catalog is None or self._catalog[0] != key:
             table = self._checked_catalog(path)
             self._catalog = key, table, table.to_pylist()
         return self._catalog[1], self._catalog[2]
 
-    def _no_catalog(self) -> None:
+    def _no_catalog(self) -> bool:
         """A store without runs.parquet is empty only when it holds no run's data: a catalog deleted or lost is an
-        error naming the runs it held and the fix, never an empty store (an ingest would orphan their data)."""
+        error naming the runs it held and the fix, never an empty store (an ingest would orphan their data).
+        True when the catalog is there now: an ingest of another run side by side writes it before it marks its data
+        published, so data seen published after the catalog was found missing means it came meanwhile (read it)."""
         from .runrecord import runs_with_data
 
         held = runs_with_data(self.root)
+        if held and (self.root / CATALOG).exists():
+            return True
         if held:
             raise StoreError(
                 f"{self.root / CATALOG}: the store's catalog is missing, but the store holds data of runs "
                 f"{', '.join(held[:10])}{' ...' if len(held) > 10 else ''}; rebuild it with "
                 f"`dumpstore repair --store {self.root}`"
             )
+        return False
 
     def _read_catalog_file(self, path: Path) -> pa.Table:
         """runs.parquet as a table; a file that is not a readable catalog is one StoreError naming it and the fix."""
@@ -107,8 +113,7 @@ class Store:
         """Catalog rows whatever their schema version (for upgrades); errors as `runs()` for a missing or unreadable
         catalog."""
         path = self.root / CATALOG
-        if not path.exists():
-            self._no_catalog()
+        if not path.exists() and not self._no_catalog():
             return []
         return self._read_catalog_file(path).to_pylist()
 

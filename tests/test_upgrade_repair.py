@@ -195,6 +195,32 @@ def test_a_missing_catalog_is_an_error_and_repair_rebuilds_it(two_runs):
     assert res.exit_code == 0 and res.output == "the catalog is complete: 2 runs: a, b\n"
 
 
+def test_a_catalog_published_while_a_reader_looked_is_read_not_lost(two_runs, monkeypatch):
+    """An ingest side by side (`dumpstore ingest A B --run a --run b`) writes the catalog, then marks its data
+    published; a reader that found no catalog and then sees published data finds the catalog there now and reads
+    it (seen once in 89 pairs' ingests at load 14: "the catalog is missing, but the store holds data of runs ref")."""
+    import dumpstore.runrecord as runrecord
+    from dumpstore.store import Store
+
+    store, _ = two_runs
+    want = _raw(store)
+    away = store / "runs.parquet.away"
+    (store / "runs.parquet").rename(away)
+    real = runrecord.runs_with_data
+
+    def meanwhile(root):  # the other ingest's publish lands between the reader's two looks
+        if away.exists():
+            away.rename(store / "runs.parquet")
+        return real(root)
+
+    monkeypatch.setattr(runrecord, "runs_with_data", meanwhile)
+    assert sorted(Store(store).run_names()) == ["a", "b"]
+    assert _raw(store) == want
+    (store / "runs.parquet").unlink()  # lost for good: still the one-line error
+    with pytest.raises(StoreError, match="catalog is missing"):
+        Store(store).run_names()
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "garbage"])
 def test_a_damaged_catalog_is_one_line_and_repair_rebuilds_it(two_runs, damage):
     store, before = two_runs

@@ -821,6 +821,15 @@ def mark_readers(case: str, tgt: dict, ref: dict):
     return one, first, both
 
 
+def optimizer_what(fault, clip: float, own: dict) -> str:
+    """An optimizer fault's change in words: ``own``'s sentence for its kind (the set's optimizers), else the learning
+    rate's factor ("lr") or the clipping norm against ``clip`` ("clip"); the fault's value %-formatted into it (a
+    tuple as a tuple)."""
+    words = {"lr": "the learning rate x%g", "clip": "gradient clipping at max_norm %%g instead of %g" % clip, **own}
+    value = fault["value"]
+    return words[fault["kind"]] % ((tuple(value),) if isinstance(value, (tuple, list)) else value)
+
+
 def optimizer_expectation(fault, what: str) -> dict:
     """An optimizer fault's key: ``what`` in the updates after ``after_step``; no op is the culprit."""
     step = fault["after_step"] + 1

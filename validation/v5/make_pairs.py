@@ -652,13 +652,11 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     one, first, both = harness.mark_readers(case, tgt, ref)
     if kind in OPTIMIZER_KINDS:
         what = {
-            "lr": "the learning rate x%g" % fault["value"],
-            "clip": "gradient clipping at max_norm %g instead of %g" % (fault["value"], CLIP),
-            "momentum": "SGD momentum %g instead of 0.9" % fault["value"],
-            "weight_decay": "AdamW weight decay %g instead of 0.05" % fault["value"],
-            "eps": "Adamax eps %g instead of 1e-8" % fault["value"],
-        }[kind]
-        return harness.optimizer_expectation(fault, what)
+            "momentum": "SGD momentum %g instead of 0.9",
+            "weight_decay": "AdamW weight decay %g instead of 0.05",
+            "eps": "Adamax eps %g instead of 1e-8",
+        }
+        return harness.optimizer_expectation(fault, harness.optimizer_what(fault, CLIP, what))
     if kind == "normalize":
         return {
             "step": 0,

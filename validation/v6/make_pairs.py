@@ -653,21 +653,13 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     kind = fault["kind"]
     one, first, both = harness.mark_readers(case, tgt, ref)
     if kind in OPTIMIZER_KINDS:
-        value = fault["value"]
-        if kind == "lr":
-            what = "the learning rate x%g" % value
-        elif kind == "clip":
-            what = "gradient clipping at max_norm %g instead of %g" % (value, CLIP)
-        elif kind == "betas":
-            what = "Lion betas %s instead of (0.9, 0.99)" % (tuple(value),)
-        elif kind == "weight_decay":
-            what = "weight decay %g instead of %s" % (
-                value,
-                "0.05 (LAMB)" if case.startswith("convnext") else "0 (ASGD)",
-            )
-        else:
-            what = "LAMB eps %g instead of 1e-6" % value
-        return harness.optimizer_expectation(fault, what)
+        what = {
+            "betas": "Lion betas %s instead of (0.9, 0.99)",
+            "weight_decay": "weight decay %g instead of "
+            + ("0.05 (LAMB)" if case.startswith("convnext") else "0 (ASGD)"),
+            "eps": "LAMB eps %g instead of 1e-6",
+        }
+        return harness.optimizer_expectation(fault, harness.optimizer_what(fault, CLIP, what))
     if kind == "rescale":
         return {
             "step": 0,

@@ -129,23 +129,13 @@ CASES = {
     "whisper_noisyref": ("whisper", "noisyref", None, ("stats",)),
     "siglip_amp": ("siglip", "amp", None, ("stats", "tensor")),
     # optimizer, from the second update on
-    "swin_lr_step2": ("swin", "base", {"kind": "lr", "after_step": 1, "value": 1.1}, ("stats",)),
-    "olmoe_lr_step2": ("olmoe", "base", {"kind": "lr", "after_step": 1, "value": 1.05}, ("stats",)),
-    "swin_momentum_step2": ("swin", "base", {"kind": "momentum", "after_step": 1, "value": 0.8}, ("stats",)),
-    "whisper_betas_step2": (
-        "whisper",
-        "base",
-        {"kind": "betas", "after_step": 1, "value": (0.9, 0.92, 0.99)},
-        ("stats",),
-    ),
-    "olmoe_wd_step2": ("olmoe", "base", {"kind": "weight_decay", "after_step": 1, "value": 0.1}, ("stats",)),
-    "whisper_eps_step2": ("whisper", "base", {"kind": "eps", "after_step": 1, "value": 1e-3}, ("stats",)),
-    "siglip_gradclip_step2": (
-        "siglip",
-        "base",
-        {"kind": "clip", "after_step": 1, "value": 0.1},
-        ("stats", "tensor"),
-    ),
+    "swin_lr_step2": harness.optimizer_case("swin", "lr", 1.1),
+    "olmoe_lr_step2": harness.optimizer_case("olmoe", "lr", 1.05),
+    "swin_momentum_step2": harness.optimizer_case("swin", "momentum", 0.8),
+    "whisper_betas_step2": harness.optimizer_case("whisper", "betas", (0.9, 0.92, 0.99)),
+    "olmoe_wd_step2": harness.optimizer_case("olmoe", "weight_decay", 0.1),
+    "whisper_eps_step2": harness.optimizer_case("whisper", "eps", 1e-3),
+    "siglip_gradclip_step2": harness.optimizer_case("siglip", "clip", 0.1, harness.BOTH),
     # an op in the target only, an op missing in the target
     "whisper_extra_embed_scale": ("whisper", "base", {"kind": "embed_scale"}, ("stats", "tensor")),
     "swin_missing_shift_mask": ("swin", "base", {"kind": "missing_mask"}, ("stats",)),
@@ -157,23 +147,12 @@ CASES = {
     # backward only: the fused tanh-GELU's hand-written backward with a wrong constant
     "swin_gelu_backward_S1": ("swin", "base", {"kind": "gelu_backward"}, ("stats",)),
     # parameters and data
-    "olmoe_router_swap_step1": (
-        "olmoe",
-        "base",
-        {"kind": "weight", "param": "model.layers.1.mlp.gate.weight", "step": 1, "how": "swap_experts"},
-        ("stats", "tensor"),
+    "olmoe_router_swap_step1": harness.weight_case(
+        "olmoe", "model.layers.1.mlp.gate.weight", 1, "swap_experts", harness.BOTH
     ),
-    "swin_query_step2": (
-        "swin",
-        "base",
-        {
-            "kind": "weight",
-            "param": "swin.encoder.layers.0.blocks.0.attention.q_proj.weight",
-            "step": 2,
-            "how": "sign2pct",
-        },
-        ("stats",),
-    ),  # fmt: skip
+    "swin_query_step2": harness.weight_case(
+        "swin", "swin.encoder.layers.0.blocks.0.attention.q_proj.weight", 2, "sign2pct"
+    ),
     "whisper_features_step1": ("whisper", "base", {"kind": "features", "step": 1}, ("stats", "tensor")),
     "swin_transposed_mb2_step2": ("swin", "base", {"kind": "transposed", "step": 2, "micro": 1}, ("stats",)),
     "siglip_stale_image_step2": ("siglip", "base", {"kind": "stale_image", "step": 2}, ("stats", "tensor")),
@@ -689,20 +668,13 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     kind = fault["kind"]
     one, first, both = harness.mark_readers(case, tgt, ref)
     if kind in OPTIMIZER_KINDS:
-        value = fault["value"]
-        if kind == "lr":
-            what = "the learning rate x%g" % value
-        elif kind == "clip":
-            what = "gradient clipping at max_norm %g instead of %g" % (value, CLIP)
-        elif kind == "betas":
-            what = "Adan betas %s instead of (0.98, 0.92, 0.99)" % (tuple(value),)
-        elif kind == "weight_decay":
-            what = "weight decay %g in every parameter group instead of 0.01 (matrices) and 0 (norms, router)" % value
-        elif kind == "momentum":
-            what = "SGD momentum %g instead of 0.9" % value
-        else:
-            what = "Adan eps %g instead of 1e-8" % value
-        return harness.optimizer_expectation(fault, what)
+        what = {
+            "betas": "Adan betas %s instead of (0.98, 0.92, 0.99)",
+            "weight_decay": "weight decay %g in every parameter group instead of 0.01 (matrices) and 0 (norms, router)",
+            "momentum": "SGD momentum %g instead of 0.9",
+            "eps": "Adan eps %g instead of 1e-8",
+        }
+        return harness.optimizer_expectation(fault, harness.optimizer_what(fault, CLIP, what))
     if kind == "embed_scale":
         return {
             "step": 0,

@@ -668,14 +668,12 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
             "the loader already scaled to [0, 1]): an extra multiply, the first record the reference does not have",
         }
     if kind == "missing_pre_ln":
-        return harness.missing_op_expectation(
-            ref,
-            first(ref, "pre_ln", 0),
-            tgt,
-            first(tgt, "pre_ln_consumer", 0),
+        ln, nxt = first(ref, "pre_ln", 0), first(tgt, "pre_ln_consumer", 0)
+        what = (
             "the image tower's LayerNorm before the blocks (pre_layrnorm) missing in the target (a port that drops "
-            "it): the reference's layer_norm; its consumer in the target, block 0's first LayerNorm, also counts",
+            "it): the reference's layer_norm; its consumer in the target, block 0's first LayerNorm, also counts"
         )
+        return harness.missing_op_expectation(ref, ln, tgt, nxt, what)
     if kind == "ln_eps":
         return {
             "step": 0,

@@ -683,11 +683,12 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
             "scale_embedding): an extra multiply, the first record the reference does not have",
         }
     if kind == "missing_mask":
+        add, nxt = first(ref, "mask_add", 0), first(tgt, "scores_add", 0)
         return harness.missing_op_expectation(
             ref,
-            first(ref, "mask_add", 0),
+            add,
             tgt,
-            first(tgt, "scores_add", 0),
+            nxt,
             "the shifted-window block's attention mask not added to the relative position bias in the target (a port "
             "whose combined mask forgets the shift mask): the reference's add; its consumer in the target, the add of "
             "the (unmasked) bias to the scores, also counts",

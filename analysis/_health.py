@@ -254,35 +254,37 @@ def _order(r: dict[str, Any]) -> tuple:
     return (r["step"], r["rank"], r.get("source") or "", r.get("seq") or 0, r.get("leaf") or 0)
 
 
+def _found(r: dict[str, Any], watchpoint: str, value: Any, threshold: Any, param: str | None, detail: str) -> _Found:
+    """A finding at row `r`'s leaf (its step, rank, record and name), in `r`'s execution order."""
+    f = HealthFinding(watchpoint, r["step"], r["rank"], r["record"], r["name"], value, threshold, param, detail)
+    return _order(r), f
+
+
 def _grad_findings(con, run: str, th: Thresholds) -> list[_Found]:
     out: list[_Found] = []
     for r in _df(con, GRAD_EXPLOSION_SQL, {"run": run, "factor": th.explode_factor}).iter_rows(named=True):
-        f = HealthFinding(
-            "grad_explosion",
-            r["step"],
-            r["rank"],
-            r["record"],
-            r["name"],
-            r["value"],
-            th.explode_factor * r["history"],
-            _param(r),
-            f"{r['kind']} gradient norm {r['value']:.4g} > {th.explode_factor:g} x median "
-            f"{r['history']:.4g} of the earlier steps",
+        out.append(
+            _found(
+                r,
+                "grad_explosion",
+                r["value"],
+                th.explode_factor * r["history"],
+                _param(r),
+                f"{r['kind']} gradient norm {r['value']:.4g} > {th.explode_factor:g} x median "
+                f"{r['history']:.4g} of the earlier steps",
+            )
         )
-        out.append((_order(r), f))
     for r in _df(con, GRAD_VANISHING_SQL, {"run": run, "limit": th.vanish_norm}).iter_rows(named=True):
-        f = HealthFinding(
-            "grad_vanishing",
-            r["step"],
-            r["rank"],
-            r["record"],
-            r["name"],
-            r["value"],
-            th.vanish_norm,
-            _param(r),
-            f"{r['kind']} gradient norm {r['value']:.4g} < {th.vanish_norm:g}",
+        out.append(
+            _found(
+                r,
+                "grad_vanishing",
+                r["value"],
+                th.vanish_norm,
+                _param(r),
+                f"{r['kind']} gradient norm {r['value']:.4g} < {th.vanish_norm:g}",
+            )
         )
-        out.append((_order(r), f))
     return out
 
 
@@ -296,24 +298,18 @@ def _weight_findings(con, run: str, th: Thresholds) -> list[_Found]:
         how = "from the sketches" if r["from_sketch"] else "estimated from statistics (a lower bound)"
         span = f"between steps {r['prev_step']} and {r['step']}"
         if r["frozen"]:
-            f = HealthFinding(
+            f = _found(
+                r,
                 "weight_frozen",
-                r["step"],
-                r["rank"],
-                r["record"],
-                r["name"],
                 0.0,
                 0.0,
                 r["param"],
                 f"{r['param']} unchanged {span} (identical statistics): not updating",
             )
         elif r["ndim"] >= 2 and r["value"] is not None and r["value"] > th.update_ratio:
-            f = HealthFinding(
+            f = _found(
+                r,
                 "weight_change",
-                r["step"],
-                r["rank"],
-                r["record"],
-                r["name"],
                 r["value"],
                 th.update_ratio,
                 r["param"],
@@ -321,7 +317,7 @@ def _weight_findings(con, run: str, th: Thresholds) -> list[_Found]:
             )
         else:
             continue
-        out.append((_order(r), f))
+        out.append(f)
     return out
 
 
@@ -332,19 +328,17 @@ def _growth_findings(con, run: str, th: Thresholds) -> list[_Found]:
         hit = _growing_run(g.to_dicts(), th.growth_steps)
         if hit is not None:
             r, total, start = hit
-            f = HealthFinding(
-                "activation_growth",
-                r["step"],
-                r["rank"],
-                r["record"],
-                r["name"],
-                total,
-                (1 + th.growth) ** th.growth_steps,
-                None,
-                f"norm grew by > {th.growth:.0%} at every step from step {start} to "
-                f"{r['step']} (x{total:.3g} in total)",
+            out.append(
+                _found(
+                    r,
+                    "activation_growth",
+                    total,
+                    (1 + th.growth) ** th.growth_steps,
+                    None,
+                    f"norm grew by > {th.growth:.0%} at every step from step {start} to "
+                    f"{r['step']} (x{total:.3g} in total)",
+                )
             )
-            out.append((_order(r), f))
     return out
 
 
@@ -365,28 +359,23 @@ def _growing_run(rows: list[dict[str, Any]], need: int) -> tuple[dict[str, Any],
 def _zero_findings(con, run: str) -> list[_Found]:
     out: list[_Found] = []
     for r in _df(con, ALL_ZERO_SQL, {"run": run}).iter_rows(named=True):
-        f = HealthFinding(
-            "all_zero", r["step"], r["rank"], r["record"], r["name"], 0.0, None, None, "every element is zero"
-        )
-        out.append((_order(r), f))
+        out.append(_found(r, "all_zero", 0.0, None, None, "every element is zero"))
     return out
 
 
 def _near_max_findings(con, run: str, th: Thresholds) -> list[_Found]:
     out: list[_Found] = []
     for r in _df(con, NEAR_MAX_SQL, {"run": run, "frac": th.near_max}).iter_rows(named=True):
-        f = HealthFinding(
-            "near_dtype_max",
-            r["step"],
-            r["rank"],
-            r["record"],
-            r["name"],
-            r["value"],
-            r["threshold"],
-            r["param"],
-            f"|x| up to {r['value']:.4g} >= {th.near_max:g} x finfo({r['dtype']}).max",
+        out.append(
+            _found(
+                r,
+                "near_dtype_max",
+                r["value"],
+                r["threshold"],
+                r["param"],
+                f"|x| up to {r['value']:.4g} >= {th.near_max:g} x finfo({r['dtype']}).max",
+            )
         )
-        out.append((_order(r), f))
     return out
 
 
@@ -394,24 +383,18 @@ def _loss_findings(loss: pl.DataFrame, th: Thresholds) -> list[_Found]:
     out: list[_Found] = []
     for r in loss.iter_rows(named=True):
         if r["nonfinite"]:
-            f = HealthFinding(
+            f = _found(
+                r,
                 "loss_nonfinite",
-                r["step"],
-                r["rank"],
-                r["record"],
-                r["name"],
                 r["value"],
                 "finite",
                 None,
                 f"loss is {r['value']}",
             )
         elif r["history"] and r["value"] is not None and r["value"] > spike_threshold(r["history"], th):
-            f = HealthFinding(
+            f = _found(
+                r,
                 "loss_spike",
-                r["step"],
-                r["rank"],
-                r["record"],
-                r["name"],
                 r["value"],
                 spike_threshold(r["history"], th),
                 None,
@@ -419,7 +402,7 @@ def _loss_findings(loss: pl.DataFrame, th: Thresholds) -> list[_Found]:
             )
         else:
             continue
-        out.append((_order(r), f))
+        out.append(f)
     return out
 
 

@@ -129,6 +129,11 @@ def culprit_first(df: pl.DataFrame, culprit: Any) -> pl.DataFrame:
     return pl.concat([row, df.slice(0, i), df.slice(i + 1)], how="vertical_relaxed")
 
 
+# what `significance` reads of each leaf's record, joined onto its leaves and dropped from its answer (the
+# record's `_inside` is joined too and stays in the answer)
+_PER_RECORD = ("_in_err", "_in_unknown", "_before", "_in_shape", "_flipped", "_in_bound", "lone_tol", "_in_dtol")
+
+
 def significance(rows: pl.DataFrame) -> pl.DataFrame:
     """`rows` with a `significance` column (see the module doc), in their own order."""
     from .order import INPUT_IO, OUTPUT_IO, with_phase
@@ -190,23 +195,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
     recs = recs.join(_inside(recs, group), on=key, how="left", nulls_equal=True)
     lone = lone_records(df, "_rec", "_io", "_dir").filter("lone_low").select(*key, "lone_tol")
     recs = recs.join(lone, on=key, how="left", nulls_equal=True)
-    df = df.join(
-        recs.select(
-            *key,
-            "_in_err",
-            "_in_unknown",
-            "_before",
-            "_in_shape",
-            "_flipped",
-            "_in_bound",
-            "_inside",
-            "lone_tol",
-            "_in_dtol",
-        ),
-        on=key,
-        how="left",
-        nulls_equal=True,
-    )
+    df = df.join(recs.select(*key, *_PER_RECORD, "_inside"), on=key, how="left", nulls_equal=True)
     module = pl.col("prefix").is_in(["Module", "Cell"]).fill_null(False)
     own_inputs = (
         is_out
@@ -260,22 +249,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         .otherwise(0.0)
     )
     out = df.with_columns(sig.alias("significance")).sort("_row")
-    return out.drop(
-        "_row",
-        "_rec",
-        "_seq",
-        "_dir",
-        "_io",
-        "_phase",
-        "_in_err",
-        "_in_unknown",
-        "_before",
-        "_in_shape",
-        "_flipped",
-        "_in_bound",
-        "lone_tol",
-        "_in_dtol",
-    )
+    return out.drop("_row", "_rec", "_seq", "_dir", "_io", "_phase", *_PER_RECORD)
 
 
 def _inside(recs: pl.DataFrame, group: list[str]) -> pl.DataFrame:

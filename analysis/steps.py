@@ -63,14 +63,13 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from dumpstore.dtypes import eps
-from dumpstore.names import MODULE_RECORD_PREFIXES, parse_record
+from dumpstore.names import parse_record, without_module_call
 
 from . import param_change as PC
 from . import rules as R
@@ -404,7 +403,7 @@ def _owners(t: pl.DataFrame) -> list[tuple]:
     record names its module without the call counter; an API record (no module records: the parameter is a
     tensor input that requires grad) is its own; the rank and the parameter key (its target and reference
     fingerprints: two layers equal in the target are two tensors) join them."""
-    recs = [re.sub(r"\.\d+$", "", r) if r.startswith(MODULE_RECORD_PREFIXES) else r for r in t["_record"].to_list()]
+    recs = [without_module_call(r) for r in t["_record"].to_list()]
     fps = PC.table_keys(t)
     ranks = t["rank"].to_list()
     first: dict[tuple, tuple] = {}

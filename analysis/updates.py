@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 
 from dumpstore.dtypes import eps
-from dumpstore.names import MODULE_RECORD_PREFIXES
+from dumpstore.names import without_module_call_expr
 
 from . import rules as R
 from . import steps as ST
@@ -75,11 +75,8 @@ def one_per_tensor(params: pl.DataFrame) -> pl.DataFrame:
     """One row per parameter tensor: a module called several times in a step (micro-batches, a shared layer) dumps
     its parameters once per call record (`...forward.0`, `...forward.1`), one tensor; counting the copies as
     independent parameters shrinks a median's standard error without adding evidence."""
-    rec = pl.col("_record")
-    module = pl.any_horizontal([rec.str.starts_with(p) for p in MODULE_RECORD_PREFIXES])
-    one = pl.when(module).then(rec.str.replace(r"\.\d+$", "")).otherwise(rec)
     return (
-        params.with_columns(one.alias("_one"))
+        params.with_columns(without_module_call_expr(pl.col("_record")).alias("_one"))
         .unique(subset=["rank", "source", "_one", "index_path"], keep="first", maintain_order=True)
         .drop("_one")
     )

@@ -6,7 +6,10 @@ views use `MODULE_PATH_SQL`."""
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import polars as pl
 
 MODULE_PREFIXES = ("Module", "Cell")
 MODULE_RECORD_PREFIXES = tuple(p + "." for p in MODULE_PREFIXES)  # how module and cell record names start
@@ -28,6 +31,10 @@ DIRECTION_CALL_SQL = r"^(.+)\.(forward|backward)\.(\d+)$"
 # for Polars: a module record key (any direction), and a forward one
 MODULE_KEY_SQL = r"^(?:Module|Cell)\."
 MODULE_FORWARD_SQL = r"^(?:Module|Cell)\..+\.forward\.\d+$"
+# a module record key's call counter (`...forward.1`), for Polars' str.replace too (Python's `$` also matches
+# before a final line break, Polars' does not: as the two places that stripped it did)
+MODULE_CALL_SQL = r"\.\d+$"
+_MODULE_CALL = re.compile(MODULE_CALL_SQL)
 _DIRECTION_CALL_TAIL = re.compile(r"\.(forward|backward)\.(\d+)$")
 _DIRECTION_TAIL = re.compile(r"\.(forward|backward)$")
 # a parameter gradient's leaf name: module path, class, parameters_grad[.call], parameter
@@ -98,6 +105,21 @@ def without_direction_and_call(key: str) -> str:
     """A module record key without its `.forward.N` / `.backward.N` tail (`Module.a.Linear.forward.0` ->
     `Module.a.Linear`); another key as it is."""
     return _DIRECTION_CALL_TAIL.sub("", key)
+
+
+def without_module_call(key: str) -> str:
+    """A module record key without its call counter (`Module.fc1.Linear.forward.1` -> `Module.fc1.Linear.forward`,
+    `...parameters_grad.0` -> `...parameters_grad`): every call of a module (micro-batches, a shared layer) reads
+    one parameter tensor; another key (an API call's) as it is."""
+    return _MODULE_CALL.sub("", key) if key.startswith(MODULE_RECORD_PREFIXES) else key
+
+
+def without_module_call_expr(key: pl.Expr) -> pl.Expr:
+    """`without_module_call` of a string column, in Polars (null stays null)."""
+    import polars as pl
+
+    module = pl.any_horizontal([key.str.starts_with(p) for p in MODULE_RECORD_PREFIXES])
+    return pl.when(module).then(key.str.replace(MODULE_CALL_SQL, "")).otherwise(key)
 
 
 def without_direction(key: str) -> str:

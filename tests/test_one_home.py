@@ -180,3 +180,24 @@ def test_strip_call_drops_only_the_counter():
     assert names.strip_call("Module.layers.0.fc1.Linear.backward.3") == "Module.layers.0.fc1.Linear.backward"
     assert names.strip_call("Module.fc.Linear.parameters_grad.0") == "Module.fc.Linear.parameters_grad.0"
     assert names.strip_call("not a key") == "not a key"
+
+
+def test_a_module_records_call_counter_goes_in_python_and_in_polars_alike():
+    import polars as pl
+
+    keys = [*KEYS, "Module.layers.0.fc1.Linear.parameters_grad.1", "Cell.a.Dense.forward.10", "Functional.relu.3"]
+    want = [
+        "Module.layers.1.fc1.Linear.forward",
+        "Cell.net.blocks.3.attn.Dense.backward",
+        "Module.Linear.forward",
+        "Functional.linear.0.forward",  # an API call's key: its counter is not at the end, and it stays
+        "Module.layers.0.qkv.Linear.parameters_grad",
+        "Tensor.add_.0.forward",
+        "",
+        "Module.layers.0.fc1.Linear.parameters_grad",
+        "Cell.a.Dense.forward",
+        "Functional.relu.3",  # not a module record: as it is
+    ]
+    assert [names.without_module_call(k) for k in keys] == want
+    col = pl.Series("k", [*keys, None]).to_frame().select(names.without_module_call_expr(pl.col("k")))
+    assert col.to_series().to_list() == [*want, None]

@@ -1,7 +1,8 @@
 """The validation generators' shared harness (``validation/harness.py``): the output lock (one generation at a time
 writes an output folder; a second one stops with one line, before it removes or writes anything: every set's
 generator is run as a script against a folder this test holds, each stopping at the lock, seconds), the jobs' plan,
-msprobe's config, the structure check and the batches' draw."""
+msprobe's config, the structure check, the batches' draw, what a set module leaves to the harness and pieces of the
+key."""
 
 from __future__ import annotations
 
@@ -141,6 +142,57 @@ def test_structure_differences_names_what_differs_beyond_values(tmp_path):
         "step 0: Functional.linear.0.forward.input_args.0",
         "step 1: records differ",
     ]
+
+
+def test_an_amp_variants_structure_may_differ_in_dtypes_only(tmp_path):
+    def rec(dtype, shape=(2, 3)):
+        return {"input_args": [{"type": "torch.Tensor", "dtype": dtype, "shape": list(shape)}]}
+
+    ref = _dump(tmp_path / "ref", [{"Functional.linear.0.forward": rec("torch.float32")}])
+    cast = _dump(tmp_path / "cast", [{"Functional.linear.0.forward": rec("torch.bfloat16")}])
+    reshaped = _dump(tmp_path / "reshaped", [{"Functional.linear.0.forward": rec("torch.bfloat16", (3, 2))}])
+    assert harness.structure_differences(ref, cast, 1, "amp") == []
+    assert harness.structure_differences(ref, cast, 1, "base") == ["step 0: Functional.linear.0.forward.input_args.0"]
+    assert harness.structure_differences(ref, reshaped, 1, "amp") == [
+        "step 0: Functional.linear.0.forward.input_args.0"
+    ]
+
+
+def test_a_set_without_its_own_function_gets_the_harness_one():
+    """(device_label: a set's own, else the harness's for that set: the target's device, + a noisy reference's.)"""
+    import types
+
+    s = types.SimpleNamespace(FAMILIES={"f": {"device": "A"}}, NOISY_REF="N", AMP_DEVICE="P")
+    assert harness._own(s, "device_label")("f", "noisyref") == "A+N"
+    assert harness._own(s, "device_label")("f", "amp") == "P"
+    s.device_label = lambda family, variant: "own"
+    assert harness._own(s, "device_label")("f", "noisyref") == "own"
+
+
+def test_optimizer_what_says_the_change_with_its_value():
+    own = {"betas": "Adan betas %s instead of (0.98, 0.92, 0.99)", "lr": "the learning rate x%g (bf16 run)"}
+    assert harness.optimizer_what({"kind": "clip", "value": 0.1}, 1.0, own) == (
+        "gradient clipping at max_norm 0.1 instead of 1"
+    )
+    assert harness.optimizer_what({"kind": "lr", "value": 1.05}, 1.0, {}) == "the learning rate x1.05"
+    assert harness.optimizer_what({"kind": "lr", "value": 1.05}, 1.0, own) == "the learning rate x1.05 (bf16 run)"
+    assert harness.optimizer_what({"kind": "betas", "value": [0.9, 0.92, 0.99]}, 1.0, own) == (
+        "Adan betas (0.9, 0.92, 0.99) instead of (0.98, 0.92, 0.99)"
+    )
+
+
+def test_a_missing_ops_key_names_the_references_op_and_its_consumer_in_the_target():
+    ref = {"leaf": {"0": {"Functional.layer_norm.0.forward": ["Module.pre.LayerNorm.forward.0"]}}}
+    tgt = {"leaf": {"0": {"Functional.layer_norm.0.forward": ["Module.blocks.0.ln1.LayerNorm.forward.0"]}}}
+    got = harness.missing_op_expectation(
+        ref, "Functional.layer_norm.0.forward", tgt, "Functional.layer_norm.0.forward", "w"
+    )
+    assert got == {
+        "step": 0,
+        "ops": ["Functional.layer_norm.0.forward"],
+        "modules": ["Module.blocks.0.ln1.LayerNorm.forward.0", "Module.pre.LayerNorm.forward.0"],
+        "what": "w",
+    }
 
 
 def test_write_config_is_msprobes_statistics_or_tensor_config(tmp_path):

@@ -14,12 +14,14 @@ before, and ``key.json`` in set 1's format (so ``validation/score.py`` scores ev
 
 A set module provides: ``__doc__``, ``HERE``, ``SET`` (its number), ``STEPS``, ``FAMILIES`` (name -> {"text",
 "device"}), ``CASES`` (name -> (family, variant, fault, modes)), ``DEVICES`` (name -> an object with ``text``),
-``NOISY_REF`` (the device of a "noisyref" variant's reference), ``FLIP_STEP``, ``run_one(job)``, ``expectation(case,
-fault, tgt, ref)`` (faults only), ``argmax_flips(tgt, ref)`` and ``warm()`` (the imports made once, before forking);
-for ``run_one`` and ``train`` here also ``Tracer``, ``batches``, ``setup``, ``flip_head``, ``corrupt``,
-``make_optimizer``, ``forward_loss``, ``AUTOCAST``, ``MICRO``, ``CLIP``, ``OPTIMIZER_KINDS`` and ``ARGMAX_FAMILY``.
-Optional (set 5): ``device_label(family, variant)`` (the key's device of a pair) and ``structure_differences(ref_dir,
-tgt_dir, variant)`` (the clean pairs' structure check, where a variant may differ in more than values).
+``NOISY_REF`` (the device of a "noisyref" variant's reference), ``FLIP_STEP``, ``expectation(case, fault, tgt,
+ref)`` (faults only), ``argmax_flips(tgt, ref)`` and ``warm()`` (the imports made once, before forking); for
+``run_one`` and ``train`` here also ``Tracer``, ``batches``, ``flip_head``, ``corrupt``, ``make_optimizer``,
+``forward_loss``, ``AUTOCAST``, ``MICRO``, ``CLIP``, ``OPTIMIZER_KINDS`` and ``ARGMAX_FAMILY``, and for ``setup``
+here ``build_model``, ``patch`` and ``craft_near_tie``. Where a set module has none of its own, ``run_one(job)``,
+``setup(family, variant, target, active, tracer, info)`` and ``device_label(family, variant)`` (the key's device of a
+pair) are this module's, for it (``_own``); ``structure_differences(ref_dir, tgt_dir, variant)`` (the clean pairs'
+structure check) is this module's, where an "amp" variant's dtypes may differ.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import argparse
 import contextlib
 import copy
 import fcntl
+import functools
 import importlib
 import importlib.util
 import json
@@ -395,6 +398,13 @@ def train(s, family: str, model, data, fault, hooks=None, on_step=None, steps=No
     return losses
 
 
+def _own(s, name: str):
+    """Set module ``s``'s function ``name`` (``run_one``, ``setup``, ``device_label``), or, where it has none of
+    its own, this module's, called with ``s`` first."""
+    own = getattr(s, name, None)
+    return own if own is not None else functools.partial(globals()[name], s)
+
+
 def run_device(s, family: str, variant: str, target: bool):
     """The device a run of set module ``s`` is on (None: the stock reference): a target on its family's device (an
     "amp" variant's on ``s.AMP_DEVICE``), a "noisyref" variant's reference on ``s.NOISY_REF``."""
@@ -693,8 +703,9 @@ def leaves(obj, path=()):
             yield from leaves(v, path + (i,))
 
 
-def structure_differences(ref_dir: Path, tgt_dir: Path, steps: int = 3) -> list[str]:
-    """Where two runs' dumps differ in records, leaf types, dtypes, shapes or requires_grad (values aside)."""
+def structure_differences(ref_dir: Path, tgt_dir: Path, steps: int = 3, variant: str | None = None) -> list[str]:
+    """Where two runs' dumps differ in records, leaf types, dtypes, shapes or requires_grad (values aside); an "amp"
+    ``variant``'s runs (the target under another autocast policy) may differ in dtypes."""
     out = []
     for step in range(steps):
         a, b = _records(ref_dir, step), _records(tgt_dir, step)
@@ -702,6 +713,8 @@ def structure_differences(ref_dir: Path, tgt_dir: Path, steps: int = 3) -> list[
             out.append("step %d: records differ" % step)
             continue
         la, lb = dict(leaves(a)), dict(leaves(b))
+        if variant == "amp":  # a leaf is (type, dtype, shape, requires_grad) or (type,): compared without its dtype
+            la, lb = ({k: v[:1] + v[2:] for k, v in x.items()} for x in (la, lb))
         out += [
             "step %d: %s" % (step, ".".join(map(str, k)))
             for k in sorted(set(la) | set(lb), key=str)
@@ -726,7 +739,7 @@ def run_one(s, job: dict) -> dict:
     active = fault if target else None
     data = s.batches(family, active)
     info: dict = {}
-    model, tilt = s.setup(family, variant, target, active, tracer, info)
+    model, tilt = _own(s, "setup")(family, variant, target, active, tracer, info)
     tracer.install()
 
     from msprobe.pytorch import PrecisionDebugger
@@ -808,6 +821,15 @@ def mark_readers(case: str, tgt: dict, ref: dict):
     return one, first, both
 
 
+def optimizer_what(fault, clip: float, own: dict) -> str:
+    """An optimizer fault's change in words: ``own``'s sentence for its kind (the set's optimizers), else the learning
+    rate's factor ("lr") or the clipping norm against ``clip`` ("clip"); the fault's value %-formatted into it (a
+    tuple as a tuple)."""
+    words = {"lr": "the learning rate x%g", "clip": "gradient clipping at max_norm %%g instead of %g" % clip, **own}
+    value = fault["value"]
+    return words[fault["kind"]] % ((tuple(value),) if isinstance(value, (tuple, list)) else value)
+
+
 def optimizer_expectation(fault, what: str) -> dict:
     """An optimizer fault's key: ``what`` in the updates after ``after_step``; no op is the culprit."""
     step = fault["after_step"] + 1
@@ -817,6 +839,22 @@ def optimizer_expectation(fault, what: str) -> dict:
         "optimizer": True,
         "what": "%s in the updates after step %d: parameters first differ at step %d"
         % (what, fault["after_step"], step),
+    }
+
+
+def _modules(res: dict, op: str, step: int) -> set:
+    """The module records that made only ``op`` at ``step`` in run ``res``."""
+    return set(res["leaf"].get(str(step), {}).get(op, []))
+
+
+def missing_op_expectation(ref: dict, op: str, tgt: dict, consumer: str, what: str) -> dict:
+    """The key of an op missing in the target at step 0: the reference's ``op`` and its ``consumer`` in the target
+    (which then reads what ``op`` read), with the modules of each in its own run."""
+    return {
+        "step": 0,
+        "ops": sorted({op, consumer}),
+        "modules": sorted(_modules(ref, op, 0) | _modules(tgt, consumer, 0)),
+        "what": what,
     }
 
 
@@ -1046,7 +1084,7 @@ def generate(s, args, out: Path) -> int:
     s.warm()
     print("imports %.1fs" % (time.time() - t0), flush=True)
     jobs = plan_jobs(cases, out)
-    results = run_jobs(jobs, args.jobs, s.run_one)
+    results = run_jobs(jobs, args.jobs, _own(s, "run_one"))
     key_path = out / "key.json"
     key = json.loads(key_path.read_text()) if key_path.exists() and args.only else {"cases": {}}
     for case, (family, variant, fault, modes) in cases.items():
@@ -1066,20 +1104,16 @@ def generate(s, args, out: Path) -> int:
             flips = s.argmax_flips(tgt, ref)
             check_flips(s, case, variant, fault, flips, ref, ("argmax", "an argmax"), args.keep_natural_flips)
             if fault is None:  # the devices change values only: same records, shapes, dtypes
-                if hasattr(s, "structure_differences"):  # a set whose variants may differ in more (set 5's "amp")
+                if hasattr(s, "structure_differences"):  # a set's own check
                     odd = s.structure_differences(out / mode / ref_name, out / mode / tgt_name, variant)
                 else:
-                    odd = structure_differences(out / mode / ref_name, out / mode / tgt_name, s.STEPS)
+                    odd = structure_differences(out / mode / ref_name, out / mode / tgt_name, s.STEPS, variant)
                 if odd:
                     raise SystemExit("%s_%s: the device changed the dump's structure: %s" % (case, mode, odd[:5]))
             clean = out / "stats" / ("%s_clean_target_stats" % family)
             if fault is not None and mode == "stats" and clean.exists():
                 exp["changed"] = check_changes(case, exp, fault, out, mode, out / mode / tgt_name, clean)
-            device = (
-                s.device_label(family, variant)
-                if hasattr(s, "device_label")
-                else s.FAMILIES[family]["device"] + ("+" + s.NOISY_REF if variant == "noisyref" else "")
-            )
+            device = _own(s, "device_label")(family, variant)
             key["cases"]["%s_%s" % (case, mode)] = key_entry(
                 case, mode, family, device, exp, flips, tgt_name, tgt, ref_name, ref
             )

@@ -476,6 +476,38 @@ def heat_figure(ops: pl.DataFrame, axis: str, verdict: Verdict, title: str) -> d
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
 
+def _curves(
+    part: pl.DataFrame, cols: tuple[str, str], names: tuple[str, str], color: str, group: str | None = None
+) -> list[dict[str, Any]]:
+    """One quantity's curves per step in one colour: the target's (solid) and the reference's (dashed), from `part`'s
+    columns `cols` and labelled `names` (target's, reference's); `group` joins them in the legend."""
+    return [
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "name": name,
+            **({"legendgroup": group} if group is not None else {}),
+            "x": part["step"].to_list(),
+            "y": part[col].to_list(),
+            "line": {"color": color, "dash": dash},
+            "marker": {"size": 5},
+        }
+        for col, name, dash in zip(cols, names, ("solid", "dash"))
+    ]
+
+
+def _steps_layout(title: str, yaxis: dict[str, Any], height: int = 380) -> dict[str, Any]:
+    """The layout of a figure of curves per step: `title`, the steps on x, `yaxis`, one hover label per step."""
+    return {
+        "title": {"text": title, "font": {"size": 14}},
+        "height": height,
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+        "xaxis": {"title": {"text": "step"}, "dtick": 1},
+        "yaxis": yaxis,
+        "hovermode": "x unified",
+    }
+
+
 def loss_figure(rows: pl.DataFrame, loss: list[dict[str, Any]], findings: Sequence[Any] = ()) -> dict[str, Any] | None:
     """Loss per step, one colour per rank: the target (solid, from health) and the reference (dashed).
 
@@ -495,29 +527,13 @@ def loss_figure(rows: pl.DataFrame, loss: list[dict[str, Any]], findings: Sequen
     traces = []
     for i, ((rank,), part) in enumerate(both.group_by("rank", maintain_order=True)):
         color = _PALETTE[i % len(_PALETTE)]
-        for label, col, dash in (("target", "value", "solid"), ("reference", "ref_mean", "dash")):
-            traces.append(
-                {
-                    "type": "scatter",
-                    "mode": "lines+markers",
-                    "name": f"{label}, rank {rank}",
-                    "x": part["step"].to_list(),
-                    "y": part[col].to_list(),
-                    "line": {"color": color, "dash": dash},
-                    "marker": {"size": 5},
-                }
-            )
+        traces += _curves(part, ("value", "ref_mean"), (f"target, rank {rank}", f"reference, rank {rank}"), color)
     at = {(r, st): v for r, st, v in keys.select("rank", "step", "value").iter_rows()}
     on_loss = [f for f in findings if f.watchpoint.startswith("loss")]
     traces += _finding_marks(on_loss, lambda f: at.get((f.rank, f.step)))
-    layout = {
-        "title": {"text": "Loss per step: target (solid) and reference (dashed), per rank", "font": {"size": 14}},
-        "height": 340,
-        "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
-        "xaxis": {"title": {"text": "step"}, "dtick": 1},
-        "yaxis": {"title": {"text": "loss"}},
-        "hovermode": "x unified",
-    }
+    layout = _steps_layout(
+        "Loss per step: target (solid) and reference (dashed), per rank", {"title": {"text": "loss"}}, height=340
+    )
     return {"data": traces, "layout": layout}
 
 
@@ -544,37 +560,18 @@ def grad_figure(rows: pl.DataFrame, rank: int, top: int = 6, findings: Sequence[
         part = grads.filter(pl.col("_name") == name).sort("step")
         color = _PALETTE[i % len(_PALETTE)]
         label = esc(_param_label(name))
-        for side, col, dash in (("target", "norm", "solid"), ("reference", "ref_norm", "dash")):
-            traces.append(
-                {
-                    "type": "scatter",
-                    "mode": "lines+markers",
-                    "name": f"{label} ({side})",
-                    "legendgroup": label,
-                    "x": part["step"].to_list(),
-                    "y": part[col].to_list(),
-                    "line": {"color": color, "dash": dash},
-                    "marker": {"size": 5},
-                }
-            )
+        traces += _curves(part, ("norm", "ref_norm"), (f"{label} (target)", f"{label} (reference)"), color, label)
     shown = set(worst["_name"].to_list())
     norms = {(n, st): v for n, st, v in grads.select("_name", "step", "norm").iter_rows()}
     traces += _finding_marks(
         [f for f in findings if f.watchpoint.startswith("grad_") and f.rank == rank and f.name in shown],
         lambda f: norms.get((f.name, f.step)),
     )
-    layout = {
-        "title": {
-            "text": f"Gradient norm per step, rank {rank}: the {worst.height} parameters whose gradients "
-            "differ most (target solid, reference dashed)",
-            "font": {"size": 14},
-        },
-        "height": 380,
-        "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
-        "xaxis": {"title": {"text": "step"}, "dtick": 1},
-        "yaxis": {"title": {"text": "‖grad‖₂"}, "type": "log", "exponentformat": "e"},
-        "hovermode": "x unified",
-    }
+    layout = _steps_layout(
+        f"Gradient norm per step, rank {rank}: the {worst.height} parameters whose gradients differ most (target "
+        "solid, reference dashed)",
+        {"title": {"text": "‖grad‖₂"}, "type": "log", "exponentformat": "e"},
+    )
     return {"data": traces, "layout": layout}
 
 
@@ -637,29 +634,11 @@ def update_figure(
     for i, name in enumerate(worst["param"].to_list()):
         part = both.filter(pl.col("param") == name)
         color = _PALETTE[i % len(_PALETTE)]
-        for side, col, dash in (("target", "ratio", "solid"), ("reference", "ref_ratio", "dash")):
-            traces.append(
-                {
-                    "type": "scatter",
-                    "mode": "lines+markers",
-                    "name": f"{esc(name)} ({side})",
-                    "legendgroup": esc(name),
-                    "x": part["step"].to_list(),
-                    "y": part[col].to_list(),
-                    "line": {"color": color, "dash": dash},
-                    "marker": {"size": 5},
-                }
-            )
-    layout = {
-        "title": {
-            "text": f"Update ratio ‖w − w_prev‖ / ‖w_prev‖ per step, rank {rank}: the {worst.height} "
-            "parameters whose updates differ most (target solid, reference dashed)",
-            "font": {"size": 14},
-        },
-        "height": 380,
-        "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
-        "xaxis": {"title": {"text": "step"}, "dtick": 1},
-        "yaxis": {"title": {"text": "update ratio"}, "type": "log", "exponentformat": "e"},
-        "hovermode": "x unified",
-    }
+        label = esc(name)
+        traces += _curves(part, ("ratio", "ref_ratio"), (f"{label} (target)", f"{label} (reference)"), color, label)
+    layout = _steps_layout(
+        f"Update ratio ‖w − w_prev‖ / ‖w_prev‖ per step, rank {rank}: the {worst.height} parameters whose updates "
+        "differ most (target solid, reference dashed)",
+        {"title": {"text": "update ratio"}, "type": "log", "exponentformat": "e"},
+    )
     return {"data": traces, "layout": layout}

@@ -489,12 +489,8 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     kind = fault["kind"]
     one, first, both = harness.mark_readers(case, tgt, ref)
     if kind in OPTIMIZER_KINDS:
-        what = {
-            "momentum": "SGD momentum %g instead of 0.9" % fault["value"],
-            "clip": "gradient clipping at max_norm %g instead of %g" % (fault["value"], CLIP),
-            "lr": "the learning rate x%g (bf16 run)" % fault["value"],
-        }[kind]
-        return harness.optimizer_expectation(fault, what)
+        what = {"momentum": "SGD momentum %g instead of 0.9", "lr": "the learning rate x%g (bf16 run)"}
+        return harness.optimizer_expectation(fault, harness.optimizer_what(fault, CLIP, what))
     if kind == "softcap":
         return {
             "step": 0,

@@ -593,11 +593,6 @@ OPTIMIZER_KINDS = ("lr", "clip", "momentum", "weight_decay", "eps")
 ARGMAX_FAMILY = "wav2vec2"  # the greedy CTC transcript, an argmax over each frame's logits inside the window
 
 
-def train(family: str, model, data, fault, **kw):
-    """The training loop of every run (``harness.train``)."""
-    return harness.train(sys.modules[__name__], family, model, data, fault, **kw)
-
-
 def craft_near_tie(model, data, device) -> tuple[dict, object]:
     """wav2vec2 'flip' variant, in both runs alike: a tilt of one row of the CTC head, added before the last step,
     that ties one frame's top-2 logits in the reference to within a few fp32 ulps, chosen (by simulating both runs
@@ -613,12 +608,6 @@ def run_device(family: str, variant: str, target: bool):
     return harness.run_device(sys.modules[__name__], family, variant, target)
 
 
-def setup(family: str, variant: str, target: bool, active, tracer: Tracer, info: dict):
-    """A run's model, patched; a "flip" variant's tilt crafted on a model of its own; the device installed
-    (``harness.setup``)."""
-    return harness.setup(sys.modules[__name__], family, variant, target, active, tracer, info)
-
-
 def flip_head(model):
     return model.lm_head
 
@@ -628,34 +617,10 @@ def run_one(job: dict) -> dict:
     return harness.run_one(sys.modules[__name__], job)
 
 
-def device_label(family: str, variant: str) -> str:
-    """The key's device of a pair (``harness.device_label``)."""
-    return harness.device_label(sys.modules[__name__], family, variant)
-
-
 def structure_differences(ref_dir: Path, tgt_dir: Path, variant: str) -> list[str]:
-    """Set 2's structure check; the "amp" variant's runs may differ in dtypes (its autocast policy), nothing else."""
-    odd = v2.structure_differences(ref_dir, tgt_dir)
-    if variant != "amp":
-        return odd
-    import json
-
-    out = []
-    for step in range(STEPS):
-        a = json.loads((ref_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
-        b = json.loads((tgt_dir / ("step%d" % step) / "rank0" / "dump.json").read_text())["data"]
-        if list(a) != list(b):
-            out.append("step %d: records differ" % step)
-            continue
-        # a leaf is (type, dtype, shape, requires_grad) or (type,): compared without its dtype
-        la = {k: v[:1] + v[2:] for k, v in v2._leaves(a)}
-        lb = {k: v[:1] + v[2:] for k, v in v2._leaves(b)}
-        out += [
-            "step %d: %s" % (step, ".".join(map(str, k)))
-            for k in sorted(set(la) | set(lb), key=str)
-            if la.get(k) != lb.get(k)
-        ]
-    return out
+    """Set 2's structure check; the "amp" variant's runs may differ in dtypes (its autocast policy), nothing else
+    (``harness.structure_differences``; the cross set checks its pairs with it)."""
+    return harness.structure_differences(ref_dir, tgt_dir, STEPS, variant)
 
 
 # =================================================================================================================
@@ -687,13 +652,11 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     one, first, both = harness.mark_readers(case, tgt, ref)
     if kind in OPTIMIZER_KINDS:
         what = {
-            "lr": "the learning rate x%g" % fault["value"],
-            "clip": "gradient clipping at max_norm %g instead of %g" % (fault["value"], CLIP),
-            "momentum": "SGD momentum %g instead of 0.9" % fault["value"],
-            "weight_decay": "AdamW weight decay %g instead of 0.05" % fault["value"],
-            "eps": "Adamax eps %g instead of 1e-8" % fault["value"],
-        }[kind]
-        return harness.optimizer_expectation(fault, what)
+            "momentum": "SGD momentum %g instead of 0.9",
+            "weight_decay": "AdamW weight decay %g instead of 0.05",
+            "eps": "Adamax eps %g instead of 1e-8",
+        }
+        return harness.optimizer_expectation(fault, harness.optimizer_what(fault, CLIP, what))
     if kind == "normalize":
         return {
             "step": 0,

@@ -18,10 +18,10 @@ runs, never from dumpstore.
 
 The driver (arguments, runs, checks, key, the training loop, one run) is ``validation/harness.py``; the run harness
 (the tracer of msprobe's record names, the forked runs, msprobe's config, the structure check) is set 2's
-``validation/v2/make_pairs.py``; the clean pairs' structure check of an "amp" variant is set 5's. What is here: the
-families, their optimizers and setups, the faults and the expected culprits. Runs: 3 training steps; forward and
-backward (every micro-batch where there are three) inside msprobe's window, clipping and the optimizer step outside
-it; msprobe level "mix"; statistics mode for every case and tensor mode for a subset.
+``validation/v2/make_pairs.py``; the clean pairs' structure check of an "amp" variant (dtypes may differ) is the
+driver's. What is here: the families, their optimizers and setups, the faults and the expected culprits. Runs: 3
+training steps; forward and backward (every micro-batch where there are three) inside msprobe's window, clipping and
+the optimizer step outside it; msprobe level "mix"; statistics mode for every case and tensor mode for a subset.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ if harness is None:  # the driver (arguments, runs, checks, key), loaded once, b
     _spec.loader.exec_module(harness)
 devices6 = harness._load("validation_v6_devices", HERE / "devices.py")  # this set's devices, under their own name
 v2 = harness.set2()  # set 2's run harness
-# set 5's generator: its "amp" structure check, its GELU-at-call-time patch and its n-th mark reader
+# set 5's generator: its GELU-at-call-time patch and its n-th mark reader
 v5 = harness._load("validation_v5_make_pairs", HERE.parent / "v5" / "make_pairs.py")
 
 SET = 6
@@ -631,11 +631,6 @@ OPTIMIZER_KINDS = ("lr", "clip", "betas", "weight_decay", "eps")
 ARGMAX_FAMILY = "convnext"  # the batch's predicted classes, an argmax over the logits inside the window
 
 
-def train(family: str, model, data, fault, **kw):
-    """The training loop of every run (``harness.train``)."""
-    return harness.train(sys.modules[__name__], family, model, data, fault, **kw)
-
-
 def craft_near_tie(model, data, device) -> tuple[dict, object]:
     """convnext 'flip' variant, in both runs alike: a tilt of one row of the classifier, added before the last step,
     that ties one image's top-2 logits in the reference to within a few fp32 ulps, chosen (by simulating both runs
@@ -646,58 +641,25 @@ def craft_near_tie(model, data, device) -> tuple[dict, object]:
     return harness.craft_first_micro(sys.modules[__name__], "convnext", model, model.classifier, data, device)
 
 
-def setup(family: str, variant: str, target: bool, active, tracer: Tracer, info: dict):
-    """A run's model, patched, its device installed (``harness.setup``)."""
-    return harness.setup(sys.modules[__name__], family, variant, target, active, tracer, info)
-
-
 def flip_head(model):
     return model.classifier
-
-
-def run_one(job: dict) -> dict:
-    """One msprobe run (``harness.run_one``)."""
-    return harness.run_one(sys.modules[__name__], job)
-
-
-def device_label(family: str, variant: str) -> str:
-    """The key's device of a pair (``harness.device_label``)."""
-    return harness.device_label(sys.modules[__name__], family, variant)
-
-
-def structure_differences(ref_dir: Path, tgt_dir: Path, variant: str) -> list[str]:
-    """Set 2's structure check; the "amp" variant's runs may differ in dtypes (its autocast policy), nothing else
-    (set 5's check)."""
-    return v5.structure_differences(ref_dir, tgt_dir, variant)
 
 
 # =================================================================================================================
 # the key
 # =================================================================================================================
-def _modules(res: dict, op: str, step: int = 0) -> set:
-    return set(res["leaf"].get(str(step), {}).get(op, []))
-
-
 def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     """What the verdict should say about a fault, from the marks both runs made at the faulty call."""
     kind = fault["kind"]
     one, first, both = harness.mark_readers(case, tgt, ref)
     if kind in OPTIMIZER_KINDS:
-        value = fault["value"]
-        if kind == "lr":
-            what = "the learning rate x%g" % value
-        elif kind == "clip":
-            what = "gradient clipping at max_norm %g instead of %g" % (value, CLIP)
-        elif kind == "betas":
-            what = "Lion betas %s instead of (0.9, 0.99)" % (tuple(value),)
-        elif kind == "weight_decay":
-            what = "weight decay %g instead of %s" % (
-                value,
-                "0.05 (LAMB)" if case.startswith("convnext") else "0 (ASGD)",
-            )
-        else:
-            what = "LAMB eps %g instead of 1e-6" % value
-        return harness.optimizer_expectation(fault, what)
+        what = {
+            "betas": "Lion betas %s instead of (0.9, 0.99)",
+            "weight_decay": "weight decay %g instead of "
+            + ("0.05 (LAMB)" if case.startswith("convnext") else "0 (ASGD)"),
+            "eps": "LAMB eps %g instead of 1e-6",
+        }
+        return harness.optimizer_expectation(fault, harness.optimizer_what(fault, CLIP, what))
     if kind == "rescale":
         return {
             "step": 0,
@@ -707,14 +669,11 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
         }
     if kind == "missing_pre_ln":
         ln, nxt = first(ref, "pre_ln", 0), first(tgt, "pre_ln_consumer", 0)
-        return {
-            "step": 0,
-            "ops": sorted({ln, nxt}),
-            "modules": sorted(_modules(ref, ln) | _modules(tgt, nxt)),
-            "what": "the image tower's LayerNorm before the blocks (pre_layrnorm) missing in the target (a port that "
-            "drops it): the reference's layer_norm; its consumer in the target, block 0's first LayerNorm, also "
-            "counts",
-        }
+        what = (
+            "the image tower's LayerNorm before the blocks (pre_layrnorm) missing in the target (a port that drops "
+            "it): the reference's layer_norm; its consumer in the target, block 0's first LayerNorm, also counts"
+        )
+        return harness.missing_op_expectation(ref, ln, tgt, nxt, what)
     if kind == "ln_eps":
         return {
             "step": 0,

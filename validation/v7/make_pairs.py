@@ -18,9 +18,9 @@ msprobe record name is read from msprobe while the faulty call runs, never from 
 
 The driver (arguments, runs, checks, key, the training loop, one run) is ``validation/harness.py``; the run harness
 (the tracer of msprobe's record names, the forked runs, msprobe's config, the structure check) is set 2's
-``validation/v2/make_pairs.py``; set 6's tracer (parameter uses by conv2d and exp, argmax logs) and set 5's "amp"
-structure check, GELU-at-call-time patch and n-th mark reader are imported. What is here: the families, their
-optimizers and setups, the faults and the expected culprits. Runs: 3 training steps; forward and backward (every
+``validation/v2/make_pairs.py``; set 6's tracer (parameter uses by conv2d and exp, argmax logs) and set 5's
+GELU-at-call-time patch and n-th mark reader are imported. What is here: the families, their optimizers and setups,
+the faults and the expected culprits. Runs: 3 training steps; forward and backward (every
 micro-batch where there are two) inside msprobe's window, clipping and the optimizer step outside it; msprobe level
 "mix"; statistics mode for every case and tensor mode for a subset.
 """
@@ -44,7 +44,7 @@ if harness is None:  # the driver (arguments, runs, checks, key), loaded once, b
     _spec.loader.exec_module(harness)
 devices7 = harness._load("validation_v7_devices", HERE / "devices.py")  # this set's devices, under their own name
 v2 = harness.set2()  # set 2's run harness (its tracer, its top-k flips)
-# set 5's generator: its "amp" structure check, its GELU-at-call-time patch and its n-th mark reader
+# set 5's generator: its GELU-at-call-time patch and its n-th mark reader
 v5 = harness._load("validation_v5_make_pairs", HERE.parent / "v5" / "make_pairs.py")
 # set 6's generator: its tracer (parameter uses by conv2d and exp, the next record after a mark)
 v6 = harness._load("validation_v6_make_pairs", HERE.parent / "v6" / "make_pairs.py")
@@ -129,23 +129,13 @@ CASES = {
     "whisper_noisyref": ("whisper", "noisyref", None, ("stats",)),
     "siglip_amp": ("siglip", "amp", None, ("stats", "tensor")),
     # optimizer, from the second update on
-    "swin_lr_step2": ("swin", "base", {"kind": "lr", "after_step": 1, "value": 1.1}, ("stats",)),
-    "olmoe_lr_step2": ("olmoe", "base", {"kind": "lr", "after_step": 1, "value": 1.05}, ("stats",)),
-    "swin_momentum_step2": ("swin", "base", {"kind": "momentum", "after_step": 1, "value": 0.8}, ("stats",)),
-    "whisper_betas_step2": (
-        "whisper",
-        "base",
-        {"kind": "betas", "after_step": 1, "value": (0.9, 0.92, 0.99)},
-        ("stats",),
-    ),
-    "olmoe_wd_step2": ("olmoe", "base", {"kind": "weight_decay", "after_step": 1, "value": 0.1}, ("stats",)),
-    "whisper_eps_step2": ("whisper", "base", {"kind": "eps", "after_step": 1, "value": 1e-3}, ("stats",)),
-    "siglip_gradclip_step2": (
-        "siglip",
-        "base",
-        {"kind": "clip", "after_step": 1, "value": 0.1},
-        ("stats", "tensor"),
-    ),
+    "swin_lr_step2": harness.optimizer_case("swin", "lr", 1.1),
+    "olmoe_lr_step2": harness.optimizer_case("olmoe", "lr", 1.05),
+    "swin_momentum_step2": harness.optimizer_case("swin", "momentum", 0.8),
+    "whisper_betas_step2": harness.optimizer_case("whisper", "betas", (0.9, 0.92, 0.99)),
+    "olmoe_wd_step2": harness.optimizer_case("olmoe", "weight_decay", 0.1),
+    "whisper_eps_step2": harness.optimizer_case("whisper", "eps", 1e-3),
+    "siglip_gradclip_step2": harness.optimizer_case("siglip", "clip", 0.1, harness.BOTH),
     # an op in the target only, an op missing in the target
     "whisper_extra_embed_scale": ("whisper", "base", {"kind": "embed_scale"}, ("stats", "tensor")),
     "swin_missing_shift_mask": ("swin", "base", {"kind": "missing_mask"}, ("stats",)),
@@ -157,23 +147,12 @@ CASES = {
     # backward only: the fused tanh-GELU's hand-written backward with a wrong constant
     "swin_gelu_backward_S1": ("swin", "base", {"kind": "gelu_backward"}, ("stats",)),
     # parameters and data
-    "olmoe_router_swap_step1": (
-        "olmoe",
-        "base",
-        {"kind": "weight", "param": "model.layers.1.mlp.gate.weight", "step": 1, "how": "swap_experts"},
-        ("stats", "tensor"),
+    "olmoe_router_swap_step1": harness.weight_case(
+        "olmoe", "model.layers.1.mlp.gate.weight", 1, "swap_experts", harness.BOTH
     ),
-    "swin_query_step2": (
-        "swin",
-        "base",
-        {
-            "kind": "weight",
-            "param": "swin.encoder.layers.0.blocks.0.attention.q_proj.weight",
-            "step": 2,
-            "how": "sign2pct",
-        },
-        ("stats",),
-    ),  # fmt: skip
+    "swin_query_step2": harness.weight_case(
+        "swin", "swin.encoder.layers.0.blocks.0.attention.q_proj.weight", 2, "sign2pct"
+    ),
     "whisper_features_step1": ("whisper", "base", {"kind": "features", "step": 1}, ("stats", "tensor")),
     "swin_transposed_mb2_step2": ("swin", "base", {"kind": "transposed", "step": 2, "micro": 1}, ("stats",)),
     "siglip_stale_image_step2": ("siglip", "base", {"kind": "stale_image", "step": 2}, ("stats", "tensor")),
@@ -395,33 +374,34 @@ def build_model(family: str):
     return model
 
 
-def batches(family: str, fault) -> list[list[dict]]:
-    """Per step, per micro-batch: the model's inputs. A data fault changes one step's batch (one micro-batch)."""
+def _micro_batch(family: str, g) -> dict:
+    """One micro-batch's inputs of ``family``, drawn from generator ``g``."""
     import torch
 
-    g = torch.Generator().manual_seed(DATA_SEED)
-    out = []
-    for _step in range(STEPS):
-        micro = []
-        for _ in range(MICRO.get(family, 1)):
-            if family == "swin":
-                px = (torch.rand(IMAGES, 3, SIZE, SIZE, generator=g) - 0.45) / 0.25  # normalised by the loader
-                micro.append({"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)})
-            elif family == "whisper":
-                # log-mel features as Whisper's extractor scales them: (max(log10 mel, max - 8) + 4) / 4
-                mel = torch.randn(2, MELS, FRAMES, generator=g) * 1.5 - 2.0
-                feats = (torch.maximum(mel, mel.amax(dim=(1, 2), keepdim=True) - 8.0) + 4.0) / 4.0
-                labels = torch.randint(3, VOCAB - 1, (2, TOKENS), generator=g)
-                labels[:, -1] = VOCAB - 1  # end of transcript
-                micro.append({"input_features": feats, "mel": mel, "labels": labels})
-            elif family in ("olmoe", "olmoe_wide"):
-                n, seq = (1, WIDE_SEQ) if family == "olmoe_wide" else (BATCH, SEQ)
-                micro.append({"input_ids": torch.randint(3, VOCAB, (n, seq), generator=g)})
-            else:
-                px = torch.randn(PAIRS, 3, SIG_SIZE, SIG_SIZE, generator=g) * 0.5
-                ids = torch.randint(3, VOCAB, (PAIRS, CAPTION), generator=g)
-                micro.append({"pixel_values": px, "input_ids": ids})
-        out.append(micro)
+    if family == "swin":
+        px = (torch.rand(IMAGES, 3, SIZE, SIZE, generator=g) - 0.45) / 0.25  # normalised by the loader
+        return {"pixel_values": px, "labels": torch.randint(0, CLASSES, (IMAGES,), generator=g)}
+    if family == "whisper":
+        # log-mel features as Whisper's extractor scales them: (max(log10 mel, max - 8) + 4) / 4
+        mel = torch.randn(2, MELS, FRAMES, generator=g) * 1.5 - 2.0
+        feats = (torch.maximum(mel, mel.amax(dim=(1, 2), keepdim=True) - 8.0) + 4.0) / 4.0
+        labels = torch.randint(3, VOCAB - 1, (2, TOKENS), generator=g)
+        labels[:, -1] = VOCAB - 1  # end of transcript
+        return {"input_features": feats, "mel": mel, "labels": labels}
+    if family in ("olmoe", "olmoe_wide"):
+        n, seq = (1, WIDE_SEQ) if family == "olmoe_wide" else (BATCH, SEQ)
+        return {"input_ids": torch.randint(3, VOCAB, (n, seq), generator=g)}
+    px = torch.randn(PAIRS, 3, SIG_SIZE, SIG_SIZE, generator=g) * 0.5
+    ids = torch.randint(3, VOCAB, (PAIRS, CAPTION), generator=g)
+    return {"pixel_values": px, "input_ids": ids}
+
+
+def batches(family: str, fault) -> list[list[dict]]:
+    """Per step, per micro-batch: the model's inputs (``harness.draw_batches``). A data fault changes one step's
+    batch (one micro-batch)."""
+    import torch
+
+    out = harness.draw_batches(DATA_SEED, STEPS, MICRO.get(family, 1), lambda g: _micro_batch(family, g))
     if fault and fault["kind"] in ("transposed", "features", "labels", "stale_image"):
         b = out[fault["step"]][fault.get("micro", 0)]
         if fault["kind"] == "transposed":  # one micro-batch's images read HWC as WHC (height and width swapped)
@@ -659,11 +639,6 @@ OPTIMIZER_KINDS = ("lr", "clip", "betas", "weight_decay", "eps", "momentum")
 ARGMAX_FAMILY = "swin"  # the batch's predicted classes, an argmax over the logits inside the window
 
 
-def train(family: str, model, data, fault, **kw):
-    """The training loop of every run (``harness.train``)."""
-    return harness.train(sys.modules[__name__], family, model, data, fault, **kw)
-
-
 def craft_near_tie(model, data, device) -> tuple[dict, object]:
     """swin 'flip' variant, in both runs alike: a tilt of one row of the classifier, added before the last step,
     that ties one image's top-2 logits in the reference to within a few fp32 ulps, chosen (by simulating both runs
@@ -685,46 +660,21 @@ def flip_head(model):
     return model.classifier
 
 
-def run_one(job: dict) -> dict:
-    """One msprobe run (``harness.run_one``)."""
-    return harness.run_one(sys.modules[__name__], job)
-
-
-def device_label(family: str, variant: str) -> str:
-    """The key's device of a pair (``harness.device_label``)."""
-    return harness.device_label(sys.modules[__name__], family, variant)
-
-
-# set 2's structure check; the "amp" variant's runs may differ in dtypes (its autocast policy), nothing else
-structure_differences = v5.structure_differences
-
-
 # =================================================================================================================
 # the key
 # =================================================================================================================
-def _modules(res: dict, op: str, step: int = 0) -> set:
-    return set(res["leaf"].get(str(step), {}).get(op, []))
-
-
 def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     """What the verdict should say about a fault, from the marks both runs made at the faulty call."""
     kind = fault["kind"]
     one, first, both = harness.mark_readers(case, tgt, ref)
     if kind in OPTIMIZER_KINDS:
-        value = fault["value"]
-        if kind == "lr":
-            what = "the learning rate x%g" % value
-        elif kind == "clip":
-            what = "gradient clipping at max_norm %g instead of %g" % (value, CLIP)
-        elif kind == "betas":
-            what = "Adan betas %s instead of (0.98, 0.92, 0.99)" % (tuple(value),)
-        elif kind == "weight_decay":
-            what = "weight decay %g in every parameter group instead of 0.01 (matrices) and 0 (norms, router)" % value
-        elif kind == "momentum":
-            what = "SGD momentum %g instead of 0.9" % value
-        else:
-            what = "Adan eps %g instead of 1e-8" % value
-        return harness.optimizer_expectation(fault, what)
+        what = {
+            "betas": "Adan betas %s instead of (0.98, 0.92, 0.99)",
+            "weight_decay": "weight decay %g in every parameter group instead of 0.01 (matrices) and 0 (norms, router)",
+            "momentum": "SGD momentum %g instead of 0.9",
+            "eps": "Adan eps %g instead of 1e-8",
+        }
+        return harness.optimizer_expectation(fault, harness.optimizer_what(fault, CLIP, what))
     if kind == "embed_scale":
         return {
             "step": 0,
@@ -734,14 +684,15 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
         }
     if kind == "missing_mask":
         add, nxt = first(ref, "mask_add", 0), first(tgt, "scores_add", 0)
-        return {
-            "step": 0,
-            "ops": sorted({add, nxt}),
-            "modules": sorted(_modules(ref, add) | _modules(tgt, nxt)),
-            "what": "the shifted-window block's attention mask not added to the relative position bias in the target "
-            "(a port whose combined mask forgets the shift mask): the reference's add; its consumer in the target, "
-            "the add of the (unmasked) bias to the scores, also counts",
-        }
+        return harness.missing_op_expectation(
+            ref,
+            add,
+            tgt,
+            nxt,
+            "the shifted-window block's attention mask not added to the relative position bias in the target (a port "
+            "whose combined mask forgets the shift mask): the reference's add; its consumer in the target, the add of "
+            "the (unmasked) bias to the scores, also counts",
+        )
     if kind == "roll_shift":
         return {
             "step": 0,

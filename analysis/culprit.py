@@ -24,11 +24,19 @@ from .compare import Comparison
 from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
+from .float_data import float_data_input, float_data_starts, starts_at, state_argument
 from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, integer_sum_differs, is_loss
 from .lone_precision import call_record, lone_detail
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
-from .producers import Producers, discrete_data_readers, discrete_first_differs, integer_input, with_fingerprints
+from .producers import (
+    Producers,
+    discrete_data_readers,
+    discrete_first_differs,
+    fingerprint_column,
+    integer_input,
+    with_fingerprints,
+)
 from .rank import significance
 from .rules import within_estimates
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
@@ -89,6 +97,8 @@ def _culprit(
     weak: tuple[Found, Found] | None = None  # the first finding within WEAK_SEVERITY tolerances, held
     suspects = data_suspects(recs, rows)  # data the statistics cannot verify, named before later findings of its step
     int_first = discrete_first_differs(rows)  # where integer inputs first differ (data changed at a later step)
+    starts = float_data_starts(rows)  # float data that start to differ after agreeing (analysis/float_data.py)
+    float_first = starts_at(starts)
     for i, step in enumerate(steps):
         if judged_from is not None and step < judged_from:
             continue
@@ -100,7 +110,7 @@ def _culprit(
                 return found
         hidden = pl.col("idx_hidden").fill_null(False) & (pl.col("out_err") > 0)  # analysis/hidden_index.py
         dtype = pl.col("dtype_diff").fill_null(False) if "dtype_diff" in recs.columns else pl.lit(False)
-        also = _also_judged(view.rows, keys, changed)
+        also = _also_judged(view.rows, keys, changed, starts.filter(pl.col("step") == step))
         candidates = recs.filter(pl.col("step") == step).join(
             also, on=keys, how="left", nulls_equal=True, maintain_order="left"
         )
@@ -129,6 +139,7 @@ def _culprit(
                     parents=view.parents,
                     int_first=int_first,
                     carried=carried,
+                    float_first=float_first,
                 )
                 found = judge.verdict()
                 if found is None:
@@ -192,13 +203,17 @@ def _innermost(found: tuple[Found, Found], recs: pl.DataFrame, view: _StepView) 
     return (g, k), (g, k)
 
 
-def _also_judged(rows: pl.DataFrame, keys: list[str], changed: dict[int, Any]) -> pl.DataFrame:
+def _also_judged(
+    rows: pl.DataFrame, keys: list[str], changed: dict[int, Any], starts: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """The records (`keys`, with `_also` true) of one step's rows judged even where their outputs stay within
-    their tolerance: the consumers of a parameter changed between the steps (by parameter key), and the
-    records reading integer data that differ (analysis/producers.py `discrete_data_readers`)."""
+    their tolerance: the consumers of a parameter changed between the steps (by parameter key), the records
+    reading integer data that differ (analysis/producers.py `discrete_data_readers`), and those reading float
+    data that start to differ at this step (`starts`: analysis/float_data.py)."""
     consumers = rows.filter(pl.col("_io").is_in(INPUT_IO) & PC.key_expr(rows.columns).is_in(list(changed))).select(keys)
+    floats = [] if starts is None or not starts.height else [starts.select(keys).cast(consumers.schema)]
     return (
-        pl.concat([consumers, discrete_data_readers(rows, keys)])
+        pl.concat([consumers, discrete_data_readers(rows, keys), *floats])
         .unique(maintain_order=True)
         .with_columns(pl.lit(True).alias("_also"))
     )
@@ -444,8 +459,10 @@ class _Judge:
         parents: dict[str, str] | None = None,
         int_first: dict[tuple, int] | None = None,
         carried: CarriedDtypes | None = None,
+        float_first: set[tuple] | None = None,
     ):
         self.carried = carried  # dtype differences a recorded op made, carried to its consumers
+        self.float_first = float_first or set()  # (step, rank, source, record, name): float data starting to differ
         self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
         self.cmp, self.noise, self.first_step = cmp, noise, first_step
         self.changed = changed or {}  # parameters changed between steps (analysis/steps.py), by fingerprint
@@ -469,6 +486,9 @@ class _Judge:
         param = self._changed_parameter()
         if param is not None:
             return (param, self.key), (self._first_output() if self.rec["out_div"] else param, self.key)
+        data = self._float_data()
+        if data is not None:
+            return (data, self.key), (data, self.key)
         if not self.rec["out_div"]:
             data = self._discrete_data()
             return None if data is None else ((data, self.key), (data, self.key))
@@ -698,6 +718,46 @@ class _Judge:
                     f"{leaf['name']} (integer data no earlier op produced) differs "
                     f"({_stat_change(leaf)}) while this op's float inputs {agree} "
                     f"({float_err:.3g}): its output moved {out['err']:.3g}"
+                ),
+            )
+        return None
+
+    def _float_data(self) -> Finding | None:
+        """Float data (an input no recorded op of either run made, requiring no grad: images, features) that
+        agreed within rounding at every earlier compared step and differ beyond it from this step on, read before
+        any record of the step shows an output error (analysis/float_data.py): changed data, whatever the noise
+        the pair's weights carry after the first step and whether or not this record's output leaves its
+        tolerance (a stale image moves the pixels 1.4 % under a bfloat16 autocast's 1.6 %)."""
+        if not self.float_first:
+            return None
+        outs = self.leaves.filter(
+            pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor") & ~pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
+        )
+        if not outs.height:
+            return None
+        for leaf in self.leaves.filter(float_data_input()).iter_rows(named=True):
+            at = (leaf["step"], leaf["rank"], leaf["source"], leaf["_record"], leaf["name"])
+            if at not in self.float_first:
+                continue
+            if self.t_prod.producer(leaf) is not None or self.r_prod.producer(leaf) is not None:
+                continue
+            if self.t_prod.is_weight(leaf) or self.r_prod.is_weight(leaf) or state_argument(leaf):
+                continue
+            if leaf.get(fingerprint_column("")) in self.t_prod.params:  # a parameter a module record lists
+                continue
+            level = step_level(self.noise, self.key)
+            if level:  # an output of the step before it differs: the step's noise reaches what follows
+                return None
+            out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
+            return _with_evidence(
+                _finding(out, "input"),
+                differing=leaf["name"],
+                input_err=leaf["err"],
+                data_changed=True,
+                detail=(
+                    f"{leaf['name']} (float data no recorded op made, requiring no grad) agreed within rounding at "
+                    f"every earlier step and differs now ({_stat_change(leaf)}), before any output of this step "
+                    f"differs: the data changed (input off {leaf['err']:.3g}; this op's output moved {out['err']:.3g})"
                 ),
             )
         return None

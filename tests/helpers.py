@@ -121,6 +121,20 @@ def leaf(
     return out
 
 
+def stats_verdict(dump_writer, store_dir: Path, ref: list[dict], target: list[dict]):
+    """Two runs written step by step in statistics mode by the `dump_writer` fixture (`ref`, `target`: the records of
+    each step), ingested into `store_dir` as `ref` and `target`: the verdict of target against ref."""
+    from dumpstore import ingest, open_store
+    from dumpstore.analysis import compare_runs, divergence
+
+    for name, steps in (("ref", ref), ("target", target)):
+        w = dump_writer(name, "statistics")
+        for i, recs in enumerate(steps):
+            w.write(recs, step=i)
+        ingest(w.root, name, store=store_dir, jobs=1)
+    return divergence(compare_runs(open_store(store_dir), "target", "ref"))
+
+
 def leaves(obj: Any) -> Iterator[dict]:
     """The leaves of a dump.json record (or any part of one): objects with a `type` or `class_type`."""
     if isinstance(obj, dict) and ("type" in obj or "class_type" in obj):

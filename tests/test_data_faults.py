@@ -12,6 +12,7 @@ from dumpstore import ingest, open_store
 from dumpstore.analysis import compare_runs, divergence
 from dumpstore.analysis.hidden_index import beyond_rounding, data_suspects
 from helpers import leaf
+from helpers import stats_verdict as _verdict
 
 T, D, V = 16, 8, 96  # tokens, hidden size, vocabulary
 
@@ -55,15 +56,6 @@ def _step(ids: np.ndarray, table: np.ndarray) -> dict:
             "output": [_leaf16(_bf16(h * 2))],
         }
     return recs
-
-
-def _verdict(dump_writer, store_dir, ref: list[dict], target: list[dict]):
-    for name, steps in (("ref", ref), ("target", target)):
-        w = dump_writer(name, "statistics")
-        for i, recs in enumerate(steps):
-            w.write(recs, step=i)
-        ingest(w.root, name, store=store_dir, jobs=1)
-    return divergence(compare_runs(open_store(store_dir), "target", "ref"))
 
 
 def _table() -> np.ndarray:

@@ -1,0 +1,138 @@
+"""Float data that change after an earlier step where they agreed (analysis/culprit.py `_Judge._float_data`).
+
+Data no recorded op made (images, features, a regression target) are prepared the same way in both runs: where a
+float input of a forward record agreed within rounding at every earlier compared step, a change of its
+statistics beyond rounding at a later step is a change of the data, however small against the tolerance of the
+op that reads it (one image of a batch replaced by the previous step's moves the pixels' statistics 1.4 % where
+a bfloat16 autocast allows 1.6 %).  The pair's other differences after the first step (every weight off by an
+update's noise, which puts an output error of that size on most ops) cannot reach data no op of the step made,
+so they do not hide it; but they do reach a tensor the model carries from step to step outside the recorded ops
+(a batch norm's running statistics, a recurrent state), which is why the rule is narrow:
+
+  a data leaf   a float tensor input of a forward record, `requires_grad` false in both runs (a weight and
+                anything computed from one require grad), its dtype and element count the same in both runs;
+  moved         a statistic differs beyond what rounding makes of identical data (`data_moved`): the maximum
+                or minimum by more than ROUNDINGS roundings of itself in the leaf's dtype (no reduction rounds
+                them: only an element prepared otherwise on another device, and msprobe's storage of the
+                statistic); the mean by more than (ROUNDINGS + 2 ceil(log2 n)) roundings of the elements' RMS
+                (a pairwise or tree sum of n terms rounds ceil(log2 n) times along each path, each time by at
+                most a rounding of the sum of |x|, which is at most n RMS; two runs); the norm by more than
+                (ROUNDINGS + ceil(log2 n)) roundings of itself (a sum of squares: nonnegative terms, the square
+                root halves the relative error; two runs);
+  starts        the first compared step at which the leaf (same rank, source, record, name) moved, with the leaf
+                present and not moved at an earlier compared step (`float_data_starts`);
+  not carried   no output of a recorded op of an earlier step of the same run has its dtype, element count and
+                statistics (a recurrent state handed from one step to the next is no data).
+
+The judge adds what needs one step's producers and noise: no recorded op of the step made the leaf in either run
+(analysis/producers.py); it is no weight: a `parameters` leaf, one a module record lists, or an argument the op's
+signature names a weight or buffer (`STATE_ARGUMENTS`: a teacher's weights, a moving average of the student's,
+require no grad, are read first in a step and carry the student's noise from step 1 on); and no record of its
+step and rank before it shows any output error (data are read before any op of the step differs; a batch norm's
+running statistics, read after the convolution before them, are not judged so).  Then the leaf is the culprit
+(`input`), at the record reading it, whether or not that record's output leaves its tolerance.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from dumpstore.dtypes import DISCRETE_DTYPES, EPS, FLOAT_DTYPES
+
+from .arguments import argument_name
+from .hidden_index import ROUNDINGS
+from .order import INPUT_IO, OUTPUT_IO
+
+_KEYS = ["rank", "source", "_record", "name"]
+
+# arguments torch's signatures (analysis/arguments.py) give a module's weights and buffers: never data, even where
+# they require no grad (a frozen or momentum-updated teacher's weights, a batch norm's running statistics)
+STATE_ARGUMENTS = frozenset({"weight", "bias", "running_mean", "running_var", "gamma", "beta"})
+_STATS = ("min", "max", "mean", "norm")
+
+
+def float_data_input() -> pl.Expr:
+    """Row-level (a comparison's ordered rows): a float tensor input of a forward record that requires no grad in
+    either run (`requires_grad` false, not unknown), of the same dtype and element count in both."""
+    return (
+        pl.col("_io").is_in(INPUT_IO)
+        & (pl.col("_direction") == "forward")
+        & (pl.col("kind") == "tensor")
+        & ~pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
+        & pl.col("dtype").is_in(list(FLOAT_DTYPES))
+        & (pl.col("dtype") == pl.col("ref_dtype"))
+        & (pl.col("numel") == pl.col("ref_numel"))
+        & (pl.col("numel") > 0)
+        & (pl.col("requires_grad") == False)  # noqa: E712 (a null is unknown: not data)
+        & (pl.col("ref_requires_grad") == False)  # noqa: E712
+    )
+
+
+def data_moved() -> pl.Expr:
+    """Row-level: some statistic of the leaf differs beyond what rounding makes of identical data (see the
+    module's doc); false where no statistic of both runs is finite."""
+    e = pl.col("dtype").replace_strict(EPS, default=EPS["float32"], return_dtype=pl.Float64)
+    n = pl.col("numel").cast(pl.Float64)
+    levels = n.log(2).ceil().clip(lower_bound=1.0)
+    rms = pl.max_horizontal(pl.col("norm").abs(), pl.col("ref_norm").abs()) / n.sqrt()
+
+    def diff(s: str) -> pl.Expr:
+        return (pl.col(s) - pl.col("ref_" + s)).abs()
+
+    def size(s: str) -> pl.Expr:
+        return pl.max_horizontal(pl.col(s).abs(), pl.col("ref_" + s).abs())
+
+    allowed = {
+        "max": ROUNDINGS * e * size("max"),
+        "min": ROUNDINGS * e * size("min"),
+        "mean": (ROUNDINGS + 2.0 * levels) * e * rms,
+        "norm": (ROUNDINGS + levels) * e * size("norm"),
+    }
+    moved = [(diff(s) > allowed[s]) & diff(s).is_finite() & allowed[s].is_finite() for s in _STATS]
+    return pl.any_horizontal([m.fill_null(False) for m in moved])
+
+
+def float_data_starts(rows: pl.DataFrame) -> pl.DataFrame:
+    """The data leaves of `rows` (a comparison's ordered rows) that start to differ after an earlier compared step
+    where they agreed, and that no recorded op of an earlier step of either run output: `step`, `rank`, `source`,
+    `_record`, `name` (the step at which they start; see the module's doc)."""
+    schema = {"step": rows.schema["step"], **{k: rows.schema[k] for k in _KEYS}}
+    need = {"requires_grad", "ref_requires_grad", "_direction", "numel", "ref_numel", *_STATS}
+    if not need <= set(rows.columns):
+        return pl.DataFrame(schema=schema)
+    data = rows.lazy().filter(float_data_input()).with_columns(data_moved().alias("_moved"))
+    seen = data.group_by(_KEYS).agg(pl.col("step").min().alias("_seen"))
+    first = data.filter(pl.col("_moved")).group_by(_KEYS).agg(pl.col("step").min().alias("_first"))
+    starts = (
+        data.join(first, on=_KEYS, how="inner", nulls_equal=True)
+        .filter(pl.col("step") == pl.col("_first"))
+        .join(seen, on=_KEYS, how="inner", nulls_equal=True)
+        .filter(pl.col("_seen") < pl.col("step"))
+        .collect()
+    )
+    if not starts.height:
+        return pl.DataFrame(schema=schema)
+    for prefix in ("", "ref_"):  # the same values as an earlier step's recorded output of that run: carried state
+        cols = ["rank", "source", f"{prefix}dtype", f"{prefix}numel", *(f"{prefix}{s}" for s in _STATS)]
+        made = (
+            rows.lazy()
+            .filter(pl.col(f"{prefix}io").is_in(OUTPUT_IO) & (pl.col(f"{prefix}kind") == "tensor"))
+            .filter(pl.all_horizontal([pl.col(c).is_not_null() for c in cols[2:]]))
+            .group_by(cols)
+            .agg(pl.col("step").min().alias("_made"))
+            .collect()
+        )
+        starts = starts.join(made, on=cols, how="left", nulls_equal=True)
+        starts = starts.filter(pl.col("_made").is_null() | (pl.col("_made") >= pl.col("step"))).drop("_made")
+    return starts.select(list(schema))
+
+
+def state_argument(leaf: dict) -> bool:
+    """Whether the op's signature names this tensor input a weight or buffer (`STATE_ARGUMENTS`)."""
+    name, how = argument_name(leaf)
+    return how != "position" and name.split("[", 1)[0] in STATE_ARGUMENTS
+
+
+def starts_at(starts: pl.DataFrame) -> set[tuple]:
+    """(step, rank, source, record, leaf name) of each start (`float_data_starts`), for the judge's look-up."""
+    return set(starts.iter_rows())

@@ -66,7 +66,7 @@ FAMILIES = {
         "blocks of the architecture (1x1 expansion, 3x3 depthwise convolution, 1x1 linear bottleneck; residuals "
         "where shapes agree), TensorFlow 'SAME' padding by F.pad, BatchNorm in training mode, ReLU6, global average "
         "pooling over 3x3, a linear classifier (10 classes), the convolutions initialised as torchvision does (He, "
-        "fan out); cross-entropy; batch 2; fp32; SGD with Nesterov momentum (lr 0.05, momentum 0.9, weight decay "
+        "fan out); cross-entropy; batch 2; fp32; SGD with Nesterov momentum (lr 0.005, momentum 0.9, weight decay "
         "4e-5)",
         "device": "AK",
         "seed": 81,
@@ -213,7 +213,7 @@ def make_optimizer(family: str, model):
     import torch
 
     if family == "mobilenet":
-        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=4e-5)
+        return torch.optim.SGD(model.parameters(), lr=0.005, momentum=0.9, nesterov=True, weight_decay=4e-5)
     if family == "fnet":
         return torch.optim.RMSprop(model.parameters(), lr=2e-4, alpha=0.99, eps=1e-8, momentum=0.9, centered=True)
     if family in MASTER:

@@ -102,7 +102,7 @@ FAMILIES = {
         "a linear patch embedding, sin-cos positions, 2 encoder layers of hidden 32 (4 heads, MLP 64, the tanh GELU "
         "written out with torch.pow and torch.tanh), BatchNorm over the patches (training mode), a flatten-linear "
         "head forecasting 8 steps, de-standardised; MSE; batch 2; fp32 weights under fp16 autocast with dynamic loss "
-        "scaling (GradScaler, initial scale 2^10); RAdam (lr 1e-3, decoupled weight decay 0.01)",
+        "scaling (GradScaler, initial scale 2^10); RAdam (lr 1e-2, decoupled weight decay 0.01)",
         "device": "AN",
         "seed": 85,
     },
@@ -128,7 +128,7 @@ CASES = {
     "patchtst_lr_step2": harness.optimizer_case("patchtst", "lr", 1.02),
     "mobilenet_momentum_step2": harness.optimizer_case("mobilenet", "momentum", 0.8),
     "stablelm_betas_step2": harness.optimizer_case("stablelm", "betas", (0.8, 0.95)),
-    "patchtst_wd_step2": harness.optimizer_case("patchtst", "weight_decay", 0.1),
+    "patchtst_wd_step2": harness.optimizer_case("patchtst", "weight_decay", 1.0),  # 0.01 without the lr factor
     "fnet_eps_step2": harness.optimizer_case("fnet", "eps", 1e-5),
     "patchtst_gradclip_step2": harness.optimizer_case("patchtst", "clip", 0.1, B),
     # an op in the target only, an op missing in the target
@@ -223,7 +223,7 @@ def make_optimizer(family: str, model):
                 ps, lr=2e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01, decoupled_weight_decay=True
             ),
         )
-    return torch.optim.RAdam(model.parameters(), lr=1e-3, weight_decay=0.01, decoupled_weight_decay=True)
+    return torch.optim.RAdam(model.parameters(), lr=1e-2, weight_decay=0.01, decoupled_weight_decay=True)
 
 
 # =================================================================================================================
@@ -675,7 +675,10 @@ OPTIMIZER_WHAT = {
     "stablelm": {"betas": "NAdam betas %s instead of (0.9, 0.95)"},
     "fnet": {"eps": "RMSprop eps %g instead of 1e-8"},
     "mobilenet": {"momentum": "SGD Nesterov momentum %g instead of 0.9"},
-    "patchtst": {"weight_decay": "RAdam decoupled weight decay %g instead of 0.01"},
+    "patchtst": {
+        "weight_decay": "RAdam decoupled weight decay %g instead of 0.01 (a port of an optimizer whose decay is not "
+        "multiplied by the learning rate: p -= 0.01 p per update, which is torch's lr * wd with wd = 0.01 / lr)"
+    },
 }
 
 

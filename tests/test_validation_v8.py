@@ -6,47 +6,34 @@ the data faults and the cases the set must have. torch CPU, seconds. The set is 
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import load_script
+
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-dev8 = _load("validation_v8_devices", ROOT / "validation" / "v8" / "devices.py")
-
-
-def _make8():
-    return _load("validation_v8_make_pairs", ROOT / "validation" / "v8" / "make_pairs.py")
+mp = load_script("validation_v8_make_pairs", Path(__file__).resolve().parents[1] / "validation/v8/make_pairs.py")
+dev8 = mp.devices8  # (loaded by the generator under its own name)
 
 
 def _rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _g(seed: int):
+    return torch.Generator().manual_seed(seed)
 
 
 def _randn(*shape, seed=0, scale=1.0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+    return torch.randn(*shape, generator=_g(seed)) * scale
 
 
-def _ints(*shape, seed=0, lo=-4, hi=5):
-    return torch.randint(lo, hi, shape, generator=torch.Generator().manual_seed(seed)).float()
+def _ints(*shape, seed=0):
+    return torch.randint(-4, 5, shape, generator=_g(seed)).float()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -205,7 +192,6 @@ def test_the_pow_policy_changes_the_dtype_under_autocast_only():
 # the generator
 # ------------------------------------------------------------------------------------------------------------
 def test_master_weights_update_in_fp32_and_copy_back_to_bf16():
-    mp = _make8()
     p = torch.nn.Parameter(torch.tensor([1.0, -2.0]).bfloat16())
     opt = mp.MasterWeights([p], lambda ps: torch.optim.SGD(ps, lr=1e-3))
     p.grad = torch.tensor([1.0, 1.0]).bfloat16()
@@ -224,7 +210,6 @@ def test_master_weights_update_in_fp32_and_copy_back_to_bf16():
 
 
 def test_batches_change_only_what_each_data_fault_says():
-    mp = _make8()
     for family, kind, step, key in [
         ("mobilenet", "bgr", 1, "pixel_values"),
         ("stablelm", "tokens", 2, "input_ids"),
@@ -243,7 +228,6 @@ def test_batches_change_only_what_each_data_fault_says():
 
 
 def test_the_set_has_what_the_brief_asks():
-    mp = _make8()
     cases = mp.CASES
     clean = [k for k, (_, _, fault, _) in cases.items() if fault is None]
     faults = [k for k, (_, _, fault, _) in cases.items() if fault is not None]

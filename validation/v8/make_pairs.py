@@ -37,11 +37,11 @@ HERE = Path(__file__).resolve().parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs: nothing to download, ever
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-harness = sys.modules.get("validation_harness")
-if harness is None:  # the driver (arguments, runs, checks, key), loaded once, by path
+if "validation_harness" not in sys.modules:  # the driver (arguments, runs, checks, key), loaded once, by path
     _spec = importlib.util.spec_from_file_location("validation_harness", HERE.parent / "harness.py")
-    harness = sys.modules["validation_harness"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(harness)
+    sys.modules["validation_harness"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["validation_harness"])
+harness = sys.modules["validation_harness"]
 devices8 = harness._load("validation_v8_devices", HERE / "devices.py")  # this set's devices, under their own name
 v5 = harness._load("validation_v5_make_pairs", HERE.parent / "v5" / "make_pairs.py")  # its "amp" structure check
 v6 = harness._load("validation_v6_make_pairs", HERE.parent / "v6" / "make_pairs.py")  # its tracer
@@ -168,6 +168,7 @@ AUTOCAST = {"patchtst": "float16"}
 MASTER = {"stablelm", "stablelm_wide"}  # bf16 models with fp32 master weights
 FLIP_STEP = STEPS - 1  # the crafted tie is at the last step
 OPTIMIZER_KINDS = ("lr", "clip", "betas", "weight_decay", "eps", "momentum")
+ZERO_DROPOUT = ("dropout", "attention_dropout", "ff_dropout", "positional_dropout", "path_dropout", "head_dropout")
 ARGMAX_FAMILY = "fnet"  # the masked LM's predicted tokens, an argmax over the logits inside the window
 
 
@@ -272,18 +273,14 @@ def build_model(family: str):
     elif family in ("stablelm", "stablelm_wide"):
         from transformers import StableLmConfig, StableLmForCausalLM
 
-        wide = family == "stablelm_wide"
+        sizes = (WIDE_HIDDEN, WIDE_HIDDEN, 8, 4) if family == "stablelm_wide" else (32, 64, 4, 2)
         cfg = StableLmConfig(
+            **dict(zip(("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"), sizes)),
+            **dict.fromkeys(("hidden_dropout", "attention_dropout"), 0.0),
             vocab_size=VOCAB,
-            hidden_size=WIDE_HIDDEN if wide else 32,
-            intermediate_size=WIDE_HIDDEN if wide else 64,
             num_hidden_layers=2,
-            num_attention_heads=8 if wide else 4,
-            num_key_value_heads=4 if wide else 2,
             max_position_embeddings=WIDE_SEQ,
             use_qkv_bias=True,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
             tie_word_embeddings=False,
             use_cache=False,
             pad_token_id=0,
@@ -305,12 +302,7 @@ def build_model(family: str):
             num_attention_heads=4,
             num_hidden_layers=2,
             ffn_dim=64,
-            dropout=0.0,
-            attention_dropout=0.0,
-            ff_dropout=0.0,
-            positional_dropout=0.0,
-            path_dropout=0.0,
-            head_dropout=0.0,
+            **dict.fromkeys(ZERO_DROPOUT, 0.0),
             activation_function="gelu_new",
             scaling="std",
             loss="mse",
@@ -671,7 +663,9 @@ def _api(res: dict, record: str, step: int) -> str:
     return apis[0]
 
 
-OPTIMIZER_WHAT = {
+OPTIMIZER_WHAT: dict = {  # an optimizer fault's key: the setting's text (per family where it is the family's own)
+    "lr": "the learning rate x%g",
+    "clip": "gradient clipping at max_norm %%g instead of %g" % CLIP,
     "stablelm": {"betas": "NAdam betas %s instead of (0.9, 0.95)"},
     "fnet": {"eps": "RMSprop eps %g instead of 1e-8"},
     "mobilenet": {"momentum": "SGD Nesterov momentum %g instead of 0.9"},
@@ -682,6 +676,73 @@ OPTIMIZER_WHAT = {
 }
 
 
+# faults at step 0 whose culprit is the marked call in both runs: kind -> (mark, "one" or "first" call of the step,
+# what; both formatted with the fault's fields)
+AT_CALL = {
+    "ln_eps": (
+        "embed_ln",
+        "one",
+        "the embeddings' LayerNorm with eps {value:g} instead of the config's 1e-12 (a port that builds it with "
+        "torch's default): a scalar argument",
+    ),
+    "attn_scale": (
+        "scale.L{layer}",
+        "first",
+        "layer {layer}'s attention scores scaled by 1/head_dim instead of 1/sqrt(head_dim) (a scalar argument: the "
+        "multiply of the scores, the first sequence's call)",
+    ),
+    "gelu_exact": (
+        "act",
+        "one",
+        "layer {layer}'s MLP activation: the exact GELU instead of the tanh approximation the model was built with "
+        '("gelu_pytorch_tanh" mapped to "gelu")',
+    ),
+    "swiglu_backward": (
+        "swiglu_back.term",
+        "one",
+        "layer {layer}'s hand-written SwiGLU autograd function with a sign slip in its backward: the gate's "
+        "derivative s (1 + g (1 - s)) written s (1 + g s); the forward is the same; the multiply g * s (g * (1 - s) "
+        "in the reference; recorded after the loss as a forward record of the step) is the culprit",
+    ),
+    "mask": (
+        "mask.L{layer}",
+        "one",
+        "layer {layer}'s causal mask off by one in the target (each token also sees the next token): the add of the "
+        "mask to the scores",
+    ),
+    "bn_eval": (
+        "bn",
+        "one",
+        "layer {layer}'s first BatchNorm called with training=False (the running statistics instead of the batch's: "
+        "a port that passes self.training of another module): a scalar argument",
+    ),
+    "dense_bf16": (
+        "dense",
+        "one",
+        "layer {layer}'s MLP output projection run in bf16 in the fp32 model (a leftover autocast region around one "
+        "linear): its output bf16",
+    ),
+}
+# data faults: kind -> (the mark of their first consumer, what; a %d for the step)
+DATA = {
+    "tokens": (
+        "embedding",
+        "two tokens of sequence 0 replaced in the batch of step %d (a tokenizer with another merge table); their first "
+        "consumer: the token embedding",
+    ),
+    "labels": (
+        "cross_entropy",
+        "two masked tokens' labels changed (+1) in the batch of step %d (the inputs unchanged); the cross-entropy is "
+        "their first consumer",
+    ),
+    "gap": (
+        "scaler_mul",
+        "a gap of 8 missing values of one series filled with zeros (instead of being marked unobserved) in the batch "
+        "of step %d; their first consumer: the standardiser's multiply by the observed mask",
+    ),
+}
+
+
 def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     """What the verdict should say about a fault, from the marks both runs made at the faulty call."""
     kind = fault["kind"]
@@ -689,13 +750,8 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
     one, first, both = harness.mark_readers(case, tgt, ref)
     if kind in OPTIMIZER_KINDS:
         value = fault["value"]
-        if kind == "lr":
-            what = "the learning rate x%g" % value
-        elif kind == "clip":
-            what = "gradient clipping at max_norm %g instead of %g" % (value, CLIP)
-        else:
-            what = OPTIMIZER_WHAT[family][kind] % (tuple(value) if isinstance(value, tuple) else value,)
-        return harness.optimizer_expectation(fault, what)
+        what = OPTIMIZER_WHAT.get(kind) or OPTIMIZER_WHAT[family][kind]
+        return harness.optimizer_expectation(fault, what % (tuple(value) if isinstance(value, tuple) else value,))
     if kind == "extra_relu6":
         op = first(tgt, "extra_relu6", 0)
         return {
@@ -715,60 +771,16 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
             "that drops the BatchNorm without folding it): the reference's batch_norm; its consumer in the target, "
             "the ReLU6 of the unnormalised convolution, also counts" % fault["block"],
         }
-    if kind == "ln_eps":
-        return {
-            "step": 0,
-            "ops": both("embed_ln", 0),
-            "what": "the embeddings' LayerNorm with eps %g instead of the config's 1e-12 (a port that builds it with "
-            "torch's default): a scalar argument" % fault["value"],
-        }
-    if kind == "attn_scale":
-        tag = "scale.L%d" % fault["layer"]
-        return {
-            "step": 0,
-            "ops": both(tag, 0, first),
-            "what": "layer %d's attention scores scaled by 1/head_dim instead of 1/sqrt(head_dim) (a scalar "
-            "argument: the multiply of the scores, the first sequence's call)" % fault["layer"],
-        }
-    if kind == "gelu_exact":
-        return {
-            "step": 0,
-            "ops": both("act", 0),
-            "what": "layer %d's MLP activation: the exact GELU instead of the tanh approximation the model was "
-            'built with ("gelu_pytorch_tanh" mapped to "gelu")' % fault["layer"],
-        }
-    if kind == "swiglu_backward":
-        return {
-            "step": 0,
-            "ops": both("swiglu_back.term", 0),
-            "backward_only": True,
-            "what": "layer %d's hand-written SwiGLU autograd function with a sign slip in its backward: the gate's "
-            "derivative s (1 + g (1 - s)) written s (1 + g s); the forward is the same; the multiply g * s (g * "
-            "(1 - s) in the reference; recorded after the loss as a forward record of the step) is the culprit"
-            % fault["layer"],
-        }
-    if kind == "mask":
-        tag = "mask.L%d" % fault["layer"]
-        return {
-            "step": 0,
-            "ops": both(tag, 0),
-            "what": "layer %d's causal mask off by one in the target (each token also sees the next token): the add "
-            "of the mask to the scores" % fault["layer"],
-        }
-    if kind == "bn_eval":
-        return {
-            "step": 0,
-            "ops": both("bn", 0),
-            "what": "layer %d's first BatchNorm called with training=False (the running statistics instead of the "
-            "batch's: a port that passes self.training of another module): a scalar argument" % fault["layer"],
-        }
-    if kind == "dense_bf16":
-        return {
-            "step": 0,
-            "ops": both("dense", 0),
-            "what": "layer %d's MLP output projection run in bf16 in the fp32 model (a leftover autocast region "
-            "around one linear): its output bf16" % fault["layer"],
-        }
+    if kind in AT_CALL:
+        tag, pick, what = AT_CALL[kind]
+        exp = {"step": 0, "ops": both(tag.format(**fault), 0, first if pick == "first" else one)}
+        exp["what"] = what.format(**fault)
+        if kind == "swiglu_backward":
+            exp["backward_only"] = True
+        return exp
+    if kind in DATA:
+        tag, what = DATA[kind]
+        return harness.data_expectation(fault, both(tag, fault["step"]), what)
     if kind == "weight":
         return harness.weight_expectation(fault, HOW[fault["how"]], both)
     if kind == "bgr":
@@ -782,40 +794,17 @@ def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
             "the images of step %d decoded as BGR (channels in reverse order); their first consumer: the stem's "
             "'SAME' padding (F.pad); the stem's convolution after it also counts",
         )
-    if kind == "tokens":
-        return harness.data_expectation(
-            fault,
-            both("embedding", fault["step"]),
-            "two tokens of sequence 0 replaced in the batch of step %d (a tokenizer with another merge table); their "
-            "first consumer: the token embedding",
-        )
-    if kind == "labels":
-        return harness.data_expectation(
-            fault,
-            both("cross_entropy", fault["step"]),
-            "two masked tokens' labels changed (+1) in the batch of step %d (the inputs unchanged); the "
-            "cross-entropy is their first consumer",
-        )
-    if kind == "gap":
-        return harness.data_expectation(
-            fault,
-            both("scaler_mul", fault["step"]),
-            "a gap of 8 missing values of one series filled with zeros (instead of being marked unobserved) in the "
-            "batch of step %d; their first consumer: the standardiser's multiply by the observed mask",
-        )
     raise ValueError(kind)
 
 
-def argmax_flips(tgt: dict, ref: dict) -> list[dict]:
-    """The argmax flips (FNet's predicted tokens) of a pair."""
-    return harness.argmax_flips(tgt, ref)
+argmax_flips = harness.argmax_flips  # the argmax flips (FNet's predicted tokens) of a pair: no routing here
 
 
 def warm() -> None:
-    """The imports made once, before forking."""
+    """The imports made once, before forking: torch, msprobe, the four model classes and the modeling modules whose
+    functions the runs reroute."""
     harness.warm("MobileNetV2ForImageClassification", "FNetForMaskedLM", "StableLmForCausalLM", "PatchTSTForPrediction")
-    for name in ("mobilenet_v2", "stablelm"):
-        harness.hf_module(name)
+    list(map(harness.hf_module, ("mobilenet_v2", "stablelm")))
 
 
 def main(argv=None) -> int:

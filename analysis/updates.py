@@ -17,6 +17,7 @@ explains" names the optimizer (see docs/how-it-decides.md, section 5).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -281,3 +282,95 @@ def decay_shift_measures(rows: pl.DataFrame, before: int, after: int, params: pl
         "margin": abs(shift) / bar,
         "differs": bool(abs(shift) > bar and same_way >= OPT_SHARE * now.size),
     }
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# An update that differs where everything it was fed agrees (a replay of the update before)
+# ------------------------------------------------------------------------------------------------------------------
+# the chance, under the update before's rate, of as many parameters differing: at most the normal tail beyond
+# STAND_OUT (one-sided), the noise model's own margin
+REPLAY_P = 0.5 * math.erfc(STAND_OUT / math.sqrt(2.0))
+
+
+def _same(both: pl.DataFrame, suffix: str = "") -> np.ndarray:
+    """Per row: every statistic (with `suffix`) equal in both runs, missing in both counting as equal."""
+    out = np.ones(both.height, dtype=bool)
+    for s in R.STATS:
+        t, r = (both[f"{pre}{s}{suffix}"].cast(pl.Float64).fill_null(np.nan).to_numpy() for pre in ("", "ref_"))
+        out &= (t == r) | (np.isnan(t) & np.isnan(r))
+    return out
+
+
+def _moved(both: pl.DataFrame, a: str, b: str) -> np.ndarray:
+    """Per row: a statistic changed between the columns with suffix `a` and `b`, in either run."""
+    out = np.zeros(both.height, dtype=bool)
+    for pre in ("", "ref_"):
+        for s in R.STATS:
+            x, y = (both[f"{pre}{s}{suf}"].cast(pl.Float64).fill_null(np.nan).to_numpy() for suf in (a, b))
+            out |= ~((x == y) | (np.isnan(x) & np.isnan(y)))
+    return out
+
+
+def replay_measures(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
+    """`replayed_update`'s measures, with `p` and `differs`; None where the rule does not apply: at the pair's
+    first update, where a parameter or its gradient (`parameters_grad` leaf) disagrees at `before` in any
+    statistic or has none, or where a parameter disagreed at the step before `before`.
+
+    An optimizer is a deterministic function of the parameters, their gradients and its state.  Where every
+    parameter and every gradient agree at `before` in all four statistics, and the pair's update before turned
+    agreeing parameters into parameters that agree again (`previous_updated` of them moved, none apart: the two
+    devices' optimizer arithmetic is the same, and what the gradients hid from their statistics did not reach
+    the parameters), the update from `before` is a replay of it: a parameter that differs after it was moved
+    by another rule.  A gradient's mean is a sum that cancels (far below its elements), so one element changed
+    by one rounding of itself moves it: statistics that agree say the gradients agree but for their smallest
+    elements.  The count is judged against the update before's: the chance that k of the n parameters moved now
+    differ where 0 of the n0 moved before did, at the same rate (Fisher's exact test, one-sided: C(n, k) /
+    C(n + n0, k)), must be under REPLAY_P, with at least OPT_MIN_PARAMS differing.  A tensor whose statistics are
+    another rank's copy of the same parameter at both steps in both runs (a data-parallel replica) is counted
+    once."""
+    prev = _previous(rows, before)
+    if prev is None:
+        return None
+    params = one_per_tensor(params)
+    now = _pair_of_steps(rows, before, after, params)
+    then = _pair_of_steps(rows, prev, before, params)
+    if now.height < OPT_MIN_PARAMS:
+        return None
+    earlier = then.select(*ST._KEYS, *(pl.col(c).alias(f"{c[:-2]}_p") for c in then.columns if c.endswith("_b")))
+    both = now.join(earlier, on=ST._KEYS, how="left", maintain_order="left")
+    grads = rows.filter(
+        (pl.col("step") == before) & (pl.col("_io") == "parameters_grad") & (pl.col("kind") == "tensor")
+    ).select("rank", "source", ST._module("_record"), "index_path", *(pl.col(s).alias(f"{s}_g") for s in R.STATS),
+             *(pl.col(f"ref_{s}").alias(f"ref_{s}_g") for s in R.STATS))  # fmt: skip
+    on = ["rank", "source", "_module", "index_path"]
+    both = both.with_columns(ST._module("_record")).join(
+        grads.unique(subset=on, keep="first"), on=on, how="left", nulls_equal=True, maintain_order="left"
+    )
+    has_grad = both["norm_g"].is_not_null().to_numpy() | both["ref_norm_g"].is_not_null().to_numpy()
+    has_prev = both["norm_p"].is_not_null().to_numpy() | both["ref_norm_p"].is_not_null().to_numpy()
+    if not (has_grad.all() and has_prev.all() and _same(both, "_b").all() and _same(both, "_g").all()):
+        return None
+    if not _same(both, "_p").all():
+        return None  # the update before started from parameters apart: no replay to compare with
+    cols = [c for c in both.columns if any(c.startswith(s) or c.startswith(f"ref_{s}") for s in R.STATS)]
+    both = both.unique(subset=["source", "_module", "index_path", *cols], keep="first", maintain_order=True)
+    moved, moved_before = _moved(both, "", "_b"), _moved(both, "_b", "_p")
+    n, n0, k = int(moved.sum()), int(moved_before.sum()), int((~_same(both)).sum())
+    p = math.comb(n, k) / math.comb(n + n0, k) if k <= n else 0.0
+    return {
+        "parameters": int(both.height),
+        "updated": n,
+        "differing": k,
+        "previous_updated": n0,
+        "p": p,
+        "differs": bool(k >= OPT_MIN_PARAMS and p < REPLAY_P),
+    }
+
+
+def replayed_update(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
+    """Evidence that the update between `before` and `after` differs although everything it was fed agrees
+    (`replay_measures`); None when it does not, or the rule does not apply."""
+    m = replay_measures(rows, before, after, params)
+    if m is None or not m.pop("differs"):
+        return None
+    return m

@@ -28,7 +28,7 @@ from dumpstore.names import MODULE_RECORD_PREFIXES
 
 from . import rules as R
 from . import steps as ST
-from .noise import OPT_FLOOR, OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
+from .noise import OPT_FLOOR, OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median, update_evidence
 
 
 def update_floor(rows: pl.DataFrame, before: int, params: pl.DataFrame) -> tuple[float, float | None]:
@@ -201,14 +201,20 @@ def ratio_shift_measures(
     return out | {"tied": tied} if tied else out
 
 
-def norm_gaps(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> tuple[np.ndarray, float]:
+def norm_gaps(
+    rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame, size_noise: float = 0.0
+) -> tuple[np.ndarray, float]:
     """(d, the largest eps among their dtypes): `steps.decay_differs`'s d = relative norm gap at `after` less the
     one carried in from `before`, for the parameters whose d a weight-decay change could show and noise could
     not: |d| over STAND_OUT x 2 eps (its four norms rounded by eps / 2 each) and |d| ||p_r(after)|| over STAND_OUT
     x what the update's own disagreement explains (`steps.table`'s max(x_prev, g_prev, x_round), in updates, x
     the reference's update): a norm gap can move by no more than the gap of the updates, so a parameter whose
     gradient is mostly rounding (a key projection's bias under softmax, a norm of 1e-7) moves its norm by noise
-    alone and says nothing."""
+    alone and says nothing.  Nor by less than STAND_OUT x `size_noise` x the reference's update: an update whose
+    size is off by the step's typical relative disagreement of update sizes (`size_noise`, the robust spread of
+    the log update-size ratios across the parameters) moves a norm along the parameter by up to that much, and
+    a parameter whose norm is a few of its updates (a bias from 0, the sum of its updates) has its relative norm
+    moved by the noise of its update's size, more than a decay moves it."""
     t = ST.table(rows, before, after, params)
     if t is None:
         return np.zeros(0), 0.0
@@ -227,12 +233,21 @@ def norm_gaps(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame)
         both[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in ("norm", "ref_norm", "norm_b", "ref_norm_b")
     )
     e = np.array([eps(d or "") for d in both["dtype"].to_list()])
-    explained = np.nan_to_num(ST._explained(both), nan=0.0) * np.nan_to_num(upd, nan=np.inf)
+    explained = np.fmax(np.nan_to_num(ST._explained(both), nan=0.0), size_noise) * np.nan_to_num(upd, nan=np.inf)
     with np.errstate(all="ignore"):
         d = (t_a - r_a) / r_a - (t_b - r_b) / r_b
         ok = np.isfinite(d) & (r_a > 0) & (r_b > 0) & (np.abs(d) > STAND_OUT * 2 * e)
         ok &= np.abs(d) * r_a > STAND_OUT * explained
     return d[ok], float(e[ok].max()) if ok.any() else 0.0
+
+
+def _size_noise(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> float:
+    """The robust spread of the log update-size ratios (target over reference) across the parameters between
+    `before` and `after` (analysis/noise.py `update_evidence`): how far apart the runs' update sizes typically
+    are, relative; 0 where it is not measured."""
+    distinct = ST.parameters_of(params)
+    ev = update_evidence(rows, before, after, distinct, ST.gradient_error(rows, before)) if distinct.height else None
+    return float(ev["spread"]) if ev is not None and np.isfinite(ev["spread"]) else 0.0
 
 
 def decay_shift(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
@@ -263,10 +278,10 @@ def decay_shift_measures(rows: pl.DataFrame, before: int, after: int, params: pl
     if prev is None:
         return None
     params = one_per_tensor(params)
-    now, e = norm_gaps(rows, before, after, params)
+    now, e = norm_gaps(rows, before, after, params, _size_noise(rows, before, after, params))
     if now.size < OPT_MIN_PARAMS:
         return None
-    then, _ = norm_gaps(rows, prev, before, params)
+    then, _ = norm_gaps(rows, prev, before, params, _size_noise(rows, prev, before, params))
     med, spread, se = _location(now)
     med_then, se_then = (0.0, 0.0) if then.size < OPT_MIN_PARAMS else _location(then)[::2]
     shift = med - med_then

@@ -41,7 +41,7 @@ from .rank import significance
 from .rules import within_estimates
 from .sibling_prior import PRIOR_TOLERANCES, siblings_excuse
 from .signature import signature_finding
-from .updates import decay_shift, ratio_shift, updates_differ
+from .updates import decay_shift, ratio_shift, replayed_update, updates_differ
 
 
 def _finding(row: dict[str, Any], kind: str | None = None) -> Finding:
@@ -388,15 +388,28 @@ def _optimizer(
         # (only the rules of steps.py use the table); a parameter within its tolerance can still have changed
         table = ST.table(rows, before, after, params) if params.height else None
         broad = updates_differ(rows, before, params, table) if over else None
-        if broad is None:
-            return None, ST.corrupted(table)
-        evidence, value, metric = broad, broad["median_update_units"], "update_units"
-        text = (
-            f"{broad['unexplained']} of {broad['parameters']} parameters differ from the reference by "
-            f"{broad['median_update_units']:.3g} of their own update (median) between steps {before} and {after}, "
-            f"where their gradients and earlier differences explain {broad['median_carried_in']:.3g}: clipping, "
-            "learning rate or optimizer differs"
-        )
+        changed = ST.corrupted(table) if broad is None else {}
+        # everything the update was fed agrees, as at the update before, which left the parameters agreeing: a
+        # parameter changed between the steps is the more specific reading (analysis/updates.py)
+        replay = replayed_update(rows, before, after, distinct) if broad is None and not changed else None
+        if broad is not None:
+            evidence, value, metric = broad, broad["median_update_units"], "update_units"
+            text = (
+                f"{broad['unexplained']} of {broad['parameters']} parameters differ from the reference by "
+                f"{broad['median_update_units']:.3g} of their own update (median) between steps {before} and "
+                f"{after}, where their gradients and earlier differences explain {broad['median_carried_in']:.3g}: "
+                "clipping, learning rate or optimizer differs"
+            )
+        elif replay is not None:
+            evidence, value, metric = replay, replay["differing"] / replay["updated"], "replay"
+            text = (
+                f"{replay['differing']} of {replay['updated']} parameters updated between steps {before} and "
+                f"{after} differ from the reference, where every parameter and its gradient agreed at step {before} "
+                f"and the update before left all {replay['previous_updated']} it moved agreeing (chance "
+                f"{replay['p']:.2g}): learning rate, weight decay or optimizer differs"
+            )
+        else:
+            return None, changed
     key = order_key(params.row(0, named=True))  # the update comes before the step's first record taking it
     shows = _most_significant(step_rows, params)
     culprit = Finding(

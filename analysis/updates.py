@@ -17,6 +17,7 @@ explains" names the optimizer (see docs/how-it-decides.md, section 5).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from dumpstore.names import without_module_call_expr
 
 from . import rules as R
 from . import steps as ST
-from .noise import OPT_FLOOR, OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
+from .noise import OPT_FLOOR, OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median, update_evidence
 
 
 def update_floor(rows: pl.DataFrame, before: int, params: pl.DataFrame) -> tuple[float, float | None]:
@@ -197,14 +198,20 @@ def ratio_shift_measures(
     return out | {"tied": tied} if tied else out
 
 
-def norm_gaps(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> tuple[np.ndarray, float]:
+def norm_gaps(
+    rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame, size_noise: float = 0.0
+) -> tuple[np.ndarray, float]:
     """(d, the largest eps among their dtypes): `steps.decay_differs`'s d = relative norm gap at `after` less the
     one carried in from `before`, for the parameters whose d a weight-decay change could show and noise could
     not: |d| over STAND_OUT x 2 eps (its four norms rounded by eps / 2 each) and |d| ||p_r(after)|| over STAND_OUT
     x what the update's own disagreement explains (`steps.table`'s max(x_prev, g_prev, x_round), in updates, x
     the reference's update): a norm gap can move by no more than the gap of the updates, so a parameter whose
     gradient is mostly rounding (a key projection's bias under softmax, a norm of 1e-7) moves its norm by noise
-    alone and says nothing."""
+    alone and says nothing.  Nor by less than STAND_OUT x `size_noise` x the reference's update: an update whose
+    size is off by the step's typical relative disagreement of update sizes (`size_noise`, the robust spread of
+    the log update-size ratios across the parameters) moves a norm along the parameter by up to that much, and
+    a parameter whose norm is a few of its updates (a bias from 0, the sum of its updates) has its relative norm
+    moved by the noise of its update's size, more than a decay moves it."""
     t = ST.table(rows, before, after, params)
     if t is None:
         return np.zeros(0), 0.0
@@ -223,12 +230,21 @@ def norm_gaps(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame)
         both[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in ("norm", "ref_norm", "norm_b", "ref_norm_b")
     )
     e = np.array([eps(d or "") for d in both["dtype"].to_list()])
-    explained = np.nan_to_num(ST._explained(both), nan=0.0) * np.nan_to_num(upd, nan=np.inf)
+    explained = np.fmax(np.nan_to_num(ST._explained(both), nan=0.0), size_noise) * np.nan_to_num(upd, nan=np.inf)
     with np.errstate(all="ignore"):
         d = (t_a - r_a) / r_a - (t_b - r_b) / r_b
         ok = np.isfinite(d) & (r_a > 0) & (r_b > 0) & (np.abs(d) > STAND_OUT * 2 * e)
         ok &= np.abs(d) * r_a > STAND_OUT * explained
     return d[ok], float(e[ok].max()) if ok.any() else 0.0
+
+
+def _size_noise(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> float:
+    """The robust spread of the log update-size ratios (target over reference) across the parameters between
+    `before` and `after` (analysis/noise.py `update_evidence`): how far apart the runs' update sizes typically
+    are, relative; 0 where it is not measured."""
+    distinct = ST.parameters_of(params)
+    ev = update_evidence(rows, before, after, distinct, ST.gradient_error(rows, before)) if distinct.height else None
+    return float(ev["spread"]) if ev is not None and np.isfinite(ev["spread"]) else 0.0
 
 
 def decay_shift(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
@@ -259,10 +275,10 @@ def decay_shift_measures(rows: pl.DataFrame, before: int, after: int, params: pl
     if prev is None:
         return None
     params = one_per_tensor(params)
-    now, e = norm_gaps(rows, before, after, params)
+    now, e = norm_gaps(rows, before, after, params, _size_noise(rows, before, after, params))
     if now.size < OPT_MIN_PARAMS:
         return None
-    then, _ = norm_gaps(rows, prev, before, params)
+    then, _ = norm_gaps(rows, prev, before, params, _size_noise(rows, prev, before, params))
     med, spread, se = _location(now)
     med_then, se_then = (0.0, 0.0) if then.size < OPT_MIN_PARAMS else _location(then)[::2]
     shift = med - med_then
@@ -278,3 +294,95 @@ def decay_shift_measures(rows: pl.DataFrame, before: int, after: int, params: pl
         "margin": abs(shift) / bar,
         "differs": bool(abs(shift) > bar and same_way >= OPT_SHARE * now.size),
     }
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# An update that differs where everything it was fed agrees (a replay of the update before)
+# ------------------------------------------------------------------------------------------------------------------
+# the chance, under the update before's rate, of as many parameters differing: at most the normal tail beyond
+# STAND_OUT (one-sided), the noise model's own margin
+REPLAY_P = 0.5 * math.erfc(STAND_OUT / math.sqrt(2.0))
+
+
+def _same(both: pl.DataFrame, suffix: str = "") -> np.ndarray:
+    """Per row: every statistic (with `suffix`) equal in both runs, missing in both counting as equal."""
+    out = np.ones(both.height, dtype=bool)
+    for s in R.STATS:
+        t, r = (both[f"{pre}{s}{suffix}"].cast(pl.Float64).fill_null(np.nan).to_numpy() for pre in ("", "ref_"))
+        out &= (t == r) | (np.isnan(t) & np.isnan(r))
+    return out
+
+
+def _moved(both: pl.DataFrame, a: str, b: str) -> np.ndarray:
+    """Per row: a statistic changed between the columns with suffix `a` and `b`, in either run."""
+    out = np.zeros(both.height, dtype=bool)
+    for pre in ("", "ref_"):
+        for s in R.STATS:
+            x, y = (both[f"{pre}{s}{suf}"].cast(pl.Float64).fill_null(np.nan).to_numpy() for suf in (a, b))
+            out |= ~((x == y) | (np.isnan(x) & np.isnan(y)))
+    return out
+
+
+def replay_measures(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
+    """`replayed_update`'s measures, with `p` and `differs`; None where the rule does not apply: at the pair's
+    first update, where a parameter or its gradient (`parameters_grad` leaf) disagrees at `before` in any
+    statistic or has none, or where a parameter disagreed at the step before `before`.
+
+    An optimizer is a deterministic function of the parameters, their gradients and its state.  Where every
+    parameter and every gradient agree at `before` in all four statistics, and the pair's update before turned
+    agreeing parameters into parameters that agree again (`previous_updated` of them moved, none apart: the two
+    devices' optimizer arithmetic is the same, and what the gradients hid from their statistics did not reach
+    the parameters), the update from `before` is a replay of it: a parameter that differs after it was moved
+    by another rule.  A gradient's mean is a sum that cancels (far below its elements), so one element changed
+    by one rounding of itself moves it: statistics that agree say the gradients agree but for their smallest
+    elements.  The count is judged against the update before's: the chance that k of the n parameters moved now
+    differ where 0 of the n0 moved before did, at the same rate (Fisher's exact test, one-sided: C(n, k) /
+    C(n + n0, k)), must be under REPLAY_P, with at least OPT_MIN_PARAMS differing.  A tensor whose statistics are
+    another rank's copy of the same parameter at both steps in both runs (a data-parallel replica) is counted
+    once."""
+    prev = _previous(rows, before)
+    if prev is None:
+        return None
+    params = one_per_tensor(params)
+    now = _pair_of_steps(rows, before, after, params)
+    then = _pair_of_steps(rows, prev, before, params)
+    if now.height < OPT_MIN_PARAMS:
+        return None
+    earlier = then.select(*ST._KEYS, *(pl.col(c).alias(f"{c[:-2]}_p") for c in then.columns if c.endswith("_b")))
+    both = now.join(earlier, on=ST._KEYS, how="left", maintain_order="left")
+    grads = rows.filter(
+        (pl.col("step") == before) & (pl.col("_io") == "parameters_grad") & (pl.col("kind") == "tensor")
+    ).select("rank", "source", ST._module("_record"), "index_path", *(pl.col(s).alias(f"{s}_g") for s in R.STATS),
+             *(pl.col(f"ref_{s}").alias(f"ref_{s}_g") for s in R.STATS))  # fmt: skip
+    on = ["rank", "source", "_module", "index_path"]
+    both = both.with_columns(ST._module("_record")).join(
+        grads.unique(subset=on, keep="first"), on=on, how="left", nulls_equal=True, maintain_order="left"
+    )
+    has_grad = both["norm_g"].is_not_null().to_numpy() | both["ref_norm_g"].is_not_null().to_numpy()
+    has_prev = both["norm_p"].is_not_null().to_numpy() | both["ref_norm_p"].is_not_null().to_numpy()
+    if not (has_grad.all() and has_prev.all() and _same(both, "_b").all() and _same(both, "_g").all()):
+        return None
+    if not _same(both, "_p").all():
+        return None  # the update before started from parameters apart: no replay to compare with
+    cols = [c for c in both.columns if any(c.startswith(s) or c.startswith(f"ref_{s}") for s in R.STATS)]
+    both = both.unique(subset=["source", "_module", "index_path", *cols], keep="first", maintain_order=True)
+    moved, moved_before = _moved(both, "", "_b"), _moved(both, "_b", "_p")
+    n, n0, k = int(moved.sum()), int(moved_before.sum()), int((~_same(both)).sum())
+    p = math.comb(n, k) / math.comb(n + n0, k) if k <= n else 0.0
+    return {
+        "parameters": int(both.height),
+        "updated": n,
+        "differing": k,
+        "previous_updated": n0,
+        "p": p,
+        "differs": bool(k >= OPT_MIN_PARAMS and p < REPLAY_P),
+    }
+
+
+def replayed_update(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> dict[str, Any] | None:
+    """Evidence that the update between `before` and `after` differs although everything it was fed agrees
+    (`replay_measures`); None when it does not, or the rule does not apply."""
+    m = replay_measures(rows, before, after, params)
+    if m is None or not m.pop("differs"):
+        return None
+    return m

@@ -2,7 +2,9 @@
 step (docs/how-it-decides.md, section 5, *update differs*): how many parameters are beyond what their gradients,
 the disagreement carried in and rounding explain, and the median x (the runs' updates apart, in updates); and
 the rules that judge a later update against the update before it (analysis/updates.py `ratio_shift`,
-`decay_shift`): their measures with `margin` (the shift over its bar) and `differs`.
+`decay_shift`): their measures with `margin` (the shift over its bar) and `differs`; and the replay rule's
+(`replay_measures`: where every parameter and gradient agreed before the update, how many differ after it, and
+the chance of that at the update before's rate).
 
     .venv/bin/python validation/optimizer_survey.py --out OUT.jsonl [--work DIR] DATA ...
 
@@ -28,7 +30,7 @@ from dumpstore.analysis import culprit as C
 from dumpstore.analysis import steps as ST
 from dumpstore.analysis._divergence import _ordered, _record_table
 from dumpstore.analysis.order import INPUT_IO
-from dumpstore.analysis.updates import decay_shift_measures, ratio_shift_measures
+from dumpstore.analysis.updates import decay_shift_measures, ratio_shift_measures, replay_measures
 
 DUMPSTORE = Path(sys.executable).parent / "dumpstore"
 
@@ -114,16 +116,21 @@ def measure(store_dir: Path) -> list[dict]:
             distinct = ST.parameters_of(params)
             shift = ratio_shift_measures(rows, before, step, distinct, ST.gradient_error(rows, before))
             decay = decay_shift_measures(rows, before, step, params)
+            replay = replay_measures(rows, before, step, distinct)
             out.append({"step": step, "n": int(ok.sum()), "beyond": float(beyond.mean()),
                         "median_x": float(np.median(x[ok])), "over": over,
                         "by_statistic": by_statistic(rows, before, step),
-                        "ratio_shift": shift, "decay_shift": decay})  # fmt: skip
+                        "ratio_shift": shift, "decay_shift": decay, "replay": replay})  # fmt: skip
     return out
 
 
 def _margins(d: dict) -> str:
-    """` ratio M1 decay M2`: the later-update rules' margins (shift over bar), where they measure."""
+    """` ratio M1 decay M2 replay K/N pP`: the later-update rules' margins (shift over bar) and the replay rule's
+    count and chance, where they measure."""
     out = ""
+    r = d.get("replay")
+    if r is not None:
+        out += f" replay {r['differing']}/{r['updated']} p{r['p']:.2g}{'!' if r['differs'] else ''}"
     for rule in ("ratio", "decay"):
         m = d.get(f"{rule}_shift")
         if m is not None:

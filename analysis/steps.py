@@ -17,9 +17,13 @@ model's own scalar, `_table_parameters`) between steps b and a = the next compar
   x_exact  for a one-element p (its statistics are its value): the target's own update off the reference's and
            off its sign flip, in the reference's update (`_exact_update_gap`)
 
-All norms are the statistics lower bound of analysis/rules.py (`stats_bound`) in both dump modes, so that `x`
-is a ratio of two quantities measured the same way.  Neither is an upper bound (statistics bound ||a - b||
-from above only by ||a|| + ||b||, a hundred updates), so x is not a bound either way: the norm and the mean are
+In tensor mode, where both runs sketched the parameter at both steps, the gaps and the update are the
+tensor's own norms from its sketches (`_sketch_gaps`: the sketch is linear and one map in every run and step;
+exact up to its M elements, else within sqrt(2/M)), x_chg = x: a permutation of a weight's elements (a
+router's rows in another expert order) keeps every statistic.  Elsewhere all norms are the statistics lower
+bound of analysis/rules.py (`stats_bound`), so that `x` is a ratio of two quantities measured the same way
+either way.  A statistics bound is no upper bound (statistics bound ||a - b|| from above only by ||a|| + ||b||,
+a hundred updates), so that x is not a bound either way: the norm and the mean are
 projections of a difference on fixed directions, which shrink a gap and an update alike, and their ratio reads
 the ratio of the norms; a max or min difference is one element's, which does not shrink, and is compared with
 one element's update (x_chg).  Device noise moves an update by about the error of the gradient it was
@@ -75,6 +79,7 @@ from dumpstore.names import MODULE_RECORD_PREFIXES, parse_record
 from . import param_change as PC
 from . import rules as R
 from .noise import OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
+from .pairmetrics import WEIGHT_SKETCH
 
 X_MIN = 0.25  # a gap of a quarter of the reference's own update: far beyond rounding of an update
 # the update-differs rule's floor: the runs' updates a sixteenth of an update apart (median over the parameters).
@@ -174,7 +179,8 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     parameter: analysis/param_change.py), shape, status, `x`, `x_prev`, `x_round`, `g_prev`, `klass` (module
     class or API, parameter name, shape).  None: nothing measurable."""
     stats = [*R.STATS, *(f"ref_{s}" for s in R.STATS)]
-    cols = rows.select("step", *_KEYS, *stats, "numel")
+    sketches = [s for s in WEIGHT_SKETCH if s in rows.columns]  # tensor mode (analysis/pairmetrics.py)
+    cols = rows.select("step", *_KEYS, *stats, "numel", *sketches)
     params = _table_parameters(params)
     params = params.with_columns(PC.key_expr(params.columns))  # which parameter (analysis/param_change.py)
     now = params.select(*_KEYS, "_fp_t", "_pkey", "shape", "status", "dtype").join(
@@ -195,6 +201,11 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     rounding = np.array([eps(d or "") for d in both["dtype"].to_list()]) * np.abs(side("ref_", "_b")["norm"])
     changed = _changed_gap(side(""), side("ref_"), side("ref_"), side("ref_", "_b"), numel)
     exact = _exact_update_gap(side(""), side("ref_"), side("", "_b"), side("ref_", "_b"), numel)
+    if len(sketches) == len(WEIGHT_SKETCH):  # the tensor's own norms where both runs sketched it at both steps
+        sk = _sketch_gaps(both)
+        known = np.isfinite(sk[0]) & np.isfinite(sk[1]) & np.isfinite(sk[2])
+        gap, gap_b, upd = (np.where(known, v, w) for v, w in zip(sk, (gap, gap_b, upd)))
+        changed = np.where(known, gap, changed)  # every element's gap in every element's update: like with like
     with np.errstate(all="ignore"):
         x = np.where(upd > 0, gap / upd, np.nan)
         x_changed = np.where((upd > 0) & np.isfinite(gap), changed / upd, np.nan)
@@ -209,9 +220,10 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         pl.Series("_numel", numel),
         _module("_record"),
     )
+    residue = pl.col("small_value").fill_null(False) if "small_value" in rows.columns else pl.lit(False)
     grads = rows.filter(
         (pl.col("step") == before) & (pl.col("_io") == "parameters_grad") & (pl.col("kind") == "tensor")
-    ).select("rank", "source", "_record", "index_path", pl.col("err").alias("g_prev"))
+    ).select("rank", "source", "_record", "index_path", pl.col("err").alias("g_prev"), residue.alias("g_residue"))
     grads = grads.with_columns(_module("_record")).drop("_record")
     keys = ["rank", "source", "_module", "index_path"]
     out = out.join(grads.unique(subset=keys, keep="first"), on=keys, how="left", nulls_equal=True)
@@ -233,6 +245,25 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         ignore_nulls=True,
     )
     return out.with_columns(klass.alias("klass"))
+
+
+def _sketch_gaps(both: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gap at the later step, gap at the earlier, the reference's update) of each row of `table`'s joined
+    frame from the weight's sketches (analysis/pairmetrics.py `WEIGHT_SKETCH`; `_b`: the earlier step): the
+    sketch is linear and one map for a tensor's shape in every run and step, so the distance of two sketches
+    is the tensor's own (exact up to the sketch's M elements, else within sqrt(2/M) relative).  NaN where a
+    sketch is missing, of another length or not finite."""
+    t, r = WEIGHT_SKETCH
+    lists = [both[c].to_list() for c in (t, r, f"{t}_b", f"{r}_b")]
+    out = np.full((3, both.height), np.nan)
+    for i, (ta, ra, tb, rb) in enumerate(zip(*lists)):
+        if ta is None or ra is None or tb is None or rb is None or not len(ta) == len(ra) == len(tb) == len(rb):
+            continue
+        v = [np.asarray(a, dtype=np.float64) for a in (ta, ra, tb, rb)]
+        if not len(v[0]) or not all(np.isfinite(a).all() for a in v):
+            continue
+        out[:, i] = (np.linalg.norm(v[0] - v[1]), np.linalg.norm(v[2] - v[3]), np.linalg.norm(v[1] - v[3]))
+    return out[0], out[1], out[2]
 
 
 def _exact_update_gap(
@@ -323,7 +354,11 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     expl = _explained(t)
     over = (t["status"] == "diverged").to_numpy()
     x_prev = np.nan_to_num(t["x_prev"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
-    beyond = _beyond(t, "x_changed")
+    # a parameter whose gradient at `before` is rounding residue (judged on its record's scale: rules.py
+    # `small_value_err`) was fed a gradient whose relative error nothing bounds (1e-9 in one run, 1e-6 in the
+    # other): its update is no unit the two runs share, and its x says nothing
+    residue = t["g_residue"].fill_null(False).to_numpy() if "g_residue" in t.columns else np.zeros(t.height, bool)
+    beyond = _beyond(t, "x_changed") & ~residue
     # every other parameter of the step within STAND_OUT x (what it carried in + one rounding of itself): the runs
     # computed the same updates, none moved by noise that a per-element normalisation could flip
     x_round = np.nan_to_num(t["x_round"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)

@@ -17,12 +17,12 @@ model's own scalar, `_table_parameters`) between steps b and a = the next compar
   x_exact  for a one-element p (its statistics are its value): the target's own update off the reference's and
            off its sign flip, in the reference's update (`_exact_update_gap`)
 
-In tensor mode, where both runs sketched the parameter at both steps, the gaps and the update are the
-tensor's own norms from its sketches (`_sketch_gaps`: the sketch is linear and one map in every run and step;
-exact up to its M elements, else within sqrt(2/M)), x_chg = x: a permutation of a weight's elements (a
-router's rows in another expert order) keeps every statistic.  Elsewhere all norms are the statistics lower
-bound of analysis/rules.py (`stats_bound`), so that `x` is a ratio of two quantities measured the same way
-either way.  A statistics bound is no upper bound (statistics bound ||a - b|| from above only by ||a|| + ||b||,
+All norms are the statistics lower bound of analysis/rules.py (`stats_bound`), so that `x` is a ratio of two
+quantities measured the same way, except in the changed-parameter rule's x_chg, xc_prev, xc_round where both
+runs sketched the parameter at both steps (tensor mode): there they are the tensor's own norms from its
+sketches (`_sketch_gaps`: the sketch is linear and one map in every run and step; exact up to its M elements,
+else within sqrt(2/M)), every element's gap in every element's update: a permutation of a weight's elements
+(a router's rows in another expert order) keeps every statistic.  A statistics bound is no upper bound (statistics bound ||a - b|| from above only by ||a|| + ||b||,
 a hundred updates), so that x is not a bound either way: the norm and the mean are
 projections of a difference on fixed directions, which shrink a gap and an update alike, and their ratio reads
 the ratio of the norms; a max or min difference is one element's, which does not shrink, and is compared with
@@ -201,21 +201,28 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     rounding = np.array([eps(d or "") for d in both["dtype"].to_list()]) * np.abs(side("ref_", "_b")["norm"])
     changed = _changed_gap(side(""), side("ref_"), side("ref_"), side("ref_", "_b"), numel)
     exact = _exact_update_gap(side(""), side("ref_"), side("", "_b"), side("ref_", "_b"), numel)
-    if len(sketches) == len(WEIGHT_SKETCH):  # the tensor's own norms where both runs sketched it at both steps
-        sk = _sketch_gaps(both)
-        known = np.isfinite(sk[0]) & np.isfinite(sk[1]) & np.isfinite(sk[2])
-        gap, gap_b, upd = (np.where(known, v, w) for v, w in zip(sk, (gap, gap_b, upd)))
-        changed = np.where(known, gap, changed)  # every element's gap in every element's update: like with like
     with np.errstate(all="ignore"):
         x = np.where(upd > 0, gap / upd, np.nan)
         x_changed = np.where((upd > 0) & np.isfinite(gap), changed / upd, np.nan)
         x_prev = np.where(upd > 0, gap_b / upd, np.nan)
         x_round = np.where(upd > 0, rounding / upd, np.nan)
+    # the changed-parameter rule's units (`corrupted`): the tensor's own norms where both runs sketched it at both
+    # steps (every element's gap in every element's update: like with like), else the statistics bounds above
+    c_prev, c_round = x_prev, x_round
+    if len(sketches) == len(WEIGHT_SKETCH):
+        sk_gap, sk_gap_b, sk_upd = _sketch_gaps(both)
+        with np.errstate(all="ignore"):
+            known = np.isfinite(sk_gap) & np.isfinite(sk_gap_b) & (sk_upd > 0)
+            x_changed = np.where(known, sk_gap / sk_upd, x_changed)
+            c_prev = np.where(known, sk_gap_b / sk_upd, x_prev)
+            c_round = np.where(known, rounding / sk_upd, x_round)
     out = both.select(*_KEYS, "_fp_t", "_pkey", "shape", "status").with_columns(
         pl.Series("x", x),
         pl.Series("x_changed", x_changed),
         pl.Series("x_prev", x_prev),
         pl.Series("x_round", x_round),
+        pl.Series("xc_prev", c_prev),
+        pl.Series("xc_round", c_round),
         pl.Series("x_exact", exact),
         pl.Series("_numel", numel),
         _module("_record"),
@@ -328,17 +335,28 @@ def _module(col: str) -> pl.Expr:
     return pl.col(col).map_elements(lambda r: ".".join(parse_record(r)[:2]), return_dtype=pl.String).alias("_module")
 
 
-def _explained(t: pl.DataFrame) -> np.ndarray:
-    """max(x_prev, g_prev, x_round) per parameter (NaN where none is known)."""
-    cols = [t[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in ("x_prev", "g_prev", "x_round")]
+def _explained(t: pl.DataFrame, units: str = "x") -> np.ndarray:
+    """max(x_prev, g_prev, x_round) per parameter (NaN where none is known); `units` "xc": x_prev and x_round in
+    the changed-parameter rule's units (`xc_prev`, `xc_round`: the sketches' where `table` had them)."""
+    cols = [_column(t, c, units) for c in ("x_prev", "g_prev", "x_round")]
     return np.fmax(np.fmax(cols[0], cols[1]), cols[2])
 
 
+def _column(t: pl.DataFrame, name: str, units: str = "x") -> np.ndarray:
+    """Column `name` of a parameter table as floats (NaN for null); x_prev and x_round in the changed-parameter
+    rule's units where `units` is "xc" and the table has them."""
+    if units == "xc" and name in ("x_prev", "x_round") and f"xc_{name[2:]}" in t.columns:
+        name = f"xc_{name[2:]}"
+    return t[name].cast(pl.Float64).fill_null(np.nan).to_numpy()
+
+
 def _beyond(t: pl.DataFrame, col: str = "x") -> np.ndarray:
-    """x (or `col`) > STAND_OUT x what the update was fed, carried in, or one rounding of the parameter explains."""
+    """x (or `col`) > STAND_OUT x what the update was fed, carried in, or one rounding of the parameter explains
+    (for `x_changed`, in the changed-parameter rule's units)."""
     x = t[col].fill_null(np.nan).to_numpy()
+    expl = _explained(t, "xc" if col == "x_changed" else "x")
     with np.errstate(invalid="ignore"):
-        return np.isfinite(x) & (x > STAND_OUT * np.nan_to_num(_explained(t), nan=0.0))
+        return np.isfinite(x) & (x > STAND_OUT * np.nan_to_num(expl, nan=0.0))
 
 
 def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
@@ -351,9 +369,9 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     klass = t["klass"].to_list()
     pkeys = PC.table_keys(t)
     owner = _owners(t)  # another layer, or the same on another rank; not another call of the same module
-    expl = _explained(t)
+    expl = _explained(t, "xc")
     over = (t["status"] == "diverged").to_numpy()
-    x_prev = np.nan_to_num(t["x_prev"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
+    x_prev = np.nan_to_num(_column(t, "x_prev", "xc"), nan=0.0)
     # a parameter whose gradient at `before` is rounding residue (judged on its record's scale: rules.py
     # `small_value_err`) was fed a gradient whose relative error nothing bounds (1e-9 in one run, 1e-6 in the
     # other): its update is no unit the two runs share, and its x says nothing
@@ -361,7 +379,7 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     beyond = _beyond(t, "x_changed") & ~residue
     # every other parameter of the step within STAND_OUT x (what it carried in + one rounding of itself): the runs
     # computed the same updates, none moved by noise that a per-element normalisation could flip
-    x_round = np.nan_to_num(t["x_round"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
+    x_round = np.nan_to_num(_column(t, "x_round", "xc"), nan=0.0)
     n_el = (
         t["_numel"].cast(pl.Float64).fill_null(np.inf).to_numpy() if "_numel" in t.columns else np.full(len(x), np.inf)
     )

@@ -18,18 +18,18 @@ model's own scalar, `_table_parameters`) between steps b and a = the next compar
            off its sign flip, in the reference's update (`_exact_update_gap`)
 
 All norms are the statistics lower bound of analysis/rules.py (`stats_bound`), so that `x` is a ratio of two
-quantities measured the same way, except in the changed-parameter rule's x_chg, xc_prev, xc_round where both
-runs sketched the parameter at both steps (tensor mode): there they are the tensor's own norms from its
-sketches (`_sketch_gaps`: the sketch is linear and one map in every run and step; exact up to its M elements,
-else within sqrt(2/M)), every element's gap in every element's update: a permutation of a weight's elements
-(a router's rows in another expert order) keeps every statistic.  A statistics bound is no upper bound (statistics bound ||a - b|| from above only by ||a|| + ||b||,
-a hundred updates), so that x is not a bound either way: the norm and the mean are
-projections of a difference on fixed directions, which shrink a gap and an update alike, and their ratio reads
-the ratio of the norms; a max or min difference is one element's, which does not shrink, and is compared with
-one element's update (x_chg).  Device noise moves an update by about the error of the gradient it was
-computed from (Adam's normalisation can flip the sign of updates of near-zero gradients, but those carry
-little of the update's norm), and carries the earlier disagreement on: x stays of the order of
-its explanation max(x_prev, g_prev, x_round).  Hence:
+quantities measured the same way, except in the changed-parameter rule's x_chg, xc_prev, xc_round where both runs
+sketched the parameter at both steps (tensor mode): there they are the tensor's own norms from its sketches
+(`_sketch_gaps`: the sketch is linear and one map in every run and step; exact up to its M elements, else within
+sqrt(2/M)), every element's gap in every element's update: a permutation of a weight's elements (a router's rows
+in another expert order) keeps every statistic. A statistics bound is no upper bound (statistics bound ||a - b||
+from above only by ||a|| + ||b||, a hundred updates), so that x is not a bound either way: the norm and the mean
+are projections of a difference on fixed directions, which shrink a gap and an update alike, and their ratio reads
+the ratio of the norms; a max or min difference is one element's, which does not shrink, and is compared with one
+element's update (x_chg). Device noise moves an update by about the error of the gradient it was computed from
+(Adam's normalisation can flip the sign of updates of near-zero gradients, but those carry little of the update's
+norm), and carries the earlier disagreement on: x stays of the order of its explanation max(x_prev, g_prev,
+x_round). Hence:
 
   corrupted parameter  x (here x_chg throughout) > STAND_OUT x its explanation (not what the update was fed,
                        carried in, or rounding), x > STAND_OUT x the largest x of its siblings (same module class

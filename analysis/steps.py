@@ -46,7 +46,9 @@ x_round). Hence:
                        its activations agree and its own error stands out; analysis/culprit.py
                        `_consumer_confirms`).  A one-element parameter instead: x_exact >= X_MIN, beyond
                        STAND_OUT x its explanation and x the x_exact of its siblings (else of the other
-                       one-element parameters; none: on its own measure).
+                       one-element parameters; none: on its own measure).  Not judged: a parameter whose
+                       gradient at b is rounding residue (`small_value`: its relative error unbounded, its
+                       update no unit the runs share).
   update differs       most (over UPDATE_SHARE) of the measured parameters have x > STAND_OUT x their explanation,
                        and the median x is at least its floor (analysis/updates.py: X_MIN at the pair's first
                        update, else UPDATE_X_MIN and STAND_OUT x the update before's): every parameter moved

@@ -40,7 +40,23 @@ def pair_metrics(pairs: pl.DataFrame, tol: Tolerances, floor: str) -> pl.DataFra
     df = df.with_columns(*_choose(R.both_tensors(), R.both_scalars()))
     df = df.with_columns(*_verdict(df))
     drop = [x for x in df.columns if x.startswith("_")] + ["sketch", "ref_sketch", "sample", "ref_sample"]
-    return df.drop(drop)
+    return df.with_columns(*_weight_sketches(df)).drop(drop)
+
+
+WEIGHT_SKETCH = ("w_sketch", "ref_w_sketch")  # the target's and the reference's sketch of a weight leaf
+
+
+def _weight_sketches(df: pl.DataFrame) -> list[pl.Expr]:
+    """Both sketches of the leaves that can be weights (a `parameters` leaf, an input that requires grad), null
+    elsewhere: analysis/steps.py measures a parameter's gap and update from them across steps (a permutation of
+    a weight's elements keeps every statistic)."""
+    io = pl.coalesce(c("io"), c("ref_io")) if "ref_io" in df.columns else c("io")
+    weight = (
+        (io == "parameters") | c("requires_grad").fill_null(False)
+        if "requires_grad" in df.columns
+        else io == "parameters"
+    )
+    return [when(weight).then(c(src)).alias(dst) for src, dst in zip(("sketch", "ref_sketch"), WEIGHT_SKETCH)]
 
 
 def _choose(is_tensors: pl.Expr, is_scalars: pl.Expr) -> list[pl.Expr]:

@@ -17,15 +17,19 @@ model's own scalar, `_table_parameters`) between steps b and a = the next compar
   x_exact  for a one-element p (its statistics are its value): the target's own update off the reference's and
            off its sign flip, in the reference's update (`_exact_update_gap`)
 
-All norms are the statistics lower bound of analysis/rules.py (`stats_bound`) in both dump modes, so that `x`
-is a ratio of two quantities measured the same way.  Neither is an upper bound (statistics bound ||a - b||
-from above only by ||a|| + ||b||, a hundred updates), so x is not a bound either way: the norm and the mean are
-projections of a difference on fixed directions, which shrink a gap and an update alike, and their ratio reads
-the ratio of the norms; a max or min difference is one element's, which does not shrink, and is compared with
-one element's update (x_chg).  Device noise moves an update by about the error of the gradient it was
-computed from (Adam's normalisation can flip the sign of updates of near-zero gradients, but those carry
-little of the update's norm), and carries the earlier disagreement on: x stays of the order of
-its explanation max(x_prev, g_prev, x_round).  Hence:
+All norms are the statistics lower bound of analysis/rules.py (`stats_bound`), so that `x` is a ratio of two
+quantities measured the same way, except in the changed-parameter rule's x_chg, xc_prev, xc_round where both runs
+sketched the parameter at both steps (tensor mode): there they are the tensor's own norms from its sketches
+(`_sketch_gaps`: the sketch is linear and one map in every run and step; exact up to its M elements, else within
+sqrt(2/M)), every element's gap in every element's update: a permutation of a weight's elements (a router's rows
+in another expert order) keeps every statistic. A statistics bound is no upper bound (statistics bound ||a - b||
+from above only by ||a|| + ||b||, a hundred updates), so that x is not a bound either way: the norm and the mean
+are projections of a difference on fixed directions, which shrink a gap and an update alike, and their ratio reads
+the ratio of the norms; a max or min difference is one element's, which does not shrink, and is compared with one
+element's update (x_chg). Device noise moves an update by about the error of the gradient it was computed from
+(Adam's normalisation can flip the sign of updates of near-zero gradients, but those carry little of the update's
+norm), and carries the earlier disagreement on: x stays of the order of its explanation max(x_prev, g_prev,
+x_round). Hence:
 
   corrupted parameter  x (here x_chg throughout) > STAND_OUT x its explanation (not what the update was fed,
                        carried in, or rounding), x > STAND_OUT x the largest x of its siblings (same module class
@@ -42,7 +46,9 @@ its explanation max(x_prev, g_prev, x_round).  Hence:
                        its activations agree and its own error stands out; analysis/culprit.py
                        `_consumer_confirms`).  A one-element parameter instead: x_exact >= X_MIN, beyond
                        STAND_OUT x its explanation and x the x_exact of its siblings (else of the other
-                       one-element parameters; none: on its own measure).
+                       one-element parameters; none: on its own measure).  Not judged: a parameter whose
+                       gradient at b is rounding residue (`small_value`: its relative error unbounded, its
+                       update no unit the runs share).
   update differs       most (over UPDATE_SHARE) of the measured parameters have x > STAND_OUT x their explanation,
                        and the median x is at least its floor (analysis/updates.py: X_MIN at the pair's first
                        update, else UPDATE_X_MIN and STAND_OUT x the update before's): every parameter moved
@@ -74,6 +80,7 @@ from dumpstore.names import parse_record, without_module_call
 from . import param_change as PC
 from . import rules as R
 from .noise import OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
+from .pairmetrics import WEIGHT_SKETCH
 
 X_MIN = 0.25  # a gap of a quarter of the reference's own update: far beyond rounding of an update
 # the update-differs rule's floor: the runs' updates a sixteenth of an update apart (median over the parameters).
@@ -173,7 +180,8 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     parameter: analysis/param_change.py), shape, status, `x`, `x_prev`, `x_round`, `g_prev`, `klass` (module
     class or API, parameter name, shape).  None: nothing measurable."""
     stats = [*R.STATS, *(f"ref_{s}" for s in R.STATS)]
-    cols = rows.select("step", *_KEYS, *stats, "numel")
+    sketches = [s for s in WEIGHT_SKETCH if s in rows.columns]  # tensor mode (analysis/pairmetrics.py)
+    cols = rows.select("step", *_KEYS, *stats, "numel", *sketches)
     params = _table_parameters(params)
     params = params.with_columns(PC.key_expr(params.columns))  # which parameter (analysis/param_change.py)
     now = params.select(*_KEYS, "_fp_t", "_pkey", "shape", "status", "dtype").join(
@@ -199,18 +207,31 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         x_changed = np.where((upd > 0) & np.isfinite(gap), changed / upd, np.nan)
         x_prev = np.where(upd > 0, gap_b / upd, np.nan)
         x_round = np.where(upd > 0, rounding / upd, np.nan)
+    # the changed-parameter rule's units (`corrupted`): the tensor's own norms where both runs sketched it at both
+    # steps (every element's gap in every element's update: like with like), else the statistics bounds above
+    c_prev, c_round = x_prev, x_round
+    if len(sketches) == len(WEIGHT_SKETCH):
+        sk_gap, sk_gap_b, sk_upd = _sketch_gaps(both)
+        with np.errstate(all="ignore"):
+            known = np.isfinite(sk_gap) & np.isfinite(sk_gap_b) & (sk_upd > 0)
+            x_changed = np.where(known, sk_gap / sk_upd, x_changed)
+            c_prev = np.where(known, sk_gap_b / sk_upd, x_prev)
+            c_round = np.where(known, rounding / sk_upd, x_round)
     out = both.select(*_KEYS, "_fp_t", "_pkey", "shape", "status").with_columns(
         pl.Series("x", x),
         pl.Series("x_changed", x_changed),
         pl.Series("x_prev", x_prev),
         pl.Series("x_round", x_round),
+        pl.Series("xc_prev", c_prev),
+        pl.Series("xc_round", c_round),
         pl.Series("x_exact", exact),
         pl.Series("_numel", numel),
         _module("_record"),
     )
+    residue = pl.col("small_value").fill_null(False) if "small_value" in rows.columns else pl.lit(False)
     grads = rows.filter(
         (pl.col("step") == before) & (pl.col("_io") == "parameters_grad") & (pl.col("kind") == "tensor")
-    ).select("rank", "source", "_record", "index_path", pl.col("err").alias("g_prev"))
+    ).select("rank", "source", "_record", "index_path", pl.col("err").alias("g_prev"), residue.alias("g_residue"))
     grads = grads.with_columns(_module("_record")).drop("_record")
     keys = ["rank", "source", "_module", "index_path"]
     out = out.join(grads.unique(subset=keys, keep="first"), on=keys, how="left", nulls_equal=True)
@@ -232,6 +253,25 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         ignore_nulls=True,
     )
     return out.with_columns(klass.alias("klass"))
+
+
+def _sketch_gaps(both: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gap at the later step, gap at the earlier, the reference's update) of each row of `table`'s joined
+    frame from the weight's sketches (analysis/pairmetrics.py `WEIGHT_SKETCH`; `_b`: the earlier step): the
+    sketch is linear and one map for a tensor's shape in every run and step, so the distance of two sketches
+    is the tensor's own (exact up to the sketch's M elements, else within sqrt(2/M) relative).  NaN where a
+    sketch is missing, of another length or not finite."""
+    t, r = WEIGHT_SKETCH
+    lists = [both[c].to_list() for c in (t, r, f"{t}_b", f"{r}_b")]
+    out = np.full((3, both.height), np.nan)
+    for i, (ta, ra, tb, rb) in enumerate(zip(*lists)):
+        if ta is None or ra is None or tb is None or rb is None or not len(ta) == len(ra) == len(tb) == len(rb):
+            continue
+        v = [np.asarray(a, dtype=np.float64) for a in (ta, ra, tb, rb)]
+        if not len(v[0]) or not all(np.isfinite(a).all() for a in v):
+            continue
+        out[:, i] = (np.linalg.norm(v[0] - v[1]), np.linalg.norm(v[2] - v[3]), np.linalg.norm(v[1] - v[3]))
+    return out[0], out[1], out[2]
 
 
 def _exact_update_gap(
@@ -296,17 +336,28 @@ def _module(col: str) -> pl.Expr:
     return pl.col(col).map_elements(lambda r: ".".join(parse_record(r)[:2]), return_dtype=pl.String).alias("_module")
 
 
-def _explained(t: pl.DataFrame) -> np.ndarray:
-    """max(x_prev, g_prev, x_round) per parameter (NaN where none is known)."""
-    cols = [t[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in ("x_prev", "g_prev", "x_round")]
+def _explained(t: pl.DataFrame, units: str = "x") -> np.ndarray:
+    """max(x_prev, g_prev, x_round) per parameter (NaN where none is known); `units` "xc": x_prev and x_round in
+    the changed-parameter rule's units (`xc_prev`, `xc_round`: the sketches' where `table` had them)."""
+    cols = [_column(t, c, units) for c in ("x_prev", "g_prev", "x_round")]
     return np.fmax(np.fmax(cols[0], cols[1]), cols[2])
 
 
+def _column(t: pl.DataFrame, name: str, units: str = "x") -> np.ndarray:
+    """Column `name` of a parameter table as floats (NaN for null); x_prev and x_round in the changed-parameter
+    rule's units where `units` is "xc" and the table has them."""
+    if units == "xc" and name in ("x_prev", "x_round") and f"xc_{name[2:]}" in t.columns:
+        name = f"xc_{name[2:]}"
+    return t[name].cast(pl.Float64).fill_null(np.nan).to_numpy()
+
+
 def _beyond(t: pl.DataFrame, col: str = "x") -> np.ndarray:
-    """x (or `col`) > STAND_OUT x what the update was fed, carried in, or one rounding of the parameter explains."""
+    """x (or `col`) > STAND_OUT x what the update was fed, carried in, or one rounding of the parameter explains
+    (for `x_changed`, in the changed-parameter rule's units)."""
     x = t[col].fill_null(np.nan).to_numpy()
+    expl = _explained(t, "xc" if col == "x_changed" else "x")
     with np.errstate(invalid="ignore"):
-        return np.isfinite(x) & (x > STAND_OUT * np.nan_to_num(_explained(t), nan=0.0))
+        return np.isfinite(x) & (x > STAND_OUT * np.nan_to_num(expl, nan=0.0))
 
 
 def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
@@ -319,13 +370,17 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     klass = t["klass"].to_list()
     pkeys = PC.table_keys(t)
     owner = _owners(t)  # another layer, or the same on another rank; not another call of the same module
-    expl = _explained(t)
+    expl = _explained(t, "xc")
     over = (t["status"] == "diverged").to_numpy()
-    x_prev = np.nan_to_num(t["x_prev"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
-    beyond = _beyond(t, "x_changed")
+    x_prev = np.nan_to_num(_column(t, "x_prev", "xc"), nan=0.0)
+    # a parameter whose gradient at `before` is rounding residue (judged on its record's scale: rules.py
+    # `small_value_err`) was fed a gradient whose relative error nothing bounds (1e-9 in one run, 1e-6 in the
+    # other): its update is no unit the two runs share, and its x says nothing
+    residue = t["g_residue"].fill_null(False).to_numpy() if "g_residue" in t.columns else np.zeros(t.height, bool)
+    beyond = _beyond(t, "x_changed") & ~residue
     # every other parameter of the step within STAND_OUT x (what it carried in + one rounding of itself): the runs
     # computed the same updates, none moved by noise that a per-element normalisation could flip
-    x_round = np.nan_to_num(t["x_round"].cast(pl.Float64).fill_null(np.nan).to_numpy(), nan=0.0)
+    x_round = np.nan_to_num(_column(t, "x_round", "xc"), nan=0.0)
     n_el = (
         t["_numel"].cast(pl.Float64).fill_null(np.inf).to_numpy() if "_numel" in t.columns else np.full(len(x), np.inf)
     )

@@ -149,3 +149,33 @@ def test_a_sign_flip_within_two_updates_is_named_where_the_steps_updates_agree(d
     assert c.evidence["update_units"] == pytest.approx(0.9715, abs=1e-4)  # under STAND_OUT x UPDATES_APART = 6
     assert c.evidence["step_agrees"] is True
     assert "within its tolerance" in c.detail
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_weight_whose_rows_were_permuted_is_named_from_its_sketches(dump_writer, store_dir, mode):
+    """Parameter 4's rows 1 and 2 swapped before step 1 (a checkpoint ordering a router's experts otherwise):
+    every statistic of the weight, and of its linear's output, is what it was.  With tensors, the weight's
+    sketches at both steps in both runs measure its gap and the reference's update as the tensor's own
+    norms: named at its consumer, thousands of updates off.  With statistics nothing shows it (docs/how-it-decides.md,
+    section 10)."""
+    x, params, grads = _runs(np.random.default_rng(30))
+
+    def swap(step, qs):
+        if step == 1:
+            qs[4] = qs[4][[0, 2, 1, 3, 4, 5, 6, 7]].copy()
+
+    ref = _steps(x, params, grads, 2)
+    target = _steps(x, params, grads, 2, noise=_noise(31), edit=swap)
+    st = _ingest_pair(dump_writer, store_dir, mode, ref, target, steps=2)
+    _mark_parameters(st, store_dir)
+    c = _verdict(open_store(store_dir)).culprit
+    if mode == "statistics":
+        assert c is None
+        return
+    assert c is not None and (c.kind, c.step, c.op) == ("parameter", 1, "Functional.linear.4.forward")
+    assert c.evidence["judged_against"] == "siblings" and c.evidence["siblings"] == N_PARAMS - 1
+    # the rows' distance in the reference's update (8 elements of 0.01 each row): exact, from the sketches
+    p = params[4] - 0.01 * grads[4]
+    gap = np.sqrt(2) * np.linalg.norm(p[1] - p[2])
+    assert c.evidence["update_units"] == pytest.approx(gap / np.linalg.norm(0.01 * grads[4]), rel=1e-3)
+    assert c.evidence["siblings_max"] < 1e-3

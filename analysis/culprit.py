@@ -947,7 +947,7 @@ class _Judge:
             for r in one_sided.iter_rows(named=True)
         ]
         q = "" if bar is None else (f"; fresh ops' p{round(100 * QUANTILE)} error before it is {bar / STAND_OUT:.3g}")
-        return _with_evidence(
+        f = _with_evidence(
             _finding(out, "op"),
             input_err=rec["in_err"],
             reason="inputs agree, output diverges",
@@ -956,6 +956,63 @@ class _Judge:
             within_hidden=hidden,
             detail=None if out["detail"] else f"inputs agree, output diverges{q}",
         )
+        unseen = self._unseen_integers()
+        return f if unseen is None else _with_evidence(f, **unseen)
+
+    def _unseen_integers(self) -> dict[str, Any] | None:
+        """Statistics mode: this record's integer or boolean tensor inputs summarised by max and min only
+        (msprobe keeps no mean or norm of integers), where every float tensor input agrees: indices chosen
+        differently upstream (a top-k on permuted scores keeps every statistic of its values) cannot show in
+        them, so the op may compute the same function on other indices.  The evidence names them, and the last
+        discrete choice before this record (an op, not a module, of the same step, rank, source and direction
+        making an integer or boolean output from a float input), with whether that choice's float leaves
+        agree.  None where an integer input is compared by more than its max and min (tensor mode: by value) or
+        a float input differs."""
+        exact = pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
+        ins = self.leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor"))
+        ints = ins.filter(integer_input())
+        blind = (pl.col("err_source") == "stats") & pl.col("mean").is_null() & pl.col("ref_mean").is_null()
+        if (
+            not ints.height
+            or ints.filter(~blind).height
+            or ins.filter(~exact & (pl.col("status") == "diverged")).height
+        ):
+            return None
+        rec = self.rec
+        before = self.t_prod.rows.filter(
+            (pl.col("rank") == rec["rank"])
+            & pl.col("source").eq_missing(rec["source"])
+            & (pl.col("_direction") == rec["_direction"])
+            & (pl.col("_seq") < rec["_seq"])
+            & (pl.col("kind") == "tensor")
+            & ~pl.any_horizontal([pl.col("_record").str.starts_with(m) for m in MODULE_RECORD_PREFIXES])
+        )
+        made = before.filter(pl.col("_io").is_in(OUTPUT_IO) & exact).select("_record", "_seq").unique("_record")
+        read = before.filter(pl.col("_io").is_in(INPUT_IO) & ~exact).select("_record").unique()
+        choices = made.join(read, on="_record", how="semi").sort("_seq")
+        choice = choices["_record"][-1] if choices.height else None
+        agree = None
+        if choice is not None:
+            floats = before.filter((pl.col("_record") == choice) & ~exact)
+            agree = not floats.filter(pl.col("status") == "diverged").height
+        names = ", ".join(ints["name"].to_list())
+        if choice is None:
+            upstream = "indices or a mask chosen differently"
+        else:
+            values = "whose float values agree" if agree else "whose float values differ"
+            upstream = f"indices chosen differently by {choice} (the last discrete choice before it, {values})"
+        return {
+            "reason": "integer inputs may differ unseen",
+            "unseen_integer_inputs": ints["name"].to_list(),
+            "choice_upstream": choice,
+            "choice_values_agree": agree,
+            "detail": (
+                f"its output differs where its float inputs agree, and its integer inputs ({names}) may have "
+                "changed unseen: statistics keep only their max and min, so "
+                f"{upstream} cannot show in them; this op may compute the same function on other indices "
+                "(a tensor dump of the choice tells which)"
+            ),
+        }
 
     def _producer(self, leaf: dict[str, Any], out: dict[str, Any]) -> Finding | None:
         """A diverged input: produced by an op in one run only, or by no op (a weight or data)."""

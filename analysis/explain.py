@@ -78,6 +78,10 @@ ADVICE = {
     "the optimizer and its hyper-parameters (betas, eps, weight decay) and gradient clipping.",
     "op": "The op itself computes differently: dump it at tensor level (the config below), compare with --exact, "
     "and check its kernel, dtype and compute precision on the target device.",
+    "op_unseen_indices": "Its integer inputs may have changed unseen (statistics keep only their max and min): "
+    "dump {choice} and this op at tensor level (the config below) and compare with --exact. If the indices "
+    "differ, look at what {choice} chose from (the order of its scores: the weights that make them); if they "
+    "agree, the op itself computes differently.",
     "missing_op": "The target never runs {op}; the reference does{where}. Check the code path or flag that "
     "calls it (a mask, a dropout, a fused kernel replacing it).",
     "extra_op": "The target runs {op}; the reference does not{where}. Check the code path or flag that calls "
@@ -353,6 +357,14 @@ def explain(look: _Lookup, f: dict[str, Any]) -> Explanation:
         ex.argument = _argument(look, f, ev["scalar"], rows)
     ex.advice = _advice(kind, ex, f)
     ex.next_dump = next_dump_config(op, mod, step, rank)
+    choice = ev.get("choice_upstream")
+    if kind == "op" and choice:  # integer inputs statistics cannot show (culprit.py `_unseen_integers`)
+        at = next((r["module"] for r in look.rows(run, step, rank, [choice]) if r.get("module")), None)
+        more = next_dump_config(choice, at, step, rank)
+        listed = ex.next_dump["tensor"]["list"]
+        listed += [n for n in more["tensor"]["list"] if n not in listed]
+        if more["level"] != ex.next_dump["level"]:
+            ex.next_dump["level"] = "mix"  # modules and APIs both
     return ex
 
 
@@ -408,6 +420,8 @@ def _arg_value(row: dict[str, Any] | None) -> Any:
 def _advice(kind: str, ex: Explanation, f: dict[str, Any]) -> str | None:
     if kind == "parameter" and "update_units" in (f.get("evidence") or {}):  # changed between steps (steps.py)
         kind = "parameter_changed"
+    if kind == "op" and "unseen_integer_inputs" in (f.get("evidence") or {}):  # culprit.py `_unseen_integers`
+        kind = "op_unseen_indices"
     template = ADVICE.get(kind)
     if template is None:
         return None
@@ -420,4 +434,5 @@ def _advice(kind: str, ex: Explanation, f: dict[str, Any]) -> str | None:
         op=f["op"],
         argument=(ex.argument or {}).get("name") or "arguments",
         where=where,
+        choice=ev.get("choice_upstream") or "the op that chose them",
     )

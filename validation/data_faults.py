@@ -1,14 +1,19 @@
-"""More instances of two fault classes, made with the generators of validation sets 3 and 4: data changed after
-step 0 (one token id +1, or labels, at step 1 or 2) and a small weight change after step 0 (a weight x1.01 before
-step 1), in other families, dtypes and dump modes than the sets' own cases.
+"""More instances of two fault classes, made with the generators of validation sets 3, 4 and 7: data changed
+after step 0 (one token id +1, or labels, at step 1 or 2; set 7: a stale image read after other records of its
+step already differ by the pair's noise) and a small weight change after step 0 (a weight x1.01 before step 1),
+in other families, dtypes and dump modes than the sets' own cases.
 
     .venv/bin/python validation/data_faults.py --set 4 --out /tmp/data_faults_v4 [--jobs 2] [--only CASE ...]
+    .venv/bin/python validation/data_faults.py --set 7 --text-first --out /tmp/data_faults_v7tf --only siglip_clean \
+        siglip_stale_image_step2
     .venv/bin/python validation/score.py --data /tmp/data_faults_v4
 
 Each set's families, devices, training loop and key are its own (``validation/v3/make_pairs.py``,
-``validation/v4/make_pairs.py``, driven by ``validation/harness.py``): this module only adds cases to its ``CASES``
-and one way to change a weight (``x1.01``: every element times 1.01). Nothing here is written into the repository:
-the pairs go to ``--out``.
+``validation/v4/make_pairs.py``, ``validation/v7/make_pairs.py``, driven by ``validation/harness.py``): this module
+only adds cases to its ``CASES``, one way to change a weight (``x1.01``: every element times 1.01), a stale image
+in a later micro-batch (set 7) and ``--text-first`` (set 7's SigLIP with its text tower run before its image
+tower: a two-tower model whose image is read second). Nothing here is written into the repository: the pairs go
+to ``--out``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from .compare import Comparison
 from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
-from .float_data import float_data_input, float_data_starts, starts_at, state_argument
+from .float_data import decision_before, float_data_input, float_data_starts, starts_at, state_argument
 from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, integer_sum_differs, is_loss
 from .lone_precision import call_record, lone_detail
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
@@ -737,10 +737,12 @@ class _Judge:
 
     def _float_data(self) -> Finding | None:
         """Float data (an input no recorded op of either run made, requiring no grad: images, features) that
-        agreed within rounding at every earlier compared step and differ beyond it from this step on, read before
-        any record of the step shows an output error (analysis/float_data.py): changed data, whatever the noise
-        the pair's weights carry after the first step and whether or not this record's output leaves its
-        tolerance (a stale image moves the pixels 1.4 % under a bfloat16 autocast's 1.6 %)."""
+        agreed within rounding at every earlier compared step and differ beyond it from this step on, where the
+        step's noise cannot have reached them: read before any record of the step shows an output error, or after
+        such records with no choice before them that the noise could turn (a flip) and an error beyond theirs
+        (analysis/float_data.py): changed data, whatever the noise the pair's weights carry after the first step
+        and whether or not this record's output leaves its tolerance (a stale image moves the pixels 1.4 % under a
+        bfloat16 autocast's 1.6 %)."""
         if not self.float_first:
             return None
         outs = self.leaves.filter(
@@ -758,19 +760,20 @@ class _Judge:
                 continue
             if leaf.get(fingerprint_column("")) in self.t_prod.params:  # a parameter a module record lists
                 continue
-            level = step_level(self.noise, self.key)
-            if level:  # an output of the step before it differs: the step's noise reaches what follows
-                return None
+            level = step_level(self.noise, self.key, leaf.get("ref_norm"))
+            if level and (decision_before(self.noise, self.key) or not (leaf["err"] or 0.0) > level):
+                return None  # the step's noise can have reached it: through a choice, or an unrecorded copy
             out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
             return _with_evidence(
                 _finding(out, "input"),
                 differing=leaf["name"],
                 input_err=leaf["err"],
                 data_changed=True,
+                step_noise_before=level,
                 detail=(
                     f"{leaf['name']} (float data no recorded op made, requiring no grad) agreed within rounding at "
-                    f"every earlier step and differs now ({_stat_change(leaf)}), before any output of this step "
-                    f"differs: the data changed (input off {leaf['err']:.3g}; this op's output moved {out['err']:.3g})"
+                    f"every earlier step and differs now ({_stat_change(leaf)}), {_before(level)}: the data changed "
+                    f"(input off {leaf['err']:.3g}; this op's output moved {out['err']:.3g})"
                 ),
             )
         return None
@@ -1102,6 +1105,14 @@ def _extreme_differs(leaf: dict[str, Any]) -> bool:
         leaf.get(s) is not None and leaf.get("ref_" + s) is not None and leaf[s] != leaf["ref_" + s]
         for s in ("max", "min")
     )
+
+
+def _before(level: float | None) -> str:
+    """Where float data were read in their step: before any output differs, or after outputs off by the step's
+    noise, which reaches data no recorded op made through no choice before it (`float_data.decision_before`)."""
+    if not level:
+        return "before any output of this step differs"
+    return f"after outputs of this step off at most {level:.3g}, with no flip or other choice before it to carry that"
 
 
 def _stat_change(leaf: dict[str, Any]) -> str:

@@ -27,10 +27,15 @@ so they do not hide it; but they do reach a tensor the model carries from step t
 The judge adds what needs one step's producers and noise: no recorded op of the step made the leaf in either run
 (analysis/producers.py); it is no weight: a `parameters` leaf, one a module record lists, or an argument the op's
 signature names a weight or buffer (`STATE_ARGUMENTS`: a teacher's weights, a moving average of the student's,
-require no grad, are read first in a step and carry the student's noise from step 1 on); and no record of its
-step and rank before it shows any output error (data are read before any op of the step differs; a batch norm's
-running statistics, read after the convolution before them, are not judged so).  Then the leaf is the culprit
-(`input`), at the record reading it, whether or not that record's output leaves its tolerance.
+require no grad, are read first in a step and carry the student's noise from step 1 on); and the step's noise
+cannot have reached it.  Where records of its step and rank before it show output errors (a second tower read
+after the first, a second micro-batch), float noise reaches a tensor no recorded op made, and that is not an
+earlier step's output, only through a choice made on it (an accuracy computed from a flipped argmax:
+`decision_before`) or a copy by ops msprobe does not record (a detached half of an output, a metric's input),
+which carries at most the largest output error before it (`flipflow.step_level`, in absolute terms over the
+leaf's norm).  So the leaf is judged there only with no flip noted, no possible flip and no differing discrete
+input before it in its step and rank, and an error beyond that level.  Then the leaf is the culprit (`input`), at
+the record reading it, whether or not that record's output leaves its tolerance.
 """
 
 from __future__ import annotations
@@ -40,7 +45,9 @@ import polars as pl
 from dumpstore.dtypes import DISCRETE_DTYPES, EPS, FLOAT_DTYPES
 
 from .arguments import argument_name
+from .flipflow import PossibleFlips
 from .hidden_index import ROUNDINGS
+from .noise import NoiseModel
 from .order import INPUT_IO, OUTPUT_IO
 
 _KEYS = ["rank", "source", "_record", "name"]
@@ -136,3 +143,15 @@ def state_argument(leaf: dict) -> bool:
 def starts_at(starts: pl.DataFrame) -> set[tuple]:
     """(step, rank, source, record, leaf name) of each start (`float_data_starts`), for the judge's look-up."""
     return set(starts.iter_rows())
+
+
+def decision_before(noise: NoiseModel, key: tuple) -> bool:
+    """Whether a record before `key` in its step and rank made a choice the pair's float noise can turn: a near-tie
+    flip the judge noted, a possible flip (a discrete output of float inputs that may differ), a differing discrete
+    input.  Float noise reaches a tensor no recorded op made only through such a choice (an accuracy computed from
+    a flipped argmax) or state carried from an earlier step (the other guards)."""
+    keys = [fk for fk, _ in noise.flip_marks]
+    marks = noise.possible_flips
+    if isinstance(marks, PossibleFlips):
+        keys += [s["key"] for s in marks.sources] + list(marks.discrete_differs)
+    return any(k[0] == key[0] and k[2] == key[2] and k < key for k in keys)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
 
 from dumpstore.analysis.float_data import data_moved
 from helpers import leaf
@@ -85,10 +86,72 @@ def test_the_same_data_under_noisy_weights_stay_quiet(dump_writer, store_dir):
     assert _verdict(dump_writer, store_dir, ref, target).culprit is None
 
 
+def _two_towers(change: float) -> tuple[list[dict], list[dict]]:
+    """`_pair`'s data read after another tower: a linear of other data (the same in both runs: captions' features)
+    with a weight the target carries noisy from step 1 (off 1e-6 of its size), recorded before the first tower's
+    records, so each step's data are read after an output that differs by the pair's noise."""
+    ref, target = [], []
+    for step in range(3):
+        text = np.random.default_rng(300 + step).normal(size=(B, D)).astype(F32)
+        for side, out in (("ref", ref), ("target", target)):
+            noisy = side == "target"
+            w = np.random.default_rng(9).normal(size=(D, D)).astype(F32)
+            if noisy and step:
+                w = (w * (1 + 1e-6 * np.random.default_rng(60 + step).normal(size=w.shape))).astype(F32)
+            first = {
+                "Functional.linear.5.forward": {
+                    "input_args": [leaf(text), leaf(w, requires_grad=True)],
+                    "output": [leaf((text @ w.T).astype(F32), requires_grad=True)],
+                }
+            }
+            x = _data(step)
+            if noisy and step == 2 and change:
+                x = x.copy()
+                x[1] = (x[1] * (1 + change)).astype(F32)
+            out.append(_net(x, *_weights(noisy, step), first=first)[0])
+    return ref, target
+
+
+def test_data_read_after_the_other_tower_differs_by_noise_are_named(dump_writer, store_dir):
+    """The second tower's data (one row x (1 + 1e-4) at step 2: off 3.0e-5, under float32's 2^-13) read after the
+    first tower's output, off 1.5e-6 by its weight's noise: no choice before it (no flip) carries that noise into
+    data no op made, and the data moved beyond it: `input` at step 2, at the linear reading it."""
+    ref, target = _two_towers(1e-4)
+    c = _verdict(dump_writer, store_dir, ref, target).culprit
+    assert c is not None
+    assert (c.step, c.op, c.kind) == (2, "Functional.linear.0.forward", "input")
+    assert c.evidence["differing"] == "Functional.linear.0.forward.input.0"
+    assert c.evidence["step_noise_before"] == pytest.approx(1.471e-6, rel=1e-3)
+    assert c.evidence["input_err"] == pytest.approx(3.043e-5, rel=1e-3)
+
+
+def test_the_same_two_towers_stay_quiet(dump_writer, store_dir):
+    """The clean pair of the test above: the first tower's noise moves outputs, not the second tower's data."""
+    ref, target = _two_towers(0.0)
+    assert _verdict(dump_writer, store_dir, ref, target).culprit is None
+
+
+def test_an_unrecorded_copy_of_a_differing_output_is_not_data(dump_writer, store_dir):
+    """Half the first linear's output, made by an op msprobe does not record and read without grad by a mean (a
+    metric): equal at step 0, it carries the weights' noise from step 1 on, no more than the outputs before it
+    show, so it is no data change."""
+    ref, target = [], []
+    for step in range(3):
+        x = _data(step)
+        for side, out in (("ref", ref), ("target", target)):
+            recs, z = _net(x, *_weights(side == "target", step))
+            y = (x @ _weights(side == "target", step)[0].T).astype(F32)
+            half = (0.5 * y).astype(F32)
+            recs["Tensor.mean.0.forward"] = {"input_args": [leaf(half)], "output": [leaf(half.mean(dtype=F32))]}
+            out.append(recs)
+    assert _verdict(dump_writer, store_dir, ref, target).culprit is None
+
+
 def test_a_buffer_read_after_a_differing_op_is_not_data(dump_writer, store_dir):
     """A running mean (float32, no grad, no recorded producer: updated in place by the previous step) equal at step 0
-    and off by the previous step's noise from step 1 on, read by a batch norm after the linear whose output the
-    weights' noise already moved: the step's noise reaches it, so it is no data change."""
+    and off by the previous step's noise from step 1 on (1e-5, beyond the outputs before it), read by a batch norm
+    after the linear whose output the weights' noise already moved: the signature names it `running_mean`, a
+    buffer, so it is no data change."""
     ref, target = [], []
     for step in range(3):
         x = _data(step)

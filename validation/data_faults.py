@@ -1,14 +1,19 @@
-"""More instances of two fault classes, made with the generators of validation sets 3 and 4: data changed after
-step 0 (one token id +1, or labels, at step 1 or 2) and a small weight change after step 0 (a weight x1.01 before
-step 1), in other families, dtypes and dump modes than the sets' own cases.
+"""More instances of two fault classes, made with the generators of validation sets 3, 4 and 7: data changed
+after step 0 (one token id +1, or labels, at step 1 or 2; set 7: a stale image read after other records of its
+step already differ by the pair's noise) and a small weight change after step 0 (a weight x1.01 before step 1),
+in other families, dtypes and dump modes than the sets' own cases.
 
     .venv/bin/python validation/data_faults.py --set 4 --out /tmp/data_faults_v4 [--jobs 2] [--only CASE ...]
+    .venv/bin/python validation/data_faults.py --set 7 --text-first --out /tmp/data_faults_v7tf --only siglip_clean \
+        siglip_stale_image_step2
     .venv/bin/python validation/score.py --data /tmp/data_faults_v4
 
 Each set's families, devices, training loop and key are its own (``validation/v3/make_pairs.py``,
-``validation/v4/make_pairs.py``, driven by ``validation/harness.py``): this module only adds cases to its ``CASES``
-and one way to change a weight (``x1.01``: every element times 1.01). Nothing here is written into the repository:
-the pairs go to ``--out``.
+``validation/v4/make_pairs.py``, ``validation/v7/make_pairs.py``, driven by ``validation/harness.py``): this module
+only adds cases to its ``CASES``, one way to change a weight (``x1.01``: every element times 1.01), a stale image
+in a later micro-batch (set 7) and ``--text-first`` (set 7's SigLIP with its text tower run before its image
+tower: a two-tower model whose image is read second). Nothing here is written into the repository: the pairs go
+to ``--out``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,21 @@ HERE = Path(__file__).resolve().parent
 
 # set -> case -> (family, variant, fault, modes), as the sets' own CASES
 EXTRA = {
+    # float data read after other records of the step already differ by the pair's noise: a stale image (pair 0's
+    # replaced by the previous step's) in Swin's second micro-batch (fp32), and in SigLIP's image tower run after
+    # its text tower (``--text-first``; bf16 autocast); the clean pairs of the same modes
+    7: {
+        "swin_clean": ("swin", "base", None, ("stats", "tensor")),
+        "siglip_clean": ("siglip", "base", None, ("stats", "tensor")),
+        "swin_stale_image_mb2_step2": (
+            "swin",
+            "base",
+            {"kind": "stale_image", "step": 2, "micro": 1},
+            ("stats", "tensor"),
+        ),
+        "siglip_stale_image_step2": ("siglip", "base", {"kind": "stale_image", "step": 2}, ("stats", "tensor")),
+        "siglip_stale_image_step1": ("siglip", "base", {"kind": "stale_image", "step": 1}, ("stats", "tensor")),
+    },
     4: {
         "mamba_clean": ("mamba", "base", None, ("stats", "tensor")),
         "resnet_clean": ("resnet", "base", None, ("stats", "tensor")),
@@ -116,6 +136,47 @@ def _labels_inside(batches):
     return made
 
 
+def _text_first(own):
+    """Set 7's ``forward_loss`` with SigLIP's two towers in the other order: the text tower, then the image tower
+    (the loss as ``SiglipModel.forward`` computes it); other families as the set has them."""
+
+    def forward_loss(family: str, model, batch: dict, fault, tracer):
+        if family != "siglip":
+            return own(family, model, batch, fault, tracer)
+        import torch
+        import torch.nn.functional as F
+
+        text = model.text_model(input_ids=batch["input_ids"]).pooler_output
+        image = model.vision_model(pixel_values=batch["pixel_values"]).pooler_output
+        text = text / text.norm(p=2, dim=-1, keepdim=True)
+        image = image / image.norm(p=2, dim=-1, keepdim=True)
+        logits = torch.matmul(text, image.t()) * model.logit_scale.exp() + model.logit_bias
+        sign = 2 * torch.eye(logits.size(0), device=logits.device) - 1
+        nll = -torch.sum(F.logsigmoid(sign * logits), dim=-1)  # the mean last, as SiglipModel's
+        return nll.mean(), logits
+
+    return forward_loss
+
+
+def _stale_in_micro(own_expectation, s):
+    """Set 7's ``expectation``, with a stale image in a micro-batch other than the first: that micro-batch's patch
+    embedding reads it (the set's own stale image is in the first)."""
+
+    def expectation(case: str, fault, tgt: dict, ref: dict) -> dict:
+        mb = fault.get("micro", 0)
+        if fault.get("kind") != "stale_image" or not mb:
+            return own_expectation(case, fault, tgt, ref)
+        step = fault["step"]
+        return s.harness.data_expectation(
+            fault,
+            sorted({s.v5._nth(case, r, "patch", step, mb) for r in (tgt, ref)}),
+            "image 0 of micro-batch %d replaced by an image of the previous step in step %%d (a loader reusing a "
+            "stale buffer); its first consumer: the patch embedding's convolution of that micro-batch" % (mb + 1),
+        )
+
+    return expectation
+
+
 def _scale(p) -> None:
     p.mul_(1.01)
 
@@ -124,10 +185,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", type=int, choices=sorted(EXTRA), required=True)
     ap.add_argument("--out", required=True, help="folder for the pairs and key.json (never a set's own .data)")
+    ap.add_argument("--text-first", action="store_true", help="set 7: SigLIP's text tower before its image tower")
     args, rest = ap.parse_known_args(argv)
     rest = ["--out", args.out, *rest]
     s = _load(args.set)
     s.CASES = dict(EXTRA[args.set])
+    if args.text_first:
+        s.forward_loss = _text_first(s.forward_loss)
+    if args.set == 7:
+        s.expectation = _stale_in_micro(s.expectation, s)
     own = s.corrupt
 
     def corrupt(model, fault) -> None:

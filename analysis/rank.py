@@ -266,6 +266,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         | (is_out & pl.col("_in_shape").fill_null(False))  # made from a tensor of another shape
     )
     err = _bias_err(_residue_err(df.columns), df.columns)
+    carries_flip = is_in & pl.col("_after_choice").fill_null(False) & _whole_moved(df)
     sig = (
         pl.when(one_run)
         .then(float("inf"))  # a record, or an argument of one, in one run only
@@ -273,8 +274,10 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         .then(None)
         .when(discrete_out & ((carried > 0) | (pl.col("_before") > 0)) & (pl.col("err") > 0))
         .then(1.0)  # an index, mask or shape changed downstream of float error: carries it (no ratio means anything)
-        .when(is_in & pl.col("_after_choice").fill_null(False) & _whole_moved(df))
+        .when(carries_flip)
         .then(1.0)  # whole numbers a flipped choice before it moved: carries the flip
+        .when(is_out & carries_flip.any().over(key) & (err > 0) & ~(err / denom).is_finite().fill_null(False))
+        .then(1.0)  # made from them, unbounded (an indicator's mean on a reference of zeros): carries it too
         .when(denom > 0)
         .then(err / denom)
         .when(err > 0)

@@ -247,3 +247,16 @@ def test_whole_numbers_a_hidden_flip_moved_carry_it():
     assert _sig(_rows(_accuracy(0.0, 0.25)))["Tensor.mean.0.forward.input.0"] == pytest.approx((2**0.5 - 1) / TOL)
     two = _sig(_rows(_accuracy(2.6e-7, 0.375)))["Tensor.mean.0.forward.input.0"]
     assert two == pytest.approx((3**0.5 - 1) / TOL)
+
+
+def test_an_output_made_from_whole_numbers_a_flip_moved_carries_it_when_unbounded():
+    """Clean combinations falcon_bf16_F: no correct prediction in the reference, one in the target; the
+    indicator (reference all zeros) and its mean differ at relative error inf: both carry the flip (1), they
+    do not top a clean pair's list at inf.  Without a float input that differs before, the mean stays inf."""
+    rows = _accuracy(2.6e-7, 0.125)
+    rows[-1] |= {"ref_mean": 0.0, "ref_norm": 0.0, "ref_max": 0.0, "err": float("inf")}
+    mean_out = {"record": "Tensor.mean.0.forward", "seq": 2, "io": "output", "err": float("inf"), "ref_norm": 0.0}
+    sig = _sig(_rows([*rows, mean_out]))
+    assert sig["Tensor.mean.0.forward.input.0"] == 1.0 and sig["Tensor.mean.0.forward.output.0"] == 1.0
+    rows[0] |= {"err": 0.0}
+    assert _sig(_rows([*rows, mean_out]))["Tensor.mean.0.forward.output.0"] == float("inf")

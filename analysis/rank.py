@@ -131,7 +131,18 @@ def culprit_first(df: pl.DataFrame, culprit: Any) -> pl.DataFrame:
 
 # what `significance` reads of each leaf's record, joined onto its leaves and dropped from its answer (the
 # record's `_inside` is joined too and stays in the answer)
-_PER_RECORD = ("_in_err", "_in_unknown", "_before", "_in_shape", "_flipped", "_in_bound", "lone_tol", "_in_dtol")
+_PER_RECORD = (
+    "_in_err",
+    "_in_unknown",
+    "_before",
+    "_in_shape",
+    "_flipped",
+    "_in_bound",
+    "lone_tol",
+    "_in_dtol",
+    "_out_rms",
+    "_after_choice",
+)
 
 
 def significance(rows: pl.DataFrame) -> pl.DataFrame:
@@ -179,8 +190,19 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
             .any()
             .fill_null(False)
             .alias("_discrete"),
+            # a choice (an argmax, a top-k, a comparison) made from float inputs that differ, whose discrete
+            # output is compared by statistics that agree (msprobe keeps an index's max and min: a flip hides)
+            (is_out & tensor & pl.col("tol_dtype").is_in(DISCRETE_DTYPES) & by_stats & (pl.col("err") == 0))
+            .any()
+            .fill_null(False)
+            .alias("_choice"),
+            (is_in & tensor & ~pl.col("tol_dtype").is_in(DISCRETE_DTYPES) & (pl.col("err") > 0))
+            .any()
+            .fill_null(False)
+            .alias("_in_differs"),
             (pl.col("err_source") == "stats").filter(is_in & tensor).all().fill_null(False).alias("_in_bound"),
             pl.col("tol").filter(is_out & tensor).max().alias("_out_tol"),
+            _ref_rms().filter(is_out & tensor).max().alias("_out_rms"),
             # statistics of an input agree only to its dtype's rounding (msprobe keeps a bf16 tensor's in bf16)
             _dtype_tol_of("dtype").filter(is_in & tensor & by_stats).max().alias("_in_dtol"),
             *([pl.col("module").first().alias("_parent")] if "module" in df.columns else []),
@@ -189,6 +211,15 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         .with_columns(
             pl.col("_out_err").fill_null(0.0).cum_max().shift(1).over(group).fill_null(0.0).alias("_before"),
             (pl.col("_discrete").cast(pl.Int32).cum_sum().shift(1).over(group).fill_null(0) > 0).alias("_flipped"),
+            (
+                (pl.col("_discrete") | (pl.col("_choice") & pl.col("_in_differs")))
+                .cast(pl.Int32)
+                .cum_sum()
+                .shift(1)
+                .over(group)
+                .fill_null(0)
+                > 0
+            ).alias("_after_choice"),
         )
     )
 
@@ -234,7 +265,8 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         | pl.col("detail").str.starts_with("shape").fill_null(False)
         | (is_out & pl.col("_in_shape").fill_null(False))  # made from a tensor of another shape
     )
-    err = _residue_err(df.columns)
+    err = _bias_err(_residue_err(df.columns), df.columns)
+    carries_flip = is_in & pl.col("_after_choice").fill_null(False) & _whole_moved(df)
     sig = (
         pl.when(one_run)
         .then(float("inf"))  # a record, or an argument of one, in one run only
@@ -242,6 +274,10 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
         .then(None)
         .when(discrete_out & ((carried > 0) | (pl.col("_before") > 0)) & (pl.col("err") > 0))
         .then(1.0)  # an index, mask or shape changed downstream of float error: carries it (no ratio means anything)
+        .when(carries_flip)
+        .then(1.0)  # whole numbers a flipped choice before it moved: carries the flip
+        .when(is_out & carries_flip.any().over(key) & (err > 0) & ~(err / denom).is_finite().fill_null(False))
+        .then(1.0)  # made from them, unbounded (an indicator's mean on a reference of zeros): carries it too
         .when(denom > 0)
         .then(err / denom)
         .when(err > 0)
@@ -298,6 +334,62 @@ def _residue_err(columns: list[str]) -> pl.Expr:
         & err.is_finite()
     ).fill_null(False)
     return pl.when(residue).then(err * pl.col("ref_norm") / (n.sqrt() * ctx)).otherwise(err)
+
+
+def _whole_moved(df: pl.DataFrame) -> pl.Expr:
+    """Whether a differing float leaf holds whole numbers in both runs, as its statistics show, that moved by
+    no more than one flipped choice makes (analysis/flipflow.py `units_moved`: an accuracy indicator 1 -> 0,
+    a token count moved between experts; made from an argmax or a mask by a cast msprobe does not record)."""
+    from .flipflow import units_moved
+
+    need = ["_row", "err", "tol_dtype", "numel", "ref_numel", "min", "max", "mean", "norm"]
+    need += ["ref_min", "ref_max", "ref_mean", "ref_norm"]
+    if not set(need) <= set(df.columns):
+        return pl.lit(False)
+    whole = [(pl.col(c) == pl.col(c).round()) for c in ("min", "max", "ref_min", "ref_max")]
+    cand = df.filter((pl.col("err") > 0) & ~pl.col("tol_dtype").is_in(DISCRETE_DTYPES).fill_null(False), *whole).select(
+        need
+    )
+    rows = [r["_row"] for r in cand.iter_rows(named=True) if units_moved(r) is not None]
+    return pl.col("_row").is_in(rows).fill_null(False)
+
+
+def _ref_rms() -> pl.Expr:
+    """The reference's RMS of a tensor leaf (its norm over the square root of its element count)."""
+    return pl.col("ref_norm") / pl.col("ref_numel").cast(pl.Float64).sqrt()
+
+
+def _bias_position() -> dict[str, str]:
+    """Per op type, the position msprobe records an op's bias at (`input.N`, analysis/arguments.py's
+    signatures: linear, conv, the norms), its keyword `bias`, and a module's `parameters.bias`."""
+    from .arguments import SIGNATURES
+
+    return {op: str(sig.index("bias")) for op, sig in SIGNATURES.items() if "bias" in sig}
+
+
+def _bias_err(err: pl.Expr, columns: list[str]) -> pl.Expr:
+    """The error a bias is ranked by: the error it adds to its record's output, ||b - b'|| / ||b|| x RMS(b) /
+    RMS(output) (a bias is added to every row of the output: its difference is the output's, on the output's
+    scale), where that is below its own relative error.  A bias the output does not need (an attention key
+    bias: softmax is invariant to it; its gradient is rounding residue that Adam scales to full-size updates)
+    differs between runs at every step after the first while it moves the output by far less than a
+    rounding; a corrupted bias moves the output by its whole difference, and ranks by it."""
+    if not {"index_path", "op_type", "prefix", "ref_norm", "ref_numel"} <= set(columns):
+        return err
+    pos = _bias_position()
+    op = pl.col("op_type").str.to_lowercase()
+    module = pl.col("prefix").is_in(["Module", "Cell"]).fill_null(False)
+    idx = pl.col("index_path")
+    bias = (
+        (pl.col("kind") == "tensor")
+        & (pl.col("_dir") == "forward")
+        & pl.when(module)
+        .then((pl.col("_io") == "parameters") & (idx == "bias"))
+        .otherwise((pl.col("_io") == "input") & ((idx == "bias") | (idx == op.replace_strict(pos, default=None))))
+    ).fill_null(False)
+    effect = err * _ref_rms() / pl.col("_out_rms")
+    usable = bias & (pl.col("_out_rms") > 0) & effect.is_finite()
+    return pl.when(usable).then(pl.min_horizontal(err, effect)).otherwise(err)
 
 
 SIBLING_Q = 0.75  # noise.SIBLING_Q: the quantile of the siblings' error an input is measured against ...

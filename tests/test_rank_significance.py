@@ -184,3 +184,79 @@ def test_the_reports_table_is_in_compares_order():
     table = table_data(prepared(significance(df)), {"step": 1, "rank": 0, "op": "Tensor.pow.0.forward"})
     ops = [table["dicts"]["op"][i] for i in table["cols"]["op"]]
     assert ops[:3] == ["Tensor.pow.0.forward", "Functional.gelu.0.forward", "Functional.linear.0.forward"]
+
+
+def _linear_with_bias(bias: dict, *, module: bool = False) -> list[dict]:
+    """A linear whose output has reference RMS 1 (norm 4 over 16 elements) and whose input and weight agree to
+    1e-8; `bias` overrides its bias leaf (reference RMS 1e-6: norm 4e-6 over 16)."""
+    rec = "Module.k_proj.Linear.forward.0" if module else "Functional.linear.7.forward"
+    pre = {"prefix": "Module", "op_type": "Linear"} if module else {}
+    return [
+        {"record": rec, "seq": 1, "io": "input", "index_path": "0", "err": 1e-8, "ref_norm": 4.0} | pre,
+        {"record": rec, "seq": 1, "io": "parameters" if module else "input", "index_path": "weight" if module else "1"}
+        | {"err": 1e-8, "ref_norm": 4.0}
+        | pre,
+        {"record": rec, "seq": 1, "io": "parameters" if module else "input", "index_path": "bias" if module else "2"}
+        | {"ref_norm": 4e-6}
+        | pre
+        | bias,
+        {"record": rec, "seq": 1, "io": "output", "index_path": "0", "err": 1e-8, "ref_norm": 4.0} | pre,
+    ]
+
+
+def test_a_bias_is_ranked_by_what_it_adds_to_the_output():
+    """An attention key bias Adam moved from a residue gradient (the clean combinations' vit_fp32_N at step 2:
+    relative error 0.27, RMS 1e-6 against its output's RMS 1): it adds 0.27 x 1e-6 / 1 to the output's relative
+    error, significance 2.2e-3 (2.2e3 by its own relative error).  A corrupted bias on the output's scale
+    (RMS 1, relative error 0.5) moves the output by its whole difference: 0.5 / tol.  A module's
+    `parameters.bias` is measured the same way; an op's input that is no bias (the weight) is not."""
+    sig = _sig(_rows(_linear_with_bias({"err": 0.27})))
+    assert sig["Functional.linear.7.forward.input.2"] == pytest.approx(0.27 * 1e-6 / TOL)
+    assert sig["Functional.linear.7.forward.input.1"] == pytest.approx(1e-8 / TOL)
+    bad = _sig(_rows(_linear_with_bias({"err": 0.5, "ref_norm": 4.0})))
+    assert bad["Functional.linear.7.forward.input.2"] == pytest.approx(0.5 / TOL)
+    mod = _sig(_rows(_linear_with_bias({"err": 0.27}, module=True)))
+    assert mod["Module.k_proj.Linear.forward.0.parameters.bias"] == pytest.approx(0.27 * 1e-6 / TOL)
+    # the same leaf as an add's second operand: no bias, ranked by its own relative error
+    add = [{**r, "op_type": "add"} for r in _linear_with_bias({"err": 0.27})]
+    assert _sig(_rows(add))["Functional.linear.7.forward.input.2"] == pytest.approx(0.27 / TOL)
+
+
+def _accuracy(choice_err: float, target_mean: float) -> list[dict]:
+    """argmax(logits) (the logits differ by `choice_err`; its int64 index agrees by statistics), then the mean
+    of the float indicator `pred == labels` over 8 samples: 1 correct in the reference, `target_mean` x 8 in
+    the target (whole numbers: min 0, max 1, sum and sum of squares whole)."""
+    ind = {"numel": 8, "ref_numel": 8, "min": 0.0, "max": 1.0, "ref_min": 0.0, "ref_max": 1.0, "ref_mean": 0.125}
+    tgt = {"mean": target_mean, "norm": (8 * target_mean) ** 0.5, "ref_norm": 1.0}
+    err = abs((8 * target_mean) ** 0.5 - 1.0)  # the norms' relative difference: what the statistics bound shows
+    int_leaf = {"tol_dtype": "int64", "dtype": "int64", "tol": 0.0}
+    return [
+        {"record": "Torch.argmax.0.forward", "seq": 1, "io": "input", "err": choice_err},
+        {"record": "Torch.argmax.0.forward", "seq": 1, "io": "output", "err": 0.0} | int_leaf,
+        {"record": "Tensor.mean.0.forward", "seq": 2, "io": "input", "err": err} | ind | tgt,
+    ]
+
+
+def test_whole_numbers_a_hidden_flip_moved_carry_it():
+    """The set 4 resnet_flip clean pair at step 2: logits agree to 2.6e-7, the argmax's index agrees by its
+    statistics (a flip hides in them), the accuracy indicator's mean moved one unit of 8 (relative error 0.414,
+    significance 3.4e3 before): whole numbers one flipped choice moves carry that flip, significance 1.  When
+    the logits agree exactly no choice can have flipped; two units moved are more than one flip makes."""
+    sig = _sig(_rows(_accuracy(2.6e-7, 0.25)))
+    assert sig["Tensor.mean.0.forward.input.0"] == 1.0
+    assert _sig(_rows(_accuracy(0.0, 0.25)))["Tensor.mean.0.forward.input.0"] == pytest.approx((2**0.5 - 1) / TOL)
+    two = _sig(_rows(_accuracy(2.6e-7, 0.375)))["Tensor.mean.0.forward.input.0"]
+    assert two == pytest.approx((3**0.5 - 1) / TOL)
+
+
+def test_an_output_made_from_whole_numbers_a_flip_moved_carries_it_when_unbounded():
+    """Clean combinations falcon_bf16_F: no correct prediction in the reference, one in the target; the
+    indicator (reference all zeros) and its mean differ at relative error inf: both carry the flip (1), they
+    do not top a clean pair's list at inf.  Without a float input that differs before, the mean stays inf."""
+    rows = _accuracy(2.6e-7, 0.125)
+    rows[-1] |= {"ref_mean": 0.0, "ref_norm": 0.0, "ref_max": 0.0, "err": float("inf")}
+    mean_out = {"record": "Tensor.mean.0.forward", "seq": 2, "io": "output", "err": float("inf"), "ref_norm": 0.0}
+    sig = _sig(_rows([*rows, mean_out]))
+    assert sig["Tensor.mean.0.forward.input.0"] == 1.0 and sig["Tensor.mean.0.forward.output.0"] == 1.0
+    rows[0] |= {"err": 0.0}
+    assert _sig(_rows([*rows, mean_out]))["Tensor.mean.0.forward.output.0"] == float("inf")

@@ -186,11 +186,14 @@ def _many_units(tmp_path, n: int = 12):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the worker processes")
 def test_sigkill_of_main_process_only_frees_the_run(store_dir, tmp_path):
     """Killing only the main ingest process (not its group) ends its workers and frees the run's lock: the next
-    ingest of that run completes, with a one-line notice that it took over the lock, and the store holds it."""
-    ds = _many_units(tmp_path)
-    for _attempt in range(3):
+    ingest of that run completes, with a one-line notice that it took over the lock, and the store holds it.
+    The kill must land while the ingest runs: a fast idle machine ingests 12 units in 0.3 s, so an ingest that
+    finished first (exit status 0, not SIGKILL) is tried again with 4x the units, into a new store."""
+    for n in (24, 96, 384):
+        ds = _many_units(tmp_path / f"n{n}", n)
+        store = store_dir.parent / f"{store_dir.name}_{n}"
         proc = subprocess.Popen(
-            INGEST + [str(ds), "--run", "victim", "--store", str(store_dir), "-j", "2"],
+            INGEST + [str(ds), "--run", "victim", "--store", str(store), "-j", "2"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -198,14 +201,16 @@ def test_sigkill_of_main_process_only_frees_the_run(store_dir, tmp_path):
         deadline = time.monotonic() + 60
         while not (workers := _children(proc.pid)) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        if workers and proc.poll() is None:
-            break
+        if not workers or proc.poll() is not None:
+            proc.wait()
+            continue
+        time.sleep(0.1)  # let them start on their units
+        os.kill(proc.pid, signal.SIGKILL)  # the main process only: its workers are left to themselves
         proc.wait()
+        if proc.returncode == -signal.SIGKILL:
+            break
     else:
-        pytest.fail("the ingest never ran its workers")
-    time.sleep(0.3)  # let them start on their units
-    os.kill(proc.pid, signal.SIGKILL)  # the main process only: its workers are left to themselves
-    proc.wait()
+        pytest.fail("no ingest was still running when killed (or none ran its workers)")
     deadline = time.monotonic() + 10
     while any(_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -214,20 +219,20 @@ def test_sigkill_of_main_process_only_frees_the_run(store_dir, tmp_path):
         os.kill(w, signal.SIGKILL)
     assert not survivors, "workers outlived their killed parent"
     again = subprocess.run(
-        INGEST + [str(ds), "--run", "victim", "--store", str(store_dir), "-j", "2"],
+        INGEST + [str(ds), "--run", "victim", "--store", str(store), "-j", "2"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert again.returncode == 0, again.stderr
-    st = open_store(store_dir)
-    assert st.run_names() == ["victim"] and st.run_info("victim")["steps"] == list(range(12))
+    st = open_store(store)
+    assert st.run_names() == ["victim"] and st.run_info("victim")["steps"] == list(range(n))
     notices = [line for line in again.stderr.splitlines() if "taking over the lock" in line]
     assert len(notices) == 1 and notices[0].startswith("warning: ingest of run 'victim' into ")
     assert f"process {proc.pid} " in notices[0]
-    ids = {p.name[5:17] for p in (store_dir / "tensors").rglob("*.parquet")}
+    ids = {p.name[5:17] for p in (store / "tensors").rglob("*.parquet")}
     assert ids == {st.run_info("victim")["ingest_id"]}  # the killed ingest left nothing in the tree
-    assert [p.name for p in (store_dir / ".ingests" / "run=victim").iterdir()] == [st.run_info("victim")["ingest_id"]]
+    assert [p.name for p in (store / ".ingests" / "run=victim").iterdir()] == [st.run_info("victim")["ingest_id"]]
 
 
 def test_stale_lock_is_taken_over_with_one_notice(store_dir):

@@ -15,7 +15,7 @@ from typing import Any
 import polars as pl
 
 from dumpstore.dtypes import DISCRETE_DTYPES
-from dumpstore.names import MODULE_RECORD_PREFIXES
+from dumpstore.names import MODULE_RECORD_PREFIXES, is_module_record_expr
 
 from . import param_change as PC
 from . import steps as ST
@@ -177,7 +177,7 @@ def _innermost(found: tuple[Found, Found], recs: pl.DataFrame, view: _StepView) 
         pl.col("_record").is_in(inner)
         & pl.col("out_div")
         & (pl.col("_direction") == direction)
-        & ~pl.any_horizontal([pl.col("_record").str.starts_with(m) for m in MODULE_RECORD_PREFIXES])
+        & ~is_module_record_expr(pl.col("_record"))
         & pl.col("local").is_finite().fill_null(False)  # (a discrete output's error is no local error)
     )
     if not cand.height:
@@ -988,7 +988,7 @@ class _Judge:
             & (pl.col("_direction") == rec["_direction"])
             & (pl.col("_seq") < rec["_seq"])
             & (pl.col("kind") == "tensor")
-            & ~pl.any_horizontal([pl.col("_record").str.starts_with(m) for m in MODULE_RECORD_PREFIXES])
+            & ~is_module_record_expr(pl.col("_record"))
         )
         made = before.filter(pl.col("_io").is_in(OUTPUT_IO) & exact).select("_record", "_seq").unique("_record")
         read = before.filter(pl.col("_io").is_in(INPUT_IO) & ~exact).select("_record").unique()

@@ -114,12 +114,16 @@ def without_module_call(key: str) -> str:
     return _MODULE_CALL.sub("", key) if key.startswith(MODULE_RECORD_PREFIXES) else key
 
 
+def is_module_record_expr(key: pl.Expr) -> pl.Expr:
+    """Polars: whether a record name is a module's or a cell's (`MODULE_RECORD_PREFIXES`)."""
+    return key.str.contains(MODULE_KEY_SQL)
+
+
 def without_module_call_expr(key: pl.Expr) -> pl.Expr:
     """`without_module_call` of a string column, in Polars (null stays null)."""
     import polars as pl
 
-    module = pl.any_horizontal([key.str.starts_with(p) for p in MODULE_RECORD_PREFIXES])
-    return pl.when(module).then(key.str.replace(MODULE_CALL_SQL, "")).otherwise(key)
+    return pl.when(is_module_record_expr(key)).then(key.str.replace(MODULE_CALL_SQL, "")).otherwise(key)
 
 
 def without_direction(key: str) -> str:

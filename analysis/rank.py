@@ -26,6 +26,7 @@ from typing import Any
 import polars as pl
 
 from dumpstore.dtypes import DISCRETE_DTYPES
+from dumpstore.names import MODULE_PREFIXES
 
 from .compare import Comparison
 from .lone_precision import lone_records
@@ -227,7 +228,7 @@ def significance(rows: pl.DataFrame) -> pl.DataFrame:
     lone = lone_records(df, "_rec", "_io", "_dir").filter("lone_low").select(*key, "lone_tol")
     recs = recs.join(lone, on=key, how="left", nulls_equal=True)
     df = df.join(recs.select(*key, *_PER_RECORD, "_inside"), on=key, how="left", nulls_equal=True)
-    module = pl.col("prefix").is_in(["Module", "Cell"]).fill_null(False)
+    module = _is_module()
     own_inputs = (
         is_out
         & pl.col("_in_err").is_not_null()
@@ -323,7 +324,7 @@ def _residue_err(columns: list[str]) -> pl.Expr:
     if not {"context_rms", "ref_norm", "ref_numel", "kind", "tol_dtype"} <= set(columns):
         return err
     n = pl.col("ref_numel").cast(pl.Float64)
-    rms = pl.col("ref_norm") / n.sqrt()
+    rms = _ref_rms()
     ctx = pl.col("context_rms")
     eps = R.dtype_eps(pl.col("tol_dtype"))
     residue = (
@@ -354,6 +355,11 @@ def _whole_moved(df: pl.DataFrame) -> pl.Expr:
     return pl.col("_row").is_in(rows).fill_null(False)
 
 
+def _is_module() -> pl.Expr:
+    """Whether a row's record is a module's or a cell's (its `prefix`); false where unknown."""
+    return pl.col("prefix").is_in(list(MODULE_PREFIXES)).fill_null(False)
+
+
 def _ref_rms() -> pl.Expr:
     """The reference's RMS of a tensor leaf (its norm over the square root of its element count)."""
     return pl.col("ref_norm") / pl.col("ref_numel").cast(pl.Float64).sqrt()
@@ -378,7 +384,7 @@ def _bias_err(err: pl.Expr, columns: list[str]) -> pl.Expr:
         return err
     pos = _bias_position()
     op = pl.col("op_type").str.to_lowercase()
-    module = pl.col("prefix").is_in(["Module", "Cell"]).fill_null(False)
+    module = _is_module()
     idx = pl.col("index_path")
     bias = (
         (pl.col("kind") == "tensor")
@@ -417,7 +423,7 @@ def _own_tol() -> pl.Expr:
     from .tolerance import REL_L2_DEFAULT
 
     tol = pl.col("tol").fill_null(0.0)
-    module = pl.col("prefix").is_in(["Module", "Cell"]).fill_null(False)
+    module = _is_module()
     forward = (pl.col("_dir") == "forward").fill_null(False)  # (an embedding's backward sums gradients)
     gather = pl.col("op_type").str.to_lowercase().is_in(list(GATHERS)).fill_null(False) & ~module & forward
     own = pl.col("dtype").replace_strict(REL_L2_DEFAULT, default=None, return_dtype=pl.Float64)

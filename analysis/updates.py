@@ -304,12 +304,17 @@ def decay_shift_measures(rows: pl.DataFrame, before: int, after: int, params: pl
 REPLAY_P = 0.5 * math.erfc(STAND_OUT / math.sqrt(2.0))
 
 
+def _equal(both: pl.DataFrame, a: str, b: str) -> np.ndarray:
+    """Per row: columns `a` and `b` hold the same value, missing in both counting as equal."""
+    x, y = (both[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in (a, b))
+    return (x == y) | (np.isnan(x) & np.isnan(y))
+
+
 def _same(both: pl.DataFrame, suffix: str = "") -> np.ndarray:
     """Per row: every statistic (with `suffix`) equal in both runs, missing in both counting as equal."""
     out = np.ones(both.height, dtype=bool)
     for s in R.STATS:
-        t, r = (both[f"{pre}{s}{suffix}"].cast(pl.Float64).fill_null(np.nan).to_numpy() for pre in ("", "ref_"))
-        out &= (t == r) | (np.isnan(t) & np.isnan(r))
+        out &= _equal(both, f"{s}{suffix}", f"ref_{s}{suffix}")
     return out
 
 
@@ -318,8 +323,7 @@ def _moved(both: pl.DataFrame, a: str, b: str) -> np.ndarray:
     out = np.zeros(both.height, dtype=bool)
     for pre in ("", "ref_"):
         for s in R.STATS:
-            x, y = (both[f"{pre}{s}{suf}"].cast(pl.Float64).fill_null(np.nan).to_numpy() for suf in (a, b))
-            out |= ~((x == y) | (np.isnan(x) & np.isnan(y)))
+            out |= ~_equal(both, f"{pre}{s}{a}", f"{pre}{s}{b}")
     return out
 
 

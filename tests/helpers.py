@@ -183,6 +183,16 @@ def load_script(name: str, path: Path):
     return mod
 
 
+def load_registered(name: str, path: Path):
+    """A script of validation/ loaded by path as module ``name`` and registered in sys.modules (once: a second call
+    returns the first module), for sets whose modules look each other up by that name (the harness's ``_load``)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    mod = sys.modules[name] = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
+    mod.__spec__.loader.exec_module(mod)
+    return mod
+
+
 def score_validation(data: Path, tmp_path: Path) -> tuple[list[dict], subprocess.CompletedProcess]:
     """validation/score.py over the pairs and key in ``data`` (dumpstore's CLI on every pair): its rows (--json)
     and the finished process, which exited 0."""

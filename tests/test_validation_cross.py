@@ -8,7 +8,6 @@ scores every pair through dumpstore's CLI with ``validation/score.py``: every pa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import score_validation
+from helpers import load_registered, score_validation
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -25,17 +24,7 @@ pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cross = _load("validation_cross_make_pairs", ROOT / "validation" / "cross" / "make_pairs.py")
+cross = load_registered("validation_cross_make_pairs", ROOT / "validation" / "cross" / "make_pairs.py")
 
 
 def test_every_pair_runs_a_family_on_another_sets_device():

@@ -6,12 +6,12 @@ faults. torch CPU, seconds. The set's pairs and their score are the marked tests
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import load_registered
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -19,21 +19,11 @@ F = torch.nn.functional
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-dev7 = _load("validation_v7_devices", ROOT / "validation" / "v7" / "devices.py")
+dev7 = load_registered("validation_v7_devices", ROOT / "validation" / "v7" / "devices.py")
 
 
 def _make7():
-    return _load("validation_v7_make_pairs", ROOT / "validation" / "v7" / "make_pairs.py")
+    return load_registered("validation_v7_make_pairs", ROOT / "validation" / "v7" / "make_pairs.py")
 
 
 def _rel(a, b) -> float:

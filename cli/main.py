@@ -29,7 +29,7 @@ class _Group(click.Group):
             click.echo("Error: interrupted; the store is as it was before this command", err=True)
             ctx.exit(130)
         except Exception as exc:
-            if "Interrupt" in type(exc).__name__ or str(exc) == "Query interrupted":  # DuckDB's, on Ctrl-C
+            if _interrupted(exc):
                 click.echo("Error: interrupted; the store is as it was before this command", err=True)
                 ctx.exit(130)
             line = _damaged_file(exc, ctx)
@@ -37,6 +37,15 @@ class _Group(click.Group):
                 raise
             click.echo(f"Error: {text(line)}", err=True)
             ctx.exit(1)
+
+
+def _interrupted(exc: Exception) -> bool:
+    """Whether `exc` is DuckDB's report of an interruption: its own on Ctrl-C, or a KeyboardInterrupt raised while
+    DuckDB ran Python code of ours (reading a registered Arrow object's schema), which it wraps in an error of its
+    own with the interruption's name in the message."""
+    if "Interrupt" in type(exc).__name__ or str(exc) == "Query interrupted":
+        return True
+    return type(exc).__module__ in ("duckdb", "_duckdb") and "KeyboardInterrupt" in str(exc)
 
 
 _SIGNALS = None

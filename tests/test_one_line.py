@@ -239,6 +239,28 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
     assert not [p for p in pids if alive(p)]
 
 
+def test_an_interrupt_duckdb_wrapped_is_an_interruption():
+    """A KeyboardInterrupt raised while DuckDB runs Python code (a registered object's schema read, a UDF) comes
+    out as DuckDB's own error with its name in the message (seen once in `report` under SIGINT: a traceback): the
+    command takes it for the interruption it is (one line, exit 130); another DuckDB error is not one."""
+    import duckdb
+
+    from dumpstore.cli.main import _interrupted
+
+    con = duckdb.connect()
+
+    def stop(x: int) -> int:
+        raise KeyboardInterrupt
+
+    con.create_function("stop", stop, ["BIGINT"], "BIGINT")
+    with pytest.raises(duckdb.Error) as wrapped:
+        con.sql("select stop(1)").fetchall()
+    assert "KeyboardInterrupt" in str(wrapped.value) and _interrupted(wrapped.value)
+    with pytest.raises(duckdb.Error) as other:
+        con.sql("select * from no_such_table").fetchall()
+    assert not _interrupted(other.value)
+
+
 def test_a_signal_in_polars_python_code_is_put_off():
     """Polars' Rust code panics on an exception raised in the Python it calls (a dtype's __init__): the handler
     tells such a frame from the command's own, so SIGTERM is raised again a moment later, outside it."""

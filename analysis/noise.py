@@ -379,10 +379,11 @@ def module_inner_saved(recs: pl.DataFrame) -> list[float]:
     """Per record: the most that a record inside it (a module record's own ops and nested modules, by msprobe's
     `module` of each record: `_module`) carries from what it saved in the forward (`_saved`); 0 for a record with
     nothing inside.  A backward record's module is the module's backward record, so this stays in its direction."""
-    keys = list(zip(recs["step"], recs["rank"], recs["source"], recs["_record"]))
-    parent = dict(zip(keys, recs["_module"]))
+    # the columns as lists: iterating a Series yields its values one by one (a few times slower)
+    keys = list(zip(*(recs[c].to_list() for c in ("step", "rank", "source", "_record"))))
+    parent = dict(zip(keys, recs["_module"].to_list()))
     best: dict[tuple, float] = {}
-    for key, value in zip(keys, recs["_saved"]):
+    for key, value in zip(keys, recs["_saved"].to_list()):
         if value is None or not value > 0:
             continue
         seen: set[str] = set()

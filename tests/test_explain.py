@@ -205,3 +205,45 @@ def test_next_dump_config_is_accepted_by_msprobe(tmp_path, cfg):
         assert not scope.check("Functional.linear.9.forward")
     else:
         assert scope.check(name) and not scope.check("Functional.layer_norm.11.forward")
+
+
+def test_lookup_reads_what_duckdb_reads(sample_store, tmp_path):
+    """The explanation's rows and stacks, read by pyarrow and picked in Python, are DuckDB's answer to the same
+    question over the same partition files; a file that goes away leaves nothing to explain, no error."""
+    import glob
+    import shutil
+
+    import duckdb
+
+    from dumpstore.analysis.explain import _COLS, _Lookup
+
+    look = _Lookup(sample_store, "weight_1pct_stats", "ref_stats")
+    (pattern,) = look.tensors["weight_1pct_stats"]
+    files = sorted(glob.glob(pattern.replace("/*/*/", "/step=1/rank=0/")))
+    con = duckdb.connect(":memory:")
+    cols = ", ".join(_COLS)
+    names = ["Functional.linear.6.forward", "Module.layers.1.fc1.Linear.forward.0", "Tensor.__add__.3.forward"]
+    for records in (names[:1], names, ["no.such.record"]):
+        want = con.execute(
+            f"SELECT {cols} FROM read_parquet(?) WHERE list_contains(?, record) ORDER BY seq", [files, records]
+        )
+        want = [dict(zip(_COLS, row)) for row in want.fetchall()]
+        got = look.rows("weight_1pct_stats", 1, 0, records)
+        assert [{c: r[c] for c in _COLS} for r in got] == want
+        assert {r["run"] for r in got} <= {"weight_1pct_stats"}
+    assert len(look.rows("weight_1pct_stats", 1, 0, names)) > 10
+    sid = look.rows("weight_1pct_stats", 1, 0, names[:1])[0]["stack_id"]
+    stacks = sorted(f for p in look.stacks["weight_1pct_stats"] for f in glob.glob(p))
+    frames = con.execute(
+        "SELECT frames FROM read_parquet(?) WHERE step = 1 AND rank = 0 AND stack_id = ?", [stacks, sid]
+    ).fetchone()[0]
+    assert look.frames("weight_1pct_stats", 1, 0, sid) == frames and frames
+    assert look.frames("weight_1pct_stats", 1, 0, 10**6) is None
+
+    copy = tmp_path / "store"
+    shutil.copytree(sample_store.root, copy)
+    gone = _Lookup(copy, "weight_1pct_stats", "ref_stats")
+    for f in glob.glob(gone.tensors["weight_1pct_stats"][0].replace("/*/*/", "/step=1/rank=0/")):
+        (copy / f).unlink()
+    assert gone.rows("weight_1pct_stats", 1, 0, names) == []
+    assert gone.rows("weight_1pct_stats", 0, 0, names[:1])  # another partition is still there

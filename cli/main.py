@@ -298,11 +298,16 @@ def _ingest_several(paths, runs, store, opts, jobs: int | None) -> list:
             pool.submit(do_ingest, p, r, store=store, options=opts, jobs=share, progress=partial(_told, r))
             for p, r in zip(paths, runs)
         ]
+        for fut in futures:  # a finished ingest wakes the loop below at once, not at its next timeout
+            fut.add_done_callback(lambda _: queue.put(None))
         while not all(f.done() for f in futures) or not queue.empty():
             try:
-                run, done, of = queue.get(timeout=0.1)
+                told = queue.get(timeout=_POLL_S)
             except Empty:
                 continue
+            if told is None:
+                continue
+            run, done, of = told
             seen[run] = (done, of)
             bar.update(sum(d for d, _ in seen.values()), sum(t for _, t in seen.values()))
         outcomes = []
@@ -319,6 +324,7 @@ def _ingest_several(paths, runs, store, opts, jobs: int | None) -> list:
     return outcomes
 
 
+_POLL_S = 0.1  # the side-by-side ingest's wait for progress; the end of an ingest wakes it sooner
 _PROGRESS_QUEUE = None  # in a side-by-side ingest's child: where its progress goes to the parent's one display
 
 

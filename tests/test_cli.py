@@ -148,6 +148,25 @@ def test_ingest_several_dumps_at_once(store_dir, tmp_path):
     assert both.output == apart.output and both.output.count("\n") > 1000
 
 
+def test_ingest_several_dumps_ends_when_the_last_ends(store_dir, monkeypatch):
+    """The side-by-side ingest returns as its last run is published, not at its progress wait's next timeout (it
+    waited up to 0.1 s for nothing): with a wait of a minute it still returns in seconds."""
+    import time
+
+    from dumpstore.cli import main as cli_main
+    from helpers import SAMPLES
+
+    monkeypatch.setattr(cli_main, "_POLL_S", 60.0)
+    began = time.monotonic()
+    res = CliRunner().invoke(
+        main,
+        ["ingest", str(SAMPLES / "ref_stats"), str(SAMPLES / "lr_stats"), "--run", "ref", "--run", "lr"]
+        + ["--store", str(store_dir)],
+    )
+    assert res.exit_code == 0, res.output
+    assert time.monotonic() - began < 30
+
+
 def test_ingest_several_dumps_errors(store_dir):
     from helpers import SAMPLES
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,11 +232,9 @@ class _Lookup:
         }
         self.target, self.ref = target, ref
         self._read: dict[tuple[str, tuple[str, ...]], tuple[Any, dict[str, list]]] = {}
-        self._where: dict[str, dict[str, list[int]]] = {}
 
     def close(self) -> None:
         self._read.clear()
-        self._where.clear()
 
     def _file(self, path: str, names: tuple[str, ...], keys: tuple[str, ...]) -> tuple[Any, dict[str, list]]:
         """The columns `names` of a file that it has (a table), and its columns `keys` as lists; read once."""
@@ -268,13 +267,8 @@ class _Lookup:
         if not {c for table, _ in read for c in table.column_names}.issuperset(_COLS):  # an older schema
             return []
         out = []
-        for path, (table, lists) in zip(files, read):
-            where = self._where.get(path)
-            if where is None:  # each record's row numbers, found once per file
-                where = self._where[path] = {}
-                for i, r in enumerate(lists["record"]):
-                    where.setdefault(r, []).append(i)
-            for lo, hi in _runs(sorted(i for r in records for i in where.get(r, ()))):
+        for table, lists in read:
+            for lo, hi in _runs(sorted(i for r in records for i in _where(lists["record"], r))):
                 out += [{"run": run, **{c: row.get(c) for c in _COLS}} for row in table.slice(lo, hi - lo).to_pylist()]
         return sorted(out, key=lambda r: (r["seq"] is None, r["seq"] or 0))
 
@@ -294,6 +288,17 @@ class _Lookup:
         except Exception:  # a file gone or unreadable
             return None
         return None
+
+
+def _where(names: list[str], record: str) -> Iterator[int]:
+    """The row numbers of `record` in `names` (each found by list.index: a scan in C, not a loop in Python)."""
+    i = -1
+    while True:
+        try:
+            i = names.index(record, i + 1)
+        except ValueError:
+            return
+        yield i
 
 
 def _runs(index: list[int]) -> list[tuple[int, int]]:

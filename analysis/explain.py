@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import glob
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -215,10 +216,17 @@ _COLS = (
 _STACK_COLS = ("step", "rank", "stack_id", "frames")
 
 
+# A partition file of up to this many rows is read whole, once per verdict (its 15 columns: ~20-40 MB of Arrow and
+# Python strings); a larger one is read a row group at a time for each question, its memory bounded by a group
+# (a step and rank of hundreds of thousands of leaves, where reading it whole for a few records would cost more
+# memory than a DuckDB scan did)
+_WHOLE_ROWS = 1 << 18
+
+
 class _Lookup:
     """The store's rows of one (run, step, rank) at a time, read from that partition's files only (a verdict
-    over thousands of files asks a handful of them), each file read once per verdict: through pyarrow's Parquet
-    reader, rows picked in Python (a DuckDB connection cost a statistics verdict 70-90 ms of import and set-up)."""
+    over thousands of files asks a handful of them), through pyarrow's Parquet reader, rows picked in Python (a
+    DuckDB connection cost a statistics verdict 70-90 ms of import and set-up)."""
 
     def __init__(self, store: Any, target: str, ref: str) -> None:
         from dumpstore.store import Store, open_store
@@ -231,21 +239,29 @@ class _Lookup:
             r: [f for f in self.store.stack_files(catalog) if f"part-{live.get(r)}" in f] for r in (target, ref)
         }
         self.target, self.ref = target, ref
-        self._read: dict[tuple[str, tuple[str, ...]], tuple[Any, dict[str, list]]] = {}
+        self._whole: dict[tuple[str, tuple[str, ...]], tuple[Any, dict[str, list]]] = {}
 
     def close(self) -> None:
-        self._read.clear()
+        self._whole.clear()
 
-    def _file(self, path: str, names: tuple[str, ...], keys: tuple[str, ...]) -> tuple[Any, dict[str, list]]:
-        """The columns `names` of a file that it has (a table), and its columns `keys` as lists; read once."""
-        got = self._read.get((path, names))
-        if got is None:
-            from dumpstore.parquetio import read_columns
+    def _groups(
+        self, path: str, names: tuple[str, ...], keys: tuple[str, ...]
+    ) -> Iterator[tuple[Callable[[], Any], dict[str, list]]]:
+        """For the whole file (up to _WHOLE_ROWS rows: read once per verdict) or else each of its row groups: a
+        function giving its columns `names` that it has (a table), and its columns `keys` as lists."""
+        from dumpstore.parquetio import Reader
 
-            table = read_columns(path, list(names))
-            got = table, {k: table.column(k).to_pylist() for k in keys if k in table.column_names}
-            self._read[(path, names)] = got
-        return got
+        whole = self._whole.get((path, names))
+        if whole is None:
+            reader = Reader(path)
+            if reader.num_rows > _WHOLE_ROWS:
+                for g in range(reader.num_row_groups):
+                    yield partial(reader.read, list(names), g), _lists(reader.read(list(keys), g), keys)
+                return
+            read = reader.read(list(names))
+            whole = self._whole[(path, names)] = read, _lists(read, keys)
+        table, lists = whole
+        yield (lambda: table), lists
 
     def rows(self, run: str, step: int, rank: int, records: list[str]) -> list[dict[str, Any]]:
         files = [
@@ -263,31 +279,47 @@ class _Lookup:
     def _rows(self, run: str, files: list[str], records: set[str]) -> list[dict[str, Any]]:
         """The rows of `records` in `files` (a column that some files lack is null in their rows; one that all
         lack: none), in record order (seq), each with its run."""
-        read = [self._file(f, _COLS, ("record",)) for f in files]
-        if not {c for table, _ in read for c in table.column_names}.issuperset(_COLS):  # an older schema
+        from dumpstore.parquetio import Reader
+
+        if not {c for f in files for c in Reader(f).columns}.issuperset(_COLS):  # a store of an older schema
             return []
         out = []
-        for table, lists in read:
-            for lo, hi in _runs(sorted(i for r in records for i in _where(lists["record"], r))):
-                out += [{"run": run, **{c: row.get(c) for c in _COLS}} for row in table.slice(lo, hi - lo).to_pylist()]
+        for path in files:
+            for table, lists in self._groups(path, _COLS, ("record",)):
+                hits = _runs(sorted(i for r in records for i in _where(lists["record"], r)))
+                if not hits:
+                    continue
+                rows = table()
+                for lo, hi in hits:
+                    out += [
+                        {"run": run, **{c: row.get(c) for c in _COLS}} for row in rows.slice(lo, hi - lo).to_pylist()
+                    ]
         return sorted(out, key=lambda r: (r["seq"] is None, r["seq"] or 0))
 
     def frames(self, run: str, step: int, rank: int, stack_id: int) -> list[str] | None:
         files = [f for pattern in self.stacks.get(run, []) for f in sorted(glob.glob(pattern))]
         if not files:
             return None
+        want = (int(step), int(rank), int(stack_id))
         try:
             for path in files:
-                table, lists = self._file(path, _STACK_COLS, _STACK_COLS[:3])
-                if len(lists) < 3 or "frames" not in table.column_names:
-                    return None  # a store of an older schema
-                keys = zip(lists["step"], lists["rank"], lists["stack_id"])
-                hit = next((i for i, k in enumerate(keys) if k == (int(step), int(rank), int(stack_id))), None)
-                if hit is not None:
-                    return list(table.column("frames")[hit].as_py() or [])
+                for table, lists in self._groups(path, _STACK_COLS, _STACK_COLS[:3]):
+                    if len(lists) < 3:
+                        return None  # a store of an older schema
+                    hit = next((i for i, k in enumerate(zip(*lists.values())) if k == want), None)
+                    if hit is not None:
+                        frames = table()
+                        if "frames" not in frames.column_names:
+                            return None
+                        return list(frames.column("frames")[hit].as_py() or [])
         except Exception:  # a file gone or unreadable
             return None
         return None
+
+
+def _lists(table: Any, keys: tuple[str, ...]) -> dict[str, list]:
+    """The columns `keys` of `table` that it has, as lists, in the order of `keys`."""
+    return {k: table.column(k).to_pylist() for k in keys if k in table.column_names}
 
 
 def _where(names: list[str], record: str) -> Iterator[int]:

@@ -27,12 +27,28 @@ def read_table(path: str | os.PathLike, read_dictionary: list[str] | None = None
 def read_columns(path: str | os.PathLike, names: list[str], read_dictionary: list[str] | None = None) -> pa.Table:
     """The named top-level columns of a file, nested ones whole, in the file's order, read on this thread
     (`pyarrow.parquet.read_table(path, columns=names, use_threads=False, read_dictionary=...)`)."""
-    reader = ParquetReader()
-    reader.open(os.fspath(path), read_dictionary=read_dictionary)
-    schema = reader.metadata.schema
-    wanted = set(names)
-    leaves = [i for i in range(len(schema)) if schema.column(i).path.split(".")[0] in wanted]
-    return reader.read_all(column_indices=leaves, use_threads=False)
+    return Reader(path, read_dictionary).read(names)
+
+
+class Reader:
+    """An open file read by columns, whole or a row group at a time (`pyarrow.parquet.ParquetFile`'s `read` and
+    `read_row_group` with `columns=names, use_threads=False`)."""
+
+    def __init__(self, path: str | os.PathLike, read_dictionary: list[str] | None = None):
+        self.reader = ParquetReader()
+        self.reader.open(os.fspath(path), read_dictionary=read_dictionary)
+        self.num_rows: int = self.reader.metadata.num_rows
+        self.num_row_groups: int = self.reader.num_row_groups
+        self.columns: list[str] = self.reader.schema_arrow.names  # the top-level columns
+
+    def read(self, names: list[str], row_group: int | None = None) -> pa.Table:
+        """The named top-level columns (nested ones whole), in the file's order: all rows, or one row group's."""
+        schema = self.reader.metadata.schema
+        wanted = set(names)
+        leaves = [i for i in range(len(schema)) if schema.column(i).path.split(".")[0] in wanted]
+        if row_group is None:
+            return self.reader.read_all(column_indices=leaves, use_threads=False)
+        return self.reader.read_row_group(row_group, column_indices=leaves, use_threads=False)
 
 
 class Writer:

@@ -207,17 +207,32 @@ def test_next_dump_config_is_accepted_by_msprobe(tmp_path, cfg):
         assert scope.check(name) and not scope.check("Functional.layer_norm.11.forward")
 
 
-def test_lookup_reads_what_duckdb_reads(sample_store, tmp_path):
+@pytest.mark.parametrize("whole", [True, False])
+def test_lookup_reads_what_duckdb_reads(sample_store, tmp_path, monkeypatch, whole):
     """The explanation's rows and stacks, read by pyarrow and picked in Python, are DuckDB's answer to the same
-    question over the same partition files; a file that goes away leaves nothing to explain, no error."""
+    question over the same partition files, a record's leaves in the file's order (which DuckDB's sort on `seq`
+    alone kept only within one row group), whether a file is read whole or a row group at a time (its files
+    rewritten in groups of 50 rows); a file that goes away leaves nothing to explain, no error."""
     import glob
     import shutil
 
     import duckdb
 
+    from dumpstore import parquetio
+    from dumpstore.analysis import explain as ex
     from dumpstore.analysis.explain import _COLS, _Lookup
 
-    look = _Lookup(sample_store, "weight_1pct_stats", "ref_stats")
+    store = tmp_path / "copy"
+    shutil.copytree(sample_store.root, store)
+    if not whole:
+        monkeypatch.setattr(ex, "_WHOLE_ROWS", 0)
+        for f in store.rglob("run=weight_1pct_stats/**/*.parquet"):
+            table = parquetio.read_table(f)
+            f.unlink()  # (a hard link into the staging folder: a new file, not the same one rewritten)
+            with parquetio.Writer(f, table.schema) as out:
+                out.write_table(table, row_group_size=50)
+            assert parquetio.Reader(f).num_row_groups > 1 or table.num_rows <= 50
+    look = _Lookup(store, "weight_1pct_stats", "ref_stats")
     (pattern,) = look.tensors["weight_1pct_stats"]
     files = sorted(glob.glob(pattern.replace("/*/*/", "/step=1/rank=0/")))
     con = duckdb.connect(":memory:")
@@ -225,7 +240,9 @@ def test_lookup_reads_what_duckdb_reads(sample_store, tmp_path):
     names = ["Functional.linear.6.forward", "Module.layers.1.fc1.Linear.forward.0", "Tensor.__add__.3.forward"]
     for records in (names[:1], names, ["no.such.record"]):
         want = con.execute(
-            f"SELECT {cols} FROM read_parquet(?) WHERE list_contains(?, record) ORDER BY seq", [files, records]
+            f"SELECT {cols} FROM read_parquet(?, file_row_number=true) WHERE list_contains(?, record) "
+            "ORDER BY seq, file_row_number",
+            [files, records],
         )
         want = [dict(zip(_COLS, row)) for row in want.fetchall()]
         got = look.rows("weight_1pct_stats", 1, 0, records)
@@ -241,7 +258,7 @@ def test_lookup_reads_what_duckdb_reads(sample_store, tmp_path):
     assert look.frames("weight_1pct_stats", 1, 0, 10**6) is None
 
     copy = tmp_path / "store"
-    shutil.copytree(sample_store.root, copy)
+    shutil.copytree(store, copy)
     gone = _Lookup(copy, "weight_1pct_stats", "ref_stats")
     for f in glob.glob(gone.tensors["weight_1pct_stats"][0].replace("/*/*/", "/step=1/rank=0/")):
         (copy / f).unlink()

@@ -394,11 +394,17 @@ def _optimizer(
         replay = replayed_update(rows, before, after, distinct) if broad is None and not changed else None
         if broad is not None:
             evidence, value, metric = broad, broad["median_update_units"], "update_units"
+            times = (  # a later update far beyond its explanation (analysis/updates.py `updates_differ`)
+                f" ({broad['over_explanation']:.3g}x that per parameter, median; the update before: "
+                f"{broad['previous_over_explanation']:.2g}x)"
+                if "over_explanation" in broad
+                else ""
+            )
             text = (
                 f"{broad['unexplained']} of {broad['parameters']} parameters differ from the reference by "
                 f"{broad['median_update_units']:.3g} of their own update (median) between steps {before} and "
-                f"{after}, where their gradients and earlier differences explain {broad['median_carried_in']:.3g}: "
-                "clipping, learning rate or optimizer differs"
+                f"{after}, where their gradients and earlier differences explain {broad['median_carried_in']:.3g}"
+                f"{times}: clipping, learning rate or optimizer differs"
             )
         elif replay is not None:
             evidence, value, metric = replay, replay["differing"] / replay["updated"], "replay"

@@ -51,7 +51,8 @@ x_round). Hence:
                        update no unit the runs share).
   update differs       most (over UPDATE_SHARE) of the measured parameters have x > STAND_OUT x their explanation,
                        and the median x is at least its floor (analysis/updates.py: X_MIN at the pair's first
-                       update, else UPDATE_X_MIN and STAND_OUT x the update before's): every parameter moved
+                       update, else UPDATE_X_MIN and STAND_OUT x the update before's; or, at a later update,
+                       its median x over the explanation at least updates.UNEXPLAINED): every parameter moved
                        otherwise than its gradient explains (clipping at another norm, another optimizer): the
                        optimizer culprit.  A
                        learning-rate change moves every update by the same factor and is found by the
@@ -531,3 +532,17 @@ def update_differs(t: pl.DataFrame | None, floor: float = UPDATE_X_MIN) -> dict[
         "median_update_units": float(median(x[measured])),
         "median_carried_in": float(median(np.nan_to_num(_explained(t)[measured], nan=0.0))),
     }
+
+
+def over_explanation(t: pl.DataFrame) -> float:
+    """The median over the measured parameters of `t` of x / its explanation max(x_prev, g_prev, x_round) (inf
+    where nothing explains a gap: a parameter that agreed, was fed agreeing gradients and has no rounding of its
+    own); NaN with none measured."""
+    x = t["x"].fill_null(np.nan).to_numpy()
+    expl = np.nan_to_num(_explained(t), nan=0.0)
+    measured = np.isfinite(x)
+    if not measured.any():
+        return float("nan")
+    with np.errstate(all="ignore"):
+        ratio = np.where(expl > 0, x / expl, np.where(x > 0, np.inf, 0.0))
+    return float(median(ratio[measured]))

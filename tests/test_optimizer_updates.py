@@ -127,3 +127,55 @@ def test_the_screened_path_judges_a_later_update_against_the_update_before_it(du
     assert whole is not None and (whole.kind, whole.step, whole.metric) == ("optimizer", 2, "update_units")
     assert screened == whole
     assert screened.evidence["floor"] == steps.UPDATE_X_MIN
+
+
+def _nudged(masks, up: float, first: int = 2):
+    """From the update after step `first` - 1 on: half of each parameter's elements moved (1 + up) as far, half
+    less, each update's norm kept (as UP and DOWN above), every later update alike (an eps, a momentum: the same
+    rule at every update from there)."""
+    down = 1 - float(np.sqrt(2 - (1 + up) ** 2))
+
+    def change(step, i, q, g):
+        return q - 0.01 * g * np.where(masks[i], up, -down) * max(0, step - first + 1)
+
+    return change
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_later_update_far_beyond_its_explanation_differs_under_a_sixteenth(dump_writer, store_dir, mode):
+    """Every element's update moved by 2 % from the second update on: the gap reads a fraction of UPDATE_X_MIN,
+    but fp32 rounding of the parameters explains a millionth of an update and the update before agreed: every
+    parameter is some 2600 times beyond its explanation (UNEXPLAINED and STAND_OUT x the update before's).
+    (Here the update sizes' statistics move too, and the ratio rule, which runs first, names it as well.)"""
+    from dumpstore import open_store
+    from dumpstore.analysis import compare_runs
+    from dumpstore.analysis._divergence import _ordered
+    from dumpstore.analysis.culprit import _StepView
+    from dumpstore.analysis.updates import UNEXPLAINED, updates_differ
+
+    x, params, grads = _runs(np.random.default_rng(21))
+    v = _pair(
+        dump_writer, store_dir, mode, _run(x, params, grads, 3), _run(x, params, grads, 3, _nudged(_masks(), 0.02))
+    )
+    assert v.culprit is not None and (v.culprit.kind, v.culprit.step) == ("optimizer", 2)
+    cmp = compare_runs(open_store(store_dir), "target", "ref")
+    rows = _ordered(cmp.rows, cmp.records)
+    step_rows = _StepView(rows, 2).rows
+    weights = step_rows.filter(step_rows["index_path"] == "1")
+    ev = updates_differ(rows, 1, weights, steps.table(rows, 1, 2, weights))
+    assert ev is not None and ev["unexplained"] == ev["parameters"] == N_PARAMS
+    assert ev["median_update_units"] < steps.UPDATE_X_MIN == ev["floor"]
+    # the same in both dump modes: the statistics bounds of gap and explanation (fp32 rounding of the weights)
+    assert ev["over_explanation"] == pytest.approx(2644.15, rel=1e-5) and ev["previous_over_explanation"] == 0.0
+    assert ev["explanation_bar"] == UNEXPLAINED == 16
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_same_change_at_every_update_is_explained_by_the_gap_it_carried_in(dump_writer, store_dir, mode):
+    """The same 2 % from the first update on: at the pair's first update the floor is X_MIN, and the later update
+    carries the first one's gap in: within a few times its explanation (and under STAND_OUT x the update
+    before's median x, the later floor), quiet."""
+    x, params, grads = _runs(np.random.default_rng(21))
+    tgt = _run(x, params, grads, 3, _nudged(_masks(), 0.02, first=1))
+    v = _pair(dump_writer, store_dir, mode, _run(x, params, grads, 3), tgt)
+    assert v.culprit is None

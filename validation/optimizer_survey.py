@@ -4,7 +4,9 @@ the disagreement carried in and rounding explain, and the median x (the runs' up
 the rules that judge a later update against the update before it (analysis/updates.py `ratio_shift`,
 `decay_shift`): their measures with `margin` (the shift over its bar) and `differs`; and the replay rule's
 (`replay_measures`: where every parameter and gradient agreed before the update, how many differ after it, and
-the chance of that at the update before's rate).
+the chance of that at the update before's rate); and the parameters' median x over their explanation
+(`steps.over_explanation`, ` oe` in the summary line: analysis/updates.py `updates_differ`'s measure at a later
+update).
 
     .venv/bin/python validation/optimizer_survey.py --out OUT.jsonl [--work DIR] DATA ...
 
@@ -118,16 +120,16 @@ def measure(store_dir: Path) -> list[dict]:
             decay = decay_shift_measures(rows, before, step, params)
             replay = replay_measures(rows, before, step, distinct)
             out.append({"step": step, "n": int(ok.sum()), "beyond": float(beyond.mean()),
-                        "median_x": float(np.median(x[ok])), "over": over,
+                        "median_x": float(np.median(x[ok])), "over_explanation": ST.over_explanation(t), "over": over,
                         "by_statistic": by_statistic(rows, before, step),
                         "ratio_shift": shift, "decay_shift": decay, "replay": replay})  # fmt: skip
     return out
 
 
 def _margins(d: dict) -> str:
-    """` ratio M1 decay M2 replay K/N pP`: the later-update rules' margins (shift over bar) and the replay rule's
-    count and chance, where they measure."""
-    out = ""
+    """` oe E replay K/N pP ratio M1 decay M2`: the median x over its explanation, the replay rule's count and
+    chance, and the later-update rules' margins (shift over bar), where they measure."""
+    out = f" oe {d['over_explanation']:.3g}" if d.get("over_explanation") is not None else ""
     r = d.get("replay")
     if r is not None:
         out += f" replay {r['differing']}/{r['updated']} p{r['p']:.2g}{'!' if r['differs'] else ''}"

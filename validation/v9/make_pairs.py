@@ -495,20 +495,17 @@ def patch(family: str, model, tracer: Tracer, active) -> None:
 
 
 def corrupt(model, fault) -> None:
+    """A weight fault before its step: "swap_qk" here, set 8's "transpose", the harness's "sign2pct"."""
     import torch
 
+    if fault["how"] != "swap_qk":
+        return v8.corrupt(model, fault)
     params = dict(model.named_parameters())
-    p = params[fault["param"]]
+    q, k = params[fault["param"]], params[fault["param"].replace("q_proj", "k_proj")]
     with torch.no_grad():
-        if fault["how"] == "transpose":
-            p.copy_(p.t().clone())
-        elif fault["how"] == "swap_qk":
-            k = params[fault["param"].replace("q_proj", "k_proj")]
-            tmp = p.clone()
-            p.copy_(k)
-            k.copy_(tmp)
-        else:
-            harness.corrupt(model, fault, {})
+        tmp = q.clone()
+        q.copy_(k)
+        k.copy_(tmp)
 
 
 def forward_loss(family: str, model, batch: dict, fault, tracer):

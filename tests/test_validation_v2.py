@@ -275,7 +275,7 @@ SETS = {
         "set": 9,
         "families": {"electra", "electra_wide", "regnet", "regnet_wide", "cohere", "cohere_wide", "marian"},
         "devices": {"BA", "BB", "BC", "BD", "BE", "BA+BF", "BB+BF", "BC+BF", "BD+BF"},
-        "counts": {("stats", True): 13, ("stats", False): 27, ("tensor", True): 5, ("tensor", False): 5},
+        "counts": {("stats", True): 13, ("stats", False): 27, ("tensor", True): 3, ("tensor", False): 6},
         "optimizer": 9,
         "flip": "electra_flip",
         "flip_modes": ("stats",),

@@ -9,7 +9,7 @@ DEMO   := $(CURDIR)/out/demo
 
 SOURCES := dumpstore analysis cli tests bench sample_dumps validation
 
-.PHONY: setup demo check test test-all lint format bench samples validate validate-v2 validate-v3 validate-v4 validate-v5 validate-v6 validate-v7 validate-v8 validate-cross validate-longrun clean
+.PHONY: setup demo check test test-all lint format bench samples validate validate-v2 validate-v3 validate-v4 validate-v5 validate-v6 validate-v7 validate-v8 validate-v9 validate-cross validate-longrun clean
 
 setup: $(STAMP)
 	$(BIN)/python sample_dumps/fixtures.py  # the tensor samples' .pt files, unpacked once (git-ignored)
@@ -117,6 +117,11 @@ validate-v8: $(STAMP)
 	$(BIN)/python validation/v8/devices.py
 	$(BIN)/python validation/v8/make_pairs.py --out validation/v8/.data
 	$(BIN)/python validation/score.py --data validation/v8/.data
+
+validate-v9: $(STAMP)
+	$(BIN)/python validation/v9/devices.py
+	$(BIN)/python validation/v9/make_pairs.py --out validation/v9/.data
+	$(BIN)/python validation/score.py --data validation/v9/.data
 
 # The clean combinations (docs/validation.md, "Clean combinations"): every set's families on other sets' devices,
 # clean pairs only, made into validation/cross/.data; the verdict must stay quiet on each. CROSS_SETS="5" makes only

@@ -1,12 +1,12 @@
-"""Validation sets 2 to 8 (docs/validation.md, "Validation set 2" to "Validation set 8"): the simulated devices of
+"""Validation sets 2 to 9 (docs/validation.md, "Validation set 2" to "Validation set 9"): the simulated devices of
 sets 2 to 4 stay within rounding, and (marker ``validation``) the verdict on every set's pairs.
 
 The unmarked tests run the devices of ``validation/v2/devices.py``, ``validation/v3/devices.py`` and
-``validation/v4/devices.py`` on small random inputs (torch CPU, seconds; set 5's to set 8's are in
-``tests/test_validation_v5.py`` to ``tests/test_validation_v8.py``). The marked
+``validation/v4/devices.py`` on small random inputs (torch CPU, seconds; set 5's to set 9's are in
+``tests/test_validation_v5.py`` to ``tests/test_validation_v9.py``). The marked
 tests, one per set, make the set's pairs (35 to 56 msprobe runs of four or five models, minutes) into
 ``validation/vN/.data`` unless a key is already there
-(``VALIDATION_V2_DATA`` ... ``VALIDATION_V8_DATA`` name other folders), then score every pair through dumpstore's
+(``VALIDATION_V2_DATA`` ... ``VALIDATION_V9_DATA`` name other folders), then score every pair through dumpstore's
 CLI with ``validation/score.py``.
 """
 
@@ -269,6 +269,15 @@ SETS = {
         "counts": {("stats", True): 9, ("stats", False): 24, ("tensor", True): 4, ("tensor", False): 6},
         "optimizer": 8,
         "flip": "fnet_flip",
+        "flip_modes": ("stats",),
+    },
+    "v9": {
+        "set": 9,
+        "families": {"electra", "electra_wide", "regnet", "regnet_wide", "cohere", "cohere_wide", "marian"},
+        "devices": {"BA", "BB", "BC", "BD", "BE", "BA+BF", "BB+BF", "BC+BF", "BD+BF"},
+        "counts": {("stats", True): 13, ("stats", False): 27, ("tensor", True): 3, ("tensor", False): 6},
+        "optimizer": 9,
+        "flip": "electra_flip",
         "flip_modes": ("stats",),
     },
 }

@@ -24,8 +24,15 @@ from .compare import Comparison
 from .dtype_change import changed_dtype
 from .findings import Finding
 from .flipflow import enclosing_modules, explained_by_flip, fed_by_flip, step_level
-from .float_data import decision_before, float_data_input, float_data_starts, starts_at, state_argument
-from .hidden_index import ROUNDINGS, data_suspects, hidden_index_stands, integer_sum_differs, is_loss
+from .float_data import data_read, decision_before, float_data_input, float_data_starts, starts_at, state_argument
+from .hidden_index import (
+    ROUNDINGS,
+    data_suspects,
+    hidden_index_stands,
+    integer_sum_differs,
+    is_loss,
+    unseen_ids_reader,
+)
 from .lone_precision import call_record, lone_detail
 from .noise import QUANTILE, QUIET, STAND_OUT, NoiseModel, order_key, statistics_hidden, update_evidence
 from .order import INPUT_IO, OUTPUT_IO
@@ -99,6 +106,7 @@ def _culprit(
     int_first = discrete_first_differs(rows)  # where integer inputs first differ (data changed at a later step)
     starts = float_data_starts(rows)  # float data that start to differ after agreeing (analysis/float_data.py)
     float_first = starts_at(starts)
+    history = _history(recs)  # each record's output error at every step (a data reader agreed earlier)
     for i, step in enumerate(steps):
         if judged_from is not None and step < judged_from:
             continue
@@ -140,6 +148,7 @@ def _culprit(
                     int_first=int_first,
                     carried=carried,
                     float_first=float_first,
+                    history=history,
                 )
                 found = judge.verdict()
                 if found is None:
@@ -148,6 +157,7 @@ def _culprit(
                 if ahead is None and found[0][0].evidence.get("within_hidden") is not None:
                     continue  # within what its inputs' statistics hide: no finding unless a data suspect precedes
                 found = ahead or found
+                found = _ids_first(found, recs, view) or found
                 strong = not _is_weak(found[0][0])
                 found = _innermost(found, recs, view) or found
                 if strong:
@@ -301,6 +311,66 @@ def _data_first(found: tuple[Found, Found], suspects: dict, view: _StepView) -> 
         detail=why,
     )
     return (f_new, skey), (f_new, skey)
+
+
+def _ids_first(found: tuple[Found, Found], recs: pl.DataFrame, view: _StepView) -> tuple[Found, Found] | None:
+    """Statistics mode: an `input` finding at an activation (a forward tensor requiring grad in both runs, made by
+    ops msprobe does not record: a slice of q for a partial rotary embedding) says that it differs beyond anything
+    recorded before it in its step; those records' errors are statistics lower bounds, so the difference entered
+    before it unseen.  Where a gather of its step reads integer data (no recorded op made them) compared by max/min
+    only and its output differs (hidden_index.py `unseen_ids_reader`), the ids are where it entered: the finding
+    is named there (`input`), the activation kept as `ahead_of`.  None otherwise."""
+    f, _ = found[0]
+    if f.kind != "input" or f.source != "stats" or not f.evidence.get("differing"):
+        return None
+    at = view.rows.filter(
+        (pl.col("rank") == f.rank) & (pl.col("_record") == f.op) & (pl.col("name") == f.evidence["differing"])
+    )
+    if not at.height:
+        return None
+    act = at.row(0, named=True)
+    if act["_direction"] != "forward" or not (
+        act.get("requires_grad") is True and act.get("ref_requires_grad") is True
+    ):
+        return None  # (data require no grad: the finding is right where it is)
+    rec = unseen_ids_reader(recs, f.step, f.rank, act["source"], act["_seq"])
+    if rec is None:
+        return None
+    leaves = view.rows.filter(
+        (pl.col("rank") == rec["rank"])
+        & pl.col("source").eq_missing(rec["source"])
+        & (pl.col("_record") == rec["_record"])
+    )
+    t_prod, r_prod = view.producers(""), view.producers("ref_")
+    ints = [
+        r
+        for r in leaves.filter(integer_input() & (pl.col("err_source") == "stats")).iter_rows(named=True)
+        if t_prod.producer(r) is None and r_prod.producer(r) is None
+    ]
+    outs = leaves.filter(
+        pl.col("_io").is_in(OUTPUT_IO) & (pl.col("kind") == "tensor") & ~pl.col("tol_dtype").is_in(DISCRETE_DTYPES)
+    )
+    if not ints or not outs.height:
+        return None
+    out = outs.sort("err", descending=True, nulls_last=True).row(0, named=True)
+    name = ints[0]["name"]
+    g = _with_evidence(
+        _finding(out, "input"),
+        differing=name,
+        hidden_by_statistics=True,
+        ahead_of=f.op,
+        activation=f.evidence["differing"],
+        activation_err=f.evidence.get("input_err"),
+        detail=(
+            f"{name} (integer data no earlier op produced) has the same max/min in both runs and this op's output "
+            f"differs ({out['err']:.3g}); later in the step {f.evidence['differing']}, an activation no recorded op "
+            f"made, differs {f.evidence.get('input_err') or 0.0:.3g}, beyond anything recorded before it, whose "
+            "errors are statistics lower bounds: the difference entered unseen, and integer data enter unseen here "
+            "(msprobe's statistics of integers keep only max/min: a tensor dump of this op tells)"
+        ),
+    )
+    k = order_key(rec)
+    return (g, k), (g, k)
 
 
 class _StepView:
@@ -479,7 +549,9 @@ class _Judge:
         int_first: dict[tuple, int] | None = None,
         carried: CarriedDtypes | None = None,
         float_first: set[tuple] | None = None,
+        history: dict[tuple, list[tuple]] | None = None,
     ):
+        self.history = history or {}  # (rank, source, record) -> [(step, out_err, out_div)] (`_history`)
         self.carried = carried  # dtype differences a recorded op made, carried to its consumers
         self.float_first = float_first or set()  # (step, rank, source, record, name): float data starting to differ
         self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
@@ -933,10 +1005,16 @@ class _Judge:
         if siblings_excuse(rec, value, self.noise.sibling_bar(rec)):
             return None  # its siblings (other layers) make as much error, within the prior's reach
         hidden = None
+        data = data_read(self.leaves, self.t_prod, self.r_prod)  # reads data and weights only (float_data.py)
         if rec.get("in_bound") and value is not None:
             # its inputs agree by their statistics only, which can hide what the pair carries (a softmax's rows
-            # sum to one: its statistics barely move): fresh as far as statistics show, not more
+            # sum to one: its statistics barely move): fresh as far as statistics show, not more.  An op reading
+            # data and weights only gets what earlier steps carried through its weights alone (their bound below),
+            # and its step's noise through unrecorded copies of outputs before it (float_data.py): STAND_OUT x the
+            # largest output error before it in its step, where that is less
             level = self.noise.carried(self.key)
+            if data and level is not None:
+                level = min(level, STAND_OUT * (step_level(self.noise, self.key) or 0.0))
             if level is not None and value <= level:
                 return None
             # nor beyond what its inputs' statistics can hide (noise.statistics_hidden): a batch norm's output
@@ -966,7 +1044,36 @@ class _Judge:
             detail=None if out["detail"] else f"inputs agree, output diverges{q}",
         )
         unseen = self._unseen_integers()
+        if unseen is None and data:
+            unseen = self._unseen_data(data)
         return f if unseen is None else _with_evidence(f, **unseen)
+
+    def _unseen_data(self, data: list[str]) -> dict[str, Any] | None:
+        """An op reading data and weights only (float_data.py `data_read`) whose inputs agree by their statistics,
+        and which agreed at every earlier compared step: an op that computes differently does so at every step,
+        data changed at this step in a way that keeps its statistics (a permutation: channels reordered, samples
+        shuffled, ids swapped) do not.  Statistics cannot tell the two: the finding stays `op`, and its detail
+        and advice say that its data may have changed unseen.  None at the first compared step or where the
+        record diverged at an earlier one."""
+        rec = self.rec
+        if not rec.get("in_bound"):
+            return None  # (compared exactly: data that differ show)
+        seen = [h for h in self.history.get((rec["rank"], rec["source"], rec["_record"]), []) if h[0] < rec["step"]]
+        if not seen or any(h[2] for h in seen):
+            return None
+        names = ", ".join(data)
+        worst = max((h[1] for h in seen if h[1] is not None and math.isfinite(h[1])), default=0.0)
+        return {
+            "reason": "data may differ unseen",
+            "unseen_data_inputs": data,
+            "agreed_before": worst,
+            "detail": (
+                f"its inputs are data ({names}) and weights, which agree by their statistics, and it agreed at every "
+                f"earlier step (output off at most {worst:.3g}): an op that computes differently does so at every "
+                "step, while data changed in a way that keeps its statistics (a permutation: channels reordered, "
+                "samples shuffled) cannot show in them (a tensor dump of its inputs tells which)"
+            ),
+        }
 
     def _unseen_integers(self) -> dict[str, Any] | None:
         """Statistics mode: this record's integer or boolean tensor inputs summarised by max and min only
@@ -1066,6 +1173,14 @@ class _Judge:
                 detail=f"{leaf['name']} differs and no earlier op produced it",
             )
         return None
+
+
+def _history(recs: pl.DataFrame) -> dict[tuple, list[tuple]]:
+    """(rank, source, record) -> [(step, out_err, out_div)] over the compared steps."""
+    out: dict[tuple, list[tuple]] = {}
+    for r in recs.select("rank", "source", "_record", "step", "out_err", "out_div").iter_rows():
+        out.setdefault(r[:3], []).append((r[3], r[4], bool(r[5])))
+    return out
 
 
 def _peers(changed: dict[str, Any]) -> str:

@@ -84,6 +84,10 @@ ADVICE = {
     "dump {choice} and this op at tensor level (the config below) and compare with --exact. If the indices "
     "differ, look at what {choice} chose from (the order of its scores: the weights that make them); if they "
     "agree, the op itself computes differently.",
+    "op_unseen_data": "Its data input {what} may have changed in a way its statistics keep (a permutation: "
+    "channels reordered, samples shuffled): dump this op at tensor level (the config below) and compare with "
+    "--exact. If its inputs differ, check the data pipeline of both runs (decoding, channel order, preprocessing, "
+    "shuffling); if they agree, the op itself computes differently.",
     "missing_op": "The target never runs {op}; the reference does{where}. Check the code path or flag that "
     "calls it (a mask, a dropout, a fused kernel replacing it).",
     "extra_op": "The target runs {op}; the reference does not{where}. Check the code path or flag that calls "
@@ -515,12 +519,16 @@ def _advice(kind: str, ex: Explanation, f: dict[str, Any]) -> str | None:
         kind = "parameter_changed"
     if kind == "op" and "unseen_integer_inputs" in (f.get("evidence") or {}):  # culprit.py `_unseen_integers`
         kind = "op_unseen_indices"
+    if kind == "op" and "unseen_data_inputs" in (f.get("evidence") or {}):  # culprit.py `_unseen_data`
+        kind = "op_unseen_data"
     template = ADVICE.get(kind)
     if template is None:
         return None
     where = f" (at {source_text(ex.source)})" if ex.source else ""
     ev = f.get("evidence") or {}
     what = ev.get("differing") or ev.get("differing_unrecorded") or f.get("name") or f["op"]
+    if kind == "op_unseen_data":
+        what = ", ".join(ev["unseen_data_inputs"])
     return template.format(
         parameter=(ex.parameter or {}).get("name") or "this parameter",
         what=what,

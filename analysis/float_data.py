@@ -40,15 +40,19 @@ the record reading it, whether or not that record's output leaves its tolerance.
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 
 from dumpstore.dtypes import DISCRETE_DTYPES, EPS, FLOAT_DTYPES
+from dumpstore.names import MODULE_RECORD_PREFIXES
 
 from .arguments import argument_name
 from .flipflow import PossibleFlips
-from .hidden_index import ROUNDINGS
+from .hidden_index import GATHERS, ROUNDINGS
 from .noise import NoiseModel
 from .order import INPUT_IO, OUTPUT_IO
+from .producers import Producers, fingerprint_column
 
 _KEYS = ["rank", "source", "_record", "name"]
 
@@ -56,6 +60,10 @@ _KEYS = ["rank", "source", "_record", "name"]
 # they require no grad (a frozen or momentum-updated teacher's weights, a batch norm's running statistics)
 STATE_ARGUMENTS = frozenset({"weight", "bias", "running_mean", "running_var", "gamma", "beta"})
 _STATS = ("min", "max", "mean", "norm")
+
+# ops that copy their input's values into their output (a pad adds constants, a view reorders, a gather picks):
+# data read through one of them is still data no arithmetic touched (msprobe's op type)
+COPIES = frozenset({"pad", "contiguous", "clone", "reshape", "view", "flatten", "permute", "transpose"}) | GATHERS
 
 
 def float_data_input() -> pl.Expr:
@@ -155,3 +163,58 @@ def decision_before(noise: NoiseModel, key: tuple) -> bool:
     if isinstance(marks, PossibleFlips):
         keys += [s["key"] for s in marks.sources] + list(marks.discrete_differs)
     return any(k[0] == key[0] and k[2] == key[2] and k < key for k in keys)
+
+
+def _no_grad(leaf: dict[str, Any]) -> bool:
+    return leaf.get("requires_grad") is False and leaf.get("ref_requires_grad") is False
+
+
+def _weight(leaf: dict[str, Any], t_prod: Producers, r_prod: Producers) -> bool:
+    return (
+        t_prod.is_weight(leaf)
+        or r_prod.is_weight(leaf)
+        or state_argument(leaf)
+        or (leaf.get(fingerprint_column("")) in t_prod.params)
+    )
+
+
+def _data(leaf: dict[str, Any], t_prod: Producers, r_prod: Producers, copies: bool) -> bool:
+    """A tensor input that is data: no recorded op of its step made it in either run and it requires no grad
+    (an integer: no op made it), or (`copies`) a recorded copy op (`COPIES`) made it in both runs from data only."""
+    tp, rp = t_prod.producer(leaf), r_prod.producer(leaf)
+    if tp is None and rp is None:
+        discrete = leaf.get("tol_dtype") in DISCRETE_DTYPES
+        return (discrete or _no_grad(leaf)) and not _weight(leaf, t_prod, r_prod)
+    if not copies or tp is None or rp is None or tp != rp:
+        return False
+    made = t_prod.rows.filter(pl.col("_record") == tp)
+    if not made.height or str(made["op_type"][0]).lower() not in COPIES:
+        return False
+    ins = made.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor"))
+    return ins.height > 0 and all(_data(r, t_prod, r_prod, False) for r in ins.iter_rows(named=True))
+
+
+def data_read(leaves: pl.DataFrame, t_prod: Producers, r_prod: Producers) -> list[str] | None:
+    """The data a forward op record reads where every tensor input of it is data (no recorded op of its step made
+    it in either run, requiring no grad; or a copy of such data by a recorded copy op: the pixels a pad
+    surrounds with zeros) or a weight: the names of the data leaves, else None.  Earlier steps reach such an op
+    only through its weights, whose own statistics bound what they can hide (rule 5, `noise.statistics_hidden`),
+    and its own step only through unrecorded copies of outputs before it (their error at most): the error the
+    pair carries over every earlier record (`NoiseModel.carried`, which after the first step holds the
+    backward's near-cancelling gradients, off tens of percent of a norm of 1e-8) is no measure of its inputs
+    (analysis/culprit.py `_fresh`).  Module records are not ops (None)."""
+    first = leaves.row(0, named=True) if leaves.height else None
+    if (
+        first is None
+        or first.get("_direction") != "forward"
+        or str(first.get("_record")).startswith(MODULE_RECORD_PREFIXES)
+    ):
+        return None
+    ins = leaves.filter(pl.col("_io").is_in(INPUT_IO) & (pl.col("kind") == "tensor"))
+    data: list[str] = []
+    for leaf in ins.iter_rows(named=True):
+        if _data(leaf, t_prod, r_prod, True):
+            data.append(str(leaf["name"]))
+        elif not _weight(leaf, t_prod, r_prod):
+            return None
+    return data or None

@@ -225,6 +225,28 @@ def hidden_index_stands(
     return {"carried": carried, "bar": bar, "own_tol": own_tol}
 
 
+def unseen_ids_reader(recs: pl.DataFrame, step: int, rank: int, source: Any, before_seq: int) -> dict[str, Any] | None:
+    """The first gather-class forward record of one step, rank and source, before record `before_seq`, with an
+    integer input compared by its statistics only that agrees (`idx_hidden`: max/min in statistics mode) and a
+    float output that differs (out_err > 0): where ids that differ unseen enter the step (analysis/culprit.py
+    `_ids_first`).  None where there is none."""
+    need = {"op_class", "idx_hidden", "out_err", "_direction", "_seq"}
+    if not need <= set(recs.columns):
+        return None
+    classes = [c for c in recs["op_class"].drop_nulls().unique().to_list() if is_gather(c)]
+    hit = recs.filter(
+        (pl.col("step") == step)
+        & (pl.col("rank") == rank)
+        & pl.col("source").eq_missing(source)
+        & (pl.col("_direction") == "forward")
+        & (pl.col("_seq") < before_seq)
+        & pl.col("op_class").is_in(classes)
+        & pl.col("idx_hidden").fill_null(False)
+        & (pl.col("out_err") > 0)
+    ).sort("_seq")
+    return hit.row(0, named=True) if hit.height else None
+
+
 def loss_gradients(recs: pl.DataFrame, rows: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per forward record with a backward record (keys, step): `_grad`, the norm of the gradient its backward
     returns for its largest float input per unit of the gradient it was given (the reference's norms: out_float_norm

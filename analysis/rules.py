@@ -550,48 +550,51 @@ def small_value_err(
     return out, np.where(np.isfinite(ctx_out) & (ctx_out > 0), ctx_out, np.nan), small, residue & small
 
 
-def _broadcasts(small: list[int], large: list[int]) -> bool:
-    """Whether a tensor of shape `small` broadcasts to `large` (numpy's rules: trailing axes equal or 1)."""
-    if len(small) > len(large):
-        return False
-    return all(a in (b, 1) for a, b in zip(reversed(small), reversed(large)))
-
-
 def broadcast_sums(
-    group: np.ndarray, grad_in: np.ndarray, grad_out: np.ndarray, shapes: list, search: np.ndarray | None = None
+    group: np.ndarray,
+    grad_in: np.ndarray,
+    grad_out: np.ndarray,
+    shapes: pl.Series,
+    search: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(source row, K) per row for `small_value_err`'s sums: a gradient output of a backward record (`grad_out`)
     whose shape broadcasts to a larger gradient input of the same record (`grad_in`, the gradient it was given;
-    the largest such) is that operand's gradient, autograd's sum of the input over the K = numel(input) /
-    numel(output) positions the operand was broadcast to (a bias, a norm's weight: `sum_to_size`); other rows
-    get -1 and 1.  `search`: per row the record (group) whose inputs to search where not its own (a module's
-    `parameters_grad` leaves: its backward record's), -1 for none.  Shapes decide, not names: a weight matrix
-    [out, in] does not broadcast to [tokens, out]."""
+    the largest such, the first of equals) is that operand's gradient, autograd's sum of the input over the K =
+    numel(input) / numel(output) positions the operand was broadcast to (a bias, a norm's weight: `sum_to_size`);
+    other rows get -1 and 1.  `search`: per row the record (group) whose inputs to search where not its own (a
+    module's `parameters_grad` leaves: its backward record's), -1 for none.  Shapes (`shapes`, a list column)
+    decide, not names: t broadcasts to g when it has no more axes and each of its trailing axes equals g's or is
+    1 (numpy's rule), so a weight [out, in] does not broadcast to [tokens, out]."""
     n = len(shapes)
     src = np.full(n, -1, dtype=np.int64)
     terms = np.ones(n)
+    if n == 0 or not (grad_in.any() and grad_out.any()):
+        return src, terms
     where = group if search is None else np.where(search >= 0, search, group)
-    by_group: dict[int, list[int]] = {}
-    for i in np.flatnonzero(grad_in):
-        if shapes[i] is not None:
-            by_group.setdefault(int(group[i]), []).append(int(i))
-    for i in np.flatnonzero(grad_out):
-        shape = shapes[i]
-        if shape is None or int(where[i]) not in by_group:
-            continue
-        size = math.prod(shape)
-        best, best_size = -1, size
-        for j in by_group[int(where[i])]:
-            j_size = math.prod(shapes[j])
-            if j_size > best_size and _broadcasts(list(shape), list(shapes[j])):
-                best, best_size = j, j_size
-        if best >= 0 and size > 0:
-            src[i], terms[i] = best, best_size / size
+    ndim = shapes.list.len().fill_null(-1).to_numpy()
+    depth = max(int(ndim.max()), 0)
+    dims = np.ones((n, depth), dtype=np.int64)  # right-aligned: column k is the (k + 1)-th axis from the last
+    for k in range(depth):
+        dims[:, k] = shapes.list.get(-(k + 1), null_on_oob=True).fill_null(1).to_numpy()
+    numel = dims.prod(axis=1)
+    ins, outs = np.flatnonzero(grad_in & (ndim >= 0)), np.flatnonzero(grad_out & (ndim >= 0))
+    pairs = pl.DataFrame({"i": outs, "k": where[outs]}).join(
+        pl.DataFrame({"j": ins, "k": group[ins]}), on="k", how="inner"
+    )
+    i, j = pairs["i"].to_numpy(), pairs["j"].to_numpy()
+    fits = ((dims[i] == dims[j]) | (dims[i] == 1)).all(axis=1)
+    ok = fits & (ndim[i] <= ndim[j]) & (numel[j] > numel[i]) & (numel[i] > 0)
+    i, j = i[ok], j[ok]
+    order = np.lexsort((j, -numel[j], i))
+    i, j = i[order], j[order]
+    first = np.r_[True, i[1:] != i[:-1]] if i.size else np.zeros(0, dtype=bool)
+    src[i[first]] = j[first]
+    terms[i[first]] = numel[j[first]] / numel[i[first]]
     return src, terms
 
 
 def module_grad_search(
-    group: np.ndarray, direction: np.ndarray, api: np.ndarray, unit: np.ndarray | None = None
+    group: np.ndarray, direction: Any, api: Any, unit: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(grad_out rows, search) of a module's `parameters_grad` leaves for `broadcast_sums`: its parameters'
     gradients are sums of the gradient its backward record was given (a Linear's bias: the output gradient over
@@ -599,17 +602,22 @@ def module_grad_search(
     record: with several calls (micro-batches, a shared layer) the gradient accumulates over calls whose inputs
     no one record holds."""
     n = len(group)
-    unit = np.zeros(n, dtype=np.int64) if unit is None else unit
-    backward: dict[tuple, set[int]] = {}
-    for i in np.flatnonzero(direction == "backward"):
-        backward.setdefault((int(unit[i]), api[i]), set()).add(int(group[i]))
-    pgrad = direction == "parameters_grad"
+    df = pl.DataFrame(
+        {
+            "row": np.arange(n),
+            "g": group,
+            "d": pl.Series(direction, dtype=pl.String),
+            "a": pl.Series(api, dtype=pl.String),
+            "u": np.zeros(n, dtype=np.int64) if unit is None else unit,
+        }
+    )
+    backward = (
+        df.filter(c("d") == "backward").group_by("u", "a").agg(c("g").n_unique().alias("n"), c("g").first().alias("s"))
+    )
+    linked = df.filter(c("d") == "parameters_grad").join(backward, on=["u", "a"], how="inner").filter(c("n") == 1)
     search = np.full(n, -1, dtype=np.int64)
-    for i in np.flatnonzero(pgrad):
-        found = backward.get((int(unit[i]), api[i]))
-        if found is not None and len(found) == 1:
-            search[i] = next(iter(found))
-    return pgrad & (search >= 0), search
+    search[linked["row"].to_numpy()] = linked["s"].to_numpy()
+    return search >= 0, search
 
 
 def small_value_scale() -> pl.Expr:
@@ -711,14 +719,18 @@ def _sums(rows: pl.DataFrame, group: np.ndarray) -> tuple[np.ndarray, np.ndarray
     def either(name: str) -> pl.Expr:
         return pl.coalesce(c(f"ref_{name}"), c(name)) if f"ref_{name}" in rows.columns else c(name)
 
-    direction = rows.select(either("direction").fill_null("")).to_series().to_numpy()
-    io = rows.select(either("io").fill_null("")).to_series().to_numpy()
-    api = rows.select(either("api").fill_null("")).to_series().to_numpy()
-    unit = rows.select(pl.struct("step", "rank", "source").rank("dense")).to_series().to_numpy()
-    pgrad, search = module_grad_search(group, direction, api, unit)
+    cols = rows.select(
+        either("direction").fill_null("").alias("direction"),
+        either("io").fill_null("").alias("io"),
+        either("api").fill_null("").alias("api"),
+        either("shape").alias("shape"),
+        pl.struct("step", "rank", "source").rank("dense").alias("unit"),
+    )
+    direction, io = cols["direction"].to_numpy(), cols["io"].to_numpy()
+    pgrad, search = module_grad_search(group, cols["direction"], cols["api"], cols["unit"].to_numpy())
     grad_in = (direction == "backward") & (io == "input")
     grad_out = ((direction == "backward") & (io == "output")) | pgrad
-    return broadcast_sums(group, grad_in, grad_out, rows.select(either("shape")).to_series().to_list(), search)
+    return broadcast_sums(group, grad_in, grad_out, cols["shape"], search)
 
 
 def _f64(df: pl.DataFrame, col: str) -> np.ndarray:

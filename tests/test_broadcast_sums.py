@@ -7,6 +7,7 @@ backward whose key gradient comes from a float64 attention, rounded to float16 o
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 from test_noise import MODES, _ingest_pair
 
@@ -109,7 +110,7 @@ def test_broadcast_sums_by_shape():
     group = np.array([0, 0, 0, 0, 0, 0, 1, 1])
     grad_in = np.array([True, False, False, False, False, False, True, False])
     grad_out = np.array([False, True, True, True, True, True, False, False])  # row 7: a forward output
-    src, terms = broadcast_sums(group, grad_in, grad_out, shapes)
+    src, terms = broadcast_sums(group, grad_in, grad_out, pl.Series(shapes))
     assert src.tolist() == [-1, -1, 0, 0, -1, 0, -1, -1]
     assert terms.tolist() == [1.0, 1.0, 48.0, 6.0, 1.0, 48.0, 1.0, 1.0]
 
@@ -127,5 +128,5 @@ def test_a_modules_parameter_gradients_search_its_one_backward_record():
     assert search.tolist() == [1, 1, -1, -1, -1, -1, -1, -1]
     shapes = [[32, 32], [32], [6, 8, 32], [6, 8, 32], [32], [6, 8, 32], [6, 8, 32], [32]]
     grad_in = np.array([False, False, True, False, False, True, True, False])
-    src, terms = broadcast_sums(group, grad_in, (direction == "backward") & ~grad_in | pgrad, shapes, search)
+    src, terms = broadcast_sums(group, grad_in, (direction == "backward") & ~grad_in | pgrad, pl.Series(shapes), search)
     assert src.tolist()[:2] == [-1, 2] and terms.tolist()[:2] == [1.0, 48.0]

@@ -117,7 +117,7 @@ def _record_table(rows: pl.DataFrame) -> pl.DataFrame:
             _norm_of_worst(is_in & tensor).alias("in_norm"),
             (pl.col("err_source") == "stats").filter(is_in & tensor).any().alias("in_bound"),
             pl.concat_str([pl.col("prefix"), pl.col("op_type")], separator=".").drop_nulls().first().alias("op_class"),
-            _norm_of_worst(is_out & tensor).alias("out_norm"),
+            _norm_of_worst(is_out & tensor, judged="judged_norm" in rows.columns).alias("out_norm"),
             pl.col("tol").filter(is_out & tensor).max().alias("tol"),
             pl.col("tol_dtype").filter(is_out & tensor).first().alias("tol_dtype"),
             pl.col("err").filter(scalar_arg).max().alias("arg_err"),
@@ -172,9 +172,14 @@ def _with_saved_inputs(recs: pl.DataFrame) -> pl.DataFrame:
     ).drop("_fwd_in_err")
 
 
-def _norm_of_worst(where: pl.Expr) -> pl.Expr:
-    """The reference norm of the leaf with the largest error among `where` (in a group_by)."""
-    return pl.col("ref_norm").cast(pl.Float64).filter(where).sort_by(pl.col("err").filter(where)).last()
+def _norm_of_worst(where: pl.Expr, judged: bool = False) -> pl.Expr:
+    """The reference norm of the leaf with the largest error among `where` (in a group_by); with `judged`, the
+    norm its error is relative to where the small-value rule judged it on its terms' scale (`judged_norm`,
+    rules.apply_small_values)."""
+    norm = pl.col("ref_norm").cast(pl.Float64)
+    if judged:
+        norm = pl.coalesce(pl.col("judged_norm").cast(pl.Float64), norm)
+    return norm.filter(where).sort_by(pl.col("err").filter(where)).last()
 
 
 def divergence(cmp: Comparison) -> Verdict:

@@ -489,8 +489,10 @@ def small_value_err(
     group: np.ndarray,
     eps_judged: np.ndarray,
     tiny_judged: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(err, context rms, small) after the small-value rule.
+    sums: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(err, context rms, judged on a scale, small) after the small-value rule: `small` the residue and subnormal
+    values, the scale-judged rows without the sums' (below).
 
     A tensor whose reference is tiny against its context holds rounding residue, and its relative error means
     nothing (the gradient of an attention key bias is zero in exact arithmetic: 1e-10 in one run, 1e-5 in the
@@ -505,8 +507,18 @@ def small_value_err(
     rms 1e-7 to about 40 % (the spacing 2^-24 = 6e-8), and two devices that round it once differ by that much.
     A tensor whose RMS is below it in both runs is judged by absolute error on that scale too,
     ||x - y|| / (sqrt(n) * tiny): within the tolerance when it differs by about one spacing per element.  The
-    context rms returned for a small value is the scale it was judged on (the larger of the two where both
-    apply)."""
+    context rms returned for a small value is the scale it was judged on (the larger of the scales where
+    several apply).
+
+    Sums of K terms (`sums`: per row the row of its source and K, `broadcast_sums`): the gradient of an operand
+    broadcast along the incoming gradient g (a bias, a norm's weight) is g summed over the K = numel(g) / numel(t)
+    positions it was broadcast to.  K terms of g's RMS r that differ between the runs by a relative e (rounding,
+    the device's noise) move the sum by about e x r x sqrt(K) in root of squares, whatever the sum's own size: where
+    the terms cancel (an attention key bias's gradient is zero in exact arithmetic, its value the residue of the
+    rounded terms) its relative error is e x r sqrt(K) / rms, the input's e times the cancellation.  A reference
+    RMS below r x sqrt(K) (the size of K uncorrelated terms' sum) is judged by absolute error on that scale,
+    ||x - y|| / (sqrt(n) x r sqrt(K)): the error the sum adds to its terms', never more than its relative
+    error."""
     with np.errstate(all="ignore"):
         sqrt_n = np.sqrt(np.where(numel > 0, numel, np.nan))
         rms = np.where(tensor, r_norm / sqrt_n, np.nan)
@@ -522,11 +534,90 @@ def small_value_err(
             sub = ok & (rms < tiny_judged) & (t_norm / sqrt_n < tiny_judged) & ((r_norm > 0) | (t_norm > 0))
             scale = np.where(sub, np.maximum(scale, tiny_judged), scale)
             small |= sub
+        residue = small.copy()
+        if sums is not None:
+            src, terms = sums
+            has = ok & (src >= 0)
+            at = np.where(has, src, 0)
+            s_rms = np.where(has & ok[at] & tensor[at], rms[at], np.nan) * np.sqrt(terms)
+            summed = has & np.isfinite(s_rms) & (s_rms > 0) & (rms < s_rms) & ((r_norm > 0) | (t_norm > 0))
+            scale = np.where(summed, np.maximum(scale, np.where(summed, s_rms, 0.0)), scale)
+            small |= summed
         delta = np.where(r_norm > 0, err * r_norm, t_norm)
         small &= ~np.isnan(err) & np.isfinite(delta)
         out = np.where(small, delta / (sqrt_n * scale), err)
         ctx_out = np.where(small, scale, ctx_row)
-    return out, np.where(np.isfinite(ctx_out) & (ctx_out > 0), ctx_out, np.nan), small
+    return out, np.where(np.isfinite(ctx_out) & (ctx_out > 0), ctx_out, np.nan), small, residue & small
+
+
+def broadcast_sums(
+    group: np.ndarray,
+    grad_in: np.ndarray,
+    grad_out: np.ndarray,
+    shapes: pl.Series,
+    search: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(source row, K) per row for `small_value_err`'s sums: a gradient output of a backward record (`grad_out`)
+    whose shape broadcasts to a larger gradient input of the same record (`grad_in`, the gradient it was given;
+    the largest such, the first of equals) is that operand's gradient, autograd's sum of the input over the K =
+    numel(input) / numel(output) positions the operand was broadcast to (a bias, a norm's weight: `sum_to_size`);
+    other rows get -1 and 1.  `search`: per row the record (group) whose inputs to search where not its own (a
+    module's `parameters_grad` leaves: its backward record's), -1 for none.  Shapes (`shapes`, a list column)
+    decide, not names: t broadcasts to g when it has no more axes and each of its trailing axes equals g's or is
+    1 (numpy's rule), so a weight [out, in] does not broadcast to [tokens, out]."""
+    n = len(shapes)
+    src = np.full(n, -1, dtype=np.int64)
+    terms = np.ones(n)
+    if n == 0 or not (grad_in.any() and grad_out.any()):
+        return src, terms
+    where = group if search is None else np.where(search >= 0, search, group)
+    ndim = shapes.list.len().fill_null(-1).to_numpy()
+    depth = max(int(ndim.max()), 0)
+    dims = np.ones((n, depth), dtype=np.int64)  # right-aligned: column k is the (k + 1)-th axis from the last
+    for k in range(depth):
+        dims[:, k] = shapes.list.get(-(k + 1), null_on_oob=True).fill_null(1).to_numpy()
+    numel = dims.prod(axis=1)
+    ins, outs = np.flatnonzero(grad_in & (ndim >= 0)), np.flatnonzero(grad_out & (ndim >= 0))
+    pairs = pl.DataFrame({"i": outs, "k": where[outs]}).join(
+        pl.DataFrame({"j": ins, "k": group[ins]}), on="k", how="inner"
+    )
+    i, j = pairs["i"].to_numpy(), pairs["j"].to_numpy()
+    fits = ((dims[i] == dims[j]) | (dims[i] == 1)).all(axis=1)
+    ok = fits & (ndim[i] <= ndim[j]) & (numel[j] > numel[i]) & (numel[i] > 0)
+    i, j = i[ok], j[ok]
+    order = np.lexsort((j, -numel[j], i))
+    i, j = i[order], j[order]
+    first = np.r_[True, i[1:] != i[:-1]] if i.size else np.zeros(0, dtype=bool)
+    src[i[first]] = j[first]
+    terms[i[first]] = numel[j[first]] / numel[i[first]]
+    return src, terms
+
+
+def module_grad_search(
+    group: np.ndarray, direction: Any, api: Any, unit: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(grad_out rows, search) of a module's `parameters_grad` leaves for `broadcast_sums`: its parameters'
+    gradients are sums of the gradient its backward record was given (a Linear's bias: the output gradient over
+    the tokens).  Linked where the module (`api`, within one `unit`: step, rank, source) has exactly one backward
+    record: with several calls (micro-batches, a shared layer) the gradient accumulates over calls whose inputs
+    no one record holds."""
+    n = len(group)
+    df = pl.DataFrame(
+        {
+            "row": np.arange(n),
+            "g": group,
+            "d": pl.Series(direction, dtype=pl.String),
+            "a": pl.Series(api, dtype=pl.String),
+            "u": np.zeros(n, dtype=np.int64) if unit is None else unit,
+        }
+    )
+    backward = (
+        df.filter(c("d") == "backward").group_by("u", "a").agg(c("g").n_unique().alias("n"), c("g").first().alias("s"))
+    )
+    linked = df.filter(c("d") == "parameters_grad").join(backward, on=["u", "a"], how="inner").filter(c("n") == 1)
+    search = np.full(n, -1, dtype=np.int64)
+    search[linked["row"].to_numpy()] = linked["s"].to_numpy()
+    return search >= 0, search
 
 
 def small_value_scale() -> pl.Expr:
@@ -539,14 +630,18 @@ def small_value_scale() -> pl.Expr:
 
 def apply_small_values(rows: pl.DataFrame) -> pl.DataFrame:
     """`small_value_err` over compared rows (after any exact metrics): err, severity and status of the small
-    values change; `context_rms` and `small_value` say which and on what scale."""
-    rows = rows.drop("context_rms", "small_value", strict=False)  # judged again (after exact metrics)
+    values change; `context_rms` and `small_value` say which and on what scale.  `judged_norm`, for a sum judged
+    on its terms' scale (`broadcast_sums`), is the norm its error is relative to, sqrt(n) x that scale (the
+    incoming gradient's norm): its record's conditioning reads it in place of the sum's own norm, whose
+    cancellation the scale already took out."""
+    rows = rows.drop("context_rms", "small_value", "judged_norm", strict=False)  # judged again (after exact metrics)
     keys = [pl.coalesce(c("ref_record"), c("record")), c("step"), c("rank"), c("source")]
     group = rows.select(pl.struct(keys).rank("dense").cast(pl.Int64) - 1).to_series().to_numpy()
     tensor = rows.select(both_tensors().fill_null(False) & small_value_scale()).to_series().to_numpy()
     judged = rows.select(dtype_eps(c("tol_dtype")).fill_null(0.0)).to_series().to_numpy()
     tiny = rows.select(dtype_tiny(c("tol_dtype")).fill_null(0.0)).to_series().to_numpy()
-    err, ctx, small = small_value_err(
+    sums = _sums(rows, group)
+    err, ctx, judged_on, small = small_value_err(
         _f64(rows, "err"),
         _f64(rows, "norm"),
         _f64(rows, "ref_norm"),
@@ -555,14 +650,39 @@ def apply_small_values(rows: pl.DataFrame) -> pl.DataFrame:
         group,
         judged,
         tiny,
+        sums,
     )
-    out = rows.with_columns(nullable("err", err), nullable("context_rms", ctx), to_polars("small_value", small))
-    if not small.any():
-        return out
+    src, terms = sums
+    with np.errstate(all="ignore"):
+        ref_rms = _f64(rows, "ref_norm") / np.sqrt(_f64(rows, "ref_numel"))
+        on_sum = judged_on & (src >= 0) & (ctx == ref_rms[np.where(src >= 0, src, 0)] * np.sqrt(terms))
+        judged_norm = np.where(on_sum, np.sqrt(_f64(rows, "ref_numel")) * ctx, np.nan)
+    out = rows.with_columns(
+        nullable("err", err),
+        nullable("context_rms", ctx),
+        to_polars("small_value", small),
+        nullable("judged_norm", judged_norm),
+        to_polars("_judged_on", judged_on),
+        to_polars("_on_sum", on_sum),
+        nullable("_terms", terms),
+    )
+    if not judged_on.any():
+        return out.drop("_judged_on", "_on_sum", "_terms")
     unmatched = c("match").is_in(["target_only", "ref_only"])
     rms = c("ref_norm") / c("ref_numel").cast(pl.Float64).sqrt()
     note = (
-        when(c("context_rms") == dtype_tiny(c("tol_dtype")))
+        when(c("_on_sum"))
+        .then(
+            pl.format(
+                "sum of {} terms: reference rms {} below the terms' rms x sqrt({}) = {} (a broadcast operand's "
+                "gradient, its terms cancel); judged by absolute error on that scale",
+                c("_terms").round(0).cast(pl.Int64),
+                rms.round_sig_figs(3),
+                c("_terms").round(0).cast(pl.Int64),
+                c("context_rms").round_sig_figs(3),
+            )
+        )
+        .when(c("context_rms") == dtype_tiny(c("tol_dtype")))
         .then(
             pl.format(
                 "subnormal: reference rms {} below {}'s smallest normal {}; judged by absolute error on that scale",
@@ -582,15 +702,35 @@ def apply_small_values(rows: pl.DataFrame) -> pl.DataFrame:
     )
     return out.with_columns(
         nullable("severity", severity(err, _f64(rows, "tol"))),
-        when(c("small_value"))
+        when(c("_judged_on"))
         .then(pair_status(unmatched, unreadable_kind(), has_error_text()))
         .otherwise(c("status"))
         .alias("status"),
-        when(c("small_value"))
+        when(c("_judged_on"))
         .then(pl.concat_str([c("detail"), note], separator="; ", ignore_nulls=True))
         .otherwise(c("detail"))
         .alias("detail"),
+    ).drop("_judged_on", "_on_sum", "_terms")
+
+
+def _sums(rows: pl.DataFrame, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`broadcast_sums` of compared rows (the reference's shapes; a record in one run only has its own)."""
+
+    def either(name: str) -> pl.Expr:
+        return pl.coalesce(c(f"ref_{name}"), c(name)) if f"ref_{name}" in rows.columns else c(name)
+
+    cols = rows.select(
+        either("direction").fill_null("").alias("direction"),
+        either("io").fill_null("").alias("io"),
+        either("api").fill_null("").alias("api"),
+        either("shape").alias("shape"),
+        pl.struct("step", "rank", "source").rank("dense").alias("unit"),
     )
+    direction, io = cols["direction"].to_numpy(), cols["io"].to_numpy()
+    pgrad, search = module_grad_search(group, cols["direction"], cols["api"], cols["unit"].to_numpy())
+    grad_in = (direction == "backward") & (io == "input")
+    grad_out = ((direction == "backward") & (io == "output")) | pgrad
+    return broadcast_sums(group, grad_in, grad_out, cols["shape"], search)
 
 
 def _f64(df: pl.DataFrame, col: str) -> np.ndarray:

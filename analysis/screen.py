@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from dumpstore.arrays import to_polars
 from dumpstore.dtypes import FLOAT_DTYPES
+from dumpstore.names import parse_record
 
 from . import rules as R
 from .order import OUTPUT_IO, deferred_grad
@@ -72,6 +73,7 @@ STATIC = (
     "error",
 )
 STATS = R.STATS
+SUMS = ("seq", "io", "direction", "record")  # what rules.broadcast_sums reads besides the shapes
 _KEYED = KEYS + ORDER + STATIC
 _STRINGS = ("record", "io", "index_path", "direction", "kind", "dtype", "checksum", "value", "error")
 STATUSES = R.STATUSES
@@ -292,7 +294,7 @@ def _static(
     cache: _Cache, t: _File, r: _File, tol: Tolerances, floor: str
 ) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
     """The parts of every pair's verdict that do not depend on the statistics (cached by the bytes)."""
-    key = ("static", floor) + tuple(t.key(x) for x in STATIC) + tuple(r.key(x) for x in STATIC)
+    key = ("static", floor) + tuple(t.key(x) for x in STATIC + SUMS) + tuple(r.key(x) for x in STATIC)
     hit = cache.frames.get(key)
     if hit is not None:
         return hit
@@ -369,8 +371,22 @@ def _static(
         judged["err"].is_not_null().alias("d_ok"),
         judged["status"].replace_strict(R.STATUS_CODES, return_dtype=pl.Int8).alias("d_code"),
     )
-    hit = (out, {x: arrays[x].to_numpy() for x in arrays.columns})
-    return cache.remember(key, hit)
+    stnp = {x: arrays[x].to_numpy() for x in arrays.columns}
+    stnp["sum_src"], stnp["sum_terms"] = _sums(cache.columns(t, SUMS), b["shape"])
+    return cache.remember(key, (out, stnp))
+
+
+def _sums(cols: dict[str, pl.Series], ref_shape: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """`rules.broadcast_sums` of one unit (its records are the seq groups, as `_structure`'s)."""
+    group = np.unique(cols["seq"].to_numpy(), return_inverse=True)[1].reshape(-1)
+    direction = cols["direction"].fill_null("").to_numpy()
+    io = cols["io"].fill_null("").to_numpy()
+    apis = {key: parse_record(key).api for key in cols["record"].unique().drop_nulls().to_list()}
+    api = cols["record"].replace_strict(apis, default="", return_dtype=pl.String).fill_null("")
+    pgrad, search = R.module_grad_search(group, cols["direction"].fill_null(""), api)
+    grad_in = (direction == "backward") & (io == "input")
+    grad_out = ((direction == "backward") & (io == "output")) | pgrad
+    return R.broadcast_sums(group, grad_in, grad_out, ref_shape, search)
 
 
 def _stats(t: _File, r: _File, sketches: bool) -> pa.Table:
@@ -494,7 +510,7 @@ def _small_values(
     stats: pa.Table,
 ) -> None:
     """`rules.small_value_err` over one unit (records are the seq groups), in place."""
-    new, _, small = R.small_value_err(
+    new, _, small, _ = R.small_value_err(
         np.where(ok, err, np.nan),
         _numpy(stats.column("norm")),
         _numpy(stats.column("ref_norm")),
@@ -503,6 +519,7 @@ def _small_values(
         ordnp["group"],
         stnp["eps"],
         stnp["tiny"],
+        (stnp["sum_src"], stnp["sum_terms"]),
     )
     if small.any():
         err[small] = new[small]

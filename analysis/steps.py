@@ -210,13 +210,16 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     # the changed-parameter rule's units (`corrupted`): the tensor's own norms where both runs sketched it at both
     # steps (every element's gap in every element's update: like with like), else the statistics bounds above
     c_prev, c_round = x_prev, x_round
+    sketched = None  # (the reference's update from the sketches, where known) for `_held_values`
     if len(sketches) == len(WEIGHT_SKETCH):
         sk_gap, sk_gap_b, sk_upd = _sketch_gaps(both)
         with np.errstate(all="ignore"):
             known = np.isfinite(sk_gap) & np.isfinite(sk_gap_b) & (sk_upd > 0)
+            sketched = np.where(known, sk_upd, np.nan)
             x_changed = np.where(known, sk_gap / sk_upd, x_changed)
             c_prev = np.where(known, sk_gap_b / sk_upd, x_prev)
             c_round = np.where(known, rounding / sk_upd, x_round)
+    held, held_gap, held_by = _held_values(both, side(""), side("ref_"), numel, x_changed, upd, sketched)
     out = both.select(*_KEYS, "_fp_t", "_pkey", "shape", "status").with_columns(
         pl.Series("x", x),
         pl.Series("x_changed", x_changed),
@@ -225,6 +228,9 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         pl.Series("xc_prev", c_prev),
         pl.Series("xc_round", c_round),
         pl.Series("x_exact", exact),
+        pl.Series("x_held", held),
+        pl.Series("held_gap", held_gap),
+        pl.Series("_held_by", held_by, dtype=pl.String),
         pl.Series("_numel", numel),
         _module("_record"),
     )
@@ -265,13 +271,71 @@ def _sketch_gaps(both: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray
     lists = [both[c].to_list() for c in (t, r, f"{t}_b", f"{r}_b")]
     out = np.full((3, both.height), np.nan)
     for i, (ta, ra, tb, rb) in enumerate(zip(*lists)):
-        if ta is None or ra is None or tb is None or rb is None or not len(ta) == len(ra) == len(tb) == len(rb):
-            continue
-        v = [np.asarray(a, dtype=np.float64) for a in (ta, ra, tb, rb)]
-        if not len(v[0]) or not all(np.isfinite(a).all() for a in v):
-            continue
-        out[:, i] = (np.linalg.norm(v[0] - v[1]), np.linalg.norm(v[2] - v[3]), np.linalg.norm(v[1] - v[3]))
+        out[:, i] = (_sketch_distance(ta, ra), _sketch_distance(tb, rb), _sketch_distance(ra, rb))
     return out[0], out[1], out[2]
+
+
+def _held_values(
+    both: pl.DataFrame,
+    t: dict[str, np.ndarray],
+    r: dict[str, np.ndarray],
+    n: np.ndarray,
+    x: np.ndarray,
+    upd: np.ndarray,
+    sk_upd: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+    """Two parameters that hold each other's values in the target (a swap: a conversion that reads a fused
+    matrix's halves in the wrong order, two checkpoint keys exchanged).  For rows i and j of `table`'s joined
+    frame of one rank, shape and dtype, both at least `X_MIN` of an update from their own reference (`x`, the
+    changed-parameter rule's measure), y_ij is the gap from i's target to j's reference in i's update (the
+    sketches' where i's measure is theirs, else the statistics bound), and i holds j's values as far as x_i / y_ij
+    says: how many times nearer its target is to j's reference than to its own.  Per row: the larger of the two
+    directions' lesser ratio over its partners (`x_held`: both must hold), the gap to that partner (`held_gap`,
+    in i's update) and the partner's parameter key (`_held_by`, as a string: analysis/param_change.py).  NaN /
+    None where no partner of its kind is a quarter of an update off too."""
+    rows = both.height
+    held, gap = np.full(rows, np.nan), np.full(rows, np.nan)
+    by: list[str | None] = [None] * rows
+    recs = [without_module_call(rec) for rec in both["_record"].to_list()]
+    keys = [f"{k}" for k in both["_pkey"].to_list()]
+    kinds: dict[tuple, list[int]] = {}
+    for i, (rank, shape, dtype) in enumerate(both.select("rank", "shape", "dtype").iter_rows()):
+        if np.isfinite(x[i]) and x[i] >= X_MIN and n[i] > 1:
+            kinds.setdefault((rank, tuple(shape or ()), dtype), []).append(i)
+    if sk_upd is not None:
+        s_t, s_r = (both[c].to_list() for c in WEIGHT_SKETCH)
+    for group in kinds.values():
+        pairs = [(i, j) for i in group for j in group if recs[i] != recs[j] and keys[i] != keys[j]]
+        if not pairs:
+            continue
+        a, b = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+        with np.errstate(all="ignore"):
+            y = _bound({s: t[s][a] for s in R.STATS}, {s: r[s][b] for s in R.STATS}, n[a]) / upd[a]
+            # in statistics, an element (max or min) and a sum (mean or norm) must both be nearer: where the update
+            # rule fixes every element's value (Adam's or RMSprop's first step from a constant: 1 +- lr), every
+            # such tensor has the same extremes and its mean and norm read one number, its count of signs
+            near = {s: STAND_OUT * np.abs(t[s][a] - r[s][b]) < np.abs(t[s][a] - r[s][a]) for s in R.STATS}
+            y = np.where((near["max"] | near["min"]) & (near["mean"] | near["norm"]), y, np.nan)
+        if sk_upd is not None:  # i measured by its sketches: y in the same units, or unknown
+            for k, (i, j) in enumerate(pairs):
+                if np.isfinite(sk_upd[i]):
+                    y[k] = _sketch_distance(s_t[i], s_r[j]) / sk_upd[i]
+        with np.errstate(all="ignore"):
+            ratio = dict(zip(pairs, np.where(y > 0, x[a] / y, np.where(y == 0, np.inf, np.nan))))
+        for k, (i, j) in enumerate(pairs):
+            both_ways = float(np.minimum(ratio[(i, j)], ratio[(j, i)]))  # (NaN where either is unknown)
+            if not np.isnan(both_ways) and not both_ways <= held[i]:  # (held NaN: none yet)
+                held[i], gap[i], by[i] = both_ways, y[k], keys[j]
+    return held, gap, by
+
+
+def _sketch_distance(a: list | None, b: list | None) -> float:
+    """||a - b|| of two sketches of one shape (one map: the tensors' own distance); NaN where either is missing,
+    of another length or not finite."""
+    if a is None or b is None or not len(a) == len(b) or not len(a):
+        return np.nan
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(d)) if np.isfinite(d).all() else np.nan
 
 
 def _exact_update_gap(
@@ -377,7 +441,14 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     # `small_value_err`) was fed a gradient whose relative error nothing bounds (1e-9 in one run, 1e-6 in the
     # other): its update is no unit the two runs share, and its x says nothing
     residue = t["g_residue"].fill_null(False).to_numpy() if "g_residue" in t.columns else np.zeros(t.height, bool)
-    beyond = _beyond(t, "x_changed") & ~residue
+    # two parameters holding each other's values (`_held_values`): noise moves a tensor about its own reference
+    # value, not onto another tensor's, so neither its explanation nor its tolerance is the unit, and its partner
+    # is no sibling showing the optimizer's noise
+    held = _column(t, "x_held") if "x_held" in t.columns else np.full(t.height, np.nan)
+    held_by = t["_held_by"].to_list() if "_held_by" in t.columns else [None] * t.height
+    with np.errstate(invalid="ignore"):
+        swapped = held > STAND_OUT  # (NaN: no partner)
+    beyond = (_beyond(t, "x_changed") | swapped) & ~residue
     # every other parameter of the step within STAND_OUT x (what it carried in + one rounding of itself): the runs
     # computed the same updates, none moved by noise that a per-element normalisation could flip
     x_round = np.nan_to_num(_column(t, "x_round", "xc"), nan=0.0)
@@ -407,7 +478,7 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
         agree = (x >= X_MIN) & (off == 0) & (x > STAND_OUT * UPDATES_APART / np.sqrt(np.fmax(n_el, 1.0)))
         exact = (x_exact >= X_MIN) & (x_exact > STAND_OUT * np.nan_to_num(expl, nan=0.0))
     # a one-element parameter's own update is known: that, not its tolerance or the two-update bound, decides
-    flagged = np.where(np.isfinite(x_exact), exact, over | apart | agree)
+    flagged = np.where(np.isfinite(x_exact), exact, over | apart | agree | swapped)
     out: dict[int, dict[str, Any]] = {}
     for i in np.flatnonzero(beyond & flagged):
         if np.isfinite(x_exact[i]):  # judged on its own update: against other scalars' (siblings first), if any
@@ -415,7 +486,12 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
             if sx.size and not x_exact[i] > STAND_OUT * float(sx.max()):
                 continue
         else:
-            sib = [j for j in range(t.height) if klass[j] == klass[i] and owner[j] != owner[i]]
+            partner = held_by[i] if swapped[i] else None  # (its swap's other half: not its noise)
+            sib = [
+                j
+                for j in range(t.height)
+                if klass[j] == klass[i] and owner[j] != owner[i] and (partner is None or f"{pkeys[j]}" != partner)
+            ]
             sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
             kin = "siblings"
             if not sx.size:  # no tensor of its kind: every other parameter of the step
@@ -434,11 +510,23 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
         }
         if np.isfinite(x_exact[i]):
             out[int(fp)]["own_update_off"] = float(x_exact[i])
+        elif swapped[i]:  # holds another parameter's values, and that one its
+            out[int(fp)]["holds"] = _held_name(t, held_by[i])
+            out[int(fp)]["holds_gap"] = float(_column(t, "held_gap")[i])
         elif not (over[i] or apart[i]):  # within its tolerance and two updates: the step's updates agree
             out[int(fp)]["step_agrees"] = True
         if not x[i] >= X_MIN:  # under a quarter of an update: named only where its consumer confirms it
             out[int(fp)]["needs_consumer"] = True
     return out
+
+
+def _held_name(t: pl.DataFrame, key: str | None) -> str:
+    """The parameter whose key (as a string) is `key`: its record and name (`Module.l1.up.Linear.forward.0
+    weight`), the module's call counter kept."""
+    for rec, name, k in t.select("_record", "index_path", "_pkey").iter_rows():
+        if f"{k}" == key:
+            return f"{rec} {name}"
+    return "another parameter"
 
 
 def _exact_peers(i: int, x_exact: np.ndarray, klass: list, owner: list) -> tuple[str, np.ndarray]:

@@ -40,7 +40,10 @@ x_round). Hence:
                        (more than the two runs' updates can put between them) or x >= X_MIN where every other
                        parameter of the step (at least MIN_MEASURED) is within STAND_OUT x (x_prev + x_round):
                        the runs computed the same updates: a parameter changed between steps (written to, loaded
-                       wrongly).  A parameter is its pair of fingerprints (target, reference:
+                       wrongly).  Or two parameters of one shape and dtype, each at least X_MIN off and each target
+                       STAND_OUT x nearer the other's reference than its own (`_held_values`; with statistics,
+                       in an element and a sum): a swap, named on that evidence, each judged against its
+                       siblings without the other.  A parameter is its pair of fingerprints (target, reference:
                        analysis/param_change.py).  Named at its first consumer at step a, outright where x >= X_MIN
                        (a sizeable part of an update), else only where that consumer confirms it (`needs_consumer`:
                        its activations agree and its own error stands out; analysis/culprit.py

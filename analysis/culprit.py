@@ -1090,7 +1090,7 @@ def _step_agrees(changed: dict[str, Any]) -> str:
 
 def _holds(changed: dict[str, Any]) -> str:
     """The detail's clause for a parameter that holds another's values, and that one its (analysis/steps.py
-    `_held_values`: a swap)."""
+    analysis/param_gaps.py `held_values`: a swap)."""
     if changed.get("holds") is None:
         return ""
     return (

@@ -31,27 +31,26 @@ element's update (x_chg). Device noise moves an update by about the error of the
 norm), and carries the earlier disagreement on: x stays of the order of its explanation max(x_prev, g_prev,
 x_round). Hence:
 
-  corrupted parameter  x (here x_chg throughout) > STAND_OUT x its explanation (not what the update was fed,
-                       carried in, or rounding), x > STAND_OUT x the largest x of its siblings (same module class
-                       or API, parameter name and shape, other modules or ranks: the same optimizer's noise on
-                       the same kind of tensor; another call of the same module reads the same tensor and is
-                       none; a parameter without siblings: the largest x of every other parameter), and
-                       either the parameter is over its tolerance or x > STAND_OUT x (UPDATES_APART + x_prev)
-                       (more than the two runs' updates can put between them) or x >= X_MIN where every other
-                       parameter of the step (at least MIN_MEASURED) is within STAND_OUT x (x_prev + x_round):
-                       the runs computed the same updates: a parameter changed between steps (written to, loaded
-                       wrongly).  Or two parameters of one shape and dtype, each at least X_MIN off and each target
-                       STAND_OUT x nearer the other's reference than its own (`_held_values`; with statistics,
-                       in an element and a sum): a swap, named on that evidence, each judged against its
-                       siblings without the other.  A parameter is its pair of fingerprints (target, reference:
-                       analysis/param_change.py).  Named at its first consumer at step a, outright where x >= X_MIN
-                       (a sizeable part of an update), else only where that consumer confirms it (`needs_consumer`:
-                       its activations agree and its own error stands out; analysis/culprit.py
-                       `_consumer_confirms`).  A one-element parameter instead: x_exact >= X_MIN, beyond
-                       STAND_OUT x its explanation and x the x_exact of its siblings (else of the other
-                       one-element parameters; none: on its own measure).  Not judged: a parameter whose
-                       gradient at b is rounding residue (`small_value`: its relative error unbounded, its
-                       update no unit the runs share).
+  corrupted parameter  x (here x_chg throughout) > STAND_OUT x its explanation (not what the update was fed, carried
+                       in, or rounding), x > STAND_OUT x the largest x of its siblings (same module class or API,
+                       parameter name and shape, other modules or ranks: the same optimizer's noise on the same kind
+                       of tensor; another call of the same module reads the same tensor and is none; a parameter
+                       without siblings: the largest x of every other parameter), and either the parameter is over
+                       its tolerance or x > STAND_OUT x (UPDATES_APART + x_prev) (more than the two runs' updates can
+                       put between them) or x >= X_MIN where every other parameter of the step (at least
+                       MIN_MEASURED) is within STAND_OUT x (x_prev + x_round): the runs computed the same updates: a
+                       parameter changed between steps (written to, loaded wrongly).  Or two parameters of one shape
+                       and dtype, each at least X_MIN off and each target STAND_OUT x nearer the other's reference
+                       than its own (analysis/param_gaps.py `held_values`; with statistics, in an element and a sum):
+                       a swap, named on that evidence, each judged against its siblings without the other.  A
+                       parameter is its pair of fingerprints (target, reference: analysis/param_change.py).  Named at
+                       its first consumer at step a, outright where x >= X_MIN (a sizeable part of an update), else
+                       only where that consumer confirms it (`needs_consumer`: its activations agree and its own
+                       error stands out; analysis/culprit.py `_consumer_confirms`).  A one-element parameter instead:
+                       x_exact >= X_MIN, beyond STAND_OUT x its explanation and x the x_exact of its siblings (else
+                       of the other one-element parameters; none: on its own measure).  Not judged: a parameter whose
+                       gradient at b is rounding residue (`small_value`: its relative error unbounded, its update no
+                       unit the runs share).
   update differs       most (over UPDATE_SHARE) of the measured parameters have x > STAND_OUT x their explanation,
                        and the median x is at least its floor (analysis/updates.py: X_MIN at the pair's first
                        update, else UPDATE_X_MIN and STAND_OUT x the update before's): every parameter moved
@@ -84,6 +83,7 @@ from . import param_change as PC
 from . import rules as R
 from .noise import OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
 from .pairmetrics import WEIGHT_SKETCH
+from .param_gaps import held_values, sketch_distance, stats_gap
 
 X_MIN = 0.25  # a gap of a quarter of the reference's own update: far beyond rounding of an update
 # the update-differs rule's floor: the runs' updates a sixteenth of an update apart (median over the parameters).
@@ -102,16 +102,6 @@ MIN_MEASURED = 3  # fewer measured parameters: no update-differs rule, no step a
 UPDATE_SHARE = 0.5
 
 _KEYS = ["rank", "source", "_record", "_io", "index_path"]
-
-
-def _bound(t: dict[str, np.ndarray], r: dict[str, np.ndarray], numel: np.ndarray) -> np.ndarray:
-    """||x - y|| (absolute) lower bound from the statistics of x (`t`) and y (`r`); NaN where unknown."""
-    nulls_t = {s: np.isnan(t[s]) for s in R.STATS}
-    nulls_r = {s: np.isnan(r[s]) for s in R.STATS}
-    err, known = R.stats_bound(t, r, nulls_t, nulls_r, np.sqrt(numel), np.zeros(numel.size, dtype=bool))
-    with np.errstate(invalid="ignore"):
-        gap = np.where(known & np.isfinite(err), err * np.abs(r["norm"]), np.nan)
-    return np.where(r["norm"] == 0, np.abs(t["norm"]), gap)  # ||x - 0|| = ||x||: a bias that starts at zero
 
 
 def _changed_gap(
@@ -199,9 +189,9 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     def side(prefix: str, suffix: str = "") -> dict[str, np.ndarray]:
         return {s: both[f"{prefix}{s}{suffix}"].cast(pl.Float64).fill_null(np.nan).to_numpy() for s in R.STATS}
 
-    gap = _bound(side(""), side("ref_"), numel)
-    gap_b = _bound(side("", "_b"), side("ref_", "_b"), numel)
-    upd = _bound(side("ref_"), side("ref_", "_b"), numel)
+    gap = stats_gap(side(""), side("ref_"), numel)
+    gap_b = stats_gap(side("", "_b"), side("ref_", "_b"), numel)
+    upd = stats_gap(side("ref_"), side("ref_", "_b"), numel)
     rounding = np.array([eps(d or "") for d in both["dtype"].to_list()]) * np.abs(side("ref_", "_b")["norm"])
     changed = _changed_gap(side(""), side("ref_"), side("ref_"), side("ref_", "_b"), numel)
     exact = _exact_update_gap(side(""), side("ref_"), side("", "_b"), side("ref_", "_b"), numel)
@@ -213,7 +203,7 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     # the changed-parameter rule's units (`corrupted`): the tensor's own norms where both runs sketched it at both
     # steps (every element's gap in every element's update: like with like), else the statistics bounds above
     c_prev, c_round = x_prev, x_round
-    sketched = None  # (the reference's update from the sketches, where known) for `_held_values`
+    sketched = None  # (the reference's update from the sketches, where known) for `held_values`
     if len(sketches) == len(WEIGHT_SKETCH):
         sk_gap, sk_gap_b, sk_upd = _sketch_gaps(both)
         with np.errstate(all="ignore"):
@@ -222,7 +212,7 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
             x_changed = np.where(known, sk_gap / sk_upd, x_changed)
             c_prev = np.where(known, sk_gap_b / sk_upd, x_prev)
             c_round = np.where(known, rounding / sk_upd, x_round)
-    held, held_gap, held_by = _held_values(both, side(""), side("ref_"), numel, x_changed, upd, sketched)
+    held, held_gap, held_by = held_values(both, side(""), side("ref_"), numel, x_changed, upd, sketched, X_MIN)
     out = both.select(*_KEYS, "_fp_t", "_pkey", "shape", "status").with_columns(
         pl.Series("x", x),
         pl.Series("x_changed", x_changed),
@@ -274,71 +264,8 @@ def _sketch_gaps(both: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray
     lists = [both[c].to_list() for c in (t, r, f"{t}_b", f"{r}_b")]
     out = np.full((3, both.height), np.nan)
     for i, (ta, ra, tb, rb) in enumerate(zip(*lists)):
-        out[:, i] = (_sketch_distance(ta, ra), _sketch_distance(tb, rb), _sketch_distance(ra, rb))
+        out[:, i] = (sketch_distance(ta, ra), sketch_distance(tb, rb), sketch_distance(ra, rb))
     return out[0], out[1], out[2]
-
-
-def _held_values(
-    both: pl.DataFrame,
-    t: dict[str, np.ndarray],
-    r: dict[str, np.ndarray],
-    n: np.ndarray,
-    x: np.ndarray,
-    upd: np.ndarray,
-    sk_upd: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
-    """Two parameters that hold each other's values in the target (a swap: a conversion that reads a fused
-    matrix's halves in the wrong order, two checkpoint keys exchanged).  For rows i and j of `table`'s joined
-    frame of one rank, shape and dtype, both at least `X_MIN` of an update from their own reference (`x`, the
-    changed-parameter rule's measure), y_ij is the gap from i's target to j's reference in i's update (the
-    sketches' where i's measure is theirs, else the statistics bound), and i holds j's values as far as x_i / y_ij
-    says: how many times nearer its target is to j's reference than to its own.  Per row: the larger of the two
-    directions' lesser ratio over its partners (`x_held`: both must hold), the gap to that partner (`held_gap`,
-    in i's update) and the partner's parameter key (`_held_by`, as a string: analysis/param_change.py).  NaN /
-    None where no partner of its kind is a quarter of an update off too."""
-    rows = both.height
-    held, gap = np.full(rows, np.nan), np.full(rows, np.nan)
-    by: list[str | None] = [None] * rows
-    recs = [without_module_call(rec) for rec in both["_record"].to_list()]
-    keys = [f"{k}" for k in both["_pkey"].to_list()]
-    kinds: dict[tuple, list[int]] = {}
-    for i, (rank, shape, dtype) in enumerate(both.select("rank", "shape", "dtype").iter_rows()):
-        if np.isfinite(x[i]) and x[i] >= X_MIN and n[i] > 1:
-            kinds.setdefault((rank, tuple(shape or ()), dtype), []).append(i)
-    if sk_upd is not None:
-        s_t, s_r = (both[c].to_list() for c in WEIGHT_SKETCH)
-    for group in kinds.values():
-        pairs = [(i, j) for i in group for j in group if recs[i] != recs[j] and keys[i] != keys[j]]
-        if not pairs:
-            continue
-        a, b = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
-        with np.errstate(all="ignore"):
-            y = _bound({s: t[s][a] for s in R.STATS}, {s: r[s][b] for s in R.STATS}, n[a]) / upd[a]
-            # in statistics, an element (max or min) and a sum (mean or norm) must both be nearer: where the update
-            # rule fixes every element's value (Adam's or RMSprop's first step from a constant: 1 +- lr), every
-            # such tensor has the same extremes and its mean and norm read one number, its count of signs
-            near = {s: STAND_OUT * np.abs(t[s][a] - r[s][b]) < np.abs(t[s][a] - r[s][a]) for s in R.STATS}
-            y = np.where((near["max"] | near["min"]) & (near["mean"] | near["norm"]), y, np.nan)
-        if sk_upd is not None:  # i measured by its sketches: y in the same units, or unknown
-            for k, (i, j) in enumerate(pairs):
-                if np.isfinite(sk_upd[i]):
-                    y[k] = _sketch_distance(s_t[i], s_r[j]) / sk_upd[i]
-        with np.errstate(all="ignore"):
-            ratio = dict(zip(pairs, np.where(y > 0, x[a] / y, np.where(y == 0, np.inf, np.nan))))
-        for k, (i, j) in enumerate(pairs):
-            both_ways = float(np.minimum(ratio[(i, j)], ratio[(j, i)]))  # (NaN where either is unknown)
-            if not np.isnan(both_ways) and not both_ways <= held[i]:  # (held NaN: none yet)
-                held[i], gap[i], by[i] = both_ways, y[k], keys[j]
-    return held, gap, by
-
-
-def _sketch_distance(a: list | None, b: list | None) -> float:
-    """||a - b|| of two sketches of one shape (one map: the tensors' own distance); NaN where either is missing,
-    of another length or not finite."""
-    if a is None or b is None or not len(a) == len(b) or not len(a):
-        return np.nan
-    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    return float(np.linalg.norm(d)) if np.isfinite(d).all() else np.nan
 
 
 def _exact_update_gap(
@@ -444,9 +371,9 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     # `small_value_err`) was fed a gradient whose relative error nothing bounds (1e-9 in one run, 1e-6 in the
     # other): its update is no unit the two runs share, and its x says nothing
     residue = t["g_residue"].fill_null(False).to_numpy() if "g_residue" in t.columns else np.zeros(t.height, bool)
-    # two parameters holding each other's values (`_held_values`): noise moves a tensor about its own reference
-    # value, not onto another tensor's, so neither its explanation nor its tolerance is the unit, and its partner
-    # is no sibling showing the optimizer's noise
+    # two parameters holding each other's values (analysis/param_gaps.py): noise moves a tensor about its own
+    # reference value, not onto another tensor's, so neither its explanation nor its tolerance is the unit, and its
+    # partner is no sibling showing the optimizer's noise
     held = _column(t, "x_held") if "x_held" in t.columns else np.full(t.height, np.nan)
     held_by = t["_held_by"].to_list() if "_held_by" in t.columns else [None] * t.height
     with np.errstate(invalid="ignore"):

@@ -12,7 +12,7 @@ from test_noise import MODES, _ingest_pair, _mark_parameters, _t, _verdict
 from test_steps import N_PARAMS, _noise, _runs, _table
 
 from dumpstore import open_store
-from dumpstore.analysis import compare_runs, divergence, param_change, steps
+from dumpstore.analysis import compare_runs, divergence, param_change, param_gaps, steps
 from dumpstore.analysis.tolerance import Tolerances
 
 
@@ -213,7 +213,7 @@ def test_two_parameters_that_swapped_values_are_named_at_the_first_ones_consumer
 
 
 def _held(t: list[list[float]], r: list[list[float]], update: float) -> np.ndarray:
-    """`steps._held_values` of parameters of one kind whose (max, min, mean, norm) are `t` in the target and
+    """`param_gaps.held_values` of parameters of one kind whose (max, min, mean, norm) are `t` in the target and
     `r` in the reference at the later step, x their statistics' changed gap in units of `update`."""
     k = len(t)
     both = pl.DataFrame(
@@ -231,7 +231,7 @@ def _held(t: list[list[float]], r: list[list[float]], update: float) -> np.ndarr
 
     ts, rs, n, upd = side(t), side(r), np.full(k, 16.0), np.full(k, update)
     x = steps._changed_gap(ts, rs, rs, rs, n) / upd
-    return steps._held_values(both, ts, rs, n, x, upd, None)[0]
+    return param_gaps.held_values(both, ts, rs, n, x, upd, None, steps.X_MIN)[0]
 
 
 def test_a_swap_in_statistics_needs_an_element_and_a_sum_to_match():

@@ -722,7 +722,7 @@ class _Judge:
             detail=(
                 f"{leaf['name']} differs by {changed['update_units']:.3g} of its own update at this step{within} "
                 f"({_peers(changed)}, what its update was fed "
-                f"{changed['carried_in'] or 0:.3g}{_step_agrees(changed)}): changed between steps"
+                f"{changed['carried_in'] or 0:.3g}{_step_agrees(changed)}{_holds(changed)}): changed between steps"
                 + _confirmation(changed)
             ),
         )
@@ -1207,6 +1207,17 @@ def _step_agrees(changed: dict[str, Any]) -> str:
             "(one element: its statistics are its value)"
         )
     return ", every other parameter of the step within rounding" if changed.get("step_agrees") else ""
+
+
+def _holds(changed: dict[str, Any]) -> str:
+    """The detail's clause for a parameter that holds another's values, and that one its (analysis/steps.py
+    analysis/param_gaps.py `held_values`: a swap)."""
+    if changed.get("holds") is None:
+        return ""
+    return (
+        f"; it holds the reference's {changed['holds']} ({changed['holds_gap']:.3g} of its update apart) and that "
+        "one its: swapped"
+    )
 
 
 def _confirmation(changed: dict[str, Any]) -> str:

@@ -31,24 +31,26 @@ element's update (x_chg). Device noise moves an update by about the error of the
 norm), and carries the earlier disagreement on: x stays of the order of its explanation max(x_prev, g_prev,
 x_round). Hence:
 
-  corrupted parameter  x (here x_chg throughout) > STAND_OUT x its explanation (not what the update was fed,
-                       carried in, or rounding), x > STAND_OUT x the largest x of its siblings (same module class
-                       or API, parameter name and shape, other modules or ranks: the same optimizer's noise on
-                       the same kind of tensor; another call of the same module reads the same tensor and is
-                       none; a parameter without siblings: the largest x of every other parameter), and
-                       either the parameter is over its tolerance or x > STAND_OUT x (UPDATES_APART + x_prev)
-                       (more than the two runs' updates can put between them) or x >= X_MIN where every other
-                       parameter of the step (at least MIN_MEASURED) is within STAND_OUT x (x_prev + x_round):
-                       the runs computed the same updates: a parameter changed between steps (written to, loaded
-                       wrongly).  A parameter is its pair of fingerprints (target, reference:
-                       analysis/param_change.py).  Named at its first consumer at step a, outright where x >= X_MIN
-                       (a sizeable part of an update), else only where that consumer confirms it (`needs_consumer`:
-                       its activations agree and its own error stands out; analysis/culprit.py
-                       `_consumer_confirms`).  A one-element parameter instead: x_exact >= X_MIN, beyond
-                       STAND_OUT x its explanation and x the x_exact of its siblings (else of the other
-                       one-element parameters; none: on its own measure).  Not judged: a parameter whose
-                       gradient at b is rounding residue (`small_value`: its relative error unbounded, its
-                       update no unit the runs share).
+  corrupted parameter  x (here x_chg throughout) > STAND_OUT x its explanation (not what the update was fed, carried
+                       in, or rounding), x > STAND_OUT x the largest x of its siblings (same module class or API,
+                       parameter name and shape, other modules or ranks: the same optimizer's noise on the same kind
+                       of tensor; another call of the same module reads the same tensor and is none; a parameter
+                       without siblings: the largest x of every other parameter), and either the parameter is over
+                       its tolerance or x > STAND_OUT x (UPDATES_APART + x_prev) (more than the two runs' updates can
+                       put between them) or x >= X_MIN where every other parameter of the step (at least
+                       MIN_MEASURED) is within STAND_OUT x (x_prev + x_round): the runs computed the same updates: a
+                       parameter changed between steps (written to, loaded wrongly).  Or two parameters of one shape
+                       and dtype, each at least X_MIN off and each target STAND_OUT x nearer the other's reference
+                       than its own (analysis/param_gaps.py `held_values`; with statistics, in an element and a sum):
+                       a swap, named on that evidence, each judged against its siblings without the other.  A
+                       parameter is its pair of fingerprints (target, reference: analysis/param_change.py).  Named at
+                       its first consumer at step a, outright where x >= X_MIN (a sizeable part of an update), else
+                       only where that consumer confirms it (`needs_consumer`: its activations agree and its own
+                       error stands out; analysis/culprit.py `_consumer_confirms`).  A one-element parameter instead:
+                       x_exact >= X_MIN, beyond STAND_OUT x its explanation and x the x_exact of its siblings (else
+                       of the other one-element parameters; none: on its own measure).  Not judged: a parameter whose
+                       gradient at b is rounding residue (`small_value`: its relative error unbounded, its update no
+                       unit the runs share).
   update differs       most (over UPDATE_SHARE) of the measured parameters have x > STAND_OUT x their explanation,
                        and the median x is at least its floor (analysis/updates.py: X_MIN at the pair's first
                        update, else UPDATE_X_MIN and STAND_OUT x the update before's; or, at a later update,
@@ -82,6 +84,7 @@ from . import param_change as PC
 from . import rules as R
 from .noise import OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median
 from .pairmetrics import WEIGHT_SKETCH
+from .param_gaps import held_values, sketch_distance, stats_gap
 
 X_MIN = 0.25  # a gap of a quarter of the reference's own update: far beyond rounding of an update
 # the update-differs rule's floor: the runs' updates a sixteenth of an update apart (median over the parameters).
@@ -100,16 +103,6 @@ MIN_MEASURED = 3  # fewer measured parameters: no update-differs rule, no step a
 UPDATE_SHARE = 0.5
 
 _KEYS = ["rank", "source", "_record", "_io", "index_path"]
-
-
-def _bound(t: dict[str, np.ndarray], r: dict[str, np.ndarray], numel: np.ndarray) -> np.ndarray:
-    """||x - y|| (absolute) lower bound from the statistics of x (`t`) and y (`r`); NaN where unknown."""
-    nulls_t = {s: np.isnan(t[s]) for s in R.STATS}
-    nulls_r = {s: np.isnan(r[s]) for s in R.STATS}
-    err, known = R.stats_bound(t, r, nulls_t, nulls_r, np.sqrt(numel), np.zeros(numel.size, dtype=bool))
-    with np.errstate(invalid="ignore"):
-        gap = np.where(known & np.isfinite(err), err * np.abs(r["norm"]), np.nan)
-    return np.where(r["norm"] == 0, np.abs(t["norm"]), gap)  # ||x - 0|| = ||x||: a bias that starts at zero
 
 
 def _changed_gap(
@@ -197,9 +190,9 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     def side(prefix: str, suffix: str = "") -> dict[str, np.ndarray]:
         return {s: both[f"{prefix}{s}{suffix}"].cast(pl.Float64).fill_null(np.nan).to_numpy() for s in R.STATS}
 
-    gap = _bound(side(""), side("ref_"), numel)
-    gap_b = _bound(side("", "_b"), side("ref_", "_b"), numel)
-    upd = _bound(side("ref_"), side("ref_", "_b"), numel)
+    gap = stats_gap(side(""), side("ref_"), numel)
+    gap_b = stats_gap(side("", "_b"), side("ref_", "_b"), numel)
+    upd = stats_gap(side("ref_"), side("ref_", "_b"), numel)
     rounding = np.array([eps(d or "") for d in both["dtype"].to_list()]) * np.abs(side("ref_", "_b")["norm"])
     changed = _changed_gap(side(""), side("ref_"), side("ref_"), side("ref_", "_b"), numel)
     exact = _exact_update_gap(side(""), side("ref_"), side("", "_b"), side("ref_", "_b"), numel)
@@ -211,13 +204,16 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     # the changed-parameter rule's units (`corrupted`): the tensor's own norms where both runs sketched it at both
     # steps (every element's gap in every element's update: like with like), else the statistics bounds above
     c_prev, c_round = x_prev, x_round
+    sketched = None  # (the reference's update from the sketches, where known) for `held_values`
     if len(sketches) == len(WEIGHT_SKETCH):
         sk_gap, sk_gap_b, sk_upd = _sketch_gaps(both)
         with np.errstate(all="ignore"):
             known = np.isfinite(sk_gap) & np.isfinite(sk_gap_b) & (sk_upd > 0)
+            sketched = np.where(known, sk_upd, np.nan)
             x_changed = np.where(known, sk_gap / sk_upd, x_changed)
             c_prev = np.where(known, sk_gap_b / sk_upd, x_prev)
             c_round = np.where(known, rounding / sk_upd, x_round)
+    held, held_gap, held_by = held_values(both, side(""), side("ref_"), numel, x_changed, upd, sketched, X_MIN)
     out = both.select(*_KEYS, "_fp_t", "_pkey", "shape", "status").with_columns(
         pl.Series("x", x),
         pl.Series("x_changed", x_changed),
@@ -226,6 +222,9 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
         pl.Series("xc_prev", c_prev),
         pl.Series("xc_round", c_round),
         pl.Series("x_exact", exact),
+        pl.Series("x_held", held),
+        pl.Series("held_gap", held_gap),
+        pl.Series("_held_by", held_by, dtype=pl.String),
         pl.Series("_numel", numel),
         _module("_record"),
     )
@@ -266,12 +265,7 @@ def _sketch_gaps(both: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray
     lists = [both[c].to_list() for c in (t, r, f"{t}_b", f"{r}_b")]
     out = np.full((3, both.height), np.nan)
     for i, (ta, ra, tb, rb) in enumerate(zip(*lists)):
-        if ta is None or ra is None or tb is None or rb is None or not len(ta) == len(ra) == len(tb) == len(rb):
-            continue
-        v = [np.asarray(a, dtype=np.float64) for a in (ta, ra, tb, rb)]
-        if not len(v[0]) or not all(np.isfinite(a).all() for a in v):
-            continue
-        out[:, i] = (np.linalg.norm(v[0] - v[1]), np.linalg.norm(v[2] - v[3]), np.linalg.norm(v[1] - v[3]))
+        out[:, i] = (sketch_distance(ta, ra), sketch_distance(tb, rb), sketch_distance(ra, rb))
     return out[0], out[1], out[2]
 
 
@@ -378,7 +372,14 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
     # `small_value_err`) was fed a gradient whose relative error nothing bounds (1e-9 in one run, 1e-6 in the
     # other): its update is no unit the two runs share, and its x says nothing
     residue = t["g_residue"].fill_null(False).to_numpy() if "g_residue" in t.columns else np.zeros(t.height, bool)
-    beyond = _beyond(t, "x_changed") & ~residue
+    # two parameters holding each other's values (analysis/param_gaps.py): noise moves a tensor about its own
+    # reference value, not onto another tensor's, so neither its explanation nor its tolerance is the unit, and its
+    # partner is no sibling showing the optimizer's noise
+    held = _column(t, "x_held") if "x_held" in t.columns else np.full(t.height, np.nan)
+    held_by = t["_held_by"].to_list() if "_held_by" in t.columns else [None] * t.height
+    with np.errstate(invalid="ignore"):
+        swapped = held > STAND_OUT  # (NaN: no partner)
+    beyond = (_beyond(t, "x_changed") | swapped) & ~residue
     # every other parameter of the step within STAND_OUT x (what it carried in + one rounding of itself): the runs
     # computed the same updates, none moved by noise that a per-element normalisation could flip
     x_round = np.nan_to_num(_column(t, "x_round", "xc"), nan=0.0)
@@ -408,7 +409,7 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
         agree = (x >= X_MIN) & (off == 0) & (x > STAND_OUT * UPDATES_APART / np.sqrt(np.fmax(n_el, 1.0)))
         exact = (x_exact >= X_MIN) & (x_exact > STAND_OUT * np.nan_to_num(expl, nan=0.0))
     # a one-element parameter's own update is known: that, not its tolerance or the two-update bound, decides
-    flagged = np.where(np.isfinite(x_exact), exact, over | apart | agree)
+    flagged = np.where(np.isfinite(x_exact), exact, over | apart | agree | swapped)
     out: dict[int, dict[str, Any]] = {}
     for i in np.flatnonzero(beyond & flagged):
         if np.isfinite(x_exact[i]):  # judged on its own update: against other scalars' (siblings first), if any
@@ -416,7 +417,12 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
             if sx.size and not x_exact[i] > STAND_OUT * float(sx.max()):
                 continue
         else:
-            sib = [j for j in range(t.height) if klass[j] == klass[i] and owner[j] != owner[i]]
+            partner = held_by[i] if swapped[i] else None  # (its swap's other half: not its noise)
+            sib = [
+                j
+                for j in range(t.height)
+                if klass[j] == klass[i] and owner[j] != owner[i] and (partner is None or f"{pkeys[j]}" != partner)
+            ]
             sx = x[sib][np.isfinite(x[sib])] if sib else np.zeros(0)
             kin = "siblings"
             if not sx.size:  # no tensor of its kind: every other parameter of the step
@@ -435,11 +441,23 @@ def corrupted(t: pl.DataFrame | None) -> dict[int, dict[str, Any]]:
         }
         if np.isfinite(x_exact[i]):
             out[int(fp)]["own_update_off"] = float(x_exact[i])
+        elif swapped[i]:  # holds another parameter's values, and that one its
+            out[int(fp)]["holds"] = _held_name(t, held_by[i])
+            out[int(fp)]["holds_gap"] = float(_column(t, "held_gap")[i])
         elif not (over[i] or apart[i]):  # within its tolerance and two updates: the step's updates agree
             out[int(fp)]["step_agrees"] = True
         if not x[i] >= X_MIN:  # under a quarter of an update: named only where its consumer confirms it
             out[int(fp)]["needs_consumer"] = True
     return out
+
+
+def _held_name(t: pl.DataFrame, key: str | None) -> str:
+    """The parameter whose key (as a string) is `key`: its record and name (`Module.l1.up.Linear.forward.0
+    weight`), the module's call counter kept."""
+    for rec, name, k in t.select("_record", "index_path", "_pkey").iter_rows():
+        if f"{k}" == key:
+            return f"{rec} {name}"
+    return "another parameter"
 
 
 def _exact_peers(i: int, x_exact: np.ndarray, klass: list, owner: list) -> tuple[str, np.ndarray]:

@@ -32,6 +32,7 @@ from dumpstore.names import without_module_call_expr
 from . import rules as R
 from . import steps as ST
 from .noise import OPT_FLOOR, OPT_MIN_PARAMS, OPT_SHARE, OPT_Z, STAND_OUT, median, update_evidence
+from .param_gaps import stats_gap
 
 # a later update whose parameters moved (median) this many times what explains them (their gradients' error, the
 # gap carried in, one rounding), and STAND_OUT x the update before's: the update rule changed, however small the
@@ -259,7 +260,7 @@ def norm_gaps(
     def side(suffix: str) -> dict[str, np.ndarray]:
         return {s: both[f"ref_{s}{suffix}"].cast(pl.Float64).fill_null(np.nan).to_numpy() for s in R.STATS}
 
-    upd = ST._bound(side(""), side("_b"), numel)  # the reference's update (statistics lower bound)
+    upd = stats_gap(side(""), side("_b"), numel)  # the reference's update (statistics lower bound)
     t_a, r_a, t_b, r_b = (
         both[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in ("norm", "ref_norm", "norm_b", "ref_norm_b")
     )

@@ -12,7 +12,7 @@ from test_noise import MODES, _ingest_pair, _mark_parameters, _t, _verdict
 from test_steps import N_PARAMS, _noise, _runs, _table
 
 from dumpstore import open_store
-from dumpstore.analysis import compare_runs, divergence, param_change, steps
+from dumpstore.analysis import compare_runs, divergence, param_change, param_gaps, steps
 from dumpstore.analysis.tolerance import Tolerances
 
 
@@ -179,3 +179,77 @@ def test_a_weight_whose_rows_were_permuted_is_named_from_its_sketches(dump_write
     gap = np.sqrt(2) * np.linalg.norm(p[1] - p[2])
     assert c.evidence["update_units"] == pytest.approx(gap / np.linalg.norm(0.01 * grads[4]), rel=1e-3)
     assert c.evidence["siblings_max"] < 1e-3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_parameters_that_swapped_values_are_named_at_the_first_ones_consumer(dump_writer, store_dir, mode):
+    """Parameters 3 and 4 (one kind: each the other's sibling) exchanged before step 1 (a conversion reading a
+    fused matrix's halves in the wrong order).  Each is thousands of updates off, and each one's x excused the
+    other's as the optimizer's noise on that kind of tensor: nothing was named.  Each target holds the other's
+    reference values, so neither is the other's noise: named at parameter 3's consumer, against its other
+    siblings.  The same pair without the swap is quiet."""
+    x, params, grads = _runs(np.random.default_rng(32))
+
+    def swap(step, qs):
+        if step == 1:
+            qs[3], qs[4] = qs[4].copy(), qs[3].copy()
+
+    ref = _steps(x, params, grads, 2)
+    st = _ingest_pair(dump_writer, store_dir, mode, ref, _steps(x, params, grads, 2, noise=_noise(33)), steps=2)
+    _mark_parameters(st, store_dir)
+    assert _verdict(open_store(store_dir)).culprit is None
+    target = _steps(x, params, grads, 2, noise=_noise(33), edit=swap)
+    st = _ingest_pair(dump_writer, store_dir, mode, ref, target, steps=2)
+    _mark_parameters(st, store_dir)
+    c = _verdict(open_store(store_dir)).culprit
+    assert c is not None and (c.kind, c.step, c.op) == ("parameter", 1, "Functional.linear.3.forward")
+    assert c.evidence["holds"] == "Functional.linear.4.forward 1"  # its input 1, the weight
+    assert c.evidence["holds_gap"] < 1e-3 and c.evidence["update_units"] > 10
+    if mode == "tensor":  # the two weights' distance in the reference's update, exact from the sketches
+        p3, p4 = params[3] - 0.01 * grads[3], params[4] - 0.01 * grads[4]
+        assert c.evidence["update_units"] == pytest.approx(np.linalg.norm(p4 - p3) / 0.08, rel=1e-3)
+    assert c.evidence["siblings"] == N_PARAMS - 2 and c.evidence["siblings_max"] < 1e-3  # parameter 4 left out
+    assert "it holds the reference's Functional.linear.4.forward 1" in c.detail and "swapped" in c.detail
+
+
+def _held(t: list[list[float]], r: list[list[float]], update: float) -> np.ndarray:
+    """`param_gaps.held_values` of parameters of one kind whose (max, min, mean, norm) are `t` in the target and
+    `r` in the reference at the later step, x their statistics' changed gap in units of `update`."""
+    k = len(t)
+    both = pl.DataFrame(
+        {
+            "_record": [f"Module.l{i}.Linear.forward.0" for i in range(k)],
+            "_pkey": list(range(k)),
+            "rank": [0] * k,
+            "shape": [[16]] * k,
+            "dtype": ["bfloat16"] * k,
+        }
+    )
+
+    def side(v: list[list[float]]) -> dict[str, np.ndarray]:
+        return {s: np.array([row[j] for row in v]) for j, s in enumerate(("max", "min", "mean", "norm"))}
+
+    ts, rs, n, upd = side(t), side(r), np.full(k, 16.0), np.full(k, update)
+    x = steps._changed_gap(ts, rs, rs, rs, n) / upd
+    return param_gaps.held_values(both, ts, rs, n, x, upd, None, steps.X_MIN)[0]
+
+
+def test_a_swap_in_statistics_needs_an_element_and_a_sum_to_match():
+    """Two tensors whose statistics are exchanged in the target hold each other's values (inf: an exact match;
+    a third of the same kind untouched holds none).  After a first Adam step from ones every such tensor has
+    the same max and min (1 +- lr per element), and its mean and norm read one number, its count of signs: two
+    such counts exchanged are a coincidence of that number, not a swap (set 8's `fnet_transposed_proj_step0` at
+    step 1: two LayerNorm weights 351x nearer each other's statistics than their own)."""
+    a, b, c = [0.07, -0.07, 2e-5, 0.92], [0.064, -0.071, 2.8e-4, 0.93], [0.06, -0.05, 1e-4, 0.9]
+    held = _held([b, a, c], [a, b, c], 0.01)  # x = 1 (their norms 0.01 apart)
+    assert held[0] == held[1] == np.inf and np.isnan(held[2])
+    assert np.isnan(_held([b, a, c], [a, b, c], 0.1)).all()  # x = 0.1: under a quarter of an update
+    # the extremes alike (an element each), or the sums alike: no match of both kinds
+    assert np.isnan(_held([[*a[:2], *b[2:]], [*b[:2], *a[2:]], c], [a, b, c], 0.01)[:2]).all()
+    lr = 1e-3
+
+    def counted(m: int) -> list[float]:  # 16 elements 1 +- lr, m more up than down
+        return [1 + lr, 1 - lr, 1 + m * lr / 16, float(np.sqrt(16 * (1 + lr * lr) + 2 * lr * m))]
+
+    ones = [counted(m) for m in (2, 4, 6)]
+    assert np.isnan(_held([ones[1], ones[0], ones[2]], ones, lr)).all()  # x = 0.5 from the means alone

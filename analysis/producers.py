@@ -151,6 +151,26 @@ class Producers:
             return None
         return hit[1]
 
+    def made_by(self, r: Mapping[str, Any], record: str) -> bool:
+        """Whether record `record` of this run has, before row `r`'s own record, an output that is `r`'s tensor
+        (the same tensor, or the same values through a view): not only the first producer `producer` names, any
+        record that made the same values (a result computed twice)."""
+        p, seq = self.prefix, r.get(f"{self.prefix}seq")
+        fp, vfp = r.get(self._fp), r.get(self._vfp)
+        if seq is None or (fp is None and vfp is None):
+            return False
+        same = pl.col(self._fp) == fp if fp is not None else pl.lit(False)
+        if vfp is not None:
+            same = same | (pl.col(self._vfp) == vfp)
+        hit = self.rows.filter(
+            (pl.col(f"{p}record") == record)
+            & pl.col(f"{p}io").is_in(OUTPUT_IO)
+            & (pl.col(f"{p}kind") == "tensor")
+            & (pl.col(f"{p}seq") < seq)
+            & same.fill_null(False)
+        )
+        return hit.height > 0
+
     def input_producer(self, record: str, name: str, views: bool = True) -> str | None:
         """`producer` of the input leaf `name` (this run's leaf name, e.g. `Functional.linear.3.forward.input.0`)
         of `record` (this run's record name); None where the leaf is not in `rows` or no recorded op made it."""

@@ -838,7 +838,9 @@ class _Judge:
         fed = fed_by_flip(self.noise, self.key, rec, leaves) is not None
         if fed:
             self.noise.explain(self.key)
-        rewired = self._rewired(out)
+        # after a near-tie flip upstream the routing changes which tensors flow (another expert's gradient summed
+        # in, or none): a producer that changed within what the flip explains is the flip's
+        rewired = None if fed else self._rewired(out)
         if rewired is not None:
             return rewired
         if bad_in.height == 0 and rec["fresh"]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import polars as pl
 
-from dumpstore.dtypes import DISCRETE_DTYPES
+from dumpstore.dtypes import DISCRETE_DTYPES, FLOAT_DTYPES
 from dumpstore.names import MODULE_RECORD_PREFIXES, is_module_record_expr
 
 from . import param_change as PC
@@ -149,6 +149,7 @@ def _culprit(
                     carried=carried,
                     float_first=float_first,
                     history=history,
+                    paired=view.paired,
                 )
                 found = judge.verdict()
                 if found is None:
@@ -392,6 +393,17 @@ class _StepView:
         rows = self._all if self._all["step"].n_unique() == 1 else self._all.filter(pl.col("step") == self.step)
         return with_fingerprints(rows)
 
+    @cached_property
+    def paired(self) -> dict[tuple, str]:
+        """(run prefix, rank, source, record) -> the other run's name of that record, for records in both runs:
+        ("", ..., target name) -> reference name and ("ref_", ..., reference name) -> target name."""
+        pairs = self.rows.select("rank", "source", "record", "ref_record").drop_nulls(["record", "ref_record"]).unique()
+        out: dict[tuple, str] = {}
+        for rank, source, t, r in pairs.iter_rows():
+            out[("", rank, source, t)] = r
+            out[("ref_", rank, source, r)] = t
+        return out
+
     def producers(self, prefix: str) -> Producers:
         if prefix not in self._producers:
             self._producers[prefix] = Producers(self.rows, prefix)
@@ -550,8 +562,10 @@ class _Judge:
         carried: CarriedDtypes | None = None,
         float_first: set[tuple] | None = None,
         history: dict[tuple, list[tuple]] | None = None,
+        paired: dict[tuple, str] | None = None,
     ):
         self.history = history or {}  # (rank, source, record) -> [(step, out_err, out_div)] (`_history`)
+        self.paired = paired or {}  # (run prefix, rank, source, record) -> the other run's name (_StepView.paired)
         self.carried = carried  # dtype differences a recorded op made, carried to its consumers
         self.float_first = float_first or set()  # (step, rank, source, record, name): float data starting to differ
         self.rec, self.leaves, self.t_prod, self.r_prod, self.only = rec, leaves, t_prod, r_prod, only
@@ -902,6 +916,11 @@ class _Judge:
         fed = fed_by_flip(self.noise, self.key, rec, leaves) is not None
         if fed:
             self.noise.explain(self.key)
+        # after a near-tie flip upstream the routing changes which tensors flow (another expert's gradient summed
+        # in, or none): a producer that changed within what the flip explains is the flip's
+        rewired = None if fed else self._rewired(out)
+        if rewired is not None:
+            return rewired
         if bad_in.height == 0 and rec["fresh"]:
             return None if fed else self._fresh(out)
         for leaf in bad_in.iter_rows(named=True):
@@ -1129,6 +1148,60 @@ class _Judge:
                 "(a tensor dump of the choice tells which)"
             ),
         }
+
+    def _rewired(self, out: dict[str, Any]) -> Finding | None:
+        """A float tensor input whose values differ (any amount) and that is another record's output in the
+        target than in the reference (by `Producers`: the same tensor or the same values through a view), or a
+        recorded op's output in one run and no recorded op's in the other: the op reads another tensor (code
+        that passes the wrong operand, a mask or constant built by ops msprobe does not record in one run).
+        Its input's error says nothing of the op (two tensors of like statistics: a sigmoid and one minus it);
+        the reading is the fault, named at this op.  Crossed only: the target's input is not also an output of
+        the reference's producer in the target, nor the reference's an output of the target's producer in the
+        reference (a result computed twice, equal in one run and a rounding apart in the other, is no
+        rewiring); where one run has no producer, there the input is farther than its tolerance from the other
+        run's producer's output (`Producers.distance_to`).  Producers in one run only are left to `_producer`
+        (missing_op / extra_op)."""
+        ins = self.leaves.filter(
+            pl.col("_io").is_in(INPUT_IO)
+            & (pl.col("kind") == "tensor")
+            & (pl.col("ref_kind") == "tensor")
+            & pl.col("tol_dtype").is_in(list(FLOAT_DTYPES))
+            & ((pl.col("err") > 0).fill_null(False) | pl.col("nonfinite_mismatch").fill_null(False))
+        )
+        for leaf in ins.iter_rows(named=True):
+            tp, rp = self.t_prod.producer(leaf), self.r_prod.producer(leaf)
+            where = (leaf["rank"], leaf["source"])
+            tp_ref = None if tp is None else self.paired.get(("",) + where + (tp,))
+            rp_t = None if rp is None else self.paired.get(("ref_",) + where + (rp,))
+            if (tp is None and rp is None) or (tp is not None and tp_ref is None) or (rp is not None and rp_t is None):
+                continue  # no recorded producer, or one in one run only (`_producer`)
+            if tp == rp_t:
+                continue
+            if tp is None or rp is None:
+                # one run's input may be the other's producer's output after an unrecorded op that rounds (autograd
+                # summing a second, small gradient into it in bf16): another tensor only where, in the run without a
+                # producer, it is farther than its tolerance from that record's output
+                prod, near = (self.t_prod, rp_t) if tp is None else (self.r_prod, tp_ref)
+                gap = prod.distance_to(leaf, near) if near is not None else None
+                if gap is None or not gap > float(leaf["tol"] or 0.0):
+                    continue
+            if rp_t is not None and self.t_prod.made_by(leaf, rp_t):
+                continue
+            if tp_ref is not None and self.r_prod.made_by(leaf, tp_ref):
+                continue
+            t_what = f"{tp}'s output" if tp else "a tensor no recorded op made"
+            r_what = f"{rp}'s output" if rp else "a tensor no recorded op made"
+            kind = "op" if tp and rp else "input"
+            return _with_evidence(
+                _finding(out, kind),
+                differing=leaf["name"],
+                input_err=leaf["err"],
+                reads={"target": tp, "reference": rp},
+                reason="reads another tensor",
+                detail=f"{leaf['name']} is {t_what} in the target and {r_what} in the reference: the op reads "
+                "another tensor",
+            )
+        return None
 
     def _producer(self, leaf: dict[str, Any], out: dict[str, Any]) -> Finding | None:
         """A diverged input: produced by an op in one run only, or by no op (a weight or data)."""

@@ -32,14 +32,17 @@ before the reader's own record (`Producers`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from dumpstore.dtypes import DISCRETE_DTYPES, FLOAT_DTYPES
 
 from .order import INPUT_IO, OUTPUT_IO
+from .rules import COUNTS, stats_bound
 
 STATS = ("min", "max", "mean", "norm")
 
@@ -151,6 +154,46 @@ class Producers:
             return None
         return hit[1]
 
+    def made_by(self, r: Mapping[str, Any], record: str) -> bool:
+        """Whether record `record` of this run has, before row `r`'s own record, an output that is `r`'s tensor
+        (the same tensor, or the same values through a view): not only the first producer `producer` names, any
+        record that made the same values (a result computed twice)."""
+        p, seq = self.prefix, r.get(f"{self.prefix}seq")
+        fp, vfp = r.get(self._fp), r.get(self._vfp)
+        if seq is None or (fp is None and vfp is None):
+            return False
+        same = pl.col(self._fp) == fp if fp is not None else pl.lit(False)
+        if vfp is not None:
+            same = same | (pl.col(self._vfp) == vfp)
+        hit = self.rows.filter(
+            (pl.col(f"{p}record") == record)
+            & pl.col(f"{p}io").is_in(OUTPUT_IO)
+            & (pl.col(f"{p}kind") == "tensor")
+            & (pl.col(f"{p}seq") < seq)
+            & same.fill_null(False)
+        )
+        return hit.height > 0
+
+    def distance_to(self, r: Mapping[str, Any], record: str) -> float | None:
+        """The least statistics bound of relative L2 distance (rules.stats_bound, within this run) between row `r`'s
+        tensor and an output of `record` of this run before it with the same dtype and number of elements; inf
+        where their NaN/Inf/saturation counts differ; None where `record` has no such output or no bound is
+        known.  How far `r` is from being that output after an op msprobe does not record."""
+        p, seq = self.prefix, r.get(f"{self.prefix}seq")
+        if seq is None:
+            return None
+        outs = self.rows.filter(
+            (pl.col(f"{p}record") == record)
+            & pl.col(f"{p}io").is_in(OUTPUT_IO)
+            & (pl.col(f"{p}kind") == "tensor")
+            & (pl.col(f"{p}seq") < seq)
+            & (pl.col(f"{p}dtype") == r.get(f"{p}dtype"))
+            & (pl.col(f"{p}numel") == r.get(f"{p}numel"))
+        )
+        found = [_distance(r, o, p) for o in outs.iter_rows(named=True)]
+        known = [d for d in found if d is not None]
+        return min(known) if known else None
+
     def input_producer(self, record: str, name: str, views: bool = True) -> str | None:
         """`producer` of the input leaf `name` (this run's leaf name, e.g. `Functional.linear.3.forward.input.0`)
         of `record` (this run's record name); None where the leaf is not in `rows` or no recorded op made it."""
@@ -187,3 +230,21 @@ def discrete_first_differs(rows: pl.DataFrame) -> dict[tuple, int]:
         .collect()
     )
     return {tuple(r[:4]): int(r[4]) for r in first.select(*keys, "step").iter_rows()}
+
+
+def _distance(r: Mapping[str, Any], o: Mapping[str, Any], p: str) -> float | None:
+    """The statistics bound of relative L2 distance of row `r`'s tensor from row `o`'s (one run's columns, by
+    prefix `p`): inf where a NaN/Inf/saturation count known for `o` differs; None where no bound is known."""
+    if any(o.get(f"{p}{k}") is not None and o.get(f"{p}{k}") != r.get(f"{p}{k}") for k in COUNTS):
+        return float("inf")
+
+    def arr(row: Mapping[str, Any], s: str) -> np.ndarray:
+        v = row.get(f"{p}{s}")
+        return np.array([np.nan if v is None else float(v)])
+
+    a, b = {s: arr(r, s) for s in STATS}, {s: arr(o, s) for s in STATS}
+    n = np.array([math.sqrt(float(r.get(f"{p}numel") or 1))])
+    err, known = stats_bound(
+        a, b, {s: np.isnan(a[s]) for s in STATS}, {s: np.isnan(b[s]) for s in STATS}, n, np.array([False])
+    )
+    return float(err[0]) if known[0] else None

@@ -13,6 +13,10 @@ err, relative L2 of target x against reference y, best available first:
   stats    a lower bound from the statistics: max(|dNorm|, |dMax|, |dMin|, |dMean| * sqrt(n)) / ||y|| (without
            norms: max(|dMax|, |dMin|, |dMean|) over the reference's range);
   checksum equality (0 or inf);  value  non-tensor arguments, relative difference (text: equality).
+
+Size: every judging rule has this one home (the tolerance, the bounds, small values and sums of K terms), so that
+the three comparison paths cannot judge a leaf pair differently; split, each path would import several modules
+that must change together.
 """
 
 from __future__ import annotations
@@ -578,8 +582,8 @@ def broadcast_sums(
         dims[:, k] = shapes.list.get(-(k + 1), null_on_oob=True).fill_null(1).to_numpy()
     numel = dims.prod(axis=1)
     ins, outs = np.flatnonzero(grad_in & (ndim >= 0)), np.flatnonzero(grad_out & (ndim >= 0))
-    pairs = pl.DataFrame({"i": outs, "k": where[outs]}).join(
-        pl.DataFrame({"j": ins, "k": group[ins]}), on="k", how="inner"
+    pairs = pl.DataFrame([to_polars("i", outs), to_polars("k", where[outs])]).join(
+        pl.DataFrame([to_polars("j", ins), to_polars("k", group[ins])]), on="k", how="inner"
     )
     i, j = pairs["i"].to_numpy(), pairs["j"].to_numpy()
     fits = ((dims[i] == dims[j]) | (dims[i] == 1)).all(axis=1)
@@ -602,14 +606,14 @@ def module_grad_search(
     record: with several calls (micro-batches, a shared layer) the gradient accumulates over calls whose inputs
     no one record holds."""
     n = len(group)
-    df = pl.DataFrame(
-        {
-            "row": np.arange(n),
-            "g": group,
-            "d": pl.Series(direction, dtype=pl.String),
-            "a": pl.Series(api, dtype=pl.String),
-            "u": np.zeros(n, dtype=np.int64) if unit is None else unit,
-        }
+    df = pl.DataFrame(  # numpy columns through Arrow: pl.Series(ndarray) imports numpy.ma
+        [
+            to_polars("row", np.arange(n, dtype=np.int64)),
+            to_polars("g", np.asarray(group)),
+            pl.Series("d", direction, dtype=pl.String),
+            pl.Series("a", api, dtype=pl.String),
+            to_polars("u", np.zeros(n, dtype=np.int64) if unit is None else np.asarray(unit)),
+        ]
     )
     backward = (
         df.filter(c("d") == "backward").group_by("u", "a").agg(c("g").n_unique().alias("n"), c("g").first().alias("s"))

@@ -231,7 +231,7 @@ def table(rows: pl.DataFrame, before: int, after: int, params: pl.DataFrame) -> 
     residue = pl.col("small_value").fill_null(False) if "small_value" in rows.columns else pl.lit(False)
     grads = rows.filter(
         (pl.col("step") == before) & (pl.col("_io") == "parameters_grad") & (pl.col("kind") == "tensor")
-    ).select("rank", "source", "_record", "index_path", pl.col("err").alias("g_prev"), residue.alias("g_residue"))
+    ).select("rank", "source", "_record", "index_path", _own_err(rows).alias("g_prev"), residue.alias("g_residue"))
     grads = grads.with_columns(_module("_record")).drop("_record")
     keys = ["rank", "source", "_module", "index_path"]
     out = out.join(grads.unique(subset=keys, keep="first"), on=keys, how="left", nulls_equal=True)
@@ -291,6 +291,20 @@ def _exact_update_gap(
         u_t, u_r = value(t) - value(tb), value(r) - value(rb)
         gap = np.fmin(np.abs(u_t - u_r), np.abs(u_t + u_r)) / np.abs(u_r)
     return np.where((n == 1) & (u_r != 0) & np.isfinite(gap), gap, np.nan)
+
+
+def _own_err(rows: pl.DataFrame) -> pl.Expr:
+    """A gradient's relative error in its own norm, what an update fed it carries: where the small-value rule judged
+    a sum of K terms on its terms' scale (`judged_norm`: rules.py `small_value_err`, a bias's gradient whose terms
+    cancel), err x judged_norm / ref_norm undoes that scale.  The op that summed is judged on the terms' scale (it
+    added no more than their rounding), but the update moves by the gradient's own relative error (SGD: lr x its
+    difference; Adam and its kin divide each element by its own size), so the parameter's gap is explained in
+    those units."""
+    err = pl.col("err").cast(pl.Float64)
+    if "judged_norm" not in rows.columns:
+        return err
+    judged = pl.col("judged_norm").cast(pl.Float64)
+    return pl.when(judged.is_not_null()).then(err * judged / pl.col("ref_norm").cast(pl.Float64)).otherwise(err)
 
 
 def _input_gradients(rows: pl.DataFrame, step: int) -> pl.DataFrame:

@@ -59,10 +59,14 @@ def update_floor(rows: pl.DataFrame, before: int, params: pl.DataFrame) -> tuple
     step; `params`: that later step's parameter candidates (the rows `steps.table` takes), looked up at `before`
     and the step before it by (rank, source, record, io, index path).  The median is None at the first update
     (no earlier step in `rows`, or none of the parameters measured there)."""
-    t = _update_before(rows, before, params)
-    if t is None:
+    return _floor(_update_before(rows, before, params))
+
+
+def _floor(earlier: pl.DataFrame | None) -> tuple[float, float | None]:
+    """`update_floor` from the update before's table (`_update_before`; None: the pair's first update)."""
+    if earlier is None:
         return ST.X_MIN, None
-    x = t["x"].fill_null(np.nan).to_numpy()
+    x = earlier["x"].fill_null(np.nan).to_numpy()
     prev = float(median(x[np.isfinite(x)]))
     return max(ST.UPDATE_X_MIN, STAND_OUT * prev), prev
 
@@ -79,10 +83,10 @@ def updates_differ(
     found = ST.update_differs(table, 0.0)
     if found is None:
         return None
-    floor, prev = update_floor(rows, before, params)
+    earlier = _update_before(rows, before, params)  # (the table of the update before: once for both tests)
+    floor, prev = _floor(earlier)
     if found["median_update_units"] >= floor:
         return found | {"floor": floor, "previous_update_units": prev}
-    earlier = _update_before(rows, before, params) if prev is not None else None
     if earlier is None or table is None:
         return None
     over, over_before = ST.over_explanation(table), ST.over_explanation(earlier)

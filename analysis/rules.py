@@ -730,11 +730,26 @@ def _sums(rows: pl.DataFrame, group: np.ndarray) -> tuple[np.ndarray, np.ndarray
         either("shape").alias("shape"),
         pl.struct("step", "rank", "source").rank("dense").alias("unit"),
     )
-    direction, io = cols["direction"].to_numpy(), cols["io"].to_numpy()
-    pgrad, search = module_grad_search(group, cols["direction"], cols["api"], cols["unit"].to_numpy())
-    grad_in = (direction == "backward") & (io == "input")
-    grad_out = ((direction == "backward") & (io == "output")) | pgrad
-    return broadcast_sums(group, grad_in, grad_out, cols["shape"], search)
+    return record_sums(group, cols["direction"], cols["io"], cols["api"], cols["shape"], cols["unit"].to_numpy())
+
+
+def record_sums(
+    group: np.ndarray,
+    direction: pl.Series,
+    io: pl.Series,
+    api: pl.Series,
+    shapes: pl.Series,
+    unit: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`broadcast_sums` of rows grouped by record (`group`), from their direction, io, module api (no nulls) and
+    shapes: the gradients a backward record was given and returned, and a module's `parameters_grad` leaves linked
+    to its one backward record (`module_grad_search`, within each `unit`).  The detailed comparison's rows
+    (`_sums`) and the screen's units (analysis/screen.py) both go through it."""
+    d, i = direction.to_numpy(), io.to_numpy()
+    pgrad, search = module_grad_search(group, direction, api, unit)
+    grad_in = (d == "backward") & (i == "input")
+    grad_out = ((d == "backward") & (i == "output")) | pgrad
+    return broadcast_sums(group, grad_in, grad_out, shapes, search)
 
 
 def _f64(df: pl.DataFrame, col: str) -> np.ndarray:

@@ -379,14 +379,9 @@ def _static(
 def _sums(cols: dict[str, pl.Series], ref_shape: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     """`rules.broadcast_sums` of one unit (its records are the seq groups, as `_structure`'s)."""
     group = np.unique(cols["seq"].to_numpy(), return_inverse=True)[1].reshape(-1)
-    direction = cols["direction"].fill_null("").to_numpy()
-    io = cols["io"].fill_null("").to_numpy()
     apis = {key: parse_record(key).api for key in cols["record"].unique().drop_nulls().to_list()}
     api = cols["record"].replace_strict(apis, default="", return_dtype=pl.String).fill_null("")
-    pgrad, search = R.module_grad_search(group, cols["direction"].fill_null(""), api)
-    grad_in = (direction == "backward") & (io == "input")
-    grad_out = ((direction == "backward") & (io == "output")) | pgrad
-    return R.broadcast_sums(group, grad_in, grad_out, ref_shape, search)
+    return R.record_sums(group, cols["direction"].fill_null(""), cols["io"].fill_null(""), api, ref_shape)
 
 
 def _stats(t: _File, r: _File, sketches: bool) -> pa.Table:

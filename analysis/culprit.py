@@ -1283,8 +1283,8 @@ def _step_agrees(changed: dict[str, Any]) -> str:
 
 
 def _holds(changed: dict[str, Any]) -> str:
-    """The detail's clause for a parameter that holds another's values, and that one its (analysis/steps.py
-    analysis/param_gaps.py `held_values`: a swap)."""
+    """The detail's clause for a parameter that holds another's values, and that one its (analysis/param_gaps.py
+    `held_values`: a swap)."""
     if changed.get("holds") is None:
         return ""
     return (

@@ -158,21 +158,14 @@ class Producers:
         """Whether record `record` of this run has, before row `r`'s own record, an output that is `r`'s tensor
         (the same tensor, or the same values through a view): not only the first producer `producer` names, any
         record that made the same values (a result computed twice)."""
-        p, seq = self.prefix, r.get(f"{self.prefix}seq")
+        seq = r.get(f"{self.prefix}seq")
         fp, vfp = r.get(self._fp), r.get(self._vfp)
         if seq is None or (fp is None and vfp is None):
             return False
         same = pl.col(self._fp) == fp if fp is not None else pl.lit(False)
         if vfp is not None:
             same = same | (pl.col(self._vfp) == vfp)
-        hit = self.rows.filter(
-            (pl.col(f"{p}record") == record)
-            & pl.col(f"{p}io").is_in(OUTPUT_IO)
-            & (pl.col(f"{p}kind") == "tensor")
-            & (pl.col(f"{p}seq") < seq)
-            & same.fill_null(False)
-        )
-        return hit.height > 0
+        return self._outputs_before(record, seq).filter(same.fill_null(False)).height > 0
 
     def distance_to(self, r: Mapping[str, Any], record: str) -> float | None:
         """The least statistics bound of relative L2 distance (rules.stats_bound, within this run) between row `r`'s
@@ -182,17 +175,22 @@ class Producers:
         p, seq = self.prefix, r.get(f"{self.prefix}seq")
         if seq is None:
             return None
-        outs = self.rows.filter(
-            (pl.col(f"{p}record") == record)
-            & pl.col(f"{p}io").is_in(OUTPUT_IO)
-            & (pl.col(f"{p}kind") == "tensor")
-            & (pl.col(f"{p}seq") < seq)
-            & (pl.col(f"{p}dtype") == r.get(f"{p}dtype"))
-            & (pl.col(f"{p}numel") == r.get(f"{p}numel"))
+        outs = self._outputs_before(record, seq).filter(
+            (pl.col(f"{p}dtype") == r.get(f"{p}dtype")) & (pl.col(f"{p}numel") == r.get(f"{p}numel"))
         )
         found = [_distance(r, o, p) for o in outs.iter_rows(named=True)]
         known = [d for d in found if d is not None]
         return min(known) if known else None
+
+    def _outputs_before(self, record: str, seq: int) -> pl.DataFrame:
+        """The tensor outputs of `record` of this run that come before sequence number `seq`."""
+        p = self.prefix
+        return self.rows.filter(
+            (pl.col(f"{p}record") == record)
+            & pl.col(f"{p}io").is_in(OUTPUT_IO)
+            & (pl.col(f"{p}kind") == "tensor")
+            & (pl.col(f"{p}seq") < seq)
+        )
 
     def input_producer(self, record: str, name: str, views: bool = True) -> str | None:
         """`producer` of the input leaf `name` (this run's leaf name, e.g. `Functional.linear.3.forward.input.0`)

@@ -244,20 +244,29 @@ class _Lookup:
         }
         self.target, self.ref = target, ref
         self._whole: dict[tuple[str, tuple[str, ...]], tuple[Any, dict[str, list]]] = {}
+        self._readers: dict[str, Any] = {}
 
     def close(self) -> None:
         self._whole.clear()
+        self._readers.clear()
+
+    def _reader(self, path: str) -> Any:
+        """The file's open reader (its footer parsed once per verdict: the schema check and the reads share it)."""
+        from dumpstore.parquetio import Reader
+
+        reader = self._readers.get(path)
+        if reader is None:
+            reader = self._readers[path] = Reader(path)
+        return reader
 
     def _groups(
         self, path: str, names: tuple[str, ...], keys: tuple[str, ...]
     ) -> Iterator[tuple[Callable[[], Any], dict[str, list]]]:
         """For the whole file (up to _WHOLE_ROWS rows: read once per verdict) or else each of its row groups: a
         function giving its columns `names` that it has (a table), and its columns `keys` as lists."""
-        from dumpstore.parquetio import Reader
-
         whole = self._whole.get((path, names))
         if whole is None:
-            reader = Reader(path)
+            reader = self._reader(path)
             if reader.num_rows > _WHOLE_ROWS:
                 for g in range(reader.num_row_groups):
                     yield partial(reader.read, list(names), g), _lists(reader.read(list(keys), g), keys)
@@ -283,9 +292,7 @@ class _Lookup:
     def _rows(self, run: str, files: list[str], records: set[str]) -> list[dict[str, Any]]:
         """The rows of `records` in `files` (a column that some files lack is null in their rows; one that all
         lack: none), in record order (seq), each with its run."""
-        from dumpstore.parquetio import Reader
-
-        if not {c for f in files for c in Reader(f).columns}.issuperset(_COLS):  # a store of an older schema
+        if not {c for f in files for c in self._reader(f).columns}.issuperset(_COLS):  # a store of an older schema
             return []
         out = []
         for path in files:

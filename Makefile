@@ -65,63 +65,19 @@ validate: $(STAMP)
 	$(BIN)/python validation/make_pairs.py --out validation/.data
 	$(BIN)/python validation/score.py --data validation/.data
 
-# Validation set 2 (docs/validation.md, "Validation set 2"): other families and devices, made into
-# validation/v2/.data, scored by the same rule.
-validate-v2: $(STAMP)
-	$(BIN)/python validation/v2/devices.py
-	$(BIN)/python validation/v2/make_pairs.py --out validation/v2/.data
-	$(BIN)/python validation/score.py --data validation/v2/.data
-
 # The held-out long runs (docs/longrun.md, "Held-out long runs"): 17 small models trained on CPU under msprobe's
 # TrainerMon into validation/longrun/.data, then `dumpstore curves` scored on them.
 validate-longrun: $(STAMP)
 	$(BIN)/python validation/longrun/make_runs.py --out validation/longrun/.data
 	$(BIN)/python validation/longrun/score.py --data validation/longrun/.data
 
-# Validation set 3 (docs/validation.md, "Validation set 3"): four more families and devices, made into
-# validation/v3/.data, scored by the same rule.
-validate-v3: $(STAMP)
-	$(BIN)/python validation/v3/devices.py
-	$(BIN)/python validation/v3/make_pairs.py --out validation/v3/.data
-	$(BIN)/python validation/score.py --data validation/v3/.data
-
-# Validation set 4 (docs/validation.md, "Validation set 4"): T5, ResNet, Mamba and GPT-J on seven more device
-# mechanisms, made into validation/v4/.data, scored by the same rule.
-validate-v4: $(STAMP)
-	$(BIN)/python validation/v4/devices.py
-	$(BIN)/python validation/v4/make_pairs.py --out validation/v4/.data
-	$(BIN)/python validation/score.py --data validation/v4/.data
-
-# Validation set 5 (docs/validation.md, "Validation set 5"): ViT, wav2vec2, BART and Granite on eight more device
-# mechanisms, made into validation/v5/.data, scored by the same rule.
-validate-v5: $(STAMP)
-	$(BIN)/python validation/v5/devices.py
-	$(BIN)/python validation/v5/make_pairs.py --out validation/v5/.data
-	$(BIN)/python validation/score.py --data validation/v5/.data
-
-# Validation set 6 (docs/validation.md, "Validation set 6"): ConvNeXt V2, CLIP, RWKV and DeBERTa-v2 on eight more
-# device mechanisms, made into validation/v6/.data, scored by the same rule.
-validate-v6: $(STAMP)
-	$(BIN)/python validation/v6/devices.py
-	$(BIN)/python validation/v6/make_pairs.py --out validation/v6/.data
-	$(BIN)/python validation/score.py --data validation/v6/.data
-
-# Validation set 7 (docs/validation.md, "Validation set 7"): Swin, Whisper, OLMoE and SigLIP on six more device
-# mechanisms, made into validation/v7/.data, scored by the same rule.
-validate-v7: $(STAMP)
-	$(BIN)/python validation/v7/devices.py
-	$(BIN)/python validation/v7/make_pairs.py --out validation/v7/.data
-	$(BIN)/python validation/score.py --data validation/v7/.data
-
-validate-v8: $(STAMP)
-	$(BIN)/python validation/v8/devices.py
-	$(BIN)/python validation/v8/make_pairs.py --out validation/v8/.data
-	$(BIN)/python validation/score.py --data validation/v8/.data
-
-validate-v9: $(STAMP)
-	$(BIN)/python validation/v9/devices.py
-	$(BIN)/python validation/v9/make_pairs.py --out validation/v9/.data
-	$(BIN)/python validation/score.py --data validation/v9/.data
+# Validation sets 2 to 9 (docs/validation.md, "Validation set N"): other families on other device mechanisms,
+# each set's devices measured, its pairs made into validation/vN/.data, and scored by the same rule.
+VSETS := 2 3 4 5 6 7 8 9
+$(VSETS:%=validate-v%): validate-v%: $(STAMP)
+	$(BIN)/python validation/v$*/devices.py
+	$(BIN)/python validation/v$*/make_pairs.py --out validation/v$*/.data
+	$(BIN)/python validation/score.py --data validation/v$*/.data
 
 # The clean combinations (docs/validation.md, "Clean combinations"): every set's families on other sets' devices,
 # clean pairs only, made into validation/cross/.data; the verdict must stay quiet on each. CROSS_SETS="5" makes only
